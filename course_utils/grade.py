@@ -72,8 +72,8 @@ def grade_notebook(path, *, smoke: bool = False, output_dir=None, timeout_s: int
                                 kernel_name="python3", cwd=str(path.parent), progress_bar=False,
                                 execution_timeout=timeout_s)
         except pm.PapermillExecutionError as exc:
-            grade.crashed = (f"crashed outside an exercise in cell {exc.cell_index} "
-                             f"(execution count {exc.exec_count}): {exc.ename}: {exc.evalue}")
+            grade.crashed = (f"crashed outside an exercise in {_cell_name(out, exc.exec_count)}: "
+                             f"{exc.ename}: {exc.evalue}")
         except Exception as exc:  # kernel died, timeout, unreadable notebook
             grade.crashed = f"could not be executed: {type(exc).__name__}: {exc}"
         finally:
@@ -96,6 +96,23 @@ def grade_notebook(path, *, smoke: bool = False, output_dir=None, timeout_s: int
         grade.records.append({"notebook": name, "exercise": "-", "status": "crashed", "points": 0,
                               "max_points": 0, "message": grade.crashed})
     return grade
+
+
+def _cell_name(executed_path, exec_count) -> str:
+    """'cell N (`first line`)' for the cell that ran with `exec_count`, N counted from 1 in the
+    notebook as written (papermill's injected parameters and error banners do not count)."""
+    import nbformat
+    try:
+        cells = nbformat.read(str(executed_path), as_version=4).cells
+    except Exception:
+        return f"the cell with execution count {exec_count}"
+    added = {"injected-parameters", "papermill-error-cell-tag"}
+    written = [c for c in cells if not added & set(c.metadata.get("tags", []))]
+    for number, cell in enumerate(written, start=1):
+        if cell.cell_type == "code" and cell.get("execution_count") == exec_count:
+            first = next((line for line in cell.source.splitlines() if line.strip()), "")
+            return f"cell {number} (`{first.strip()[:60]}`)"
+    return f"the cell with execution count {exec_count}"
 
 
 def _table(grades: list[NotebookGrade]) -> str:

@@ -66,11 +66,12 @@ def check_timer(time_it):
         if ms > 1.6 * 25:
             raise CheckFailed("times one call at a time", f"each call queues 25 ms of device work; yours measured {ms:.2f} ms")
         # (c) warm-up: the first calls are slow (lazy initialisation, autotuning)
-        fn = _CountingFn(lambda i: 150.0 if i < 3 else 4.0)
-        ms = _as_ms(time_it(fn, device, warmup=3, repeats=5), "time_it with slow first calls")
+        fn = _CountingFn(lambda i: 100.0 if i < 5 else 4.0)
+        ms = _as_ms(time_it(fn, device, warmup=5, repeats=3), "time_it with slow first calls")
         if ms > 20:
-            raise CheckFailed("excludes warm-up calls", f"the first 3 calls take 150 ms, later ones 4 ms; "
-                              f"with warmup=3 yours reported {ms:.1f} ms", "run fn `warmup` times before timing anything")
+            raise CheckFailed("excludes warm-up calls", f"the first 5 calls take 100 ms, later ones 4 ms; "
+                              f"with warmup=5, repeats=3 yours reported {ms:.1f} ms",
+                              "run fn `warmup` times before timing anything, and time only the `repeats` calls")
         # (d) one slow outlier among the timed calls must not move the result
         fn = _CountingFn(lambda i: 250.0 if i == 4 else 4.0)
         ms = _as_ms(time_it(fn, device, warmup=1, repeats=7), "time_it with one outlier")

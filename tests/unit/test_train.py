@@ -1,0 +1,64 @@
+import itertools
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from course_utils.models import TinyCNN
+from course_utils.train import evaluate, train
+
+
+def _batches(n=64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, 10, (n,), generator=g)
+    x = torch.randn(n, 3, 32, 32, generator=g) * 0.3
+    x[:, 0] += y.view(-1, 1, 1) / 3  # a learnable signal
+    return TensorDataset(x, y)
+
+
+def test_train_on_cpu_lowers_the_loss():
+    torch.manual_seed(0)
+    model = TinyCNN(width=8)
+    loader = DataLoader(_batches(), batch_size=16, shuffle=True)
+    result = train(model, loader, device="cpu", steps=30, progress=False)
+    assert result.steps == 30 and len(result.losses) == 30
+    assert sum(result.losses[-5:]) < sum(result.losses[:5])
+    assert result.stats.steps == 29 and result.stats.samples_per_s > 0
+    assert 0 <= evaluate(model, loader, device="cpu") <= 1
+
+
+def test_train_with_bf16_autocast_and_channels_last_runs():
+    model = TinyCNN(width=8)
+    loader = DataLoader(_batches(32), batch_size=16)
+    result = train(model, loader, device="cpu", epochs=2, amp="bf16", channels_last=True, progress=False)
+    assert result.steps == 4 and all(torch.isfinite(torch.tensor(result.losses)))
+
+
+def test_batch_transform_runs_before_the_forward():
+    seen = []
+
+    def transform(images, labels):
+        seen.append(images.dtype)
+        return images.float() / 255, labels
+
+    x = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8)
+    y = torch.zeros(8, dtype=torch.long)
+    train(TinyCNN(width=8), [(x, y)], device="cpu", progress=False, batch_transform=transform)
+    assert seen == [torch.uint8]
+
+
+def test_train_with_the_simulated_device_needs_no_model(sim):
+    x, y = torch.zeros(32, 3, 32, 32), torch.zeros(32, dtype=torch.long)
+    result = train(None, itertools.repeat((x, y)), device=sim, steps=6, progress=False)
+    assert result.steps == 6 and result.losses == []
+    assert 9.5 <= result.stats.compute_median_ms <= 16
+    assert sim.steps_run == 6
+
+
+def test_train_errors_are_sentences():
+    with pytest.raises(ValueError, match="amp must be one of"):
+        train(TinyCNN(), [], device="cpu", amp="fp8")
+    with pytest.raises(ValueError, match="needs a model"):
+        train(None, [], device="cpu")
+    with pytest.raises(RuntimeError, match="no batches"):
+        train(TinyCNN(), [], device="cpu", progress=False)
