@@ -75,6 +75,7 @@ def train(model: nn.Module | None, loader, *, device, steps: int | None = None, 
     losses, done = [], 0
     try:
         for _ in range(epochs if steps is None else 10**9):
+            done_before = done
             for images, labels in timer.wrap(loader):
                 with timer.compute():
                     if sim:
@@ -92,6 +93,8 @@ def train(model: nn.Module | None, loader, *, device, steps: int | None = None, 
                 break
             if done == 0:
                 raise RuntimeError("the loader yielded no batches")
+            if done == done_before:
+                break  # a one-shot iterator ran out before `steps`: stop with what it gave
     finally:
         if bar is not None:
             bar.close()

@@ -62,3 +62,9 @@ def test_train_errors_are_sentences():
         train(None, [], device="cpu")
     with pytest.raises(RuntimeError, match="no batches"):
         train(TinyCNN(), [], device="cpu", progress=False)
+
+
+def test_a_one_shot_iterator_that_runs_out_stops_the_loop(sim):
+    x, y = torch.zeros(4, 3, 32, 32), torch.zeros(4, dtype=torch.long)
+    result = train(None, iter([(x, y)] * 3), device=sim, steps=10, progress=False)
+    assert result.steps == 3
