@@ -1,0 +1,56 @@
+"""course_utils.ladder: a tiny climb checks the command line and the JSON structure (not timings)."""
+import json
+
+import pytest
+
+from course_utils import ladder
+
+
+def test_rungs_are_named_functions_in_order():
+    names = [fn.rung_name for fn in ladder.RUNGS]
+    assert names[:4] == ["baseline", "best workers", "prefetcher", "device-resident"]
+    assert len(set(names)) == len(names)
+    assert all(callable(fn) and fn.__doc__ and fn.rung_short for fn in ladder.RUNGS)
+
+
+def test_unknown_rung_is_refused():
+    with pytest.raises(ValueError, match="unknown rung"):
+        ladder._select(ladder.RUNGS, ["warp drive"])
+
+
+def test_tiny_climb_writes_table_json_and_plot(tmp_path, capsys):
+    out, png = tmp_path / "ladder.json", tmp_path / "ladder.png"
+    code = ladder.main(["--smoke", "--steps", "3", "--limit", "512", "--batch-size", "32", "--num-workers", "1",
+                        "--step-ms", "2", "--json", str(out), "--plot", str(png)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "ceiling" in printed and "device-resident" in printed and "simulated" in printed
+    result = json.loads(out.read_text())
+    assert png.stat().st_size > 1000
+    assert set(result) >= {"device", "simulated", "config", "ceiling", "rungs", "best", "host", "torch_version", "date"}
+    assert result["simulated"] is True and "simulated" in result["device"]
+    assert result["config"]["steps"] == 3 and result["config"]["batch_size"] == 32
+    assert result["config"]["step_ms"] == 2.0
+    assert [r["name"] for r in result["rungs"]] == [fn.rung_name for fn in ladder.RUNGS]
+    skipped = {r["name"]: r["skipped"] for r in result["rungs"] if r.get("skipped")}
+    assert "mixed precision" in skipped.get("device-resident + bf16", ""), "no AMP figure beside the simulator"
+    measured = [r for r in result["rungs"] if not r.get("skipped")]
+    assert "DALI" in [r["name"] for r in measured] or "DALI" in skipped
+    assert "skipped" in printed
+    for row in [result["ceiling"], *measured]:
+        assert row["steps"] == 2                                  # 3 steps, the first is warm-up
+        assert row["samples_per_s"] > 0 and 0 <= row["stall_fraction"] <= 1
+        assert row["device"] == result["device"]
+    for row in measured:
+        assert row["fraction_of_ceiling"] > 0 and row["description"]
+        assert row["speedup_over_baseline"] > 0
+    assert result["rungs"][0]["speedup_over_baseline"] == 1.0
+    assert result["best"]["name"] in [r["name"] for r in result["rungs"]]
+
+
+def test_selected_rungs_only(tmp_path):
+    result = ladder.climb(ladder.LadderConfig(steps=3, limit=256, batch_size=32, step_ms=1,
+                                              rungs=["device-resident"]), progress=False)
+    assert [r["name"] for r in result.rungs] == ["device-resident"]
+    assert result.rungs[0]["speedup_over_baseline"] is None          # no baseline climbed
+    assert "device-resident" in result.table()
