@@ -1,0 +1,265 @@
+"""Lesson 04's checks: correct pipelines pass, typical mistakes fail on the right property,
+stubs are 'not implemented', and without DALI every check says so in one sentence."""
+import numpy as np
+import pytest
+
+from course_utils import data
+from course_utils.checks import lesson04, run_check
+
+pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed: lesson 04's checks cannot run")
+
+from nvidia.dali import fn, pipeline_def, types  # noqa: E402
+from nvidia.dali.plugin.pytorch import DALIGenericIterator  # noqa: E402
+
+from course_utils import dali_pipelines  # noqa: E402
+
+pytestmark = pytest.mark.dali
+
+CIFAR_MEAN255 = [255 * m for m in data.CIFAR10_MEAN]
+CIFAR_STD255 = [255 * s for s in data.CIFAR10_STD]
+NET_MEAN255 = [255 * m for m in dali_pipelines.IMAGENET_MEAN]
+NET_STD255 = [255 * s for s in dali_pipelines.IMAGENET_STD]
+NINE = [k / 8 for k in range(9)]
+
+
+@pytest.fixture(autouse=True)
+def fixed_seed(monkeypatch):
+    monkeypatch.setenv("COURSE_CHECK_SEED", "2404")
+
+
+# -- 4.1 ----------------------------------------------------------------------------------------
+
+def make_cifar_pipeline(*, mean=CIFAR_MEAN255, std=CIFAR_STD255, positions="nine", mirror=True, layout="CHW",
+                        pad_first=True, pad=True, swap_outputs=False):
+    """A CIFAR pipeline builder with one knob per typical mistake (the defaults are right)."""
+    def cifar_pipeline(source, batch_size, device="cpu", num_threads=2, seed=0):
+        @pipeline_def(batch_size=batch_size, num_threads=num_threads,
+                      device_id=0 if device == "gpu" else None, seed=seed)
+        def graph():
+            images, labels, indices = fn.external_source(
+                source=source, num_outputs=3, batch=True, batch_info=True, layout=["CHW", "", ""],
+                dtype=[types.UINT8, types.INT64, types.INT64])
+            if device == "gpu":
+                images = images.gpu()
+            norm = dict(mean=mean, std=std)
+            if not pad_first:   # normalise, then pad with 0 (the mean colour), then crop
+                images = fn.crop_mirror_normalize(images, mean=mean, std=std, dtype=types.FLOAT, output_layout="CHW")
+                norm = dict(mean=[0.0] * 3, std=[1.0] * 3)
+            if pad:
+                images = fn.crop(images, crop=(40, 40), out_of_bounds_policy="pad", fill_values=0)
+            if positions == "nine":
+                pos_y, pos_x = fn.random.uniform(values=NINE), fn.random.uniform(values=NINE)
+            else:
+                pos_y, pos_x = fn.random.uniform(range=[0.0, 1.0]), fn.random.uniform(range=[0.0, 1.0])
+            flip = fn.random.coin_flip(probability=0.5) if mirror else 0
+            out = fn.crop_mirror_normalize(images, crop=(32, 32), crop_pos_y=pos_y, crop_pos_x=pos_x, mirror=flip,
+                                           dtype=types.FLOAT, output_layout=layout, **norm)
+            if swap_outputs:
+                return out, indices, labels
+            return out, labels, indices
+        return graph()
+    return cifar_pipeline
+
+
+def test_4_1_correct_pipeline_passes():
+    result = run_check("4.1", make_cifar_pipeline())
+    assert result.status == "pass", result.message
+
+
+def test_4_1_the_course_pipeline_passes():
+    def cifar_pipeline(source, batch_size, device="cpu", num_threads=2, seed=0):
+        return dali_pipelines.cifar_train_pipeline(source, batch_size=batch_size, device=device,
+                                                   num_threads=num_threads, seed=seed)
+    result = run_check("4.1", cifar_pipeline)
+    assert result.status == "pass", result.message
+
+
+@pytest.mark.parametrize("wrong, prop, words", [
+    (dict(mean=[0.0] * 3, std=[1.0] * 3), "exact crop of its padded record", "0..255"),
+    (dict(pad_first=False), "exact crop of its padded record", "not black"),
+    (dict(mean=NET_MEAN255, std=NET_STD255), "exact crop of its padded record", "ImageNet"),
+    (dict(positions="continuous"), "uniform over 0..8", "half as often"),
+    (dict(mirror=False), "flips half", "coin_flip"),
+    (dict(layout="HWC"), "(B, 3, 32, 32)", "HWC"),
+    (dict(pad=False), "cover 0..8", "pad 4"),
+    (dict(swap_outputs=True), "pass through unchanged", ""),
+])
+def test_4_1_typical_mistakes_fail_on_the_right_property(wrong, prop, words):
+    result = run_check("4.1", make_cifar_pipeline(**wrong))
+    assert result.status == "fail", result.message
+    assert prop in result.message and words in result.message, result.message
+
+
+def test_4_1_stub_and_wrong_types():
+    def stub(source, batch_size, device="cpu", num_threads=2, seed=0):
+        raise NotImplementedError("Exercise 4.1")
+    assert run_check("4.1", stub).status == "not_implemented"
+    result = run_check("4.1", lambda source, batch_size, **kw: None)
+    assert result.status == "fail" and "Pipeline" in result.message
+    assert run_check("4.1", "cifar_pipeline").status == "fail"
+
+
+# -- 4.2 ----------------------------------------------------------------------------------------
+
+def make_cifar_epochs(*, per_sample=False, stateful=False, reshuffle=True, shard=True, shard_seed=False,
+                      honour_drop_last=True, iterator=True):
+    """A cifar_epochs builder with one knob per typical mistake (the defaults are right)."""
+    def cifar_epochs(records, batch_size, *, shuffle=True, seed=0, shard_id=0, num_shards=1, drop_last=False,
+                     device="cpu", num_threads=2):
+        n = len(records)
+        if not shard:
+            shard_id, num_shards = 0, 1
+        start, stop = shard_id * n // num_shards, (shard_id + 1) * n // num_shards
+        full, rest = divmod(stop - start, batch_size)
+        batches = full + (1 if rest and not (drop_last and honour_drop_last) else 0)
+
+        def order(epoch):
+            rng = np.random.default_rng((seed + (shard_id if shard_seed else 0), epoch if reshuffle else 0))
+            return (rng.permutation(n) if shuffle else np.arange(n))[start:stop]
+
+        def rows_of(idx):
+            rows = records[idx]
+            return np.ascontiguousarray(rows[:, 1:]).reshape(-1, 3, 32, 32), rows[:, 0].astype(np.int64), idx
+
+        if per_sample:
+            def source(info):
+                if info.idx_in_epoch >= stop - start:
+                    raise StopIteration
+                images, labels, idx = rows_of(order(info.epoch_idx)[[info.idx_in_epoch]])
+                return images[0], labels[0], idx[0].astype(np.int64)
+
+            @pipeline_def(batch_size=batch_size, num_threads=num_threads, device_id=None, seed=seed)
+            def graph():
+                images, labels, indices = fn.external_source(
+                    source=source, num_outputs=3, batch=False, layout=["CHW", "", ""],
+                    dtype=[types.UINT8, types.INT64, types.INT64])
+                padded = fn.crop(images, crop=(40, 40), out_of_bounds_policy="pad", fill_values=0)
+                out = fn.crop_mirror_normalize(padded, crop=(32, 32), crop_pos_y=fn.random.uniform(values=NINE),
+                                               crop_pos_x=fn.random.uniform(values=NINE),
+                                               mirror=fn.random.coin_flip(), mean=CIFAR_MEAN255, std=CIFAR_STD255,
+                                               dtype=types.FLOAT, output_layout="CHW")
+                return out, labels, indices
+            pipe = graph()
+        else:
+            calls = [0]
+
+            def source(info):
+                iteration = calls[0] if stateful else info.iteration   # a counter that never restarts
+                calls[0] += 1
+                if iteration >= batches:
+                    raise StopIteration
+                idx = order(info.epoch_idx)[iteration * batch_size:(iteration + 1) * batch_size]
+                return rows_of(idx.astype(np.int64))
+            pipe = dali_pipelines.cifar_train_pipeline(source, batch_size=batch_size, device=device,
+                                                       num_threads=num_threads, seed=seed + shard_id)
+        it = DALIGenericIterator(pipe, ["images", "labels", "indices"], auto_reset=True)
+        if not iterator:
+            return ([b] for b in it)
+        return it
+    return cifar_epochs
+
+
+def test_4_2_correct_loader_passes():
+    result = run_check("4.2", make_cifar_epochs())
+    assert result.status == "pass", result.message
+
+
+@pytest.mark.parametrize("wrong, prop, words", [
+    (dict(per_sample=True), "each record once per epoch", "per-sample source"),
+    (dict(stateful=True), "yields every epoch", "epoch_idx"),
+    (dict(reshuffle=False), "shuffles every epoch", "epoch_idx"),
+    (dict(shard=False), "shards split the records evenly", ""),
+    (dict(shard_seed=True), "disjoint", "same seed"),
+    (dict(honour_drop_last=False), "last-batch policy", "drop_last"),
+])
+def test_4_2_typical_mistakes_fail_on_the_right_property(wrong, prop, words):
+    result = run_check("4.2", make_cifar_epochs(**wrong))
+    assert result.status == "fail", result.message
+    assert prop in result.message and words in result.message, result.message
+
+
+def test_4_2_stub_and_wrong_type():
+    def stub(records, batch_size, **kw):
+        raise NotImplementedError("Exercise 4.2")
+    assert run_check("4.2", stub).status == "not_implemented"
+    result = run_check("4.2", make_cifar_epochs(iterator=False))
+    assert result.status == "fail" and "DALIGenericIterator" in result.message
+
+
+# -- 4.3 ----------------------------------------------------------------------------------------
+
+def make_jpeg_pipeline(*, output_type="RGB", mean=NET_MEAN255, std=NET_STD255, shape_after_crop=False,
+                       fixed_crop=None, reader_name="Reader", shard=True, reverse_labels=False, layout="CHW"):
+    """A jpeg_pipeline builder with one knob per typical mistake (the defaults are right)."""
+    def jpeg_pipeline(file_root, batch_size, *, crop=224, device="cpu", shard_id=0, num_shards=1, num_threads=2, seed=0):
+        kw = dict(shard_id=shard_id, num_shards=num_shards) if shard else {}
+        if reverse_labels:
+            folder = __import__("course_utils.jpeg_folder", fromlist=["x"]).list_jpeg_folder(file_root)
+            kw.update(files=[str(f) for f in folder.files],
+                      labels=[len(folder.classes) - 1 - label for label in folder.labels])
+        else:
+            kw.update(file_root=file_root)
+
+        @pipeline_def(batch_size=batch_size, num_threads=num_threads,
+                      device_id=0 if device == "gpu" else None, seed=seed)
+        def graph():
+            jpegs, labels = fn.readers.file(random_shuffle=True, pad_last_batch=True, name=reader_name, **kw)
+            images = fn.decoders.image(jpegs, device="mixed" if device == "gpu" else "cpu",
+                                       output_type=getattr(types, output_type))
+            shapes = images.shape()
+            size = fixed_crop or crop
+            images = fn.random_resized_crop(images, size=(size, size))
+            if shape_after_crop:
+                shapes = images.shape()
+            images = fn.crop_mirror_normalize(images, mirror=fn.random.coin_flip(), mean=mean, std=std,
+                                              dtype=types.FLOAT, output_layout=layout)
+            return images, labels, shapes
+        return graph()
+    return jpeg_pipeline
+
+
+def test_4_3_correct_pipeline_passes():
+    result = run_check("4.3", make_jpeg_pipeline())
+    assert result.status == "pass", result.message
+
+
+def test_4_3_the_course_pipeline_passes():
+    def jpeg_pipeline(file_root, batch_size, *, crop=224, device="cpu", shard_id=0, num_shards=1, num_threads=2, seed=0):
+        return dali_pipelines.jpeg_train_pipeline(file_root, batch_size=batch_size, crop=crop, device=device,
+                                                  shard_id=shard_id, num_shards=num_shards, num_threads=num_threads,
+                                                  seed=seed, with_shapes=True)
+    result = run_check("4.3", jpeg_pipeline)
+    assert result.status == "pass", result.message
+
+
+@pytest.mark.parametrize("wrong, prop, words", [
+    (dict(output_type="BGR"), "its file's colour", "BGR"),
+    (dict(mean=[0.0] * 3, std=[1.0] * 3), "values are normalised", "255*m"),
+    (dict(shape_after_crop=True), "decoded size", "before any crop"),
+    (dict(fixed_crop=100), "(B, 3, crop, crop)", ""),
+    (dict(layout="HWC"), "(B, 3, crop, crop)", "HWC"),
+    (dict(reader_name="files"), "named 'Reader'", "name='Reader'"),
+    (dict(shard=False), "split the files", "shard_id"),
+    (dict(reverse_labels=True), "class folders' indices", "sorted"),
+])
+def test_4_3_typical_mistakes_fail_on_the_right_property(wrong, prop, words):
+    result = run_check("4.3", make_jpeg_pipeline(**wrong))
+    assert result.status == "fail", result.message
+    assert prop in result.message and words in result.message, result.message
+
+
+def test_4_3_stub():
+    def stub(file_root, batch_size, **kw):
+        raise NotImplementedError("Exercise 4.3")
+    assert run_check("4.3", stub).status == "not_implemented"
+
+
+# -- without DALI --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("exercise_id", ["4.1", "4.2", "4.3"])
+def test_without_dali_each_check_says_so_in_one_sentence(monkeypatch, exercise_id):
+    monkeypatch.setattr(lesson04, "has_dali", lambda: False)
+    result = run_check(exercise_id, make_cifar_pipeline())
+    assert result.status == "fail"
+    assert result.message == lesson04.DALI_MISSING
+    assert result.message.count(". ") == 0 and result.message.endswith(".")

@@ -1,0 +1,159 @@
+"""course_utils.dali_pipelines: records, the external source, and the DALI pipelines (lesson 04)."""
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from course_utils import data, dali_pipelines as dp
+from course_utils.crop_match import match_crops
+from course_utils.env import has_dali
+
+
+class Info:
+    """Stands in for nvidia.dali.types.BatchInfo."""
+    def __init__(self, iteration, epoch_idx=0):
+        self.iteration, self.epoch_idx = iteration, epoch_idx
+
+
+def _records(n, seed=0):
+    rng = np.random.default_rng(seed)
+    r = rng.integers(0, 256, (n, data.RECORD_BYTES), dtype=np.uint8)
+    r[:, 0] = rng.integers(0, 10, n)
+    return r
+
+
+def test_shard_range_is_dalis_formula():
+    n, shards = 103, 4
+    parts = [dp.shard_range(n, s, shards) for s in range(shards)]
+    assert parts[0][0] == 0 and parts[-1][1] == n
+    assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))
+    assert {b - a for a, b in parts} <= {25, 26}
+    with pytest.raises(ValueError):
+        dp.shard_range(10, 2, 2)
+
+
+def test_dali_device_names():
+    assert dp.dali_device("cpu") == ("cpu", None)
+    assert dp.dali_device(torch.device("cpu")) == ("cpu", None)
+    assert dp.dali_device("gpu") == ("gpu", 0)
+    assert dp.dali_device("cuda:1") == ("gpu", 1)
+    assert dp.dali_device(torch.device("cuda", 2)) == ("gpu", 2)
+    with pytest.raises(ValueError):
+        dp.dali_device("tpu")
+
+
+def test_record_store_reads_across_files(tmp_path):
+    a, b = _records(30, 1), _records(20, 2)
+    a.tofile(tmp_path / "a.bin")
+    b.tofile(tmp_path / "b.bin")
+    store = dp.RecordStore([tmp_path / "a.bin", tmp_path / "b.bin"])
+    both = np.concatenate([a, b])
+    idx = np.array([49, 0, 31, 29, 30, 5])
+    assert len(store) == 50 and store.shape == (50, data.RECORD_BYTES)
+    assert np.array_equal(store.take(idx), both[idx])
+    assert np.array_equal(store[3], both[3]) and np.array_equal(store[10:40:7], both[10:40:7])
+    assert len(dp.RecordStore([tmp_path / "a.bin", tmp_path / "b.bin"], limit=35)) == 35
+    with pytest.raises(IndexError):
+        store.take([50])
+    with pytest.raises(ValueError):
+        dp.RecordStore([np.zeros((3, 10), np.uint8)])
+
+
+def test_record_batches_make_exact_shuffled_sharded_epochs():
+    records = _records(103)
+    src = dp.CifarRecordBatches(records, 10, seed=3)
+    assert src.num_samples == 103 and len(src) == 11
+    for epoch in (0, 1):
+        batches = [src(Info(i, epoch)) for i in range(len(src))]
+        idx = np.concatenate([b[2] for b in batches])
+        assert sorted(idx.tolist()) == list(range(103))
+        assert [len(b[2]) for b in batches][-1] == 3
+        images, labels, indices = batches[0]
+        assert images.shape == (10, 3, 32, 32) and images.dtype == np.uint8 and images.flags.c_contiguous
+        assert np.array_equal(images.reshape(10, -1), records[indices, 1:])
+        assert np.array_equal(labels, records[indices, 0])
+    for late in (11, 12, 20):      # DALI prefetches past the end: keep raising
+        with pytest.raises(StopIteration):
+            src(Info(late, 0))
+    assert not np.array_equal(src.epoch_order(0), src.epoch_order(1))
+    assert np.array_equal(dp.CifarRecordBatches(records, 10, shuffle=False).epoch_order(5), np.arange(103))
+    dropped = dp.CifarRecordBatches(records, 10, drop_last=True)
+    assert len(dropped) == 10
+    shards = [dp.CifarRecordBatches(records, 10, seed=3, shard_id=s, num_shards=3) for s in range(3)]
+    for epoch in (0, 4):
+        orders = np.concatenate([s.epoch_order(epoch) for s in shards])
+        assert sorted(orders.tolist()) == list(range(103))
+
+
+needs_dali = pytest.mark.skipif(not has_dali(), reason="NVIDIA DALI is not installed: its pipelines cannot run")
+
+
+@needs_dali
+@pytest.mark.dali
+def test_cifar_pipeline_crops_flips_and_normalises_exactly():
+    records = _records(256, 5)
+    src = dp.CifarRecordBatches(records, 64, seed=1)
+    pipe = dp.cifar_train_pipeline(src, batch_size=64, num_threads=2, seed=4, with_offsets=True)
+    pipe.build()
+    out = pipe.run()
+    x = np.array(out[0].as_tensor())
+    idx = np.array(out[2].as_tensor()).reshape(-1)
+    assert x.shape == (64, 3, 32, 32) and x.dtype == np.float32 and out[0].layout() == "CHW"
+    assert np.array_equal(np.array(out[1].as_tensor()).reshape(-1), records[idx, 0])
+    m = match_crops(x, records[idx, 1:].reshape(-1, 3, 32, 32), data.CIFAR10_MEAN, data.CIFAR10_STD)
+    assert m.exact.all()
+    assert np.array_equal(m.dy, np.array(out[3].as_tensor()).reshape(-1))
+    assert np.array_equal(m.dx, np.array(out[4].as_tensor()).reshape(-1))
+    assert np.array_equal(m.flipped, np.array(out[5].as_tensor()).reshape(-1).astype(bool))
+
+
+@needs_dali
+@pytest.mark.dali
+def test_cifar_loader_epochs_and_eval_mode():
+    records = _records(300, 6)
+    loader = dp.cifar_loader(records, 64, num_threads=2, seed=2)
+    assert len(loader) == 5
+    for _ in range(2):
+        sizes = [len(y) for x, y in loader]
+        assert sizes == [64, 64, 64, 64, 44]
+    x, y = next(iter(dp.cifar_loader(records, 50, augment=False, shuffle=False)))
+    expected = (records[:50, 1:].reshape(-1, 3, 32, 32) / 255.0 - np.array(data.CIFAR10_MEAN).reshape(1, 3, 1, 1)) \
+        / np.array(data.CIFAR10_STD).reshape(1, 3, 1, 1)
+    assert x.dtype == torch.float32 and y.dtype == torch.int64
+    assert np.abs(x.numpy() - expected).max() < 1e-4
+    assert torch.equal(y, torch.from_numpy(records[:50, 0].astype(np.int64)))
+
+
+@needs_dali
+@pytest.mark.dali
+def test_jpeg_loader_and_decoder(tmp_path):
+    rng = np.random.default_rng(0)
+    shapes = []
+    for c in ("b", "a"):
+        (tmp_path / c).mkdir()
+        for j in range(5):
+            h, w = int(rng.integers(30, 90)), int(rng.integers(30, 90))
+            Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(tmp_path / c / f"{j}.jpg")
+            shapes.append((h, w, 3))
+    loader = dp.jpeg_loader(tmp_path, batch_size=4, crop=32, num_threads=2)
+    batches = list(loader)
+    assert sum(len(y) for _, y in batches) == 10 and len(loader) == 3
+    assert all(x.shape[1:] == (3, 32, 32) for x, _ in batches)
+    labels = torch.cat([y for _, y in batches])
+    assert sorted(labels.tolist()) == [0] * 5 + [1] * 5
+    files = sorted(tmp_path.rglob("*.jpg"))
+    pipe = dp.decode_pipeline([f.read_bytes() for f in files], batch_size=4, num_threads=2)
+    pipe.build()
+    decoded = pipe.run()[0]
+    for k in range(4):
+        ours = np.array(decoded[k])
+        with Image.open(files[k]) as im:
+            ref = np.asarray(im.convert("RGB"))
+        assert ours.shape == ref.shape
+        assert np.abs(ours.astype(int) - ref).mean() < 3      # decoders differ by rounding only
+
+
+def test_require_dali_explains(monkeypatch):
+    monkeypatch.setattr(dp, "has_dali", lambda: False)
+    with pytest.raises(ImportError, match="cannot be imported"):
+        dp.cifar_train_pipeline(None, batch_size=2)
