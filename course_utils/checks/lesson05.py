@@ -1,0 +1,494 @@
+"""Checks for lesson 05 (mixed precision, memory, and the habits that stall the GPU)."""
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import operator
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..memory import GraphWatch, SavedTensorMeter, StepReadings
+from ..syncs import SyncCounter
+from ._core import CheckFailed, exercise, expect_callable
+from ._util import fresh_rng
+
+
+def _devices():
+    return [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
+
+
+def _as_float(value, what):
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise CheckFailed("returns the loss", f"{what} returned a tensor of shape {tuple(value.shape)}, "
+                              "expected a single number")
+        value = value.detach().float().cpu().item()
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+        raise CheckFailed("returns the loss", f"{what} returned {type(value).__name__}: {value!r:.60}")
+    return float(value)
+
+
+def _blobs(rng, n, d_in, n_classes, device, centers=None):
+    """A learnable classification problem: Gaussian blobs around random class centres."""
+    if centers is None:
+        centers = rng.normal(0.0, 2.0, size=(n_classes, d_in))
+    y = rng.integers(0, n_classes, size=n)
+    x = centers[y] + rng.normal(0.0, 1.0, size=(n, d_in))
+    return (torch.tensor(x, dtype=torch.float32, device=device),
+            torch.tensor(y, dtype=torch.long, device=device), centers)
+
+
+# -- 5.1 an AMP training step with a GradScaler ---------------------------------------------------
+
+class _AutocastProbeNet(nn.Module):
+    """A small MLP that records, at every forward, whether autocast was on and to which dtype."""
+
+    def __init__(self, d_in, n_classes, hidden=32):
+        super().__init__()
+        self.fc1 = nn.Linear(d_in, hidden)
+        self.fc2 = nn.Linear(hidden, n_classes)
+        self.seen = []
+
+    def forward(self, x):
+        kind = x.device.type
+        enabled = torch.is_autocast_enabled(kind)
+        self.seen.append((enabled, torch.get_autocast_dtype(kind) if enabled else None))
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def _grad_norm(params):
+    grads = [p.grad.detach().float() for p in params if p.grad is not None]
+    if not grads:
+        return 0.0
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+
+
+def _call_amp(amp_step, label, *args, **kwargs):
+    """Call the learner's step, turning the scaler's own 'you forgot update()' errors into a failure."""
+    try:
+        return amp_step(*args, **kwargs)
+    except RuntimeError as exc:
+        text = str(exc)
+        if "since the last update()" in text or "called after step()" in text:
+            raise CheckFailed("calls scaler.update() after each step", f"{label}: the scaler said: {text}",
+                              "end every step with scaler.update(): it resets the scaler for the next step "
+                              "and adjusts the scale") from None
+        raise
+
+
+def _amp_case(amp_step, rng, seed, device, dtype, *, use_scaler):
+    kind = device.type
+    d_in, n_classes, lr = 12, 4, 0.05
+    x, y, centers = _blobs(rng, 64, d_in, n_classes, device)
+    torch.manual_seed(int(rng.integers(0, 2**31)))
+    model = _AutocastProbeNet(d_in, n_classes).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    scaler = torch.amp.GradScaler(kind, init_scale=2.0 ** 12, growth_interval=10**6, enabled=use_scaler)
+    label = f"{str(dtype).replace('torch.', '')} on {kind}" + ("" if use_scaler else " (scaler disabled)")
+
+    # (a)+(c)+(e): one step with a huge max_norm (no clipping), twice in a row
+    seen = {}
+    handle = model.fc2.weight.register_hook(lambda g: seen.__setitem__("grad", g.detach().float().clone()))
+    try:
+        for call in (1, 2):
+            model.seen.clear()
+            before = [p.detach().clone() for p in model.parameters()]
+            scale_before = scaler.get_scale() if use_scaler else 1.0
+            with torch.no_grad(), torch.autocast(kind, dtype=dtype):
+                expected_loss = float(F.cross_entropy(model(x), y).float())
+            model.seen.clear()
+            loss = _as_float(_call_amp(amp_step, label, model, opt, scaler, x, y, dtype=dtype, max_norm=1e9),
+                             f"amp_step ({label})")
+            if len(model.seen) != 1:
+                raise CheckFailed("runs one forward pass per step",
+                                  f"{label}: the model ran {len(model.seen)} forward passes in one call")
+            enabled, seen_dtype = model.seen[0]
+            if not enabled:
+                raise CheckFailed("runs the forward pass under autocast",
+                                  f"{label}: the model ran with autocast off",
+                                  "wrap the forward pass and the loss in "
+                                  "`with torch.autocast(device_type=images.device.type, dtype=dtype):`")
+            if seen_dtype != dtype:
+                raise CheckFailed("autocasts to the dtype asked for",
+                                  f"{label}: yours autocast to {seen_dtype}, expected {dtype}")
+            if not math.isfinite(loss) or not math.isclose(loss, expected_loss, rel_tol=3e-2, abs_tol=1e-2):
+                raise CheckFailed("returns the step's loss", f"{label}: yours {loss:.4f}, the batch's loss "
+                                  f"before the step is {expected_loss:.4f} (seed {seed})")
+            if "grad" not in seen or model.fc2.weight.grad is None:
+                raise CheckFailed("runs the backward pass", f"{label}: no gradient reached the last layer")
+            final = model.fc2.weight.grad.detach().float()
+            ratio = float(torch.linalg.vector_norm(seen["grad"]) / torch.linalg.vector_norm(final).clamp_min(1e-30))
+            if use_scaler and math.isclose(ratio, 1.0, rel_tol=1e-2):
+                raise CheckFailed("scales the loss before backward",
+                                  f"{label}: the gradients during backward were not scaled (scale {scale_before:g})",
+                                  "call `scaler.scale(loss).backward()`, not `loss.backward()`")
+            if call == 2 and not math.isclose(ratio, scale_before, rel_tol=2e-2):
+                more = ratio < scale_before * 0.98
+                raise CheckFailed("clears the gradients at the start of each step" if more else
+                                  "leaves unscaled gradients in .grad",
+                                  f"{label}: on a second call .grad holds {scale_before / max(ratio, 1e-30):.3g}x "
+                                  "this step's gradient",
+                                  "call optimizer.zero_grad(set_to_none=True) first" if more else
+                                  "let the scaler unscale: scaler.unscale_(optimizer) before clipping")
+            if call == 1 and not math.isclose(ratio, scale_before, rel_tol=2e-2):
+                raise CheckFailed("leaves unscaled gradients in .grad",
+                                  f"{label}: .grad is {ratio:.4g}x smaller than the backward's gradient, "
+                                  f"expected the scale {scale_before:g}x")
+            for p0, p in zip(before, model.parameters()):
+                expected = p0 - lr * p.grad.detach().to(p0.dtype)
+                if not torch.allclose(p.detach(), expected, rtol=1e-4, atol=1e-6):
+                    raise CheckFailed("takes one optimizer step with the unscaled gradients",
+                                      f"{label}: a parameter moved by {float((p.detach() - p0).abs().max()):.3g} "
+                                      f"at most, SGD(lr={lr}) with the final .grad would move it by "
+                                      f"{float((expected - p0).abs().max()):.3g}",
+                                      "scaler.step(optimizer) then scaler.update()")
+    finally:
+        handle.remove()
+
+    # (d) clipping sees unscaled gradients: a copy of the model, its gradient norm measured first
+    model2 = _AutocastProbeNet(d_in, n_classes).to(device)
+    model2.load_state_dict(model.state_dict())
+    opt2 = torch.optim.SGD(model2.parameters(), lr=lr)
+    with torch.autocast(kind, dtype=dtype):
+        probe_loss = F.cross_entropy(model2(x), y)
+    probe_loss.float().backward()
+    full_norm = _grad_norm(list(model2.parameters()))
+    model2.zero_grad(set_to_none=True)
+    max_norm = 0.1 * full_norm
+    _call_amp(amp_step, label, model2, opt2, scaler, x, y, dtype=dtype, max_norm=max_norm)
+    norm_after = _grad_norm(list(model2.parameters()))
+    if not math.isclose(norm_after, max_norm, rel_tol=5e-2):
+        if use_scaler and norm_after < 0.05 * max_norm:
+            hint = ("clip after scaler.unscale_(optimizer): clipping scaled gradients clips them to "
+                    "max_norm in scaled units, which is a tiny norm once unscaled")
+        elif norm_after > max_norm:
+            hint = "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm) before scaler.step"
+        else:
+            hint = "unscale_, clip_grad_norm_, then scaler.step and scaler.update"
+        raise CheckFailed("clips the unscaled gradients to max_norm",
+                          f"{label}: gradient norm {full_norm:.4g}, max_norm {max_norm:.4g}; after yours "
+                          f".grad has norm {norm_after:.4g}", hint)
+
+    # (g) an inf gradient: the step is skipped and the scale backs off
+    if use_scaler:
+        scale = scaler.get_scale()
+        before = [p.detach().clone() for p in model.parameters()]
+
+        def poison(g):
+            g = g.clone()
+            g.view(-1)[0] = float("inf")
+            return g
+        handle = model.fc1.weight.register_hook(poison)
+        try:
+            _call_amp(amp_step, label, model, opt, scaler, x, y, dtype=dtype, max_norm=1.0)
+        finally:
+            handle.remove()
+        if not all(torch.equal(p0, p.detach()) for p0, p in zip(before, model.parameters())):
+            raise CheckFailed("skips the optimizer step when a gradient is inf",
+                              f"{label}: with an inf in the gradients the parameters changed",
+                              "call scaler.step(optimizer), not optimizer.step(): it skips the step "
+                              "when unscale_ found inf or NaN")
+        if not scaler.get_scale() < scale:
+            raise CheckFailed("shrinks the scale after an overflow",
+                              f"{label}: the scale was {scale:g} before an inf gradient and {scaler.get_scale():g} "
+                              "after", "call scaler.update() at the end of every step")
+
+    # (h) with normal data the loss goes down
+    torch.manual_seed(int(rng.integers(0, 2**31)))
+    model = _AutocastProbeNet(d_in, n_classes).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler(kind, growth_interval=5, enabled=use_scaler)
+    scales, losses = [], []
+    for _ in range(40):
+        xb, yb, _ = _blobs(rng, 32, d_in, n_classes, device, centers)
+        losses.append(_as_float(_call_amp(amp_step, label, model, opt, scaler, xb, yb, dtype=dtype, max_norm=5.0),
+                                f"amp_step ({label})"))
+        scales.append(scaler.get_scale() if use_scaler else 1.0)
+    first, last = float(np.mean(losses[:5])), float(np.mean(losses[-5:]))
+    if not last < 0.7 * first:
+        raise CheckFailed("trains: the loss goes down", f"{label}: mean loss over the first 5 steps {first:.3f}, "
+                          f"over the last 5 of 40 steps {last:.3f} (seed {seed})")
+    if use_scaler and not any(b > a for a, b in zip(scales, scales[1:])):
+        raise CheckFailed("lets the scale grow after good steps",
+                          f"{label}: with growth_interval=5 the scale never grew in 40 steps",
+                          "call scaler.update() at the end of every step")
+
+
+@exercise("5.1", "A mixed-precision training step with a GradScaler", points=2)
+def check_amp_step(amp_step):
+    expect_callable(amp_step, "a function amp_step(model, optimizer, scaler, images, labels, dtype, max_norm)")
+    rng, seed = fresh_rng()
+    done = []
+    for device in _devices():
+        _amp_case(amp_step, rng, seed, device, torch.float16, use_scaler=True)
+        done.append(f"float16 + scaler on {device.type}")
+    _amp_case(amp_step, rng, seed, torch.device("cpu"), torch.bfloat16, use_scaler=False)
+    done.append("bfloat16 with a disabled scaler on cpu")
+    return ("forward under autocast, loss scaled, gradients unscaled before clipping, an inf gradient "
+            f"skips the step and halves the scale, the loss goes down ({'; '.join(done)}).")
+
+
+# -- 5.2 gradient accumulation -----------------------------------------------------------------
+
+class _RecordingMLP(nn.Module):
+    """float64, no BatchNorm: the gradient of a mean loss is exactly a weighted sum over micro-batches."""
+
+    def __init__(self, d_in, d_out):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(d_in, 16), nn.Tanh(), nn.Linear(16, d_out)).double()
+        self.batch_sizes = []
+
+    def forward(self, x):
+        self.batch_sizes.append(int(x.shape[0]))
+        return self.net(x)
+
+
+def _full_batch(model, loss_fn, x, y):
+    model.zero_grad(set_to_none=True)
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    grads = [p.grad.detach().clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    model.batch_sizes.clear()
+    return float(loss.detach()), grads
+
+
+def _close_grads(a, b, rtol=1e-6, atol=1e-10):
+    return all(ga is not None and torch.allclose(ga, gb, rtol=rtol, atol=atol) for ga, gb in zip(a, b))
+
+
+@exercise("5.2", "Gradient accumulation gives the gradient of the big batch", points=2)
+def check_accumulation(accumulate_gradients):
+    expect_callable(accumulate_gradients, "a function accumulate_gradients(model, loss_fn, images, labels, k)")
+    rng, seed = fresh_rng()
+    d_in, n_cls = 6, 3
+    sizes = [(12, 1), (12, 4), (10, 3), (7, 7), (13, 5)]
+    n = int(rng.integers(17, 41))
+    sizes.append((n, int(rng.choice([k for k in range(2, n) if n % k]))))
+    classify = lambda out, target: F.cross_entropy(out, target)  # noqa: E731
+    regress = lambda out, target: F.mse_loss(out, target)        # noqa: E731
+    for i, (n, k) in enumerate(sizes):
+        torch.manual_seed(int(rng.integers(0, 2**31)))
+        model = _RecordingMLP(d_in, n_cls)
+        x = torch.tensor(rng.normal(size=(n, d_in)))
+        if i % 2 == 0:
+            loss_fn, y, kind = classify, torch.tensor(rng.integers(0, n_cls, size=n)), "cross-entropy"
+        else:
+            loss_fn, y, kind = regress, torch.tensor(rng.normal(size=(n, n_cls))), "mean squared error"
+        what = f"batch of {n}, k={k}, {kind} (seed {seed})"
+        full_loss, full_grads = _full_batch(model, loss_fn, x, y)
+        for p in model.parameters():               # stale gradients from an earlier step
+            p.grad = torch.full_like(p, 0.5)
+        params_before = [p.detach().clone() for p in model.parameters()]
+        result = accumulate_gradients(model, loss_fn, x, y, k)
+        seen = list(model.batch_sizes)
+        if len(seen) != k or sum(seen) != n or max(seen) > math.ceil(n / k):
+            raise CheckFailed("runs k micro-batches", f"{what}: yours ran forward passes on batches of {seen}; "
+                              f"expected {k} micro-batches of at most {math.ceil(n / k)} samples covering all {n}",
+                              "torch.tensor_split(images, k) and torch.tensor_split(labels, k)")
+        if not all(torch.equal(a, p.detach()) for a, p in zip(params_before, model.parameters())):
+            raise CheckFailed("only computes gradients", f"{what}: the parameters changed; the optimizer step "
+                              "is not part of this function")
+        grads = [p.grad for p in model.parameters()]
+        if any(g is None for g in grads):
+            raise CheckFailed("leaves the gradients in .grad", f"{what}: some parameters have no .grad")
+        if not _close_grads(grads, full_grads):
+            stale = [p.grad.detach() - 0.5 for p in model.parameters()]
+            if _close_grads(stale, full_grads):
+                hint = "gradients accumulate into .grad: clear them first (model.zero_grad(set_to_none=True))"
+            elif _close_grads(grads, [g * k for g in full_grads]):
+                hint = "each micro-batch loss is a mean: scale it down before backward, or the sum is k times too big"
+            elif n % k:
+                hint = ("the micro-batches are not all the same size here: weight each micro-batch's loss by "
+                        "its share of the samples, len(micro_batch) / len(images), not by 1/k")
+            else:
+                hint = "backward() on loss_fn(model(xb), yb) * len(xb) / len(images) for each micro-batch"
+            worst = max(float((a - b).abs().max() / b.abs().max().clamp_min(1e-12)) for a, b in zip(grads, full_grads))
+            raise CheckFailed("gives the gradient of the full batch",
+                              f"{what}: yours differs from the full-batch gradient by up to {worst:.2%} "
+                              "of its largest entry", hint)
+        loss = _as_float(result, f"accumulate_gradients ({what})")
+        if not math.isclose(loss, full_loss, rel_tol=1e-6, abs_tol=1e-9):
+            raise CheckFailed("returns the full batch's loss", f"{what}: yours {loss:.6f}, expected {full_loss:.6f}",
+                              "add up the weighted micro-batch losses (as floats or detached tensors)")
+    return f"equal to the full-batch gradient and loss for {len(sizes)} (batch, k) pairs, uneven splits included."
+
+
+# -- 5.3 the largest batch that fits -------------------------------------------------------------
+
+class _ProbeMisuse(Exception):
+    pass
+
+
+class _Probe:
+    """fits(b) is True for 1 <= b <= threshold: a monotone stand-in for 'does a step of b fit?'."""
+
+    def __init__(self, threshold, cap):
+        self.threshold, self.cap, self.calls = threshold, cap, []
+
+    def __call__(self, batch_size):
+        if isinstance(batch_size, bool) or isinstance(batch_size, float):
+            raise _ProbeMisuse(f"fits({batch_size!r}): batch sizes are whole numbers")
+        try:
+            b = operator.index(batch_size)
+        except TypeError:
+            raise _ProbeMisuse(f"fits({batch_size!r}): batch sizes are whole numbers") from None
+        if not 1 <= b <= self.cap:
+            raise _ProbeMisuse(f"fits({b}) with cap={self.cap}: probe only sizes from 1 to cap")
+        self.calls.append(b)
+        return b <= self.threshold
+
+
+def probe_budget(answer: int) -> int:
+    """Probes allowed to find `answer`: 2 * ceil(log2(answer + 1)) + 2."""
+    return 2 * math.ceil(math.log2(answer + 1)) + 2
+
+
+@exercise("5.3", "The largest batch that fits, in few probes", points=2)
+def check_largest_batch(largest_batch):
+    expect_callable(largest_batch, "a function largest_batch(fits, cap) -> int")
+    rng, seed = fresh_rng()
+    cases = [(0, 1, "nothing fits, cap 1"), (1, 1, "cap 1 and it fits"), (0, 1000, "nothing fits"),
+             (1000, 1000, "everything up to cap=1000 fits"), (1024, 1024, "everything up to cap=1024 fits"),
+             (1, 4096, "only batch 1 fits"), (255, 256, "all but the cap fit"), (256, 2**20, "a power of two")]
+    for _ in range(60):
+        cap = int(2 ** rng.uniform(1, 20))
+        threshold = min(int(2 ** rng.uniform(0, math.log2(cap) + 0.5)), cap)
+        cases.append((threshold, cap, "a random threshold"))
+    worst = 0.0
+    for threshold, cap, what in cases:
+        probe = _Probe(threshold, cap)
+        label = f"{what} (fits up to {threshold}, cap {cap}; seed {seed})"
+        try:
+            answer = largest_batch(probe, cap)
+        except _ProbeMisuse as exc:
+            raise CheckFailed("probes only valid batch sizes", f"{label}: yours called {exc}") from None
+        if isinstance(answer, bool) or not isinstance(answer, (int, np.integer)):
+            raise CheckFailed("returns a whole number", f"{label}: yours returned {answer!r:.40}")
+        if int(answer) != threshold:
+            hint = ("return 0 when even batch 1 does not fit" if threshold == 0 else
+                    "the answer may be cap itself: make sure the search can reach it" if threshold == cap else
+                    "keep the invariant fits(good) and not fits(bad), and stop when bad == good + 1")
+            raise CheckFailed("finds the largest batch that fits", f"{label}: yours {int(answer)}, expected {threshold}", hint)
+        budget = probe_budget(threshold)
+        worst = max(worst, len(probe.calls) / budget)
+        if len(probe.calls) > budget:
+            raise CheckFailed("uses few probes", f"{label}: yours probed {len(probe.calls)} times "
+                              f"({', '.join(map(str, probe.calls[:12]))}{', ...' if len(probe.calls) > 12 else ''}); "
+                              f"the budget is 2*ceil(log2({threshold}+1))+2 = {budget}",
+                              "double the batch size from 1 until it stops fitting (or passes cap), then "
+                              "binary-search between the last size that fit and the first that did not")
+    return f"right on {len(cases)} monotone probes, edges included, using at most {worst:.0%} of the probe budget."
+
+
+# -- 5.4 fix a loop that keeps graphs and syncs every step ---------------------------------------
+
+class _SmallConvNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.conv2 = nn.Conv2d(8, 16, 3, stride=2, padding=1)
+        self.fc = nn.Linear(16, 5)
+        self.grads_at_forward = []
+
+    def forward(self, x):
+        self.grads_at_forward.append(sum(p.grad is not None for p in self.parameters()))
+        x = F.relu(self.conv2(F.relu(self.conv1(x))))
+        return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
+
+
+def _loop_case(train_fixed, rng, seed, device):
+    steps = int(rng.integers(18, 31))
+    log_every = int(rng.integers(3, 8))
+    torch.manual_seed(int(rng.integers(0, 2**31)))
+    model = _SmallConvNet().to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    n_steps = [0]
+    opt.register_step_post_hook(lambda *_: n_steps.__setitem__(0, n_steps[0] + 1))
+    gen = torch.Generator().manual_seed(int(rng.integers(0, 2**31)))
+    batches = [(torch.randn(8, 3, 16, 16, generator=gen).to(device), torch.randint(0, 5, (8,), generator=gen).to(device))
+               for _ in range(steps)]
+    label = f"{steps} steps, log_every={log_every} on {device.type} (seed {seed})"
+
+    # how much one step's graph holds, to tell 'one graph' from 'a graph per step'
+    with SavedTensorMeter(exclude=model.parameters()) as meter:
+        out = model(batches[0][0])
+    one_graph = max(meter.peak_bytes, 1)
+    del out
+    model.grads_at_forward.clear()
+
+    watch = GraphWatch()
+    syncs = SyncCounter(host_reads=device.type == "cpu")
+    recorded = []
+
+    def loss_fn(logits, labels):
+        loss = F.cross_entropy(logits, labels)
+        with syncs.paused():
+            recorded.append(loss.detach().clone())
+        return watch.mark(loss)
+
+    with SavedTensorMeter(exclude=model.parameters()) as meter:
+        readings = StepReadings(batches, lambda: (watch.alive, meter.live_bytes))
+        with syncs, contextlib.redirect_stdout(io.StringIO()):
+            result = train_fixed(model, opt, readings, loss_fn, log_every=log_every)
+        alive_after = watch.alive
+    n_logs = steps // log_every
+
+    if not isinstance(result, (list, tuple)):
+        raise CheckFailed("returns a list of interval means", f"{label}: yours returned {type(result).__name__}")
+    if any(isinstance(v, torch.Tensor) for v in result):
+        raise CheckFailed("returns Python floats", f"{label}: yours returned tensors",
+                          "read each interval's mean once, with .item()")
+    if len(result) != n_logs:
+        raise CheckFailed("logs once per complete interval", f"{label}: yours returned {len(result)} values, "
+                          f"expected {n_logs} (one per {log_every} steps; a partial interval at the end is not logged)")
+    if len(recorded) != steps or n_steps[0] != steps:
+        raise CheckFailed("trains on every batch", f"{label}: loss_fn called {len(recorded)} times and "
+                          f"optimizer.step {n_steps[0]} times, expected {steps} each",
+                          "one loss_fn(model(images), labels), backward and optimizer.step per batch")
+    graphs = [g for g, _ in readings.values]
+    if max(graphs) > 2 or alive_after > 1:
+        worst = max(graphs + [alive_after])
+        raise CheckFailed("keeps no graph past its step", f"{label}: up to {worst} steps' autograd graphs were alive "
+                          "at once (1 is the step in progress)",
+                          "keep loss.detach() (or a number), never the loss itself, in lists and running sums")
+    held = [b for _, b in readings.values]
+    if max(held) > 1.5 * one_graph:
+        raise CheckFailed("memory stays flat over the steps",
+                          f"{label}: the activations saved for backward grew to {max(held) / one_graph:.1f} steps' worth",
+                          "do not use retain_graph=True, and keep no tensor that still has a graph")
+    allowed = n_logs + 1
+    if syncs.count > allowed:
+        names = ", ".join(f"{k} x{v}" for k, v in syncs.by_name().items()) or f"{syncs.cuda_warnings} flagged by CUDA"
+        raise CheckFailed("synchronises at most once per logging interval",
+                          f"{label}: yours made {syncs.count} synchronising calls ({names}); at most {allowed} allowed",
+                          "collect loss.detach() of each step on the device and read the interval's mean with one "
+                          ".item(); no print(loss), float(loss), .item() or torch.cuda.empty_cache() per step")
+    losses = torch.stack(recorded).float().cpu().numpy()
+    expected = [float(losses[i * log_every:(i + 1) * log_every].mean()) for i in range(n_logs)]
+    yours = [float(v) for v in result]
+    if not np.allclose(yours, expected, rtol=1e-4, atol=1e-6):
+        i = next(i for i, (a, b) in enumerate(zip(yours, expected)) if not math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-6))
+        raise CheckFailed("logs the mean loss of each interval", f"{label}: interval {i}: yours {yours[i]:.5f}, "
+                          f"expected {expected[i]:.5f}", f"the mean of the {log_every} losses of that interval")
+    stale = model.grads_at_forward[1:]
+    if any(stale):
+        raise CheckFailed("frees the gradients between steps",
+                          f"{label}: at the forward pass of a later step, {max(stale)} parameters still had a .grad",
+                          "optimizer.zero_grad(set_to_none=True) at the start of each step")
+    return syncs.count, allowed
+
+
+@exercise("5.4", "Fix a loop that keeps graphs and syncs every step", points=2)
+def check_fixed_loop(train_fixed):
+    expect_callable(train_fixed, "a function train_fixed(model, optimizer, batches, loss_fn, log_every)")
+    rng, seed = fresh_rng()
+    notes = []
+    for device in _devices():
+        used, allowed = _loop_case(train_fixed, rng, seed, device)
+        notes.append(f"{used} syncs (at most {allowed} allowed) on {device.type}")
+    return "no graph kept, flat memory, gradients freed, right means; " + "; ".join(notes) + "."

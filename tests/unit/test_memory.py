@@ -1,0 +1,60 @@
+import pytest
+import torch
+from torch import nn
+
+from course_utils.memory import (GraphWatch, SavedTensorMeter, StepReadings, fit_linear, measure_step_memory,
+                                 state_bytes)
+from course_utils.models import TinyCNN
+
+
+def test_saved_tensor_meter_counts_activations_and_their_release():
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
+    x = torch.randn(32, 64)
+    with SavedTensorMeter(exclude=model.parameters()) as meter:
+        loss = model(x).square().mean()
+        during = meter.live_bytes
+        loss.backward()
+    assert during >= 32 * 256 * 4, "at least the hidden activation is saved"
+    assert meter.peak_bytes >= during and meter.live_bytes == 0, "backward frees what was saved"
+    with SavedTensorMeter(exclude=model.parameters()) as big:
+        model(torch.randn(128, 64)).square().mean().backward()
+    assert big.peak_bytes == pytest.approx(4 * meter.peak_bytes, rel=0.05), "saved bytes grow with the batch"
+
+
+def test_graph_watch_sees_a_kept_loss_keep_its_graph():
+    model = nn.Linear(8, 1)
+    watch = GraphWatch()
+    loss_fn = watch.wrap(lambda out: out.square().mean())
+    kept = []
+    for _ in range(3):
+        loss = loss_fn(model(torch.randn(4, 8)))
+        loss.backward()
+        kept.append(loss)
+    assert watch.alive == 3 and watch.marked == 3
+    kept.clear()
+    del loss
+    assert watch.alive == 0
+
+
+def test_state_bytes_and_step_memory_on_cpu():
+    model = TinyCNN(width=8)
+    params = sum(p.numel() for p in model.parameters()) * 4
+    assert state_bytes(model) == 2 * params
+    small = measure_step_memory(model, torch.randn(4, 3, 32, 32), torch.zeros(4, dtype=torch.long), device="cpu")
+    large = measure_step_memory(model, torch.randn(16, 3, 32, 32), torch.zeros(16, dtype=torch.long), device="cpu")
+    assert "estimate" in small.method and large.activation_bytes > 3 * small.activation_bytes
+    assert large.peak_bytes == large.state_bytes + large.activation_bytes
+
+
+def test_linear_fit():
+    fit = fit_linear([8, 16, 32], [100 + 10 * b for b in (8, 16, 32)])
+    assert fit.fixed_bytes == pytest.approx(100) and fit.per_sample_bytes == pytest.approx(10)
+    assert fit.largest_within(1000) == 90 and fit.max_relative_error < 1e-9
+    with pytest.raises(ValueError):
+        fit_linear([8, 8], [1, 2])
+
+
+def test_step_readings_read_before_each_batch():
+    counter = iter(range(100))
+    readings = StepReadings([1, 2, 3], lambda: next(counter))
+    assert list(readings) == [1, 2, 3] and readings.values == [0, 1, 2] and len(readings) == 3
