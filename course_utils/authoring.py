@@ -100,11 +100,16 @@ def _dumps(nb) -> str:
     return text if text.endswith("\n") else text + "\n"
 
 
-def make_student(solutions=ROOT / "solutions", notebooks=ROOT / "notebooks", *, check: bool = False) -> list[str]:
-    """Write (or, with check=True, compare) every student notebook. Returns the out-of-date names."""
+def make_student(solutions=ROOT / "solutions", notebooks=ROOT / "notebooks", *, check: bool = False,
+                 only: list[str] | None = None) -> list[str]:
+    """Write (or, with check=True, compare) every student notebook, or only those whose solution
+    file names are in `only`. Returns the out-of-date names."""
     solutions, notebooks = Path(solutions), Path(notebooks)
     stale = []
     sources = sorted(solutions.glob("*.ipynb"))
+    if only:
+        wanted = {Path(name).name for name in only}
+        sources = [p for p in sources if p.name in wanted]
     for src in sources:
         text = _dumps(student_source(nbformat.read(str(src), as_version=4), src.name))
         dest = notebooks / src.name
@@ -113,7 +118,7 @@ def make_student(solutions=ROOT / "solutions", notebooks=ROOT / "notebooks", *, 
             if not check:
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 dest.write_text(text)
-    extra = sorted({p.name for p in notebooks.glob("*.ipynb")} - {p.name for p in sources})
+    extra = [] if only else sorted({p.name for p in notebooks.glob("*.ipynb")} - {p.name for p in sources})
     for name in extra:
         stale.append(name)
         if not check:
@@ -149,13 +154,14 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("student", help="write notebooks/ from solutions/")
     p.add_argument("--check", action="store_true", help="only report notebooks that are out of date")
+    p.add_argument("names", nargs="*", help="solution notebooks to convert (default: all)")
     p = sub.add_parser("clean", help="strip outputs from solutions/ except NBVAL_CHECK_OUTPUT cells")
     p.add_argument("paths", nargs="*")
     p = sub.add_parser("refresh-outputs", help="re-run solutions in smoke mode, keep NBVAL_CHECK_OUTPUT outputs")
     p.add_argument("paths", nargs="*")
     args = parser.parse_args(argv)
     if args.command == "student":
-        stale = make_student(check=args.check)
+        stale = make_student(check=args.check, only=args.names or None)
         if args.check:
             if stale:
                 print("notebooks/ is out of date for: " + ", ".join(stale) + ". Run `make student`.")
