@@ -5,13 +5,17 @@
 Trains the tiny CNN on CPU-resident random batches (on the GPU when there is one) through the
 course's training loop, alternating rounds without and with a monitor sampling every 100 ms,
 and reports the median step time of each and the overhead in percent. Alternating rounds in
-one run cancels slow drifts of the machine; the target is an overhead under 1%.
+one run cancels slow drifts of the machine; the target is an overhead under 1%. Because that
+difference is often smaller than the noise between rounds, it also times the sampler itself
+(one sample, repeated) and reports the share of one core it takes at the chosen interval: an
+upper bound on what the monitor can take from the loop.
 """
 from __future__ import annotations
 
 import argparse
 import itertools
 import statistics
+import time
 
 import torch
 
@@ -44,7 +48,18 @@ def main(argv=None) -> int:
     a, b = statistics.median(plain), statistics.median(monitored)
     print(f"device: {device_label(device)}")
     print(f"median step time without monitor: {a:.3f} ms, with monitor every {args.interval * 1e3:.0f} ms: {b:.3f} ms")
-    print(f"overhead: {100 * (b - a) / a:+.2f}% over {args.rounds} alternating rounds of {args.steps} steps")
+    print(f"overhead: {100 * (b - a) / a:+.2f}% over {args.rounds} alternating rounds of {args.steps} steps "
+          f"(rounds differ by up to {100 * (max(plain) - min(plain)) / a:.1f}% among themselves)")
+    mon = UtilizationMonitor(interval_s=args.interval)
+    mon.start()
+    mon._stop.set()   # stop the background thread; sample by hand below
+    mon._thread.join()
+    t0 = time.perf_counter()
+    for _ in range(500):
+        mon._sample()
+    per_sample_s = (time.perf_counter() - t0) / 500
+    print(f"one sample costs {per_sample_s * 1e6:.0f} us: {100 * per_sample_s / args.interval:.3f}% of one core "
+          f"at one sample every {args.interval * 1e3:.0f} ms")
     return 0
 
 
