@@ -5,7 +5,7 @@ takes a random 32x32 window of the padded image (top-left corner `(dy, dx)`, eac
 `0..2*pad`), flips it horizontally half the time, and normalises it. Given the output and the
 source image, `match_crops()` finds the one window and flip that reproduce the output exactly,
 for whole batches at once. Lesson 04 uses it to compare DALI's augmentation with
-torchvision's (offset range, flip rate) on the same records, and its checks use it to verify
+torchvision's (offset range, flip rate) on the same records; its checks (and lesson 02's) use it to verify
 that every sample is an exact crop of its padded source record.
 """
 from __future__ import annotations

@@ -312,19 +312,15 @@ def _in_flight(loader) -> int:
 # -- 2.3 per-worker randomness -----------------------------------------------------------------
 
 def _crop_params(original: np.ndarray, padding: int, out) -> tuple[int, int, bool] | None:
-    """(dy, dx, flipped) such that `out` (C, H, W) is that crop of the zero-padded `original`
-    (H, W, C), or None when it is no such crop."""
-    p = padding
-    padded = np.pad(original, ((p, p), (p, p), (0, 0)))
-    h, w, c = original.shape
-    out_hwc = np.asarray(out).transpose(1, 2, 0)
-    windows = np.lib.stride_tricks.sliding_window_view(padded, (h, w, c))[:, :, 0]   # (2p+1, 2p+1, h, w, c)
-    for flipped, candidate in ((False, out_hwc), (True, out_hwc[:, ::-1])):
-        hits = np.all(windows == candidate, axis=(2, 3, 4))
-        found = np.argwhere(hits)
-        if len(found):
-            return int(found[0][0]), int(found[0][1]), flipped
-    return None
+    """(dy, dx, flipped) such that `out` (3, H, W) uint8 is that crop of the zero-padded `original`
+    (H, W, 3), or None when it is no such crop (through `course_utils.crop_match`, in 0..1 units
+    so that only an exact match counts)."""
+    from ..crop_match import match_crops
+    found = match_crops(np.asarray(out, np.float32)[None] / 255, np.asarray(original).transpose(2, 0, 1)[None],
+                        (0.0, 0.0, 0.0), (1.0, 1.0, 1.0), pad=padding, atol=1e-4)
+    if not found.exact[0]:
+        return None
+    return int(found.dy[0]), int(found.dx[0]), bool(found.flipped[0])
 
 
 def _item_params(item, images, labels, index, padding, what):
