@@ -21,10 +21,14 @@ $(STAMP): requirements.txt pyproject.toml
 	touch $(STAMP)
 
 ## lab: open the course in JupyterLab, on localhost only, behind a fresh random token.
+## (As root, in a container say, Jupyter refuses to start without --allow-root: it is added
+## only then; the server still listens on localhost only and still needs the token.)
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.port=$(PORT) \
-	  --ServerApp.root_dir=$(CURDIR) \
-	  --IdentityProvider.token=$$($(PY) -c 'import secrets; print(secrets.token_urlsafe(24))') \
+	@token=$$($(PY) -c 'import secrets; print(secrets.token_urlsafe(24))'); \
+	echo; echo "  Feed the GPU: open http://127.0.0.1:$(PORT)/lab?token=$$token"; echo; \
+	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.port=$(PORT) --ServerApp.port_retries=0 \
+	  $$([ "$$(id -u)" = 0 ] && echo --allow-root) \
+	  --ServerApp.root_dir=$(CURDIR) --IdentityProvider.token=$$token \
 	  --ServerApp.default_url=/lab/tree/notebooks/00-welcome-and-setup.ipynb
 
 ## test: unit tests, then every notebook headless in smoke mode (solutions pass, students fail).
