@@ -29,7 +29,7 @@ __all__ = ["SavedTensorMeter", "GraphWatch", "state_bytes", "measure_step_memory
 
 
 def mib(n_bytes: float) -> float:
-    """Bytes to MiB."""
+    """Bytes to MiB (lesson 05)."""
     return float(n_bytes) / 2**20
 
 
@@ -159,7 +159,7 @@ class GraphWatch:
 
 
 def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> int:
-    """Bytes of the parameters, their gradients (one per trainable parameter, whether or not
+    """(Lesson 05.) Bytes of the parameters, their gradients (one per trainable parameter, whether or not
     allocated yet) and the optimizer's state tensors: the part of memory the batch size does not
     change."""
     params = list(model.parameters())
@@ -177,7 +177,7 @@ def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None = None
 
 @dataclass
 class StepMemory:
-    """Peak memory of one training step. `method` says how it was obtained."""
+    """Peak memory of one training step (lesson 05). `method` says how it was obtained."""
     batch_size: int
     peak_bytes: int
     state_bytes: int
@@ -193,7 +193,7 @@ class StepMemory:
 def measure_step_memory(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, *, device,
                         amp: str | None = None, channels_last: bool = False,
                         optimizer: torch.optim.Optimizer | None = None) -> StepMemory:
-    """Run one step of the course's training loop on this batch and return its peak memory.
+    """Run one step of the course's training loop on this batch and return its peak memory (lesson 05).
 
     CUDA: `torch.cuda.max_memory_allocated` over the step (everything the allocator handed out:
     parameters, gradients, optimizer state, the batch, activations, workspaces), measured.
@@ -231,7 +231,7 @@ def measure_step_memory(model: nn.Module, images: torch.Tensor, labels: torch.Te
 
 @dataclass
 class LinearFit:
-    """memory ≈ fixed_bytes + per_sample_bytes × batch_size, fitted by least squares."""
+    """memory ≈ fixed_bytes + per_sample_bytes × batch_size, fitted by least squares (lesson 05)."""
     fixed_bytes: float
     per_sample_bytes: float
     batch_sizes: list = field(repr=False, default_factory=list)
@@ -258,7 +258,7 @@ class LinearFit:
 
 
 def fit_linear(batch_sizes, peak_bytes) -> LinearFit:
-    """Least-squares fit of peak memory against batch size (needs two or more distinct sizes)."""
+    """Least-squares fit of peak memory against batch size (lesson 05; two or more distinct sizes)."""
     x = np.asarray(batch_sizes, dtype=float)
     y = np.asarray(peak_bytes, dtype=float)
     if x.shape != y.shape or len(np.unique(x)) < 2:

@@ -28,3 +28,43 @@ def test_pure_device_work_makes_no_sync_and_pause_hides_bookkeeping():
             x.sum().item()
     assert syncs.count == 0
     assert torch.cuda.synchronize.__module__.startswith("torch"), "the wrappers are removed on exit"
+
+
+def test_reports_the_callers_line_and_skips_host_tensors_without_host_reads():
+    x = torch.randn(4)
+    with SyncCounter(host_reads=True) as syncs:
+        loss = (x * 2).sum()
+        str(loss)
+        if loss > 100:
+            pass
+    assert syncs.calls == ["__repr__", "__bool__"]
+    assert all(w.rpartition(":")[2].isdigit() and "course_utils/syncs.py" not in w and "/torch/" not in w
+               for w in syncs.where), syncs.where
+    with SyncCounter(host_reads=False, cuda_debug=False) as syncs:
+        x.sum().item()        # a CPU tensor and no GPU in play: nothing to wait for
+    assert syncs.count == 0
+
+
+def test_sgd_is_free_the_course_loop_reads_once_and_grad_scaler_once_per_step():
+    import itertools
+
+    import torch.nn.functional as F
+    from torch import nn
+
+    from course_utils.train import train
+
+    model = nn.Sequential(nn.Flatten(), nn.Linear(12, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    with SyncCounter(host_reads=True) as syncs:
+        for _ in range(3):
+            opt.zero_grad()
+            F.cross_entropy(model(torch.randn(4, 12)), torch.zeros(4, dtype=torch.long)).backward()
+            opt.step()
+    assert syncs.count == 0, syncs.calls
+    batch = (torch.randn(4, 3, 2, 2), torch.zeros(4, dtype=torch.long))
+    with SyncCounter(host_reads=True) as syncs:
+        train(model, itertools.repeat(batch), device="cpu", steps=4, progress=False)
+    assert syncs.by_name() == {"tolist": 1}
+    with SyncCounter(host_reads=True) as syncs:
+        train(model, itertools.repeat(batch), device="cpu", steps=3, amp="fp16", progress=False)
+    assert syncs.by_name().get("item") == 3      # GradScaler.step reads its inf flag every step
