@@ -13,7 +13,9 @@ and `### END SOLUTION` becomes, at the same indentation,
 
 where N.M comes from the nearest `## Exercise N.M` heading above. In markdown cells a region
 between `<!-- BEGIN SOLUTION -->` and `<!-- END SOLUTION -->` becomes "_Your answer here._".
-Student notebooks carry no outputs at all.
+Student notebooks carry no outputs at all. Their notebook metadata says which lesson they are,
+`{"course": {"lesson": "01-measure-the-baseline", "exercises": ["1.1", "1.2", "1.3"]}}`: the
+grader checks that claim against the notebook's content to tell a submission's lesson.
 """
 from __future__ import annotations
 
@@ -71,7 +73,15 @@ def student_source(nb: nbformat.NotebookNode, name: str = "notebook") -> nbforma
             cell.execution_count = None
         _clean_metadata(cell)
     nb.metadata.pop("papermill", None)
+    if name.endswith(".ipynb"):
+        nb.metadata["course"] = {"lesson": Path(name).stem, "exercises": _check_ids(nb)}
     return nb
+
+
+def _check_ids(nb) -> list[str]:
+    """Exercise ids of the `check("N.M", ...)` calls that start a line of a code cell, in order."""
+    call = re.compile(r"""^\s*check\(\s*["'](\d+\.\d+)["']""", re.M)
+    return [ex for c in nb.cells if c.cell_type == "code" for ex in call.findall(c.source)]
 
 
 def clean_solution(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:

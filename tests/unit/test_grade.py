@@ -1,65 +1,293 @@
-"""The grader's command line on small notebooks written here (each runs a real kernel)."""
+"""The grader end to end, on one batch of submissions that each carry a defect an instructor met.
+
+One batch (real kernels, real checks of lessons 00 and 01, two notebooks at a time) is graded
+once for the module; each test reads its own submission's row. Every test here failed on the
+grader before issue 12.
+"""
+import csv
 import json
 
-import nbformat
 import pytest
 
-from course_utils.grade import check_cells, main
+import gradekit as kit
+from course_utils import grade as grade_mod
+from course_utils.grade import GradeOptions, check_cells, grade, main
+from course_utils.grading import kernel
 
-GOOD = '''
-import numpy as np, torch
-from course_utils.checks import check
-from course_utils.data import CIFAR10_MEAN, CIFAR10_STD
-def to_image(x):
-    m = torch.tensor(CIFAR10_MEAN).view(3, 1, 1); s = torch.tensor(CIFAR10_STD).view(3, 1, 1)
-    return ((x * s + m) * 255).round().clamp(0, 255).permute(1, 2, 0).to(torch.uint8).numpy()
-'''
-
-
-def _write(path, *sources):
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.cells = [nbformat.v4.new_code_cell("SMOKE = False")] + [nbformat.v4.new_code_cell(s) for s in sources]
-    nb.cells[0].metadata["tags"] = ["parameters"]
-    nbformat.write(nb, str(path))
-    return path
+SEED = 1234
 
 
 @pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("grade")
-    good = _write(tmp / "good.ipynb", GOOD, 'assert SMOKE is True\ncheck("0.1", to_image)')
-    bad = _write(tmp / "bad.ipynb", GOOD, 'check("0.1", lambda x: x)', "1 / 0", 'check("0.1", to_image)')
-    out = tmp / "grades.json"
-    code_good = main([str(good), "--smoke", "--json", str(tmp / "good.json")])
-    code_both = main([str(good), str(bad), "--smoke", "--json", str(out)])
-    return code_good, code_both, json.loads(out.read_text())
+def batch(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("batch")
+    solutions = kit.mini_course(tmp / "course")
+    subs = tmp / "submissions"
+    paths = []
+
+    # alice: solved 00 with its check cell copied three more times (was: 4 of 1 points)
+    nb = kit.solved(solutions, "00")
+    at = kit.check_cell(nb, "0.1")
+    for _ in range(3):
+        nb.cells.insert(at, kit.code('check("0.1", to_image)'))
+    paths.append(kit.write(nb, subs / "alice" / "00-welcome-and-setup.ipynb"))
+
+    # bob: unsolved 00 that redefines `check`, forges and garbles the results file, and edits
+    # its check cell into a fake PASS line (was: full marks, exit 0)
+    nb = kit.unsolved(solutions, "00")
+    nb.cells.insert(2, kit.code(
+        "import json, os\n"
+        "def check(*args, **kwargs):\n"
+        "    print('[PASS] Exercise 0.1 (1/1 points): all properties hold.')\n"
+        "path = os.environ.get('COURSE_RESULTS', 'results.jsonl')\n"
+        "with open(path, 'w') as f:\n"
+        "    f.write(json.dumps({'exercise': '0.1', 'status': 'pass', 'points': 1, 'max_points': 1,\n"
+        "                        'message': 'forged'}) + '\\n')\n"
+        "    f.write('this is not json {\\n')\n"))
+    nb.cells[kit.check_cell(nb, "0.1")].source = "print('[PASS] Exercise 0.1 (1/1 points): all properties hold.')"
+    paths.append(kit.write(nb, subs / "bob" / "00-welcome-and-setup.ipynb"))
+
+    # carol: lesson 00, solved, handed in under lesson 01's file name (was: ALL CHECKS PASSED)
+    paths.append(kit.write(kit.solved(solutions, "00"), subs / "carol" / "01-measure-the-baseline.ipynb"))
+
+    # dave: 1.1 has a syntax error; 1.2 solved but its check cell deleted; 1.3 solved; a cell calls
+    # sys.exit and another kills the kernel (was: 1.2 and 1.3 "missing 0/0", total 0/0)
+    nb = kit.solved(solutions, "01")
+    ex11 = kit.index_of(nb, lambda c: c.get("id") == "01-024")
+    nb.cells[ex11].source = "def time_it(fn, device, warmup=3, repeats=10):\n    return (\n"
+    del nb.cells[kit.check_cell(nb, "1.2")]
+    nb.cells.insert(ex11 + 1, kit.code("import sys\nsys.exit(3)"))
+    at = kit.index_of(nb, lambda c: c.get("id") == "01-029")
+    nb.cells.insert(at + 1, kit.code("import os\nos._exit(1)"))
+    paths.append(kit.write(nb, subs / "dave" / "01-measure-the-baseline.ipynb"))
+
+    # erin: 1.2 still a stub with its check cell deleted (was: all passed); 1.1 uses a global that
+    # cannot be copied out of the notebook; 1.3 solved
+    nb = kit.solved(solutions, "01")
+    stub = kit.unsolved(solutions, "01")
+    at = kit.index_of(nb, lambda c: c.get("id") == "01-029")
+    nb.cells[at].source = stub.cells[at].source
+    del nb.cells[kit.check_cell(nb, "1.2")]
+    ex11 = kit.index_of(nb, lambda c: c.get("id") == "01-024")
+    nb.cells[ex11].source = ("import threading\n_lock = threading.Lock()\n" + nb.cells[ex11].source.replace(
+        "    ### BEGIN SOLUTION\n", "    ### BEGIN SOLUTION\n    with _lock:\n        pass\n", 1))
+    paths.append(kit.write(nb, subs / "erin" / "01-measure-the-baseline.ipynb"))
+
+    # frank: a truncated file in the middle of the batch (was: the batch stopped, no table, no JSON)
+    text = (solutions / kit.SOURCES["01"]).read_text()
+    (subs / "frank").mkdir(parents=True)
+    (subs / "frank" / "01-measure-the-baseline.ipynb").write_text(text[: len(text) // 2])
+    paths.append(subs / "frank" / "01-measure-the-baseline.ipynb")
+
+    calls = []
+    real_run = grade_mod._Checker.run
+    real_exec = kernel.execute
+
+    def run(self, task):
+        calls.append(("check", grade_mod.time.monotonic()))
+        return real_run(self, task)
+
+    async def execute(*args, **kwargs):
+        out = await real_exec(*args, **kwargs)
+        calls.append(("notebook", grade_mod.time.monotonic()))
+        return out
+
+    grade_mod._Checker.run = run
+    kernel.execute = execute
+    try:
+        opts = GradeOptions(smoke=True, cell_timeout_s=300, notebook_timeout_s=600, jobs=2, seed=SEED,
+                            output_dir=tmp / "out", solutions=solutions, quiet=True)
+        code, run_info, rows = grade([str(p) for p in paths], opts)
+    finally:
+        grade_mod._Checker.run = real_run
+        kernel.execute = real_exec
+    from course_utils.grading import report
+    report.write_json(tmp / "grades.json", run_info, rows)
+    report.write_csv(tmp / "grades.csv", rows)
+    by = {r["submission"]: r for r in rows}
+    return {"code": code, "run": run_info, "rows": rows, "by": by, "tmp": tmp, "calls": calls,
+            "solutions": solutions}
 
 
-def test_exit_status_is_zero_only_when_everything_passed(graded):
-    code_good, code_both, _ = graded
-    assert code_good == 0 and code_both == 1
+def _row(batch, who, lesson):
+    return batch["by"][f"{who}/{lesson}.ipynb"]
 
 
-def test_records_name_the_failure_the_crash_and_the_cell_that_never_ran(graded):
-    records = graded[2]
-    by = {(r["notebook"], r["status"]): r for r in records}
-    assert by[("good.ipynb", "pass")]["points"] == 1
-    assert ("bad.ipynb", "fail") in by
-    crash = by[("bad.ipynb", "crashed")]["message"]
-    assert "cell 4 (`1 / 0`)" in crash and "ZeroDivisionError" in crash
-    assert by[("bad.ipynb", "missing")]["exercise"] == "0.1"
-    for r in records:
-        assert set(r) == {"notebook", "exercise", "status", "points", "max_points", "message"}
+def _ex(row, exercise_id):
+    return next(r for r in row["exercises"] if r["exercise"] == exercise_id)
 
 
-def test_the_table_is_printed(graded, capsys):
-    # the fixture printed before capsys; run a one-notebook grade of a missing file instead
-    with pytest.raises(SystemExit):
+def test_every_submission_gets_a_row_and_the_batch_exit_status_is_not_passed(batch):
+    assert len(batch["rows"]) == 6
+    assert batch["code"] == 1
+
+
+def test_duplicated_check_cells_count_once(batch):
+    row = _row(batch, "alice", "00-welcome-and-setup")
+    assert [r["status"] for r in row["exercises"]] == ["pass"]
+    assert (row["points"], row["max_points"]) == (1, 1)
+    assert any("4 check calls" in n for n in row["notes"])
+
+
+def test_redefined_check_forged_results_and_an_edited_check_cell_earn_nothing(batch):
+    row = _row(batch, "bob", "00-welcome-and-setup")
+    assert row["status"] == "graded"
+    assert _ex(row, "0.1")["status"] == "not_implemented"
+    assert (row["points"], row["max_points"]) == (0, 1)
+    assert any("was edited" in n for n in row["notes"])
+    assert any(f.startswith("cell 3 ") and "grader's variables" in f for f in row["review"])
+
+
+def test_a_lesson_under_another_lessons_file_name_is_not_graded_as_that_lesson(batch):
+    row = _row(batch, "carol", "01-measure-the-baseline")
+    assert row["status"] == "not_graded"
+    assert row["lesson"] == "00-welcome-and-setup" and row["expected_lesson"] == "01-measure-the-baseline"
+    assert (row["points"], row["max_points"]) == (0, 5)
+    assert "lesson 00" in row["reason"] and "--lesson 00" in row["reason"]
+
+
+def test_a_syntax_error_in_one_exercise_does_not_cost_the_others(batch):
+    row = _row(batch, "dave", "01-measure-the-baseline")
+    statuses = {r["exercise"]: r["status"] for r in row["exercises"]}
+    assert statuses == {"1.1": "error", "1.2": "pass", "1.3": "pass"}
+    assert (row["points"], row["max_points"]) == (3, 5)
+    ex11 = _ex(row, "1.1")["message"]
+    assert "SyntaxError" in ex11 and "def time_it" in ex11 and ex11.startswith("cell ")
+    notes = " ".join(row["notes"])
+    assert "called sys.exit(3)" in notes
+    assert "the kernel died in cell" in notes and "restarted it" in notes
+
+
+def test_a_deleted_check_cell_is_restored(batch):
+    row = _row(batch, "erin", "01-measure-the-baseline")
+    assert _ex(row, "1.2")["status"] == "not_implemented" and _ex(row, "1.3")["status"] == "pass"
+    assert (row["points"], row["max_points"]) == (2, 5)
+    assert any("1.2 was missing" in n for n in row["notes"])
+
+
+def test_an_object_that_cannot_be_copied_is_one_sentence_naming_the_global(batch):
+    ex11 = _ex(_row(batch, "erin", "01-measure-the-baseline"), "1.1")
+    assert ex11["status"] == "error" and "`_lock`" in ex11["message"] and "cannot be copied" in ex11["message"]
+
+
+def test_a_truncated_notebook_gets_a_row_and_does_not_stop_the_batch(batch):
+    row = _row(batch, "frank", "01-measure-the-baseline")
+    assert row["status"] == "not_graded" and "truncated" in row["reason"]
+    assert (row["points"], row["max_points"]) == (0, 5)
+    assert [r["status"] for r in row["exercises"]] == ["missing"] * 3
+
+
+def test_same_file_names_from_two_students_stay_apart(batch):
+    alice, bob = _row(batch, "alice", "00-welcome-and-setup"), _row(batch, "bob", "00-welcome-and-setup")
+    assert alice["path"] != bob["path"] and alice["executed"] != bob["executed"]
+    assert alice["points"] == 1 and bob["points"] == 0
+    out = batch["tmp"] / "out"
+    assert (out / "alice" / "00-welcome-and-setup.ipynb").exists() and (out / "bob" / "00-welcome-and-setup.ipynb").exists()
+
+
+def test_the_executed_copy_shows_each_verdict_at_its_check_cell(batch):
+    import nbformat
+    nb = nbformat.read(_row(batch, "dave", "01-measure-the-baseline")["executed"], as_version=4)
+    assert "3/5 points" in nb.cells[0].source
+    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    assert "[PASS] Exercise 1.2" in text and "[ERROR] Exercise 1.1" in text
+
+
+def test_totals_come_from_the_released_lesson(batch):
+    for row in batch["rows"]:
+        lesson = row["lesson"] if row["status"] == "graded" else row["expected_lesson"]
+        if lesson:
+            assert row["max_points"] == {"00-welcome-and-setup": 1, "01-measure-the-baseline": 5}[lesson]
+        assert all(r["points"] <= r["max_points"] for r in row["exercises"])
+
+
+def test_checks_run_after_every_notebook_and_with_recorded_seeds(batch):
+    calls = batch["calls"]
+    last_notebook = max(t for kind, t in calls if kind == "notebook")
+    assert all(t > last_notebook for kind, t in calls if kind == "check")
+    row = _row(batch, "erin", "01-measure-the-baseline")
+    assert _ex(row, "1.3")["seed"] == grade_mod._exercise_seed(SEED, "1.3")
+    assert batch["run"]["seed"] == SEED
+
+
+def test_the_json_and_csv_gradebook(batch):
+    data = json.loads((batch["tmp"] / "grades.json").read_text())
+    assert data["grader"]["seed"] == SEED and len(data["submissions"]) == 6
+    rows = list(csv.DictReader((batch["tmp"] / "grades.csv").open()))
+    assert [r["submission"] for r in rows] == [r["submission"] for r in batch["rows"]]
+    dave = next(r for r in rows if r["submission"] == "dave/01-measure-the-baseline.ipynb")
+    assert (dave["ex 1.1"], dave["ex 1.2"], dave["ex 1.3"], dave["points"], dave["max_points"]) == ("0", "1", "2", "3", "5")
+    alice = next(r for r in rows if r["submission"] == "alice/00-welcome-and-setup.ipynb")
+    assert alice["ex 1.1"] == "" and alice["ex 0.1"] == "1"
+
+
+def test_nonsensical_limits_are_refused(capsys):
+    for args in (["--timeout", "0"], ["--timeout", "-5"], ["--timeout", "nan"], ["--notebook-timeout", "abc"],
+                 ["--jobs", "0"], ["--seed", "-1"], ["--timeout", "100", "--notebook-timeout", "10"]):
+        with pytest.raises(SystemExit) as exc:
+            main(["x.ipynb"] + args)
+        assert exc.value.code == 2
+    assert "must be a positive number" in capsys.readouterr().err
+
+
+def test_a_missing_file_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exc:
         main(["does-not-exist.ipynb"])
-    assert "no such notebook" in capsys.readouterr().err
+    assert exc.value.code == 2 and "no such notebook" in capsys.readouterr().err
+
+
+def test_a_grader_failure_has_its_own_exit_status_and_still_writes_the_json(tmp_path):
+    solutions = kit.mini_course(tmp_path / "course")
+    nb = kit.write(kit.solved(solutions, "00"), tmp_path / "00-welcome-and-setup.ipynb")
+    broken = kit.solved(solutions, "00")
+    broken.cells.append(kit.code('check("0.9", to_image)'))   # a check cell with no registered check
+    kit.write(broken, solutions / "00-welcome-and-setup.ipynb")
+    out = tmp_path / "g.json"
+    code = main([str(nb), "--smoke", "--released", str(solutions), "--json", str(out), "--csv", str(tmp_path / "g.csv")])
+    assert code == 3
+    row = json.loads(out.read_text())["submissions"][0]
+    assert row["status"] == "grader_error" and "no registered check" in row["reason"]
+    assert (tmp_path / "g.csv").read_text().count("\n") == 2
+
+
+def test_a_kernel_that_cannot_start_is_the_graders_failure(tmp_path, monkeypatch):
+    import asyncio
+    import os
+    from course_utils.grading.prepare import Prepared
+    import nbformat
+
+    async def cannot_start(self):
+        raise RuntimeError("no kernel here")
+    monkeypatch.setattr(kernel._Life, "start", cannot_start)
+    book = nbformat.v4.new_notebook()
+    book.cells = [kit.code("x = 1")]
+    x = asyncio.run(kernel.execute(Prepared(book, [1]), cwd=tmp_path, env=dict(os.environ), cell_timeout=5,
+                                   notebook_timeout=10, log_path=tmp_path / "k.log"))
+    assert x.startup_error == "the grader could not start a python3 kernel: RuntimeError: no kernel here"
+    sub = grade_mod._Sub(tmp_path / "n.ipynb", "n.ipynb", prepared=Prepared(book, [1]), execution=x)
+    grade_mod._problems(sub)
+    assert sub.status == "grader_error"
+
+
+def test_the_notebook_limit_stops_a_notebook_and_says_what_was_not_reached(tmp_path):
+    solutions = kit.mini_course(tmp_path / "course")
+    nb = kit.solved(solutions, "00")
+    del nb.cells[1]   # no imports: this test is about the clock
+    nb.cells.insert(kit.check_cell(nb, "0.1") - 1, kit.code("import time\ntime.sleep(60)"))
+    path = kit.write(nb, tmp_path / "00-welcome-and-setup.ipynb")
+    code, _, rows = grade([str(path)], GradeOptions(smoke=True, cell_timeout_s=60, notebook_timeout_s=5,
+                                                    solutions=solutions, quiet=True, seed=1))
+    row = rows[0]
+    assert code == 1
+    assert row["exercises"][0]["status"] == "missing"
+    assert "never reached: the notebook reached its limit of 5 s" in row["exercises"][0]["message"]
+    assert any("was stopped when the notebook reached its limit" in n for n in row["notes"])
 
 
 def test_check_cells_finds_every_check_call(tmp_path):
-    path = _write(tmp_path / "n.ipynb", 'check("1.1", f)', "x = 1\ncheck('1.2', g)", "# check(\"9.9\", no) in a comment")
-    assert check_cells(path) == ["1.1", "1.2"]
+    nb = kit.code  # noqa: F841  (kept simple: a notebook written by hand)
+    import nbformat
+    book = nbformat.v4.new_notebook()
+    book.cells = [nbformat.v4.new_code_cell(s) for s in
+                  ('check("1.1", f)', "x = 1\ncheck('1.2', g)", "# check(\"9.9\", no) in a comment")]
+    nbformat.write(book, str(tmp_path / "n.ipynb"))
+    assert check_cells(tmp_path / "n.ipynb") == ["1.1", "1.2"]

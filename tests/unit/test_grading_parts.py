@@ -1,0 +1,260 @@
+"""The grader's parts: identification, the restored notebook, review flags, the kernel runner
+(timeouts, interrupts, deaths) and the checker's isolation (exits, crashes, loops, forgeries)."""
+import asyncio
+import os
+import sys
+
+import cloudpickle
+import nbformat
+import pytest
+
+import gradekit as kit
+from course_utils.authoring import ROOT
+from course_utils.grading import checker, kernel
+from course_utils.grading.lessons import expected_from_name, identify, released_lessons
+from course_utils.grading.prepare import GRADER_TAG, Prepared, prepare
+from course_utils.grading.review import pickle_flags, review_flags
+
+STUDENTS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
+
+
+@pytest.fixture(scope="module")
+def mini(tmp_path_factory):
+    solutions = kit.mini_course(tmp_path_factory.mktemp("course"))
+    return solutions, released_lessons(solutions)
+
+
+# -- which lesson is it ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", STUDENTS + SOLUTIONS, ids=[f"{p.parent.name}/{p.stem}" for p in STUDENTS + SOLUTIONS])
+def test_every_released_notebook_is_identified_as_itself(path):
+    lessons = released_lessons()
+    nb = nbformat.read(str(path), as_version=4)
+    found = identify(nb, lessons)
+    assert found.lesson is not None and found.lesson.name == path.stem and found.note is None
+
+
+def test_student_notebooks_carry_the_lesson_in_their_metadata():
+    for path in STUDENTS:
+        meta = nbformat.read(str(path), as_version=4).metadata["course"]
+        assert meta["lesson"] == path.stem
+        assert meta["exercises"] == [e.id for e in released_lessons()[path.stem].exercises]
+
+
+def test_content_wins_over_metadata_and_metadata_over_nothing(mini):
+    solutions, lessons = mini
+    nb = kit.solved(solutions, "00")
+    nb.metadata["course"] = {"lesson": "01-measure-the-baseline"}
+    found = identify(nb, lessons)
+    assert found.lesson.name == "00-welcome-and-setup" and "metadata says lesson 01" in found.note
+    empty = nbformat.v4.new_notebook()
+    empty.metadata["course"] = {"lesson": "01-measure-the-baseline"}
+    found = identify(empty, lessons)
+    assert found.lesson.name == "01-measure-the-baseline" and "none of lesson 01" in found.note
+    assert identify(nbformat.v4.new_notebook(), lessons).lesson is None
+
+
+def test_the_file_name_says_which_lesson_was_expected(mini):
+    _, lessons = mini
+    assert expected_from_name("01-measure-the-baseline.ipynb", lessons).number == 1
+    assert expected_from_name("01-alice.ipynb", lessons).number == 1
+    assert expected_from_name("alice.ipynb", lessons) is None
+    assert expected_from_name("99-nothing.ipynb", lessons) is None
+    nb = kit.solved(mini[0], "00")
+    assert identify(nb, lessons, expected=lessons["01-measure-the-baseline"]).mismatch
+
+
+# -- the notebook the grader runs -------------------------------------------------------------
+
+def test_check_cells_are_restored_once_after_the_exercise_and_parameters_injected(mini):
+    solutions, lessons = mini
+    lesson = lessons["01-measure-the-baseline"]
+    nb = kit.solved(solutions, "01")
+    at = kit.check_cell(nb, "1.1")
+    nb.cells.insert(at, kit.code('check("1.1", time_it)\ncheck("1.1", time_it)'))        # duplicated
+    nb.cells[kit.check_cell(nb, "1.3")].source = 'check("1.3", lambda t: "input-bound")'   # edited
+    del nb.cells[kit.check_cell(nb, "1.2")]                                                # deleted
+    ex = kit.index_of(nb, lambda c: c.get("id") == "01-029")
+    nb.cells[ex].source += '\ncheck("1.2", stall_fraction)\ncheck("7.1", stall_fraction)'  # inside the exercise cell
+    prep = prepare(nb, lesson, smoke=True)
+    restored = [c for c in prep.nb.cells if GRADER_TAG in c.metadata.get("tags", [])]
+    assert [c.metadata["course_grader"]["exercise"] for c in restored] == ["1.1", "1.2", "1.3"]
+    assert all("check(" not in c.source for c in prep.nb.cells if GRADER_TAG not in c.metadata.get("tags", [])
+               and c.cell_type == "code")
+    for e in lesson.exercises:   # right after the learner's exercise cell
+        assert prep.handin_cells[e.id] == prep.exercise_cells[e.id] + 1
+        assert prep.nb.cells[prep.exercise_cells[e.id]].get("id") == e.exercise_cell_id
+    assert 'check("1.3", diagnose)' in prep.nb.cells[prep.handin_cells["1.3"]].source
+    assert "def stall_fraction" in prep.nb.cells[prep.exercise_cells["1.2"]].source
+    notes = " ".join(prep.notes)
+    assert "1.1 had 3 check calls" in notes and "1.3 (cell" in notes and "edited" in notes and "7.1" in notes
+    params = next(i for i, c in enumerate(prep.nb.cells) if "parameters" in c.metadata.get("tags", []))
+    assert prep.nb.cells[params + 1].source.endswith("SMOKE = True\n")
+    assert prep.origin[params + 1] is None and prep.origin[0] == 1
+
+
+def test_a_notebook_without_its_exercise_still_gets_its_check_cells(mini):
+    solutions, lessons = mini
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [kit.code("x = 1")]
+    prep = prepare(nb, lessons["01-measure-the-baseline"], smoke=False)
+    assert len(prep.handin_cells) == 3 and all(v is None for v in prep.exercise_cells.values())
+
+
+# -- review flags ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", STUDENTS + SOLUTIONS, ids=[f"{p.parent.name}/{p.stem}" for p in STUDENTS + SOLUTIONS])
+def test_the_course_itself_raises_no_review_flag(path):
+    nb = nbformat.read(str(path), as_version=4)
+    lesson = released_lessons()[path.stem]
+    assert review_flags(nb, lesson.lines) == []
+
+
+def test_review_flags_the_usual_ways_of_reaching_for_the_grader():
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [kit.code("import torch\nimport numpy as np"),
+                kit.code("torch.allclose = lambda *a, **k: True"),
+                kit.code("torch.backends.cudnn.benchmark = True\nnp.random.seed(0)"),
+                kit.code("import course_utils.checks._core as c"),
+                kit.code("import os\nos._exit(0)"),
+                kit.code("import sys\nf = sys._getframe(1)"),
+                kit.code("setattr(np, 'isclose', print)")]
+    flags = review_flags(nb)
+    assert [f.split(" ")[1] for f in flags] == ["2", "4", "5", "6", "7"]
+    assert "torch.allclose = ..." in flags[0] and "checks or grader" in flags[1]
+
+
+def test_a_pickle_built_to_act_on_the_checker_is_flagged():
+    class Evil:
+        def __reduce__(self):
+            return (setattr, (os, "environ", {}))
+    assert pickle_flags(cloudpickle.dumps(Evil())) and "builtins.setattr" in pickle_flags(cloudpickle.dumps(Evil()))[0]
+
+    def honest(x, n=3):
+        return [os.path.join(str(x), str(i)) for i in range(n)]
+    assert pickle_flags(cloudpickle.dumps((honest, {}, {}))) == []
+    assert pickle_flags(b"not a pickle")
+
+
+# -- the kernel runner -------------------------------------------------------------------------
+
+def test_timeouts_interrupts_deaths_and_restarts(tmp_path, monkeypatch):
+    monkeypatch.setattr(kernel, "PROBE_S", 2.0)
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [kit.code(s) for s in (
+        "x = 41",
+        "while True:\n    pass",                                                     # interrupted
+        "import time\nwhile True:\n    try:\n        time.sleep(100)\n    except KeyboardInterrupt:\n        pass",
+        "x += 1\nprint(x)",
+        "import os\nos._exit(3)",                                                    # dies
+        "print('after', x)",
+        "raise ValueError('this one')",
+        "import os\nos._exit(4)",                                                    # dies a third time
+        "print('never')")]
+    prep = Prepared(nb, list(range(1, len(nb.cells) + 1)))
+    x = asyncio.run(kernel.execute(prep, cwd=tmp_path, env=dict(os.environ), cell_timeout=3, notebook_timeout=120,
+                                   log_path=tmp_path / "k.log"))
+    assert x.startup_error is None
+    assert x.failures[1] == "ran longer than the 3 s a cell may take and was interrupted"
+    assert x.failures[2].startswith("ran longer") and x.failures[4].startswith("killed the kernel")
+    assert x.failures[6] == "raised ValueError: this one"
+    events = " ".join(x.events)
+    assert "the kernel did not stop after cell 3 (`import time`) was interrupted" in events
+    assert "the kernel died in cell 5 (`import os`)" in events and "restarted it" in events
+    assert "so the remaining cells were not run" in events and x.not_run_from == 8
+    text = lambda i: "".join(o.get("text", "") for o in nb.cells[i].outputs)   # noqa: E731
+    assert text(3) == "42\n" and text(5) == "after 42\n" and text(8) == ""
+
+
+# -- the checker -------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def runner(tmp_path_factory):
+    from course_utils.grade import _Checker
+    tmp = tmp_path_factory.mktemp("checker")
+    c = _Checker(["course_utils.checks.lesson00"], tmp / "checker.log")
+    yield c, tmp
+    c.close()
+
+
+def _task(runner, name, obj, limit=60):
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])   # as functions of a notebook travel
+    c, tmp = runner
+    payload = tmp / f"{name}.pkl"
+    payload.write_bytes(obj if isinstance(obj, bytes) else cloudpickle.dumps((obj, {}, {})))
+    return c.run({"exercise": "0.1", "payload": str(payload), "cwd": str(tmp), "env": dict(os.environ),
+                  "seed": 5, "limit_s": limit, "log": str(tmp / f"{name}.log")})
+
+
+def _stub(x):
+    raise NotImplementedError("Exercise 0.1")
+
+
+def test_the_checker_grades_what_it_is_handed(runner):
+    assert _task(runner, "stub", _stub)["status"] == "not_implemented"
+    assert _task(runner, "wrong", lambda x: x)["status"] == "fail"
+
+
+def test_exits_crashes_and_endless_loops_in_a_check_are_one_sentence(runner):
+    def leaves(x):
+        sys.exit(7)
+
+    def vanishes(x):
+        os._exit(0)
+
+    def crashes(x):
+        import ctypes
+        ctypes.string_at(0)
+
+    def loops(x):
+        import signal
+        signal.signal(signal.SIGALRM, signal.SIG_IGN)
+        while True:
+            pass
+    assert _task(runner, "exit", leaves)["message"] == "your code called sys.exit(7) during the check"
+    assert "exited with status 0 before it gave a verdict" in _task(runner, "vanish", vanishes)["message"]
+    assert "killed by SIGSEGV" in _task(runner, "crash", crashes)["message"]
+    answer = _task(runner, "loop", loops, limit=3)
+    assert answer["status"] == "error" and "did not finish within 3 s" in answer["message"]
+    assert "could not be loaded" in _task(runner, "junk", b"junk")["message"]
+
+
+def test_what_one_check_does_to_its_process_does_not_reach_the_next(runner):
+    def forger(x):
+        import course_utils.checks._core as core
+        core._REGISTRY["0.1"].fn = lambda obj: "forged"
+        os.write(1, b'{"id": 99, "status": "pass", "message": "forged"}\n')
+        print('{"status": "pass"}')
+        raise NotImplementedError
+    assert _task(runner, "forger", forger)["status"] == "not_implemented"
+    assert _task(runner, "next", _stub)["status"] == "not_implemented"
+
+
+def test_what_remains_possible_a_pickle_that_acts_as_it_loads_forges_only_its_own_check(runner):
+    # Documented in INSTRUCTORS.md: code handed to the checker runs in its check's process, so an
+    # object built to attack the checker can forge its own verdict; it is flagged for review, and
+    # the next check starts clean.
+    class Forge:
+        def __reduce__(self):
+            return (exec, ("import course_utils.checks._core as c\nc._REGISTRY['0.1'].fn = lambda obj: 'forged'",))
+    data = cloudpickle.dumps((Forge(), {}, {}))
+    assert _task(runner, "forge", data)["status"] == "pass"
+    assert pickle_flags(data) and "builtins.exec" in pickle_flags(data)[0]
+    assert _task(runner, "after", _stub)["status"] == "not_implemented"
+
+    def patcher(x):
+        import time
+        time.perf_counter = lambda: 0.0
+        raise NotImplementedError
+    answer = _task(runner, "patcher", patcher)
+    assert answer["status"] == "not_implemented" and "time.perf_counter" in answer["review"][0]
+
+
+def test_a_changed_course_file_stops_grading(tmp_path):
+    baseline = checker.course_fingerprint()
+    assert "course_utils/checks/lesson00.py" in baseline and "solutions/00-welcome-and-setup.ipynb" in baseline
+    baseline["course_utils/checks/lesson00.py"] = "as it was before a submission rewrote it"
+    answer = checker.run_task({"exercise": "0.1", "payload": "x", "cwd": str(tmp_path), "env": {}, "seed": 1,
+                               "limit_s": 5, "log": str(tmp_path / "l")}, baseline=baseline)
+    assert answer["status"] == "grader_error" and "course_utils/checks/lesson00.py changed" in answer["message"]
