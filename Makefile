@@ -42,17 +42,23 @@ unit: $(STAMP)
 notebooks: $(STAMP)
 	COURSE_SMOKE=1 $(PY) -m pytest tests/notebooks -q
 
-## grade: grade notebooks headless, e.g. `make grade NB="submissions/*.ipynb" GRADE_FLAGS=`.
+## grade: grade notebooks headless, e.g. `make grade NB="submissions/*/01-*.ipynb" GRADE_FLAGS="--jobs 2"`
+## (smoke by default; GRADE_FLAGS= for full size). Writes build/grades.json, build/gradebook.csv and
+## the executed copies in build/graded/; fails only when the grader could not grade (exit 2 or 3),
+## not when a submission did not pass (see INSTRUCTORS.md).
 grade: $(STAMP)
-	$(PY) -m course_utils.grade $(NB) $(GRADE_FLAGS) --json build/grades.json
+	$(PY) -m course_utils.grade $(NB) $(GRADE_FLAGS) --json build/grades.json --csv build/gradebook.csv \
+	  --output-dir build/graded; status=$$?; [ $$status -le 1 ]
 
 ## ladder: climb the optimisation ladder on this machine (add ARGS=--smoke for a quick run).
 ladder: $(STAMP)
 	$(PY) -m course_utils.ladder $(ARGS) --json build/ladder.json
 
-## course: executed copies of every solution notebook at full size, in build/executed/.
+## course: every solution notebook at full size through the grader: executed copies in
+## build/executed/, results in build/course.json and build/course.csv (all must pass).
 course: $(STAMP)
-	$(PY) -m course_utils.grade solutions/*.ipynb --output-dir build/executed --json build/course.json
+	$(PY) -m course_utils.grade solutions/*.ipynb --notebook-timeout 7200 --output-dir build/executed \
+	  --json build/course.json --csv build/course.csv
 
 ## student: regenerate notebooks/ from solutions/ (never edit notebooks/ by hand).
 student: $(STAMP)

@@ -90,7 +90,8 @@ class _Sub:
     execution: object = None
     work: Path | None = None
     handed: dict = field(default_factory=dict)   # exercise -> sha256 of the payload when the kernel ended
-    seconds: float = 0.0
+    notebook_s: float = 0.0
+    checks_s: float = 0.0
     executed: str | None = None
 
     def as_dict(self) -> dict:
@@ -101,7 +102,8 @@ class _Sub:
             "status": self.status, "reason": self.reason,
             "points": sum(r["points"] for r in self.records),
             "max_points": sum(r["max_points"] for r in self.records),
-            "seconds": round(self.seconds, 1), "executed": self.executed,
+            "seconds": round(self.notebook_s + self.checks_s, 1), "notebook_s": round(self.notebook_s, 1),
+            "checks_s": round(self.checks_s, 1), "executed": self.executed,
             "notes": self.notes, "review": self.review, "exercises": self.records,
         }
 
@@ -179,7 +181,8 @@ def _kernel_env(opts: GradeOptions, sub: _Sub, handin: Path) -> dict:
     env.update({"COURSE_SMOKE": "1" if opts.smoke else "0", "COURSE_NOTEBOOK": sub.sid,
                 "COURSE_HANDIN_DIR": str(handin), "PYTHONUNBUFFERED": "1"})
     if opts.jobs > 1:   # notebooks running side by side share the cores instead of fighting for them
-        share = str(max(1, (os.cpu_count() or 1) // opts.jobs))
+        from course_utils.env import usable_cores
+        share = str(max(1, usable_cores() // opts.jobs))
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             env.setdefault(var, share)
     return env
@@ -212,7 +215,7 @@ async def _run_notebook(sub: _Sub, opts: GradeOptions, work_root: Path, index: i
         payload = handin / f"{e.id}.pkl"
         if payload.exists():
             sub.handed[e.id] = hashlib.sha256(payload.read_bytes()).hexdigest()
-    sub.seconds += time.monotonic() - t0
+    sub.notebook_s = time.monotonic() - t0
     x = sub.execution
     _say(opts, f"[{index}/{total}] {sub.sid}: ran in {x.seconds:.0f} s"
                + (f", {len(x.failures)} cell(s) failed" if x.failures else "")
@@ -345,7 +348,6 @@ def _check_one(sub: _Sub, checker: _Checker, opts: GradeOptions, seed: int) -> N
                 record["message"] = f"{context}; {record['message']}"
         record["points"] = e.points if record["status"] == "pass" else 0
         sub.records.append(record)
-        sub.seconds += record["seconds"]
 
 
 def _problems(sub: _Sub) -> None:
@@ -379,13 +381,40 @@ def _executed_copy(sub: _Sub, opts: GradeOptions, run: dict) -> None:
              f"{run['started']}): **{d['points']}/{d['max_points']} points** as {sub.lesson.label}."]
     lines += [f"- note: {n}" for n in sub.notes] + [f"- REVIEW: {f}" for f in sub.review]
     summary = nbformat.v4.new_markdown_cell("\n".join(lines))
-    summary["id"] = "grader-summary"
+    from course_utils.grading.prepare import _unique
+    summary["id"] = _unique("grader-summary", {c.get("id") for c in nb.cells})
     nb.cells.insert(0, summary)
     name = sub.sid if sub.sid.endswith(".ipynb") else sub.sid + ".ipynb"
     dest = Path(opts.output_dir) / name
     dest.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, str(dest))
     sub.executed = str(dest)
+
+
+def _identify(sub: _Sub, opts: GradeOptions, lessons: dict) -> None:
+    sub.expected = _expected(opts, lessons, sub)
+    _read(sub)
+    if sub.nb is None:
+        sub.records = _missing_records(sub.expected, f"not graded: {sub.reason}")
+        return
+    ident = _lessons.identify(sub.nb, lessons, expected=sub.expected)
+    sub.lesson = ident.lesson
+    if ident.note:
+        sub.notes.append(ident.note)
+    if ident.mismatch:
+        announced = "--lesson" if opts.lesson else "its file name"
+        what = ident.lesson.label if ident.lesson else "no released lesson"
+        sub.status = "not_graded"
+        sub.reason = (f"it is {what}, not {sub.expected.label} as {announced} says; rename it or grade it "
+                      f"with --lesson {ident.lesson.name[:2] if ident.lesson else 'NN'}")
+        sub.records = _missing_records(sub.expected, f"not graded: {sub.reason}")
+        return
+    if ident.lesson is None:
+        sub.status, sub.reason = "not_graded", f"the grader cannot tell which lesson it is: {ident.note}"
+        return
+    from course_utils.grading.lessons import released_lines
+    from course_utils.grading.review import review_flags
+    sub.review = review_flags(sub.nb, released_lines(ident.lesson))
 
 
 def _expected(opts: GradeOptions, lessons: dict, sub: _Sub) -> Lesson | None:
@@ -430,29 +459,10 @@ def grade(paths, options: GradeOptions | None = None) -> tuple[int, dict, list[d
         if grader_failure:
             sub.status, sub.reason = "grader_error", grader_failure
             continue
-        sub.expected = _expected(opts, lessons, sub)
-        _read(sub)
-        if sub.nb is None:
-            sub.records = _missing_records(sub.expected, f"not graded: {sub.reason}")
-            continue
-        ident = _lessons.identify(sub.nb, lessons, expected=sub.expected)
-        sub.lesson = ident.lesson
-        if ident.note:
-            sub.notes.append(ident.note)
-        if ident.mismatch:
-            announced = "--lesson" if opts.lesson else "its file name"
-            what = ident.lesson.label if ident.lesson else "no released lesson"
-            sub.status = "not_graded"
-            sub.reason = (f"it is {what}, not {sub.expected.label} as {announced} says; rename it or grade it "
-                          f"with --lesson {ident.lesson.name[:2] if ident.lesson else 'NN'}")
-            sub.records = _missing_records(sub.expected, f"not graded: {sub.reason}")
-            continue
-        if ident.lesson is None:
-            sub.status, sub.reason = "not_graded", f"the grader cannot tell which lesson it is: {ident.note}"
-            continue
-        from course_utils.grading.lessons import released_lines
-        from course_utils.grading.review import review_flags
-        sub.review = review_flags(sub.nb, released_lines(ident.lesson))
+        try:
+            _identify(sub, opts, lessons)
+        except Exception as exc:   # the grader's own bug: this submission still gets a row
+            sub.status, sub.reason = "grader_error", f"the grader failed reading it: {type(exc).__name__}: {exc}"
 
     runnable = [s for s in subs if s.status == "graded"]
     work_root = Path(tempfile.mkdtemp(prefix="course-grade-"))
@@ -492,8 +502,10 @@ def grade(paths, options: GradeOptions | None = None) -> tuple[int, dict, list[d
                 sub.records = _missing_records(sub.lesson, f"not graded: {sub.reason}")
                 continue
             _say(opts, f"[{i}/{len(runnable)}] checking {sub.sid} (each check alone, in the grader's checker) ...")
+            t_checks = time.monotonic()
             try:
                 _check_one(sub, checker, opts, seed)
+                sub.checks_s = time.monotonic() - t_checks
             except KeyboardInterrupt:
                 interrupted = True
                 sub.status, sub.reason = "grader_error", "grading was interrupted"

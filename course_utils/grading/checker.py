@@ -70,7 +70,7 @@ _WATCHED = ("torch", "torch.nn.functional", "torch.testing", "torch.cuda", "nump
 
 
 def _snapshot() -> dict:
-    """Identity of every function, class and module the checks lean on (a tamper tripwire)."""
+    """Every function, class and module the checks lean on, by name (a tamper tripwire)."""
     names = [m for m in list(sys.modules) if m.startswith("course_utils")] + list(_WATCHED)
     out = {}
     for name in names:
@@ -79,12 +79,22 @@ def _snapshot() -> dict:
             continue
         for attr, value in list(vars(module).items()):
             if callable(value) or isinstance(value, type(sys)):
-                out[f"{name}.{attr}"] = id(value)
+                out[f"{name}.{attr}"] = value
     return out
 
 
+def _foreign(value) -> bool:
+    """Code that comes from the submission, not from the environment or the course (libraries
+    rebind their own functions when they import lazily: that is not tampering)."""
+    code = getattr(value, "__code__", None) or getattr(getattr(value, "__func__", None), "__code__", None)
+    if code is not None:
+        trusted = (sys.prefix, sys.base_prefix, str(ROOT / "course_utils"))
+        return not code.co_filename.startswith(trusted)
+    return getattr(value, "__module__", None) == "__main__"
+
+
 def _replaced(before: dict, after: dict) -> list[str]:
-    return sorted(k for k, v in before.items() if after.get(k, v) != v)
+    return sorted(k for k, v in after.items() if k in before and before[k] is not v and _foreign(v))
 
 
 def _child(task: dict, result_w: int) -> None:

@@ -14,7 +14,6 @@ released cells' ids), checked against the metadata `make student` writes
 from __future__ import annotations
 
 import ast
-import json
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache

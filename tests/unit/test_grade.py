@@ -284,7 +284,6 @@ def test_the_notebook_limit_stops_a_notebook_and_says_what_was_not_reached(tmp_p
 
 
 def test_check_cells_finds_every_check_call(tmp_path):
-    nb = kit.code  # noqa: F841  (kept simple: a notebook written by hand)
     import nbformat
     book = nbformat.v4.new_notebook()
     book.cells = [nbformat.v4.new_code_cell(s) for s in
