@@ -242,7 +242,11 @@ class _Checker:
     """The trusted checker process (see course_utils.grading.checker)."""
 
     def __init__(self, modules: list[str], log: Path):
-        self.log = open(log, "ab")
+        self.modules, self.log = modules, open(log, "ab")
+        self._start()
+
+    def _start(self) -> None:
+        modules = self.modules
         env = {k: v for k, v in os.environ.items() if k not in _CLEAN_ENV}
         self.proc = subprocess.Popen([sys.executable, "-m", "course_utils.grading.checker"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
@@ -284,6 +288,18 @@ class _Checker:
             raise RuntimeError("the checker process stopped answering")
         return answer
 
+    @property
+    def dead(self) -> bool:
+        return self.proc.poll() is not None
+
+    def restart(self) -> None:
+        try:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        except Exception:
+            pass
+        self._start()
+
     def close(self) -> None:
         try:
             self.proc.stdin.close()
@@ -322,6 +338,13 @@ def _check_one(sub: _Sub, checker: _Checker, opts: GradeOptions, seed: int) -> N
                     answer = checker.run(task)
                 except Exception as exc:
                     answer = {"status": "grader_error", "message": f"{exc}", "seconds": 0.0}
+                    if checker.dead:   # killed from inside a check (or the grader's own crash): go on
+                        code = checker.proc.returncode
+                        answer = {"status": "error", "seconds": 0.0, "review": [
+                                  f"killed the grader's checker process (exit status {code})"],
+                                  "message": f"the grader's checker process died during this check (exit status "
+                                             f"{code}); it was restarted for the checks after it"}
+                        checker.restart()
                 if answer["status"] == "grader_error":
                     sub.status, sub.reason = "grader_error", answer["message"]
                     record["status"], record["message"] = "error", f"not graded: {answer['message']}"
@@ -411,6 +434,10 @@ def _identify(sub: _Sub, opts: GradeOptions, lessons: dict) -> None:
         return
     if ident.lesson is None:
         sub.status, sub.reason = "not_graded", f"the grader cannot tell which lesson it is: {ident.note}"
+        return
+    if ident.lesson.error:
+        sub.status, sub.reason = "grader_error", f"the course's {ident.lesson.label} cannot be graded: {ident.lesson.error}"
+        sub.records = _missing_records(ident.lesson, f"not graded: {sub.reason}")
         return
     from course_utils.grading.lessons import released_lines
     from course_utils.grading.review import review_flags

@@ -170,8 +170,11 @@ async def execute(prepared, *, cwd, env, cell_timeout: float, notebook_timeout: 
                 try:
                     await asyncio.wait_for(life.start(), timeout=min(STARTUP_S, max(1.0, deadline - time.monotonic())))
                 except Exception as exc:
+                    log.flush()
+                    tail = [line for line in Path(log_path).read_text(errors="replace").splitlines() if line.strip()][-1:]
                     result.startup_error = (f"the grader could not start a python3 kernel: "
-                                            f"{type(exc).__name__}: {exc}".rstrip(": "))
+                                            f"{type(exc).__name__}: {exc}".rstrip(": ")
+                                            + (f" (its log ends: {tail[0].strip()[:200]})" if tail else ""))
                     result.not_run_from, result.not_run_reason = start, "the kernel could not start"
                     break
                 stop_at = None   # (index, why, where to go on) when this life ended early

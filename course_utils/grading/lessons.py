@@ -58,6 +58,7 @@ class Lesson:
     cell_ids: frozenset[str] = field(repr=False)
     parameters_cell_id: str | None = None
     lines: frozenset[str] = field(default=frozenset(), repr=False)   # its code, stripped, line by line
+    error: str | None = None     # why it cannot be graded (a check missing from the registry...)
 
     @property
     def max_points(self) -> int:
@@ -163,9 +164,12 @@ def _load_lesson(path: Path) -> Lesson:
             exercises.append((ex_id, cell))
     if not exercises:
         raise LessonError(f"{path.name} has no check cells")
-    out = []
+    out, error = [], None
     for ex_id, cell in exercises:
-        title_, points, limit = registered(ex_id)
+        try:
+            title_, points, limit = registered(ex_id)
+        except LessonError as exc:   # this lesson cannot be graded; the others still can
+            title_, points, limit, error = ex_id, 0, 0.0, error or f"{path.name}: {exc}"
         sol = solution_cell.get(ex_id)
         out.append(Exercise(ex_id, title_, points, limit, cell.source, cell.get("id"),
                             sol.get("id") if sol is not None else None,
@@ -174,7 +178,7 @@ def _load_lesson(path: Path) -> Lesson:
     ids = frozenset(c.get("id") for c in nb.cells if c.get("id"))
     lines = {line.strip() for c in nb.cells if c.cell_type == "code" for line in c.source.splitlines()}
     lines |= {"# YOUR CODE HERE"} | {f'raise NotImplementedError("Exercise {e.id}")' for e in out}
-    return Lesson(path.stem, number, path, title, tuple(out), ids, parameters, frozenset(lines))
+    return Lesson(path.stem, number, path, title, tuple(out), ids, parameters, frozenset(lines), error)
 
 
 def released_lines(lesson: Lesson) -> frozenset[str]:

@@ -32,6 +32,13 @@ def test_solution_regions_become_stubs_at_their_indentation():
     assert "y = x * 2" in nb.cells[1].source, "the solution notebook itself is untouched"
 
 
+def test_student_notebooks_say_which_lesson_they_are():
+    nb = _nb(nbformat.v4.new_markdown_cell("## Exercise 3.1"), nbformat.v4.new_code_cell("### BEGIN SOLUTION\nx = 1\n### END SOLUTION\n"),
+             nbformat.v4.new_code_cell('check("3.1", x)'), nbformat.v4.new_code_cell("check('3.2', y)"))
+    assert student_source(nb, "03-prefetch.ipynb").metadata["course"] == {"lesson": "03-prefetch", "exercises": ["3.1", "3.2"]}
+    assert "course" not in student_source(nb).metadata
+
+
 def test_a_region_without_an_exercise_heading_is_an_error():
     nb = _nb(nbformat.v4.new_code_cell("### BEGIN SOLUTION\nx = 1\n### END SOLUTION\n"))
     with pytest.raises(AuthoringError, match="no '## Exercise N.M' heading"):

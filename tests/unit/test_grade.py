@@ -247,6 +247,9 @@ def test_a_grader_failure_has_its_own_exit_status_and_still_writes_the_json(tmp_
     row = json.loads(out.read_text())["submissions"][0]
     assert row["status"] == "grader_error" and "no registered check" in row["reason"]
     assert (tmp_path / "g.csv").read_text().count("\n") == 2
+    from course_utils.grading.lessons import released_lessons
+    lessons = released_lessons(solutions)   # one broken lesson does not stop the others
+    assert lessons["00-welcome-and-setup"].error and lessons["01-measure-the-baseline"].error is None
 
 
 def test_a_kernel_that_cannot_start_is_the_graders_failure(tmp_path, monkeypatch):

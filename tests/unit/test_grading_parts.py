@@ -258,3 +258,35 @@ def test_a_changed_course_file_stops_grading(tmp_path):
     answer = checker.run_task({"exercise": "0.1", "payload": "x", "cwd": str(tmp_path), "env": {}, "seed": 1,
                                "limit_s": 5, "log": str(tmp_path / "l")}, baseline=baseline)
     assert answer["status"] == "grader_error" and "course_utils/checks/lesson00.py changed" in answer["message"]
+
+
+def test_a_check_that_kills_the_checker_costs_only_its_own_exercise(runner, mini, tmp_path):
+    import hashlib
+
+    from course_utils import grade as grade_mod
+    c, _ = runner
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    lesson = mini[1]["00-welcome-and-setup"]
+
+    def killer(x):
+        import signal
+        os.kill(os.getppid(), signal.SIGKILL)
+
+    rows = []
+    for name, obj in (("killer", killer), ("after", _stub)):
+        work = tmp_path / name
+        (work / "handin").mkdir(parents=True)
+        (work / "cwd").mkdir()
+        data = cloudpickle.dumps((obj, {}, {}))
+        (work / "handin" / "0.1.pkl").write_bytes(data)
+        book = nbformat.v4.new_notebook()
+        book.cells = [kit.code("pass")]
+        sub = grade_mod._Sub(tmp_path / f"{name}.ipynb", name, lesson=lesson, work=work,
+                             prepared=Prepared(book, [None], {"0.1": 0}, {"0.1": None}),
+                             execution=kernel.Execution(), handed={"0.1": hashlib.sha256(data).hexdigest()})
+        grade_mod._check_one(sub, c, grade_mod.GradeOptions(), seed=3)
+        rows.append(sub)
+    killed, after = rows
+    assert killed.records[0]["status"] == "error" and "checker process died" in killed.records[0]["message"]
+    assert killed.status == "graded" and any("killed the grader's checker" in r for r in killed.review)
+    assert after.records[0]["status"] == "not_implemented"
