@@ -136,7 +136,7 @@ def _read(sub: _Sub) -> None:
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as exc:
-        what = "truncated" if exc.pos >= len(text.rstrip()) - 1 else "not valid JSON"
+        what = "truncated (it stops before the end)" if not text.rstrip().endswith("}") else "not valid JSON"
         sub.status, sub.reason = "not_graded", (f"the file is not a notebook: its JSON is {what} "
                                                 f"(line {exc.lineno}, column {exc.colno}: {exc.msg})")
         return
@@ -290,7 +290,11 @@ class _Checker:
 
     @property
     def dead(self) -> bool:
-        return self.proc.poll() is not None
+        try:
+            self.proc.wait(timeout=5)   # it closed its pipe: give the kernel a moment to reap it
+        except subprocess.TimeoutExpired:
+            return False
+        return True
 
     def restart(self) -> None:
         try:

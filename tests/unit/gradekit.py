@@ -33,6 +33,9 @@ def mini_lesson(name: str):
                 keep.append(cell)
     out = copy.deepcopy(nb)
     out.cells = [copy.deepcopy(c) for c in keep]
+    setup = next(c for c in out.cells if c.cell_type == "code")
+    # the environment report imports DALI and probes devices: seconds per kernel, nothing to grade
+    setup.source = "\n".join(line for line in setup.source.splitlines() if "print_env()" not in line)
     for cell in out.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None

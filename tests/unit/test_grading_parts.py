@@ -140,7 +140,7 @@ def test_a_pickle_built_to_act_on_the_checker_is_flagged():
 # -- the kernel runner -------------------------------------------------------------------------
 
 def test_timeouts_interrupts_deaths_and_restarts(tmp_path, monkeypatch):
-    monkeypatch.setattr(kernel, "PROBE_S", 2.0)
+    monkeypatch.setattr(kernel, "PROBE_S", 1.5)
     nb = nbformat.v4.new_notebook()
     nb.cells = [kit.code(s) for s in (
         "x = 41",
@@ -153,10 +153,10 @@ def test_timeouts_interrupts_deaths_and_restarts(tmp_path, monkeypatch):
         "import os\nos._exit(4)",                                                    # dies a third time
         "print('never')")]
     prep = Prepared(nb, list(range(1, len(nb.cells) + 1)))
-    x = asyncio.run(kernel.execute(prep, cwd=tmp_path, env=dict(os.environ), cell_timeout=3, notebook_timeout=120,
+    x = asyncio.run(kernel.execute(prep, cwd=tmp_path, env=dict(os.environ), cell_timeout=2, notebook_timeout=120,
                                    log_path=tmp_path / "k.log"))
     assert x.startup_error is None
-    assert x.failures[1] == "ran longer than the 3 s a cell may take and was interrupted"
+    assert x.failures[1] == "ran longer than the 2 s a cell may take and was interrupted"
     assert x.failures[2].startswith("ran longer") and x.failures[4].startswith("killed the kernel")
     assert x.failures[6] == "raised ValueError: this one"
     events = " ".join(x.events)
