@@ -7,9 +7,9 @@ For each submission the grader
    check cell replaced by the released one, which hands the exercise's object to the grader
    instead of grading it there; errors, timeouts, `sys.exit` and kernel deaths cost only the
    cells they hit;
-3. after all notebooks have run (`--jobs N` at a time), runs every check alone, in the
-   grader's own checker process (one forked process per check, on a quiet machine), with a
-   seed recorded for regrading;
+3. after all notebooks have run (`--jobs N` at a time, each on its own device with
+   `--gpus 0,1,...`), runs every check alone, in the grader's own checker process (one forked
+   process per check, on a quiet machine), with a seed recorded for regrading;
 4. prints a table and writes the JSON (`--json`), a CSV gradebook (`--csv`) and the executed
    copies (`--output-dir`), whatever happened to any one submission.
 
@@ -71,6 +71,7 @@ class GradeOptions:
     output_dir: Path | None = None
     lesson: str | None = None          # the lesson every submission must be (else: from file names)
     solutions: Path | None = None      # the released lessons (default: the course's solutions/)
+    gpus: tuple[str, ...] = ()         # devices for the notebooks running side by side (CUDA_VISIBLE_DEVICES values)
     quiet: bool = False
 
 
@@ -176,10 +177,12 @@ def _support_files(dest: Path) -> None:
             shutil.copy2(entry, dest / entry.name)
 
 
-def _kernel_env(opts: GradeOptions, sub: _Sub, handin: Path) -> dict:
+def _kernel_env(opts: GradeOptions, sub: _Sub, handin: Path, slot: int = 0) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in _CLEAN_ENV}
     env.update({"COURSE_SMOKE": "1" if opts.smoke else "0", "COURSE_NOTEBOOK": sub.sid,
                 "COURSE_HANDIN_DIR": str(handin), "PYTHONUNBUFFERED": "1"})
+    if opts.gpus:   # each notebook running side by side gets a device of its own
+        env["CUDA_VISIBLE_DEVICES"] = opts.gpus[slot % len(opts.gpus)]
     if opts.jobs > 1:   # notebooks running side by side share the cores instead of fighting for them
         from course_utils.env import usable_cores
         share = str(max(1, usable_cores() // opts.jobs))
@@ -191,10 +194,13 @@ def _kernel_env(opts: GradeOptions, sub: _Sub, handin: Path) -> dict:
 def _checker_env(opts: GradeOptions, sub: _Sub) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in _CLEAN_ENV}
     env.update({"COURSE_SMOKE": "1" if opts.smoke else "0", "COURSE_NOTEBOOK": sub.sid, "PYTHONUNBUFFERED": "1"})
+    if opts.gpus:   # every check on the same device, so that speed-graded checks compare
+        env["CUDA_VISIBLE_DEVICES"] = opts.gpus[0]
     return env
 
 
-async def _run_notebook(sub: _Sub, opts: GradeOptions, work_root: Path, index: int, total: int) -> None:
+async def _run_notebook(sub: _Sub, opts: GradeOptions, work_root: Path, index: int, total: int,
+                        slot: int = 0) -> None:
     from course_utils.grading.kernel import execute
     from course_utils.grading.prepare import prepare
 
@@ -208,7 +214,7 @@ async def _run_notebook(sub: _Sub, opts: GradeOptions, work_root: Path, index: i
     sub.notes += sub.prepared.notes
     _say(opts, f"[{index}/{total}] running {sub.sid} as {sub.lesson.label} "
                f"({'smoke' if opts.smoke else 'full size'}) ...")
-    sub.execution = await execute(sub.prepared, cwd=cwd, env=_kernel_env(opts, sub, handin),
+    sub.execution = await execute(sub.prepared, cwd=cwd, env=_kernel_env(opts, sub, handin, slot),
                                   cell_timeout=opts.cell_timeout_s, notebook_timeout=opts.notebook_timeout_s,
                                   log_path=sub.work / "kernel.log")
     for e in sub.lesson.exercises:
@@ -223,17 +229,21 @@ async def _run_notebook(sub: _Sub, opts: GradeOptions, work_root: Path, index: i
 
 
 async def _run_all(subs: list[_Sub], opts: GradeOptions, work_root: Path) -> None:
-    limit = asyncio.Semaphore(opts.jobs)
+    slots: asyncio.Queue = asyncio.Queue()
+    for slot in range(opts.jobs):
+        slots.put_nowait(slot)
     runnable = [s for s in subs if s.status == "graded"]
 
     async def one(i, sub):
-        async with limit:
-            try:
-                await _run_notebook(sub, opts, work_root, i, len(runnable))
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                sub.status, sub.reason = "grader_error", f"the grader failed running it: {type(exc).__name__}: {exc}"
+        slot = await slots.get()
+        try:
+            await _run_notebook(sub, opts, work_root, i, len(runnable), slot)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            sub.status, sub.reason = "grader_error", f"the grader failed running it: {type(exc).__name__}: {exc}"
+        finally:
+            slots.put_nowait(slot)
 
     await asyncio.gather(*(one(i, s) for i, s in enumerate(runnable, start=1)))
 
@@ -467,7 +477,7 @@ def grade(paths, options: GradeOptions | None = None) -> tuple[int, dict, list[d
     t_start = time.monotonic()
     seed = opts.seed if opts.seed is not None else secrets.randbelow(2**31)
     run = {"seed": seed, "smoke": opts.smoke, "cell_timeout_s": opts.cell_timeout_s,
-           "notebook_timeout_s": opts.notebook_timeout_s, "jobs": opts.jobs,
+           "notebook_timeout_s": opts.notebook_timeout_s, "jobs": opts.jobs, "gpus": list(opts.gpus),
            "started": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
            "host": platform.node(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
            "argv": sys.argv[1:], "lesson": opts.lesson}
@@ -618,11 +628,16 @@ def main(argv=None) -> int:
                         help=f"seconds one notebook may run in all (default {DEFAULT_NOTEBOOK_TIMEOUT_S:g})")
     parser.add_argument("--jobs", type=_jobs, default=1, metavar="N",
                         help="notebooks run side by side (checks always run one at a time; default 1)")
+    parser.add_argument("--gpus", metavar="LIST", help="devices for the notebooks running side by side, e.g. 0,1 "
+                        "(each gets one as CUDA_VISIBLE_DEVICES; the checks all run on the first)")
     parser.add_argument("--seed", type=_seed, metavar="S", help="the checks' seed (default: a new one, recorded)")
     parser.add_argument("--lesson", metavar="NN", help="the lesson every submission must be (default: from file names)")
     parser.add_argument("--released", metavar="DIR", help="the released lessons to grade against "
                         "(default: this course's solutions/)")
     args = parser.parse_args(argv)
+    gpus = tuple(g.strip() for g in (args.gpus or "").split(",") if g.strip())
+    if args.gpus is not None and not gpus:
+        parser.error("--gpus takes a comma-separated list of devices, e.g. 0,1 or MIG-<uuid>,MIG-<uuid>")
     if args.timeout > args.notebook_timeout:
         parser.error(f"--timeout {args.timeout:g} is longer than --notebook-timeout {args.notebook_timeout:g}")
     missing = [nb for nb in args.notebooks if not Path(nb).is_file()]
@@ -632,7 +647,7 @@ def main(argv=None) -> int:
     _non_dumpable()
     opts = GradeOptions(smoke=args.smoke, cell_timeout_s=args.timeout, notebook_timeout_s=args.notebook_timeout,
                         jobs=args.jobs, seed=args.seed, output_dir=Path(args.output_dir) if args.output_dir else None,
-                        lesson=args.lesson, solutions=Path(args.released) if args.released else None)
+                        lesson=args.lesson, solutions=Path(args.released) if args.released else None, gpus=gpus)
     from course_utils.grading import report
     code, run, subs = EXIT_GRADER, {"seed": args.seed}, []
     try:

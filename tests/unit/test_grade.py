@@ -293,3 +293,31 @@ def test_check_cells_finds_every_check_call(tmp_path):
                   ('check("1.1", f)', "x = 1\ncheck('1.2', g)", "# check(\"9.9\", no) in a comment")]
     nbformat.write(book, str(tmp_path / "n.ipynb"))
     assert check_cells(tmp_path / "n.ipynb") == ["1.1", "1.2"]
+
+
+def test_notebooks_side_by_side_each_get_their_own_device(tmp_path, monkeypatch):
+    import asyncio
+
+    from course_utils.grading.lessons import released_lessons
+    solutions = kit.mini_course(tmp_path / "course")
+    lesson = released_lessons(solutions)["00-welcome-and-setup"]
+    seen, running = [], set()
+
+    async def fake_execute(prepared, *, env, **kwargs):
+        device = env["CUDA_VISIBLE_DEVICES"]
+        assert device not in running, "two notebooks on one device at once"
+        running.add(device)
+        seen.append((device, env["OMP_NUM_THREADS"]))
+        await asyncio.sleep(0.05)
+        running.discard(device)
+        return kernel.Execution()
+    monkeypatch.setattr(kernel, "execute", fake_execute)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    subs = [grade_mod._Sub(tmp_path / f"{i}.ipynb", f"{i}.ipynb", lesson=lesson, nb=kit.solved(solutions, "00"))
+            for i in range(5)]
+    opts = GradeOptions(jobs=2, gpus=("2", "3"), quiet=True)
+    asyncio.run(grade_mod._run_all(subs, opts, tmp_path / "work"))
+    assert sorted(d for d, _ in seen) == ["2", "2", "2", "3", "3"] or sorted(d for d, _ in seen) == ["2", "2", "3", "3", "3"]
+    from course_utils.env import usable_cores
+    assert {threads for _, threads in seen} == {str(max(1, usable_cores() // 2))}   # the cores, shared
+    assert grade_mod._checker_env(opts, subs[0])["CUDA_VISIBLE_DEVICES"] == "2"
