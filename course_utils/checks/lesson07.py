@@ -120,16 +120,16 @@ def _shard_cases(rng):
                   "with drop_last, keep the first num_replicas * (n // num_replicas) indices, then deal them out",
                   [dict(n=n, num_replicas=R, shuffle=False, seed=0, epoch=0, drop_last=True)]))
     R = int(rng.integers(2, 5))
-    n, seed = R * int(rng.integers(5, 20)), int(rng.integers(1, 10_000))
+    n = R * int(rng.integers(5, 20))
     cases.append(("shuffles with torch.randperm and a generator seeded with seed + epoch",
                   "g = torch.Generator(); g.manual_seed(seed + epoch); torch.randperm(n, generator=g): the same "
                   "permutation on every rank, so the shards stay disjoint",
-                  [dict(n=n, num_replicas=R, shuffle=True, seed=seed, epoch=0, drop_last=False)]))
+                  [dict(n=n, num_replicas=R, shuffle=True, seed=0, epoch=0, drop_last=False)]))
     epoch = int(rng.integers(1, 50))
     cases.append(("the order changes with the epoch",
                   "the permutation's seed is seed + epoch: that is what set_epoch changes",
-                  [dict(n=n, num_replicas=R, shuffle=True, seed=seed, epoch=epoch, drop_last=False)]))
-    other = seed + int(rng.integers(100, 1000))
+                  [dict(n=n, num_replicas=R, shuffle=True, seed=0, epoch=epoch, drop_last=False)]))
+    other = int(rng.integers(100, 10_000))
     cases.append(("the seed changes the order", "seed the generator with the seed you are given (plus the epoch)",
                   [dict(n=n, num_replicas=R, shuffle=True, seed=other, epoch=epoch, drop_last=False)]))
     cases.append(("shuffle=False keeps the dataset's order",
@@ -172,6 +172,8 @@ def check_7_1(shard_indices):
                                       "numbers of everything else in the program (augmentation, dropout) each epoch")
                 yours = _as_index_list(yours, what)
                 if yours != expected:
+                    if not args["shuffle"] and yours == _reference_shard(n, R, rank, **{**args, "shuffle": True}):
+                        prop, hint = "shuffle=False keeps the dataset's order", "only shuffle when shuffle=True"
                     raise CheckFailed(prop, f"{what}: yours {_short(yours)}, expected {_short(expected)} "
                                       f"(seed {seed})", hint)
     return "every rank's indices equal DistributedSampler's, for every case."
@@ -311,7 +313,12 @@ def judge_7_2(obs: list[dict], seed: int, file) -> str:
             raise CheckFailed("uses batch_size per process",
                               f"rank {o['rank']}'s batches had {max(sizes)} samples at most; batch_size was {B}",
                               "batch_size is what each process trains on; the global batch is world_size times it")
-        if len(sizes) != steps_per_epoch * epochs:
+        if world > 1 and sum(sizes) == case["n"] * epochs:
+            raise CheckFailed("gives each rank its own shard of every epoch",
+                              f"rank {o['rank']} trained on all {case['n']} samples in every epoch",
+                              "give the DataLoader a DistributedSampler(dataset, shuffle=True, seed=seed): "
+                              "each rank then gets a disjoint share")
+        if len(sizes) != steps_per_epoch * epochs or sum(sizes) != per_rank * epochs:
             raise CheckFailed("trains `epochs` epochs over the rank's shard",
                               f"rank {o['rank']} ran {len(sizes)} training steps; {epochs} epochs of {per_rank} "
                               f"samples in batches of {B} are {steps_per_epoch * epochs}",
@@ -348,18 +355,20 @@ def judge_7_2(obs: list[dict], seed: int, file) -> str:
     if any(f is None for f in finals):
         raise CheckFailed("returns the trained model", f"train_ddp returned {obs[0].get('returned')}",
                           "return the model (the module inside DDP)")
+    trained = [o["trained"] for o in obs]         # after training, before the checkpoint was read back
     for r in range(1, world):
-        if not _states_close(finals[0], finals[r], rtol=0, atol=1e-12):
-            raise CheckFailed("ends with the same weights on every rank",
-                              f"rank 0's and rank {r}'s weights differ by up to {_max_diff(finals[0], finals[r]):.3g}",
-                              "train through the DDP wrapper (ddp(images), not model(images)) so that backward "
-                              "averages the gradients")
+        if not _states_close(trained[0], trained[r], rtol=0, atol=1e-12):
+            raise CheckFailed("ends training with the same weights on every rank",
+                              f"after training, rank 0's and rank {r}'s weights differ by up to "
+                              f"{_max_diff(trained[0], trained[r]):.3g}",
+                              "train through the DDP wrapper (ddp_model(images), not model(images)) so that "
+                              "backward averages the gradients")
     expected = _replay_72(case, obs)
-    if not _states_close(finals[0], expected, rtol=1e-8, atol=1e-10):
+    if not _states_close(trained[0], expected, rtol=1e-8, atol=1e-10):
         raise CheckFailed("equals one process training on the concatenated batches",
-                          f"your final weights differ from one process's, trained with SGD(lr={case['lr']:.3g}) on "
-                          f"the mean cross-entropy of each step's batches of all ranks together, by up to "
-                          f"{_max_diff(finals[0], expected):.3g}",
+                          f"your weights after training differ from one process's, trained with SGD(lr={case['lr']:.3g}) "
+                          f"on the mean cross-entropy of each step's batches of all ranks together, by up to "
+                          f"{_max_diff(trained[0], expected):.3g}",
                           "plain SGD with lr as given, F.cross_entropy's mean per batch, and nothing else: DDP "
                           "already averages the gradients over the ranks")
 
@@ -377,8 +386,8 @@ def judge_7_2(obs: list[dict], seed: int, file) -> str:
                           f"the checkpoint holds {saved.get('keys', [saved.get('type')])[:3]}",
                           "save model.state_dict() of the model inside DDP (ddp.module): DDP's own state_dict "
                           "prefixes every key with 'module.', which a plain model cannot load")
-    if not _states_close(saved["values"], finals[0], rtol=0, atol=1e-12):
-        raise CheckFailed("saves the trained weights", "the checkpoint's weights are not the final weights",
+    if not _states_close(saved["values"], trained[0], rtol=0, atol=1e-12):
+        raise CheckFailed("saves the trained weights", "the checkpoint's weights are not the trained weights",
                           "save after training")
     for o in obs:
         loads = [ld for ld in o["loads"] if Path(ld["path"]) == Path(ckpt)]
@@ -397,6 +406,9 @@ def judge_7_2(obs: list[dict], seed: int, file) -> str:
         if not o.get("returned_is_made"):
             raise CheckFailed("returns the model it trained (with the checkpoint loaded)",
                               f"rank {o['rank']} returned another model than make_model() built")
+        if not _states_close(o["final"], saved["values"], rtol=0, atol=1e-12):
+            raise CheckFailed("returns the model it trained (with the checkpoint loaded)",
+                              f"rank {o['rank']}'s returned weights are not the checkpoint's")
     return (f"identical weights on {world} ranks, equal to one process on the concatenated batches; "
             "disjoint shards reshuffled every epoch; rank 0 wrote the checkpoint, every rank read it.")
 
@@ -429,8 +441,8 @@ def check_7_3(path, *, seed=None):
     return judge_7_3(obs, seed, file)
 
 
-_CASE_73 = ["ranks with different sample counts", "a rank with no samples", "counts beyond 2**24",
-            "equal sample counts"]
+_CASE_73 = ["equal sample counts", "ranks with different sample counts", "a rank with no samples",
+            "counts beyond 2**24"]       # the order of cases_73()
 
 
 def judge_7_3(obs: list[dict], seed: int, file) -> str:
@@ -439,36 +451,38 @@ def judge_7_3(obs: list[dict], seed: int, file) -> str:
         raise NotImplementedError("Exercise 7.3")
     _raise_rank_errors(obs, "7.3", file)
     cases = cases_73(seed, world)
-    order = [3, 0, 1, 2]      # equal counts first: the plainest mistakes fail there
-    props = {3: ("returns the global mean loss and accuracy", ""),
-             0: ("weights each rank by its number of samples",
+    props = {0: ("returns the global mean loss and accuracy", "", 1e-6),
+             1: ("weights each rank by its number of samples",
                  "sum the loss sums, the correct counts and the sample counts over the ranks, then divide: "
-                 "averaging each rank's mean gives a rank with 3 samples as much say as one with 3,000"),
-             1: ("works when a rank has no samples", "divide only the global sums, never a rank's own"),
-             2: ("is exact for large counts",
-                 "float32 holds integers exactly only up to 2**24 = 16,777,216: reduce in float64")}
-    for o in obs:
-        for i, entry in enumerate(o["results"]):
-            if "error" in entry:
-                e = entry["error"]
-                peers_done = all(len(p["results"]) > i and "error" not in p["results"][i] for p in obs
-                                 if p is not o)
-                if peers_done and e["type"] in ("RuntimeError", "DistBackendError", "DistError"):
-                    raise CheckFailed("every rank makes the same collective calls",
-                                      f"rank {o['rank']} waited in a collective that the other rank never joined "
-                                      f"({e['message'][:100]})",
-                                      "a collective is a meeting: every rank must call it, in the same order; "
-                                      "never inside `if rank == 0:`")
-                if i == 1:
-                    raise CheckFailed(props[1][0], f"with {_CASE_73[1]} your function raised {e['type']}: "
-                                      f"{e['message'][:100]}", props[1][1])
-                raise RankError(_error_sentence({"rank": o["rank"], "error": e}, file))
-    for i in order:
+                 "averaging each rank's mean gives a rank with 3 samples as much say as one with 3,000", 1e-6),
+             2: ("works when a rank has no samples", "divide only the global sums, never a rank's own", 1e-6),
+             3: ("is exact for large counts",
+                 "float32 holds integers exactly only up to 2**24 = 16,777,216: reduce in float64", 1e-12)}
+    for i in range(len(cases)):   # the plainest mistakes fail on the first case already
+        prop, hint, rtol = props[i]
+        entries = [o["results"][i] if i < len(o["results"]) else None for o in obs]
+        for o, entry in zip(obs, entries):
+            if entry is None or "error" not in entry:
+                continue
+            e = entry["error"]
+            peers_fine = all(p is not None and "error" not in p for q, p in zip(obs, entries) if q is not o)
+            if peers_fine and e["type"] in ("RuntimeError", "DistBackendError", "DistError"):
+                raise CheckFailed("every rank makes the same collective calls",
+                                  f"rank {o['rank']} waited in a collective that the other rank never joined "
+                                  f"({e['message'][:100]})",
+                                  "a collective is a meeting: every rank must call it, in the same order; "
+                                  "never inside `if rank == 0:`")
+            if i == 2:
+                raise CheckFailed(prop, f"with {_CASE_73[i]} your function raised {e['type']}: {e['message'][:100]}",
+                                  hint)
+            raise RankError(_error_sentence({"rank": o["rank"], "error": e}, file))
+        if any(entry is None for entry in entries):
+            raise RankError(f"a rank stopped before the case with {_CASE_73[i]}")
         loss_sum = sum(c[0] for c in cases[i])
         correct = sum(c[1] for c in cases[i])
         count = sum(c[2] for c in cases[i])
         expected = [loss_sum / count, correct / count]
-        values = [o["results"][i]["value"] for o in obs]
+        values = [entry["value"] for entry in entries]
         for r, v in enumerate(values):
             if not isinstance(v, list) or len(v) != 2:
                 raise CheckFailed("returns (mean_loss, accuracy) as two numbers",
@@ -479,14 +493,13 @@ def judge_7_3(obs: list[dict], seed: int, file) -> str:
                               "all_reduce gives every rank the total; dist.reduce only rank 0; a rank that "
                               "does not reduce at all returns its own numbers")
         got = values[0]
-        if not all(isinstance(g, float) and math.isclose(g, x, rel_tol=1e-12, abs_tol=1e-15)
+        if not all(isinstance(g, float) and math.isclose(g, x, rel_tol=rtol, abs_tol=1e-15)
                    for g, x in zip(got, expected)):
-            prop, hint = props[i]
-            detail = (f"with {_CASE_73[i]} ({', '.join(f'rank {r}: {c[2]:,} samples' for r, c in enumerate(cases[i]))}) "
-                      f"yours ({got[0]!r}, {got[1]!r}), expected ({expected[0]!r}, {expected[1]!r})")
-            raise CheckFailed(prop, detail, hint)
+            counts = ", ".join(f"rank {r}: {c[2]:,} samples" for r, c in enumerate(cases[i]))
+            raise CheckFailed(prop, f"with {_CASE_73[i]} ({counts}) yours ({got[0]!r}, {got[1]!r}), expected "
+                              f"({expected[0]!r}, {expected[1]!r})", hint)
     for o in obs:
-        for i, entry in enumerate(o["results"]):
+        for entry in o["results"]:
             if len(entry["collectives"]) != 1:
                 raise CheckFailed("makes exactly one collective call",
                                   f"rank {o['rank']} made {len(entry['collectives'])} "

@@ -37,7 +37,7 @@ from torch import nn
 COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_object", "all_gather_into_tensor",
                "reduce_scatter", "reduce_scatter_tensor", "gather", "scatter", "broadcast_object_list",
                "gather_object", "scatter_object_list", "all_to_all", "all_to_all_single")
-SAVE_DELAY_S = 0.4       # a checkpoint write takes a while: a rank that does not wait for it finds no file
+SAVE_DELAY_S = 0.5       # a checkpoint write takes a while: a rank that does not wait for it finds no file
 
 
 # -- the inputs, from the seed alone (the check rebuilds them) ------------------------------------
@@ -62,8 +62,8 @@ def case_72(seed: int, world: int) -> dict:
 
 
 def cases_73(seed: int, world: int) -> list[list[tuple[float, int, int]]]:
-    """Exercise 7.3's inputs: per case, per rank, (loss_sum, correct, count). Always: unequal
-    counts, a rank with no samples, counts too large for float32, and equal counts."""
+    """Exercise 7.3's inputs: per case, per rank, (loss_sum, correct, count). Always, in this
+    order: equal counts, unequal counts, a rank with no samples, counts too large for float32."""
     rng = np.random.default_rng([73, seed])
 
     def rank_values(count):
@@ -72,6 +72,8 @@ def cases_73(seed: int, world: int) -> list[list[tuple[float, int, int]]]:
         return (loss_sum, correct, int(count))
 
     cases = []
+    equal = int(rng.integers(20, 200))
+    cases.append([rank_values(equal) for _ in range(world)])                  # equal counts
     small, large = int(rng.integers(3, 40)), int(rng.integers(400, 5000))
     counts = [small if r % 2 == 0 else large for r in range(world)]
     cases.append([rank_values(c) for c in counts])                            # unequal counts
@@ -83,8 +85,6 @@ def cases_73(seed: int, world: int) -> list[list[tuple[float, int, int]]]:
         correct = count - 2 * int(rng.integers(1, 2 ** 18))              # odd too
         big.append((float(count * rng.uniform(0.3, 1.9)) + 0.123456789, correct, count))
     cases.append(big)
-    equal = int(rng.integers(20, 200))
-    cases.append([rank_values(equal) for _ in range(world)])                  # equal counts
     return cases
 
 
@@ -177,8 +177,9 @@ class CollectiveCounter:
 
 
 @contextlib.contextmanager
-def watch_checkpoint_io(saves: list, loads: list, rank: int):
-    """Record torch.save / torch.load calls (what, where, when); a save takes SAVE_DELAY_S."""
+def watch_checkpoint_io(saves: list, loads: list, rank: int, snapshot=None):
+    """Record torch.save / torch.load calls (what, where, when); a save takes SAVE_DELAY_S.
+    `snapshot()`, if given, is called at each load: the model's weights just before it."""
     real_save, real_load = torch.save, torch.load
 
     def save(obj, f, *args, **kwargs):
@@ -197,7 +198,7 @@ def watch_checkpoint_io(saves: list, loads: list, rank: int):
     def load(f, *args, **kwargs):
         map_location = kwargs.get("map_location", args[0] if args else None)
         loads.append({"path": str(f), "time": time.monotonic(), "map_location": None if map_location is None
-                      else str(map_location), "rank": rank})
+                      else str(map_location), "rank": rank, "weights_before": snapshot() if snapshot else None})
         return real_load(f, *args, **kwargs)
 
     torch.save, torch.load = save, load
@@ -247,7 +248,7 @@ def load_learner(path: str, function: str, tag: str):
 
 # -- the three harnesses ------------------------------------------------------------------------------
 
-def run_72(fn, job, rank, world, workdir) -> dict:
+def run_72(fn, job, rank, world, workdir, obs) -> None:
     case = case_72(job["seed"], world)
     x, y = torch.tensor(case["x"]), torch.tensor(case["y"])
     lookup = {float(v): i for i, v in enumerate(x[:, 0].tolist())}
@@ -261,9 +262,13 @@ def run_72(fn, job, rank, world, workdir) -> dict:
         return model
 
     checkpoint = Path(workdir) / f"checkpoint-{job['index']}.pt"
-    obs = {"saves": [], "loads": [], "ddp": [], "checkpoint": str(checkpoint)}
+    obs.update({"saves": [], "loads": [], "ddp": [], "checkpoint": str(checkpoint)})
+
+    def snapshot():
+        return state_lists(made[0]["model"]) if made else None
+
     try:
-        with watch_checkpoint_io(obs["saves"], obs["loads"], rank), watch_ddp(obs["ddp"]):
+        with watch_checkpoint_io(obs["saves"], obs["loads"], rank, snapshot), watch_ddp(obs["ddp"]):
             returned = fn(make_model, dataset, device=torch.device("cpu"), epochs=case["epochs"],
                           batch_size=case["batch_size"], lr=case["lr"], seed=case["sampler_seed"],
                           checkpoint=str(checkpoint))
@@ -278,11 +283,12 @@ def run_72(fn, job, rank, world, workdir) -> dict:
     if isinstance(returned, nn.Module):
         obs["final"] = state_lists(returned)
         obs["returned_is_made"] = any(returned is m["model"] for m in made)
-    return obs
+    loads = [ld for ld in obs["loads"] if ld["weights_before"] is not None]
+    obs["trained"] = loads[0]["weights_before"] if loads else obs.get("final")
 
 
-def run_73(fn, job, rank, world, workdir) -> dict:
-    results = []
+def run_73(fn, job, rank, world, workdir, obs) -> None:
+    results = obs.setdefault("results", [])
     for case in cases_73(job["seed"], world):
         loss_sum, correct, count = case[rank]
         entry = {}
@@ -297,9 +303,8 @@ def run_73(fn, job, rank, world, workdir) -> dict:
         entry["collectives"] = counter.calls
         entry["value"] = _numbers(value)
         results.append(entry)
-        if "error" in entry and entry["error"]["type"] in ("RuntimeError", "DistBackendError", "DistError"):
-            break            # the process group is probably broken: stop here
-    return {"results": results}
+        if "error" in entry:
+            break            # the ranks' collectives may be out of step now: stop here
 
 
 def _numbers(value):
@@ -319,7 +324,7 @@ def _numbers(value):
     return out
 
 
-def run_74(fn, job, rank, world, workdir) -> dict:
+def run_74(fn, job, rank, world, workdir, obs) -> None:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel
 
@@ -344,7 +349,8 @@ def run_74(fn, job, rank, world, workdir) -> dict:
         F.cross_entropy(ddp(torch.tensor(warm["x"][rank])), torch.tensor(warm["y"][rank])).backward()
     buckets = hooks["n"]                                  # all-reduces in one synchronising backward
     initial = state_lists(model)
-    results = []
+    obs.update({"buckets": buckets, "initial": initial})
+    results = obs.setdefault("results", [])
     for call in case["calls"]:
         x, y = torch.tensor(call["x"][rank]), torch.tensor(call["y"][rank])
         micro = list(zip(torch.tensor_split(x, call["k"]), torch.tensor_split(y, call["k"])))
@@ -359,7 +365,6 @@ def run_74(fn, job, rank, world, workdir) -> dict:
                                   for p in model.parameters()],
                         "returned": _numbers([returned]) if returned is not None else None,
                         "weights_changed": state_lists(model) != initial})
-    return {"buckets": buckets, "initial": initial, "results": results}
 
 
 HARNESSES = {"7.2": run_72, "7.3": run_73, "7.4": run_74}
@@ -379,7 +384,7 @@ def main(argv=None) -> int:
                                 timeout=timedelta(seconds=job.get("timeout_s", 20)))
         try:
             fn = load_learner(job["file"], job["function"], f"{index}")
-            obs.update(HARNESSES[job["exercise"]](fn, job, rank, world, out))
+            HARNESSES[job["exercise"]](fn, job, rank, world, out, obs)    # fills obs as it goes
         except BaseException as exc:          # the learner's error is an observation, never a crash
             obs["error"] = describe_error(exc, job["file"])
             if isinstance(exc, KeyboardInterrupt):
