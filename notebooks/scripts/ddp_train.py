@@ -53,6 +53,8 @@ def parse_args():
     p.add_argument("--bucket-mb", type=float, default=25.0, help="DDP's bucket_cap_mb")
     p.add_argument("--trace-steps", type=int, default=3, help="extra steps whose all-reduces are timed")
     p.add_argument("--checkpoint", default=None, help="where rank 0 writes the checkpoint")
+    p.add_argument("--thread-sweep", type=int, nargs="*", default=[],
+                   help="after training, time a few steps with each of these CPU thread counts per rank")
     return p.parse_args()
 
 
@@ -156,6 +158,15 @@ def main():
     stamps = last_grad_clock(model)
     traces = traced_steps(ddp, comm, stamps, iter(loader), AugmentBatch(), optimizer, device, args.trace_steps)
 
+    # -- cores per rank: the same steps with other numbers of CPU threads in every rank
+    sweep = []
+    for threads in args.thread_sweep:
+        torch.set_num_threads(threads)
+        swept = train(ddp, loader, device=device, optimizer=optimizer, steps=min(args.trace_steps + 1, len(loader)),
+                      batch_transform=AugmentBatch(), progress=False)
+        sweep.append({"threads": threads, "samples_per_s": swept.stats.samples_per_s})
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
+
     # -- evaluation: each rank counts its own part of the test set; the counts are all-reduced
     test_images, test_labels = cifar10_on_device("cpu", train=False, limit=args.limit and max(args.limit // 5, 100))
     mine = range(rank, len(test_labels), world)     # disjoint and not padded: every image counted once
@@ -189,7 +200,7 @@ def main():
     same_weights = bool(spread[0] + spread[1] == 0 and spread[2] + spread[3] == 0)
 
     per_rank = [None] * world
-    dist.all_gather_object(per_rank, {"rank": rank, "pid": os.getpid(), "epochs": epochs,
+    dist.all_gather_object(per_rank, {"rank": rank, "pid": os.getpid(), "epochs": epochs, "thread_sweep": sweep,
                                       "first_indices": first_batches, "threads": torch.get_num_threads()})
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     report({"world_size": world, "backend": dist.get_backend(), "device": device_label(device),
