@@ -7,6 +7,16 @@ queue to drain. `SimulatedAccelerator` reproduces exactly that behaviour with a 
 through it (sleeping releases the GIL, so DataLoader workers and the main thread keep running
 as they would beside a GPU), and `synchronize()` waits. It computes nothing.
 
+Work a real GPU would do *on the device* besides the model step (normalising or augmenting a
+batch there, lesson 03) goes through `run(fn, ...)`: it is computed on the host, so its results
+are real, and it is charged to the device, in order, as a GPU stream would run those kernels
+before the step: each tensor operation costs `kernel_us` (a kernel launch and its fixed cost)
+plus the bytes it reads and writes at `bandwidth_gbs` (such operations are memory-bound). The
+charge is counted from the operations themselves (a `TorchDispatchMode`), not timed on the
+host, so a busy host does not inflate it. The defaults (10 us a kernel, 300 GB/s) are on the
+slow side for a GPU; the label states them. It is charged, never overlapped for free.
+Host-to-device copies are not charged (the simulated device shares host memory).
+
 Everything measured with it is a *simulation* of a device of that speed: its `label` says so,
 and every figure built from it must carry that label.
 """
@@ -17,14 +27,47 @@ import time
 from collections import deque
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["SimulatedAccelerator", "SimEvent", "default_sim", "DEFAULT_STEP_MS", "DEFAULT_PER_SAMPLE_MS"]
+__all__ = ["SimulatedAccelerator", "SimEvent", "default_sim", "DEFAULT_STEP_MS", "DEFAULT_PER_SAMPLE_MS",
+           "DEFAULT_KERNEL_US", "DEFAULT_BANDWIDTH_GBS"]
 
 # The course's stand-in GPU: a step of 128 samples takes 1 + 128 * 0.05 = 7.4 ms (about 17,000
 # samples/s). That is a made-up device, chosen so that, as beside a real GPU, the course's
 # baseline input pipeline on a small CPU cannot keep up with it, while a good pipeline can.
 DEFAULT_STEP_MS = 1.0
 DEFAULT_PER_SAMPLE_MS = 0.05
+# How the simulated device runs on-device tensor work (see the module docstring): a fixed cost
+# per kernel plus the bytes each one moves. Slow for a GPU on purpose: charge too much, not too little.
+DEFAULT_KERNEL_US = 10.0
+DEFAULT_BANDWIDTH_GBS = 300.0
+
+
+class _KernelCost(TorchDispatchMode):
+    """Counts the tensor operations run inside it and the bytes they read and write (views,
+    which move no data, are free)."""
+
+    def __init__(self):
+        super().__init__()
+        self.kernels = 0
+        self.bytes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not getattr(func, "is_view", False):
+            self.kernels += 1
+            self.bytes += _nbytes(args) + _nbytes(kwargs) + _nbytes(out)
+        return out
+
+
+def _nbytes(obj) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, (list, tuple)):
+        return sum(_nbytes(o) for o in obj)
+    if isinstance(obj, dict):
+        return sum(_nbytes(o) for o in obj.values())
+    return 0
 
 
 class SimEvent:
@@ -57,9 +100,16 @@ class SimulatedAccelerator:
 
     type = "sim"
 
-    def __init__(self, step_ms: float = 20.0, *, per_sample_ms: float = 0.0, max_queued: int = 32):
+    def __init__(self, step_ms: float = 20.0, *, per_sample_ms: float = 0.0, max_queued: int = 32,
+                 kernel_us: float = DEFAULT_KERNEL_US, bandwidth_gbs: float = DEFAULT_BANDWIDTH_GBS):
         if step_ms < 0 or per_sample_ms < 0:
             raise ValueError("step_ms and per_sample_ms must be >= 0")
+        if kernel_us < 0 or not bandwidth_gbs > 0:
+            raise ValueError("kernel_us must be >= 0 and bandwidth_gbs > 0")
+        self.kernel_us = float(kernel_us)
+        self.bandwidth_gbs = float(bandwidth_gbs)
+        self.charged_ms = 0.0        # device time charged by run() so far
+        self.charged_kernels = 0
         if max_queued < 1:
             raise ValueError("max_queued must be >= 1")
         self.step_ms = float(step_ms)
@@ -78,7 +128,8 @@ class SimulatedAccelerator:
     @property
     def label(self) -> str:
         per = f" + {self.per_sample_ms:g} ms/sample" if self.per_sample_ms else ""
-        return f"simulated accelerator ({self.step_ms:g} ms/step{per}; host {_host()})"
+        return (f"simulated accelerator ({self.step_ms:g} ms/step{per}; on-device tensor work charged at "
+                f"{self.kernel_us:g} us/kernel + {self.bandwidth_gbs:g} GB/s; host {_host()})")
 
     def step_time_ms(self, batch_size: int = 0) -> float:
         """Device time one step of `batch_size` samples costs."""
@@ -89,6 +140,20 @@ class SimulatedAccelerator:
         n = _batch_size(batch)
         self.launch(self.step_time_ms(n))
         self.steps_run += 1
+
+    def run(self, fn, *args, **kwargs):
+        """Device-side tensor work: compute `fn(*args, **kwargs)` now (on the host, so the result is
+        real) and queue on the device, before whatever is launched next, the time a GPU stream
+        would take for its operations: `kernel_us` each plus their bytes at `bandwidth_gbs`.
+        Returns what `fn` returns."""
+        cost = _KernelCost()
+        with cost:
+            result = fn(*args, **kwargs)
+        ms = cost.kernels * self.kernel_us / 1e3 + cost.bytes / (self.bandwidth_gbs * 1e9) * 1e3
+        self.charged_ms += ms
+        self.charged_kernels += cost.kernels
+        self.launch(ms)
+        return result
 
     def launch(self, ms: float) -> None:
         """Queue `ms` of device work; blocks only while `max_queued` items are already waiting."""
@@ -122,7 +187,8 @@ class SimulatedAccelerator:
             self._cv.notify_all()
 
     def __repr__(self) -> str:
-        return f"SimulatedAccelerator(step_ms={self.step_ms:g}, per_sample_ms={self.per_sample_ms:g})"
+        return (f"SimulatedAccelerator(step_ms={self.step_ms:g}, per_sample_ms={self.per_sample_ms:g}, "
+                f"kernel_us={self.kernel_us:g}, bandwidth_gbs={self.bandwidth_gbs:g})")
 
     # -- the device thread ---------------------------------------------------------------
     def _device_loop(self) -> None:

@@ -1,4 +1,5 @@
 import itertools
+import time
 
 import pytest
 import torch
@@ -51,8 +52,36 @@ def test_train_with_the_simulated_device_needs_no_model(sim):
     x, y = torch.zeros(32, 3, 32, 32), torch.zeros(32, dtype=torch.long)
     result = train(None, itertools.repeat((x, y)), device=sim, steps=6, progress=False)
     assert result.steps == 6 and result.losses == []
-    assert 9.5 <= result.stats.compute_median_ms <= 16
+    assert 9.5 <= result.stats.device_median_ms <= 16
+    assert 0.045 <= result.stats.total_s <= 0.08, "5 counted steps of 10 ms, synchronised once at the end"
     assert sim.steps_run == 6
+
+
+def test_on_the_simulator_a_batch_transform_is_computed_and_charged_to_the_device(sim):
+    seen = []
+
+    def transform(images, labels):
+        seen.append(images.dtype)
+        return images.float() / 255, labels               # two kernels, 2 x (in + out) bytes
+
+    x, y = torch.zeros(64, 3, 32, 32, dtype=torch.uint8), torch.zeros(64, dtype=torch.long)
+    busy_before = sim.busy_seconds()
+    train(None, itertools.repeat((x, y)), device=sim, steps=4, batch_transform=transform, progress=False)
+    assert seen == [torch.uint8] * 4
+    assert sim.charged_kernels == 4 * 2
+    moved = x.numel() * (1 + 4) + x.numel() * (4 + 4)       # uint8 -> float32, then float32 / 255
+    per_step_ms = 2 * sim.kernel_us / 1e3 + moved / (sim.bandwidth_gbs * 1e9) * 1e3
+    assert sim.charged_ms == pytest.approx(4 * per_step_ms, rel=1e-6)
+    busy_ms = (sim.busy_seconds() - busy_before) * 1e3
+    assert busy_ms >= 4 * 10 + 4 * per_step_ms * 0.9, "the charged work adds to the device's busy time"
+
+
+def test_train_finishes_with_one_synchronisation(sim):
+    x, y = torch.zeros(8, 3, 32, 32), torch.zeros(8, dtype=torch.long)
+    train(None, itertools.repeat((x, y)), device=sim, steps=5, progress=False)
+    t0 = time.perf_counter()
+    sim.synchronize()
+    assert time.perf_counter() - t0 < 0.005, "train() returns only when the device has finished"
 
 
 def test_train_errors_are_sentences():
