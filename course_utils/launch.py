@@ -110,6 +110,11 @@ class LaunchResult:
 # -- choices that depend on the machine ----------------------------------------------------------
 
 def _cuda_count() -> int:
+    """GPUs the launched ranks may use: every visible one (CUDA_VISIBLE_DEVICES restricts them),
+    none when env COURSE_DEVICE asks for the CPU or the simulator (lesson 07 then runs on gloo)."""
+    from .env import course_device_choice
+    if course_device_choice() in ("cpu", "sim"):
+        return 0
     try:
         import torch
         return torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -118,12 +123,12 @@ def _cuda_count() -> int:
 
 
 def default_nproc() -> int:
-    """One process per visible GPU; 2 on a machine without one (gloo on the CPU)."""
+    """One process per GPU; 2 on a machine without one (gloo on the CPU)."""
     return _cuda_count() or 2
 
 
 def default_backend() -> str:
-    """nccl where there are GPUs, gloo on the CPU."""
+    """nccl where there are GPUs, gloo on the CPU (or with COURSE_DEVICE=cpu / sim)."""
     return "nccl" if _cuda_count() else "gloo"
 
 
