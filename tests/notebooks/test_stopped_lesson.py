@@ -57,7 +57,7 @@ def test_a_lesson_run_stopped_by_timeout_leaves_no_process(monkeypatch):
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
-    client = NotebookClient(nb, timeout=30, kernel_name="python3", resources={"metadata": {"path": str(ROOT / "notebooks")}})
+    client = NotebookClient(nb, timeout=25, kernel_name="python3", resources={"metadata": {"path": str(ROOT / "notebooks")}})
     with pytest.raises(CellTimeoutError):
         client.execute()
     stop.set()
