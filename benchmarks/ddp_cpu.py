@@ -5,7 +5,7 @@
 
 With the lesson's programs, through the course's launcher, on this machine's backend (gloo with
 2 processes without a GPU, nccl with one process per GPU):
-1. `allreduce_bench.py` from 4 KiB to 256 MiB, fitted to latency + 2(N-1)/N x bytes / bandwidth;
+1. `allreduce_bench.py` from 4 KiB to 256 MiB (9 repeats each), fitted to latency + 2(N-1)/N x bytes / bandwidth;
 2. `ddp_train.py` (ResNet-18, width 16 on a CPU, 64 on GPUs) with N processes and with 1, in
    alternating rounds so that a busy moment does not land on one of them only, plus the thread
    sweep (launcher's threads per rank against every core per rank).
@@ -43,7 +43,7 @@ def main(argv=None) -> int:
                 f"{report.cpu}, {usable_cores()} cores") + f"; torch {report.torch}, {backend}"
     print(f"{nproc} processes on {backend}: {hardware}")
 
-    sizes = [4096 * 4 ** i for i in range(10)]
+    sizes = [4096 * 4 ** i for i in range(9)]          # 4 KiB .. 256 MiB
     with CpuUse() as cpu:
         bench = torchrun("allreduce_bench.py", "--sizes", *sizes, "--repeats", 9, nproc=nproc, timeout_s=900,
                          echo=False).result

@@ -500,12 +500,14 @@ def judge_7_3(obs: list[dict], seed: int, file) -> str:
                               f"({expected[0]!r}, {expected[1]!r})", hint)
     for o in obs:
         for entry in o["results"]:
-            if len(entry["collectives"]) != 1:
+            if entry["collectives"] != 1:
+                names = f" ({', '.join(entry['collective_names'])})" if entry["collective_names"] else ""
                 raise CheckFailed("makes exactly one collective call",
-                                  f"rank {o['rank']} made {len(entry['collectives'])} "
-                                  f"({', '.join(entry['collectives']) or 'none'}) for one result",
-                                  "every collective is a round trip between all ranks: put the three numbers "
-                                  "in one float64 tensor and all_reduce it once")
+                                  f"rank {o['rank']}'s process group ran {entry['collectives']} collectives{names} "
+                                  "for one result",
+                                  "every collective is a round trip between all ranks (all_gather_object makes "
+                                  "two, and pickles): put the three numbers in one float64 tensor and all_reduce "
+                                  "it once")
     return "the same exact global mean loss and accuracy on every rank, with one all-reduce."
 
 
@@ -559,9 +561,8 @@ def judge_7_4(obs: list[dict], seed: int, file) -> str:
                 raise CheckFailed("starts from cleared gradients",
                                   f"k={k}: .grad still holds the previous step's gradients plus the new ones",
                                   "ddp_model.zero_grad(set_to_none=True) first: backward adds to .grad")
-            if res["all_reduces"] != 1 or res["python_collectives"]:
-                extra = f" and {len(res['python_collectives'])} collective call(s) of your own" \
-                    if res["python_collectives"] else ""
+            if res["all_reduces"] != 1 or res["own_collectives"]:
+                extra = f" and {res['own_collectives']} collective(s) of your own" if res["own_collectives"] else ""
                 raise CheckFailed("all-reduces exactly once per call",
                                   f"k={k}: DDP all-reduced the gradients {res['all_reduces']:g} time(s){extra} "
                                   f"for {k} micro-batch(es)",

@@ -142,16 +142,25 @@ def state_lists(module) -> dict:
 _INSIDE_DDP_HOOK = [0]     # DDP's own all-reduces (through a comm hook) are not the learner's calls
 
 
+def _sequence_number() -> int:
+    """Collectives the default process group has run so far (each rank's own count)."""
+    return dist.distributed_c10d._get_default_group()._get_sequence_number_for_group()
+
+
 class CollectiveCounter:
-    """Counts the learner's top-level calls of torch.distributed collectives (a collective that
-    calls another, like all_gather_object, counts once)."""
+    """Counts collectives during a block: `count` from the process group's own sequence number
+    (every collective, however it was called: `dist.all_reduce`, a name imported from
+    torch.distributed, or the two that `all_gather_object` makes), and `calls`, the names of the
+    learner's top-level calls through `torch.distributed.<name>`, for the messages."""
 
     def __init__(self):
         self.calls: list[str] = []
+        self.count = 0
         self._depth = 0
         self._saved = {}
 
     def __enter__(self):
+        self._seq0 = _sequence_number()
         for name in COLLECTIVES:
             fn = getattr(dist, name, None)
             if fn is None:
@@ -174,6 +183,7 @@ class CollectiveCounter:
     def __exit__(self, *exc):
         for name, fn in self._saved.items():
             setattr(dist, name, fn)
+        self.count = _sequence_number() - self._seq0
 
 
 @contextlib.contextmanager
@@ -300,7 +310,8 @@ def run_73(fn, job, rank, world, workdir, obs) -> None:
                     raise
                 entry["error"] = describe_error(exc, job["file"])
                 value = None
-        entry["collectives"] = counter.calls
+        entry["collectives"] = counter.count
+        entry["collective_names"] = counter.calls
         entry["value"] = _numbers(value)
         results.append(entry)
         if "error" in entry:
@@ -360,7 +371,7 @@ def run_74(fn, job, rank, world, workdir, obs) -> None:
         with CollectiveCounter() as counter:
             returned = fn(ddp, micro, F.cross_entropy)
         results.append({"k": call["k"], "all_reduces": hooks["n"] / max(buckets, 1),
-                        "python_collectives": counter.calls,
+                        "own_collectives": counter.count - hooks["n"], "collective_names": counter.calls,
                         "grads": [None if p.grad is None else p.grad.detach().double().tolist()
                                   for p in model.parameters()],
                         "returned": _numbers([returned]) if returned is not None else None,

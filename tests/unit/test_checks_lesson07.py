@@ -229,12 +229,11 @@ SOLUTION_73 = file_73("""\
 """)
 RIGHT_73 = {
     "solution": SOLUTION_73,
-    "all_gather_object, 0-d tensors": file_73("""\
-        parts = [None] * dist.get_world_size()
-        dist.all_gather_object(parts, (loss_sum, correct, count))
-        total = sum(p[2] for p in parts)
-        return (torch.tensor(sum(p[0] for p in parts) / total, dtype=torch.float64),
-                torch.tensor(sum(p[1] for p in parts) / total, dtype=torch.float64))
+    "imported all_reduce, 0-d tensors": file_73("""\
+        from torch.distributed import all_reduce
+        totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64)
+        all_reduce(totals)
+        return totals[0] / totals[2], totals[1] / totals[2]
     """),
 }
 MUTANTS_73 = [
@@ -265,6 +264,20 @@ MUTANTS_73 = [
             dist.all_reduce(v)
         loss_sum, correct, count = (v.item() for v in values)
         return loss_sum / count, correct / count
+    """), "makes exactly one collective call"),
+    (file_73("""\
+        from torch.distributed import all_reduce          # a name imported: the check still counts
+        values = [torch.tensor([float(v)], dtype=torch.float64) for v in (loss_sum, correct, count)]
+        for v in values:
+            all_reduce(v)
+        loss_sum, correct, count = (v.item() for v in values)
+        return loss_sum / count, correct / count
+    """), "makes exactly one collective call"),
+    (file_73("""\
+        parts = [None] * dist.get_world_size()            # right values, two collectives and pickling
+        dist.all_gather_object(parts, (loss_sum, correct, count))
+        total = sum(p[2] for p in parts)
+        return sum(p[0] for p in parts) / total, sum(p[1] for p in parts) / total
     """), "makes exactly one collective call"),
     (file_73("""\
         totals = torch.tensor([loss_sum, correct, count], dtype=torch.float32)
