@@ -55,6 +55,7 @@ def parse_args():
     p.add_argument("--checkpoint", default=None, help="where rank 0 writes the checkpoint")
     p.add_argument("--thread-sweep", type=int, nargs="*", default=[],
                    help="after training, time a few steps with each of these CPU thread counts per rank")
+    p.add_argument("--sweep-steps", type=int, default=3, help="steps per thread count (the first is warm-up)")
     return p.parse_args()
 
 
@@ -162,7 +163,7 @@ def main():
     sweep = []
     for threads in args.thread_sweep:
         torch.set_num_threads(threads)
-        swept = train(ddp, loader, device=device, optimizer=optimizer, steps=min(args.trace_steps + 1, len(loader)),
+        swept = train(ddp, loader, device=device, optimizer=optimizer, steps=min(args.sweep_steps, len(loader)),
                       batch_transform=AugmentBatch(), progress=False)
         sweep.append({"threads": threads, "samples_per_s": swept.stats.samples_per_s})
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
