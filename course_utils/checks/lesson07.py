@@ -219,13 +219,14 @@ def run_rank_jobs(jobs: list[dict], *, timeout_s: float = LAUNCH_TIMEOUT_S) -> l
         except LaunchTimeout:
             raise TimeoutError(f"your code did not finish within {timeout_s:g} s under torchrun (every process "
                                "was stopped): does a rank wait for something the other never sends?") from None
+        tail = "\n".join([line for line in launch.output.splitlines() if line.strip()][-12:])
         out = []
         for index in range(len(jobs)):
             per_rank = []
             for rank in range(WORLD):
                 f = tmp / f"{index}-rank{rank}.json"
                 per_rank.append(json.loads(f.read_text()) if f.exists() else
-                                {"rank": rank, "missing": True, "output": launch.output[-2000:]})
+                                {"rank": rank, "missing": True, "returncode": launch.returncode, "output": tail})
             out.append(per_rank)
         return out
 
@@ -237,7 +238,8 @@ def _raise_rank_errors(obs: list[dict], exercise_id: str, file: Path):
     missing = [o for o in obs if o.get("missing")]
     if missing:
         raise RankError(f"rank {missing[0]['rank']} died before it could report (did your code call sys.exit "
-                        f"or crash the interpreter?); its last output: {missing[0]['output'][-300:]}")
+                        f"or crash the interpreter?); torchrun's exit status {missing[0]['returncode']}, the last "
+                        f"output:\n{missing[0]['output'][-1500:]}")
     for o in obs:
         if "error" in o:
             raise RankError(_error_sentence(o, file))
@@ -568,6 +570,13 @@ def judge_7_4(obs: list[dict], seed: int, file) -> str:
                                   f"for {k} micro-batch(es)",
                                   "run backward inside `with ddp_model.no_sync():` for all but the last micro-batch, "
                                   "and let the last backward (outside it) all-reduce the sum once")
+            if res["events"] != "FB" * k:
+                raise CheckFailed("runs backward on each micro-batch before the next forward",
+                                  f"k={k}: forward (F) and backward (B) passes came as {res['events'] or 'nothing'}, "
+                                  f"expected {'FB' * k}",
+                                  "call backward on each micro-batch's loss as you go: adding up the losses and "
+                                  "calling backward once keeps every micro-batch's activations in memory, which is "
+                                  "what accumulation is there to avoid")
             if not all(_close(g, x, rtol=1e-8, atol=1e-11) for g, x in zip(grads, expected[i]["grads"])):
                 worst = max(float(np.max(np.abs(d))) for d in diff)
                 raise CheckFailed("leaves the big batch's gradient, averaged over the ranks",

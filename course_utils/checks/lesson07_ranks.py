@@ -193,7 +193,7 @@ def watch_checkpoint_io(saves: list, loads: list, rank: int, snapshot=None):
     real_save, real_load = torch.save, torch.load
 
     def save(obj, f, *args, **kwargs):
-        entry = {"path": str(f), "start": time.monotonic(), "rank": rank}
+        entry = {"path": str(getattr(f, "name", f)), "start": time.monotonic(), "rank": rank}
         if isinstance(obj, dict):
             entry["keys"] = sorted(map(str, obj))
             entry["values"] = {str(k): v.detach().double().cpu().tolist() for k, v in obj.items()
@@ -207,7 +207,7 @@ def watch_checkpoint_io(saves: list, loads: list, rank: int, snapshot=None):
 
     def load(f, *args, **kwargs):
         map_location = kwargs.get("map_location", args[0] if args else None)
-        loads.append({"path": str(f), "time": time.monotonic(), "map_location": None if map_location is None
+        loads.append({"path": str(getattr(f, "name", f)), "time": time.monotonic(), "map_location": None if map_location is None
                       else str(map_location), "rank": rank, "weights_before": snapshot() if snapshot else None})
         return real_load(f, *args, **kwargs)
 
@@ -342,6 +342,14 @@ def run_74(fn, job, rank, world, workdir, obs) -> None:
     case = case_74(job["seed"], world)
     torch.manual_seed(case["init_seed"] + rank)          # DDP broadcasts rank 0's weights anyway
     model = MLP(case["d_in"], case["hidden"], case["classes"])
+    events = []                                           # "F" per forward with autograd on, "B" per backward
+
+    def on_forward(module, inputs, output):
+        if torch.is_grad_enabled() and output.requires_grad:
+            events.append("F")
+            output.register_hook(lambda grad: events.append("B"))
+
+    model.register_forward_hook(on_forward)
     ddp = DistributedDataParallel(model)
     hooks = {"n": 0}
 
@@ -368,10 +376,12 @@ def run_74(fn, job, rank, world, workdir, obs) -> None:
         for p in model.parameters():
             p.grad = torch.full_like(p, case["stale"])    # last step's gradients: the call must clear them
         hooks["n"] = 0
+        events.clear()
         with CollectiveCounter() as counter:
             returned = fn(ddp, micro, F.cross_entropy)
         results.append({"k": call["k"], "all_reduces": hooks["n"] / max(buckets, 1),
                         "own_collectives": counter.count - hooks["n"], "collective_names": counter.calls,
+                        "events": "".join(events),
                         "grads": [None if p.grad is None else p.grad.detach().double().tolist()
                                   for p in model.parameters()],
                         "returned": _numbers([returned]) if returned is not None else None,
@@ -381,19 +391,32 @@ def run_74(fn, job, rank, world, workdir, obs) -> None:
 HARNESSES = {"7.2": run_72, "7.3": run_73, "7.4": run_74}
 
 
+def store_barrier(store, key: str, world: int, *, timeout_s: float) -> None:
+    """Wait until `world` ranks have reached `key`, through the store alone (no process group)."""
+    store.add(key, 1)
+    deadline = time.monotonic() + timeout_s
+    while store.add(key, 0) < world:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the other ranks did not reach {key} within {timeout_s:g} s")
+        time.sleep(0.01)
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     jobs = json.loads(Path(argv[0]).read_text())
     out = Path(argv[1])
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
-                         timeout=timedelta(seconds=max(j.get("timeout_s", 20) for j in jobs) + 30))
+                         timeout=timedelta(seconds=max(j.get("timeout_s", 20) for j in jobs) + 90))
     for index, job in enumerate(jobs):
         job = {**job, "index": index}
         obs = {"rank": rank, "world": world}
-        dist.init_process_group("gloo", store=dist.PrefixStore(f"job{index}", base), rank=rank, world_size=world,
-                                timeout=timedelta(seconds=job.get("timeout_s", 20)))
         try:
+            # every rank starts the job together (one may still be leaving a hung collective of the
+            # last job), then joins the job's own process group
+            store_barrier(base, f"start{index}", world, timeout_s=job.get("timeout_s", 20) + 60)
+            dist.init_process_group("gloo", store=dist.PrefixStore(f"job{index}", base), rank=rank,
+                                    world_size=world, timeout=timedelta(seconds=job.get("timeout_s", 20)))
             fn = load_learner(job["file"], job["function"], f"{index}")
             HARNESSES[job["exercise"]](fn, job, rank, world, out, obs)    # fills obs as it goes
         except BaseException as exc:          # the learner's error is an observation, never a crash
@@ -403,7 +426,13 @@ def main(argv=None) -> int:
         finally:
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
-        (out / f"{index}-rank{rank}.json").write_text(json.dumps(obs))
+        try:
+            text = json.dumps(obs)
+        except (TypeError, ValueError) as exc:        # something unexpected in the observations
+            text = json.dumps({"rank": rank, "world": world,
+                               "error": {"type": "HarnessError", "message": f"observations not JSON: {exc}",
+                                         "where": None, "not_implemented": False}})
+        (out / f"{index}-rank{rank}.json").write_text(text)
     return 0
 
 

@@ -330,7 +330,7 @@ def body_74(*, zero=True, quiet="i < len(micro_batches) - 1", weight="len(x) / t
              f"        loss = loss_fn({forward}(x), y) * ({weight}){extra}",
              "        loss.backward()",
              "    loss_total += loss.item()",
-             "    unweighted += loss_fn(ddp_model.module(x), y).item()"]
+             f"    unweighted += loss.item() / ({weight}){extra}"]
     if manual:
         lines += ["for p in ddp_model.parameters():",
                   "    dist.all_reduce(p.grad)",
@@ -356,6 +356,13 @@ MUTANTS_74 = [
     (body_74(forward="ddp_model.module"), "all-reduces exactly once per call"),
     (body_74(returned="unweighted / len(micro_batches)"), "returns this rank's loss over its whole batch"),
     (body_74(step=True), "takes no optimizer step"),
+    (HEADER_74 + textwrap.indent(textwrap.dedent("""\
+        ddp_model.zero_grad(set_to_none=True)
+        total = sum(len(x) for x, _ in micro_batches)
+        loss = sum(loss_fn(ddp_model(x), y) * (len(x) / total) for x, y in micro_batches)
+        loss.backward()                       # one backward, one all-reduce, every activation kept
+        return loss.item()
+    """), "    "), "runs backward on each micro-batch before the next forward"),
 ]
 
 EXERCISES = {
