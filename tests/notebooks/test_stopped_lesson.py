@@ -2,7 +2,6 @@
 behind: lesson 07's training program (torchrun, 2 ranks, DataLoader workers in each) is started
 from a notebook cell, and the notebook's execution timeout kills the kernel while the ranks
 train. Every process of the run carries a marker in its environment; none may survive."""
-import os
 import threading
 import time
 import uuid

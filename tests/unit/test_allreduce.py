@@ -1,5 +1,4 @@
 """The ring all-reduce model and its fit (lesson 07)."""
-import math
 
 import numpy as np
 import pytest

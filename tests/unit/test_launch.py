@@ -15,8 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from course_utils.launch import (LaunchError, LaunchTimeout, launched_processes, report, threads_per_rank,
-                                 torchrun)
+from course_utils.launch import LaunchError, LaunchTimeout, report, threads_per_rank, torchrun
 
 ROOT = Path(__file__).resolve().parents[2]
 

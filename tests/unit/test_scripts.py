@@ -3,14 +3,12 @@ multi-node launcher are well-formed: valid bash, valid #SBATCH directives, and, 
 `srun`/`scontrol`/`torchrun` commands and a SLURM environment, a torchrun command line that
 torchrun's own argument parser accepts, pointing at a training script whose own parser accepts
 its arguments."""
-import importlib.util
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
