@@ -168,6 +168,13 @@ def main():
         sweep.append({"threads": threads, "samples_per_s": swept.stats.samples_per_s})
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
 
+    # -- are the replicas identical after training (before anyone reads the checkpoint, which would
+    # make them so)? The max and the min over the ranks of a fingerprint of the weights must agree
+    flat = torch.cat([p.detach().double().flatten() for p in model.parameters()])
+    spread = torch.stack([flat.sum(), -flat.sum(), flat.abs().sum(), -flat.abs().sum()])
+    dist.all_reduce(spread, op=dist.ReduceOp.MAX)
+    same_weights = bool(spread[0] + spread[1] == 0 and spread[2] + spread[3] == 0)
+
     # -- evaluation: each rank counts its own part of the test set; the counts are all-reduced
     test_images, test_labels = cifar10_on_device("cpu", train=False, limit=args.limit and max(args.limit // 5, 100))
     mine = range(rank, len(test_labels), world)     # disjoint and not padded: every image counted once
@@ -193,12 +200,6 @@ def main():
     dist.barrier()
     if rank == 0 and args.checkpoint is None:
         checkpoint.unlink()
-
-    # -- are the replicas identical? Compare a fingerprint of the weights across ranks
-    flat = torch.cat([p.detach().double().flatten() for p in model.parameters()])
-    spread = torch.stack([flat.sum(), -flat.sum(), flat.abs().sum(), -flat.abs().sum()])
-    dist.all_reduce(spread, op=dist.ReduceOp.MAX)
-    same_weights = bool(spread[0] + spread[1] == 0 and spread[2] + spread[3] == 0)
 
     per_rank = [None] * world
     dist.all_gather_object(per_rank, {"rank": rank, "pid": os.getpid(), "epochs": epochs, "thread_sweep": sweep,
