@@ -9,7 +9,8 @@ The time is
     t(bytes, N) = latency + 2(N-1)/N * bytes / bandwidth
 
 `bandwidth` here is what NCCL's tests call *bus bandwidth*: the speed of each link, the number
-to compare with an interconnect's published figure. `fit_ring()` finds latency and bandwidth
+to compare with an interconnect's published figure (nccl-tests, doc/PERFORMANCE.md:
+https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md). `fit_ring()` finds latency and bandwidth
 from (bytes, seconds) pairs measured by `notebooks/scripts/allreduce_bench.py`; `predict()`
 uses them (or published figures, `INTERCONNECTS`) for other sizes and N.
 
@@ -118,18 +119,21 @@ class Interconnect:
 # NCCL all-reduce (tens of microseconds), stated as assumptions, not measured here.
 INTERCONNECTS = [
     Interconnect("PCIe 4.0 x16", 31.5e9, 20e-6, "in a node",
-                 "PCI-SIG PCIe 4.0: 16 GT/s per lane, 128b/130b encoding, 16 lanes = 31.5 GB/s per direction"),
+                 "PCI-SIG PCIe 4.0 (pcisig.com/specifications): 16 GT/s per lane, 128b/130b encoding, 16 lanes = 31.5 GB/s "
+                 "per direction"),
     Interconnect("PCIe 5.0 x16", 63.0e9, 20e-6, "in a node",
-                 "PCI-SIG PCIe 5.0: 32 GT/s per lane, 16 lanes = 63 GB/s per direction"),
+                 "PCI-SIG PCIe 5.0 (pcisig.com/specifications): 32 GT/s per lane, 16 lanes = 63 GB/s per direction"),
     Interconnect("NVLink 3 (A100)", 300e9, 10e-6, "in a node",
-                 "NVIDIA A100 datasheet: NVLink 600 GB/s per GPU (both directions together)"),
+                 "NVIDIA A100 datasheet (nvidia.com/en-us/data-center/a100): NVLink 600 GB/s per GPU, both directions together"),
     Interconnect("NVLink 4 (H100 SXM)", 450e9, 10e-6, "in a node",
-                 "NVIDIA H100 datasheet: NVLink 900 GB/s per GPU (both directions together)"),
+                 "NVIDIA H100 datasheet (nvidia.com/en-us/data-center/h100): NVLink 900 GB/s per GPU, both directions together"),
     Interconnect("InfiniBand HDR (200 Gb/s)", 25e9, 30e-6, "between nodes",
-                 "InfiniBand HDR, one 200 Gb/s port per GPU (e.g. NVIDIA ConnectX-6) = 25 GB/s"),
+                 "InfiniBand Trade Association roadmap (infinibandta.org): HDR = 200 Gb/s per 4x port; one port per GPU "
+                 "(e.g. NVIDIA ConnectX-6) = 25 GB/s"),
     Interconnect("InfiniBand NDR (400 Gb/s)", 50e9, 30e-6, "between nodes",
-                 "InfiniBand NDR, one 400 Gb/s port per GPU (e.g. NVIDIA ConnectX-7) = 50 GB/s"),
-    Interconnect("Ethernet 100 Gb/s", 12.5e9, 50e-6, "between nodes", "IEEE 802.3 100GbE: 12.5 GB/s"),
+                 "InfiniBand Trade Association roadmap (infinibandta.org): NDR = 400 Gb/s per 4x port; one port per GPU "
+                 "(e.g. NVIDIA ConnectX-7) = 50 GB/s"),
+    Interconnect("Ethernet 100 Gb/s", 12.5e9, 50e-6, "between nodes", "IEEE 802.3 (100 Gigabit Ethernet): 100 Gb/s = 12.5 GB/s"),
 ]
 
 
