@@ -34,7 +34,7 @@ def test_a_lesson_run_stopped_by_timeout_leaves_no_process(monkeypatch):
     monkeypatch.setenv("COURSE_SMOKE", "1")
     nb = nbformat.v4.new_notebook()
     nb.cells = [
-        nbformat.v4.new_code_cell("from course_utils.launch import torchrun"),
+        nbformat.v4.new_code_cell("import torch\nfrom course_utils.launch import torchrun"),   # the kernel ready
         nbformat.v4.new_code_cell('torchrun("ddp_train.py", "--epochs", 1000, "--batch-size", 8, "--width", 4, '
                                   '"--limit", 256, "--workers", 1, nproc=2, backend="gloo", timeout_s=600)'),
     ]
@@ -56,7 +56,7 @@ def test_a_lesson_run_stopped_by_timeout_leaves_no_process(monkeypatch):
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
-    client = NotebookClient(nb, timeout=25, kernel_name="python3", resources={"metadata": {"path": str(ROOT / "notebooks")}})
+    client = NotebookClient(nb, timeout=35, kernel_name="python3", resources={"metadata": {"path": str(ROOT / "notebooks")}})
     with pytest.raises(CellTimeoutError):
         client.execute()
     stop.set()
