@@ -19,6 +19,7 @@ Sampling costs well under 1% of one core (`benchmarks/monitor_overhead.py` measu
 """
 from __future__ import annotations
 
+import bisect
 import os
 import threading
 import time
@@ -248,6 +249,7 @@ class UtilizationMonitor:
         self._nvml_note = ""
         self._t0 = None
         self._course = _CourseProcesses()
+        self._host = self._device_name = ""
 
     # -- context manager -----------------------------------------------------------------
     def __enter__(self) -> "UtilizationMonitor":
@@ -265,6 +267,9 @@ class UtilizationMonitor:
         psutil.cpu_percent(percpu=True)  # prime: the next call reports usage since now
         self._course.start()
         self._last_busy = self.sim.busy_seconds() if self.sim is not None else 0.0
+        from .env import cpu_name, usable_cores
+        self._host = f"{cpu_name()}, {usable_cores()} usable cores ({psutil.cpu_count()} shown)"
+        self._device_name = self.device_name
         self._t0 = self._last_t = time.perf_counter()
         self._thread = threading.Thread(target=self._run, name="utilization-monitor", daemon=True)
         self._thread.start()
@@ -274,7 +279,8 @@ class UtilizationMonitor:
             return
         self._stop.set()
         self._thread.join()
-        self._sample()  # one last sample up to now
+        if not self._t or time.perf_counter() - self._last_t >= self.interval_s / 2:
+            self._sample()  # one last sample up to now (unless the last one was just taken)
         if self._nvml is not None:
             _close_nvml()
 
@@ -337,12 +343,22 @@ class UtilizationMonitor:
 
     @property
     def timeline(self) -> Timeline:
+        """Every sample so far, as a `Timeline` (also while the monitor runs)."""
+        return self.recent(None)
+
+    def recent(self, seconds: float | None) -> Timeline:
+        """The samples of the last `seconds` (all of them for None), as a `Timeline`."""
         from .env import cpu_name, usable_cores
         with self._lock:
-            t, dt, cpu, gpu, mem, ours = (list(x) for x in (self._t, self._dt, self._cpu, self._gpu, self._mem,
-                                                             self._ours))
+            first = 0
+            if seconds is not None and self._t:
+                first = bisect.bisect_left(self._t, self._t[-1] - seconds)
+            t, dt, cpu, gpu, mem, ours = (x[first:] for x in (self._t, self._dt, self._cpu, self._gpu, self._mem,
+                                                               self._ours))
         cpu = np.asarray(cpu, dtype=float).reshape(len(t), -1)
-        ours = np.asarray(ours, dtype=float) / np.maximum(np.asarray(dt, dtype=float), 1e-9)
+        # CPU times tick every 10 ms: over a very short sample the rate is noise; no more than every core
+        ours = np.minimum(np.asarray(ours, dtype=float) / np.maximum(np.asarray(dt, dtype=float), 1e-9),
+                          float(cpu.shape[1]))
         machine = cpu.sum(axis=1) / 100.0
         mem = np.asarray(mem, dtype=float)
         return Timeline(
@@ -350,8 +366,8 @@ class UtilizationMonitor:
             cpu_percent=cpu,
             gpu_util=np.asarray(gpu, dtype=float) if gpu else None,
             gpu_mem_mb=mem if len(mem) and not np.all(np.isnan(mem)) else None,
-            device=self.device_name,
-            host=f"{cpu_name()}, {usable_cores()} usable cores ({psutil.cpu_count()} shown)",
+            device=self._device_name or self.device_name,
+            host=self._host or f"{cpu_name()}, {usable_cores()} usable cores ({psutil.cpu_count()} shown)",
             simulated=self.sim is not None,
             marks=list(self._marks),
             ours_cores=ours,
