@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import textwrap
 import threading
 import time
 from dataclasses import dataclass, field
@@ -103,7 +104,7 @@ class Timeline:
             dev_ax.text(0.5, 0.5, "no device readings (no GPU, no simulated accelerator)",
                         ha="center", va="center", transform=dev_ax.transAxes)
         if own_figure:
-            dev_ax.set_title(f"device: {self.device or 'none'}", fontsize=9, loc="left")
+            dev_ax.set_title(textwrap.fill(f"device: {self.device or 'none'}", 110), fontsize=9, loc="left")
         else:
             dev_ax.set_title(title or self.device, fontsize=10)
         cpu = np.asarray(self.cpu_percent, dtype=float)
@@ -250,6 +251,7 @@ class UtilizationMonitor:
         self._t0 = None
         self._course = _CourseProcesses()
         self._host = self._device_name = ""
+        self.sample_seconds = 0.0     # CPU time the sampling thread spent sampling (its cost)
 
     # -- context manager -----------------------------------------------------------------
     def __enter__(self) -> "UtilizationMonitor":
@@ -291,7 +293,9 @@ class UtilizationMonitor:
     # -- sampling ------------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
+            cpu0 = time.thread_time()
             self._sample()
+            self.sample_seconds += time.thread_time() - cpu0
             if self.on_sample is not None:
                 try:
                     self.on_sample(self)
