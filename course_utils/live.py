@@ -162,7 +162,8 @@ class _Panel:
         what = "simulated busy" if s.simulated else "GPU utilisation"
         if s.device_util is None:
             self.device_bar.value = 0
-            self.device_text.value = "<span style='color:#777'>no device readings (no GPU, no simulated device)</span>"
+            why = "no GPU, no simulated device" if s.device in ("", "none") else s.device
+            self.device_text.value = f"<span style='color:#777'>no device readings ({html.escape(why)})</span>"
         else:
             self.device_bar.value = round(s.device_util, 1)
             mem = "" if s.device_mem_mb is None else f" · memory {s.device_mem_mb:,.0f} MB"
@@ -198,6 +199,8 @@ class _Counted:
         return len(self._loader)
 
     def __getattr__(self, name):          # num_workers, prefetch_factor, dataset... of the loader
+        if name.startswith("__") or name in ("_loader", "_live"):
+            raise AttributeError(name)
         return getattr(self._loader, name)
 
 

@@ -240,6 +240,7 @@ class UtilizationMonitor:
         target = device if device is not None else sim
         self.sim = target if hasattr(target, "busy_seconds") else None
         self.cuda_device = None if self.sim is not None else _cuda_device(target)
+        self.cpu_target = target is not None and self.sim is None and self.cuda_device is None
         self.on_sample = on_sample
         self._stop = threading.Event()
         self._thread = None
@@ -343,6 +344,8 @@ class UtilizationMonitor:
             return f"{_nvml_name(self._nvml)} ({self.cuda_device}, found in NVML by {self._nvml_note})"
         if self.cuda_device is not None:
             return f"{self.cuda_device}: no NVML readings ({self._nvml_note})"
+        if self.cpu_target:
+            return "the CPU itself (no separate device: its work shows in the cores)"
         return "none"
 
     @property
