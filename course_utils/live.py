@@ -254,9 +254,12 @@ class LiveMonitor:
 
     def __exit__(self, *exc) -> None:
         self.monitor.stop()
-        if self._panel is not None:
-            self._refresh(force=True)
-        self._finish()
+        try:
+            if self._panel is not None:
+                self._refresh(force=True)
+            self._finish()
+        except Exception as err:   # never hide the cell's own error behind the view's
+            print(f"(the live view could not draw its final figure: {err!r}; live.timeline has the samples)")
 
     # -- live panel -------------------------------------------------------------------------
     def _show(self) -> None:
