@@ -56,10 +56,30 @@ def _cpu_s(proc):
     return t.user + t.system
 
 
-def test_the_course_processes_are_told_apart_from_the_others():
+def _psutil_children(pid):
+    try:
+        return [c.pid for c in psutil.Process(pid).children()]
+    except psutil.Error:
+        return []
+
+
+def test_descendants_walks_the_tree(monkeypatch):
+    tree = {1: [2, 3], 2: [4], 3: [], 4: [5], 5: []}
+    monkeypatch.setattr(monitor_module, "_children_of", lambda pid: tree.get(pid))
+    assert sorted(monitor_module._descendants(1)) == [2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("scan", ["psutil", "proc-children"])
+def test_the_course_processes_are_told_apart_from_the_others(monkeypatch, scan):
     """A busy child (like a DataLoader worker) counts as ours; a busy process that is not our
     descendant counts as other. Integrated over the run, each matches the CPU seconds the
-    processes themselves report, whatever else the machine is doing."""
+    processes themselves report, whatever else the machine is doing. Both ways of finding
+    children: psutil's scan of every process, and /proc/PID/task/*/children (stood in for by
+    psutil where this kernel lacks the file)."""
+    if scan == "proc-children" and monitor_module._children_of(os.getpid()) is None:
+        monkeypatch.setattr(monitor_module, "_children_of", _psutil_children)
+    elif scan == "psutil":
+        monkeypatch.setattr(monitor_module, "_children_of", lambda pid: None)
     me = psutil.Process()
     # not ours: a shell starts the busy loop in the background and exits, so init adopts it
     outsider = subprocess.run(["sh", "-c", f"{sys.executable} -c '{BUSY.format(s=1.2)}' >/dev/null 2>&1 & echo $!"],
@@ -68,6 +88,7 @@ def test_the_course_processes_are_told_apart_from_the_others():
     assert stranger.pid not in {c.pid for c in me.children(recursive=True)}
     me0, stranger0 = _cpu_s(me), _cpu_s(stranger)
     with UtilizationMonitor(interval_s=0.05, device="cpu") as mon:
+        assert mon._course.fast == (scan == "proc-children")
         worker = subprocess.Popen([sys.executable, "-c", BUSY.format(s=0.8)])
         worker_proc = psutil.Process(worker.pid)
         worker_s = 0.0
