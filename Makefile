@@ -30,14 +30,14 @@ lab: $(STAMP)
 ## smoke mode (solutions pass, students fail).
 test: $(STAMP) browser-deps
 	COURSE_SMOKE=1 $(PY) -m pytest tests/unit -q
-	COURSE_SMOKE=1 $(PY) -m pytest tests/browser -q
+	COURSE_SMOKE=1 COURSE_CHROMIUM=$(CHROMIUM) $(PY) -m pytest tests/browser -q
 	COURSE_SMOKE=1 $(PY) -m pytest tests/notebooks -q
 
 unit: $(STAMP)
 	COURSE_SMOKE=1 $(PY) -m pytest tests/unit -q
 
 browser: $(STAMP) browser-deps
-	COURSE_SMOKE=1 $(PY) -m pytest tests/browser -q
+	COURSE_SMOKE=1 COURSE_CHROMIUM=$(CHROMIUM) $(PY) -m pytest tests/browser -q
 
 ## browser-deps: Debian's Chromium for the browser test, installed when missing (as root, with
 ## apt-get; never a browser download). Elsewhere it says what to install and the test skips.
