@@ -293,17 +293,45 @@ def _disk_counters(device: str | None):
         return None
 
 
-def _proc_io(pids_seen: dict) -> tuple[int, int, float] | None:
-    """(storage read bytes, read() bytes, CPU seconds) of this process and its children, summed
-    as increments since each process was last seen (workers that start mid-run count from 0)."""
+def _sched_seconds(pid: int) -> float | None:
+    """Seconds the threads of process `pid` have run on a CPU or waited on a run queue for one
+    (/proc/PID/task/*/schedstat, Linux): the CPU the process *wanted*, which busy neighbours
+    cannot hide. None where the system does not report it."""
+    total, found = 0, False
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                run_ns, wait_ns = f.read().split()[:2]
+        except (OSError, ValueError):
+            continue
+        total += int(run_ns) + int(wait_ns)
+        found = True
+    return total / 1e9 if found else None
+
+
+def _proc_io(pids_seen: dict) -> tuple | None:
+    """(storage read bytes, read() bytes, CPU seconds, CPU-wanted seconds) of this process and its
+    children, summed as increments since each process was last seen (workers that start mid-run
+    count from 0). The last is None where schedstat is not available."""
     try:
         me = psutil.Process()
         procs = [me] + me.children(recursive=True)
     except psutil.Error:
         return None
     storage = chars = 0
-    cpu = 0.0
-    ok = False
+    cpu = wanted = 0.0
+    ok, sched_ok = False, True
+    # A child that has exited is reaped by this process, and Linux then adds its I/O counts to
+    # ours: take back what we already counted for it.
+    alive = {p.pid for p in procs}
+    gone = [pid for pid in pids_seen if pid not in alive and pid != me.pid]
+    gone_bytes = (sum(pids_seen[pid][0] for pid in gone), sum(pids_seen[pid][1] for pid in gone))
+    for pid in gone:
+        del pids_seen[pid]
     for p in procs:
         try:
             with p.oneshot():
@@ -311,28 +339,34 @@ def _proc_io(pids_seen: dict) -> tuple[int, int, float] | None:
                 t = p.cpu_times()
         except (psutil.Error, NotImplementedError):
             continue
+        sched = _sched_seconds(p.pid)
+        sched_ok = sched_ok and sched is not None
         rb = int(c.read_bytes) if c is not None else 0
         rc = int(getattr(c, "read_chars", 0)) if c is not None else 0
         ok = ok or c is not None
-        now = (rb, rc, t.user + t.system)
+        now = (rb, rc, t.user + t.system, sched or 0.0)
         prev = pids_seen.get(p.pid)
         pids_seen[p.pid] = now
         if prev is None:
             if p.pid == me.pid:
                 continue          # the first reading of this process: the baseline
-            prev = (0, 0, 0.0)
+            prev = (0, 0, 0.0, 0.0)
+        if p.pid == me.pid:
+            prev = (prev[0] + gone_bytes[0], prev[1] + gone_bytes[1]) + prev[2:]
         storage += max(0, now[0] - prev[0])
         chars += max(0, now[1] - prev[1])
         cpu += max(0.0, now[2] - prev[2])
-    return (storage, chars, cpu) if ok else (None, None, cpu)
+        wanted += max(0.0, now[3] - prev[3])
+    return (storage if ok else None, chars if ok else None, cpu, wanted if sched_ok else None)
 
 
 @dataclass
 class IoTimeline:
     """Samples from an `IoMonitor`: per-core CPU busy and iowait (%), the disk's read MB/s,
-    reads/s, %util and r_await, our processes' reads (storage vs read() calls) and the cores
-    our processes used (this one and its DataLoader workers), with whole-run totals in
-    `totals` (lesson 01)."""
+    reads/s, %util and r_await, our processes' reads (storage vs read() calls), the cores our
+    processes used (this one and its DataLoader workers) and the cores they *wanted*: used, or
+    waited for on a run queue while other programs had them (Linux schedstat), with whole-run
+    totals in `totals` (lesson 01)."""
     t_s: np.ndarray
     cpu_busy: np.ndarray
     iowait: np.ndarray
@@ -342,6 +376,7 @@ class IoTimeline:
     ours_storage_mb_s: np.ndarray | None = None
     ours_read_mb_s: np.ndarray | None = None
     ours_cores: np.ndarray | None = None
+    ours_wanted_cores: np.ndarray | None = None
     totals: dict = field(default_factory=dict)
     disk: str = ""
     host: str = ""
@@ -378,6 +413,8 @@ class IoTimeline:
         read = t.get("ours_read_mb_s") or 0.0
         cache = max(0.0, read - t["ours_storage_mb_s"])
         cores = f"; they used {t['ours_cores']:.2f} cores of CPU" if t.get("ours_cores") is not None else ""
+        if t.get("ours_wanted_cores") is not None:
+            cores += f" and waited for another {max(0.0, t['ours_wanted_cores'] - t['ours_cores']):.2f} taken by other programs"
         return (f"our processes: DISK READ {t['ours_storage_mb_s']:.1f} MB/s from storage{cores}; their read() calls asked for "
                 f"{read:.1f} MB/s ({cache:.1f} MB/s of it served by the page cache; memory-mapped reads are "
                 "counted only when they reach the disk)")
@@ -456,7 +493,7 @@ class IoMonitor:
         if self._thread is not None:
             raise RuntimeError("this monitor is already running")
         self._first = self._last = self._snapshot()
-        self._ours_total = [0, 0, 0.0]
+        self._ours_total = [0, 0, 0.0, 0.0]
         self._thread = threading.Thread(target=self._run, name="io-monitor", daemon=True)
         self._thread.start()
 
@@ -476,7 +513,7 @@ class IoMonitor:
         snap = self._snapshot()
         self._rows.append((self._last, snap))
         if snap[3] is not None:
-            for k in range(3):
+            for k in range(4):
                 self._ours_total[k] += snap[3][k] or 0
         self._last = snap
 
@@ -511,13 +548,15 @@ class IoMonitor:
         have_disk = bool(disk) and all(d is not None for d in disk)
         have_cpu = bool(ours) and all(o is not None for o in ours)
         have_ours = have_cpu and all(o[0] is not None for o in ours)
+        have_wanted = have_cpu and all(o[3] is not None for o in ours)
         dts = [max(b[0] - a[0], 1e-9) for a, b in self._rows]
         totals = {"seconds": span, "cpu_busy": tb, "iowait": tw,
                   "disk_read_mb_s": whole[0] if whole else None, "disk_reads_per_s": whole[1] if whole else None,
                   "disk_util": whole[2] if whole else None, "r_await_ms": whole[3] if whole else None,
                   "ours_storage_mb_s": self._ours_total[0] / span / 1e6 if have_ours else None,
                   "ours_read_mb_s": self._ours_total[1] / span / 1e6 if have_ours else None,
-                  "ours_cores": self._ours_total[2] / span if have_cpu else None}
+                  "ours_cores": self._ours_total[2] / span if have_cpu else None,
+                  "ours_wanted_cores": self._ours_total[3] / span if have_wanted else None}
         col = (lambda k: np.array([d[k] if d[k] is not None else np.nan for d in disk])) if have_disk else (lambda k: None)
         return IoTimeline(
             t_s=np.asarray(t), cpu_busy=np.asarray(busy).reshape(len(t), -1), iowait=np.asarray(wait).reshape(len(t), -1),
@@ -525,6 +564,7 @@ class IoMonitor:
             ours_storage_mb_s=np.array([o[0] / dt / 1e6 for o, dt in zip(ours, dts)]) if have_ours else None,
             ours_read_mb_s=np.array([o[1] / dt / 1e6 for o, dt in zip(ours, dts)]) if have_ours else None,
             ours_cores=np.array([o[2] / dt for o, dt in zip(ours, dts)]) if have_cpu else None,
+            ours_wanted_cores=np.array([o[3] / dt for o, dt in zip(ours, dts)]) if have_wanted else None,
             totals=totals, disk=self.info.label if self.info else (self.device or "none"),
             host=f"{cpu_name()}, {usable_cores()} usable cores ({psutil.cpu_count()} shown)")
 
@@ -581,8 +621,9 @@ class RecordedRun:
     """The figures of one training run (lesson 01, exercise 1.4), each sampled T times:
 
     stall_fraction: share of the wall time the loop waited for data (lesson 01's definition);
-    loader_cores: (T,) cores of CPU used by the processes that load data (this process and its
-        DataLoader workers), from their own CPU times: other programs do not count;
+    loader_cores: (T,) cores of CPU the processes that load data (this process and its
+        DataLoader workers) used, or were ready to use but waited for while other programs
+        had them: their demand for CPU, which busy neighbours cannot hide;
     loader_processes: how many such processes (1 + num_workers); usable_cores: the machine's;
     cpu_busy, iowait: (T, cores) % of each core busy (user+system), and idle while a task
         waited for the disk, machine-wide;
@@ -605,15 +646,17 @@ class RecordedRun:
     @classmethod
     def from_timeline(cls, name: str, timeline: IoTimeline, *, stall_fraction: float, loader_processes: int,
                       samples_per_s: float | None = None, device: str = "") -> "RecordedRun":
-        """The figures of a run an `IoMonitor` watched; raises ValueError where the system did
-        not report per-process CPU or the disk's counters."""
+        """The figures of a run an `IoMonitor` watched (the loaders' CPU demand where Linux reports
+        run-queue waits, else the CPU they used); raises ValueError where the system did not
+        report per-process CPU or the disk's counters."""
         from .env import usable_cores
 
-        if timeline.ours_cores is None:
+        demand = timeline.ours_wanted_cores if timeline.ours_wanted_cores is not None else timeline.ours_cores
+        if demand is None:
             raise ValueError("this system did not report our processes' CPU times")
         if timeline.disk_read_mb_s is None or timeline.disk_util is None:
             raise ValueError("this timeline has no disk counters (the data is not on a local block device)")
-        return cls(name, float(stall_fraction), timeline.ours_cores.copy(), int(loader_processes), usable_cores(),
+        return cls(name, float(stall_fraction), demand.copy(), int(loader_processes), usable_cores(),
                    timeline.cpu_busy.copy(), timeline.iowait.copy(), np.nan_to_num(timeline.disk_read_mb_s).copy(),
                    np.nan_to_num(timeline.disk_util).copy(), samples_per_s, device, timeline.disk)
 
