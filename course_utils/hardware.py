@@ -64,7 +64,7 @@ class DiskInfo:
         """One line for figures and tables: device, kind and file system."""
         where = self.device or self.fstype
         model = f", {self.model}" if self.model else ""
-        return f"{where} ({self.kind}{model}; {self.fstype} at {self.mount})"
+        return f"{where}: {self.kind}{model}, {self.fstype} at {self.mount}"
 
 
 def _mounts() -> list[tuple[str, str, str]]:

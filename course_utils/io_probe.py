@@ -420,8 +420,9 @@ class IoTimeline:
                 "counted only when they reach the disk)")
 
     def plot(self, ax=None, title: str | None = None, capacity_mb_s: float | None = None):
-        """Three panels: CPU busy and iowait (mean over cores, and the busiest core), the disk's
-        read MB/s (against its measured capacity, if given), and the disk's %util."""
+        """Three panels: CPU busy and iowait (mean over the machine's cores) with our processes'
+        use and demand on the same scale, the disk's read MB/s (against its measured capacity, if
+        given), and the disk's %util."""
         import matplotlib.pyplot as plt
 
         own = ax is None
@@ -431,10 +432,15 @@ class IoTimeline:
         cpu_ax, mb_ax, util_ax = ax
         busy, wait = self.cpu_busy.mean(axis=1), self.iowait.mean(axis=1)
         cpu_ax.stackplot(self.t_s, busy, wait, colors=["tab:blue", "tab:orange"], alpha=0.6,
-                         labels=["busy (mean of cores)", "iowait (mean of cores)"])
-        cpu_ax.plot(self.t_s, self.cpu_busy.max(axis=1), color="tab:blue", lw=0.8, label="busiest core")
+                         labels=["machine: busy", "machine: iowait"])
+        if self.ours_cores is not None:
+            scale = 100 / self.cores
+            cpu_ax.plot(self.t_s, self.ours_cores * scale, color="black", lw=1.2, label="our processes: used")
+            if self.ours_wanted_cores is not None:
+                cpu_ax.plot(self.t_s, self.ours_wanted_cores * scale, color="black", lw=1, ls="--",
+                            label="our processes: used + waited for")
         cpu_ax.set_ylim(0, 105)
-        cpu_ax.set_ylabel("CPU %")
+        cpu_ax.set_ylabel("% of all cores")
         cpu_ax.legend(fontsize=7, loc="upper right")
         if self.disk_read_mb_s is not None:
             mb_ax.plot(self.t_s, self.disk_read_mb_s, color="tab:green")
