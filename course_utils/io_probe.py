@@ -592,13 +592,17 @@ def disk_capacity(files, block_size: int = 110_000, *, readers: int = 4, seconds
         raise ValueError(f"the files are smaller than one block of {block} bytes")
     evict(files)
     fds = {f: os.open(f, os.O_RDONLY) for f in files}
+    if hasattr(os, "posix_fadvise"):
+        for fd in fds.values():
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)     # no read-ahead into the next block
     done = [0] * readers
     stop = time.perf_counter() + seconds
 
     def reader(k):
         rng = np.random.default_rng((seed, k))
+        mine = slots[k::readers] or slots      # each reader its own slots: no two read the same pages at once
         while time.perf_counter() < stop:
-            f, offset = slots[int(rng.integers(len(slots)))]
+            f, offset = mine[int(rng.integers(len(mine)))]
             done[k] += len(os.pread(fds[f], block, offset))
             if hasattr(os, "posix_fadvise"):
                 os.posix_fadvise(fds[f], offset, block, os.POSIX_FADV_DONTNEED)
