@@ -5,9 +5,10 @@ from functions defined in a notebook (`mp.spawn` pickles functions by name, and 
 `__main__` cannot be imported by a child), so lesson 07's programs are files in
 `notebooks/scripts/` and this module starts them the way a real job does, with `torchrun`:
 
-    result = torchrun("scripts/ddp_hello.py", "--rounds", "3", nproc=2, timeout_s=60)
+    result = torchrun("ddp_hello.py", nproc=2, timeout_s=60)      # a file in notebooks/scripts/
     result.result      # the JSON that rank 0 passed to report()
     result.output      # every rank's output, each line prefixed "[rank N] "
+    torchrun("ddp_hello.py", nnodes=2, nproc=1, timeout_s=60)     # two "nodes" meeting at a rendezvous
 
 What `torchrun()` guarantees:
 - `nproc` processes (default: one per GPU, or 2 on a machine without one) on the backend that
