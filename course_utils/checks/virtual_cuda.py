@@ -151,7 +151,11 @@ class DeviceTensor(torch.Tensor):
 class VirtualStream:
     """A CUDA stream of the virtual device: an ordered queue of work, numbered."""
 
-    def __init__(self, vc: "VirtualCuda", device=None, priority: int = 0, **kwargs):
+    def __init__(self, device=None, priority: int = 0, *, vc: "VirtualCuda | None" = None, **kwargs):
+        if vc is None:
+            if not _ACTIVE:
+                raise RuntimeError("a virtual CUDA stream can only be made inside `with VirtualCuda():`")
+            vc = _ACTIVE[-1]
         self.vc = vc
         self.id = next(vc._stream_ids)
         self.seq = 0                          # work items queued so far
@@ -391,7 +395,7 @@ class VirtualCuda:
         self._completed: dict[int, int] = {}
         self._cross: dict[int, _Alloc] = {}          # allocations used on a stream they were not made on
         self._pinned: dict[int, torch.UntypedStorage] = {}
-        self.default_stream = VirtualStream(self)
+        self.default_stream = VirtualStream(vc=self)
         self._current = [self.default_stream]
         self._generator = torch.Generator()
         self._generator.manual_seed(torch.initial_seed())
@@ -495,7 +499,7 @@ class VirtualCuda:
         patch("set_device", lambda device: None)
         patch("get_device_name", lambda device=None: "virtual CUDA device (the CPU)")
         patch("is_current_stream_capturing", lambda: False)
-        patch("Stream", lambda device=None, priority=0, **kw: VirtualStream(vc, device, priority))
+        patch("Stream", VirtualStream)
         patch("Event", VirtualEvent)
         patch("stream", lambda stream: vc.stream(stream))
         patch("current_stream", vc.current_stream)

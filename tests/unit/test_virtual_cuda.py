@@ -165,3 +165,20 @@ def test_view_writes_and_in_place_ops_keep_the_allocation():
         d2 = torch.zeros(2, device="cuda")
         d2.copy_(torch.ones(2))
         assert torch.equal(d2.cpu(), torch.ones(2)) and vc.h2d()[-1].what == "Tensor.copy_"
+
+
+def test_the_course_prefetcher_and_accel_helpers_are_right_on_the_virtual_device():
+    from course_utils import accel
+    from course_utils.prefetch import CudaPrefetcher
+    with VirtualCuda() as vc:
+        batches = [(torch.randn(4, 3).pin_memory(), torch.arange(4).pin_memory()) for _ in range(5)]
+        assert isinstance(accel.new_stream("cuda"), torch.cuda.Stream)
+        seen = 0
+        for images, labels in CudaPrefetcher(batches, torch.device("cuda")):
+            assert images.is_cuda and labels.is_cuda
+            (images * 2).sum(), labels.sum()
+            seen += 1
+        assert seen == 5
+        assert vc.races == [] and vc.unrecorded() == [] and vc.syncs == []
+        assert len(vc.h2d()) == 10 and all(c.non_blocking and c.pinned for c in vc.h2d())
+        assert all(c.stream != vc.default_stream.id for c in vc.h2d())
