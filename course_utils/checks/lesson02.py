@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..env import usable_cores
 from ._core import CheckFailed, exercise, expect_callable, expect_class
-from ._util import fresh_rng
+from ._util import fresh_rng, single_threaded
 
 
 # -- 2.1 choose num_workers from a sweep -----------------------------------------------------
@@ -330,6 +330,7 @@ def _timing_target():
 
 
 @exercise("2.2", "The fastest loader for this machine", points=3, time_limit_s=240)
+@single_threaded       # the main process's small tensor ops, yours and the baseline's alike (workers use one anyway)
 def check_fast_loader(make_fast_loader):
     from ..data import load_cifar10_arrays
     from .. import loaders
@@ -376,10 +377,10 @@ def check_fast_loader(make_fast_loader):
     target, device, model, where = _timing_target()
     big, big_decode = _index_dataset(pool[start:start + big_n], rng)
     classes = np.asarray(pool_labels[start:start + big_n], dtype=np.int64)
-    weights = torch.from_numpy(rng.standard_normal((3, 32, 32)).astype(np.float32))
+    weights = torch.from_numpy(rng.standard_normal((3, 6, 6)).astype(np.float32))
 
-    def fingerprint(images):
-        return (images.detach().to("cpu", torch.float32) * weights).sum((1, 2, 3)).tolist()
+    def fingerprint(images):      # a weighted sum of 108 scattered pixels: a shift or a flip changes it
+        return (images[:, :, 3::5, 2::5].detach().to("cpu", torch.float32) * weights).sum((1, 2, 3)).tolist()
 
     big_what = f"the timed rounds ({big_n} samples, batch_size={batch_size})"
     rounds = []
