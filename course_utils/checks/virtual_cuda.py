@@ -7,9 +7,10 @@ On a machine without a GPU these mistakes are invisible, because every tensor is
 and every operation finishes before the next starts. Inside `with VirtualCuda() as vc:`
 
 - `torch.device("cuda")` works: tensors created on it, or moved to it (`.to("cuda")`,
-  `.cuda()`, `torch.tensor(..., device="cuda")`, `model.to("cuda")`), report `device.type
-  == "cuda"` and `is_cuda`, while their values live in host memory and every operation on
-  them runs on the CPU (`DeviceTensor`, a tensor subclass);
+  `.cuda()`, `torch.tensor(..., device="cuda")`, `torch.Generator(device="cuda")`), report
+  `device.type == "cuda"` and `is_cuda`, while their values live in host memory and every
+  operation on them runs on the CPU (`DeviceTensor`, a tensor subclass); `torch.cuda.*`
+  (is_available, Stream, Event, synchronize, manual_seed...) answers for the virtual device;
 - an operation that mixes such a tensor with an ordinary (host) tensor of one or more
   dimensions raises the error real CUDA raises ("Expected all tensors to be on the same
   device ..."); zero-dimensional host tensors and host index tensors are allowed, as on CUDA
@@ -33,11 +34,13 @@ and every operation finishes before the next starts. Inside `with VirtualCuda() 
   `device.type == "cuda"`, and drawing host numbers from it (or device numbers from a host
   generator) raises CUDA's error.
 
-It models what matters to the course's checks, not CUDA in full: no timing, no memory limit,
-one device (`cuda:0`), no autograd through a host-to-device copy, tensors created in other
-threads are plain host tensors (the mode is per-thread, like the current stream). Values are
-exactly the CPU's. Outside the `with` block, `DeviceTensor`s still work (`.cpu()` gives the
-values) but nothing is logged. The checks of lessons 03 and 05 use it.
+It models what matters to the course's checks, not CUDA in full: no timing, no memory limit
+(`vc.allocated_bytes` counts what was allocated), one device (`cuda:0`, or the next index
+beside real GPUs), no autograd at all (a tensor on it cannot require gradients, and a model
+cannot move there: the checks run tensor work on it, not training steps), and tensors created
+in other threads are plain host tensors (the mode is per-thread, like the current stream).
+Values are exactly the CPU's. Outside the `with` block, `DeviceTensor`s still work (`.cpu()`
+gives the values) but nothing is logged. The checks of lessons 03 and 05 use it.
 """
 from __future__ import annotations
 
@@ -120,7 +123,7 @@ def _where() -> str:
 
 
 class DeviceTensor(torch.Tensor):
-    """A tensor that reports `cuda:0` and keeps its values in host memory (see the module)."""
+    """A tensor that reports the virtual CUDA device and keeps its values in host memory (see the module)."""
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
@@ -270,7 +273,7 @@ def _generator_class(vc: "VirtualCuda"):
     class Generator(torch._C.Generator, metaclass=_AnyGenerator):
         def __new__(cls, device="cpu"):
             if _is_cuda(device):
-                return vc.generator(0)      # a fresh CUDA generator starts from seed 0... of its own
+                return vc.generator(torch._C.Generator().initial_seed())   # a new generator's default seed
             return torch._C.Generator(device)
     return Generator
 
@@ -359,8 +362,8 @@ class _Mode(TorchFunctionMode):
         if name == "tolist" and isinstance(first, DeviceTensor):
             return vc._d2h(first, what="Tensor.tolist").tolist()
         if name in ("numpy", "__array__") and isinstance(first, DeviceTensor):
-            raise TypeError("can't convert cuda:0 device type tensor to numpy. Use Tensor.cpu() to copy the tensor "
-                            "to host memory first.")
+            raise TypeError(f"can't convert {first.device} device type tensor to numpy. Use Tensor.cpu() to copy "
+                            "the tensor to host memory first.")
         if name.startswith("new_") and isinstance(first, DeviceTensor):
             if "device" not in kwargs or _is_cuda(kwargs["device"]):
                 kwargs = dict(kwargs, device="cpu")

@@ -390,6 +390,12 @@ def materialises_every_window(images, padding=4, generator=None):   # 81 copies 
     return torch.where(flip.view(n, 1, 1, 1), crops.flip(3), crops)
 
 
+def identity_on_small_batches(images, padding=4, generator=None):   # right on the big batch the check counts
+    if len(images) < 1000:
+        return images.clone()
+    return crop_flip(images, padding, generator)
+
+
 def wraps_the_course(images, padding=4, generator=None):
     from course_utils.device_data import random_crop_flip
     return random_crop_flip(images, padding, generator)
@@ -416,6 +422,7 @@ MUTANTS_32 = [
     Mutant("a Python loop over samples", python_loop, "never waits for the device"),
     Mutant("round trip through the host", round_trip_through_the_host, "makes no copy from the host"),
     Mutant("materialises every window", materialises_every_window, "uses memory in proportion to the batch"),
+    Mutant("identity on small batches", identity_on_small_batches, "uses the generator it is given"),
     Mutant("wraps course_utils.device_data", wraps_the_course, "is your own code"),
 ]
 

@@ -182,3 +182,28 @@ def test_the_course_prefetcher_and_accel_helpers_are_right_on_the_virtual_device
         assert vc.races == [] and vc.unrecorded() == [] and vc.syncs == []
         assert len(vc.h2d()) == 10 and all(c.non_blocking and c.pinned for c in vc.h2d())
         assert all(c.stream != vc.default_stream.id for c in vc.h2d())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_beside_a_real_gpu_the_virtual_device_takes_the_next_index():
+    real = torch.ones(3, device="cuda")
+    with VirtualCuda() as vc:
+        assert vc.device.index >= 1
+        d = vc.to_device(torch.ones(3))
+        assert d.device == vc.device and d.device != real.device
+        with pytest.raises(RuntimeError, match="same device"):
+            d + real
+    assert torch.cuda.is_available() and (real * 2).sum().item() == 6.0    # the real GPU works after the block
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_checks_of_lesson_03_pass_on_a_real_gpu_with_a_device_keyed_cache():
+    """On a GPU the checks run the learner's code on the real device and on the virtual one; a
+    cache of constants keyed by device (the 3.3 solution) must not hand one's tensors to the other."""
+    from course_utils.checks import run_check
+    from test_checks_lesson03 import GoodPrefetcher, crop_flip, good_normalize
+    for exercise, answer in (("3.1", GoodPrefetcher), ("3.2", crop_flip), ("3.3", good_normalize)):
+        result = run_check(exercise, answer)
+        assert result.status == "pass", (exercise, result.message)
