@@ -473,9 +473,18 @@ def _params_of(items, images, labels, indices, padding, what) -> list[tuple[int,
     return [(int(y), int(x), bool(f)) for y, x, f in zip(found.dy, found.dx, found.flipped)]
 
 
+def _worker_context():
+    """How the check starts its workers: by fork where the platform has it (Linux, macOS). A
+    dataset class defined in a notebook cannot be pickled into a *spawned* worker (lesson 02,
+    "Workers and spawn"); the check grades the seeding, which behaves the same either way (each
+    worker gets a copy of the dataset, generator included), not where the class was defined."""
+    import multiprocessing
+    return "fork" if "fork" in multiprocessing.get_all_start_methods() else None
+
+
 def _worker_run(cls_ds, images, labels, padding, seed, what, *, epochs=1):
     """Params of every item, in index order, for each epoch of a 2-worker loader after torch.manual_seed(seed)."""
-    loader = DataLoader(cls_ds, batch_size=None, shuffle=False, num_workers=2)
+    loader = DataLoader(cls_ds, batch_size=None, shuffle=False, num_workers=2, multiprocessing_context=_worker_context())
     torch.manual_seed(seed)
     runs = []
     for epoch in range(epochs):
