@@ -342,7 +342,12 @@ def test_fast_loader_passes_and_under_course_device_cpu_trains_the_real_model(mo
             trained.append(kwargs["device"])
         return real_train(model, loader, **kwargs)
     monkeypatch.setattr(train_module, "train", spy)
-    result = run_check("2.2", fast_loader)
+    for _ in range(3):            # the check grades speed fairly only when other processes leave the cores
+        result = run_check("2.2", fast_loader)
+        if result.status == "pass" or "too much for a fair grade" not in result.message:
+            break
+    else:
+        pytest.skip(f"other processes kept this machine too busy for a fair grade of speed, three times: {result.message}")
     assert result.status == "pass", result.message
     assert "COURSE_DEVICE=cpu" in result.message and "simulated" in result.message
     assert trained and all(torch.device(d).type == "cpu" for d in trained)
