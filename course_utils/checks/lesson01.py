@@ -9,27 +9,33 @@ from collections import Counter
 import numpy as np
 import torch
 
-from ..monitor import TIMELINE_KINDS, synthetic_timeline
+from ..monitor import TIMELINE_KINDS, Timeline, synthetic_timeline
 from ..sim import SimulatedAccelerator
 from ._core import CheckFailed, exercise, expect_callable
-from ._util import fresh_rng
+from ._util import forbids, fresh_rng
 
 
 # -- 1.1 a correct timer ---------------------------------------------------------------------
 
 class _CountingFn:
-    """A workload whose cost per call is scripted: host time (sleep) and device time (async)."""
+    """A workload whose cost per call is scripted: host time (sleep, plus a little CPU work) and
+    device time (asynchronous)."""
 
-    def __init__(self, host_ms, device=None, device_ms=0.0):
-        self.host_ms, self.device, self.device_ms, self.calls = host_ms, device, device_ms, 0
+    def __init__(self, host_ms, device=None, device_ms=0.0, cpu_ms=0.0):
+        self._host_ms, self._device, self._device_ms, self._cpu_ms = host_ms, device, device_ms, cpu_ms
+        self.calls = 0
 
     def __call__(self):
-        ms = self.host_ms(self.calls) if callable(self.host_ms) else self.host_ms
+        ms = self._host_ms(self.calls) if callable(self._host_ms) else self._host_ms
         self.calls += 1
+        if self._cpu_ms:                  # CPU time the process really spends (not a sleep)
+            end = time.process_time() + self._cpu_ms / 1e3
+            while time.process_time() < end:
+                pass
         if ms:
             time.sleep(ms / 1e3)
-        if self.device is not None and self.device_ms:
-            self.device.launch(self.device_ms)
+        if self._device is not None and self._device_ms:
+            self._device.launch(self._device_ms)
 
 
 def _as_ms(value, what):
@@ -41,48 +47,73 @@ def _as_ms(value, what):
 
 
 @exercise("1.1", "A timer that tells the truth: warm-up, synchronise, median of repeats", points=2)
+@forbids("course_utils.timing:benchmark")
 def check_timer(time_it):
     expect_callable(time_it, "a function time_it(fn, device, warmup=3, repeats=10) -> milliseconds")
-    # (a) plain CPU work: the right unit, the right count of calls
-    fn = _CountingFn(6.0)
+    # (a) plain CPU work (mostly waiting, as a call that waits for I/O does): the wall time, in
+    # milliseconds, and the right count of calls
+    fn = _CountingFn(5.0, cpu_ms=1.0)
     ms = _as_ms(time_it(fn, torch.device("cpu"), warmup=2, repeats=5), "time_it on a 6 ms CPU function")
-    if ms < 1.0 and ms > 0:
+    if 0.004 <= ms <= 0.025:
         raise CheckFailed("reports milliseconds", f"yours {ms:.4f} for a 6 ms function, expected about 6",
                           "time.perf_counter() counts seconds: multiply by 1000")
-    if not 5.0 <= ms <= 12.0:
-        raise CheckFailed("measures a CPU function", f"yours {ms:.2f} ms for a function that sleeps 6 ms")
+    if not 5.0 <= ms <= 20.0:
+        hint = ("time the wall clock with time.perf_counter(): time.process_time() counts only the CPU time "
+                "of this process, not the time spent waiting" if ms < 5.0 else "")
+        raise CheckFailed("measures the wall time of a CPU function",
+                          f"yours {ms:.3f} ms for a function that takes 6 ms (1 ms of CPU, 5 ms of waiting)", hint)
     if fn.calls != 7:
         raise CheckFailed("calls fn warmup + repeats times", f"warmup=2, repeats=5: yours called fn {fn.calls} times, expected 7")
     # (b) asynchronous device work: must synchronise before reading the clock
     device = SimulatedAccelerator(step_ms=0, max_queued=1000)  # a deep launch queue, as on CUDA
     try:
-        fn = _CountingFn(0.0, device, device_ms=25.0)
+        fn = _CountingFn(0.0, device, device_ms=20.0)
         ms = _as_ms(time_it(fn, device, warmup=1, repeats=5), "time_it on asynchronous device work")
-        if ms < 0.6 * 25:
+        if ms < 0.6 * 20:
             raise CheckFailed("waits for the device before reading the clock",
-                              f"each call queues 25 ms of device work; yours measured {ms:.2f} ms",
+                              f"each call queues 20 ms of device work; yours measured {ms:.2f} ms",
                               "device work is asynchronous: call synchronize(device) before you start "
                               "the clock and again before you stop it")
-        if ms > 1.6 * 25:
-            raise CheckFailed("times one call at a time", f"each call queues 25 ms of device work; yours measured {ms:.2f} ms")
-        # (c) warm-up: the first calls are slow (lazy initialisation, autotuning)
-        fn = _CountingFn(lambda i: 100.0 if i < 5 else 4.0)
+        if ms > 1.6 * 20:
+            raise CheckFailed("times one call at a time", f"each call queues 20 ms of device work; yours measured {ms:.2f} ms")
+        if fn.calls != 6:
+            raise CheckFailed("calls fn warmup + repeats times",
+                              f"warmup=1, repeats=5: yours called fn {fn.calls} times, expected 6")
+        # (c) the warm-up's device work is still queued when the timing starts: wait for it first
+        fn = _CountingFn(0.0, device, device_ms=20.0)
+        ms = _as_ms(time_it(fn, device, warmup=3, repeats=1), "time_it with device work left from the warm-up")
+        if ms > 1.6 * 20:
+            raise CheckFailed("waits for earlier work before starting the clock",
+                              f"warmup=3 calls queue 60 ms of device work, then one timed call queues 20 ms; yours "
+                              f"measured {ms:.1f} ms for it",
+                              "synchronize(device) right before starting the clock, not only before stopping it")
+        if fn.calls != 4:
+            raise CheckFailed("calls fn warmup + repeats times",
+                              f"warmup=3, repeats=1: yours called fn {fn.calls} times, expected 4")
+        # (d) warm-up: the first calls are slow (lazy initialisation, autotuning)
+        fn = _CountingFn(lambda i: 40.0 if i < 5 else 4.0)
         ms = _as_ms(time_it(fn, device, warmup=5, repeats=3), "time_it with slow first calls")
         if ms > 20:
-            raise CheckFailed("excludes warm-up calls", f"the first 5 calls take 100 ms, later ones 4 ms; "
+            raise CheckFailed("excludes warm-up calls", f"the first 5 calls take 40 ms, later ones 4 ms; "
                               f"with warmup=5, repeats=3 yours reported {ms:.1f} ms",
                               "run fn `warmup` times before timing anything, and time only the `repeats` calls")
-        # (d) one slow outlier among the timed calls must not move the result
-        fn = _CountingFn(lambda i: 250.0 if i == 4 else 4.0)
+        # (e) one slow outlier among the timed calls must not move the result
+        fn = _CountingFn(lambda i: 150.0 if i == 4 else 4.0)
         ms = _as_ms(time_it(fn, device, warmup=1, repeats=7), "time_it with one outlier")
-        if ms > 20:
-            raise CheckFailed("reports the median of the repeats", f"6 timed calls of 4 ms and one of 250 ms: "
-                              f"yours reported {ms:.1f} ms (a mean would say ~39)", "statistics.median(times)")
+        if ms > 15:
+            raise CheckFailed("reports the median of the repeats", f"6 timed calls of 4 ms and one of 150 ms: "
+                              f"yours reported {ms:.1f} ms (a mean would say ~25)", "statistics.median(times)")
+        # (f) nor one fast one
+        fn = _CountingFn(lambda i: 1.0 if i == 3 else 9.0)
+        ms = _as_ms(time_it(fn, device, warmup=1, repeats=5), "time_it with one fast call")
+        if ms < 6:
+            raise CheckFailed("reports the median of the repeats", f"4 timed calls of 9 ms and one of 1 ms: yours "
+                              f"reported {ms:.1f} ms (the minimum would say 1)", "statistics.median(times)")
     finally:
         device.close()
-    # (e) a real GPU, when there is one
+    # (g) a real GPU, when there is one
     if torch.cuda.is_available():
-        cuda = torch.device("cuda")
+        cuda = torch.device("cuda", torch.cuda.current_device())
         a = torch.randn(4096, 4096, device=cuda)
         fn = lambda: a @ a  # noqa: E731
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -97,7 +128,7 @@ def check_timer(time_it):
         ms = _as_ms(time_it(fn, cuda, warmup=3, repeats=10), "time_it on a CUDA matmul")
         if not 0.5 * expected <= ms <= 2.0 * expected:
             raise CheckFailed("times CUDA work", f"a 4096x4096 matmul: yours {ms:.3f} ms, CUDA events say {expected:.3f} ms")
-    return "warm-up skipped, device synchronised, median reported, in milliseconds."
+    return "warm-up skipped, device synchronised before and after, median reported, in milliseconds of wall time."
 
 
 # -- 1.2 the data-stall fraction ---------------------------------------------------------------
@@ -122,6 +153,7 @@ def _random_log(rng, n, *, warm_wait=0.0, gap=True):
 
 
 @exercise("1.2", "The data-stall fraction from a step log")
+@forbids("course_utils.timing:_wall_and_wait", "course_utils.timing:StepStats.stall_fraction")
 def check_stall_fraction(stall_fraction):
     expect_callable(stall_fraction, "a function stall_fraction(step_log, skip_first=1) -> float")
     rng, seed = fresh_rng()
@@ -148,12 +180,18 @@ def check_stall_fraction(stall_fraction):
                     "steps are part of the wall time)")
             if skip and math.isclose(float(yours), _reference_stall(log, 0), rel_tol=1e-6):
                 hint = f"the first skip_first={skip} steps are warm-up: leave them out"
+            elif math.isclose(float(yours), 100 * expected, rel_tol=1e-6):
+                hint = "a fraction, between 0 and 1, not a percentage"
             raise CheckFailed("matches the definition", f"{what}: yours {float(yours):.6f}, expected {expected:.6f} "
                               f"(seed {seed})", hint)
     try:
         stall_fraction(_random_log(rng, 3), skip_first=3)
     except ValueError:
         pass
+    except Exception as exc:
+        raise CheckFailed("raises ValueError when no step is left",
+                          f"3 steps with skip_first=3 raised {type(exc).__name__}: {exc}",
+                          "check for an empty list of steps first and raise ValueError yourself") from None
     else:
         raise CheckFailed("raises ValueError when no step is left", "3 steps with skip_first=3 did not raise",
                           "a fraction of nothing is not 0: raise ValueError('no steps left after skipping')")
@@ -171,7 +209,10 @@ def check_diagnose(diagnose):
     for kind in TIMELINE_KINDS:
         for cores in (2, 4, 8, 16, 32):
             for _ in range(2):
-                timeline = synthetic_timeline(kind, cores=cores, seconds=float(rng.uniform(4, 15)), rng=rng)
+                made = synthetic_timeline(kind, cores=cores, seconds=float(rng.uniform(4, 15)), rng=rng)
+                # the same samples, without the label the example carries in its device text
+                timeline = Timeline(t_s=made.t_s, cpu_percent=made.cpu_percent, gpu_util=made.gpu_util,
+                                    device="a recorded device", host=f"{cores} cores", simulated=True)
                 answer = diagnose(timeline)
                 total += 1
                 if not isinstance(answer, str) or answer not in TIMELINE_KINDS:
