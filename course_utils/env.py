@@ -16,7 +16,8 @@ import torch
 
 __all__ = [
     "EnvReport", "env_report", "print_env", "pick_device", "require", "device_label",
-    "has_dali", "has_nvml", "cpu_name", "smoke_mode",
+    "has_dali", "has_nvml", "cpu_name", "smoke_mode", "usable_cores", "local_cuda_index",
+    "course_device_choice",
 ]
 
 
@@ -149,17 +150,59 @@ def print_env() -> EnvReport:
     return report
 
 
+COURSE_DEVICE_CHOICES = "unset/'auto' (a GPU if there is one, else the simulated accelerator), 'sim', 'cpu', 'cuda' or 'cuda:N'"
+
+
+def course_device_choice(prefer: str | None = None) -> str:
+    """What the learner asked for: `prefer`, else env COURSE_DEVICE, else 'auto' (lesson 00)."""
+    choice = (prefer or os.environ.get("COURSE_DEVICE") or "auto").strip().lower()
+    return choice or "auto"
+
+
+def local_cuda_index() -> int:
+    """The CUDA device this process should use: env LOCAL_RANK (one process per GPU under
+    torchrun, lesson 07) when set, else the current device. Indices count the GPUs that
+    CUDA_VISIBLE_DEVICES leaves visible, as torch and DALI number them."""
+    count = torch.cuda.device_count()
+    rank = os.environ.get("LOCAL_RANK")
+    if rank is not None and rank.strip().isdigit():
+        index = int(rank)
+        if index >= count:
+            raise RuntimeError(f"LOCAL_RANK={index}, but only {count} CUDA GPU(s) are visible here "
+                               f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}): "
+                               "start no more processes per node than GPUs")
+        return index
+    return torch.cuda.current_device()
+
+
 def pick_device(prefer: str | None = None) -> torch.device:
-    """The device a lesson runs on: env COURSE_DEVICE or `prefer` if given, else cuda:0 when
-    a GPU is visible, else cpu."""
-    choice = prefer or os.environ.get("COURSE_DEVICE")
-    if choice:
+    """Where a lesson's tensors live: `cuda:N` or `cpu` (lesson 01).
+
+    `prefer`, else env COURSE_DEVICE: unset or 'auto' gives the local GPU when one is visible
+    (LOCAL_RANK under torchrun, else the current device), else the CPU; 'sim' gives the CPU
+    (the simulated accelerator keeps its tensors in host memory); 'cpu'; 'cuda' or 'cuda:N'.
+    `course_utils.target.pick_target()` adds what trains there (a real model or the simulator).
+    """
+    choice = course_device_choice(prefer)
+    if choice in ("auto", "sim"):
+        if choice == "auto" and torch.cuda.is_available():
+            return torch.device("cuda", local_cuda_index())
+        return torch.device("cpu")
+    try:
         device = torch.device(choice)
-        if device.type == "cuda" and not torch.cuda.is_available():
+    except RuntimeError:
+        raise ValueError(f"COURSE_DEVICE/prefer {choice!r} is not a device; use {COURSE_DEVICE_CHOICES}") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
             raise RuntimeError(f"COURSE_DEVICE/prefer asks for {choice!r}, but no CUDA GPU is visible "
                                "to PyTorch here. Unset it to run on the CPU.")
-        return device
-    return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+        index = device.index if device.index is not None else local_cuda_index()
+        if index >= torch.cuda.device_count():
+            raise RuntimeError(f"{choice!r} asks for GPU {index}, but {torch.cuda.device_count()} are visible here")
+        return torch.device("cuda", index)
+    if device.type != "cpu":
+        raise ValueError(f"the course runs on CUDA GPUs or the CPU, not {device.type!r}; use {COURSE_DEVICE_CHOICES}")
+    return device
 
 
 def require(*, gpu: bool = False, gpus: int = 1, dali: bool = False, what: str = "This section") -> bool:

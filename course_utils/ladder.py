@@ -14,8 +14,9 @@ hardware named in the table's title.
 On a CUDA GPU the model is the CIFAR ResNet-18 at full width, in fp32. Without a GPU the device
 is the course's simulated accelerator (`course_utils.sim`; `--step-ms` sets its step time) and
 the table says "simulated". Work a rung does *on the device* (normalising, augmenting) then runs
-as tensor operations on the host, in a background thread, standing in for the GPU's kernels:
-it is done and paid for, not skipped.
+as tensor operations on the host and is charged to the simulated device's time at the speed
+factor its label states (`SimulatedAccelerator.run`), as a GPU stream would run those kernels
+before the step: it is done and paid for, never skipped or overlapped for free.
 
 The rungs are small named functions in `RUNGS`, in order. A later lesson adds its rung by
 writing one more function with `@rung(...)` and appending it to `RUNGS`. A rung that cannot
@@ -40,9 +41,10 @@ from torch.utils.data import DataLoader
 
 from . import data
 from .device_data import AugmentBatch, DeviceLoader, cifar10_on_device, normalize_batch
-from .env import device_label, has_dali, pick_device, usable_cores
+from .env import device_label, has_dali, usable_cores
 from .prefetch import BackgroundLoader, CudaPrefetcher
-from .sim import SimulatedAccelerator, default_sim
+from .sim import SimulatedAccelerator
+from .target import CPU_MODEL_WIDTH, Target, pick_target
 from .train import TrainResult, train
 
 __all__ = ["LadderConfig", "LadderContext", "LadderResult", "RungSkipped", "rung", "RUNGS", "measure_ceiling",
@@ -64,7 +66,7 @@ class LadderConfig:
     batch_size: int = 128
     num_workers: int | None = None
     step_ms: float | None = None
-    model: str = "resnet18"
+    model: str | None = None
     limit: int | None = None
     device: str | None = None
     rungs: list[str] | None = None
@@ -74,6 +76,13 @@ class LadderConfig:
 
     def resolved_workers(self) -> int:
         return self.num_workers if self.num_workers is not None else usable_cores()
+
+    def resolved_model(self, target) -> str | None:
+        """The model trained on a real device: `model`, else the full ResNet-18 on a GPU and a
+        narrow one on the CPU (COURSE_DEVICE=cpu); None beside the simulator."""
+        if target.simulated:
+            return None
+        return self.model or ("resnet18" if target.cuda else f"resnet18-w{CPU_MODEL_WIDTH}")
 
 
 @dataclass
@@ -116,16 +125,18 @@ class LadderContext:
               **train_kwargs) -> TrainResult:
         """Train on `batches` for the configured steps through `course_utils.train.train`.
 
-        `batch_transform(images, labels)` is work for the device. `prefetch=True` copies the next
-        batch ahead: a CUDA side stream on a GPU, a background thread beside the simulator
-        (which also runs `batch_transform` there, standing in for the device's kernels).
-        Other keyword arguments (`amp`, `channels_last`) go to `train()` on a real device.
+        `batch_transform(images, labels)` is work for the device (beside the simulator: charged
+        to it). `prefetch=True` gets the next batch ready ahead: copied on a CUDA side stream on
+        a GPU; beside the simulator, where there is no copy to make, taken from the loader by a
+        background thread. Other keyword arguments (`amp`, `channels_last`) go to `train()` on a
+        real device.
         """
         steps = self.config.resolved_steps()
         if self.simulated:
-            if prefetch or batch_transform is not None:
-                batches = BackgroundLoader(batches, transform=batch_transform)
-            return train(None, batches, device=self.run_on, steps=steps, progress=self.progress, desc=desc)
+            if prefetch:
+                batches = BackgroundLoader(batches)
+            return train(None, batches, device=self.run_on, steps=steps, batch_transform=batch_transform,
+                         progress=self.progress, desc=desc)
         if prefetch:
             batches = CudaPrefetcher(batches, self.device)
         return train(self.model, batches, device=self.device, steps=steps, batch_transform=batch_transform,
@@ -304,25 +315,23 @@ def _select(rungs, names):
 def climb(config: LadderConfig | None = None, rungs=None, *, progress: bool = True, sim=None) -> LadderResult:
     """Measure the ceiling, then every rung, in one run; return the `LadderResult`.
 
-    On CUDA (or `config.device`) the model is `config.model`; otherwise the device is `sim`, or a
-    simulated accelerator with `config.step_ms` per step, or the course's default one.
+    Where is `course_utils.target.pick_target(config.device)`: on a GPU, or on the CPU with
+    COURSE_DEVICE=cpu, the model `config.resolved_model()` trains for real; beside the simulator
+    the device is `sim`, or a simulated accelerator with `config.step_ms` per step, or the
+    course's default one.
     """
     config = config or LadderConfig()
     rungs = _select(rungs if rungs is not None else RUNGS, config.rungs)
-    device = pick_device(config.device)
-    model = None
-    own_sim = False
-    if device.type == "cuda":
+    target = pick_target(config.device, sim=sim)
+    own_sim = target.simulated and sim is None
+    if own_sim and config.step_ms is not None:
+        target.close()
+        target = Target("sim", torch.device("cpu"), SimulatedAccelerator(config.step_ms))
+    device, run_on, model = target.device, target.run_on, None
+    if not target.simulated:
         from .models import build_model
         torch.backends.cudnn.benchmark = True
-        run_on = device
-        model = build_model(config.model).to(device)
-    else:
-        device = torch.device("cpu")
-        if sim is None:
-            sim = default_sim() if config.step_ms is None else SimulatedAccelerator(config.step_ms)
-            own_sim = True
-        run_on = sim
+        model = build_model(config.resolved_model(target)).to(device)
     ctx = LadderContext(config, device, run_on, model, progress=progress)
     try:
         with _intra_op_threads(1 if ctx.simulated else None):
@@ -345,14 +354,14 @@ def climb(config: LadderConfig | None = None, rungs=None, *, progress: bool = Tr
                 rows.append(row)
     finally:
         if own_sim:
-            sim.close()
+            target.close()
     base = next((r for r in rows if r["name"] == "baseline"), None)
     for row in rows:
         if not row.get("skipped"):
             row["speedup_over_baseline"] = round(row["samples_per_s"] / base["samples_per_s"], 3) if base else None
     cfg = asdict(config)
     cfg.update(steps=config.resolved_steps(), num_workers=config.resolved_workers(),
-               model=config.model if ctx.cuda else None,
+               model=config.resolved_model(target),
                step_ms=ctx.run_on.step_time_ms(config.batch_size) if ctx.simulated else None)
     return LadderResult(ctx.label, ctx.simulated, cfg, ceiling.as_row(), rows,
                         host=device_label(torch.device("cpu")),
@@ -372,9 +381,11 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, help="training steps per rung (default 200, or 30 with --smoke)")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--num-workers", type=int, help="DataLoader workers (default: the usable cores)")
-    parser.add_argument("--model", default="resnet18", help="GPU only: resnet18 (default), resnet18-w16 or tiny")
+    parser.add_argument("--model", help="real devices only: resnet18 (default on a GPU), resnet18-wN (width N; "
+                        f"resnet18-w{CPU_MODEL_WIDTH} is the default with COURSE_DEVICE=cpu) or tiny")
     parser.add_argument("--limit", type=int, help="use only the first LIMIT training records")
-    parser.add_argument("--device", help="cuda, cuda:1, ... (default: a GPU if there is one)")
+    parser.add_argument("--device", help="cuda, cuda:1, cpu (the real model on the CPU) or sim (default: env "
+                        "COURSE_DEVICE, else a GPU if there is one, else the simulated device)")
     parser.add_argument("--rungs", help="comma-separated rung names to climb (default: all)")
     args = parser.parse_args(argv)
     config = LadderConfig(smoke=args.smoke, steps=args.steps, batch_size=args.batch_size, num_workers=args.num_workers,

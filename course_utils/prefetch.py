@@ -6,7 +6,8 @@
   *next* batch to the GPU on a side stream while the current one trains; the consumer's stream
   waits for the copy (`wait_stream`) before using it, and `record_stream` tells the caching
   allocator the tensors are used on the consumer's stream, so their memory is not handed out
-  again while that stream may still read it. On any other device it passes the batches through.
+  again while that stream may still read it. On the CPU the same code runs with stand-in
+  streams (`course_utils.accel`); beside the simulator the batches pass through.
 - `BackgroundLoader(loader, max_prefetch=2)`: like prefetch_generator's `BackgroundGenerator`:
   a thread pulls batches from `loader` into a small queue, so loading the next batch overlaps
   with the main thread waiting for the device. Optionally pins each batch, or applies a
@@ -22,6 +23,8 @@ import threading
 import time
 
 import torch
+
+from .accel import current_stream, new_stream, pin, pinning_helps, record_stream, use_stream
 
 __all__ = ["to_device", "CudaPrefetcher", "BackgroundLoader"]
 
@@ -43,18 +46,6 @@ def to_device(batch, device, non_blocking: bool = True):
     return batch
 
 
-def _record_stream(batch, stream) -> None:
-    if isinstance(batch, torch.Tensor):
-        if batch.is_cuda:
-            batch.record_stream(stream)
-    elif isinstance(batch, (list, tuple)):
-        for b in batch:
-            _record_stream(b, stream)
-    elif isinstance(batch, dict):
-        for b in batch.values():
-            _record_stream(b, stream)
-
-
 _END = object()
 
 
@@ -65,9 +56,9 @@ class CudaPrefetcher:
             ...
 
     For the copy to overlap, the loader's tensors must be in pinned memory
-    (`DataLoader(..., pin_memory=True)`). On a device that is not CUDA (the CPU, the simulated
-    accelerator) the batches pass through unchanged, moved with `.to(device)` where possible.
-    `stream` is the side stream (None until the first CUDA pass starts).
+    (`DataLoader(..., pin_memory=True)`). On the CPU the same code runs with `course_utils.accel`'s
+    stand-ins for streams (COURSE_DEVICE=cpu exercises it); beside the simulated accelerator the
+    batches pass through unchanged. `stream` is the side stream (None until the first pass starts).
     """
 
     def __init__(self, loader, device):
@@ -79,12 +70,11 @@ class CudaPrefetcher:
         return len(self.loader)
 
     def __iter__(self):
-        if self.device.type != "cuda":
-            for batch in self.loader:
-                yield batch if self.device.type == "sim" else to_device(batch, self.device)
+        if self.device.type == "sim":          # the simulator shares host memory: nothing to copy
+            yield from self.loader
             return
         if self.stream is None:
-            self.stream = torch.cuda.Stream(device=self.device)
+            self.stream = new_stream(self.device)  # a CUDA stream; on the CPU a HostStream stand-in
         stream = self.stream
         batches = iter(self.loader)
 
@@ -93,15 +83,15 @@ class CudaPrefetcher:
                 batch = next(batches)
             except StopIteration:
                 return _END
-            with torch.cuda.stream(stream):           # the copy is queued on the side stream
+            with use_stream(stream):                   # the copy is queued on the side stream
                 return to_device(batch, self.device, non_blocking=True)
 
         upcoming = preload()
         while upcoming is not _END:
-            consumer = torch.cuda.current_stream(self.device)
+            consumer = current_stream(self.device)
             consumer.wait_stream(stream)               # the consumer waits for the copy to finish
             batch = upcoming
-            _record_stream(batch, consumer)            # memory stays reserved while the consumer uses it
+            record_stream(batch, consumer)             # memory stays reserved while the consumer uses it
             upcoming = preload()                       # start copying the next batch now
             yield batch
 
@@ -135,7 +125,7 @@ class BackgroundLoader:
             raise ValueError("max_prefetch must be >= 1")
         self.loader = loader
         self.max_prefetch = int(max_prefetch)
-        self.pin_memory = bool(pin_memory) and torch.cuda.is_available()
+        self.pin_memory = bool(pin_memory) and pinning_helps()
         self.transform = transform
 
     def __len__(self) -> int:
@@ -178,7 +168,7 @@ class BackgroundLoader:
                 if stop.is_set():
                     return
                 if self.pin_memory:
-                    batch = _pin(batch)
+                    batch = pin(batch)
                 if self.transform is not None:
                     batch = self.transform(*batch) if isinstance(batch, (tuple, list)) else self.transform(batch)
                 if not put(batch):
@@ -194,13 +184,3 @@ class BackgroundLoader:
 
     def __repr__(self) -> str:
         return f"BackgroundLoader({self.loader!r}, max_prefetch={self.max_prefetch})"
-
-
-def _pin(batch):
-    if isinstance(batch, torch.Tensor):
-        return batch.pin_memory()
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_pin(b) for b in batch)
-    if isinstance(batch, dict):
-        return {k: _pin(v) for k, v in batch.items()}
-    return batch

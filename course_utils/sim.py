@@ -7,6 +7,14 @@ queue to drain. `SimulatedAccelerator` reproduces exactly that behaviour with a 
 through it (sleeping releases the GIL, so DataLoader workers and the main thread keep running
 as they would beside a GPU), and `synchronize()` waits. It computes nothing.
 
+Work a real GPU would do *on the device* besides the model step (normalising or augmenting a
+batch there, lesson 03) goes through `run(fn, ...)`: it is computed on the host, so its results
+are real, and its host time divided by `device_speedup` (how many times faster than one CPU core
+the simulated device is at such tensor work; 10 by default, stated in the label) is queued on
+the device, in order, as a GPU stream would run those kernels before the step. It is charged,
+never overlapped for free. Host-to-device copies are not charged (the simulated device shares
+host memory).
+
 Everything measured with it is a *simulation* of a device of that speed: its `label` says so,
 and every figure built from it must carry that label.
 """
@@ -18,13 +26,18 @@ from collections import deque
 
 import torch
 
-__all__ = ["SimulatedAccelerator", "SimEvent", "default_sim", "DEFAULT_STEP_MS", "DEFAULT_PER_SAMPLE_MS"]
+__all__ = ["SimulatedAccelerator", "SimEvent", "default_sim", "DEFAULT_STEP_MS", "DEFAULT_PER_SAMPLE_MS",
+           "DEFAULT_DEVICE_SPEEDUP"]
 
 # The course's stand-in GPU: a step of 128 samples takes 1 + 128 * 0.05 = 7.4 ms (about 17,000
 # samples/s). That is a made-up device, chosen so that, as beside a real GPU, the course's
 # baseline input pipeline on a small CPU cannot keep up with it, while a good pipeline can.
 DEFAULT_STEP_MS = 1.0
 DEFAULT_PER_SAMPLE_MS = 0.05
+# Batched tensor work (crop, flip, normalise a batch) on the simulated device costs its host time
+# divided by this. A real GPU does such a batch in tens of microseconds, launch-bound,
+# which is more than 10x faster than one CPU core: 10 is on the side of charging too much.
+DEFAULT_DEVICE_SPEEDUP = 10.0
 
 
 class SimEvent:
@@ -57,9 +70,14 @@ class SimulatedAccelerator:
 
     type = "sim"
 
-    def __init__(self, step_ms: float = 20.0, *, per_sample_ms: float = 0.0, max_queued: int = 32):
+    def __init__(self, step_ms: float = 20.0, *, per_sample_ms: float = 0.0, max_queued: int = 32,
+                 device_speedup: float = DEFAULT_DEVICE_SPEEDUP):
         if step_ms < 0 or per_sample_ms < 0:
             raise ValueError("step_ms and per_sample_ms must be >= 0")
+        if not device_speedup > 0:
+            raise ValueError("device_speedup must be > 0")
+        self.device_speedup = float(device_speedup)
+        self.charged_ms = 0.0        # device time charged by run() so far
         if max_queued < 1:
             raise ValueError("max_queued must be >= 1")
         self.step_ms = float(step_ms)
@@ -78,7 +96,8 @@ class SimulatedAccelerator:
     @property
     def label(self) -> str:
         per = f" + {self.per_sample_ms:g} ms/sample" if self.per_sample_ms else ""
-        return f"simulated accelerator ({self.step_ms:g} ms/step{per}; host {_host()})"
+        return (f"simulated accelerator ({self.step_ms:g} ms/step{per}; on-device tensor work charged at "
+                f"1/{self.device_speedup:g} of its host time; host {_host()})")
 
     def step_time_ms(self, batch_size: int = 0) -> float:
         """Device time one step of `batch_size` samples costs."""
@@ -89,6 +108,17 @@ class SimulatedAccelerator:
         n = _batch_size(batch)
         self.launch(self.step_time_ms(n))
         self.steps_run += 1
+
+    def run(self, fn, *args, **kwargs):
+        """Device-side tensor work: compute `fn(*args, **kwargs)` now (on the host, so the result is
+        real) and queue its host time / `device_speedup` on the device, before whatever is launched
+        next, as a GPU stream would run those kernels. Returns what `fn` returns."""
+        t0 = time.perf_counter()
+        result = fn(*args, **kwargs)
+        ms = (time.perf_counter() - t0) * 1e3 / self.device_speedup
+        self.charged_ms += ms
+        self.launch(ms)
+        return result
 
     def launch(self, ms: float) -> None:
         """Queue `ms` of device work; blocks only while `max_queued` items are already waiting."""
@@ -122,7 +152,8 @@ class SimulatedAccelerator:
             self._cv.notify_all()
 
     def __repr__(self) -> str:
-        return f"SimulatedAccelerator(step_ms={self.step_ms:g}, per_sample_ms={self.per_sample_ms:g})"
+        return (f"SimulatedAccelerator(step_ms={self.step_ms:g}, per_sample_ms={self.per_sample_ms:g}, "
+                f"device_speedup={self.device_speedup:g})")
 
     # -- the device thread ---------------------------------------------------------------
     def _device_loop(self) -> None:

@@ -7,7 +7,8 @@ the stream, and (3) reports the median of several repeats, which one slow outlie
 
 - `synchronize(device)`: wait for a CUDA GPU or the simulated accelerator; nothing on a CPU.
 - `benchmark(fn, device=...)`: warm-up + median of repeats -> `BenchResult`.
-- `StepTimer`: splits each training step into data-wait and compute -> `StepStats`.
+- `StepTimer`: splits each training step into data-wait and the step itself, without a
+  synchronisation per step (device events instead; one synchronisation at the end) -> `StepStats`.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["synchronize", "benchmark", "BenchResult", "StepTimer", "StepStats", "stall_fraction"]
+__all__ = ["synchronize", "benchmark", "BenchResult", "StepTimer", "StepStats"]
 
 
 def synchronize(device=None) -> None:
@@ -80,10 +81,11 @@ def benchmark(fn, *, device=None, warmup: int = 3, repeats: int = 10, name: str 
     times = []
     for _ in range(repeats):
         if is_cuda and cuda_events:
+            stream = torch.cuda.current_stream(torch.device(device))
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
+            start.record(stream)
             fn()
-            end.record()
+            end.record(stream)
             end.synchronize()
             times.append(start.elapsed_time(end))
         else:
@@ -96,22 +98,37 @@ def benchmark(fn, *, device=None, warmup: int = 3, repeats: int = 10, name: str 
     return BenchResult(name or getattr(fn, "__name__", "fn"), times, warmup, label)
 
 
-def stall_fraction(data_wait_ms, compute_ms) -> float:
-    """Share of wall time the training loop spent waiting for data: sum(wait) / sum(wait + compute)."""
-    wait, comp = float(sum(data_wait_ms)), float(sum(compute_ms))
-    total = wait + comp
-    return wait / total if total > 0 else 0.0
+def _wall_and_wait(step_log) -> tuple[float, float]:
+    """(wall seconds, seconds waiting for data) of a StepTimer log: the wall time runs from the
+    first entry's fetch_start to the last entry's step_end."""
+    if not step_log:
+        return 0.0, 0.0
+    wall = step_log[-1]["step_end"] - step_log[0]["fetch_start"]
+    wait = sum(e["fetch_end"] - e["fetch_start"] for e in step_log)
+    return wall, wait
 
 
 @dataclass
 class StepStats:
-    """What a `StepTimer` measured over the timed steps (warm-up steps excluded)."""
+    """What a `StepTimer` measured over the counted steps (warm-up steps excluded).
+
+    total_s: wall time from the first counted step asking for its batch to the last step's end
+    (after the loop's one final synchronisation), so `samples_per_s` is what the run achieved.
+    data_wait_ms: per step, how long `next(loader)` blocked. compute_ms: per step, host time in
+    the step's body (launching work, or blocked because the device's queue is full).
+    device_ms: per step, the step's span on the device's own timeline, from an event recorded
+    when the step began to one recorded when it ended (None if unknown). Gaps inside the step
+    where the device waited for the host (launches; beside the simulator, the host computing
+    device-side work) are included, so it is an upper bound on the device's work.
+    """
     steps: int
     samples: int
     total_s: float
     data_wait_ms: list[float] = field(repr=False)
     compute_ms: list[float] = field(repr=False)
     device: str = ""
+    device_ms: list[float] | None = field(default=None, repr=False)
+    synced_every_step: bool = False
 
     @property
     def samples_per_s(self) -> float:
@@ -119,7 +136,8 @@ class StepStats:
 
     @property
     def step_time_ms(self) -> float:
-        return statistics.median([w + c for w, c in zip(self.data_wait_ms, self.compute_ms)]) if self.steps else 0.0
+        """Wall time per step: the whole run's time divided by its steps."""
+        return self.total_s * 1e3 / self.steps if self.steps else 0.0
 
     @property
     def data_wait_median_ms(self) -> float:
@@ -130,51 +148,90 @@ class StepStats:
         return statistics.median(self.compute_ms) if self.steps else 0.0
 
     @property
+    def device_median_ms(self) -> float | None:
+        return statistics.median(self.device_ms) if self.device_ms else None
+
+    @property
     def stall_fraction(self) -> float:
-        return stall_fraction(self.data_wait_ms, self.compute_ms)
+        """Share of the wall time the loop spent waiting for data: sum of the waits / wall time
+        (the definition of exercise 1.2, on the same log)."""
+        return min(1.0, sum(self.data_wait_ms) / 1e3 / self.total_s) if self.total_s > 0 else 0.0
+
+    @property
+    def device_busy_fraction(self) -> float | None:
+        """Share of the wall time covered by the steps' spans on the device (`device_ms`): close to
+        the utilisation `nvidia-smi` shows; an upper bound where the host leaves gaps inside steps."""
+        if not self.device_ms or self.total_s <= 0:
+            return None
+        return min(1.0, sum(self.device_ms) / 1e3 / self.total_s)
 
     def as_row(self) -> dict:
+        busy = self.device_busy_fraction
         return {"steps": self.steps, "samples_per_s": round(self.samples_per_s, 1),
                 "step_time_ms": round(self.step_time_ms, 2),
                 "data_wait_ms": round(self.data_wait_median_ms, 2),
                 "compute_ms": round(self.compute_median_ms, 2),
-                "stall_fraction": round(self.stall_fraction, 3), "device": self.device}
+                "device_ms": round(self.device_median_ms, 2) if self.device_ms else None,
+                "stall_fraction": round(self.stall_fraction, 3),
+                "device_busy_fraction": round(busy, 3) if busy is not None else None,
+                "synced_every_step": self.synced_every_step, "device": self.device}
 
     def __str__(self) -> str:
+        dev = f" (device {self.device_median_ms:.2f} ms)" if self.device_ms else ""
+        sync = "; synchronised every step" if self.synced_every_step else ""
         return (f"{self.samples_per_s:,.0f} samples/s over {self.steps} steps; per step (median) "
-                f"data-wait {self.data_wait_median_ms:.2f} ms + compute {self.compute_median_ms:.2f} ms; "
-                f"stalled on data {self.stall_fraction:.0%} of the time [{self.device}]")
+                f"data-wait {self.data_wait_median_ms:.2f} ms + step {self.compute_median_ms:.2f} ms{dev}; "
+                f"stalled on data {self.stall_fraction:.0%} of the wall time{sync} [{self.device}]")
 
 
 class StepTimer:
-    """Split every training step into *data wait* (blocked in `next(loader)`) and *compute*.
+    """Split every training step into *data wait* (blocked in `next(loader)`) and the step itself.
 
         timer = StepTimer(device)
         for images, labels in timer.wrap(loader):
             with timer.compute():
                 ...forward, backward, step...
+        timer.finish()                  # one synchronisation, at the end
         print(timer.stats())
 
-    `compute()` synchronises the device when it ends (`sync=True`), so the compute time is the
-    device's work, not the launch. The first `skip_first` steps are warm-up and not counted.
+    The device is NOT synchronised after every step (`sync=False`): that would make the host
+    wait for each step before loading the next batch, the very stall lesson 05 warns about.
+    Instead the host runs ahead as far as the device's queue lets it, `finish()` synchronises
+    once, and the wall time from the first counted step to that moment gives samples/s (the
+    device is also synchronised once when the warm-up steps are done, so their queued work is
+    not counted).
+    Device events (`course_utils.accel.Event`) around each step give the device's own time per
+    step without a synchronisation. `sync=True` synchronises at the end of every step instead
+    (the old, stalling way; lesson 05 measures what it costs).
+
+    `log`: one dict per step with the `time.perf_counter()` seconds at which the loop asked for
+    the batch (`fetch_start`), got it (`fetch_end`) and was done with the step (`step_end`; for
+    the last step, after `finish()`'s synchronisation). The first `skip_first` steps are warm-up
+    and not counted.
     """
 
-    def __init__(self, device=None, *, skip_first: int = 1, sync: bool = True):
+    def __init__(self, device=None, *, skip_first: int = 1, sync: bool = False, device_events: bool = True):
         self.device = device
         self.skip_first = skip_first
         self.sync = sync
+        self.device_events = device_events and device is not None
         self.data_wait_ms: list[float] = []
         self.compute_ms: list[float] = []
         self.batch_sizes: list[int] = []
-        self.log: list[dict] = []   # per step: fetch_start, fetch_end, step_end (perf_counter seconds)
+        self.log: list[dict] = []
+        self._events: list = []
         self._pending_fetch = None
-        self._pending_wait = None
         self._pending_size = 0
+        self._finished = False
 
     def wrap(self, iterable):
         """Yield from `iterable`, timing how long each `next()` blocks."""
         iterator = iter(iterable)
         while True:
+            if self.skip_first and len(self.log) == self.skip_first and not self.sync:
+                # warm-up is over: let the device finish it, so the counted steps start with an
+                # empty queue and the wall time holds their work and no warm-up step's
+                synchronize(self.device)
             t0 = time.perf_counter()
             try:
                 batch = next(iterator)
@@ -182,33 +239,56 @@ class StepTimer:
                 return
             t1 = time.perf_counter()
             self._pending_fetch = (t0, t1)
-            self._pending_wait = (t1 - t0) * 1e3
             self._pending_size = _batch_len(batch)
             yield batch
 
     @contextmanager
     def compute(self):
-        """Time the body (the step's compute), synchronising the device at the end."""
+        """Time the body (the step), recording device events around it."""
+        from .accel import Event
+
+        self._finished = False
         t0 = time.perf_counter()
+        start = Event(self.device).record() if self.device_events else None
         yield
+        if start is not None:
+            self._events.append((start, Event(self.device).record()))
         if self.sync:
             synchronize(self.device)
         t1 = time.perf_counter()
-        self.compute_ms.append((t1 - t0) * 1e3)
         fetch_start, fetch_end = self._pending_fetch or (t0, t0)
+        self.compute_ms.append((t1 - t0) * 1e3)
+        self.data_wait_ms.append((fetch_end - fetch_start) * 1e3)
         self.log.append({"fetch_start": fetch_start, "fetch_end": fetch_end, "step_end": t1})
-        self._pending_fetch = None
-        self.data_wait_ms.append(self._pending_wait if self._pending_wait is not None else 0.0)
         self.batch_sizes.append(self._pending_size)
-        self._pending_wait = None
+        self._pending_fetch = None
+
+    def finish(self) -> None:
+        """Synchronise once: the last step ends when the device has finished all queued work."""
+        if self._finished:
+            return
+        synchronize(self.device)
+        if self.log:
+            now = time.perf_counter()
+            tail = max(0.0, now - self.log[-1]["step_end"])
+            self.log[-1]["step_end"] += tail
+            self.compute_ms[-1] += tail * 1e3
+        self._finished = True
 
     def stats(self) -> StepStats:
+        """The counted steps' statistics (calls `finish()` first if the loop did not)."""
         from .env import device_label
+
+        self.finish()
         k = min(self.skip_first, max(len(self.compute_ms) - 1, 0))
-        waits, comps, sizes = self.data_wait_ms[k:], self.compute_ms[k:], self.batch_sizes[k:]
-        total_s = (sum(waits) + sum(comps)) / 1e3
+        counted = self.log[k:]
+        wall, _ = _wall_and_wait(counted)
+        device_ms = None
+        if self._events and len(self._events) == len(self.log):
+            device_ms = [a.elapsed_ms(b) for a, b in self._events[k:]]
         label = device_label(self.device) if self.device is not None else "CPU"
-        return StepStats(len(comps), sum(sizes), total_s, waits, comps, label)
+        return StepStats(len(counted), sum(self.batch_sizes[k:]), wall, self.data_wait_ms[k:], self.compute_ms[k:],
+                         label, device_ms, self.sync)
 
 
 def _batch_len(batch) -> int:

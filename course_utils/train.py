@@ -10,9 +10,12 @@
   uint8, or augmenting whole batches (lesson 03).
 - `amp`: None (fp32), "fp16" (with a GradScaler) or "bf16" (lesson 05); `channels_last`.
 - `device` may be a `SimulatedAccelerator`: then each step is the simulated device's step
-  and no model runs (the figures are labelled simulated).
-- Every step is timed by a `StepTimer` (data-wait vs compute). Losses are kept as device
-  tensors and read once at the end, so logging never forces a synchronisation per step.
+  and no model runs (the figures are labelled simulated); a `batch_transform` is computed and
+  charged to the simulated device (`SimulatedAccelerator.run`), as a GPU would run it.
+- Every step is timed by a `StepTimer` (data-wait vs the step), which does not synchronise
+  per step: the host runs ahead as far as the device's queue allows, and the loop synchronises
+  once at the end. Losses are kept as device tensors and read once at the end, so logging
+  never forces a synchronisation per step either.
 """
 from __future__ import annotations
 
@@ -79,6 +82,8 @@ def train(model: nn.Module | None, loader, *, device, steps: int | None = None, 
             for images, labels in timer.wrap(loader):
                 with timer.compute():
                     if sim:
+                        if batch_transform is not None:   # device-side work: charged to the simulated device
+                            images, labels = device.run(batch_transform, images, labels)
                         device.step(images)
                     else:
                         loss = _step(model, images, labels, device, optimizer, loss_fn, amp_dtype,
@@ -95,6 +100,7 @@ def train(model: nn.Module | None, loader, *, device, steps: int | None = None, 
                 raise RuntimeError("the loader yielded no batches")
             if done == done_before:
                 break  # a one-shot iterator ran out before `steps`: stop with what it gave
+        timer.finish()       # the loop's one synchronisation: the device finishes the queued steps
     finally:
         if bar is not None:
             bar.close()
@@ -128,17 +134,17 @@ def evaluate(model: nn.Module, loader, *, device, batch_transform=None, max_batc
     """Top-1 accuracy of `model` over `loader` (at most `max_batches` batches)."""
     device = torch.device(device)
     model.eval()
-    correct = seen = 0
+    correct, seen = torch.zeros((), dtype=torch.long, device=device), 0
     for i, (images, labels) in enumerate(loader):
         if max_batches is not None and i >= max_batches:
             break
-        images, labels = images.to(device), labels.to(device)
+        images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
         if batch_transform is not None:
             images, labels = batch_transform(images, labels)
-        correct += (model(images).argmax(1) == labels).sum().item()
+        correct += (model(images).argmax(1) == labels).sum()     # counted on the device: no sync per batch
         seen += len(labels)
     model.train()
-    return correct / max(seen, 1)
+    return int(correct) / max(seen, 1)
 
 
 def _safe_len(loader, epochs: int):

@@ -49,3 +49,25 @@ def test_device_label_names_the_hardware():
         assert "simulated" in env.device_label(sim)
     finally:
         sim.close()
+
+
+def test_pick_device_modes(monkeypatch):
+    monkeypatch.setenv("COURSE_DEVICE", "sim")
+    assert env.pick_device() == torch.device("cpu")      # the simulator keeps tensors in host memory
+    monkeypatch.setenv("COURSE_DEVICE", "cpu")
+    assert env.pick_device() == torch.device("cpu")
+    monkeypatch.setenv("COURSE_DEVICE", "bogus:device")
+    with pytest.raises(ValueError, match="use unset"):
+        env.pick_device()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_local_rank_chooses_the_gpu(monkeypatch):
+    monkeypatch.delenv("COURSE_DEVICE", raising=False)
+    last = torch.cuda.device_count() - 1
+    monkeypatch.setenv("LOCAL_RANK", str(last))
+    assert env.pick_device() == torch.device("cuda", last)
+    monkeypatch.setenv("LOCAL_RANK", str(last + 1))
+    with pytest.raises(RuntimeError, match="LOCAL_RANK"):
+        env.pick_device()

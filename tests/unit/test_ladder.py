@@ -54,3 +54,14 @@ def test_selected_rungs_only(tmp_path):
     assert [r["name"] for r in result.rungs] == ["device-resident"]
     assert result.rungs[0]["speedup_over_baseline"] is None          # no baseline climbed
     assert "device-resident" in result.table()
+
+
+def test_course_device_cpu_climbs_with_the_real_narrow_model():
+    result = ladder.climb(ladder.LadderConfig(steps=3, limit=256, batch_size=16, num_workers=1, device="cpu",
+                                              rungs=["baseline", "prefetcher", "device-resident",
+                                                     "device-resident + bf16"]), progress=False)
+    assert result.simulated is False and "simulated" not in result.device
+    assert result.config["model"] == "resnet18-w8"
+    assert [r["name"] for r in result.rungs if not r.get("skipped")] == [
+        "baseline", "prefetcher", "device-resident", "device-resident + bf16"]
+    assert all(r["samples_per_s"] > 0 for r in result.rungs)

@@ -38,7 +38,8 @@ def test_measure_loader_counts_timed_steps_only(sim):
     batches = [(torch.zeros(8, 3, 4, 4), torch.zeros(8, dtype=torch.long))] * 5
     stats = measure_loader(batches, sim, 7, warmup=2)     # 9 steps: the 5-batch list is iterated twice
     assert stats.steps == 7 and stats.samples == 7 * 8
-    assert stats.compute_median_ms == pytest.approx(10.0, abs=4.0)   # the fixture's 10 ms device step
+    assert stats.device_median_ms == pytest.approx(10.0, abs=4.0)    # the fixture's 10 ms device step
+    assert stats.step_time_ms == pytest.approx(10.0, abs=4.0)      # device-bound: wall per step = the step
     assert "simulated" in stats.device
     assert stats.samples_per_s == pytest.approx(8 / 0.010, rel=0.4)
 

@@ -3,7 +3,7 @@ import time
 import pytest
 import torch
 
-from course_utils.timing import StepTimer, benchmark, stall_fraction, synchronize
+from course_utils.timing import StepTimer, benchmark, synchronize
 
 
 def test_benchmark_synchronises_asynchronous_work(sim):
@@ -40,22 +40,75 @@ def slow_batches(n, wait_s):
         yield torch.zeros(4, 3), torch.zeros(4)
 
 
-def test_step_timer_splits_data_wait_from_compute(sim):
+def _log_stall_fraction(log, skip_first):
+    """Exercise 1.2's definition, written out: waits / wall time of the counted entries."""
+    steps = log[skip_first:]
+    return sum(e["fetch_end"] - e["fetch_start"] for e in steps) / (steps[-1]["step_end"] - steps[0]["fetch_start"])
+
+
+def test_step_timer_does_not_synchronise_every_step(sim):
+    # loading takes 20 ms, the device step 10 ms: without a sync per step the device works
+    # while the host waits for the next batch, so the loop is stalled on data nearly all the
+    # time and the device is busy about half of it
     timer = StepTimer(sim, skip_first=1)
-    for batch in timer.wrap(slow_batches(6, 0.02)):
+    for batch in timer.wrap(slow_batches(7, 0.02)):
         with timer.compute():
             sim.step()
+    timer.finish()
     stats = timer.stats()
-    assert stats.steps == 5 and stats.samples == 20
+    assert stats.steps == 6 and stats.samples == 24 and not stats.synced_every_step
     assert 18 <= stats.data_wait_median_ms <= 30
-    assert 9.5 <= stats.compute_median_ms <= 16
-    assert 0.5 <= stats.stall_fraction <= 0.75
-    assert len(timer.log) == 6
+    assert stats.compute_median_ms < 5, "launching a step must not wait for the device"
+    assert 9.5 <= stats.device_median_ms <= 16, "device events measure the device's own time"
+    assert 0.85 <= stats.stall_fraction <= 1.0
+    assert 0.3 <= stats.device_busy_fraction <= 0.65
+    assert stats.stall_fraction == pytest.approx(_log_stall_fraction(timer.log, 1), rel=1e-9)
+    assert stats.total_s == pytest.approx(timer.log[-1]["step_end"] - timer.log[1]["fetch_start"])
     first = timer.log[1]
     assert first["fetch_start"] <= first["fetch_end"] <= first["step_end"]
     assert stats.samples_per_s > 0 and "simulated" in str(stats)
 
 
-def test_stall_fraction():
-    assert stall_fraction([1, 1], [3, 3]) == pytest.approx(0.25)
-    assert stall_fraction([], []) == 0.0
+def test_sync_every_step_makes_the_host_wait(sim):
+    timer = StepTimer(sim, skip_first=1, sync=True)
+    for batch in timer.wrap(slow_batches(6, 0.02)):
+        with timer.compute():
+            sim.step()
+    stats = timer.stats()
+    assert stats.synced_every_step and 9.5 <= stats.compute_median_ms <= 16
+    assert 0.5 <= stats.stall_fraction <= 0.75
+    assert stats.stall_fraction == pytest.approx(_log_stall_fraction(timer.log, 1), rel=1e-9)
+
+
+def test_a_device_bound_loop_is_timed_by_the_device(sim):
+    # batches are free, the device takes 10 ms a step: the host runs ahead, the queue fills,
+    # and the final synchronisation makes the wall time the device's time
+    timer = StepTimer(sim, skip_first=2)
+    batches = [(torch.zeros(4, 3), torch.zeros(4))] * 12
+    for batch in timer.wrap(batches):
+        with timer.compute():
+            sim.step(batch)
+    stats = timer.stats()
+    assert stats.steps == 10
+    assert 95 <= stats.total_s * 1e3 <= 140, "the warm-up's queued work must not be counted, the last step's must"
+    assert stats.stall_fraction < 0.05 and stats.device_busy_fraction > 0.75
+
+
+def test_stats_without_finish_finishes_once(sim):
+    timer = StepTimer(sim, skip_first=0)
+    for batch in timer.wrap([(torch.zeros(2), torch.zeros(2))] * 3):
+        with timer.compute():
+            sim.step()
+    a = timer.stats()
+    b = timer.stats()
+    assert a.total_s == b.total_s >= 0.029
+
+
+def test_a_timer_on_the_cpu_measures_the_body():
+    timer = StepTimer("cpu", skip_first=0)
+    for batch in timer.wrap([(torch.zeros(2), torch.zeros(2))] * 3):
+        with timer.compute():
+            time.sleep(0.01)
+    stats = timer.stats()
+    assert all(9 <= d <= 40 for d in stats.device_ms)
+    assert 0.5 <= stats.device_busy_fraction <= 1.0 and stats.stall_fraction < 0.1

@@ -1,4 +1,5 @@
 import itertools
+import time
 
 import pytest
 import torch
@@ -51,8 +52,34 @@ def test_train_with_the_simulated_device_needs_no_model(sim):
     x, y = torch.zeros(32, 3, 32, 32), torch.zeros(32, dtype=torch.long)
     result = train(None, itertools.repeat((x, y)), device=sim, steps=6, progress=False)
     assert result.steps == 6 and result.losses == []
-    assert 9.5 <= result.stats.compute_median_ms <= 16
+    assert 9.5 <= result.stats.device_median_ms <= 16
+    assert 0.045 <= result.stats.total_s <= 0.08, "5 counted steps of 10 ms, synchronised once at the end"
     assert sim.steps_run == 6
+
+
+def test_on_the_simulator_a_batch_transform_is_computed_and_charged_to_the_device(sim):
+    seen = []
+
+    def slow_transform(images, labels):
+        time.sleep(0.02)                     # 20 ms of host time -> 2 ms on the simulated device
+        seen.append(images.dtype)
+        return images.float() / 255, labels
+
+    x, y = torch.zeros(8, 3, 32, 32, dtype=torch.uint8), torch.zeros(8, dtype=torch.long)
+    busy_before = sim.busy_seconds()
+    train(None, itertools.repeat((x, y)), device=sim, steps=4, batch_transform=slow_transform, progress=False)
+    assert seen == [torch.uint8] * 4
+    assert sim.charged_ms == pytest.approx(4 * 2.0, rel=0.5)
+    busy_ms = (sim.busy_seconds() - busy_before) * 1e3
+    assert 4 * 10 + 4 <= busy_ms <= 4 * 10 + 20, "the charged work adds to the device's busy time"
+
+
+def test_train_finishes_with_one_synchronisation(sim):
+    x, y = torch.zeros(8, 3, 32, 32), torch.zeros(8, dtype=torch.long)
+    train(None, itertools.repeat((x, y)), device=sim, steps=5, progress=False)
+    t0 = time.perf_counter()
+    sim.synchronize()
+    assert time.perf_counter() - t0 < 0.005, "train() returns only when the device has finished"
 
 
 def test_train_errors_are_sentences():
