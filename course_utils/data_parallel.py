@@ -9,8 +9,11 @@
   presents the simulated accelerator's interface (`type == "sim"`, `step`, `run`,
   `record_event`, `synchronize`, `busy_seconds`, `label`), so the course's one training loop
   (`course_utils.train.train`) drives it unchanged.
+- `ChargedPrefetch(loader, transform, dp)`: device-side augmentation computed one batch ahead
+  on another core and charged to device 0 when the batch is used.
 - `measure_dp_costs(model, sample)`: the `StageCosts` of this model: bytes measured on the real
-  model and batch, moved at a stated link bandwidth; host work timed on this CPU.
+  model and batch (`dp_sizes`), moved at a stated link bandwidth (`costs_from_sizes`); host work
+  timed on this CPU.
 - `StageClock`: time the stages of a step by name, waiting for every device before reading the
   clock (a by-hand DataParallel step in the lesson uses it).
 - `PerDeviceMonitor`: utilisation of every device over time (NVML on GPUs, busy time of the
@@ -35,14 +38,15 @@ from dataclasses import dataclass
 import torch
 
 from .scaling import StageCosts, dp_chunk_sizes
-from .sim import DEFAULT_PER_SAMPLE_MS, DEFAULT_STEP_MS, SimEvent, _batch_size, _sleep_precise
+from .sim import DEFAULT_DEVICE_SPEEDUP, DEFAULT_PER_SAMPLE_MS, DEFAULT_STEP_MS, SimEvent, _batch_size, _sleep_precise
 
-__all__ = ["SimulatedDataParallel", "StageInterval", "HostWork", "measure_dp_costs", "StageClock",
+__all__ = ["SimulatedDataParallel", "StageInterval", "ChargedPrefetch", "HostWork", "DPSizes", "dp_sizes",
+           "costs_from_sizes", "measure_dp_costs", "StageClock",
            "PerDeviceMonitor", "gpu_memory", "plot_schedule", "DEVICE_SPEEDUP", "LINK_GB_S", "MEMORY_GB_S"]
 
 # Device-side tensor work run on the host (`run`) is charged at its host time / DEVICE_SPEEDUP,
 # the factor the course's simulated accelerator uses for such work.
-DEVICE_SPEEDUP = 10.0
+DEVICE_SPEEDUP = DEFAULT_DEVICE_SPEEDUP
 # Made-up figures for the simulated machine, named after real hardware:
 LINK_GB_S = 25.0       # device-to-device copies: PCIe 4.0 x16 moves about 25 GB/s each way
 MEMORY_GB_S = 900.0    # on-device memory traffic (summing gradients, the optimizer): V100-class HBM2
@@ -133,8 +137,9 @@ class SimulatedDataParallel:
     def label(self) -> str:
         from .env import usable_cores
         c = self.costs
-        return (f"{self.n_devices} simulated accelerators in DataParallel ({c.compute_fixed_ms:g} ms + "
-                f"{c.compute_per_sample_ms:g} ms/sample per replica; host CPU, {usable_cores()} cores)")
+        return (f"{self.n_devices} simulated accelerator{'s' if self.n_devices > 1 else ''} in DataParallel "
+                f"({c.compute_fixed_ms:g} ms + {c.compute_per_sample_ms:g} ms/sample per replica; on-device "
+                f"tensor work at 1/{self.device_speedup:g} of its host time; host CPU, {usable_cores()} cores)")
 
     def devices(self) -> list:
         """One view per device (each has `busy_seconds()` and `label`)."""
@@ -261,6 +266,36 @@ class SimulatedDataParallel:
         self._step_ends.append(t + c.device0_ms * ms)
 
 
+class ChargedPrefetch:
+    """Device-side work on each batch, computed ahead in a background thread and charged to
+    device 0 of a `SimulatedDataParallel` when the batch is used (lesson 06).
+
+    On a GPU, augmenting a batch on device 0 costs the host only the launches; the simulator
+    must compute it on the host to produce real results. Done in the training loop's thread,
+    that computation would stand in the way of the host's real work (its replicas); done here,
+    one batch ahead, it runs on another core, and its host time / `device_speedup` is queued on
+    device 0 just before the step that uses the batch, so the device pays for it in order.
+    `transform(images, labels)` is a `batch_transform` (e.g. `device_data.AugmentBatch()`).
+    """
+
+    def __init__(self, loader, transform, device: "SimulatedDataParallel", max_prefetch: int = 2):
+        self.loader, self.transform, self.device, self.max_prefetch = loader, transform, device, max_prefetch
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def _timed(self, images, labels):
+        t0 = time.perf_counter()
+        images, labels = self.transform(images, labels)
+        return images, labels, (time.perf_counter() - t0) * 1e3
+
+    def __iter__(self):
+        from .prefetch import BackgroundLoader
+        for images, labels, host_ms in BackgroundLoader(self.loader, self.max_prefetch, transform=self._timed):
+            self.device.launch(host_ms / self.device.device_speedup, device=0, stage="on-device work")
+            yield images, labels
+
+
 # -- the host's share, done for real --------------------------------------------------------------
 
 class HostWork:
@@ -311,6 +346,58 @@ def _nbytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+@dataclass
+class DPSizes:
+    """The bytes a DataParallel step moves, measured on the real model (lesson 06): its
+    parameters and buffers, one input sample as it is scattered, one sample's output."""
+    param_bytes: int
+    buffer_bytes: int
+    input_bytes: int
+    output_bytes: int
+
+
+def dp_sizes(model: torch.nn.Module, sample: torch.Tensor) -> DPSizes:
+    """Measure `DPSizes` of `model` for inputs shaped like `sample` (one item of the batch):
+    the output size comes from one forward of two samples (eval mode, no gradients)."""
+    params = list(model.parameters())
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        out = model(sample.unsqueeze(0).expand(2, *sample.shape).to(params[0].device).float())
+    model.train(was_training)
+    return DPSizes(_nbytes(params), _nbytes(model.buffers()), sample.numel() * sample.element_size(),
+                   out[0].numel() * out.element_size())
+
+
+def costs_from_sizes(sizes: DPSizes, *, host_ms_per_replica: float = 0.0, host_note: str = "not measured",
+                     link_gb_s: float = LINK_GB_S, memory_gb_s: float = MEMORY_GB_S,
+                     compute_fixed_ms: float = DEFAULT_STEP_MS,
+                     compute_per_sample_ms: float = DEFAULT_PER_SAMPLE_MS) -> StageCosts:
+    """The `StageCosts` of a simulated machine moving `sizes` over `link_gb_s` links (lesson 06);
+    see `measure_dp_costs` for what is measured and what is made up."""
+    link = link_gb_s * 1e9 / 1e3          # bytes per ms
+    memory = memory_gb_s * 1e9 / 1e3
+    p, b = sizes.param_bytes, sizes.buffer_bytes
+    notes = {
+        "compute_fixed_ms": "made up: the course's simulated accelerator (per replica, forward + backward)",
+        "compute_per_sample_ms": "made up: the course's simulated accelerator",
+        "scatter_ms_per_sample": f"measured {sizes.input_bytes:,} bytes per input sample / {link_gb_s:g} GB/s link (made up)",
+        "gather_ms_per_sample": f"measured {sizes.output_bytes:,} bytes per output, there and its gradient back, "
+                                f"/ {link_gb_s:g} GB/s",
+        "replicate_ms": f"measured {(p + b) / 1e6:,.1f} MB of parameters and buffers / {link_gb_s:g} GB/s",
+        "reduce_ms": f"{p / 1e6:,.1f} MB of gradients / {link_gb_s:g} GB/s, summed at {memory_gb_s:g} GB/s (made up)",
+        "device0_ms": f"optimizer (SGD + momentum: 5 passes over {p / 1e6:,.1f} MB) at {memory_gb_s:g} GB/s; "
+                      "the loss on the outputs is negligible",
+        "host_ms_per_replica": host_note,
+        "forward_share": "made up: backward costs about twice the forward",
+    }
+    return StageCosts(
+        compute_fixed_ms=compute_fixed_ms, compute_per_sample_ms=compute_per_sample_ms,
+        scatter_ms_per_sample=sizes.input_bytes / link, gather_ms_per_sample=2 * sizes.output_bytes / link,
+        replicate_ms=(p + b) / link, reduce_ms=p / link + 3 * p / memory, device0_ms=5 * p / memory,
+        host_ms_per_replica=host_ms_per_replica, notes=notes)
+
+
 def measure_dp_costs(model: torch.nn.Module, sample: torch.Tensor, *, host_work: HostWork | None = None,
                      link_gb_s: float = LINK_GB_S, memory_gb_s: float = MEMORY_GB_S,
                      compute_fixed_ms: float = DEFAULT_STEP_MS,
@@ -319,43 +406,18 @@ def measure_dp_costs(model: torch.nn.Module, sample: torch.Tensor, *, host_work:
 
     Measured here: the bytes of the model's parameters and buffers, of one input sample
     (`sample`, shaped like one item of the batch as it is scattered) and of one sample's output
-    (one forward of `model` on two samples), and the host's work per replica (`host_work`,
-    timed on this CPU). Made up, and stated: the replica's compute (the course's simulated
-    accelerator: `compute_fixed_ms` + `compute_per_sample_ms` per sample), the speed of the
-    links between devices (`link_gb_s`) and of the devices' own memory (`memory_gb_s`).
+    (`dp_sizes`), and the host's work per replica (`host_work`, timed on this CPU). Made up, and
+    stated: the replica's compute (the course's simulated accelerator: `compute_fixed_ms` +
+    `compute_per_sample_ms` per sample), the speed of the links between devices (`link_gb_s`)
+    and of the devices' own memory (`memory_gb_s`).
     """
-    params = [p for p in model.parameters()]
-    param_bytes, buffer_bytes = _nbytes(params), _nbytes(model.buffers())
-    input_bytes = sample.numel() * sample.element_size()
-    was_training = model.training
-    model.eval()
-    with torch.no_grad():
-        out = model(sample.unsqueeze(0).expand(2, *sample.shape).to(next(iter(params)).device).float())
-    model.train(was_training)
-    output_bytes = out[0].numel() * out.element_size()
-    link = link_gb_s * 1e9 / 1e3          # bytes per ms
-    memory = memory_gb_s * 1e9 / 1e3
-    host_ms = host_work.per_replica_ms() if host_work is not None else 0.0
     from .env import cpu_name
-    notes = {
-        "compute_fixed_ms": "made up: the course's simulated accelerator (per replica, forward + backward)",
-        "compute_per_sample_ms": "made up: the course's simulated accelerator",
-        "scatter_ms_per_sample": f"measured {input_bytes:,} bytes per input sample / {link_gb_s:g} GB/s link (made up)",
-        "gather_ms_per_sample": f"measured {output_bytes:,} bytes per output, there and its gradient back, / {link_gb_s:g} GB/s",
-        "replicate_ms": f"measured {(param_bytes + buffer_bytes) / 1e6:,.1f} MB of parameters and buffers / {link_gb_s:g} GB/s",
-        "reduce_ms": f"{param_bytes / 1e6:,.1f} MB of gradients / {link_gb_s:g} GB/s, summed at {memory_gb_s:g} GB/s (made up)",
-        "device0_ms": f"optimizer (SGD + momentum: 5 passes over {param_bytes / 1e6:,.1f} MB) at {memory_gb_s:g} GB/s; "
-                      "the loss on the logits is negligible",
-        "host_ms_per_replica": (f"measured on this CPU ({cpu_name()}): module copies + a forward launch"
-                                if host_work is not None else "not measured (no host work)"),
-        "forward_share": "made up: backward costs about twice the forward",
-    }
-    return StageCosts(
-        compute_fixed_ms=compute_fixed_ms, compute_per_sample_ms=compute_per_sample_ms,
-        scatter_ms_per_sample=input_bytes / link, gather_ms_per_sample=2 * output_bytes / link,
-        replicate_ms=(param_bytes + buffer_bytes) / link,
-        reduce_ms=param_bytes / link + 3 * param_bytes / memory,
-        device0_ms=5 * param_bytes / memory, host_ms_per_replica=host_ms, notes=notes)
+    host_ms = host_work.per_replica_ms() if host_work is not None else 0.0
+    note = (f"measured on this CPU ({cpu_name()}): module copies + a forward launch" if host_work is not None
+            else "not measured (no host work)")
+    return costs_from_sizes(dp_sizes(model, sample), host_ms_per_replica=host_ms, host_note=note,
+                            link_gb_s=link_gb_s, memory_gb_s=memory_gb_s, compute_fixed_ms=compute_fixed_ms,
+                            compute_per_sample_ms=compute_per_sample_ms)
 
 
 # -- timing stages of a real step ------------------------------------------------------------------

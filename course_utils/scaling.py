@@ -17,6 +17,8 @@ more devices; everything else is paid once per step, most of it by device 0.
 - `dp_memory(...)`: the bytes each device holds during a step (device 0 holds more).
 - `fit_scaling(n_devices, step_ms)`: the model "step = serial + parallel / n + per_device x (n-1)"
   fitted by least squares to measured step times, to predict devices you have not measured.
+- `pipeline_schedule(n_stages, micro_batches, ...)`: model parallelism instead: when each device
+  of a model split into stages works, and how idle they are.
 
 Lesson 07 reuses `StageCosts` and `fit_scaling` to reason about DDP against DP.
 """
@@ -28,7 +30,7 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 
 __all__ = ["dp_chunk_sizes", "StageCosts", "DPPrediction", "predict_dp", "dp_memory",
-           "ScalingFit", "fit_scaling"]
+           "ScalingFit", "fit_scaling", "PipelineSchedule", "pipeline_schedule"]
 
 
 def dp_chunk_sizes(batch_size: int, n_devices: int) -> list[int]:
@@ -268,3 +270,49 @@ def _nonnegative_lstsq(a: np.ndarray, y: np.ndarray) -> np.ndarray:
         if err < best_err - 1e-12:
             best, best_err = full, err
     return best
+
+
+@dataclass
+class PipelineSchedule:
+    """When each stage of a model split across devices works (lesson 06: model parallelism).
+
+    intervals: (device, micro_batch, "forward" | "backward", start_ms, end_ms); total_ms: one
+    step; utilisation: each device's busy share of the step; bubble: the idle share overall.
+    """
+    n_stages: int
+    micro_batches: int
+    intervals: list
+    total_ms: float
+    utilisation: list
+
+    @property
+    def bubble(self) -> float:
+        return 1.0 - sum(self.utilisation) / len(self.utilisation)
+
+
+def pipeline_schedule(n_stages: int, micro_batches: int, forward_ms: float, backward_ms: float) -> PipelineSchedule:
+    """A model cut into `n_stages` equal parts, one per device, the batch cut into
+    `micro_batches` (lesson 06). All forwards run first, then all backwards in reverse order
+    (the GPipe schedule): a device starts a micro-batch as soon as it has the previous stage's
+    output and is free. `forward_ms` / `backward_ms` are one stage's time for one micro-batch.
+    With one micro-batch (plain model parallelism) the devices work strictly in turn."""
+    if n_stages < 1 or micro_batches < 1:
+        raise ValueError("n_stages and micro_batches must be >= 1")
+    free = [0.0] * n_stages
+    done = {}
+    intervals = []
+    for m in range(micro_batches):
+        for s in range(n_stages):
+            start = max(free[s], done.get((s - 1, m), 0.0))
+            done[(s, m)] = free[s] = start + forward_ms
+            intervals.append((s, m, "forward", start, start + forward_ms))
+    back = {}
+    for m in range(micro_batches):
+        for s in reversed(range(n_stages)):
+            ready = back.get((s + 1, m), done[(n_stages - 1, micro_batches - 1)] if s == n_stages - 1 else 0.0)
+            start = max(free[s], ready)
+            back[(s, m)] = free[s] = start + backward_ms
+            intervals.append((s, m, "backward", start, start + backward_ms))
+    total = max(end for *_, end in intervals)
+    busy = [micro_batches * (forward_ms + backward_ms)] * n_stages
+    return PipelineSchedule(n_stages, micro_batches, intervals, total, [b / total for b in busy])
