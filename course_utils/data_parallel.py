@@ -2,10 +2,10 @@
 
 - `SimulatedDataParallel(n_devices, costs)`: N simulated accelerators stepping together as
   `nn.DataParallel` drives N GPUs. Each step follows DataParallel's schedule (scatter from
-  device 0, replicate, forward on every device, gather on device 0, backward, reduce, loss and
+  device 0, replicate, forward on every device, gather on device 0, backward, reduce, then the
   optimizer on device 0) with the stage costs of a `course_utils.scaling.StageCosts`. The
-  host's share of each step (module copies, one thread per replica) is done *for real* on this
-  CPU by a `HostWork`; only the devices are simulated, and every label says "simulated". It
+  host's share of each step (the module copies and the forward launch of every replica) is
+  done *for real* on this CPU by a `HostWork`; only the devices are simulated, and every label says "simulated". It
   presents the simulated accelerator's interface (`type == "sim"`, `step`, `run`,
   `record_event`, `synchronize`, `busy_seconds`, `label`), so the course's one training loop
   (`course_utils.train.train`) drives it unchanged.
@@ -468,10 +468,12 @@ def _nvml_handle(cuda_index: int):
     props = torch.cuda.get_device_properties(cuda_index)
     uuid = str(getattr(props, "uuid", "") or "")
     if uuid:
-        try:
-            return pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
-        except pynvml.NVMLError:
-            pass
+        uuid = uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+        for value in (uuid, uuid.encode()):            # nvidia-ml-py versions take str or bytes
+            try:
+                return pynvml.nvmlDeviceGetHandleByUUID(value)
+            except Exception:
+                continue
     bus = getattr(props, "pci_bus_id", None)
     if bus is not None:
         pci = f"{getattr(props, 'pci_domain_id', 0):08x}:{bus:02x}:{getattr(props, 'pci_device_id', 0):02x}.0"

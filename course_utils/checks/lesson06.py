@@ -241,7 +241,7 @@ class _CatLeaf:
     def apply(target_device, dim, *tensors):
         if all(t.dim() == 0 for t in tensors) and dim == 0:
             tensors = [t.view(1) for t in tensors]
-        return torch.cat(tensors, dim)
+        return torch.cat([t.to(tensors[0].device) for t in tensors], dim)
 
 
 @contextlib.contextmanager
@@ -311,6 +311,10 @@ def _same(yours, expected, where: str, *, top: bool = False, count_prop: str = "
                 prop, hint = "splits like DataParallel", "DataParallel uses tensor.chunk(n, dim): pieces of ceil(size / n), the last one smaller"
             raise CheckFailed(prop, f"{where}: yours has shape {tuple(yours.shape)}, expected {tuple(expected.shape)}",
                               hint)
+        if yours.device != expected.device:
+            raise CheckFailed("gathers onto the first output's device" if joining else "keeps pieces on the input's device",
+                              f"{where}: yours is on {yours.device}, expected {expected.device}",
+                              "DataParallel's gather copies every output to device 0 before concatenating")
         if yours.dtype != expected.dtype or not torch.equal(yours.detach(), expected.detach()):
             raise CheckFailed("keeps the samples in order", f"{where}: the values differ from DataParallel's")
         return
@@ -410,6 +414,9 @@ def _gather_cases(rng):
     cases.append((f"{n} outputs namedtuples Batch(images, labels)",
                   [_Batch(torch.randn(s, 3), torch.randint(0, 9, (s,))) for s in sizes], 0))
     cases.append((f"{n} outputs (logits, None)", [(torch.randn(s, 10), None) for s in sizes], 0))
+    if torch.cuda.is_available():     # outputs on two devices: gathered on the first one's
+        cases.append((f"{n} outputs, the first on the GPU, the others on the CPU",
+                      [torch.randn(s, 10, device="cuda" if i == 0 else "cpu") for i, s in enumerate(sizes)], 0))
     return cases
 
 

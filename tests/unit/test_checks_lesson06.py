@@ -423,6 +423,13 @@ def test_6_3_stub_and_wrong_type():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_6_2_gather_that_does_not_move_outputs_fails_on_a_gpu(seed):
+    """Right on a CPU, wrong on a GPU: concatenating outputs that live on different devices."""
+    fails_on("6.2", (dp_scatter, make_gather(to_first=False)), "joins like DataParallel")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_reference_matches_torch_scatter_gather_on_a_gpu():
     """torch's real scatter/gather, every 'device' being cuda:0, against the reference."""
     x = torch.randn(11, 3, device="cuda")
