@@ -141,6 +141,16 @@ class Event:
             self._time_s = time.perf_counter()
         return self
 
+    def host_time_s(self) -> float | None:
+        """When the device reached this event, on the host's `time.perf_counter()` clock, where
+        that is known (the CPU, the simulator); None for a CUDA event (it has only elapsed times)."""
+        if self._kind == "host":
+            return self._time_s
+        if self._kind == "sim" and self._event is not None:
+            self._event.synchronize()
+            return self._event.time_s
+        return None
+
     def synchronize(self) -> None:
         """Wait until the device has reached this event."""
         if self._event is not None:

@@ -57,9 +57,10 @@ def dali_device(device) -> tuple[str, int | None]:
     if kind in ("cpu", "sim"):       # the simulated accelerator's batches live on the host
         return "cpu", None
     if kind in ("gpu", "cuda"):
-        if index is None:
+        if index is None:           # this process's GPU: LOCAL_RANK under torchrun, else the current one
             import torch
-            index = torch.cuda.current_device() if torch.cuda.is_available() else 0
+            from .env import local_cuda_index
+            index = local_cuda_index() if torch.cuda.is_available() else 0
         return "gpu", int(index)
     raise ValueError(f"device must be 'cpu' or 'gpu' (or a torch.device); got {device!r}")
 
@@ -264,9 +265,11 @@ class DaliLoader:
     `len()` is the number of batches per epoch. Images come back on the pipeline's device (a
     CUDA tensor for a GPU pipeline), labels as int64."""
 
-    def __init__(self, iterator, batches_per_epoch: int | None, *, device: str, description: str = ""):
+    def __init__(self, iterator, batches_per_epoch: int | None, *, device: str, description: str = "",
+                 prefetch_queue_depth: int = 2):
         self.iterator = iterator
         self.batches_per_epoch = batches_per_epoch
+        self.prefetch_queue_depth = prefetch_queue_depth     # batches DALI prepares ahead
         self.device = device
         self.description = description
 
@@ -311,7 +314,8 @@ def cifar_loader(records=None, batch_size: int = 256, *, device="cpu", train: bo
     iterator = DALIGenericIterator(pipe, ["images", "labels", "indices"], auto_reset=True)
     where, _ = dali_device(device)
     return DaliLoader(iterator, len(source), device=where,
-                      description=f"DALI CIFAR-10 on {where}, batch {batch_size}, shard {shard_id}/{num_shards}")
+                      description=f"DALI CIFAR-10 on {where}, batch {batch_size}, shard {shard_id}/{num_shards}",
+                      prefetch_queue_depth=prefetch_queue_depth)
 
 
 # -- JPEG folders --------------------------------------------------------------------------

@@ -42,9 +42,11 @@ from torch.utils.data import DataLoader
 from . import data
 from .device_data import AugmentBatch, DeviceLoader, cifar10_on_device, normalize_batch
 from .env import device_label, has_dali, usable_cores
+from .loaders import in_flight_batches
 from .prefetch import BackgroundLoader, CudaPrefetcher
 from .sim import SimulatedAccelerator
 from .target import CPU_MODEL_WIDTH, Target, pick_target
+from .timing import StepTimer
 from .train import TrainResult, train
 
 __all__ = ["LadderConfig", "LadderContext", "LadderResult", "RungSkipped", "rung", "RUNGS", "measure_ceiling",
@@ -131,16 +133,18 @@ class LadderContext:
         background thread. Other keyword arguments (`amp`, `channels_last`) go to `train()` on a
         real device.
         """
-        steps = self.config.resolved_steps()
-        if self.simulated:
-            if prefetch:
-                batches = BackgroundLoader(batches)
-            return train(None, batches, device=self.run_on, steps=steps, batch_transform=batch_transform,
-                         progress=self.progress, desc=desc)
         if prefetch:
-            batches = CudaPrefetcher(batches, self.device)
+            batches = BackgroundLoader(batches) if self.simulated else CudaPrefetcher(batches, self.device)
+        # untimed warm-up: one step, plus the batches the loader prepared ahead while it started
+        # (served without waiting, they would flatter the rung), as measure_loader does
+        warmup = 1 + in_flight_batches(batches)
+        timer = StepTimer(self.run_on, skip_first=warmup)
+        steps = self.config.resolved_steps() + warmup - 1
+        if self.simulated:
+            return train(None, batches, device=self.run_on, steps=steps, batch_transform=batch_transform,
+                         timer=timer, progress=self.progress, desc=desc)
         return train(self.model, batches, device=self.device, steps=steps, batch_transform=batch_transform,
-                     progress=self.progress, desc=desc, **train_kwargs)
+                     timer=timer, progress=self.progress, desc=desc, **train_kwargs)
 
 
 def rung(name: str, short: str):

@@ -28,8 +28,20 @@ __all__ = ["measure_loader", "in_flight_batches", "EpochTime", "epoch_times", "P
 # -- throughput -------------------------------------------------------------------------------
 
 def in_flight_batches(loader) -> int:
-    """Batches a `DataLoader` prepares ahead of the training loop: `num_workers * prefetch_factor`
-    (0 for `num_workers=0` or for any other iterable)."""
+    """Batches a loader prepares ahead of the training loop, which the first steps get for free
+    (so timing should start after them): a DataLoader's `num_workers * prefetch_factor` (0
+    without workers), a DALI loader's `prefetch_queue_depth`, a `BackgroundLoader`'s
+    `max_prefetch` (plus what the loader it wraps prepares), a `CudaPrefetcher`'s one batch
+    (plus its loader's); 0 for any other iterable."""
+    from .prefetch import BackgroundLoader, CudaPrefetcher
+
+    if isinstance(loader, BackgroundLoader):
+        return loader.max_prefetch + in_flight_batches(loader.loader)
+    if isinstance(loader, CudaPrefetcher):
+        return 1 + in_flight_batches(loader.loader)
+    depth = getattr(loader, "prefetch_queue_depth", None)
+    if isinstance(depth, int):
+        return depth
     workers = int(getattr(loader, "num_workers", 0) or 0)
     if workers == 0:
         return 0

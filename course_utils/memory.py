@@ -13,6 +13,8 @@ released, so their live total (and its peak) can be measured exactly.
 - `measure_step_memory(...)`: one step of `course_utils.train.train` and its peak memory
   (measured on CUDA; fixed part + saved activations on a CPU, an estimate that says so).
 - `fit_linear(batch_sizes, peak_bytes)`: the fit "memory = fixed + per-sample x batch".
+- `usable_device_memory(device)`, `sweep_batch_sizes(fit, budget)`: batch sizes fitted to the
+  card, not a fixed list; `is_out_of_memory(exc)`: every form a GPU's out-of-memory takes.
 - `StepReadings`: wraps a loader and takes a reading before every step (memory over steps).
 """
 from __future__ import annotations
@@ -25,7 +27,59 @@ import torch
 from torch import nn
 
 __all__ = ["SavedTensorMeter", "GraphWatch", "state_bytes", "measure_step_memory", "StepMemory",
-           "fit_linear", "LinearFit", "StepReadings", "mib"]
+           "fit_linear", "LinearFit", "StepReadings", "mib", "is_out_of_memory", "usable_device_memory",
+           "sweep_batch_sizes", "release_device_memory"]
+
+# How an allocation failure can surface: torch's own OutOfMemoryError, or a plain RuntimeError
+# from a library that allocates its own workspace (cuDNN, cuBLAS) or from the driver.
+OOM_MARKERS = ("out of memory", "CUDNN_STATUS_ALLOC_FAILED", "CUBLAS_STATUS_ALLOC_FAILED",
+               "CUDNN_STATUS_NOT_ENOUGH_WORKSPACE", "CUDA_ERROR_OUT_OF_MEMORY", "cudaErrorMemoryAllocation")
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """True when `exc` says a device allocation failed, in any of the forms it takes (lesson 05):
+    `torch.OutOfMemoryError`, or a `RuntimeError` from cuDNN/cuBLAS/the driver naming it."""
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in OOM_MARKERS)
+
+
+def release_device_memory(device) -> None:
+    """After a failed or finished probe: collect garbage and return the caching allocator's free
+    blocks to the driver, so the next probe starts from the same state (lesson 05)."""
+    import gc
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+
+
+def usable_device_memory(device) -> int:
+    """Bytes this process can still use on a CUDA device: what the driver reports free plus what
+    PyTorch's caching allocator already holds (reserved, allocated or not: it hands that out
+    first). Lesson 05."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError("usable_device_memory() is for CUDA devices; a CPU's limit is the machine's RAM")
+    free, _total = torch.cuda.mem_get_info(device)
+    return int(free + torch.cuda.memory_reserved(device))
+
+
+def sweep_batch_sizes(fit: "LinearFit", budget_bytes: float, *, start: int = 16, fraction: float = 0.7,
+                      max_points: int = 7) -> list[int]:
+    """Powers of two from `start` whose predicted step memory stays under `fraction` of
+    `budget_bytes` (at most `max_points`, the largest kept): a memory sweep sized for this card
+    from a first rough fit, instead of a fixed list that runs out of memory on a small card."""
+    if not 0 < fraction <= 1:
+        raise ValueError("fraction must be in (0, 1]")
+    sizes, b = [], start
+    while fit.predict(b) <= fraction * budget_bytes and b <= 2**16:
+        sizes.append(b)
+        b *= 2
+    if len(sizes) < 2:
+        raise ValueError(f"even batch {start * 2} is predicted to need more than {fraction:.0%} of "
+                         f"{budget_bytes / 2**20:,.0f} MiB")
+    return sizes[-max_points:]
 
 
 def mib(n_bytes: float) -> float:
@@ -192,10 +246,12 @@ class StepMemory:
 
 def measure_step_memory(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, *, device,
                         amp: str | None = None, channels_last: bool = False,
-                        optimizer: torch.optim.Optimizer | None = None) -> StepMemory:
+                        optimizer: torch.optim.Optimizer | None = None, warmup: int = 1) -> StepMemory:
     """Run one step of the course's training loop on this batch and return its peak memory (lesson 05).
 
-    CUDA: `torch.cuda.max_memory_allocated` over the step (everything the allocator handed out:
+    CUDA: `warmup` untimed steps first (cuDNN's autotuning tries algorithms with their own
+    workspaces on a shape's first step, which would inflate the peak), then
+    `torch.cuda.max_memory_allocated` over one step (everything the allocator handed out:
     parameters, gradients, optimizer state, the batch, activations, workspaces), measured.
     CPU: `state_bytes` + the peak of the activations saved for backward (`SavedTensorMeter`),
     an estimate that leaves out short-lived temporaries and the allocator's own overhead.
@@ -211,6 +267,9 @@ def measure_step_memory(model: nn.Module, images: torch.Tensor, labels: torch.Te
     batch = [(images, labels)]
     n = int(images.shape[0])
     if device.type == "cuda":
+        if warmup:
+            train(model, batch, device=device, steps=warmup, optimizer=optimizer, amp=amp,
+                  channels_last=channels_last, progress=False)
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         train(model, batch, device=device, steps=1, optimizer=optimizer, amp=amp,

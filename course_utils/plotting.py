@@ -2,7 +2,8 @@
 
 - `stamp(fig, device)`: write the hardware (or 'simulated ...') in the figure's corner.
 - `bar_chart(...)`: one bar per configuration, optionally against a ceiling line.
-- `step_breakdown(stats)`: per-step data-wait and compute as stacked bars (lesson 01).
+- `step_breakdown(stats)`: the loop's steps on a time axis, host (waiting for data / in the step)
+  above the device's busy spans (lesson 01).
 """
 from __future__ import annotations
 
@@ -41,20 +42,38 @@ def bar_chart(labels, values, *, ylabel: str, title: str, device: str, ceiling: 
     return fig
 
 
-def step_breakdown(stats, *, title: str = "Where each step's time goes", max_steps: int = 80, ax=None):
-    """Stacked bars per step: time blocked waiting for data (orange) and compute (blue)."""
+def step_breakdown(stats, *, title: str = "Where each step's time goes", max_steps: int = 40, ax=None):
+    """The first `max_steps` counted steps on one time axis (lesson 01): what the training loop
+    (the host) was doing — waiting for the next batch (orange) or in the step, launching work or
+    blocked on the device (blue) — and, below, when the device was working on a step (green,
+    from device events). Where the two overlap, loading and computing run side by side."""
     if ax is None:
-        fig, ax = plt.subplots(figsize=(9, 3.2))
+        fig, ax = plt.subplots(figsize=(10, 2.9))
     fig = ax.figure
-    waits = stats.data_wait_ms[:max_steps]
-    comps = stats.compute_ms[:max_steps]
-    steps = range(len(waits))
-    ax.bar(steps, comps, color="tab:blue", label="compute (device work, synchronised)")
-    ax.bar(steps, waits, bottom=comps, color="tab:orange", label="waiting for data")
-    ax.set_xlabel("step")
-    ax.set_ylabel("ms")
-    ax.set_title(f"{title}: stalled on data {stats.stall_fraction:.0%} of the time")
-    ax.legend(fontsize=8, loc="upper right")
+    log = stats.step_log[:max_steps]
+    if not log:
+        raise ValueError("no counted steps to draw")
+    t0 = log[0]["fetch_start"]
+    ms = lambda t: (t - t0) * 1e3  # noqa: E731
+    waits = [(ms(e["fetch_start"]), ms(e["fetch_end"]) - ms(e["fetch_start"])) for e in log]
+    steps = [(ms(e["fetch_end"]), ms(e["step_end"]) - ms(e["fetch_end"])) for e in log]
+    ax.broken_barh(waits, (2.1, 0.8), color="tab:orange", label="loop: waiting for data")
+    ax.broken_barh(steps, (2.1, 0.8), color="tab:blue", label="loop: in the step (launching, or waiting for the device)")
+    lanes = [(2.5, "host\n(training loop)")]
+    if stats.device_spans:
+        spans = [(ms(a), max(ms(b) - ms(a), 0.0)) for a, b in stats.device_spans[:max_steps]]
+        ax.broken_barh(spans, (0.6, 0.8), color="tab:green", label="device: working on a step")
+        lanes.append((1.0, "device"))
+    ax.set_yticks([y for y, _ in lanes], [name for _, name in lanes])
+    ax.set_ylim(0.3, 3.3)
+    end = max(ms(log[-1]["step_end"]), *(ms(b) for _, b in (stats.device_spans or [])[:max_steps]))
+    ax.set_xlim(0, end * 1.01)
+    ax.set_xlabel(f"ms since step {1} of the {len(log)} shown")
+    busy = stats.device_busy_fraction
+    extra = f", device busy {busy:.0%}" if busy is not None else ""
+    sync = " (synchronised every step)" if stats.synced_every_step else ""
+    ax.set_title(f"{title}{sync}: stalled on data {stats.stall_fraction:.0%} of the wall time{extra}", fontsize=10)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.32), ncol=3, frameon=False)
     fig.tight_layout()
     stamp(fig, stats.device)
     return fig

@@ -9,11 +9,13 @@ as they would beside a GPU), and `synchronize()` waits. It computes nothing.
 
 Work a real GPU would do *on the device* besides the model step (normalising or augmenting a
 batch there, lesson 03) goes through `run(fn, ...)`: it is computed on the host, so its results
-are real, and its host time divided by `device_speedup` (how many times faster than one CPU core
-the simulated device is at such tensor work; 10 by default, stated in the label) is queued on
-the device, in order, as a GPU stream would run those kernels before the step. It is charged,
-never overlapped for free. Host-to-device copies are not charged (the simulated device shares
-host memory).
+are real, and it is charged to the device, in order, as a GPU stream would run those kernels
+before the step: each tensor operation costs `kernel_us` (a kernel launch and its fixed cost)
+plus the bytes it reads and writes at `bandwidth_gbs` (such operations are memory-bound). The
+charge is counted from the operations themselves (a `TorchDispatchMode`), not timed on the
+host, so a busy host does not inflate it. The defaults (10 us a kernel, 300 GB/s) are on the
+slow side for a GPU; the label states them. It is charged, never overlapped for free.
+Host-to-device copies are not charged (the simulated device shares host memory).
 
 Everything measured with it is a *simulation* of a device of that speed: its `label` says so,
 and every figure built from it must carry that label.
@@ -25,19 +27,47 @@ import time
 from collections import deque
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = ["SimulatedAccelerator", "SimEvent", "default_sim", "DEFAULT_STEP_MS", "DEFAULT_PER_SAMPLE_MS",
-           "DEFAULT_DEVICE_SPEEDUP"]
+           "DEFAULT_KERNEL_US", "DEFAULT_BANDWIDTH_GBS"]
 
 # The course's stand-in GPU: a step of 128 samples takes 1 + 128 * 0.05 = 7.4 ms (about 17,000
 # samples/s). That is a made-up device, chosen so that, as beside a real GPU, the course's
 # baseline input pipeline on a small CPU cannot keep up with it, while a good pipeline can.
 DEFAULT_STEP_MS = 1.0
 DEFAULT_PER_SAMPLE_MS = 0.05
-# Batched tensor work (crop, flip, normalise a batch) on the simulated device costs its host time
-# divided by this. A real GPU does such a batch in tens of microseconds, launch-bound,
-# which is more than 10x faster than one CPU core: 10 is on the side of charging too much.
-DEFAULT_DEVICE_SPEEDUP = 10.0
+# How the simulated device runs on-device tensor work (see the module docstring): a fixed cost
+# per kernel plus the bytes each one moves. Slow for a GPU on purpose: charge too much, not too little.
+DEFAULT_KERNEL_US = 10.0
+DEFAULT_BANDWIDTH_GBS = 300.0
+
+
+class _KernelCost(TorchDispatchMode):
+    """Counts the tensor operations run inside it and the bytes they read and write (views,
+    which move no data, are free)."""
+
+    def __init__(self):
+        super().__init__()
+        self.kernels = 0
+        self.bytes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not getattr(func, "is_view", False):
+            self.kernels += 1
+            self.bytes += _nbytes(args) + _nbytes(kwargs) + _nbytes(out)
+        return out
+
+
+def _nbytes(obj) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, (list, tuple)):
+        return sum(_nbytes(o) for o in obj)
+    if isinstance(obj, dict):
+        return sum(_nbytes(o) for o in obj.values())
+    return 0
 
 
 class SimEvent:
@@ -71,13 +101,15 @@ class SimulatedAccelerator:
     type = "sim"
 
     def __init__(self, step_ms: float = 20.0, *, per_sample_ms: float = 0.0, max_queued: int = 32,
-                 device_speedup: float = DEFAULT_DEVICE_SPEEDUP):
+                 kernel_us: float = DEFAULT_KERNEL_US, bandwidth_gbs: float = DEFAULT_BANDWIDTH_GBS):
         if step_ms < 0 or per_sample_ms < 0:
             raise ValueError("step_ms and per_sample_ms must be >= 0")
-        if not device_speedup > 0:
-            raise ValueError("device_speedup must be > 0")
-        self.device_speedup = float(device_speedup)
+        if kernel_us < 0 or not bandwidth_gbs > 0:
+            raise ValueError("kernel_us must be >= 0 and bandwidth_gbs > 0")
+        self.kernel_us = float(kernel_us)
+        self.bandwidth_gbs = float(bandwidth_gbs)
         self.charged_ms = 0.0        # device time charged by run() so far
+        self.charged_kernels = 0
         if max_queued < 1:
             raise ValueError("max_queued must be >= 1")
         self.step_ms = float(step_ms)
@@ -97,7 +129,7 @@ class SimulatedAccelerator:
     def label(self) -> str:
         per = f" + {self.per_sample_ms:g} ms/sample" if self.per_sample_ms else ""
         return (f"simulated accelerator ({self.step_ms:g} ms/step{per}; on-device tensor work charged at "
-                f"1/{self.device_speedup:g} of its host time; host {_host()})")
+                f"{self.kernel_us:g} us/kernel + {self.bandwidth_gbs:g} GB/s; host {_host()})")
 
     def step_time_ms(self, batch_size: int = 0) -> float:
         """Device time one step of `batch_size` samples costs."""
@@ -111,12 +143,15 @@ class SimulatedAccelerator:
 
     def run(self, fn, *args, **kwargs):
         """Device-side tensor work: compute `fn(*args, **kwargs)` now (on the host, so the result is
-        real) and queue its host time / `device_speedup` on the device, before whatever is launched
-        next, as a GPU stream would run those kernels. Returns what `fn` returns."""
-        t0 = time.perf_counter()
-        result = fn(*args, **kwargs)
-        ms = (time.perf_counter() - t0) * 1e3 / self.device_speedup
+        real) and queue on the device, before whatever is launched next, the time a GPU stream
+        would take for its operations: `kernel_us` each plus their bytes at `bandwidth_gbs`.
+        Returns what `fn` returns."""
+        cost = _KernelCost()
+        with cost:
+            result = fn(*args, **kwargs)
+        ms = cost.kernels * self.kernel_us / 1e3 + cost.bytes / (self.bandwidth_gbs * 1e9) * 1e3
         self.charged_ms += ms
+        self.charged_kernels += cost.kernels
         self.launch(ms)
         return result
 
@@ -153,7 +188,7 @@ class SimulatedAccelerator:
 
     def __repr__(self) -> str:
         return (f"SimulatedAccelerator(step_ms={self.step_ms:g}, per_sample_ms={self.per_sample_ms:g}, "
-                f"device_speedup={self.device_speedup:g})")
+                f"kernel_us={self.kernel_us:g}, bandwidth_gbs={self.bandwidth_gbs:g})")
 
     # -- the device thread ---------------------------------------------------------------
     def _device_loop(self) -> None:

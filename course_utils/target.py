@@ -99,6 +99,20 @@ class Target:
                 "cores with the loader, so its timings say nothing about feeding a GPU: this mode checks "
                 "that the GPU code paths are correct.")
 
+    def gpu_section(self, what: str) -> bool:
+        """Whether a section that measures something only a GPU has (copy bandwidth, streams)
+        runs here. On a GPU: yes. With COURSE_DEVICE=cpu: yes, its code runs on the CPU through
+        `course_utils.accel` so that CI checks it, and a sentence says its numbers mean nothing
+        here. Beside the simulator: no; a sentence says what the section needs (see `env.require`)."""
+        if self.kind == "cuda":
+            return True
+        if self.kind == "cpu":
+            print(f"{what}: COURSE_DEVICE=cpu runs this GPU code on the CPU to check that it works; "
+                  "its numbers say nothing about a GPU.")
+            return True
+        from .env import require
+        return require(gpu=True, what=what)
+
     def close(self) -> None:
         """Stop the simulator's device thread (nothing to do for a real device)."""
         if isinstance(self.run_on, SimulatedAccelerator):

@@ -120,6 +120,9 @@ class StepStats:
     when the step began to one recorded when it ended (None if unknown). Gaps inside the step
     where the device waited for the host (launches; beside the simulator, the host computing
     device-side work) are included, so it is an upper bound on the device's work.
+    step_log: the counted entries of the timer's log (host clock, `time.perf_counter()` seconds).
+    device_spans: per step, (start, end) of its span on the device, on the same host clock (for
+    CUDA events, placed by their elapsed times before the final synchronisation), or None.
     """
     steps: int
     samples: int
@@ -129,6 +132,8 @@ class StepStats:
     device: str = ""
     device_ms: list[float] | None = field(default=None, repr=False)
     synced_every_step: bool = False
+    step_log: list[dict] = field(default_factory=list, repr=False)
+    device_spans: list[tuple[float, float]] | None = field(default=None, repr=False)
 
     @property
     def samples_per_s(self) -> float:
@@ -283,12 +288,26 @@ class StepTimer:
         k = min(self.skip_first, max(len(self.compute_ms) - 1, 0))
         counted = self.log[k:]
         wall, _ = _wall_and_wait(counted)
-        device_ms = None
+        device_ms = spans = None
         if self._events and len(self._events) == len(self.log):
             device_ms = [a.elapsed_ms(b) for a, b in self._events[k:]]
+            spans = self._device_spans(k)
         label = device_label(self.device) if self.device is not None else "CPU"
         return StepStats(len(counted), sum(self.batch_sizes[k:]), wall, self.data_wait_ms[k:], self.compute_ms[k:],
-                         label, device_ms, self.sync)
+                         label, device_ms, self.sync, [dict(e) for e in counted], spans)
+
+    def _device_spans(self, k: int) -> list[tuple[float, float]]:
+        """Each counted step's (start, end) on the device, on the host clock."""
+        last_end = self._events[-1][1]
+        anchor = self.log[-1]["step_end"]            # the final synchronisation returned here
+        spans = []
+        for start, end in self._events[k:]:
+            a, b = start.host_time_s(), end.host_time_s()
+            if a is None or b is None:               # CUDA: place by elapsed time before the last event
+                a = anchor - start.elapsed_ms(last_end) / 1e3
+                b = anchor - end.elapsed_ms(last_end) / 1e3
+            spans.append((a, b))
+        return spans
 
 
 def _batch_len(batch) -> int:

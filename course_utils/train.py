@@ -54,8 +54,10 @@ def _is_sim(device) -> bool:
 def train(model: nn.Module | None, loader, *, device, steps: int | None = None, epochs: int = 1,
           optimizer: torch.optim.Optimizer | None = None, loss_fn=None, amp: str | None = None,
           scaler=None, channels_last: bool = False, batch_transform=None, non_blocking: bool = True,
-          timer: StepTimer | None = None, progress: bool = True, desc: str = "train") -> TrainResult:
-    """Train `model` on batches from `loader` for `steps` steps (or `epochs` passes)."""
+          timer: StepTimer | None = None, progress: bool = True, desc: str = "train",
+          scheduler=None) -> TrainResult:
+    """Train `model` on batches from `loader` for `steps` steps (or `epochs` passes).
+    `scheduler` (a learning-rate scheduler) is stepped after every optimizer step."""
     if amp not in AMP_DTYPES:
         raise ValueError(f"amp must be one of None, 'fp16', 'bf16'; got {amp!r}")
     sim = _is_sim(device)
@@ -89,6 +91,8 @@ def train(model: nn.Module | None, loader, *, device, steps: int | None = None, 
                         loss = _step(model, images, labels, device, optimizer, loss_fn, amp_dtype,
                                      scaler, channels_last, batch_transform, non_blocking)
                         losses.append(loss)
+                        if scheduler is not None:
+                            scheduler.step()
                 done += 1
                 if bar is not None:
                     bar.update(1)

@@ -53,3 +53,26 @@ def test_per_sample_cost_and_label():
 def test_rejects_negative_times():
     with pytest.raises(ValueError):
         SimulatedAccelerator(step_ms=-1)
+
+
+def test_run_computes_on_the_host_and_charges_kernels_and_bytes(sim):
+    x = torch.ones(1_000_000)
+    out = sim.run(lambda t: t * 2, x)
+    assert torch.equal(out, torch.full((1_000_000,), 2.0))
+    assert sim.charged_kernels == 1
+    assert sim.charged_ms == pytest.approx(0.010 + 8e6 / 300e9 * 1e3, rel=1e-6)   # 10 us + 8 MB at 300 GB/s
+    before = sim.charged_kernels
+    sim.run(lambda t: t.view(-1, 10).t(), x)                                      # views move no data
+    assert sim.charged_kernels == before
+    assert "10 us/kernel + 300 GB/s" in sim.label
+
+
+def test_run_queues_the_charge_in_order():
+    big = SimulatedAccelerator(step_ms=0, kernel_us=5000)     # a slow kernel: 5 ms each
+    try:
+        s = big.record_event()
+        big.run(lambda t: t + 1, torch.zeros(4))
+        e = big.record_event()
+        assert 4.5 <= s.elapsed_time(e) <= 9
+    finally:
+        big.close()

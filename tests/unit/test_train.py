@@ -60,18 +60,20 @@ def test_train_with_the_simulated_device_needs_no_model(sim):
 def test_on_the_simulator_a_batch_transform_is_computed_and_charged_to_the_device(sim):
     seen = []
 
-    def slow_transform(images, labels):
-        time.sleep(0.02)                     # 20 ms of host time -> 2 ms on the simulated device
+    def transform(images, labels):
         seen.append(images.dtype)
-        return images.float() / 255, labels
+        return images.float() / 255, labels               # two kernels, 2 x (in + out) bytes
 
-    x, y = torch.zeros(8, 3, 32, 32, dtype=torch.uint8), torch.zeros(8, dtype=torch.long)
+    x, y = torch.zeros(64, 3, 32, 32, dtype=torch.uint8), torch.zeros(64, dtype=torch.long)
     busy_before = sim.busy_seconds()
-    train(None, itertools.repeat((x, y)), device=sim, steps=4, batch_transform=slow_transform, progress=False)
+    train(None, itertools.repeat((x, y)), device=sim, steps=4, batch_transform=transform, progress=False)
     assert seen == [torch.uint8] * 4
-    assert sim.charged_ms == pytest.approx(4 * 2.0, rel=0.5)
+    assert sim.charged_kernels == 4 * 2
+    moved = x.numel() * (1 + 4) + x.numel() * (4 + 4)       # uint8 -> float32, then float32 / 255
+    per_step_ms = 2 * sim.kernel_us / 1e3 + moved / (sim.bandwidth_gbs * 1e9) * 1e3
+    assert sim.charged_ms == pytest.approx(4 * per_step_ms, rel=1e-6)
     busy_ms = (sim.busy_seconds() - busy_before) * 1e3
-    assert 4 * 10 + 4 <= busy_ms <= 4 * 10 + 20, "the charged work adds to the device's busy time"
+    assert busy_ms >= 4 * 10 + 4 * per_step_ms * 0.9, "the charged work adds to the device's busy time"
 
 
 def test_train_finishes_with_one_synchronisation(sim):
