@@ -38,15 +38,13 @@ from dataclasses import dataclass
 import torch
 
 from .scaling import StageCosts, dp_chunk_sizes
-from .sim import DEFAULT_DEVICE_SPEEDUP, DEFAULT_PER_SAMPLE_MS, DEFAULT_STEP_MS, SimEvent, _batch_size, _sleep_precise
+from .sim import (DEFAULT_BANDWIDTH_GBS, DEFAULT_KERNEL_US, DEFAULT_PER_SAMPLE_MS, DEFAULT_STEP_MS, SimEvent,
+                  _batch_size, _KernelCost, _sleep_precise)
 
 __all__ = ["SimulatedDataParallel", "StageInterval", "ChargedPrefetch", "HostWork", "DPSizes", "dp_sizes",
            "costs_from_sizes", "measure_dp_costs", "StageClock",
-           "PerDeviceMonitor", "gpu_memory", "plot_schedule", "DEVICE_SPEEDUP", "LINK_GB_S", "MEMORY_GB_S"]
+           "PerDeviceMonitor", "gpu_memory", "plot_schedule", "LINK_GB_S", "MEMORY_GB_S"]
 
-# Device-side tensor work run on the host (`run`) is charged at its host time / DEVICE_SPEEDUP,
-# the factor the course's simulated accelerator uses for such work.
-DEVICE_SPEEDUP = DEFAULT_DEVICE_SPEEDUP
 # Made-up figures for the simulated machine, named after real hardware:
 LINK_GB_S = 25.0       # device-to-device copies: PCIe 4.0 x16 moves about 25 GB/s each way
 MEMORY_GB_S = 900.0    # on-device memory traffic (summing gradients, the optimizer): V100-class HBM2
@@ -104,25 +102,27 @@ class SimulatedDataParallel:
     share of the step for real (`host_work(replicas)`, if given) and queues the step's stages
     on the devices' clock; it returns at once, as a CUDA launch does, unless
     `max_queued_steps` steps are already waiting. `run(fn, ...)` runs device-side tensor work
-    (augmenting the batch "on device 0") and charges it to device 0 at its host time divided
-    by `device_speedup`. `trace` keeps the last `keep_trace` stage intervals.
+    (augmenting the batch "on device 0") and charges it to device 0 as the course's simulated
+    accelerator does: `kernel_us` per tensor operation plus its bytes at `bandwidth_gbs`.
+    `trace` keeps the last `keep_trace` stage intervals.
     """
 
     type = "sim"
 
     def __init__(self, n_devices: int, costs: StageCosts, *, host_work=None, max_queued_steps: int = 4,
-                 device_speedup: float = DEVICE_SPEEDUP, keep_trace: int = 400):
+                 kernel_us: float = DEFAULT_KERNEL_US, bandwidth_gbs: float = DEFAULT_BANDWIDTH_GBS,
+                 keep_trace: int = 400):
         if n_devices < 1:
             raise ValueError(f"n_devices must be >= 1, got {n_devices}")
         if max_queued_steps < 1:
             raise ValueError("max_queued_steps must be >= 1")
-        if device_speedup <= 0:
-            raise ValueError("device_speedup must be > 0")
+        if kernel_us < 0 or not bandwidth_gbs > 0:
+            raise ValueError("kernel_us must be >= 0 and bandwidth_gbs > 0")
         self.n_devices = int(n_devices)
         self.costs = costs
         self.host_work = host_work
         self.max_queued_steps = int(max_queued_steps)
-        self.device_speedup = float(device_speedup)
+        self.kernel_us, self.bandwidth_gbs = float(kernel_us), float(bandwidth_gbs)
         self.trace: deque = deque(maxlen=keep_trace)
         self.steps_run = 0
         self._lock = threading.Lock()
@@ -139,7 +139,8 @@ class SimulatedDataParallel:
         c = self.costs
         return (f"{self.n_devices} simulated accelerator{'s' if self.n_devices > 1 else ''} in DataParallel "
                 f"({c.compute_fixed_ms:g} ms + {c.compute_per_sample_ms:g} ms/sample per replica; on-device "
-                f"tensor work at 1/{self.device_speedup:g} of its host time; host CPU, {usable_cores()} cores)")
+                f"tensor work at {self.kernel_us:g} us/kernel + {self.bandwidth_gbs:g} GB/s; host CPU, "
+                f"{usable_cores()} cores)")
 
     def devices(self) -> list:
         """One view per device (each has `busy_seconds()` and `label`)."""
@@ -158,13 +159,20 @@ class SimulatedDataParallel:
             self._schedule(chunks, size, time.perf_counter())
             self.steps_run += 1
 
+    def cost_of(self, fn, *args, **kwargs):
+        """Run `fn(*args, **kwargs)` on the host and return `(its result, the device time its
+        tensor operations would take)`: `kernel_us` each plus their bytes at `bandwidth_gbs`,
+        counted from the operations (the course's simulated accelerator's rule), not timed."""
+        count = _KernelCost()
+        with count:
+            out = fn(*args, **kwargs)
+        return out, count.kernels * self.kernel_us / 1e3 + count.bytes / (self.bandwidth_gbs * 1e6)
+
     def run(self, fn, *args, **kwargs):
-        """Run `fn(*args, **kwargs)` on the host and charge it to device 0 (where DataParallel's
-        batch lives) at its host time / `device_speedup`; return its result."""
-        t0 = time.perf_counter()
-        out = fn(*args, **kwargs)
-        elapsed_ms = (time.perf_counter() - t0) * 1e3
-        self.launch(elapsed_ms / self.device_speedup, device=0, stage="on-device work")
+        """Device-side tensor work: run `fn` now (its result is real) and charge it to device 0,
+        where DataParallel's batch lives, before whatever is launched next; return its result."""
+        out, ms = self.cost_of(fn, *args, **kwargs)
+        self.launch(ms, device=0, stage="on-device work")
         return out
 
     def launch(self, ms: float, *, device: int = 0, stage: str = "work") -> None:
@@ -273,9 +281,9 @@ class ChargedPrefetch:
     On a GPU, augmenting a batch on device 0 costs the host only the launches; the simulator
     must compute it on the host to produce real results. Done in the training loop's thread,
     that computation would stand in the way of the host's real work (its replicas); done here,
-    one batch ahead, it runs on another core, and its host time / `device_speedup` is queued on
-    device 0 just before the step that uses the batch, so the device pays for it in order.
-    `transform(images, labels)` is a `batch_transform` (e.g. `device_data.AugmentBatch()`).
+    one batch ahead, it runs on another core, and its device cost (`SimulatedDataParallel.cost_of`)
+    is queued on device 0 just before the step that uses the batch, so the device pays for it,
+    in order. `transform(images, labels)` is a `batch_transform` (e.g. `device_data.AugmentBatch()`).
     """
 
     def __init__(self, loader, transform, device: "SimulatedDataParallel", max_prefetch: int = 2):
@@ -284,15 +292,14 @@ class ChargedPrefetch:
     def __len__(self) -> int:
         return len(self.loader)
 
-    def _timed(self, images, labels):
-        t0 = time.perf_counter()
-        images, labels = self.transform(images, labels)
-        return images, labels, (time.perf_counter() - t0) * 1e3
+    def _costed(self, images, labels):
+        (images, labels), ms = self.device.cost_of(self.transform, images, labels)
+        return images, labels, ms
 
     def __iter__(self):
         from .prefetch import BackgroundLoader
-        for images, labels, host_ms in BackgroundLoader(self.loader, self.max_prefetch, transform=self._timed):
-            self.device.launch(host_ms / self.device.device_speedup, device=0, stage="on-device work")
+        for images, labels, device_ms in BackgroundLoader(self.loader, self.max_prefetch, transform=self._costed):
+            self.device.launch(device_ms, device=0, stage="on-device work")
             yield images, labels
 
 

@@ -66,13 +66,14 @@ def test_trains_through_the_course_loop_with_device_events():
     assert result.stats.device_ms and "simulated" in result.stats.device
 
 
-def test_run_charges_device0_and_back_pressure():
-    dp = SimulatedDataParallel(2, costs(), device_speedup=1.0, max_queued_steps=1)
-    out = dp.run(lambda: (time.sleep(0.01), 7)[1])
-    assert out == 7
-    assert dp.busy_seconds_per_device()[1] == 0.0
+def test_run_charges_device0_per_kernel_and_byte_and_back_pressure():
+    dp = SimulatedDataParallel(2, costs(), kernel_us=1000.0, bandwidth_gbs=1.0, max_queued_steps=1)
+    x = torch.ones(250_000)                        # 1 MB
+    out = dp.run(lambda t: t + 1, x)               # one kernel: 1 ms + 2 MB at 1 GB/s = 3 ms
+    assert torch.equal(out, x + 1)
     dp.synchronize()
-    assert dp.busy_seconds_per_device()[0] >= 0.009
+    busy = dp.busy_seconds_per_device()
+    assert busy[1] == 0.0 and busy[0] * 1e3 == pytest.approx(3.0, rel=1e-6)
     t0 = time.perf_counter()
     dp.step(batch(64))
     dp.step(batch(64))                   # the queue holds one step: this one waits for the first
