@@ -247,7 +247,7 @@ class SimulatedDataParallel:
             t += c.forward_share * c.compute_ms(batch_size) * ms
             self._add(0, "backward", t, t + (1 - c.forward_share) * c.compute_ms(batch_size) * ms, step)
             t += (1 - c.forward_share) * c.compute_ms(batch_size) * ms
-            self._add(0, "loss + optimizer (device 0)", t, t + c.device0_ms * ms, step)
+            self._add(0, "optimizer (device 0)", t, t + c.device0_ms * ms, step)
             self._step_ends.append(t + c.device0_ms * ms)
             return
         moved = batch_size - chunks[0]
@@ -262,7 +262,7 @@ class SimulatedDataParallel:
             self._add(k, "forward", t, t + c.forward_share * c.compute_ms(chunks[k]) * ms, step)
         t += c.forward_share * c.compute_ms(chunks[0]) * ms           # the first piece is the largest
         gather = moved * c.gather_ms_per_sample * ms
-        self._add(0, "gather", t, t + gather, step)
+        self._add(0, "gather + loss", t, t + gather, step)        # the loss on logits: next to nothing
         t += gather
         for k in used:
             self._add(k, "backward", t, t + (1 - c.forward_share) * c.compute_ms(chunks[k]) * ms, step)
@@ -270,7 +270,7 @@ class SimulatedDataParallel:
         for k in used:
             self._add(k, "reduce", t, t + c.reduce_ms * ms, step)
         t += c.reduce_ms * ms
-        self._add(0, "loss + optimizer (device 0)", t, t + c.device0_ms * ms, step)
+        self._add(0, "optimizer (device 0)", t, t + c.device0_ms * ms, step)
         self._step_ends.append(t + c.device0_ms * ms)
 
 
@@ -594,8 +594,8 @@ def plot_schedule(intervals, *, steps: int = 3, ax=None, title: str | None = Non
     shown = [i for i in intervals if i.step > last - steps]
     t0 = min(i.start_s for i in shown)
     devices = sorted({i.device for i in shown})
-    colours = {"scatter": "tab:orange", "replicate": "tab:purple", "forward": "tab:blue", "gather": "tab:red",
-               "backward": "tab:cyan", "reduce": "tab:pink", "loss + optimizer (device 0)": "tab:brown",
+    colours = {"scatter": "tab:orange", "replicate": "tab:purple", "forward": "tab:blue", "gather + loss": "tab:red",
+               "backward": "tab:cyan", "reduce": "tab:pink", "optimizer (device 0)": "tab:brown",
                "on-device work": "tab:olive"}
     if ax is None:
         fig, ax = plt.subplots(figsize=(10, 0.5 + 0.45 * len(devices)))
