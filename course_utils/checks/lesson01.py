@@ -188,3 +188,155 @@ def check_diagnose(diagnose):
                           "look at the device's mean utilisation first (busy nearly always?), then at "
                           "the CPU: are all cores saturated, or is most of the machine idle?")
     return f"{total - len(wrong)} of {total} timelines diagnosed correctly."
+
+
+# ===========================================================================================
+# 1.4 I/O-, CPU- or device-bound? (issue 14: "Is it I/O?"; the runs come from course_utils.io_probe)
+# ===========================================================================================
+
+def _reference_run_kind(run) -> str:
+    if run.stall_fraction < 0.10:
+        return "device-bound"
+    possible = min(run.loader_processes, run.usable_cores)
+    return "cpu-bound" if float(np.mean(run.loader_cores)) >= 0.8 * possible else "io-bound"
+
+
+def _run_cases(rng):
+    """(group property, hint, [(run, what), ...]) in the order the check reports them."""
+    from ..io_probe import RUN_KINDS, make_run, synthetic_run
+
+    def run(**kw):
+        return make_run(rng, name=f"run {int(rng.integers(1000))}", **kw)
+
+    def cores():
+        return int(rng.choice([16, 32, 64]))
+
+    groups = []
+    cases = []
+    c = int(rng.choice([2, 4, 8]))
+    cases.append((run(stall=rng.uniform(0.0, 0.08), loader_use=rng.uniform(0.92, 1.0), loader_processes=2 * c + 1, cores=c,
+                      disk_mb_s=100, util=rng.uniform(20, 60)), f"workers busy on all {c} cores, yet the loop rarely waits"))
+    c = int(rng.choice([2, 4, 8]))
+    cases.append((run(stall=rng.uniform(0.0, 0.08), loader_use=rng.uniform(0.05, 0.3), loader_processes=c + 1, cores=c,
+                      disk_mb_s=400, util=rng.uniform(95, 100)), "readers waiting on a busy disk, yet the loop rarely waits"))
+    c = cores()
+    cases.append((run(stall=rng.uniform(0.085, 0.0999), loader_use=rng.uniform(0.9, 1.0), loader_processes=1, cores=c,
+                      util=rng.uniform(0, 30), disk_mb_s=5), "a loop that waits for data 8.5-10% of the time"))
+    groups.append(("device-bound when the loop rarely waits for data",
+                   "a loop that waits for data less than 10% of the time is paced by the device, whatever the "
+                   "loader and the disk are doing: test stall_fraction first", cases))
+    cases = []
+    c = cores()
+    cases.append((run(stall=rng.uniform(0.3, 0.9), loader_use=rng.uniform(0.91, 1.0), loader_processes=1, cores=c,
+                      disk_mb_s=rng.uniform(1, 20), util=rng.uniform(0, 20)),
+                  f"num_workers=0: one process decoding on a machine of {c} cores"))
+    c = int(rng.choice([2, 4, 8]))
+    cases.append((run(stall=rng.uniform(0.3, 0.9), loader_use=rng.uniform(0.91, 1.0), loader_processes=4 * c + 1, cores=c,
+                      disk_mb_s=rng.uniform(50, 300), util=rng.uniform(95, 100), iowait=rng.uniform(1, 4)),
+                  f"{4 * c} workers on {c} cores, the SSD never idle (%util ~100)"))
+    c = int(rng.choice([4, 8, 16]))
+    cases.append((run(stall=rng.uniform(0.3, 0.9), loader_use=rng.uniform(0.91, 1.0), loader_processes=3, cores=c,
+                      disk_mb_s=rng.uniform(100, 300), util=rng.uniform(80, 100), iowait=rng.uniform(6, 12)),
+                  "2 workers decoding, with some iowait from cold reads"))
+    groups.append(("CPU-bound when the loading processes are busy, whatever the core count",
+                   "compare the loaders' cores (run.loader_cores) with what they could use, "
+                   "min(loader_processes, usable_cores): one busy process on 64 cores is CPU-bound too. %util and "
+                   "iowait are not evidence", cases))
+    cases = []
+    c = cores()
+    cases.append((run(stall=rng.uniform(0.3, 0.9), loader_use=rng.uniform(0.1, 0.5), loader_processes=3, cores=c,
+                      disk_mb_s=rng.uniform(100, 500), util=rng.uniform(30, 70)),
+                  f"2 workers waiting on reads on {c} cores (machine-wide iowait is small)"))
+    c = int(rng.choice([2, 4, 8]))
+    cases.append((run(stall=rng.uniform(0.3, 0.9), loader_use=rng.uniform(0.1, 0.5), loader_processes=c + 1, cores=c,
+                      disk_mb_s=rng.uniform(20, 200), util=rng.uniform(30, 90), others=0.9 * c),
+                  "readers waiting on the disk while other programs keep the CPUs busy (no iowait shows)"))
+    c = int(rng.choice([4, 8, 16]))
+    cases.append((run(stall=rng.uniform(0.3, 0.9), loader_use=rng.uniform(0.05, 0.4), loader_processes=c + 1, cores=c,
+                      disk_mb_s=rng.uniform(200, 900), util=rng.uniform(15, 45)),
+                  "workers waiting on a virtual disk whose %util stays low"))
+    groups.append(("I/O-bound when the loading processes wait instead of computing",
+                   "if the loop waits and the loaders are not busy computing, they are waiting for reads: iowait "
+                   "averaged over many cores is small, and hidden when other programs use the CPUs", cases))
+    cases = []
+    c = int(rng.choice([2, 4, 8]))
+    cases.append((run(stall=rng.uniform(0.1005, 0.13), loader_use=rng.uniform(0.9, 0.98), loader_processes=c + 1, cores=c,
+                      jitter=0.005),
+                  "a loop that waits 10-13% of the time, loaders busy"))
+    c = int(rng.choice([2, 4, 8]))
+    cases.append((run(stall=rng.uniform(0.3, 0.9), loader_use=rng.uniform(0.81, 0.86), loader_processes=c + 1, cores=c,
+                      disk_mb_s=50, util=20, jitter=0.002), "loaders at 81-86% of the cores they could use"))
+    c = int(rng.choice([2, 4, 8]))
+    cases.append((run(stall=rng.uniform(0.3, 0.9), loader_use=rng.uniform(0.72, 0.79), loader_processes=c + 1, cores=c,
+                      disk_mb_s=200, util=50, jitter=0.002), "loaders at 72-79% of the cores they could use"))
+    groups.append(("uses the thresholds as specified",
+                   "device-bound below a stall fraction of 0.10; CPU-bound from 0.8 x min(loader_processes, usable_cores) "
+                   "cores on", cases))
+    cases = []
+    for at_end in (False, True):
+        c = int(rng.choice([2, 4, 8]))
+        cases.append((run(stall=rng.uniform(0.3, 0.9), loader_use=rng.uniform(0.82, 0.86), loader_processes=c + 1, cores=c,
+                          quiet_start=0.12, at_end=at_end),
+                      f"CPU-bound workers, idle over the {'last' if at_end else 'first'} 12% of the run"))
+        c = int(rng.choice([2, 4, 8]))
+        cases.append((run(stall=rng.uniform(0.3, 0.9), loader_use=rng.uniform(0.3, 0.5), loader_processes=c + 1, cores=c,
+                          disk_mb_s=300, util=60, burst=rng.uniform(0.15, 0.25), at_end=at_end),
+                      f"readers waiting on the disk, busy only over the {'last' if at_end else 'first'} 15-25% of the run"))
+    groups.append(("judges the whole run (means over the samples)",
+                   "average run.loader_cores over all its samples: not its peak, first or last sample", cases))
+    cases = [(synthetic_run(kind, rng, name=f"run {int(rng.integers(1000))}"), f"a typical {kind} run")
+             for kind in RUN_KINDS for _ in range(3)]
+    groups.append(("classifies typical runs", "", cases))
+    return groups
+
+
+def _snapshot_run(run):
+    return {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in vars(run).items()}
+
+
+def _same_run(run, snap) -> bool:
+    now = vars(run)
+    if now.keys() != snap.keys():
+        return False
+    for k, v in snap.items():
+        if isinstance(v, np.ndarray):
+            if not isinstance(now[k], np.ndarray) or now[k].shape != v.shape or not np.array_equal(now[k], v):
+                return False
+        elif now[k] != v:
+            return False
+    return True
+
+
+@exercise("1.4", "I/O-, CPU- or device-bound? Classify recorded runs", points=2)
+def check_classify_run(classify_run):
+    expect_callable(classify_run, "a function classify_run(run) -> 'io-bound' | 'cpu-bound' | 'device-bound'")
+    from ..io_probe import RUN_KINDS
+
+    rng, seed = fresh_rng()
+    groups = _run_cases(rng)
+    answers, failures = Counter(), []
+    for prop, hint, cases in groups:
+        wrong = []
+        for run, what in cases:
+            expected = _reference_run_kind(run)
+            snap = _snapshot_run(run)
+            answer = classify_run(run)
+            if not isinstance(answer, str) or answer not in RUN_KINDS:
+                raise CheckFailed("answers one of the three labels",
+                                  f"yours returned {answer!r} for {what}; expected one of {', '.join(RUN_KINDS)}")
+            if not _same_run(run, snap):
+                raise CheckFailed("leaves the run unchanged", f"the run ({what}) was modified by your function",
+                                  "read the figures; work on copies (np.mean does not change its input)")
+            answers[answer] += 1
+            if answer != expected:
+                wrong.append(f"{what} -> yours '{answer}', expected '{expected}'")
+        if wrong:
+            failures.append((prop, hint, wrong))
+    if len(answers) == 1:
+        raise CheckFailed("tells the runs apart", f"yours always answers '{next(iter(answers))}'")
+    if failures:
+        prop, hint, wrong = failures[0]
+        shown = "; ".join(wrong[:3]) + ("; ..." if len(wrong) > 3 else "")
+        raise CheckFailed(prop, f"{shown} (seed {seed})", hint)
+    total = sum(len(cases) for _, _, cases in groups)
+    return f"{total} recorded runs classified correctly."
