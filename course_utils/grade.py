@@ -73,6 +73,7 @@ class GradeOptions:
     solutions: Path | None = None      # the released lessons (default: the course's solutions/)
     gpus: tuple[str, ...] = ()         # devices for the notebooks running side by side (CUDA_VISIBLE_DEVICES values)
     quiet: bool = False
+    run_id: str = ""                   # this run's process marker (course_utils.grading.reap), set by grade()
 
 
 @dataclass
@@ -90,6 +91,7 @@ class _Sub:
     prepared: object = None
     execution: object = None
     work: Path | None = None
+    index: int = 0                     # its number in the run (names its folders and process markers)
     handed: dict = field(default_factory=dict)   # exercise -> sha256 of the payload when the kernel ended
     notebook_s: float = 0.0
     checks_s: float = 0.0
@@ -177,10 +179,21 @@ def _support_files(dest: Path) -> None:
             shutil.copy2(entry, dest / entry.name)
 
 
+def _tmp_dir(sub: _Sub, kind: str) -> str:
+    """A temporary folder of the submission's own (TMPDIR), removed with the run's folder: what a
+    lesson writes with `tempfile` (lesson 07's exercise files) stays private and leaves nothing.
+    Kept short: sockets in it need paths under 108 bytes."""
+    folder = sub.work.parent / f"{kind}{sub.index:03d}"
+    folder.mkdir(parents=True, exist_ok=True)
+    return str(folder)
+
+
 def _kernel_env(opts: GradeOptions, sub: _Sub, handin: Path, slot: int = 0) -> dict:
+    from course_utils.grading.reap import ENV
     env = {k: v for k, v in os.environ.items() if k not in _CLEAN_ENV}
     env.update({"COURSE_SMOKE": "1" if opts.smoke else "0", "COURSE_NOTEBOOK": sub.sid,
-                "COURSE_HANDIN_DIR": str(handin), "PYTHONUNBUFFERED": "1"})
+                "COURSE_HANDIN_DIR": str(handin), "PYTHONUNBUFFERED": "1",
+                "TMPDIR": _tmp_dir(sub, "t"), ENV: f"{opts.run_id}/k{sub.index}"})
     if opts.gpus:   # each notebook running side by side gets a device of its own
         env["CUDA_VISIBLE_DEVICES"] = opts.gpus[slot % len(opts.gpus)]
     if opts.jobs > 1:   # notebooks running side by side share the cores instead of fighting for them
@@ -191,9 +204,11 @@ def _kernel_env(opts: GradeOptions, sub: _Sub, handin: Path, slot: int = 0) -> d
     return env
 
 
-def _checker_env(opts: GradeOptions, sub: _Sub) -> dict:
+def _checker_env(opts: GradeOptions, sub: _Sub, exercise_id: str) -> dict:
+    from course_utils.grading.reap import ENV
     env = {k: v for k, v in os.environ.items() if k not in _CLEAN_ENV}
-    env.update({"COURSE_SMOKE": "1" if opts.smoke else "0", "COURSE_NOTEBOOK": sub.sid, "PYTHONUNBUFFERED": "1"})
+    env.update({"COURSE_SMOKE": "1" if opts.smoke else "0", "COURSE_NOTEBOOK": sub.sid, "PYTHONUNBUFFERED": "1",
+                "TMPDIR": _tmp_dir(sub, "c"), ENV: f"{opts.run_id}/c{sub.index}-{exercise_id}"})
     if opts.gpus:   # every check on the same device, so that speed-graded checks compare
         env["CUDA_VISIBLE_DEVICES"] = opts.gpus[0]
     return env
@@ -207,6 +222,7 @@ async def _run_notebook(sub: _Sub, opts: GradeOptions, work_root: Path, index: i
     t0 = time.monotonic()
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in sub.sid)
     sub.work = work_root / f"{index:03d}-{safe}"
+    sub.index = index
     cwd, handin = sub.work / "cwd", sub.work / "handin"
     _support_files(cwd)
     handin.mkdir(parents=True, exist_ok=True)
@@ -251,13 +267,16 @@ async def _run_all(subs: list[_Sub], opts: GradeOptions, work_root: Path) -> Non
 class _Checker:
     """The trusted checker process (see course_utils.grading.checker)."""
 
-    def __init__(self, modules: list[str], log: Path):
-        self.modules, self.log = modules, open(log, "ab")
+    def __init__(self, modules: list[str], log: Path, marker: str = ""):
+        self.modules, self.log, self.marker = modules, open(log, "ab"), marker
         self._start()
 
     def _start(self) -> None:
+        from course_utils.grading.reap import ENV
         modules = self.modules
         env = {k: v for k, v in os.environ.items() if k not in _CLEAN_ENV}
+        if self.marker:
+            env[ENV] = self.marker
         self.proc = subprocess.Popen([sys.executable, "-m", "course_utils.grading.checker"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
                                      env=env, cwd=str(ROOT), start_new_session=True)
@@ -345,7 +364,7 @@ def _check_one(sub: _Sub, checker: _Checker, opts: GradeOptions, seed: int) -> N
                     "it was not graded")
             else:
                 seed_e = _exercise_seed(seed, e.id)
-                task = {"exercise": e.id, "payload": str(payload), "cwd": str(cwd), "env": _checker_env(opts, sub),
+                task = {"exercise": e.id, "payload": str(payload), "cwd": str(cwd), "env": _checker_env(opts, sub, e.id),
                         "seed": seed_e, "limit_s": e.time_limit_s + CHECK_GRACE_S,
                         "log": str(sub.work / f"check-{e.id}.log")}
                 try:
@@ -366,6 +385,9 @@ def _check_one(sub: _Sub, checker: _Checker, opts: GradeOptions, seed: int) -> N
                     record.update(status=answer["status"], message=answer["message"], seconds=answer["seconds"],
                                   seed=seed_e)
                     sub.review += [f"exercise {e.id}: the object handed in {r}" for r in answer.get("review", [])]
+                    if answer.get("left_behind"):
+                        sub.notes.append(f"the check of exercise {e.id} left {answer['left_behind']} process(es) "
+                                         "running; the grader killed them")
                     if record["status"] != "pass" and context:
                         record["message"] += f" (note: {context})"
         elif err.exists():
@@ -473,7 +495,8 @@ def _resolve_lesson_arg(value: str, lessons: dict) -> str:
 
 def grade(paths, options: GradeOptions | None = None) -> tuple[int, dict, list[dict]]:
     """Grade notebooks; returns (exit status, run information, one dict per submission)."""
-    opts = options or GradeOptions()
+    import dataclasses
+    opts = dataclasses.replace(options or GradeOptions(), run_id=f"grade-{secrets.token_hex(6)}")
     t_start = time.monotonic()
     seed = opts.seed if opts.seed is not None else secrets.randbelow(2**31)
     run = {"seed": seed, "smoke": opts.smoke, "cell_timeout_s": opts.cell_timeout_s,
@@ -514,7 +537,7 @@ def grade(paths, options: GradeOptions | None = None) -> tuple[int, dict, list[d
             # the checker starts before any submission runs, and imports the course's checks now
             modules = sorted({f"course_utils.checks.lesson{s.lesson.number:02d}" for s in runnable})
             try:
-                checker = _Checker(modules, work_root / "checker.log")
+                checker = _Checker(modules, work_root / "checker.log", marker=f"{opts.run_id}/checker")
                 for module, error in checker.errors.items():
                     grader_failure = f"the course's checks ({module}) do not import: {error}"
             except Exception as exc:
@@ -528,6 +551,10 @@ def grade(paths, options: GradeOptions | None = None) -> tuple[int, dict, list[d
             asyncio.run(_run_all(runnable, opts, work_root))
         except KeyboardInterrupt:
             interrupted = True
+        from course_utils.grading import reap
+        reap.kill_marked(opts.run_id + "/k", prefix=True)   # the checks measure a machine no submission uses
+        if reap.is_subreaper():   # and what a kernel orphaned without its marker (env -i, double fork)
+            reap.kill_children(keep=[checker.proc.pid] if checker is not None else [])
         for i, sub in enumerate(runnable, start=1):
             if sub.status != "graded" or sub.execution is None:
                 if sub.status == "graded":
@@ -568,6 +595,8 @@ def grade(paths, options: GradeOptions | None = None) -> tuple[int, dict, list[d
     finally:
         if checker is not None:
             checker.close()
+        from course_utils.grading import reap
+        reap.kill_marked(opts.run_id + "/", prefix=True)   # anything a kernel or a check left running
         shutil.rmtree(work_root, ignore_errors=True)
     run["seconds"] = round(time.monotonic() - t_start, 1)
     out = [s.as_dict() for s in subs]
@@ -582,6 +611,9 @@ def grade(paths, options: GradeOptions | None = None) -> tuple[int, dict, list[d
     return code, run, out
 
 
+MAX_LIMIT_S = 7 * 24 * 3600.0   # a week: anything longer is a typo, not a limit
+
+
 def _positive_seconds(text: str) -> float:
     try:
         value = float(text)
@@ -589,6 +621,10 @@ def _positive_seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r}: a time limit must be a positive number of seconds")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a limit under 1 s leaves no time to start a kernel")
+    if value > MAX_LIMIT_S:
+        raise argparse.ArgumentTypeError(f"{text!r}: a limit over a week ({MAX_LIMIT_S:g} s) is not a limit")
     return value
 
 
@@ -643,8 +679,10 @@ def main(argv=None) -> int:
     missing = [nb for nb in args.notebooks if not Path(nb).is_file()]
     if missing:
         parser.error("no such notebook: " + ", ".join(missing))
+    from course_utils.grading import reap
     from course_utils.grading.checker import _non_dumpable
     _non_dumpable()
+    reap.become_subreaper()   # a kernel's orphans become ours, and are killed below
     opts = GradeOptions(smoke=args.smoke, cell_timeout_s=args.timeout, notebook_timeout_s=args.notebook_timeout,
                         jobs=args.jobs, seed=args.seed, output_dir=Path(args.output_dir) if args.output_dir else None,
                         lesson=args.lesson, solutions=Path(args.released) if args.released else None, gpus=gpus)
@@ -658,6 +696,7 @@ def main(argv=None) -> int:
         print(f"the grader failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         run["error"] = f"{type(exc).__name__}: {exc}"
     finally:
+        reap.kill_children()
         if args.json:
             report.write_json(args.json, run, subs)
         if args.csv:

@@ -10,6 +10,8 @@ exercise a submission handed in, forks one process that loads the handed-in obje
   process cannot touch another exercise's check;
 - `sys.exit`, `os._exit`, a crash, an infinite loop or a check past its time limit end that
   one process, with one sentence, and grading goes on;
+- every process a check started (torchrun and its ranks in lesson 07, DataLoader workers, a
+  daemon) is killed when the check is done (`course_utils.grading.reap`);
 - on Linux the runner makes itself non-dumpable, so a process of the same (non-root) user
   cannot open its pipes or memory through /proc.
 
@@ -113,6 +115,8 @@ def _child(task: dict, result_w: int) -> None:
         os.chdir(task["cwd"])
         os.environ.clear()
         os.environ.update(task["env"])
+        import tempfile
+        tempfile.tempdir = None   # TMPDIR is the submission's own folder
         seed = int(task["seed"])
         os.environ["COURSE_CHECK_SEED"] = str(seed)
         import random
@@ -258,7 +262,9 @@ def _killpg(pgid: int) -> None:
 
 
 def main() -> int:
+    from course_utils.grading import reap
     _non_dumpable()
+    reap.become_subreaper()   # what a check leaves behind (torchrun in its own session...) stays ours to kill
     baseline = course_fingerprint()
     out = sys.stdout
     sys.stdout = sys.stderr   # anything a check module prints at import goes to the log, not the protocol
@@ -280,6 +286,10 @@ def main() -> int:
             answer = run_task(task, baseline)
         except Exception as exc:
             answer = {"status": "grader_error", "seconds": 0.0, "message": f"{type(exc).__name__}: {exc}"}
+        # nothing a check started outlives it: its torchrun and ranks, workers, daemons
+        left = reap.kill_children() + reap.kill_marked((task.get("env") or {}).get(reap.ENV, ""))
+        if left:
+            answer["left_behind"] = len(left)
         answer["id"] = task.get("id")
         out.write(json.dumps(answer) + "\n")
         out.flush()

@@ -10,7 +10,8 @@
 - The whole notebook has a time limit; cells not reached are reported as such.
 
 Every kernel runs in its own session (process group) with its own working folder, environment
-and log file, and its whole process tree is killed when it is done.
+and log file, and its whole process tree is killed when it is done, with every process that
+carries its marker (`course_utils.grading.reap`).
 """
 from __future__ import annotations
 
@@ -149,6 +150,9 @@ class _Life:
             pass
         finally:
             _kill_tree(pid)
+            from course_utils.grading.reap import ENV, kill_marked
+            if self.env.get(ENV):   # what escaped the tree: setsid'd or double-forked (torchrun's ranks...)
+                kill_marked(self.env[ENV])
 
 
 async def execute(prepared, *, cwd, env, cell_timeout: float, notebook_timeout: float,

@@ -49,7 +49,7 @@ def batch(tmp_path_factory):
     # carol: lesson 00, solved, handed in under lesson 01's file name (was: ALL CHECKS PASSED)
     paths.append(kit.write(kit.solved(solutions, "00"), subs / "carol" / "01-measure-the-baseline.ipynb"))
 
-    # dave: 1.1 has a syntax error; 1.2 solved but its check cell deleted; 1.3 solved; a cell calls
+    # dave: 1.1 has a syntax error; 1.2 solved but its check cell deleted; 1.3 and 1.4 solved; a cell calls
     # sys.exit and another kills the kernel (was: 1.2 and 1.3 "missing 0/0", total 0/0)
     nb = kit.solved(solutions, "01")
     ex11 = kit.index_of(nb, lambda c: c.get("id") == "01-024")
@@ -61,7 +61,7 @@ def batch(tmp_path_factory):
     paths.append(kit.write(nb, subs / "dave" / "01-measure-the-baseline.ipynb"))
 
     # erin: 1.2 still a stub with its check cell deleted (was: all passed); 1.1 uses a global that
-    # cannot be copied out of the notebook; 1.3 solved
+    # cannot be copied out of the notebook; 1.3 and 1.4 solved
     nb = kit.solved(solutions, "01")
     stub = kit.unsolved(solutions, "01")
     at = kit.index_of(nb, lambda c: c.get("id") == "01-029")
@@ -77,6 +77,28 @@ def batch(tmp_path_factory):
     (subs / "frank").mkdir(parents=True)
     (subs / "frank" / "01-measure-the-baseline.ipynb").write_text(text[: len(text) // 2])
     paths.append(subs / "frank" / "01-measure-the-baseline.ipynb")
+
+    # gina: solved 00; a cell leaves a detached process behind (double fork, new session: no longer
+    # the kernel's descendant), and so does her to_image when the checker calls it (with an empty
+    # environment too); a cell notes where tempfile writes (was: processes and temp files left)
+    sleeper = tmp / "sleeper.py"
+    sleeper.write_text(SLEEPER)
+    nb = kit.solved(solutions, "00")
+    at = kit.index_of(nb, lambda c: c.get("id") == "00-020")
+    pids = tmp / "pids"
+    pids.mkdir()
+    nb.cells.insert(at, kit.code(
+        "import subprocess, sys, tempfile\n"
+        f"subprocess.run([sys.executable, {str(sleeper)!r}, {str(pids / 'kernel')!r}, 'detach'], check=True)\n"
+        f"open({str(pids / 'tempdir')!r}, 'w').write(tempfile.mkdtemp())"))
+    nb.cells[at + 1].source += (
+        "\n\n\n_solved = to_image\n\n\n"
+        "def to_image(x):\n"
+        "    import os, subprocess, sys\n"
+        f"    if not os.path.exists({str(pids / 'check')!r}):\n"
+        f"        subprocess.run([sys.executable, {str(sleeper)!r}, {str(pids / 'check')!r}, 'detach', 'noenv'])\n"
+        "    return _solved(x)\n")
+    paths.append(kit.write(nb, subs / "gina" / "00-welcome-and-setup.ipynb"))
 
     calls = []
     real_run = grade_mod._Checker.run
@@ -105,7 +127,23 @@ def batch(tmp_path_factory):
     report.write_csv(tmp / "grades.csv", rows)
     by = {r["submission"]: r for r in rows}
     return {"code": code, "run": run_info, "rows": rows, "by": by, "tmp": tmp, "calls": calls,
-            "solutions": solutions}
+            "solutions": solutions, "pids": pids}
+
+
+SLEEPER = '''import os, subprocess, sys, time
+pidfile, mode = sys.argv[1], sys.argv[2]
+if mode == "detach":   # start the sleeper in a session of its own and leave: it is orphaned
+    env = {} if "noenv" in sys.argv[3:] else None
+    subprocess.Popen([sys.executable, __file__, pidfile, "sleep"], start_new_session=True, env=env)
+    deadline = time.time() + 30
+    while not os.path.exists(pidfile) and time.time() < deadline:
+        time.sleep(0.05)
+    sys.exit(0)
+with open(pidfile + ".tmp", "w") as f:
+    f.write(str(os.getpid()))
+os.replace(pidfile + ".tmp", pidfile)
+time.sleep(600)
+'''
 
 
 def _row(batch, who, lesson):
@@ -117,7 +155,7 @@ def _ex(row, exercise_id):
 
 
 def test_every_submission_gets_a_row_and_the_batch_exit_status_is_not_passed(batch):
-    assert len(batch["rows"]) == 6
+    assert len(batch["rows"]) == 7
     assert batch["code"] == 1
 
 
@@ -141,15 +179,15 @@ def test_a_lesson_under_another_lessons_file_name_is_not_graded_as_that_lesson(b
     row = _row(batch, "carol", "01-measure-the-baseline")
     assert row["status"] == "not_graded"
     assert row["lesson"] == "00-welcome-and-setup" and row["expected_lesson"] == "01-measure-the-baseline"
-    assert (row["points"], row["max_points"]) == (0, 5)
+    assert (row["points"], row["max_points"]) == (0, 7)
     assert "lesson 00" in row["reason"] and "--lesson 00" in row["reason"]
 
 
 def test_a_syntax_error_in_one_exercise_does_not_cost_the_others(batch):
     row = _row(batch, "dave", "01-measure-the-baseline")
     statuses = {r["exercise"]: r["status"] for r in row["exercises"]}
-    assert statuses == {"1.1": "error", "1.2": "pass", "1.3": "pass"}
-    assert (row["points"], row["max_points"]) == (3, 5)
+    assert statuses == {"1.1": "error", "1.2": "pass", "1.3": "pass", "1.4": "pass"}
+    assert (row["points"], row["max_points"]) == (5, 7)
     ex11 = _ex(row, "1.1")["message"]
     assert "SyntaxError" in ex11 and "def time_it" in ex11 and ex11.startswith("cell ")
     notes = " ".join(row["notes"])
@@ -160,7 +198,7 @@ def test_a_syntax_error_in_one_exercise_does_not_cost_the_others(batch):
 def test_a_deleted_check_cell_is_restored(batch):
     row = _row(batch, "erin", "01-measure-the-baseline")
     assert _ex(row, "1.2")["status"] == "not_implemented" and _ex(row, "1.3")["status"] == "pass"
-    assert (row["points"], row["max_points"]) == (2, 5)
+    assert (row["points"], row["max_points"]) == (4, 7)
     assert any("1.2 was missing" in n for n in row["notes"])
 
 
@@ -172,8 +210,28 @@ def test_an_object_that_cannot_be_copied_is_one_sentence_naming_the_global(batch
 def test_a_truncated_notebook_gets_a_row_and_does_not_stop_the_batch(batch):
     row = _row(batch, "frank", "01-measure-the-baseline")
     assert row["status"] == "not_graded" and "truncated" in row["reason"]
-    assert (row["points"], row["max_points"]) == (0, 5)
-    assert [r["status"] for r in row["exercises"]] == ["missing"] * 3
+    assert (row["points"], row["max_points"]) == (0, 7)
+    assert [r["status"] for r in row["exercises"]] == ["missing"] * 4
+
+
+def test_no_process_a_notebook_or_a_check_started_outlives_grading(batch):
+    import os
+
+    import psutil
+    row = _row(batch, "gina", "00-welcome-and-setup")
+    assert [r["status"] for r in row["exercises"]] == ["pass"], row
+    assert any("the check of exercise 0.1 left 1 process(es) running; the grader killed them" in n
+               for n in row["notes"]), row["notes"]
+    for who in ("kernel", "check"):
+        pid = int((batch["pids"] / who).read_text())
+        try:
+            alive = psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            alive = False
+        assert not alive, f"the process {who} code left behind ({pid}) is still running"
+    tempdir = (batch["pids"] / "tempdir").read_text()
+    assert not os.path.exists(tempdir), "the kernel's temporary files outlived grading"
+    assert "course-grade-" in tempdir   # the run's own folder, removed with it
 
 
 def test_same_file_names_from_two_students_stay_apart(batch):
@@ -187,7 +245,7 @@ def test_same_file_names_from_two_students_stay_apart(batch):
 def test_the_executed_copy_shows_each_verdict_at_its_check_cell(batch):
     import nbformat
     nb = nbformat.read(_row(batch, "dave", "01-measure-the-baseline")["executed"], as_version=4)
-    assert "3/5 points" in nb.cells[0].source
+    assert "5/7 points" in nb.cells[0].source
     text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert "[PASS] Exercise 1.2" in text and "[ERROR] Exercise 1.1" in text
 
@@ -196,7 +254,7 @@ def test_totals_come_from_the_released_lesson(batch):
     for row in batch["rows"]:
         lesson = row["lesson"] if row["status"] == "graded" else row["expected_lesson"]
         if lesson:
-            assert row["max_points"] == {"00-welcome-and-setup": 1, "01-measure-the-baseline": 5}[lesson]
+            assert row["max_points"] == {"00-welcome-and-setup": 1, "01-measure-the-baseline": 7}[lesson]
         assert all(r["points"] <= r["max_points"] for r in row["exercises"])
 
 
@@ -211,18 +269,20 @@ def test_checks_run_after_every_notebook_and_with_recorded_seeds(batch):
 
 def test_the_json_and_csv_gradebook(batch):
     data = json.loads((batch["tmp"] / "grades.json").read_text())
-    assert data["grader"]["seed"] == SEED and len(data["submissions"]) == 6
+    assert data["grader"]["seed"] == SEED and len(data["submissions"]) == 7
     rows = list(csv.DictReader((batch["tmp"] / "grades.csv").open()))
     assert [r["submission"] for r in rows] == [r["submission"] for r in batch["rows"]]
     dave = next(r for r in rows if r["submission"] == "dave/01-measure-the-baseline.ipynb")
-    assert (dave["ex 1.1"], dave["ex 1.2"], dave["ex 1.3"], dave["points"], dave["max_points"]) == ("0", "1", "2", "3", "5")
+    assert (dave["ex 1.1"], dave["ex 1.2"], dave["ex 1.3"], dave["ex 1.4"], dave["points"], dave["max_points"]) == ("0", "1", "2", "2", "5", "7")
     alice = next(r for r in rows if r["submission"] == "alice/00-welcome-and-setup.ipynb")
     assert alice["ex 1.1"] == "" and alice["ex 0.1"] == "1"
 
 
 def test_nonsensical_limits_are_refused(capsys):
     for args in (["--timeout", "0"], ["--timeout", "-5"], ["--timeout", "nan"], ["--notebook-timeout", "abc"],
-                 ["--jobs", "0"], ["--seed", "-1"], ["--timeout", "100", "--notebook-timeout", "10"]):
+                 ["--jobs", "0"], ["--seed", "-1"], ["--timeout", "100", "--notebook-timeout", "10"],
+                 ["--timeout", "inf"], ["--timeout", "0.01"], ["--notebook-timeout", "1e9"], ["--jobs", "1000"],
+                 ["--gpus", ","]):
         with pytest.raises(SystemExit) as exc:
             main(["x.ipynb"] + args)
         assert exc.value.code == 2
@@ -320,4 +380,4 @@ def test_notebooks_side_by_side_each_get_their_own_device(tmp_path, monkeypatch)
     assert sorted(d for d, _ in seen) == ["2", "2", "2", "3", "3"] or sorted(d for d, _ in seen) == ["2", "2", "3", "3", "3"]
     from course_utils.env import usable_cores
     assert {threads for _, threads in seen} == {str(max(1, usable_cores() // 2))}   # the cores, shared
-    assert grade_mod._checker_env(opts, subs[0])["CUDA_VISIBLE_DEVICES"] == "2"
+    assert grade_mod._checker_env(opts, subs[0], "0.1")["CUDA_VISIBLE_DEVICES"] == "2"
