@@ -6,7 +6,7 @@ For each submission the grader
 2. runs the learner's notebook in a fresh kernel, in a private working folder, with every
    check cell replaced by the released one, which hands the exercise's object to the grader
    instead of grading it there; errors, timeouts, `sys.exit` and kernel deaths cost only the
-   cells they hit;
+   cells they hit; every process it started is killed when it ends (`grading.reap`);
 3. after all notebooks have run (`--jobs N` at a time, each on its own device with
    `--gpus 0,1,...`), runs every check alone, in the grader's own checker process (one forked
    process per check, on a quiet machine), with a seed recorded for regrading;

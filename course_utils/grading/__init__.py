@@ -9,5 +9,6 @@
 - `handin`:   inside that kernel: copies each exercise's object out to the checker;
 - `checker`:  the trusted process that runs the checks, one forked process per check;
 - `review`:   static signs that a submission reaches for the grading machinery;
+- `reap`:     no process a kernel or a check started outlives it (markers, subreapers);
 - `report`:   the table, the JSON and the CSV gradebook.
 """

@@ -1,15 +1,19 @@
-"""Every notebook, executed headless in smoke mode, both directions.
+"""Every notebook, executed headless in smoke mode, both directions, through the grader.
 
-- solutions/: graded by the grader's command line, as an instructor would (the checks run in the
-  grader's checker process on the objects the notebook handed in): exit status 0, every
-  exercise passes, one record per check cell, no cell raises, no note or review flag, and the
-  NBVAL_CHECK_OUTPUT cells of the executed copy reproduce their recorded outputs (compared as
-  nbval's lax mode compares them). One run per notebook proves both the lesson and the grader.
-- notebooks/ (the student versions): run through the grader's command line (which restores the
-  released check cells and runs the checks in its own checker process): the notebook runs to the
-  end with no failed cell, there is one record per exercise, and every one is "not implemented".
-- After either run, no process it started is left (a kernel, the grader's checker, torchrun and
-  its ranks, DataLoader workers): each run's processes carry a marker in their environment.
+All the notebooks a session selects are graded in ONE run of the grader's command line, as an
+instructor grades a batch (the notebooks one after another, then every check alone in the
+grader's checker process, on the objects each notebook handed in); each test reads its row:
+
+- solutions/: every exercise passes, one record per check cell, no cell raises, no note or
+  review flag, and the NBVAL_CHECK_OUTPUT cells of the executed copy reproduce their recorded
+  outputs (compared as nbval's lax mode compares them). The grader exits 0 when only solutions
+  were graded, 1 with student notebooks among them.
+- notebooks/ (the student versions): the notebook runs to the end with no failed cell, one
+  record per exercise, and every one is "not implemented".
+- No process the run started is left (a kernel, the grader's checker, torchrun and its ranks,
+  DataLoader workers): its processes carry a marker in their environment.
+
+The grader's log goes to build/notebook-tests.log while it runs.
 """
 import json
 import os
@@ -81,33 +85,62 @@ def _compared(outputs) -> dict:
     return flat
 
 
-def _grade(path, tmp_path, env, *extra):
-    out = tmp_path / "grades.json"
-    proc = subprocess.run([sys.executable, "-m", "course_utils.grade", str(path), "--smoke", "--json", str(out), *extra],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
-    assert out.exists(), f"the grader wrote no JSON:\n{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}"
-    submission, = json.loads(out.read_text())["submissions"]
-    return proc, submission
+@pytest.fixture(scope="module")
+def graded(request, tmp_path_factory):
+    """Every notebook this session selected, graded in ONE run of the grader's command line (as an
+    instructor grades a batch: the notebooks one after another, then every check alone in the
+    grader's checker; one start-up instead of one per notebook). Its log: build/notebook-tests.log."""
+    me = request.module.__name__
+    paths = []
+    for item in request.session.items:
+        path = getattr(item, "callspec", None) and item.callspec.params.get("path")
+        if path is not None and item.module.__name__ == me and path not in paths:
+            paths.append(path)
+    tmp = tmp_path_factory.mktemp("graded")
+    out, env = tmp / "grades.json", _env()
+    log = ROOT / "build" / "notebook-tests.log"
+    log.parent.mkdir(exist_ok=True)
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        proc = subprocess.run([sys.executable, "-m", "course_utils.grade", *map(str, paths), "--smoke",
+                               "--timeout", "600", "--notebook-timeout", "1200", "--json", str(out),
+                               "--output-dir", str(tmp / "executed")],
+                              cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, text=True,
+                              timeout=300 + 600 * len(paths))
+    seconds = time.perf_counter() - t0
+    text = log.read_text()
+    assert out.exists(), f"the grader wrote no JSON:\n{text[-4000:]}"
+    data = json.loads(out.read_text())
+    by = {Path(sub["path"]).resolve(): sub for sub in data["submissions"]}
+    assert set(by) == {p.resolve() for p in paths}, sorted(by)
+    all_passed = all(r["status"] == "pass" for sub in by.values() for r in sub["exercises"])
+    overhead = (seconds - sum(sub["seconds"] for sub in by.values())) / len(by)   # start-up, shared
+    return {"by": by, "left": _left_behind(env), "overhead_s": overhead, "code": proc.returncode,
+            "expected_code": 0 if all_passed else 1, "log": text}
+
+
+def _graded(graded, path, record_duration, how):
+    submission = graded["by"][path.resolve()]
+    record_duration(path.name, submission["seconds"] + graded["overhead_s"], how)
+    assert not graded["left"], f"the graded run left processes behind: {graded['left']}"
+    assert graded["code"] == graded["expected_code"], \
+        f"the grader's exit status {graded['code']}, not {graded['expected_code']}:\n{graded['log'][-4000:]}"
+    assert submission["status"] == "graded" and submission["lesson"] == path.stem, submission
+    assert not submission["notes"], f"{path} did not run cleanly:\n" + "\n".join(submission["notes"])
+    assert not submission["review"], submission["review"]
+    assert sorted(r["exercise"] for r in submission["exercises"]) == sorted(check_cells(path))
+    return submission
 
 
 @pytest.mark.parametrize("path", SOLUTIONS, ids=[p.stem for p in SOLUTIONS])
-def test_solution_passes_every_check(path, tmp_path, record_duration):
+def test_solution_passes_every_check(path, graded, record_duration):
     import nbformat
-    expected = check_cells(path)
-    assert expected, f"{path.name} has no check cells"
-    t0 = time.perf_counter()
-    env = _env()
-    proc, submission = _grade(path, tmp_path, env, "--output-dir", str(tmp_path / "executed"))
-    record_duration(path.name, time.perf_counter() - t0, "solution")
-    assert not _left_behind(env), f"{path.name} left processes behind: {_left_behind(env, 0)}"
-    assert submission["status"] == "graded" and submission["lesson"] == path.stem, submission
-    assert not submission["notes"], "the solution did not run cleanly:\n" + "\n".join(submission["notes"])
-    assert not submission["review"], submission["review"]
+    assert check_cells(path), f"{path.name} has no check cells"
+    submission = _graded(graded, path, record_duration, "solution")
     records = submission["exercises"]
-    assert sorted(r["exercise"] for r in records) == sorted(expected)
     failed = [f"{r['exercise']}: {r['status']}: {r['message']}" for r in records if r["status"] != "pass"]
     assert not failed, "checks did not pass:\n" + "\n".join(failed)
-    assert proc.returncode == 0 and submission["points"] == submission["max_points"] > 0, proc.stdout[-4000:]
+    assert submission["points"] == submission["max_points"] > 0
     # what nbval's lax mode asked of the run: no cell raised, NBVAL_CHECK_OUTPUT cells reproduce their outputs
     executed = nbformat.read(submission["executed"], as_version=4)
     raised = [f"{c.get('id')}: {o.get('ename')}: {o.get('evalue')}" for c in executed.cells if c.cell_type == "code"
@@ -127,19 +160,8 @@ def test_solution_passes_every_check(path, tmp_path, record_duration):
 
 
 @pytest.mark.parametrize("path", STUDENTS, ids=[p.stem for p in STUDENTS])
-def test_student_notebook_passes_no_check(path, tmp_path, record_duration):
-    expected = check_cells(path)
-    t0 = time.perf_counter()
-    env = _env()
-    proc, submission = _grade(path, tmp_path, env)
-    record_duration(path.name, time.perf_counter() - t0, "student")
-    assert not _left_behind(env), f"{path.name} left processes behind: {_left_behind(env, 0)}"
-    assert proc.returncode == 1, f"the grader should exit 1 for a student notebook:\n{proc.stdout[-4000:]}"
-    assert submission["status"] == "graded" and submission["lesson"] == path.stem, submission
-    assert not submission["notes"], "the student notebook did not run cleanly:\n" + "\n".join(submission["notes"])
-    assert not submission["review"], submission["review"]
-    records = submission["exercises"]
-    assert sorted(r["exercise"] for r in records) == sorted(expected)
+def test_student_notebook_passes_no_check(path, graded, record_duration):
+    records = _graded(graded, path, record_duration, "student")["exercises"]
     passed = [r["exercise"] for r in records if r["status"] == "pass"]
     assert not passed, f"checks passed on the unsolved notebook: {passed}"
     assert all(r["status"] == "not_implemented" for r in records), \
