@@ -497,7 +497,7 @@ def grade(paths, options: GradeOptions | None = None) -> tuple[int, dict, list[d
     """Grade notebooks; returns (exit status, run information, one dict per submission)."""
     import dataclasses
     opts = dataclasses.replace(options or GradeOptions(), run_id=f"grade-{secrets.token_hex(6)}")
-    t_start = time.monotonic()
+    t_start, started = time.monotonic(), time.time()
     seed = opts.seed if opts.seed is not None else secrets.randbelow(2**31)
     run = {"seed": seed, "smoke": opts.smoke, "cell_timeout_s": opts.cell_timeout_s,
            "notebook_timeout_s": opts.notebook_timeout_s, "jobs": opts.jobs, "gpus": list(opts.gpus),
@@ -554,7 +554,7 @@ def grade(paths, options: GradeOptions | None = None) -> tuple[int, dict, list[d
         from course_utils.grading import reap
         reap.kill_marked(opts.run_id + "/k", prefix=True)   # the checks measure a machine no submission uses
         if reap.is_subreaper():   # and what a kernel orphaned without its marker (env -i, double fork)
-            reap.kill_children(keep=[checker.proc.pid] if checker is not None else [])
+            reap.kill_children(keep=[checker.proc.pid] if checker is not None else [], since=started)
         for i, sub in enumerate(runnable, start=1):
             if sub.status != "graded" or sub.execution is None:
                 if sub.status == "graded":
@@ -682,21 +682,24 @@ def main(argv=None) -> int:
     from course_utils.grading import reap
     from course_utils.grading.checker import _non_dumpable
     _non_dumpable()
-    reap.become_subreaper()   # a kernel's orphans become ours, and are killed below
     opts = GradeOptions(smoke=args.smoke, cell_timeout_s=args.timeout, notebook_timeout_s=args.notebook_timeout,
                         jobs=args.jobs, seed=args.seed, output_dir=Path(args.output_dir) if args.output_dir else None,
                         lesson=args.lesson, solutions=Path(args.released) if args.released else None, gpus=gpus)
     from course_utils.grading import report
     code, run, subs = EXIT_GRADER, {"seed": args.seed}, []
     try:
-        code, run, subs = grade(args.notebooks, opts)
+        started = time.time()
+        with reap.subreaper():   # a kernel's orphans become ours while grading, and are killed at its end
+            try:
+                code, run, subs = grade(args.notebooks, opts)
+            finally:
+                reap.kill_children(since=started)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
     except Exception as exc:   # the grader's own bug: say so, still write what there is
         print(f"the grader failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         run["error"] = f"{type(exc).__name__}: {exc}"
     finally:
-        reap.kill_children()
         if args.json:
             report.write_json(args.json, run, subs)
         if args.csv:

@@ -7,9 +7,10 @@ own), DataLoader workers, a process a submission starts with `setsid` or by fork
 a kernel or a check is done, every process that carries its marker is killed; when the run is
 done, every process that carries the run's id.
 
-On Linux the checker and the command line also make themselves child subreapers: a process
-orphaned below them (its parent died first) becomes their child rather than init's, so they
-can still find and kill it after each check (`kill_children`).
+On Linux the checker and the command line (while it grades) also make themselves child
+subreapers: a process orphaned below them (its parent died first) becomes their child rather
+than init's, so they can still find and kill it: the checker after each check, the command line
+before the checks start and at the end (`kill_children`).
 
 What escapes both: a process that clears its own environment *and* is orphaned outside a
 subreaper (a kernel's grandchild that double-forks with `env -i`); INSTRUCTORS.md says how to
@@ -17,10 +18,11 @@ grade untrusted code in a container, where nothing survives the container.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
-__all__ = ["ENV", "marked", "kill_marked", "become_subreaper", "is_subreaper", "kill_children"]
+__all__ = ["ENV", "marked", "kill_marked", "become_subreaper", "subreaper", "is_subreaper", "kill_children"]
 
 ENV = "COURSE_GRADER_RUN"
 _SUBREAPER = False
@@ -60,17 +62,38 @@ def kill_marked(value: str, *, prefix: bool = False, wait_s: float = 5.0) -> lis
     return [p.pid for p in procs]
 
 
-def become_subreaper() -> bool:
-    """prctl(PR_SET_CHILD_SUBREAPER, 1): orphans below this process become its children (Linux)."""
+def _set_subreaper(on: bool) -> bool:
+    """prctl(PR_SET_CHILD_SUBREAPER, on); True when it took effect (Linux only)."""
     global _SUBREAPER
     if not sys.platform.startswith("linux"):
         return False
     try:
         import ctypes
-        _SUBREAPER = ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0
+        if ctypes.CDLL(None, use_errno=True).prctl(36, int(on), 0, 0, 0) == 0:
+            _SUBREAPER = on
+            return True
     except Exception:
         pass
-    return _SUBREAPER
+    return False
+
+
+def become_subreaper() -> bool:
+    """Orphans below this process become its children from now on (for a process of the grader's
+    own, such as the checker)."""
+    return _set_subreaper(True) and _SUBREAPER
+
+
+@contextlib.contextmanager
+def subreaper():
+    """This process is a child subreaper inside the block, and no longer after it (the command
+    line, which may run inside another program: a test runner must not adopt orphans later)."""
+    was = _SUBREAPER
+    on = was or _set_subreaper(True)
+    try:
+        yield on
+    finally:
+        if on and not was:
+            _set_subreaper(False)
 
 
 def is_subreaper() -> bool:
@@ -78,35 +101,41 @@ def is_subreaper() -> bool:
     return _SUBREAPER
 
 
-def kill_children(*, keep=(), wait_s: float = 5.0) -> list[int]:
-    """SIGKILL every descendant of this process except the pids in `keep` (and theirs), and reap
-    every child that has ended (a subreaper inherits zombies)."""
+def kill_children(*, keep=(), since: float | None = None, wait_s: float = 5.0) -> list[int]:
+    """SIGKILL every live descendant of this process except the pids in `keep` (and theirs), and
+    with `since` (a `time.time()`) only those started after it; reap the ones that were our
+    children, zombies included (a subreaper inherits them). Returns the pids it killed."""
     import psutil
-    keep = set(keep)
-    me = psutil.Process()
     spared = set(keep)
     for pid in keep:
         try:
             spared |= {c.pid for c in psutil.Process(pid).children(recursive=True)}
         except psutil.Error:
             pass
+    me = os.getpid()
+    live, dead = [], []
     try:
-        procs = [p for p in me.children(recursive=True) if p.pid not in spared]
+        found = psutil.Process(me).children(recursive=True)
     except psutil.Error:
-        procs = []
-    for proc in procs:
+        found = []
+    for proc in found:
+        try:
+            if proc.pid in spared or (since is not None and proc.create_time() < since - 1):
+                continue
+            (dead if proc.status() == psutil.STATUS_ZOMBIE else live).append(proc)
+        except psutil.Error:
+            pass
+    for proc in live:
         try:
             proc.kill()
         except psutil.Error:
             pass
-    if procs:
-        psutil.wait_procs(procs, timeout=wait_s)
-    if not keep:
-        while True:
-            try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
-    return [p.pid for p in procs]
+    if live:
+        psutil.wait_procs(live, timeout=wait_s)   # reaps those that are our children
+    for proc in dead:
+        try:
+            if proc.ppid() == me:
+                os.waitpid(proc.pid, os.WNOHANG)
+        except (psutil.Error, ChildProcessError, OSError):
+            pass
+    return [p.pid for p in live]

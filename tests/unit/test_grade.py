@@ -304,12 +304,24 @@ def test_a_grader_failure_has_its_own_exit_status_and_still_writes_the_json(tmp_
     out = tmp_path / "g.json"
     code = main([str(nb), "--smoke", "--released", str(solutions), "--json", str(out), "--csv", str(tmp_path / "g.csv")])
     assert code == 3
+    assert not _adopts_orphans(), "the command line left its host process a child subreaper"
     row = json.loads(out.read_text())["submissions"][0]
     assert row["status"] == "grader_error" and "no registered check" in row["reason"]
     assert (tmp_path / "g.csv").read_text().count("\n") == 2
     from course_utils.grading.lessons import released_lessons
     lessons = released_lessons(solutions)   # one broken lesson does not stop the others
     assert lessons["00-welcome-and-setup"].error and lessons["01-measure-the-baseline"].error is None
+
+
+def _adopts_orphans() -> bool:
+    """PR_GET_CHILD_SUBREAPER for this process (False where Linux's prctl is not there)."""
+    import ctypes
+    import sys
+    if not sys.platform.startswith("linux"):
+        return False
+    flag = ctypes.c_int(0)
+    ctypes.CDLL(None).prctl(37, ctypes.byref(flag), 0, 0, 0)
+    return bool(flag.value)
 
 
 def test_a_kernel_that_cannot_start_is_the_graders_failure(tmp_path, monkeypatch):
