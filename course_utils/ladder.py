@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torchvision.transforms as T
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from . import data
 from .device_data import AugmentBatch, DeviceLoader, normalize_batch
@@ -97,23 +97,14 @@ class LadderConfig:
         return self.model or ("resnet18" if target.cuda else f"resnet18-w{CPU_MODEL_WIDTH}")
 
 
-class ImageArrays(Dataset):
+class ImageArrays(data.CIFAR10Binary):
     """CIFAR-style images held in arrays, as a Dataset: item i is `(transform(PIL image), label)`,
-    exactly what `data.CIFAR10Binary` gives (lesson 08: a check hands a pipeline its own images
-    this way). A module-level class, so that spawned DataLoader workers can unpickle it."""
+    exactly what `data.CIFAR10Binary` gives, whose items these are (lesson 08: a check hands a
+    pipeline its own images this way). A module-level class, so that spawned DataLoader workers
+    can unpickle it."""
 
-    def __init__(self, images: np.ndarray, labels: np.ndarray, transform=None):
+    def __init__(self, images: np.ndarray, labels: np.ndarray, transform=None):   # no file is read
         self.images, self.labels, self.transform = images, labels, transform
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, index: int):
-        from PIL import Image
-        image = Image.fromarray(self.images[index])
-        if self.transform is not None:
-            image = self.transform(image)
-        return image, int(self.labels[index])
 
 
 class TrainingSet:

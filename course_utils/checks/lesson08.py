@@ -10,12 +10,14 @@
     labels intact, and the crop offsets and flips distributed as the baseline's augmentation
     draws them (uniform offsets 0..8 per axis, drawn per sample, flips at one half, new ones
     every epoch);
-(a) speed: in alternating rounds, the model-only ceiling, the course's device-resident
-    pipeline and yours, through the one training loop, on the same kind of workload; yours as a
-    fraction of the ceiling must reach the bar fitted to the device (0.90 on a GPU; beside the
-    simulator, 85% of what the device-resident pipeline reaches in the same rounds, which is
-    what this machine can feed, at most 0.90). The batches of the timed steps are verified too:
-    a pipeline cannot be fast by doing less while it is timed;
+(a) speed: in at least five rounds, the model-only ceiling, the course's device-resident pipeline
+    and yours, through the one training loop, on the same kind of workload, yours and the
+    device-resident one next to each other. On a GPU, the median of yours as a fraction of the
+    ceiling must reach 0.90. Beside the simulator the bar is fitted to what this machine can
+    feed: the median of the per-round ratios of yours to the device-resident pipeline must reach
+    0.85 (or yours 0.90 of the ceiling); pairing the two within each round keeps a busy moment
+    of a shared machine from favouring either. Never an absolute time. The batches of the timed
+    steps are verified too: a pipeline cannot be fast by doing less while it is timed;
 (c) accuracy parity (`course_utils.parity`): the same small model from the same seed, the same
     number of steps on the baseline's pipeline and on yours, test accuracies within the
     measured tolerance.
@@ -329,17 +331,25 @@ class _Capture:
         return out
 
 
-GPU_BAR = 0.90
-SIM_SHARE = 0.85     # of what the course's device-resident pipeline reaches here
+GPU_BAR = 0.90       # of the model-only ceiling, on a GPU
+SIM_SHARE = 0.85     # beside the simulator: of what the course's device-resident pipeline reaches in the same round
+MIN_ROUNDS, MAX_ROUNDS = 5, 11
 
 
-def required_fraction(kind: str, capacity: float) -> float:
-    """The fraction of the ceiling 8.1 asks for: 0.90 on a GPU; beside the simulator 85% of
-    `capacity` (the fraction the course's device-resident pipeline reached in the same rounds:
-    what this machine can feed), at most 0.90."""
+def speed_verdict(kind: str, rounds: list[tuple[float, float]]) -> tuple[bool, bool]:
+    """(passed, sure) from rounds of (yours / ceiling, yours / the course's device-resident
+    pipeline), each measured in one round. On a GPU: the median fraction of the ceiling is at
+    least 0.90. Beside the simulator the bar is fitted to what this machine can feed: the median
+    of the per-round ratios to the device-resident pipeline, which ran next to yours in the same
+    round (so a busy moment hits both), is at least 0.85 (or yours reaches 0.90 of the ceiling).
+    `sure` once the medians are clear of the bar, or after MAX_ROUNDS rounds."""
+    fraction = statistics.median(r[0] for r in rounds)
     if kind == "cuda":
-        return GPU_BAR
-    return min(GPU_BAR, SIM_SHARE * capacity)
+        return fraction >= GPU_BAR, abs(fraction - GPU_BAR) > 0.05 or len(rounds) >= MAX_ROUNDS
+    share = statistics.median(r[1] for r in rounds)
+    passed = fraction >= GPU_BAR or share >= SIM_SHARE
+    clear = fraction >= GPU_BAR + 0.05 or abs(share - SIM_SHARE) > 0.1
+    return passed, clear or len(rounds) >= MAX_ROUNDS
 
 
 def epochs_possible(index: np.ndarray, n: int) -> bool:
@@ -410,29 +420,30 @@ def _check_speed(make_pipeline, rng, seed: int, device: str | None, smoke: bool)
         reference = device_resident_pipeline(ctx)
         seen_params: dict[int, list] = {}
         while True:
-            kept: list = []
-            timed = dataclasses.replace(yours, batch_transform=_Capture(yours.batch_transform, kept))
+            # both pipelines keep what the model got (the same instrument, the same cost); yours is verified.
+            # The ceiling runs first or last, yours and the reference next to each other in either order.
+            kept, kept_reference = [], []
             runs = {}
-            for name in rng.permutation(["ceiling", "reference", "yours"]):
-                if name == "ceiling":
-                    runs[name] = measure_ceiling(ctx).stats
-                elif name == "reference":
-                    runs[name] = ctx.run(reference, desc="reference").stats
-                else:
-                    runs[name] = ctx.run(timed, desc="yours").stats
+            pair = [("yours", dataclasses.replace(yours, batch_transform=_Capture(yours.batch_transform, kept))),
+                    ("reference", dataclasses.replace(reference, batch_transform=_Capture(reference.batch_transform,
+                                                                                          kept_reference)))]
+            if rng.random() < 0.5:
+                pair.reverse()
+            plan = [("ceiling", None)] + pair if rng.random() < 0.5 else pair + [("ceiling", None)]
+            for name, pipeline in plan:
+                runs[name] = measure_ceiling(ctx).stats if pipeline is None else ctx.run(pipeline, desc=name).stats
+            del kept_reference, pair, plan
             for i, params in _verify_timed(kept, workload, n, batch_size, probe,
                                            f"the timed steps of round {len(rounds) + 1} (seed {seed})").items():
                 seen_params.setdefault(i, []).append(params)
-            del kept, timed
+            del kept
             ceiling = runs["ceiling"].samples_per_s
-            rounds.append((runs["yours"].samples_per_s / ceiling, runs["reference"].samples_per_s / ceiling, runs))
-            if len(rounds) < 3:
-                continue
-            fraction = statistics.median(r[0] for r in rounds)
-            capacity = statistics.median(r[1] for r in rounds)
-            required = required_fraction(ctx.kind, capacity)
-            if abs(fraction - required) > 0.05 or len(rounds) >= 6:
-                break
+            rounds.append((runs["yours"].samples_per_s / ceiling,
+                           runs["yours"].samples_per_s / runs["reference"].samples_per_s, runs))
+            if len(rounds) >= MIN_ROUNDS:
+                passed, sure = speed_verdict(ctx.kind, [r[:2] for r in rounds])
+                if sure:
+                    break
         label, kind = ctx.label, ctx.kind
     del yours, reference
     gc.collect()
@@ -441,8 +452,11 @@ def _check_speed(make_pipeline, rng, seed: int, device: str | None, smoke: bool)
         raise CheckFailed("augments afresh every epoch", f"during the timed rounds (seed {seed}), "
                           f"{np.mean([p[0] == p[1] for p in twice]):.0%} of the samples seen in two rounds got the same "
                           "crop and flip in both", "augment every batch when it is served, never from a cache")
+    fraction = statistics.median(r[0] for r in rounds)
+    share = statistics.median(r[1] for r in rounds)
+    capacity = statistics.median(r[2]["reference"].samples_per_s / r[2]["ceiling"].samples_per_s for r in rounds)
     median_round = sorted(rounds, key=lambda r: r[0])[len(rounds) // 2][2]
-    return fraction, capacity, required, len(rounds), label, kind, median_round
+    return passed, fraction, share, capacity, len(rounds), label, kind, median_round
 
 
 # -- 8.1 ------------------------------------------------------------------------------------------
@@ -464,15 +478,20 @@ def check_pipeline(make_pipeline):
     _check_correctness(make_pipeline, rng, seed, device)
     # (a) speed against the ceiling; with COURSE_DEVICE=cpu, beside the simulated device
     speed_device = "sim" if kind == "cpu" else device
-    fraction, capacity, required, n_rounds, label, speed_kind, runs = _check_speed(make_pipeline, rng, seed,
-                                                                                  speed_device, smoke)
-    bar = ("0.90 on a GPU" if speed_kind == "cuda" else
-           f"85% of the {capacity:.0%} the course's device-resident pipeline reached in the same rounds")
-    if fraction < required:
+    passed, fraction, share, capacity, n_rounds, label, speed_kind, runs = _check_speed(make_pipeline, rng, seed,
+                                                                                       speed_device, smoke)
+    if speed_kind == "cuda":
+        measured = f"{fraction:.0%} of the model-only ceiling (median of {n_rounds} rounds)"
+        bar = f"at least {GPU_BAR:.0%} of it asked on a GPU"
+    else:
+        measured = (f"{fraction:.0%} of the ceiling and {share:.0%} of what the course's device-resident pipeline "
+                    f"reached next to it, which was {capacity:.0%} of the ceiling (medians of {n_rounds} rounds)")
+        bar = (f"at least {SIM_SHARE:.0%} of the device-resident pipeline's throughput asked (what this machine can "
+               f"feed), or {GPU_BAR:.0%} of the ceiling")
+    if not passed:
         raise CheckFailed("runs at the speed this machine allows (fraction of the model-only ceiling)",
-                          f"yours reached {fraction:.0%} of the ceiling (median of {n_rounds} rounds; "
-                          f"{runs['yours'].samples_per_s:,.0f} against {runs['ceiling'].samples_per_s:,.0f} samples/s), "
-                          f"{required:.0%} asked: {bar}, on {label}",
+                          f"yours reached {measured}; {bar}; on {label} (in the median round yours "
+                          f"{runs['yours'].samples_per_s:,.0f} samples/s, the ceiling {runs['ceiling'].samples_per_s:,.0f})",
                           "diagnose it as lesson 01 did (stall fraction): keep the data where the model is and "
                           "augment whole batches there (lesson 03), or let DALI do it (lesson 04)")
     # (c) accuracy parity. A first difference just outside the tolerance (at most twice it) is measured again from
@@ -497,8 +516,7 @@ def check_pipeline(make_pipeline):
     cpu_note = (" COURSE_DEVICE=cpu: speed graded beside the simulated device (the real model shares the CPU "
                 "with the loader); correctness and parity through the GPU code path on the CPU.") if kind == "cpu" else ""
     return (f"every sample once per epoch, reshuffled, exact crops with uniform offsets and half flipped, labels "
-            f"intact; {fraction:.0%} of the ceiling (at least {required:.0%} asked: {bar}; median of {n_rounds} "
-            f"rounds on {label}); parity: {100 * difference:+.1f} points (within +/-"
+            f"intact; {measured}, {bar}, on {label}; parity: {100 * difference:+.1f} points (within +/-"
             f"{100 * parity.tolerance:.0f}).{cpu_note}")
 
 

@@ -15,7 +15,7 @@ import torch
 
 from course_utils.checks import run_check
 from course_utils.checks.lesson08 import (decode, epochs_possible, identifiable_images, predicted_throughput,
-                                          reference_choice, required_fraction, _pixels)
+                                          reference_choice, speed_verdict, _pixels)
 from course_utils.data import CIFAR10_MEAN, CIFAR10_STD
 from course_utils.device_data import AugmentBatch, DeviceLoader, normalize_uint8, random_crop_flip
 from course_utils.ladder import (Pipeline, TrainingSet, baseline_pipeline, device_resident_pipeline,
@@ -74,10 +74,15 @@ def test_epochs_possible_accepts_any_phase_and_rejects_repeats():
 
 
 def test_speed_bar_is_fitted_to_the_device_and_never_absolute():
-    assert required_fraction("cuda", 0.2) == 0.90
-    assert required_fraction("sim", 0.98) == pytest.approx(0.833)
-    assert required_fraction("sim", 1.2) == 0.90
-    assert required_fraction("sim", 0.5) == pytest.approx(0.425)
+    # rounds of (yours / ceiling, yours / the course's device-resident pipeline in the same round)
+    assert speed_verdict("cuda", [(0.97, 0.2)] * 5) == (True, True)
+    assert speed_verdict("cuda", [(0.85, 1.0)] * 5) == (False, True)
+    assert speed_verdict("cuda", [(0.88, 1.0)] * 5) == (False, False)        # close to the bar: more rounds
+    assert speed_verdict("sim", [(0.40, 0.98)] * 5) == (True, True)          # a busy machine: paired with the reference
+    assert speed_verdict("sim", [(0.40, 0.45)] * 5) == (False, True)
+    assert speed_verdict("sim", [(0.80, 0.80)] * 5) == (False, False)
+    assert speed_verdict("sim", [(0.80, 0.80)] * 11) == (False, True)        # as sure as it gets
+    assert speed_verdict("sim", [(0.93, 0.5)] * 5)[0]
 
 
 # -- 8.1: plausible pipelines ------------------------------------------------------------------------
