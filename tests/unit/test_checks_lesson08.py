@@ -358,10 +358,9 @@ def cheats_when_timed(ctx):
 
 
 SPEED_MUTANTS = [
-    (course_baseline, "runs at the speed this machine allows"),
-    (course_prefetcher, "runs at the speed this machine allows"),
+    (course_prefetcher, "runs at the speed this machine allows"),     # the nearest miss of the ladder's slow rungs
     (cheats_when_timed, "every sample exactly once per epoch"),
-]
+] + ([(course_baseline, "runs at the speed this machine allows")] if EXTRA_SEEDS > 1 else [])   # 15 s more
 
 
 @pytest.mark.parametrize("mutant,prop", SPEED_MUTANTS, ids=[m.__name__ for m, _ in SPEED_MUTANTS])
