@@ -18,8 +18,7 @@ from course_utils.checks.lesson08 import (decode, epochs_possible, identifiable_
                                           reference_choice, speed_verdict, _pixels)
 from course_utils.data import CIFAR10_MEAN, CIFAR10_STD
 from course_utils.device_data import AugmentBatch, DeviceLoader, normalize_uint8, random_crop_flip
-from course_utils.ladder import (Pipeline, TrainingSet, baseline_pipeline, device_resident_pipeline,
-                                 prefetcher_pipeline)
+from course_utils.ladder import Pipeline, TrainingSet, baseline_pipeline, prefetcher_pipeline
 
 EXTRA_SEEDS = int(os.environ.get("COURSE_MUTANT_SEEDS", "1"))
 
