@@ -7,7 +7,7 @@ PORT   ?= 8888
 NB     ?= notebooks/*.ipynb
 GRADE_FLAGS ?= --smoke
 
-.PHONY: lab test unit notebooks grade ladder course student venv clean
+.PHONY: lab test unit browser browser-deps notebooks grade ladder course student venv clean
 
 venv: $(STAMP)
 
@@ -20,24 +20,36 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install -q --no-deps -e .
 	touch $(STAMP)
 
-## lab: open the course in JupyterLab, on localhost only, behind a fresh random token.
-## (As root, in a container say, Jupyter refuses to start without --allow-root: it is added
-## only then; the server still listens on localhost only and still needs the token.)
+## lab: open the course in JupyterLab on 127.0.0.1 behind a fresh random token, passed to the
+## server in its environment (never on its command line). A busy port stops it with the advice
+## to use PORT=; the link is printed once the server answers. See course_utils/lab.py.
 lab: $(STAMP)
-	@token=$$($(PY) -c 'import secrets; print(secrets.token_urlsafe(24))'); \
-	echo; echo "  Feed the GPU: open http://127.0.0.1:$(PORT)/lab?token=$$token"; echo; \
-	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.port=$(PORT) --ServerApp.port_retries=0 \
-	  $$([ "$$(id -u)" = 0 ] && echo --allow-root) \
-	  --ServerApp.root_dir=$(CURDIR) --IdentityProvider.token=$$token \
-	  --ServerApp.default_url=/lab/tree/notebooks/00-welcome-and-setup.ipynb
+	$(PY) -m course_utils.lab --port $(PORT) $(LAB_ARGS)
 
-## test: unit tests, then every notebook headless in smoke mode (solutions pass, students fail).
-test: $(STAMP)
+## test: unit tests, `make lab` driven in headless Chromium, then every notebook headless in
+## smoke mode (solutions pass, students fail).
+test: $(STAMP) browser-deps
 	COURSE_SMOKE=1 $(PY) -m pytest tests/unit -q
+	COURSE_SMOKE=1 COURSE_CHROMIUM=$(CHROMIUM) $(PY) -m pytest tests/browser -q
 	COURSE_SMOKE=1 $(PY) -m pytest tests/notebooks -q
 
 unit: $(STAMP)
 	COURSE_SMOKE=1 $(PY) -m pytest tests/unit -q
+
+browser: $(STAMP) browser-deps
+	COURSE_SMOKE=1 COURSE_CHROMIUM=$(CHROMIUM) $(PY) -m pytest tests/browser -q
+
+## browser-deps: Debian's Chromium for the browser test, installed when missing (as root, with
+## apt-get; never a browser download). Elsewhere it says what to install and the test skips.
+CHROMIUM ?= /usr/bin/chromium
+browser-deps:
+	@if [ -x "$(CHROMIUM)" ]; then exit 0; fi; \
+	if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	  echo "installing Debian's chromium and chromium-driver for the browser test (once)"; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium chromium-driver; \
+	else \
+	  echo "No Chromium at $(CHROMIUM): the browser test will be skipped. On Debian: sudo apt-get install chromium chromium-driver"; \
+	fi
 
 notebooks: $(STAMP)
 	COURSE_SMOKE=1 $(PY) -m pytest tests/notebooks -q

@@ -14,7 +14,10 @@ the whole batch, as the fastest CIFAR-10 trainers (airbench) do.
 - `normalize_batch`, `AugmentBatch`: the same as `batch_transform(images, labels)` functions
   for `course_utils.train.train`.
 
-Everything here works on any device (CPU tensors too) and never synchronises the GPU.
+Everything here works on any device (CPU tensors too). Per batch, nothing here copies from the
+host or waits for the device: random numbers are drawn on the images' device, and the
+normalisation constants are copied to a device once and kept (lesson 05 explains why a copy
+or a read-back every batch stalls the GPU). `cifar10_on_device` copies the dataset once.
 """
 from __future__ import annotations
 
@@ -40,10 +43,9 @@ def cifar10_on_device(device, *, train: bool = True, limit: int | None = None, r
 class DeviceLoader:
     """Batches of `batch_size` sliced from `images` and `labels` already on the device (lesson 03).
 
-    Each pass (each `for`) draws a new random order (`shuffle=True`) from its own generator,
-    seeded by `seed` (fresh when None); `drop_last` drops the final short batch. Indexing
-    happens on the device: no worker, no copy. The permutation is drawn on the CPU and copied
-    once per epoch (8 bytes a sample).
+    Each pass (each `for`) draws a new random order (`shuffle=True`) from its own generator on
+    the device, seeded by `seed` (fresh when None); `drop_last` drops the final short batch.
+    The permutation and the indexing happen on the device: no worker, no copy, no wait.
     """
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, *, shuffle: bool = True,
@@ -54,7 +56,7 @@ class DeviceLoader:
             raise ValueError("batch_size must be >= 1")
         self.images, self.labels = images, labels
         self.batch_size, self.shuffle, self.drop_last = int(batch_size), shuffle, drop_last
-        self.generator = torch.Generator()
+        self.generator = torch.Generator(device=images.device)
         if seed is None:
             self.generator.seed()
         else:
@@ -67,7 +69,7 @@ class DeviceLoader:
     def __iter__(self):
         n = len(self.labels)
         if self.shuffle:
-            order = torch.randperm(n, generator=self.generator).to(self.images.device, non_blocking=True)
+            order = torch.randperm(n, generator=self.generator, device=self.images.device)
         else:
             order = torch.arange(n, device=self.images.device)
         for i in range(len(self)):
@@ -80,17 +82,20 @@ def random_crop_flip(images: torch.Tensor, padding: int = 4, generator: torch.Ge
 
     `images` (N, C, H, W), any dtype, any device. For each sample an offset (dy, dx) is drawn
     uniformly in 0..2*padding and a flip with probability 1/2; the output is the H x W window
-    of the padded image at (dy, dx), mirrored left-right when flipped. Random numbers come from
-    `generator` (on any device) or from the global generator of the images' device.
+    of the padded image at (dy, dx), mirrored left-right when flipped. Random numbers are drawn
+    on the images' device, from `generator` (which must live there: numbers drawn on the host
+    would be copied to the device for every batch) or from that device's global generator.
     """
     if images.dim() != 4:
         raise ValueError(f"expected a batch (N, C, H, W); got shape {tuple(images.shape)}")
+    if generator is not None and _torch_device(generator.device) != _same_index(images.device):
+        raise ValueError(f"the generator is on {generator.device} and the images on {images.device}: make the "
+                         f"generator on the images' device (torch.Generator(device=images.device))")
     n, c, h, w = images.shape
     k = 2 * padding + 1
-    draw_on = generator.device if generator is not None else images.device
-    dy = torch.randint(0, k, (n,), device=draw_on, generator=generator).to(images.device)
-    dx = torch.randint(0, k, (n,), device=draw_on, generator=generator).to(images.device)
-    flip = (torch.rand(n, device=draw_on, generator=generator) < 0.5).to(images.device)
+    dy = torch.randint(0, k, (n,), device=images.device, generator=generator)
+    dx = torch.randint(0, k, (n,), device=images.device, generator=generator)
+    flip = torch.rand(n, device=images.device, generator=generator) < 0.5
     padded = F.pad(images, (padding, padding, padding, padding)) if padding else images.contiguous()
     s = padded.stride()
     # windows[i, y, x] is the (C, H, W) view of sample i at offset (y, x): no copy yet
@@ -129,7 +134,7 @@ def normalize_batch(images: torch.Tensor, labels: torch.Tensor):
 class AugmentBatch:
     """`batch_transform` for `train`: random crop + flip, then normalise, on the device (lesson 03).
 
-    `generator` (optional, on the images' device or the CPU) makes the augmentation reproducible.
+    `generator` (optional, on the images' device) makes the augmentation reproducible.
     """
 
     def __init__(self, padding: int = 4, mean=CIFAR10_MEAN, std=CIFAR10_STD, generator=None):
@@ -147,4 +152,11 @@ def _torch_device(device) -> torch.device:
     """The sim keeps its 'device memory' in host memory."""
     if getattr(device, "type", None) == "sim":
         return torch.device("cpu")
-    return torch.device(device)
+    return _same_index(torch.device(device))
+
+
+def _same_index(device: torch.device) -> torch.device:
+    """cuda and cuda:<current> are the same device."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device

@@ -1,19 +1,27 @@
 """What `watch nvidia-smi` and `htop` would show, recorded and plotted inline (lesson 01).
 
 `UtilizationMonitor` samples in a background thread, about every 100 ms:
-- GPU utilisation and memory through nvidia-ml-py (NVML) when an NVIDIA GPU is present,
-- the simulated accelerator's busy share when one is passed (`sim=`), labelled simulated,
-- per-core CPU utilisation through psutil.
+- the GPU the lesson trains on, through nvidia-ml-py (NVML): utilisation and memory. NVML
+  numbers GPUs in PCI order and ignores `CUDA_VISIBLE_DEVICES`, CUDA numbers them fastest
+  first among the visible ones, so `cuda:0` is often not NVML's GPU 0: the monitor finds the
+  torch device's GPU by its UUID (else its PCI bus id), never by index;
+- the simulated accelerator's busy share when one is passed, labelled simulated;
+- per-core CPU utilisation through psutil (what `htop` shows: every process on the machine),
+  split into the **course's own processes** (this kernel and its children: DataLoader
+  workers, torchrun ranks) and **everything else** on the machine, in cores.
 
-    with UtilizationMonitor(sim=device) as mon:
+    with UtilizationMonitor(device=run_on) as mon:     # run_on: cuda:N, cpu, or the simulator
         train(...)
     mon.timeline.plot()
 
-Sampling costs a few tens of microseconds every 100 ms (`benchmarks/monitor_overhead.py`
-measures its overhead on a training loop).
+`course_utils.live.LiveMonitor` shows the same samples live in a notebook (ipywidgets).
+Sampling costs well under 1% of one core (`benchmarks/monitor_overhead.py` measures it).
 """
 from __future__ import annotations
 
+import bisect
+import os
+import textwrap
 import threading
 import time
 from dataclasses import dataclass, field
@@ -21,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import psutil
 
-__all__ = ["UtilizationMonitor", "Timeline", "synthetic_timeline", "TIMELINE_KINDS"]
+__all__ = ["UtilizationMonitor", "Timeline", "synthetic_timeline", "TIMELINE_KINDS", "nvml_handle_for"]
 
 TIMELINE_KINDS = ("input-bound", "compute-bound", "sync-bound")
 
@@ -30,8 +38,10 @@ TIMELINE_KINDS = ("input-bound", "compute-bound", "sync-bound")
 class Timeline:
     """Samples from a `UtilizationMonitor` run (or built by hand for an exercise).
 
-    t_s: (T,) seconds since start; cpu_percent: (T, cores) per-core utilisation in %;
-    gpu_util: (T,) device utilisation in % or None; gpu_mem_mb: (T,) device memory used or None.
+    t_s: (T,) seconds since start; cpu_percent: (T, cores) per-core utilisation in %, every
+    process on the machine; gpu_util: (T,) device utilisation in % or None; gpu_mem_mb: (T,)
+    device memory used or None; ours_cores / others_cores: (T,) cores busy with the course's
+    own processes (this kernel and its children) and with every other process, or None.
     """
     t_s: np.ndarray
     cpu_percent: np.ndarray
@@ -41,13 +51,16 @@ class Timeline:
     host: str = ""
     simulated: bool = False
     marks: list = field(default_factory=list)
+    ours_cores: np.ndarray | None = None
+    others_cores: np.ndarray | None = None
 
     @property
     def cores(self) -> int:
         return int(self.cpu_percent.shape[1]) if self.cpu_percent.ndim == 2 else 1
 
     def summary(self) -> dict:
-        """Mean device utilisation, mean CPU per core and the busiest core's mean, in %."""
+        """Means over the run: device utilisation, CPU per core, the busiest core, and (when
+        recorded) the cores used by the course's processes and by other processes."""
         cpu = np.asarray(self.cpu_percent, dtype=float)
         out = {
             "samples": int(len(self.t_s)),
@@ -56,19 +69,27 @@ class Timeline:
         }
         if self.gpu_util is not None and len(self.gpu_util):
             out["device_util_mean_percent"] = float(np.mean(self.gpu_util))
+        if self.ours_cores is not None and len(self.ours_cores):
+            out["ours_cores_mean"] = float(np.mean(self.ours_cores))
+            out["others_cores_mean"] = float(np.mean(self.others_cores))
         return out
 
     def plot(self, ax=None, title: str | None = None):
-        """Two panels: device utilisation (and memory), then per-core CPU utilisation."""
+        """Device utilisation (and memory), per-core CPU, and, when recorded, the cores used by
+        the course's processes against everything else (one panel each)."""
         import matplotlib.pyplot as plt
 
+        split = self.ours_cores is not None
         own_figure = ax is None
         if own_figure:
-            fig, axes = plt.subplots(2, 1, figsize=(9, 5), sharex=True)
+            rows = 3 if split else 2
+            fig, axes = plt.subplots(rows, 1, figsize=(9, 6.6 if split else 5), sharex=True,
+                                     gridspec_kw={"height_ratios": [1, 1, 0.8][:rows]})
         else:
             axes = ax
             fig = axes[0].figure
-        dev_ax, cpu_ax = axes
+        dev_ax, cpu_ax = axes[0], axes[1]
+        who_ax = axes[2] if split and len(axes) > 2 else None
         if self.gpu_util is not None:
             what = "simulated device busy %" if self.simulated else "GPU utilisation %"
             dev_ax.plot(self.t_s, self.gpu_util, color="tab:green", label=what)
@@ -83,21 +104,29 @@ class Timeline:
             dev_ax.text(0.5, 0.5, "no device readings (no GPU, no simulated accelerator)",
                         ha="center", va="center", transform=dev_ax.transAxes)
         if own_figure:
-            dev_ax.set_title(f"device: {self.device or 'none'}", fontsize=9, loc="left")
+            dev_ax.set_title(textwrap.fill(f"device: {self.device or 'none'}", 110), fontsize=9, loc="left")
         else:
             dev_ax.set_title(title or self.device, fontsize=10)
         cpu = np.asarray(self.cpu_percent, dtype=float)
         for core in range(self.cores):
             cpu_ax.plot(self.t_s, cpu[:, core], lw=1, alpha=0.8, label=f"core {core}")
         cpu_ax.set_ylim(0, 105)
-        cpu_ax.set_ylabel("CPU % per core")
-        cpu_ax.set_xlabel("seconds")
+        cpu_ax.set_ylabel("CPU % per core\n(all processes)" if split else "CPU % per core")
         if own_figure:
             cpu_ax.set_title(f"host: {self.host}", fontsize=9, loc="left")
         if self.cores <= 4:
             cpu_ax.legend(fontsize=7, loc="upper right", ncol=min(self.cores, 4))
+        if who_ax is not None:
+            ours = np.asarray(self.ours_cores, dtype=float)
+            others = np.asarray(self.others_cores, dtype=float)
+            who_ax.stackplot(self.t_s, ours, others, colors=["tab:blue", "tab:grey"], alpha=0.6,
+                             labels=["the course (this kernel and its workers)", "other processes"])
+            who_ax.set_ylim(0, self.cores * 1.05)
+            who_ax.set_ylabel("cores busy")
+            who_ax.legend(fontsize=7, loc="upper right")
+        (who_ax or cpu_ax).set_xlabel("seconds")
         for t, label in self.marks:
-            for a in (dev_ax, cpu_ax):
+            for a in axes:
                 a.axvline(t, color="grey", ls="--", lw=0.8)
             dev_ax.text(t, 100, f" {label}", fontsize=7, va="top")
         if own_figure:
@@ -106,19 +135,158 @@ class Timeline:
         return fig
 
 
-class UtilizationMonitor:
-    """Sample device and per-core CPU utilisation in a background thread (context manager)."""
+class _CourseProcesses:
+    """CPU seconds used by this process and its descendants (DataLoader workers, torchrun
+    ranks): the course's own processes.
 
-    def __init__(self, interval_s: float = 0.1, *, gpu_index: int | None = 0, sim=None):
+    Each read takes the CPU times of the processes already known (some microseconds each).
+    The process tree is rescanned every `rescan_s`: on Linux through /proc/PID/task/*/children
+    (our own threads' children only: a fraction of a millisecond), elsewhere (or where the kernel
+    lacks that file) through psutil, which reads every process on the machine (milliseconds on
+    a busy one), so less often. A new child is found up to `rescan_s` late: the CPU time it used
+    before it was found is handed back as *late* time, to be spread over the samples since the
+    scan before. A child that came and went between two scans is counted when it is reaped
+    (`os.times()`), spread over the last `rescan_s`."""
+
+    def __init__(self, rescan_s: float | None = None):
+        self.me = psutil.Process()
+        self.fast = _children_of(self.me.pid) is not None
+        self.rescan_s = rescan_s if rescan_s is not None else (0.5 if self.fast else 2.0)
+
+    def start(self) -> None:
+        self._scanned_at = 0.0
+        self._start_perf = time.perf_counter()
+        self._me_last = _cpu_seconds(self.me)
+        self._reaped_last = _reaped_seconds()
+        self._procs: dict[int, psutil.Process] = {}
+        self._last: dict[int, float] = {}     # a child's CPU seconds when last read
+        self._gone: dict[int, float] = {}     # children that ended: their last reading
+        self._late: list[tuple[float, float]] = []
+        self._next_scan = 0.0
+        self._scan(first=True)
+
+    def _scan(self, first: bool = False) -> None:
+        previous = getattr(self, "_scanned_at", 0.0)      # a child found now was born after it
+        self._scanned_at = time.perf_counter() - self._start_perf
+        self._next_scan = time.perf_counter() + self.rescan_s
+        try:
+            children = _descendants(self.me.pid) if self.fast else [c.pid for c in self.me.children(recursive=True)]
+        except psutil.Error:
+            return
+        for pid in children:
+            if pid in self._procs:
+                continue
+            try:
+                child = psutil.Process(pid)
+                seconds = _cpu_seconds(child)
+            except psutil.Error:
+                continue
+            self._procs[pid] = child
+            self._last[pid] = seconds
+            if not first:
+                self._late.append((previous, seconds))        # its life so far, counted now
+
+    def read(self) -> tuple[float, list[tuple[float, float]]]:
+        """CPU seconds since the last read, and late time as (since_s, seconds) pairs, where
+        since_s is when (seconds after start) that time began to be spent."""
+        if time.perf_counter() >= self._next_scan:
+            self._scan()
+        me = _cpu_seconds(self.me)
+        delta = me - self._me_last
+        self._me_last = me
+        for pid, proc in list(self._procs.items()):
+            try:
+                seconds = _cpu_seconds(proc)
+            except psutil.Error:
+                self._gone[pid] = self._last.pop(pid)
+                del self._procs[pid]
+                continue
+            delta += max(seconds - self._last[pid], 0.0)
+            self._last[pid] = seconds
+        # a direct child that was reaped moved its whole CPU time into os.times(): what of it
+        # was never read while it lived is late time (a child found by no scan: all of it)
+        reaped = _reaped_seconds()
+        unseen = reaped - self._reaped_last - sum(self._gone.values())
+        self._reaped_last = reaped
+        self._gone.clear()
+        late, self._late = self._late, []
+        if unseen > 0.005:
+            late.append((max(time.perf_counter() - self._start_perf - self.rescan_s, 0.0), unseen))
+        return max(delta, 0.0), late
+
+
+def _children_of(pid: int) -> list[int] | None:
+    """Direct children of `pid` from /proc/PID/task/*/children (Linux with CONFIG_PROC_CHILDREN),
+    or None where that file does not exist."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    children = []
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                children += [int(x) for x in f.read().split()]
+        except FileNotFoundError:
+            if not os.path.exists(f"/proc/{pid}/task/{tid}"):
+                continue            # the thread ended meanwhile
+            return None             # no such file on this kernel
+        except OSError:
+            continue
+    return children
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        for child in _children_of(todo.pop()) or []:
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _cpu_seconds(proc: psutil.Process) -> float:
+    t = proc.cpu_times()
+    return t.user + t.system
+
+
+def _reaped_seconds() -> float:
+    t = os.times()
+    return t.children_user + t.children_system
+
+
+class UtilizationMonitor:
+    """Sample device and per-core CPU utilisation in a background thread (context manager).
+
+    `device` is what the lesson trains on (`Target.run_on`): a CUDA device (its GPU is read
+    through NVML, found by UUID or PCI bus id), the CPU (no device readings), or a
+    `SimulatedAccelerator` (its busy share, labelled simulated). `sim=` is the older name of
+    the same argument. With neither, the current CUDA device when there is one (which respects
+    `CUDA_VISIBLE_DEVICES` and the `torch.cuda.set_device(local_rank)` of a DDP script).
+    `on_sample(monitor)` is called from the sampling thread after every sample (the live
+    widget refreshes through it).
+    """
+
+    def __init__(self, interval_s: float = 0.1, *, device=None, sim=None, on_sample=None):
+        if device is not None and sim is not None and device is not sim:
+            raise ValueError("pass the device once: `device=` (`sim=` is the older name of the same argument)")
         self.interval_s = interval_s
-        self.sim = sim
-        self.gpu_index = gpu_index
+        target = device if device is not None else sim
+        self.sim = target if hasattr(target, "busy_seconds") else None
+        self.cuda_device = None if self.sim is not None else _cuda_device(target)
+        self.cpu_target = target is not None and self.sim is None and self.cuda_device is None
+        self.on_sample = on_sample
         self._stop = threading.Event()
         self._thread = None
-        self._t, self._cpu, self._gpu, self._mem = [], [], [], []
+        self._lock = threading.Lock()
+        self._t, self._dt, self._cpu, self._gpu, self._mem, self._ours = [], [], [], [], [], []
         self._marks = []
         self._nvml = None
+        self._nvml_note = ""
         self._t0 = None
+        self._course = _CourseProcesses()
+        self._host = self._device_name = ""
+        self.sample_seconds = 0.0     # CPU time the sampling thread spent sampling (its cost)
 
     # -- context manager -----------------------------------------------------------------
     def __enter__(self) -> "UtilizationMonitor":
@@ -131,20 +299,25 @@ class UtilizationMonitor:
     def start(self) -> None:
         if self._thread is not None:
             raise RuntimeError("this monitor is already running")
-        if self.sim is None and self.gpu_index is not None:
-            self._nvml = _open_nvml(self.gpu_index)
+        if self.cuda_device is not None:
+            self._nvml, self._nvml_note = nvml_handle_for(self.cuda_device)
         psutil.cpu_percent(percpu=True)  # prime: the next call reports usage since now
+        self._course.start()
         self._last_busy = self.sim.busy_seconds() if self.sim is not None else 0.0
+        from .env import cpu_name, usable_cores
+        self._host = f"{cpu_name()}, {usable_cores()} usable cores ({psutil.cpu_count()} shown)"
+        self._device_name = self.device_name
         self._t0 = self._last_t = time.perf_counter()
         self._thread = threading.Thread(target=self._run, name="utilization-monitor", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
-        if self._thread is None:
+        if self._thread is None or self._stop.is_set():
             return
         self._stop.set()
         self._thread.join()
-        self._sample()  # one last sample up to now
+        if not self._t or time.perf_counter() - self._last_t >= self.interval_s / 2:
+            self._sample()  # one last sample up to now (unless the last one was just taken)
         if self._nvml is not None:
             _close_nvml()
 
@@ -155,53 +328,171 @@ class UtilizationMonitor:
     # -- sampling ------------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
+            cpu0 = time.thread_time()
             self._sample()
+            self.sample_seconds += time.thread_time() - cpu0
+            if self.on_sample is not None:
+                try:
+                    self.on_sample(self)
+                except Exception as err:   # a broken view must not stop the sampling
+                    self.on_sample = None
+                    print(f"live view stopped: {err!r}")
 
     def _sample(self) -> None:
         now = time.perf_counter()
-        self._t.append(now - self._t0)
-        self._cpu.append(psutil.cpu_percent(percpu=True))
+        dt = max(now - self._last_t, 1e-9)
+        cpu = psutil.cpu_percent(percpu=True)
+        ours_s, late = self._course.read()
+        gpu = mem = None
         if self.sim is not None:
             busy = self.sim.busy_seconds()
-            dt = max(now - self._last_t, 1e-9)
-            self._gpu.append(min(100.0, 100.0 * (busy - self._last_busy) / dt))
+            gpu = min(100.0, 100.0 * (busy - self._last_busy) / dt)
             self._last_busy = busy
         elif self._nvml is not None:
-            import pynvml
-            util = pynvml.nvmlDeviceGetUtilizationRates(self._nvml)
-            mem = pynvml.nvmlDeviceGetMemoryInfo(self._nvml)
-            self._gpu.append(float(util.gpu))
-            self._mem.append(mem.used / 2**20)
+            gpu, mem = _nvml_reading(self._nvml)
+        with self._lock:
+            self._t.append(now - self._t0)
+            self._dt.append(dt)
+            self._cpu.append(cpu)
+            self._ours.append(ours_s)
+            for since, seconds in late:
+                self._spread(since, seconds)
+            if gpu is not None or self.sim is not None or self._nvml is not None:
+                self._gpu.append(np.nan if gpu is None else gpu)
+                self._mem.append(np.nan if mem is None else mem)
         self._last_t = now
+
+    def _spread(self, since: float, seconds: float) -> None:
+        """Add `seconds` of CPU time to the samples after `since`, in proportion to their length."""
+        first = next((i for i in range(len(self._t)) if self._t[i] > since), len(self._t) - 1)
+        span = sum(self._dt[first:])
+        for i in range(first, len(self._t)):
+            self._ours[i] += seconds * self._dt[i] / span
+
+    @property
+    def device_name(self) -> str:
+        from .env import device_label
+        if self.sim is not None:
+            return device_label(self.sim)
+        if self._nvml is not None:
+            return f"{_nvml_name(self._nvml)} ({self.cuda_device}, found in NVML by {self._nvml_note})"
+        if self.cuda_device is not None:
+            return f"{self.cuda_device}: no NVML readings ({self._nvml_note})"
+        if self.cpu_target:
+            return "the CPU itself (no separate device: its work shows in the cores)"
+        return "none"
 
     @property
     def timeline(self) -> Timeline:
-        from .env import device_label, cpu_name, usable_cores
-        if self.sim is not None:
-            device = device_label(self.sim)
-        elif self._nvml is not None:
-            device = f"{_nvml_name(self._nvml)} (NVML)"
-        else:
-            device = "none"
+        """Every sample so far, as a `Timeline` (also while the monitor runs)."""
+        return self.recent(None)
+
+    def recent(self, seconds: float | None) -> Timeline:
+        """The samples of the last `seconds` (all of them for None), as a `Timeline`."""
+        from .env import cpu_name, usable_cores
+        with self._lock:
+            first = 0
+            if seconds is not None and self._t:
+                first = bisect.bisect_left(self._t, self._t[-1] - seconds)
+            t, dt, cpu, gpu, mem, ours = (x[first:] for x in (self._t, self._dt, self._cpu, self._gpu, self._mem,
+                                                               self._ours))
+        cpu = np.asarray(cpu, dtype=float).reshape(len(t), -1)
+        # CPU times tick every 10 ms: over a very short sample the rate is noise; no more than every core
+        ours = np.minimum(np.asarray(ours, dtype=float) / np.maximum(np.asarray(dt, dtype=float), 1e-9),
+                          float(cpu.shape[1]))
+        machine = cpu.sum(axis=1) / 100.0
+        mem = np.asarray(mem, dtype=float)
         return Timeline(
-            t_s=np.asarray(self._t),
-            cpu_percent=np.asarray(self._cpu, dtype=float).reshape(len(self._t), -1),
-            gpu_util=np.asarray(self._gpu) if self._gpu else None,
-            gpu_mem_mb=np.asarray(self._mem) if self._mem else None,
-            device=device,
-            host=f"{cpu_name()}, {usable_cores()} usable cores ({psutil.cpu_count()} shown)",
+            t_s=np.asarray(t),
+            cpu_percent=cpu,
+            gpu_util=np.asarray(gpu, dtype=float) if gpu else None,
+            gpu_mem_mb=mem if len(mem) and not np.all(np.isnan(mem)) else None,
+            device=self._device_name or self.device_name,
+            host=self._host or f"{cpu_name()}, {usable_cores()} usable cores ({psutil.cpu_count()} shown)",
             simulated=self.sim is not None,
             marks=list(self._marks),
+            ours_cores=ours,
+            others_cores=np.maximum(machine - ours, 0.0),
         )
 
 
-def _open_nvml(index: int):
+# -- NVML: the torch device's GPU, by UUID or PCI bus id ------------------------------------
+
+def _cuda_device(target):
+    """The torch CUDA device to read through NVML, or None (CPU, no GPU, no torch CUDA)."""
+    import torch
+    if target is None:
+        if not torch.cuda.is_available():
+            return None
+        return torch.device("cuda", torch.cuda.current_device())
+    device = torch.device(target) if not isinstance(target, torch.device) else target
+    if device.type != "cuda":
+        return None
+    return torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
+
+
+def _cuda_identity(device) -> tuple[list[str], str | None]:
+    """NVML UUID strings to try, and the PCI bus id, of a torch CUDA device."""
+    import torch
+    props = torch.cuda.get_device_properties(device.index)
+    uuids = []
+    raw = getattr(props, "uuid", None)
+    if raw is not None:
+        text = str(raw)
+        if text.startswith(("GPU-", "MIG-")):
+            uuids.append(text)
+        else:
+            uuids += [f"GPU-{text}", f"MIG-{text}"]
+    pci = None
+    if all(hasattr(props, k) for k in ("pci_domain_id", "pci_bus_id", "pci_device_id")):
+        pci = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+    return uuids, pci
+
+
+def nvml_handle_for(device) -> tuple[object | None, str]:
+    """The NVML handle of the GPU behind a torch CUDA device, and how it was found (or why not).
+
+    NVML ignores `CUDA_VISIBLE_DEVICES` and numbers GPUs in PCI order; CUDA numbers only the
+    visible ones, fastest first unless `CUDA_DEVICE_ORDER=PCI_BUS_ID`. So the GPU is matched
+    by its UUID, else by its PCI bus id, never by index. Returns `(None, reason)` when NVML is
+    missing or no GPU matches (then the timeline has no device readings, and says why)."""
     try:
         import pynvml
         pynvml.nvmlInit()
-        return pynvml.nvmlDeviceGetHandleByIndex(index)
+    except Exception as err:
+        return None, f"NVML not available: {err}"
+    try:
+        uuids, pci = _cuda_identity(device)
+    except Exception as err:
+        _close_nvml()
+        return None, f"cannot read {device}'s UUID and PCI bus id: {err}"
+    for uuid in uuids:
+        try:
+            return pynvml.nvmlDeviceGetHandleByUUID(uuid), "UUID"
+        except Exception:
+            continue
+    if pci is not None:
+        try:
+            return pynvml.nvmlDeviceGetHandleByPciBusId(pci), "PCI bus id"
+        except Exception:
+            pass
+    _close_nvml()
+    return None, f"no NVML GPU has {device}'s UUID or PCI bus id"
+
+
+def _nvml_reading(handle) -> tuple[float | None, float | None]:
+    """Utilisation % and memory used (MB); None where NVML does not report it (MIG slices
+    report memory but not utilisation)."""
+    import pynvml
+    try:
+        util = float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
     except Exception:
-        return None
+        util = None
+    try:
+        mem = pynvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20
+    except Exception:
+        mem = None
+    return util, mem
 
 
 def _close_nvml() -> None:

@@ -6,40 +6,72 @@ import torch
 
 from ..data import CIFAR10_MEAN, CIFAR10_STD
 from ._core import CheckFailed, exercise, expect_callable
-from ._util import fresh_rng
+from ._util import fresh_rng, single_threaded
+
+
+def _normalised(original: np.ndarray) -> torch.Tensor:
+    """What ToTensor() then Normalize(CIFAR10_MEAN, CIFAR10_STD) make of an (H, W, 3) uint8 picture."""
+    mean = torch.tensor(CIFAR10_MEAN).view(3, 1, 1)
+    std = torch.tensor(CIFAR10_STD).view(3, 1, 1)
+    return (torch.from_numpy(original).permute(2, 0, 1).float() / 255 - mean) / std
+
+
+def _call(to_image, x, what):
+    before = x.clone()
+    out = to_image(x)
+    if isinstance(out, torch.Tensor):
+        raise CheckFailed("returns a NumPy array", f"{what}: yours returned a torch.Tensor of shape {tuple(out.shape)}",
+                          "finish with .numpy() after moving the channels last")
+    if not isinstance(out, np.ndarray):
+        raise CheckFailed("returns a NumPy array", f"{what}: yours returned {type(out).__name__}")
+    if not torch.equal(x, before):
+        raise CheckFailed("leaves its input unchanged", f"{what}: the tensor passed in was modified in place",
+                          "use out-of-place operations (x * std, not x.mul_(std))")
+    return out
 
 
 @exercise("0.1", "Undo the normalisation: a normalised tensor back to a uint8 picture")
+@single_threaded
 def check_to_image(to_image):
     expect_callable(to_image, "a function to_image(x) -> numpy array")
     rng, seed = fresh_rng()
-    mean = torch.tensor(CIFAR10_MEAN).view(3, 1, 1)
-    std = torch.tensor(CIFAR10_STD).view(3, 1, 1)
-    for h, w in [(32, 32), (24, 40), (7, 5)]:
+    for h, w in [(24, 40), (32, 32), (7, 5)]:
         original = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
-        x = (torch.from_numpy(original).permute(2, 0, 1).float() / 255 - mean) / std
-        before = x.clone()
-        out = to_image(x)
-        if isinstance(out, torch.Tensor):
-            raise CheckFailed("returns a NumPy array", f"yours returned a torch.Tensor of shape {tuple(out.shape)}",
-                              "finish with .numpy() after moving the channels last")
-        if not isinstance(out, np.ndarray):
-            raise CheckFailed("returns a NumPy array", f"yours returned {type(out).__name__}")
+        original[0, 0] = (0, 0, 0)                 # the extremes are always there
+        original[0, 1] = (255, 255, 255)
+        what = f"a picture of {h}x{w} (seed {seed})"
+        out = _call(to_image, _normalised(original), what)
         if out.shape != (h, w, 3):
-            raise CheckFailed("shape is (H, W, 3)", f"input (3, {h}, {w}) gave shape {out.shape}, expected {(h, w, 3)}",
+            raise CheckFailed("shape is (H, W, 3)", f"{what}: input (3, {h}, {w}) gave shape {out.shape}, expected "
+                              f"{(h, w, 3)}",
                               "a tensor is channels-first (C, H, W); a picture is channels-last: permute(1, 2, 0)")
         if out.dtype != np.uint8:
-            raise CheckFailed("dtype is uint8", f"yours is {out.dtype}",
+            raise CheckFailed("dtype is uint8", f"{what}: yours is {out.dtype}",
                               "scale to 0..255, round, clamp, then .astype(np.uint8) or .to(torch.uint8)")
-        if not torch.equal(x, before):
-            raise CheckFailed("leaves its input unchanged", "the tensor passed in was modified in place",
-                              "use out-of-place operations (x * std, not x.mul_(std))")
-        err = np.abs(out.astype(int) - original.astype(int)).max()
-        if err > 1:
-            where = np.unravel_index(np.abs(out.astype(int) - original.astype(int)).argmax(), out.shape)
-            raise CheckFailed("recovers the original pixels (within 1)",
-                              f"pixel {tuple(int(i) for i in where)}: yours {out[where]}, expected {original[where]} "
-                              f"(seed {seed})",
-                              "undo Normalize first (x * std + mean, per channel), then ToTensor (* 255); "
-                              "round before converting to uint8")
-    return "every picture came back within one grey level, as uint8 (H, W, 3)."
+        diff = np.abs(out.astype(int) - original.astype(int))
+        if diff.max() > 0:
+            where = np.unravel_index(diff.argmax(), out.shape)
+            hint = ("undo Normalize first (x * std + mean, per channel), then ToTensor (* 255); "
+                    "round before converting to uint8")
+            if diff.max() == 1:
+                hint = ("off by one grey level: round to the nearest integer before converting (converting "
+                        "to uint8 truncates, and x * std + mean is only nearly the original)")
+            raise CheckFailed("recovers the original pixels exactly",
+                              f"{what}: {int((diff > 0).sum())} values differ, e.g. pixel "
+                              f"{tuple(int(i) for i in where)}: yours {out[where]}, expected {original[where]}", hint)
+    # values beyond the picture's range (noise, a network's output): clamped, not wrapped around
+    original = rng.integers(0, 256, (9, 11, 3), dtype=np.uint8)
+    x = _normalised(original)
+    std = torch.tensor(CIFAR10_STD).view(3, 1, 1)
+    push = torch.from_numpy(rng.choice([-1.0, 0.0, 1.0], size=(3, 9, 11)).astype(np.float32))
+    push[:, 0, 0], push[:, 0, 1] = -1.0, 1.0
+    x = x + push * (300 / 255) / std             # 300 grey levels beyond: whatever the pixel was, it leaves 0..255
+    expected = np.where(push.permute(1, 2, 0).numpy() < 0, 0, np.where(push.permute(1, 2, 0).numpy() > 0, 255,
+                                                                        original)).astype(np.uint8)
+    what = f"a 9x11 tensor with values beyond the picture's range (seed {seed})"
+    out = _call(to_image, x, what)
+    if out.shape != expected.shape or out.dtype != np.uint8 or not np.array_equal(out, expected):
+        bad = int((out != expected).sum()) if out.shape == expected.shape else out.size
+        raise CheckFailed("clamps to 0..255", f"{what}: {bad} values are not clamped to 0 or 255",
+                          "clamp(0, 255) after scaling (and rounding), before converting: uint8 wraps -3 to 253")
+    return "every picture came back exactly, as uint8 (H, W, 3); values beyond the range clamped."

@@ -70,6 +70,19 @@ def _shuffled(sweep: dict, rng) -> dict:
     return {k: sweep[k] for k in keys}
 
 
+# Sweeps whose answer a plausible slip changes: each is (sweep, tolerance or None for the
+# default, what it catches). Random sweeps keep their values away from the threshold, so
+# these knife edges are written out.
+_EDGE_CASES = [
+    ({0: 400.0, 1: 750.0, 2: 1000.0, 3: 990.0}, 0.25, "a point exactly at the threshold (at least means >=)"),
+    ({0: 500.0, 1: 951.0, 2: 1000.0}, 0.05, "a point just within 5% of the best (0.95 x best, not best / 1.05)"),
+    ({0: 500.0, 1: 990.0, 2: 600.0, 3: 1000.0}, 0.05, "a near-best point, a dip, then the best"),
+    ({0: 300.0, 1: 900.0, 2: 940.0, 3: 1000.0}, None, "the default tolerance, 0.05"),
+    ({0: 300.0, 1: 900.0, 2: 940.0, 3: 1000.0}, 0.1, "a tolerance of 0.1"),
+    ({6: 1000.0, 0: 200.0, 12: 1010.0, 3: 700.0}, 0.05, "worker counts 0, 3, 6, 12 given out of order"),
+]
+
+
 @exercise("2.1", "Choose num_workers from a recorded sweep")
 def check_choose_workers(choose_num_workers):
     expect_callable(choose_num_workers, "a function choose_num_workers(sweep, tolerance=0.05) -> int")
@@ -81,13 +94,18 @@ def check_choose_workers(choose_num_workers):
             cases.append((sweep, tolerance, f"a {kind} sweep over {len(sweep)} worker counts, tolerance {tolerance:g}"))
     cases.append(({0: 812.0, 2: 1650.0, 1: 1590.0}, 0.05, "a three-point sweep given out of order"))
     cases.append(({4: 2300.0}, 0.05, "a sweep of one point"))
-    order = rng.permutation(len(cases))
+    edges = [(dict(sweep), tolerance, what) for sweep, tolerance, what in _EDGE_CASES]
+    order = list(range(len(cases), len(cases) + len(edges))) + list(rng.permutation(len(cases)))   # edges first
+    cases += edges
     for k in order:
         sweep, tolerance, what = cases[k]
-        given = dict(sweep) if len(sweep) <= 3 else _shuffled(sweep, rng)   # small ones are written out of order
+        given = dict(sweep) if len(sweep) <= 4 else _shuffled(sweep, rng)   # small ones are written as they are
         original = dict(given)
-        if tolerance == 0.05 and rng.random() < 0.5:
-            yours = choose_num_workers(given)          # the default tolerance
+        if tolerance is None:
+            yours = choose_num_workers(given)                       # the default tolerance
+            tolerance = 0.05
+        elif tolerance == 0.05 and rng.random() < 0.5:
+            yours = choose_num_workers(given)
         else:
             yours = choose_num_workers(given, tolerance=tolerance)
         if given != original or list(given) != list(original):
@@ -113,15 +131,19 @@ def check_choose_workers(choose_num_workers):
             elif int(yours) not in sweep:
                 hint = "return one of the sweep's keys"
             raise CheckFailed("picks the smallest count within the tolerance of the best",
-                              f"{what} ({table}): yours {int(yours)}, expected {expected} (seed {seed})", hint)
+                              f"{what} ({table}, tolerance {tolerance:g}): yours {int(yours)}, expected {expected} "
+                              f"(seed {seed})", hint)
     try:
         choose_num_workers({})
     except ValueError:
         pass
+    except Exception as exc:
+        raise CheckFailed("raises ValueError on an empty sweep", f"an empty dict raised {type(exc).__name__}: {exc}",
+                          "check for an empty sweep first: raise ValueError('empty sweep')") from None
     else:
         raise CheckFailed("raises ValueError on an empty sweep", "an empty dict did not raise",
                           "there is nothing to choose from: raise ValueError('empty sweep')")
-    return f"the right choice on {len(cases)} fresh sweeps (varied, noisy, flat, non-monotone, unordered)."
+    return f"the right choice on {len(cases)} sweeps (varied, noisy, flat, non-monotone, unordered, knife edges)."
 
 
 # -- 2.2 the fastest loader for this machine -----------------------------------------------
@@ -155,12 +177,18 @@ def _labels_of(batch, what):
     if not isinstance(images, torch.Tensor) or images.dim() != 4 or tuple(images.shape[1:]) != (3, 32, 32):
         shape = tuple(images.shape) if isinstance(images, torch.Tensor) else type(images).__name__
         raise CheckFailed("yields image batches of shape (B, 3, 32, 32)", f"{what}: yours gave {shape}")
-    if not images.is_floating_point():
-        raise CheckFailed("yields the dataset's float images", f"{what}: yours are {images.dtype}")
-    labels = labels.tolist() if isinstance(labels, torch.Tensor) else list(labels)
+    if images.dtype != torch.float32:
+        raise CheckFailed("yields the dataset's float32 images", f"{what}: yours are {images.dtype}",
+                          "the model's weights are float32: a float64 (or uint8) batch stops a GPU step with a "
+                          "dtype error; let the DataLoader collate the dataset's tensors as they are")
+    if not isinstance(labels, torch.Tensor) or labels.dtype != torch.int64 or labels.dim() != 1:
+        kind = f"{labels.dtype} tensor of shape {tuple(labels.shape)}" if isinstance(labels, torch.Tensor) else \
+            type(labels).__name__
+        raise CheckFailed("yields labels as an int64 tensor", f"{what}: yours are a {kind}",
+                          "cross_entropy on a GPU wants class indices as a torch.int64 (long) tensor of shape (B,)")
     if len(labels) != images.shape[0]:
         raise CheckFailed("one label per image", f"{what}: {images.shape[0]} images with {len(labels)} labels")
-    return images, [int(x) for x in labels]
+    return images, [int(x) for x in labels.tolist()]
 
 
 def _one_epoch(loader, decode, batch_size, n, what):
@@ -200,6 +228,67 @@ def _fraction_equal(a, b) -> float:
     return sum(x == y for x, y in zip(a, b)) / max(min(len(a), len(b)), 1)
 
 
+class _Verified:
+    """The learner's loader as the timing rounds consume it, checked batch by batch: what the
+    timed steps train on must be what the correctness epochs promised (a loader must not behave
+    on the check's small dataset and cut corners on the big one). It checks the batch size, that
+    every label is a sample's code, no sample twice in a pass, and, for samples seen again in a
+    later pass, that their augmentation is new; then it hands the batch on with the samples'
+    real class labels (0..9), which the model trains on. The baseline goes through the same
+    wrapper, so both pay its small cost."""
+
+    def __init__(self, loader, decode, classes, batch_size, what, fingerprint):
+        self.loader, self.decode, self.classes = loader, decode, classes
+        self.batch_size, self.what, self.fingerprint = batch_size, what, fingerprint
+        self.passes = 0
+        self.prints: dict[int, float] = {}
+        self.seen_again = self.same_again = 0
+
+    def __iter__(self):
+        self.passes += 1
+        this_pass: set[int] = set()
+        short = None
+        what = f"{self.what}, pass {self.passes}"
+        for batch in self.loader:
+            images, codes = _labels_of(batch, what)
+            if short is not None or len(codes) > self.batch_size:
+                raise CheckFailed("batches of batch_size samples (the last may be smaller)",
+                                  f"{what}: batch_size={self.batch_size}, yours gave a batch of "
+                                  f"{short if short is not None else len(codes)} samples before the end of the epoch"
+                                  if short is not None else
+                                  f"{what}: batch_size={self.batch_size}, yours gave a batch of {len(codes)}",
+                                  "pass batch_size on to the DataLoader, whatever the size of the dataset")
+            if len(codes) < self.batch_size:
+                short = len(codes)
+            indices = []
+            for code in codes:
+                index = self.decode.get(code)
+                if index is None:
+                    raise CheckFailed("yields the dataset's samples", f"{what}: a label that no item of the dataset "
+                                      "has", "take images and labels from dataset[i]; do not make them up")
+                if index in this_pass:
+                    raise CheckFailed("every sample exactly once per epoch",
+                                      f"{what}: a sample came out twice in one pass",
+                                      "each epoch must visit each sample once: shuffle=True (no replacement)")
+                this_pass.add(index)
+                indices.append(index)
+            prints = self.fingerprint(images)
+            for index, value in zip(indices, prints):
+                if index in self.prints:
+                    self.seen_again += 1
+                    self.same_again += abs(self.prints[index] - value) <= 1e-4 * (1 + abs(value))
+                self.prints[index] = value
+            yield images, torch.as_tensor(self.classes[indices], dtype=torch.int64)
+
+    def judge_freshness(self):
+        if self.seen_again >= 64 and self.same_again > 0.5 * self.seen_again:
+            raise CheckFailed("augments afresh every epoch",
+                              f"{self.what}: of {self.seen_again} samples that came out again in a later pass, "
+                              f"{self.same_again} had exactly the same augmentation",
+                              "load through the dataset every epoch, whatever its size: caching augmented images "
+                              "repeats the same augmentation forever")
+
+
 def required_speedup(baseline, others_cores: float) -> float:
     """The throughput ratio 2.2 asks for, fitted to the device and to the CPU this run had.
 
@@ -220,32 +309,52 @@ def required_speedup(baseline, others_cores: float) -> float:
     return max(1.05, asked - 0.1)
 
 
-@exercise("2.2", "The fastest loader for this machine", points=3, time_limit_s=180)
+def _timing_target():
+    """Where 2.2's timed rounds train, and a sentence on what the number means there.
+
+    On a GPU: the real model, on the GPU. Beside the simulator: the simulated device. Under
+    COURSE_DEVICE=cpu the real model would train on the same two cores the loader's workers
+    need, so its ratio would measure the fight for the CPU, not the loader: the speed is graded
+    against the simulated device, and the real narrow model trains a few steps on your batches
+    on the CPU to prove they fit it (dtype, shape, labels)."""
+    from ..sim import default_sim
+    from ..target import pick_target
+    target = pick_target()
+    if target.kind == "cuda":
+        return target, target.run_on, target.model(), ""
+    if target.kind == "cpu":
+        return (target, default_sim(), None,
+                " Under COURSE_DEVICE=cpu the speed is measured against the simulated device (the real model "
+                "would share the cores with your workers); the real narrow model trained on your batches on the CPU.")
+    return target, target.run_on, None, ""
+
+
+@exercise("2.2", "The fastest loader for this machine", points=3, time_limit_s=240)
 def check_fast_loader(make_fast_loader):
     from ..data import load_cifar10_arrays
     from .. import loaders
     from ..loaders import measure_loader
-    from ..models import resnet18_cifar
-    from ..sim import default_sim
 
     expect_callable(make_fast_loader, "a function make_fast_loader(dataset, batch_size) -> loader")
     rng, seed = fresh_rng()
+    # correctness on a small dataset, with a batch size no one types by habit (not 32, 64, 128...)
+    small_bs = int(rng.choice([b for b in range(36, 100) if b != 64]))
+    small_n = small_bs * int(rng.integers(3, 6)) + int(rng.integers(1, small_bs))
     batch_size = int(rng.choice([64, 128]))
-    small_n = batch_size * int(rng.integers(3, 6)) + int(rng.integers(1, batch_size))
     steps = 8
     # enough samples that the warm-up (up to 8 batches in flight per worker) and the timed steps
     # fit in one epoch of the big dataset, even with many cores
     big_n = min(50_000, max(4096, batch_size * (2 + 8 * usable_cores() + steps + 2)))
-    pool, _ = load_cifar10_arrays(limit=max(8192, big_n))
+    pool, pool_labels = load_cifar10_arrays(limit=max(8192, big_n))
     start = int(rng.integers(0, len(pool) - big_n + 1))
     small, decode = _index_dataset(pool[rng.choice(len(pool), small_n, replace=False)], rng)
 
     # correctness: two epochs over a small dataset, every sample exactly once each, reshuffled
-    loader = make_fast_loader(small, batch_size)
-    what = f"{small_n} samples, batch_size={batch_size}"
+    loader = make_fast_loader(small, small_bs)
+    what = f"{small_n} samples, batch_size={small_bs}"
     try:
-        first, images1 = _one_epoch(loader, decode, batch_size, small_n, f"epoch 1 ({what})")
-        second, images2 = _one_epoch(loader, decode, batch_size, small_n, f"epoch 2 of the same loader ({what})")
+        first, images1 = _one_epoch(loader, decode, small_bs, small_n, f"epoch 1 ({what})")
+        second, images2 = _one_epoch(loader, decode, small_bs, small_n, f"epoch 2 of the same loader ({what})")
     finally:
         del loader
         gc.collect()
@@ -262,18 +371,31 @@ def check_fast_loader(make_fast_loader):
                           "augmentation forever")
 
     # throughput: yours against the num_workers=0 baseline, in the same run, through train(),
-    # in alternating rounds (a load spike from another process hits both sides alike)
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda") if cuda else default_sim()
-    model = resnet18_cifar() if cuda else None
-    big, _ = _index_dataset(pool[start:start + big_n], rng)
+    # in alternating rounds (a load spike from another process hits both sides alike); every
+    # batch the rounds consume is verified, and trains with the samples' class labels
+    target, device, model, where = _timing_target()
+    big, big_decode = _index_dataset(pool[start:start + big_n], rng)
+    classes = np.asarray(pool_labels[start:start + big_n], dtype=np.int64)
+    weights = torch.from_numpy(rng.standard_normal((3, 6, 6)).astype(np.float32))
+
+    def fingerprint(images):      # a weighted sum of 108 scattered pixels: a shift or a flip changes it
+        return (images[:, :, 3::5, 2::5].detach().to("cpu", torch.float32) * weights).sum((1, 2, 3)).tolist()
+
+    big_what = f"the timed rounds ({big_n} samples, batch_size={batch_size})"
     rounds = []
-    yours_loader = make_fast_loader(big, batch_size)
+    yours_raw = make_fast_loader(big, batch_size)
+    yours_loader = _Verified(yours_raw, big_decode, classes, batch_size, big_what, fingerprint)
     try:
-        warmup = max(1 + _in_flight(yours_loader), 3 if cuda else 1)
+        warmup = max(1 + _in_flight(yours_raw), 3 if target.cuda else 1)
         measure_loader(yours_loader, device, 1, model=model, warmup=warmup)      # start-up, cuDNN autotuning
+        if target.kind == "cpu":
+            from ..train import train
+            cpu_model = target.model()
+            train(cpu_model, yours_loader, device=target.run_on, steps=2, progress=False)
+            del cpu_model
         while True:
-            baseline_loader = DataLoader(big, batch_size=batch_size, shuffle=True, num_workers=0)
+            baseline_loader = _Verified(DataLoader(big, batch_size=batch_size, shuffle=True, num_workers=0),
+                                        big_decode, classes, batch_size, "the baseline", fingerprint)
             with loaders.CpuUse() as cpu:
                 base = measure_loader(baseline_loader, device, steps, model=model, warmup=1)
                 yours = measure_loader(yours_loader, device, steps, model=model, warmup=warmup)
@@ -286,10 +408,11 @@ def check_fast_loader(make_fast_loader):
             required = required_speedup(base, others)
             if abs(ratio - required) > 0.1 or len(rounds) >= 7:   # clear, or as sure as it gets
                 break
+        yours_loader.judge_freshness()
     finally:
-        del yours_loader
+        del yours_loader, yours_raw
         gc.collect()
-        if not cuda:
+        if getattr(device, "type", None) == "sim":
             device.close()
     loaded = (f"; other processes used {others:.1f} of the {usable_cores()} cores meanwhile, too much for a "
               "fair grade of speed, so the bar was lowered to just above the baseline (run it again on a quieter machine)") if others > 0.5 else ""
@@ -297,11 +420,12 @@ def check_fast_loader(make_fast_loader):
         raise CheckFailed("is faster than the baseline loader on this machine",
                           f"yours {yours.samples_per_s:,.0f} samples/s, the num_workers=0 baseline "
                           f"{base.samples_per_s:,.0f}: {ratio:.2f}x (median of {len(rounds)} rounds), expected at "
-                          f"least {required:.2f}x (fitted to {base.device}){loaded}",
+                          f"least {required:.2f}x (fitted to {base.device}){loaded}.{where}",
                           "use worker processes (about one per usable core), keep them alive between "
                           "epochs, and pin memory only when there is a GPU")
-    return (f"every sample once per epoch, reshuffled; {ratio:.2f}x the baseline's throughput "
-            f"(at least {required:.2f}x asked; median of {len(rounds)} rounds) on {base.device}{loaded}.")
+    return (f"every sample once per epoch, reshuffled, freshly augmented, in the timed rounds too; {ratio:.2f}x "
+            f"the baseline's throughput (at least {required:.2f}x asked; median of {len(rounds)} rounds) on "
+            f"{base.device}{loaded}.{where}")
 
 
 def _in_flight(loader) -> int:
@@ -311,19 +435,8 @@ def _in_flight(loader) -> int:
 
 # -- 2.3 per-worker randomness -----------------------------------------------------------------
 
-def _crop_params(original: np.ndarray, padding: int, out) -> tuple[int, int, bool] | None:
-    """(dy, dx, flipped) such that `out` (3, H, W) uint8 is that crop of the zero-padded `original`
-    (H, W, 3), or None when it is no such crop (through `course_utils.crop_match`, in 0..1 units
-    so that only an exact match counts)."""
-    from ..crop_match import match_crops
-    found = match_crops(np.asarray(out, np.float32)[None] / 255, np.asarray(original).transpose(2, 0, 1)[None],
-                        (0.0, 0.0, 0.0), (1.0, 1.0, 1.0), pad=padding, atol=1e-4)
-    if not found.exact[0]:
-        return None
-    return int(found.dy[0]), int(found.dx[0]), bool(found.flipped[0])
-
-
-def _item_params(item, images, labels, index, padding, what):
+def _check_item(item, labels, index, shape, what):
+    """The type, label and shape of one item; returns its image as a uint8 (C, H, W) array."""
     if not isinstance(item, (tuple, list)) or len(item) != 2:
         raise CheckFailed("returns (image, label)", f"{what}: item {index} is {type(item).__name__}")
     image, label = item
@@ -331,35 +444,80 @@ def _item_params(item, images, labels, index, padding, what):
         label = label.item()
     if label != labels[index]:
         raise CheckFailed("returns the item's label", f"{what}: item {index} has label {label!r}, expected {labels[index]}")
-    h, w, c = images.shape[1:]
+    h, w, c = shape
     if not isinstance(image, torch.Tensor):
         raise CheckFailed("returns a torch tensor image", f"{what}: item {index} is a {type(image).__name__}",
                           "torch.from_numpy(crop).permute(2, 0, 1)")
     if image.dtype != torch.uint8 or tuple(image.shape) != (c, h, w):
         raise CheckFailed("returns a uint8 (C, H, W) crop the size of the image",
                           f"{what}: item {index} is {image.dtype} {tuple(image.shape)}, expected torch.uint8 {(c, h, w)}")
-    params = _crop_params(images[index], padding, image.numpy())
-    if params is None:
+    return image.numpy()
+
+
+def _params_of(items, images, labels, indices, padding, what) -> list[tuple[int, int, bool]]:
+    """(dy, dx, flipped) of every item, found by matching it against every window of its
+    zero-padded image (through `course_utils.crop_match`, in 0..1 units so that only an exact
+    match counts); fails when an item is no such crop."""
+    from ..crop_match import match_crops
+    outs = np.stack([_check_item(item, labels, i, images.shape[1:], what) for item, i in zip(items, indices)])
+    found = match_crops(outs.astype(np.float32) / 255, images[indices].transpose(0, 3, 1, 2), (0.0, 0.0, 0.0),
+                        (1.0, 1.0, 1.0), pad=padding, atol=1e-4)
+    if not found.exact.all():
+        j = int(np.flatnonzero(~found.exact)[0])
+        h, w = images.shape[1:3]
         raise CheckFailed("returns a crop of the zero-padded image, flipped or not",
-                          f"{what}: item {index} is not a {h}x{w} window of the image padded by {padding} "
+                          f"{what}: item {indices[j]} is not a {h}x{w} window of the image padded by {padding} "
                           "with zeros, mirrored or not",
                           "pad with zeros on every side, take a window at a random (dy, dx) in 0..2*padding, "
                           "mirror it left-right with probability 1/2")
-    return params
+    return [(int(y), int(x), bool(f)) for y, x, f in zip(found.dy, found.dx, found.flipped)]
+
+
+def _worker_context():
+    """How the check starts its workers: by fork where the platform has it (Linux, macOS). A
+    dataset class defined in a notebook cannot be pickled into a *spawned* worker (lesson 02,
+    "Workers and spawn"); the check grades the seeding, which behaves the same either way (each
+    worker gets a copy of the dataset, generator included), not where the class was defined."""
+    import multiprocessing
+    return "fork" if "fork" in multiprocessing.get_all_start_methods() else None
 
 
 def _worker_run(cls_ds, images, labels, padding, seed, what, *, epochs=1):
     """Params of every item, in index order, for each epoch of a 2-worker loader after torch.manual_seed(seed)."""
-    loader = DataLoader(cls_ds, batch_size=None, shuffle=False, num_workers=2)
+    loader = DataLoader(cls_ds, batch_size=None, shuffle=False, num_workers=2, multiprocessing_context=_worker_context())
     torch.manual_seed(seed)
     runs = []
     for epoch in range(epochs):
         items = list(loader)
         if len(items) != len(labels):
             raise CheckFailed("works in DataLoader workers", f"{what}: {len(items)} items came out of {len(labels)}")
-        runs.append([_item_params(item, images, labels, i, padding, what) for i, item in enumerate(items)])
+        runs.append(_params_of(items, images, labels, list(range(len(items))), padding, what))
     del loader
     return runs
+
+
+def _draw_statistics(params, padding, what):
+    """Offsets cover 0..2*padding uniformly on both axes, and about half the items are flipped."""
+    k = 2 * padding + 1
+    n = len(params)
+    flips = sum(p[2] for p in params) / n
+    if len({p[:2] for p in params}) < 3 or flips in (0.0, 1.0):
+        raise CheckFailed("draws random crops and flips", f"{what}: {n} draws gave only "
+                          f"{len({p[:2] for p in params})} different offsets and {flips:.0%} flipped")
+    for axis, name in ((0, "vertical"), (1, "horizontal")):
+        counts = np.bincount([p[axis] for p in params], minlength=k)
+        missing = [int(v) for v in np.flatnonzero(counts == 0)]
+        if missing:
+            raise CheckFailed("offsets cover 0..2*padding", f"{what}: over {n} draws the {name} offset never took "
+                              f"the values {missing} (padding {padding})",
+                              "rng.integers(0, 2 * padding + 1): the upper bound is exclusive")
+        if counts.min() < 0.5 * n / k or counts.max() > 1.5 * n / k:     # about 5 standard deviations
+            raise CheckFailed("offsets are uniform over 0..2*padding", f"{what}: {name} offsets counted "
+                              f"{counts.tolist()} over {n} draws (about {n / k:.0f} each expected)",
+                              "one uniform draw per axis in 0..2*padding")
+    if not 0.44 <= flips <= 0.56:                                       # over 4 standard deviations
+        raise CheckFailed("flips half the items", f"{what}: {flips:.1%} of {n} draws were flipped",
+                          "mirror with probability 1/2: rng.random() < 0.5")
 
 
 @exercise("2.3", "Augmentations that differ across workers and epochs, reproducibly", points=2, time_limit_s=120)
@@ -367,20 +525,21 @@ def check_worker_seeding(dataset_class):
     expect_class(dataset_class, "a Dataset class WorkerSafeCropFlip(images, labels, padding=4)")
     rng, seed = fresh_rng()
     n = 2 * int(rng.integers(10, 14))
-    h, w = int(rng.integers(6, 13)), int(rng.integers(6, 13))
-    padding = int(rng.integers(2, 5))
+    h, w = int(rng.integers(7, 13)), int(rng.integers(7, 13))
+    padding = int(rng.integers(1, 4))                 # two paddings a run, never the default 4
+    other_padding = int(rng.integers(5, 7))           # below the image's size: no window is all padding
     images = rng.integers(1, 256, (n, h, w, 3), dtype=np.uint8)   # no zero pixels: padding is recognisable
     labels = [int(x) for x in rng.choice(10**6, n, replace=False)]
     dataset = dataset_class(images, labels, padding=padding)
     if len(dataset) != n:
         raise CheckFailed("has one item per image", f"len(dataset) is {len(dataset)}, expected {n}")
 
-    # in the main process (num_workers=0): valid crops, and randomness
-    what = f"{n} images of {h}x{w}, padding={padding}, in the main process"
-    main = [_item_params(dataset[i], images, labels, i, padding, what) for i in range(n)]
-    if len(set(main)) < 3 or len({p[2] for p in main}) < 2:
-        raise CheckFailed("draws random crops and flips", f"{what}: {n} items gave only {len(set(main))} "
-                          f"different (dy, dx, flip) and flips {sorted({p[2] for p in main})}")
+    # in the main process (num_workers=0): valid crops, and their statistics over many draws
+    for pad, ds in ((padding, dataset), (other_padding, dataset_class(images, labels, padding=other_padding))):
+        what = f"{n} images of {h}x{w}, padding={pad}, drawn 60 times each in the main process (seed {seed})"
+        indices = [i for _ in range(60) for i in range(n)]
+        params = _params_of([ds[i] for i in indices], images, labels, indices, pad, what)
+        _draw_statistics(params, pad, what)
 
     # with two workers (the dataset has been used in the main process already, as in a notebook)
     torch_seed = int(rng.integers(0, 2**31))
@@ -420,4 +579,5 @@ def check_worker_seeding(dataset_class):
                           "each epoch starts new workers from the main process's copy of the dataset; "
                           "a generator made once (in __init__ or the main process) restarts from the same "
                           "state every epoch")
-    return "valid crops; workers differ, epochs differ, and a torch seed reproduces them."
+    return ("valid crops, offsets uniform over 0..2*padding and half flipped (two paddings); workers differ, "
+            "epochs differ, and a torch seed reproduces them.")

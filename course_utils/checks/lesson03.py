@@ -1,4 +1,9 @@
-"""Checks for lesson 03 (prefetch to the GPU)."""
+"""Checks for lesson 03 (prefetch to the GPU).
+
+Each check runs the learner's code on the CPU, on a *virtual CUDA device* (`virtual_cuda`,
+on every machine: it logs copies, host waits and stream order, so that code that is right on
+a CPU but wrong on a GPU fails here too), and on a real GPU when there is one.
+"""
 from __future__ import annotations
 
 import itertools
@@ -9,11 +14,43 @@ import torch.nn.functional as F
 
 from ..data import CIFAR10_MEAN, CIFAR10_STD
 from ._core import CheckFailed, exercise, expect_callable, expect_class
-from ._util import fresh_rng
+from ._util import forbids, fresh_rng, single_threaded
+from .virtual_cuda import MIXED_DEVICES, DeviceTensor, VirtualCuda
+
+VIRTUAL = "the virtual CUDA device"
 
 
 def _devices() -> list[torch.device]:
     return [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
+
+
+def _values(t: torch.Tensor) -> torch.Tensor:
+    """A tensor's values on the host, without logging a copy on the virtual device."""
+    return t._inner if isinstance(t, DeviceTensor) else t.detach().cpu()
+
+
+def _kind(obj) -> str:
+    if obj is None:
+        return "None (an end-of-data marker yielded as a batch?)"
+    if isinstance(obj, (tuple, list)):
+        return f"a {type(obj).__name__} of {len(obj)}: {', '.join(type(o).__name__ for o in obj)}"
+    return f"a {type(obj).__name__}"
+
+
+def _learner_error(exc: RuntimeError, what: str):
+    """CUDA's own errors, as raised on the virtual device, turned into the property they break."""
+    text = str(exc)
+    if MIXED_DEVICES in text:
+        return CheckFailed("keeps all its work on the device",
+                           f"{what}: your code mixed a tensor on the device with one on the host, which CUDA "
+                           f"refuses ({MIXED_DEVICES})",
+                           "make every tensor you create on images.device (torch.arange(n, device=images.device))")
+    if "device type for generator" in text:
+        return CheckFailed("draws its random numbers on the images' device",
+                           f"{what}: CUDA says: {text}",
+                           "torch.randint(..., device=images.device, generator=generator): numbers drawn on the "
+                           "host must be copied to the device for every batch")
+    return None
 
 
 # -- 3.1 the prefetcher ---------------------------------------------------------------------------
@@ -21,36 +58,39 @@ def _devices() -> list[torch.device]:
 class _ScriptedLoader:
     """A re-iterable loader like a shuffling DataLoader: every pass yields new batches, made
     from the pass number and a seed, so the check knows what each pass must give. Counts how
-    many batches it has handed out in the current pass."""
+    many batches it has handed out in the current pass. `pin` pins every batch (as
+    `DataLoader(pin_memory=True)` does)."""
 
-    def __init__(self, seed: int, n_batches: int, *, pinned_big: bool = False):
-        self.seed, self.n_batches, self.pinned_big = seed, n_batches, pinned_big
+    def __init__(self, seed: int, n_batches: int, *, pinned_big: bool = False, pin=None):
+        self._seed, self._n, self._pinned_big, self._pin = seed, n_batches, pinned_big, pin
         self.passes = 0
         self.handed_out = 0
 
-    def expected(self, pass_index: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        g = torch.Generator().manual_seed(self.seed + 7919 * pass_index)
+    def _batches(self, pass_index: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        g = torch.Generator().manual_seed(self._seed + 7919 * pass_index)
         out = []
-        for i in range(self.n_batches):
-            if self.pinned_big:   # 64 MiB batches, one constant each: a copy read too early shows
+        for i in range(self._n):
+            if self._pinned_big:   # 64 MiB batches, one constant each: a copy read too early shows
                 images = torch.full((16 * 2**20,), float(pass_index * 100 + i + 1))
             else:
                 b = int(torch.randint(1, 9, (1,), generator=g))
                 images = torch.randn(b, 3, 5, 6, generator=g)
-            labels = torch.randint(0, 10, (len(images) if not self.pinned_big else 4,), generator=g)
+            labels = torch.randint(0, 10, (len(images) if not self._pinned_big else 4,), generator=g)
             out.append((images, labels))
         return out
 
     def __len__(self) -> int:
-        return self.n_batches
+        return self._n
 
     def __iter__(self):
-        batches = self.expected(self.passes)
+        batches = self._batches(self.passes)
         self.passes += 1
         self.handed_out = 0
         for images, labels in batches:
-            if self.pinned_big:
+            if self._pinned_big:
                 images, labels = images.pin_memory(), labels.pin_memory()
+            elif self._pin is not None:
+                images, labels = self._pin(images), self._pin(labels)
             self.handed_out += 1
             yield images, labels
 
@@ -62,16 +102,10 @@ def _as_pair(batch, where):
     return batch
 
 
-def _kind(obj) -> str:
-    if obj is None:
-        return "None (an end-of-data marker yielded as a batch?)"
-    if isinstance(obj, (tuple, list)):
-        return f"a {type(obj).__name__} of {len(obj)}: {', '.join(type(o).__name__ for o in obj)}"
-    return f"a {type(obj).__name__}"
-
-
-def _one_pass(pf, loader, pass_index, device, what, *, lazy=True):
-    expected = loader.expected(pass_index)
+def _one_pass(pf, loader, pass_index, device, what, *, on_batch=None):
+    """Iterate `pf` once; check the batches against the loader's. `on_batch(i, images, labels)`
+    runs as each batch arrives (the virtual device's checks, the consumer's reads)."""
+    expected = loader._batches(pass_index)
     got = []
     for i, batch in enumerate(itertools.islice(iter(pf), len(expected) + 3)):
         if i >= len(expected):
@@ -79,25 +113,27 @@ def _one_pass(pf, loader, pass_index, device, what, *, lazy=True):
                               f"(batch {i} was {_kind(batch)})",
                               "stop (return) when the loader is exhausted instead of yielding an end marker")
         images, labels = _as_pair(batch, f"{what}, batch {i}")
-        if lazy and i < len(expected) and loader.handed_out > i + 2:
+        if loader.handed_out > i + 2:
             raise CheckFailed("reads the loader as it goes", f"{what}: when batch {i} reached the consumer, yours had "
                               f"already taken {loader.handed_out} batches from the loader",
                               "a DataLoader can be endless or huge: take the next batch only, do not list() it")
+        for name, t in (("images", images), ("labels", labels)):
+            if t.device.type != device.type:
+                raise CheckFailed("puts the tensors on the device", f"{what}, batch {i}: {name} on {t.device}, "
+                                  f"expected {device.type}", "move both tensors with .to(device, non_blocking=True)")
+        if on_batch is not None:
+            on_batch(i, images, labels)
         got.append((images, labels))
     if len(got) < len(expected):
         raise CheckFailed("yields every batch", f"{what}: the loader has {len(expected)} batches, yours yielded {len(got)}",
                           "the first batch is fetched before the loop and the last one is still pending when "
                           "the loader runs out: yield it before stopping")
     for i, ((images, labels), (want_x, want_y)) in enumerate(zip(got, expected)):
-        for name, t in (("images", images), ("labels", labels)):
-            if t.device.type != device.type:
-                raise CheckFailed("puts the tensors on the device", f"{what}, batch {i}: {name} on {t.device}, expected {device}",
-                                  "move both tensors with .to(device, non_blocking=True)")
-        if not (images.shape == want_x.shape and torch.equal(images.cpu(), want_x)
-                and labels.shape == want_y.shape and torch.equal(labels.cpu(), want_y)):
+        x, y = _values(images), _values(labels)
+        if not (x.shape == want_x.shape and torch.equal(x, want_x) and y.shape == want_y.shape and torch.equal(y, want_y)):
             order = ""
             for j, (wx, _) in enumerate(expected):
-                if j != i and wx.shape == images.shape and torch.equal(images.cpu(), wx):
+                if j != i and wx.shape == x.shape and torch.equal(x, wx):
                     order = f" (it is the loader's batch {j})"
             raise CheckFailed("same batches in the same order as the loader",
                               f"{what}: yours yielded a different batch {i}{order}",
@@ -128,25 +164,116 @@ def _streams_in(*objects) -> list:
 
 
 @exercise("3.1", "A prefetcher: the next batch copied to the device on a side stream", points=2)
+@forbids("course_utils.prefetch:CudaPrefetcher.__iter__")
+@single_threaded
 def check_prefetcher(Prefetcher):
     expect_class(Prefetcher, "a class Prefetcher(loader, device) whose instances are iterables of batches")
     rng, seed = fresh_rng()
-    for device in _devices():
-        for n in (int(rng.integers(3, 8)), 1, 0):
-            loader = _ScriptedLoader(int(rng.integers(1 << 30)), n)
-            pf = Prefetcher(loader, device)
-            what = f"a loader of {n} batch{'es' if n != 1 else ''} on {device.type} (seed {seed})"
-            _one_pass(pf, loader, 0, device, what)
-            _one_pass(pf, loader, 1, device, what + ", second pass")   # iterable again: a new pass
-            if loader.passes != 2:
-                raise CheckFailed("starts a new pass over the loader each time it is iterated",
-                                  f"{what}: two passes over yours called iter(loader) {loader.passes} times",
-                                  "call iter(self.loader) inside __iter__, not in __init__")
+    sizes = (int(rng.integers(3, 8)), 1, 0)
+    for n in sizes:                      # on the CPU: the batches pass through
+        loader = _ScriptedLoader(int(rng.integers(1 << 30)), n)
+        pf = Prefetcher(loader, torch.device("cpu"))
+        what = f"a loader of {n} batch{'es' if n != 1 else ''} on the CPU (seed {seed})"
+        _one_pass(pf, loader, 0, torch.device("cpu"), what)
+        _one_pass(pf, loader, 1, torch.device("cpu"), what + ", second pass")   # iterable again: a new pass
+        if loader.passes != 2:
+            raise CheckFailed("starts a new pass over the loader each time it is iterated",
+                              f"{what}: two passes over yours called iter(loader) {loader.passes} times",
+                              "call iter(self.loader) inside __iter__, not in __init__")
+    for n in sizes:
+        _virtual_prefetch(Prefetcher, int(rng.integers(1 << 30)), n, seed)
     if torch.cuda.is_available():
         _check_cuda_streams(Prefetcher)
-        return "same batches, same order, on the device, copied on a side stream the consumer waits for; ends and restarts cleanly."
-    return ("same batches, same order, passed through on the CPU; ends and restarts cleanly. "
-            "(No GPU here: the side-stream part is checked on a CUDA machine.)")
+        return ("same batches, same order; on the CPU passed through; on CUDA (virtual and real) copied ahead "
+                "from pinned memory on a side stream the consumer waits for, record_stream called, the host "
+                "never blocked; ends and restarts cleanly.")
+    return ("same batches, same order; on the CPU passed through; on a virtual CUDA device copied ahead from "
+            "pinned memory on a side stream the consumer waits for, record_stream called, the host never "
+            "blocked; ends and restarts cleanly. (No GPU here: on one, the check also runs it on the real device.)")
+
+
+def _virtual_prefetch(Prefetcher, loader_seed, n, seed):
+    """Two passes on the virtual CUDA device: the second consumed on a stream of the consumer's own."""
+    with VirtualCuda() as vc:
+        loader = _ScriptedLoader(loader_seed, n, pin=vc._pin)
+        device = torch.device("cuda")
+        try:
+            pf = Prefetcher(loader, device)
+        except RuntimeError as exc:
+            raise _learner_error(exc, VIRTUAL) or exc
+        for pass_index in (0, 1):
+            what = (f"a loader of {n} pinned batch{'es' if n != 1 else ''} on {VIRTUAL}"
+                    + (", second pass, the training loop running on a stream of its own" if pass_index else "")
+                    + f" (seed {seed})")
+            consumer = vc.default_stream if pass_index == 0 else torch.cuda.Stream()
+            copies_at = []
+
+            def consume(i, images, labels):
+                copies_at.append(len(vc.h2d()))
+                vc.mark(images, f"batch {i}'s images")
+                vc.mark(labels, f"batch {i}'s labels")
+                images.float().mean()           # the model reads the batch at once, on its stream
+                labels.sum()
+
+            vc.reset_log()
+            with vc.stream(consumer):
+                try:
+                    got = _one_pass(pf, loader, pass_index, device, what, on_batch=consume)
+                except RuntimeError as exc:
+                    raise _learner_error(exc, what) or exc
+            _judge_prefetch(vc, got, copies_at, consumer, what)
+        if loader.passes != 2:
+            raise CheckFailed("starts a new pass over the loader each time it is iterated",
+                              f"on {VIRTUAL}: two passes over yours called iter(loader) {loader.passes} times",
+                              "call iter(self.loader) inside __iter__, not in __init__")
+
+
+def _judge_prefetch(vc, got, copies_at, consumer, what):
+    h2d = vc.h2d()
+    batch_bytes = sum(_values(x).numel() * _values(x).element_size() + _values(y).numel() * _values(y).element_size()
+                      for x, y in got)
+    copied = sum(c.nbytes for c in h2d)
+    if copied != batch_bytes:
+        raise CheckFailed("copies each batch to the device once", f"{what}: {copied:,} bytes copied from the host for "
+                          f"{batch_bytes:,} bytes of batches ({len(h2d)} copies)",
+                          "one .to(device, non_blocking=True) per tensor of each batch")
+    blocking = [c for c in h2d if not c.non_blocking]
+    if blocking:
+        raise CheckFailed("copies asynchronously", f"{what}: {len(blocking)} of {len(h2d)} copies were blocking "
+                          f"(at {blocking[0].where})",
+                          "from pinned memory, .to(device, non_blocking=True) queues the copy and returns at once")
+    on_consumer = [c for c in h2d if c.stream == consumer.id]
+    if on_consumer:
+        raise CheckFailed("copies on a side stream", f"{what}: {len(on_consumer)} of {len(h2d)} copies were queued on "
+                          "the training loop's own stream, where the next step's kernels wait for them",
+                          "create `self.stream = torch.cuda.Stream(device)` once and copy inside "
+                          "`with torch.cuda.stream(self.stream):`")
+    late = [i for i, count in enumerate(copies_at[:-1]) if count < 2 * (i + 2)]
+    if late:
+        i = late[0]
+        raise CheckFailed("copies the next batch before handing out this one",
+                          f"{what}: when batch {i} was handed out, only {copies_at[i]} copies had been started "
+                          f"(batch {i + 1}'s copy was not among them)",
+                          "start the copy of the following batch before you yield the current one, so that "
+                          "it runs while the model computes")
+    if vc.races:
+        race = vc.races[0]
+        raise CheckFailed("the consumer waits for the copy",
+                          f"{what}: {race.label or 'a batch'} was read on the training loop's stream before that "
+                          f"stream waited for the side stream that copies it ({len(vc.races)} such reads)",
+                          "before handing out a batch: torch.cuda.current_stream(device).wait_stream(self.stream) "
+                          "(the stream current when the batch is handed out, not the default one)")
+    unrecorded = vc.unrecorded()
+    if unrecorded:
+        raise CheckFailed("calls record_stream for the consumer's stream",
+                          f"{what}: {', '.join(a.label or 'a tensor' for a in unrecorded[:3])} were allocated on the "
+                          "side stream and used on the training loop's stream without record_stream: the caching "
+                          "allocator may hand their memory to the next copy while the model still reads it",
+                          "tensor.record_stream(torch.cuda.current_stream(device)) for both tensors of each batch")
+    if vc.syncs:
+        raise CheckFailed("never makes the host wait", f"{what}: the host waited for the device {len(vc.syncs)} times "
+                          f"({vc.syncs[0].what} at {vc.syncs[0].where})",
+                          "wait on the device (wait_stream), not on the host (synchronize)")
 
 
 def _check_cuda_streams(Prefetcher):
@@ -187,97 +314,154 @@ def _windows(images, padding):
     return padded.as_strided((n, k, k, c, h, w), (s[0], s[2], s[3], s[1], s[2], s[3]))
 
 
-def _call_crop(fn, images, padding, generator, what):
-    before = images.clone()
-    out = fn(images, padding=padding, generator=generator)
+def _call_crop(fn, images, padding, generator, what, vc=None):
+    """Call the learner's function; on the virtual device, also judge what it did there."""
+    before = _values(images).clone()
+    if vc is not None:
+        vc.reset_log()
+    try:
+        out = fn(images, padding=padding, generator=generator)
+    except RuntimeError as exc:
+        raise _learner_error(exc, what) or exc
     if not isinstance(out, torch.Tensor):
         raise CheckFailed("returns a tensor", f"{what}: yours returned {type(out).__name__}")
-    if not torch.equal(images, before):
+    if not torch.equal(_values(images), before):
         raise CheckFailed("leaves its input unchanged", f"{what}: the images passed in were modified",
                           "work on a padded copy (F.pad returns a new tensor)")
     if out.shape != images.shape:
         raise CheckFailed("keeps the shape", f"{what}: input {tuple(images.shape)}, yours {tuple(out.shape)}",
                           "each crop is H x W, the size of the input image, taken from the padded image")
-    if out.dtype != images.dtype or out.device != images.device:
+    if out.dtype != images.dtype or out.device != images.device or isinstance(images, DeviceTensor) != isinstance(
+            out, DeviceTensor):
         raise CheckFailed("keeps dtype and device", f"{what}: input {images.dtype} on {images.device}, yours "
                           f"{out.dtype} on {out.device}", "use tensor ops on the images' device; no .cpu(), no .float()")
+    if vc is not None:
+        _no_host_traffic(vc, what, "crops")
+        budget = 16 * images.numel() * images.element_size()
+        if vc.allocated_bytes > budget:
+            raise CheckFailed("uses memory in proportion to the batch",
+                              f"{what}: yours allocated {vc.allocated_bytes / 2**20:.1f} MiB on the device for a "
+                              f"{images.numel() * images.element_size() / 2**20:.1f} MiB batch "
+                              f"({vc.allocated_bytes / (images.numel() * images.element_size()):.0f}x)",
+                              "index the padded batch directly (or a strided view of its windows); do not "
+                              "materialise every window of every image")
     return out
 
 
-def _generator(device, seed):
-    return torch.Generator(device=device).manual_seed(int(seed))
+def _no_host_traffic(vc, what, result):
+    h2d = vc.h2d()
+    if h2d:
+        raise CheckFailed("makes no copy from the host", f"{what}: {len(h2d)} copies from the host to the device "
+                          f"during the call ({h2d[0].what} at {h2d[0].where})",
+                          "create every tensor on images.device (torch.randint(..., device=images.device)); a "
+                          "copy every batch waits for the host, which is what running on the device avoids")
+    if vc.d2h() or vc.reads():
+        first = (vc.reads() or vc.d2h())[0]
+        raise CheckFailed("never waits for the device", f"{what}: the {result} (or values they need) came back to "
+                          f"the host {max(len(vc.reads()), len(vc.d2h()))} times ({first.what} at {first.where})",
+                          "no .item(), .tolist(), .cpu(), float(t) or Python loop over the values: keep whole-batch "
+                          "tensor operations on the device")
+
+
+def _exact_crops(out, host, p, what):
+    win = _windows(host, p)                                          # (n, k, k, c, h, w)
+    plain = (win == out[:, None, None]).flatten(3).all(-1)
+    mirrored = (win.flip(-1) == out[:, None, None]).flatten(3).all(-1)
+    ok = (plain | mirrored).flatten(1).any(1)
+    if not bool(ok.all()):
+        i = int((~ok).nonzero()[0])
+        hint = ("pad all four sides with zeros (F.pad(images, (p, p, p, p))), draw each offset in "
+                "0..2*padding inclusive, take the H x W window there, and flip the last (width) axis")
+        if bool(torch.equal(out[i], host[i].flip(-2))):
+            hint = "a horizontal flip mirrors the width (last) axis, not the height"
+        raise CheckFailed("every output is a crop of the padded input, mirrored or not",
+                          f"{what}: sample {i} is not the H x W window of its zero-padded image at any "
+                          f"offset in 0..{2 * p}, plain or mirrored", hint)
 
 
 @exercise("3.2", "Random crop with padding and flip, for a whole batch on the device", points=2)
+@forbids("course_utils.device_data:random_crop_flip")
+@single_threaded
 def check_crop_flip(random_crop_flip):
     expect_callable(random_crop_flip, "a function random_crop_flip(images, padding=4, generator=None) -> tensor")
     rng, seed = fresh_rng()
-    for device in _devices():
-        # (a) every output is an exact crop of the zero-padded input, mirrored or not
-        for n, c, h, w, p, dtype in [(96, 3, 32, 32, 4, torch.uint8), (40, 3, 11, 14, 2, torch.float32)]:
-            what = f"{n} random {dtype} images {c}x{h}x{w}, padding={p}, on {device.type} (seed {seed})"
-            host = torch.from_numpy(rng.integers(0, 256, (n, c, h, w), dtype=np.uint8)).to(dtype)
-            images = host.to(device)
-            out = _call_crop(random_crop_flip, images, p, _generator(device, rng.integers(1 << 31)), what).cpu()
-            win = _windows(host, p)                                          # (n, k, k, c, h, w)
-            plain = (win == out[:, None, None]).flatten(3).all(-1)
-            mirrored = (win.flip(-1) == out[:, None, None]).flatten(3).all(-1)
-            ok = (plain | mirrored).flatten(1).any(1)
-            if not bool(ok.all()):
-                i = int((~ok).nonzero()[0])
-                hint = ("pad all four sides with zeros (F.pad(images, (p, p, p, p))), draw each offset in "
-                        "0..2*padding inclusive, take the H x W window there, and flip the last (width) axis")
-                if bool(torch.equal(out[i], host[i].flip(-2))):
-                    hint = "a horizontal flip mirrors the width (last) axis, not the height"
-                raise CheckFailed("every output is a crop of the padded input, mirrored or not",
-                                  f"{what}: sample {i} is not the H x W window of its zero-padded image at any "
-                                  f"offset in 0..{2 * p}, plain or mirrored", hint)
-        # (b) offsets and flips vary across samples, roughly uniformly, in one call
-        n, size, p = 4000, 16, 4
-        grid = (torch.arange(size * size, dtype=torch.float32) + 1).view(1, 1, size, size).expand(n, 3, size, size)
-        grid = grid.contiguous().to(device)
-        what = f"one call on {n} images {size}x{size}, padding={p}, on {device.type} (seed {seed})"
-        out = _call_crop(random_crop_flip, grid, p, _generator(device, rng.integers(1 << 31)), what).cpu()
-        dy, dx, flipped = _offsets_of(out, size, p)
-        if dy is None:
-            raise CheckFailed("every output is a crop of the padded input, mirrored or not",
-                              f"{what}: some outputs are not crops at an offset within 0..{2 * p}")
-        _uniform(dy, 2 * p + 1, "vertical offsets", what)
-        _uniform(dx, 2 * p + 1, "horizontal offsets", what)
-        share = float(flipped.float().mean())
-        if not 0.44 <= share <= 0.56:
-            raise CheckFailed("flips about half the samples", f"{what}: yours flipped {share:.1%}",
-                              "draw one flip per sample with probability 1/2, e.g. torch.rand(n) < 0.5")
-        if float((dy == dx).float().mean()) > 0.3:
-            raise CheckFailed("draws the two offsets independently", f"{what}: dy == dx for "
-                              f"{float((dy == dx).float().mean()):.0%} of samples (independent offsets: about 11%)",
-                              "draw dy and dx separately")
-        # (c) reproducible under a seed; another seed gives other crops
-        s = int(rng.integers(1 << 31))
-        images = torch.from_numpy(rng.integers(0, 256, (64, 3, 32, 32), dtype=np.uint8)).to(device)
-        what = f"64 images on {device.type}, generator seeded {s}"
-        a = _call_crop(random_crop_flip, images, 4, _generator(device, s), what)
-        b = _call_crop(random_crop_flip, images, 4, _generator(device, s), what)
-        if not torch.equal(a, b):
-            raise CheckFailed("reproducible under a seed", f"{what}: two calls with generators seeded alike differ",
-                              "draw every random number from `generator` (torch.randint(..., generator=generator))")
-        other = _call_crop(random_crop_flip, images, 4, _generator(device, s + 1), what)
-        if torch.equal(a, other):
-            raise CheckFailed("uses the generator it is given", f"{what}: seeds {s} and {s + 1} gave identical crops",
-                              "pass `generator` to every torch.randint / torch.rand call")
-        torch.manual_seed(s)
-        if device.type == "cuda":
-            torch.cuda.manual_seed(s)
-        a = _call_crop(random_crop_flip, images, 4, None, what + " (generator=None)")
-        torch.manual_seed(s)
-        if device.type == "cuda":
-            torch.cuda.manual_seed(s)
-        b = _call_crop(random_crop_flip, images, 4, None, what + " (generator=None)")
-        if not torch.equal(a, b):
-            raise CheckFailed("with generator=None, reproducible under torch.manual_seed",
-                              f"{what}: two calls after torch.manual_seed({s}) differ",
-                              "use torch's random functions (not Python's random or NumPy)")
-    return "exact crops of the zero-padded batch, mirrored or not, offsets and flips uniform per sample, reproducible."
+    places = ["virtual", "cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    for place in places:
+        with (VirtualCuda() if place == "virtual" else _nothing()) as vc:
+            on = VIRTUAL if place == "virtual" else place
+            device = torch.device("cuda" if place != "cpu" else "cpu")
+
+            def to_device(host):
+                return vc.to_device(host) if vc is not None else host.to(device)
+
+            def generator(s):
+                if vc is not None:
+                    return vc.generator(s)
+                return torch.Generator(device=device).manual_seed(int(s))
+
+            # (a) every output is an exact crop of the zero-padded input, mirrored or not
+            for n, c, h, w, p, dtype in [(96, 3, 32, 32, 4, torch.uint8), (40, 3, 11, 14, 2, torch.float32)]:
+                what = f"{n} random {dtype} images {c}x{h}x{w}, padding={p}, on {on} (seed {seed})"
+                host = torch.from_numpy(rng.integers(0, 256, (n, c, h, w), dtype=np.uint8)).to(dtype)
+                out = _call_crop(random_crop_flip, to_device(host), p, generator(rng.integers(1 << 31)), what, vc)
+                _exact_crops(_values(out), host, p, what)
+            # (b) offsets and flips vary across samples, uniformly, in one call (where it runs on a device)
+            if place != "cpu":
+                _crop_statistics(random_crop_flip, to_device, generator, rng, on, seed, vc)
+            # (c) reproducible under a seed; another seed gives other crops
+            s = int(rng.integers(1 << 31))
+            images = to_device(torch.from_numpy(rng.integers(0, 256, (64, 3, 32, 32), dtype=np.uint8)))
+            what = f"64 images on {on}, generator seeded {s}"
+            a = _values(_call_crop(random_crop_flip, images, 4, generator(s), what, vc))
+            b = _values(_call_crop(random_crop_flip, images, 4, generator(s), what, vc))
+            if not torch.equal(a, b):
+                raise CheckFailed("reproducible under a seed", f"{what}: two calls with generators seeded alike differ",
+                                  "draw every random number from `generator` (torch.randint(..., generator=generator))")
+            other = _values(_call_crop(random_crop_flip, images, 4, generator(s + 1), what, vc))
+            if torch.equal(a, other):
+                raise CheckFailed("uses the generator it is given", f"{what}: seeds {s} and {s + 1} gave identical crops",
+                                  "pass `generator` to every torch.randint / torch.rand call")
+            runs = []
+            for _ in range(2):
+                torch.manual_seed(s)
+                if place == "cuda":
+                    torch.cuda.manual_seed(s)
+                runs.append(_values(_call_crop(random_crop_flip, images, 4, None, what + " (generator=None)", vc)))
+            if not torch.equal(*runs):
+                raise CheckFailed("with generator=None, reproducible under torch.manual_seed",
+                                  f"{what}: two calls after torch.manual_seed({s}) differ",
+                                  "use torch's random functions (not Python's random or NumPy)")
+    return ("exact crops of the zero-padded batch, mirrored or not, offsets and flips uniform per sample, "
+            "reproducible; on a (virtual) GPU no copy from the host, nothing read back, memory in proportion.")
+
+
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return None
+
+
+def _crop_statistics(fn, to_device, generator, rng, on, seed, vc):
+    n, size, p = 20_000, 12, 4
+    grid = (torch.arange(size * size, dtype=torch.float32) + 1).view(1, 1, size, size).expand(n, 1, size, size)
+    what = f"one call on {n:,} one-channel images {size}x{size}, padding={p}, on {on} (seed {seed})"
+    out = _values(_call_crop(fn, to_device(grid.contiguous()), p, generator(rng.integers(1 << 31)), what, vc))
+    dy, dx, flipped = _offsets_of(out, size, p)
+    if dy is None:
+        raise CheckFailed("every output is a crop of the padded input, mirrored or not",
+                          f"{what}: some outputs are not crops at an offset within 0..{2 * p}")
+    _uniform(dy, 2 * p + 1, "vertical offsets", what)
+    _uniform(dx, 2 * p + 1, "horizontal offsets", what)
+    share = float(flipped.float().mean())
+    if not 0.485 <= share <= 0.515:      # 4.2 standard deviations of a fair coin over 20,000 samples
+        raise CheckFailed("flips half the samples", f"{what}: yours flipped {share:.1%}",
+                          "draw one flip per sample with probability 1/2, e.g. torch.rand(n) < 0.5")
+    same = float((dy == dx).float().mean())
+    if not 0.09 <= same <= 0.135:        # independent offsets agree 1/9 of the time
+        raise CheckFailed("draws the two offsets independently", f"{what}: dy == dx for {same:.1%} of samples "
+                          "(independent offsets: about 11%)", "draw dy and dx separately")
 
 
 def _offsets_of(out, size, p):
@@ -301,17 +485,17 @@ def _uniform(values, k, name, what):
     counts = torch.bincount(values, minlength=k).tolist()
     expected = len(values) / k
     if sum(n > 0 for n in counts) <= 2:
-        raise CheckFailed("offsets vary across samples, roughly uniformly",
+        raise CheckFailed("offsets vary across samples, uniformly",
                           f"{what}: {name} counted {counts}: nearly every sample got the same offset",
                           "draw one offset per sample (a tensor of N offsets), not one for the whole batch")
     missing = [i for i, n in enumerate(counts) if n == 0]
     if missing:
         raise CheckFailed("offsets cover the whole range", f"{what}: {name} {missing} never occur (counts {counts})",
                           "torch.randint's upper bound is exclusive: offsets in 0..2*padding need high=2*padding+1")
-    if min(counts) < 0.6 * expected or max(counts) > 1.4 * expected:
-        raise CheckFailed("offsets vary across samples, roughly uniformly",
+    if min(counts) < 0.85 * expected or max(counts) > 1.15 * expected:    # over 5 standard deviations
+        raise CheckFailed("offsets vary across samples, uniformly",
                           f"{what}: {name} counted {counts} (about {expected:.0f} each expected)",
-                          "draw one offset per sample, uniformly, not one for the whole batch")
+                          "draw one offset per sample, uniformly over 0..2*padding, not one for the whole batch")
 
 
 # -- 3.3 normalise uint8 on the device ----------------------------------------------------------------
@@ -324,47 +508,84 @@ def _reference_normalize(images_hwc: np.ndarray) -> torch.Tensor:
 
 
 @exercise("3.3", "uint8 on the device, normalised there")
+@forbids("course_utils.device_data:normalize_uint8", "course_utils.device_data:normalize_batch")
+@single_threaded
 def check_normalize(normalize_on_device):
     expect_callable(normalize_on_device, "a function normalize_on_device(images, labels) -> (images, labels)")
     rng, seed = fresh_rng()
-    for device in _devices():
-        for n, h, w in [(int(rng.integers(2, 24)), 32, 32), (1, 7, 5), (int(rng.integers(2, 9)), 12, 20)]:
-            hwc = rng.integers(0, 256, (n, h, w, 3), dtype=np.uint8)
-            hwc[0, 0, 0] = (0, 0, 0)
-            hwc[0, 0, 1] = (255, 255, 255)
-            images = torch.from_numpy(hwc).permute(0, 3, 1, 2).contiguous().to(device)
-            labels = torch.from_numpy(rng.integers(0, 10, n)).to(device)
-            before = images.clone()
-            what = f"{n} uint8 images 3x{h}x{w} on {device.type} (seed {seed})"
-            result = normalize_on_device(images, labels)
-            if not isinstance(result, (tuple, list)) or len(result) != 2:
-                raise CheckFailed("returns (images, labels)", f"{what}: yours returned {_kind(result)}",
-                                  "a batch_transform returns both: `return images, labels`")
-            out, out_labels = result
-            if not isinstance(out, torch.Tensor):
-                raise CheckFailed("returns a tensor of images", f"{what}: yours returned {type(out).__name__}")
-            if not torch.equal(images, before):
-                raise CheckFailed("leaves its input unchanged", f"{what}: the uint8 images were modified")
-            if not isinstance(out_labels, torch.Tensor) or not torch.equal(out_labels, labels):
-                raise CheckFailed("passes the labels through", f"{what}: the labels came back changed")
-            if out.device != images.device:
-                raise CheckFailed("normalises on the device", f"{what}: yours returned images on {out.device}",
-                                  "stay on images.device: make mean and std tensors there")
-            if out.dtype != torch.float32:
-                raise CheckFailed("returns float32", f"{what}: yours is {out.dtype}", "images.float()")
-            if out.shape != images.shape:
-                raise CheckFailed("keeps the (N, 3, H, W) shape", f"{what}: yours {tuple(out.shape)}")
-            expected = _reference_normalize(hwc)
-            err = (out.cpu() - expected).abs()
-            if float(err.max()) > 1e-4:
-                i = np.unravel_index(int(err.argmax()), tuple(err.shape))
-                yours, want = float(out.cpu()[i]), float(expected[i])
-                hint = "x / 255, then subtract the mean and divide by the std, per channel"
-                raw = float(images.cpu()[i])
-                if abs(yours - (raw - CIFAR10_MEAN[i[1]]) / CIFAR10_STD[i[1]]) < 1e-3:
-                    hint = "ToTensor scales 0..255 to 0..1: divide by 255 first"
-                elif abs(yours - raw / 255) < 1e-4:
-                    hint = "Normalize is missing: subtract the mean and divide by the std of each channel"
-                raise CheckFailed("equals ToTensor + Normalize", f"{what}: element {tuple(int(j) for j in i)}: yours "
-                                  f"{yours:.5f}, expected {want:.5f}", hint)
-    return "float32 on the device, equal to ToTensor + Normalize within 1e-4, labels passed through."
+    places = ["cpu", "virtual"] + (["cuda"] if torch.cuda.is_available() else [])
+    for place in places:
+        with (VirtualCuda() if place == "virtual" else _nothing()) as vc:
+            on = VIRTUAL if place == "virtual" else place
+            sizes = [(int(rng.integers(2, 6)), 4, 3), (int(rng.integers(2, 24)), 32, 32), (1, 7, 5),
+                     (int(rng.integers(2, 9)), 12, 20)]
+            for call, (n, h, w) in enumerate(sizes):
+                hwc = rng.integers(0, 256, (n, h, w, 3), dtype=np.uint8)
+                hwc[0, 0, 0] = (0, 0, 0)
+                hwc[0, 0, 1] = (255, 255, 255)
+                host = torch.from_numpy(hwc).permute(0, 3, 1, 2).contiguous()
+                host_labels = torch.from_numpy(rng.integers(0, 10, n))
+                if vc is not None:
+                    images, labels = vc.to_device(host), vc.to_device(host_labels)
+                    vc.reset_log()
+                else:
+                    images, labels = host.to(place), host_labels.to(place)
+                what = f"batch {call + 1}: {n} uint8 images 3x{h}x{w} on {on} (seed {seed})"
+                try:
+                    result = normalize_on_device(images, labels)
+                except RuntimeError as exc:
+                    raise _learner_error(exc, what) or exc
+                if not isinstance(result, (tuple, list)) or len(result) != 2:
+                    raise CheckFailed("returns (images, labels)", f"{what}: yours returned {_kind(result)}",
+                                      "a batch_transform returns both: `return images, labels`")
+                out, out_labels = result
+                if not isinstance(out, torch.Tensor):
+                    raise CheckFailed("returns a tensor of images", f"{what}: yours returned {type(out).__name__}")
+                if not torch.equal(_values(images), host):
+                    raise CheckFailed("leaves its input unchanged", f"{what}: the uint8 images were modified")
+                if (not isinstance(out_labels, torch.Tensor) or out_labels.device != labels.device
+                        or not torch.equal(_values(out_labels), host_labels) or out_labels.dtype != labels.dtype):
+                    raise CheckFailed("passes the labels through", f"{what}: the labels came back changed")
+                if out.device != images.device or isinstance(out, DeviceTensor) != isinstance(images, DeviceTensor):
+                    raise CheckFailed("normalises on the device", f"{what}: yours returned images on {out.device}",
+                                      "stay on images.device: make mean and std tensors there")
+                if out.dtype != torch.float32:
+                    raise CheckFailed("returns float32", f"{what}: yours is {out.dtype}", "images.float()")
+                if out.shape != images.shape:
+                    raise CheckFailed("keeps the (N, 3, H, W) shape", f"{what}: yours {tuple(out.shape)}")
+                _compare_normalized(_values(out), hwc, host, what)
+                if vc is not None:
+                    _judge_normalize_traffic(vc, call, what)
+    return ("float32 on the device, equal to ToTensor + Normalize within 1e-4, labels passed through; on a "
+            "(virtual) GPU no copy from the host after the first batch, nothing read back.")
+
+
+def _compare_normalized(out, hwc, host, what):
+    expected = _reference_normalize(hwc)
+    err = (out - expected).abs()
+    if not bool(torch.isfinite(out).all()) or float(err.max()) > 1e-4:
+        i = np.unravel_index(int(torch.nan_to_num(err, nan=1e9).argmax()), tuple(err.shape))
+        yours, want = float(out[i]), float(expected[i])
+        hint = "x / 255, then subtract the mean and divide by the std, per channel"
+        raw = float(host[i])
+        if abs(yours - (raw - CIFAR10_MEAN[i[1]]) / CIFAR10_STD[i[1]]) < 1e-3:
+            hint = "ToTensor scales 0..255 to 0..1: divide by 255 first"
+        elif abs(yours - raw / 255) < 1e-4:
+            hint = "Normalize is missing: subtract the mean and divide by the std of each channel"
+        raise CheckFailed("equals ToTensor + Normalize", f"{what}: element {tuple(int(j) for j in i)}: yours "
+                          f"{yours:.5f}, expected {want:.5f}", hint)
+
+
+def _judge_normalize_traffic(vc, call, what):
+    h2d = vc.h2d()
+    if h2d and (call > 0 or sum(c.nbytes for c in h2d) > 1024):
+        raise CheckFailed("makes no copy from the host after the first batch",
+                          f"{what}: {len(h2d)} copies from the host during this call ({h2d[0].what} at {h2d[0].where})",
+                          "create mean and std on the device once (per device) and keep them: "
+                          "torch.tensor(..., device=...) or .to(device) in every call copies them from the host "
+                          "for every batch, and the copy waits for the host")
+    if vc.d2h() or vc.reads():
+        first = (vc.reads() or vc.d2h())[0]
+        raise CheckFailed("never waits for the device", f"{what}: the images (or values computed from them) came back "
+                          f"to the host ({first.what} at {first.where})",
+                          "normalise with tensor operations on images.device; no .cpu(), .numpy(), .item()")

@@ -19,7 +19,7 @@ from .. import data
 from ..crop_match import match_crops
 from ..env import has_dali, usable_cores
 from ._core import CheckFailed, WrongType, exercise, expect_callable
-from ._util import fresh_rng
+from ._util import forbids, fresh_rng
 
 DALI_MISSING = ("NVIDIA DALI cannot be imported on this machine (install nvidia-dali-cuda120 at the version "
                 "requirements.txt pins), so this exercise cannot be graded here.")
@@ -156,7 +156,26 @@ def _run_cifar(cifar_pipeline, records, batch_size, batches, device, rng):
     return outs
 
 
+def _check_seed(cifar_pipeline, records, batch_size, rng, seed):
+    """The same seed draws the same augmentation; another seed, another."""
+    def first_batch(pipe_seed):
+        source = _BatchSource(records, batch_size, 1, np.random.default_rng(0))     # the same records each time
+        pipe = _expect_pipeline(cifar_pipeline(source, batch_size, device="cpu", num_threads=_threads(),
+                                               seed=pipe_seed), "cifar_pipeline(...)")
+        return _to_numpy(pipe.run()[0])
+
+    s = int(rng.integers(1, 2**31 - 2))
+    a, b, c = first_batch(s), first_batch(s), first_batch(s + 1)
+    if not np.array_equal(a, b):
+        raise CheckFailed("reproducible under a seed", f"two pipelines built with seed={s} augmented the same records "
+                          f"differently (seed {seed})", "pass `seed` on to @pipeline_def(..., seed=seed)")
+    if np.array_equal(a, c):
+        raise CheckFailed("follows the seed", f"seeds {s} and {s + 1} gave the same crops and flips (seed {seed})",
+                          "pass `seed` on to @pipeline_def(..., seed=seed) instead of a number of your own")
+
+
 @exercise("4.1", "The CIFAR pipeline: pad, random crop, flip and normalise in DALI", points=2)
+@forbids("course_utils.dali_pipelines:cifar_train_pipeline")
 def check_cifar_pipeline(cifar_pipeline):
     _require_dali()
     expect_callable(cifar_pipeline, "a function cifar_pipeline(source, batch_size, device='cpu', num_threads=2, "
@@ -198,9 +217,11 @@ def check_cifar_pipeline(cifar_pipeline):
                               f"{on}: {int((~found.exact).sum())} of {len(found.exact)} samples match no window (seed {seed})",
                               _diagnose_crops(x_all[~found.exact][:64], src[~found.exact][:64]))
         _check_randomness(found, outs, on, seed)
+    _check_seed(cifar_pipeline, records, batch_size, rng, seed)
     where = " and on the GPU" if len(_devices()) > 1 else ""
     return (f"{len(x_all)} samples on the CPU{where}: CHW float32, each an exact crop (offsets 0..8 uniform, "
-            f"{found.flipped.mean():.0%} flipped) of its padded record, normalised; labels and indices intact.")
+            f"{found.flipped.mean():.0%} flipped) of its padded record, normalised; labels and indices intact; "
+            "the seed reproduces it.")
 
 
 def _check_randomness(found, outs, on, seed):
@@ -316,6 +337,8 @@ def _sizes(sizes):
 
 
 @exercise("4.2", "Exact epochs through DALI's PyTorch iterator", points=2)
+@forbids("course_utils.dali_pipelines:CifarRecordBatches.__call__", "course_utils.dali_pipelines:CifarRecordBatches.epoch_order",
+         "course_utils.dali_pipelines:shard_range", "course_utils.dali_pipelines:cifar_loader")
 def check_epochs(cifar_epochs):
     _require_dali()
     from nvidia.dali.plugin.pytorch import DALIGenericIterator
@@ -325,6 +348,8 @@ def check_epochs(cifar_epochs):
     rng, seed = fresh_rng()
     batch_size = int(rng.integers(32, 80))
     n = batch_size * int(rng.integers(5, 9)) + int(rng.integers(1, batch_size))
+    while n % 3 == 0 or n % batch_size == 0:   # uneven shards and a partial last batch: exact tests both
+        n += 1
     with tempfile.TemporaryDirectory(prefix="check-4.2-") as tmp:
         path = Path(tmp) / "records.bin"
         _random_records(rng, n).tofile(path)
@@ -349,6 +374,18 @@ def check_epochs(cifar_epochs):
         if np.array_equal(idx1, idx2):
             raise CheckFailed("shuffles every epoch", "epochs 1 and 2 visited the records in the same order",
                               "draw the permutation from (seed, epoch): BatchInfo.epoch_idx tells the source the epoch")
+        for e, idx in enumerate((idx1, idx2)):
+            order = np.random.default_rng((pipe_seed, e)).permutation(n)
+            if not np.array_equal(idx, order):
+                raise CheckFailed("visits the epoch's order", f"epoch {e + 1} did not visit the records in the order "
+                                  f"np.random.default_rng((seed, {e})).permutation(N) gives (seed {seed})",
+                                  "the order of epoch e is np.random.default_rng((seed, e)).permutation(N), with the "
+                                  "seed you are given and BatchInfo.epoch_idx")
+        in_order = _one_epoch(make(shuffle=False), limit, "shuffle=False")
+        _, idx = _epoch_summary(in_order)
+        if not np.array_equal(idx, np.arange(n)):
+            raise CheckFailed("shuffle=False keeps the records' order", f"with shuffle=False the epoch did not visit "
+                              f"0, 1, 2, ... (seed {seed})", "without shuffle the order is np.arange(N)")
         # the images travel with their indices (the training augmentation of exercise 4.1)
         x = np.concatenate([b["images"] for b in first[:2]])
         idx = np.concatenate([b["indices"].reshape(-1) for b in first[:2]])
@@ -406,12 +443,15 @@ _CLASS_WORDS = ["dog", "Cat", "ant", "Zebra", "bird", "apple", "b10", "b9", "Mot
 
 
 def _jpeg_folder(rng, root: Path):
-    """Solid-colour JPEGs of distinct sizes in 4-5 class folders; returns {(label, h, w): rgb}."""
+    """JPEGs of distinct sizes in 4-5 class folders; returns ({(label, h, w): rgb}, label_of,
+    {(label, h, w): file number in its folder}). Green and blue are one colour per file (they
+    say which file a crop came from); red rises from left to right (it says whether a crop was
+    mirrored)."""
     from PIL import Image
 
     names = list(rng.choice(_CLASS_WORDS, int(rng.integers(4, 6)), replace=False))
     label_of = {name: i for i, name in enumerate(sorted(names))}    # DALI's rule: sorted folder names
-    truth, used = {}, set()
+    truth, used, number = {}, set(), {}
     for name in names:      # written in a shuffled, unsorted order
         (root / name).mkdir()
         for j in range(int(rng.integers(4, 8))):
@@ -421,9 +461,20 @@ def _jpeg_folder(rng, root: Path):
                     used.add((h, w))
                     break
             rgb = rng.integers(20, 236, 3)
-            Image.fromarray(np.full((h, w, 3), rgb, np.uint8)).save(root / name / f"{j:03d}.jpg", quality=95)
+            pixels = np.empty((h, w, 3), np.uint8)
+            pixels[:] = rgb
+            pixels[:, :, 0] = np.linspace(30, 225, w).round().astype(np.uint8)[None, :]
+            Image.fromarray(pixels).save(root / name / f"{j:03d}.jpg", quality=95)
             truth[(label_of[name], h, w)] = rgb
-    return truth, label_of
+            number[(label_of[name], h, w)] = j
+    return truth, label_of, number
+
+
+def _mirrored(image) -> bool:
+    """Whether a crop of a file whose red rises from left to right came out mirrored."""
+    red = image[0].mean(axis=0)
+    third = max(len(red) // 3, 1)
+    return float(red[:third].mean()) > float(red[-third:].mean())
 
 
 def _jpeg_epoch(jpeg_pipeline, root, batch_size, crop, device, shard_id, num_shards, rng, what):
@@ -469,6 +520,7 @@ def _jpeg_epoch(jpeg_pipeline, root, batch_size, crop, device, shard_id, num_sha
 
 
 @exercise("4.3", "The JPEG pipeline: file reader, decoder, random resized crop, normalise", points=2)
+@forbids("course_utils.dali_pipelines:jpeg_train_pipeline", "course_utils.dali_pipelines:jpeg_loader")
 def check_jpeg_pipeline(jpeg_pipeline):
     _require_dali()
     expect_callable(jpeg_pipeline, "a function jpeg_pipeline(file_root, batch_size, *, crop=224, device='cpu', "
@@ -479,17 +531,21 @@ def check_jpeg_pipeline(jpeg_pipeline):
     lo, hi = (0 - mean) / std, (255 - mean) / std
     with tempfile.TemporaryDirectory(prefix="check-4.3-") as tmp:
         root = Path(tmp)
-        truth, label_of = _jpeg_folder(rng, root)
+        truth, label_of, number = _jpeg_folder(rng, root)
         keys = sorted(truth)
         batch_size = int(rng.integers(5, 9))
         crop = int(rng.choice([40, 48, 64]))
-        summary = []
+        summary, flips = [], []
         for device in _devices():
             on = "on the GPU (mixed decoder)" if device == "gpu" else "on the CPU"
             samples = _jpeg_epoch(jpeg_pipeline, root, batch_size, crop, device, 0, 1, rng, on)
             got = sorted((l, h, w) for l, h, w, _ in samples)
             if got != keys:
                 _explain_mismatch(got, keys, label_of, on, seed)
+            files = [(l, number[(l, h, w)]) for l, h, w, _ in samples]
+            if files == sorted(files):
+                raise CheckFailed("shuffles the files", f"{on}: the epoch read the {len(files)} files in folder order "
+                                  f"(seed {seed})", "fn.readers.file(..., random_shuffle=True)")
             for label, h, w, image in samples:
                 if image.min() < lo.min() - 0.05 or image.max() > hi.max() + 0.05:
                     raise CheckFailed("values are normalised", f"{on}: values from {image.min():.2f} to {image.max():.2f}; "
@@ -498,27 +554,36 @@ def check_jpeg_pipeline(jpeg_pipeline):
                                       "[255*m for m in IMAGENET_MEAN], [255*s for s in IMAGENET_STD]")
                 expected = (truth[(label, h, w)] - mean) / std
                 yours = image.reshape(3, -1).mean(axis=1)
-                if np.abs(yours - expected).max() > 0.15:
+                if np.abs(yours[1:] - expected[1:]).max() > 0.15:       # green and blue: one colour per file
                     hint = "normalise as (x - 255*mean) / (255*std) per channel, RGB order"
                     pixels = yours * std + mean       # back to 0..255, as if normalised right
-                    if np.abs(pixels[::-1] - truth[(label, h, w)]).max() <= 8:
+                    if abs(pixels[0] - truth[(label, h, w)][2]) <= 8 and abs(pixels[1] - truth[(label, h, w)][1]) <= 8:
                         hint = "the channels are in BGR order: decode with output_type=types.RGB"
                     raise CheckFailed("each image is its file's colour, normalised",
-                                      f"{on}: a solid image of RGB {tuple(int(v) for v in truth[(label, h, w)])} came out "
-                                      f"with channel means {np.round(yours, 2).tolist()}, expected "
-                                      f"{np.round(expected, 2).tolist()} (seed {seed})", hint)
+                                      f"{on}: an image of green {int(truth[(label, h, w)][1])} and blue "
+                                      f"{int(truth[(label, h, w)][2])} came out with green and blue means "
+                                      f"{np.round(yours[1:], 2).tolist()}, expected {np.round(expected[1:], 2).tolist()} "
+                                      f"(seed {seed})", hint)
+                flips.append(_mirrored(image))
             summary.append(device)
         # shards: together one epoch of the folder, no file twice
-        parts = [sorted((l, h, w) for l, h, w, _ in
-                        _jpeg_epoch(jpeg_pipeline, root, batch_size, crop, "cpu", s, 2, rng, f"shard {s} of 2"))
-                 for s in range(2)]
+        shards = [_jpeg_epoch(jpeg_pipeline, root, batch_size, crop, "cpu", s, 2, rng, f"shard {s} of 2")
+                  for s in range(2)]
+        flips += [_mirrored(image) for part in shards for _, _, _, image in part]
+        parts = [sorted((l, h, w) for l, h, w, _ in part) for part in shards]
         if sorted(parts[0] + parts[1]) != keys or set(parts[0]) & set(parts[1]):
             raise CheckFailed("shard_id and num_shards split the files", f"shards 0 and 1 of 2 read {len(parts[0])} and "
                               f"{len(parts[1])} files of {len(keys)}, sharing {len(set(parts[0]) & set(parts[1]))} (seed {seed})",
                               "pass shard_id and num_shards to fn.readers.file")
+        share = float(np.mean(flips))
+        if not 0.1 <= share <= 0.9:        # about half of 30 and more samples: outside this, not a coin
+            raise CheckFailed("mirrors about half of the images", f"{share:.0%} of {len(flips)} crops came out "
+                              f"mirrored (seed {seed})",
+                              "crop_mirror_normalize(..., mirror=fn.random.coin_flip(probability=0.5))")
     where = " and on the GPU" if "gpu" in summary else ""
     return (f"{len(keys)} JPEGs in {len(label_of)} class folders, one epoch on the CPU{where}: decoded sizes, "
-            f"labels (sorted folders), {crop}x{crop} crops, normalised values; two shards split the files.")
+            f"labels (sorted folders), {crop}x{crop} crops, normalised values, {share:.0%} mirrored, shuffled; two "
+            "shards split the files.")
 
 
 def _explain_mismatch(got, keys, label_of, on, seed):

@@ -12,9 +12,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..memory import GraphWatch, SavedTensorMeter, StepReadings
-from ..syncs import SyncCounter
+from ..syncs import SyncCounter, _CountingMode, _to_host
 from ._core import CheckFailed, exercise, expect_callable
-from ._util import fresh_rng
+from ._util import forbids, fresh_rng, single_threaded
+from .virtual_cuda import DeviceTensor, VirtualCuda
 
 
 def _devices():
@@ -57,6 +58,8 @@ class _AutocastProbeNet(nn.Module):
         kind = x.device.type
         enabled = torch.is_autocast_enabled(kind)
         self.seen.append((enabled, torch.get_autocast_dtype(kind) if enabled else None))
+        if isinstance(x, DeviceTensor):     # images that say they are on a GPU: the work stays on the host
+            x = x._inner
         return self.fc2(torch.relu(self.fc1(x)))
 
 
@@ -71,12 +74,17 @@ def _call_amp(amp_step, label, *args, **kwargs):
     """Call the learner's step, turning the scaler's own 'you forgot update()' errors into a failure."""
     try:
         return amp_step(*args, **kwargs)
-    except RuntimeError as exc:
+    except (RuntimeError, AssertionError) as exc:
         text = str(exc)
         if "since the last update()" in text or "called after step()" in text:
             raise CheckFailed("calls scaler.update() after each step", f"{label}: the scaler said: {text}",
                               "end every step with scaler.update(): it resets the scaler for the next step "
                               "and adjusts the scale") from None
+        if "No inf checks were recorded" in text:
+            raise CheckFailed("clears the gradients at the start of each step",
+                              f"{label}: scaler.step found no gradients to step with (the scaler said: {text})",
+                              "optimizer.zero_grad(set_to_none=True) first, before the forward pass: clearing "
+                              "them after backward throws the step's gradients away") from None
         raise
 
 
@@ -137,6 +145,10 @@ def _amp_case(amp_step, rng, seed, device, dtype, *, use_scaler):
                                   "this step's gradient",
                                   "call optimizer.zero_grad(set_to_none=True) first" if more else
                                   "let the scaler unscale: scaler.unscale_(optimizer) before clipping")
+            if call == 1 and ratio > scale_before * 1.02 and abs(_grad_norm(list(model.parameters())) - 1.0) < 1e-3:
+                raise CheckFailed("clips the unscaled gradients to max_norm",
+                                  f"{label}: with max_norm=1e9 nothing should be clipped; yours clipped the "
+                                  "gradients to a norm of 1.0", "pass max_norm on to clip_grad_norm_")
             if call == 1 and not math.isclose(ratio, scale_before, rel_tol=2e-2):
                 raise CheckFailed("leaves unscaled gradients in .grad",
                                   f"{label}: .grad is {ratio:.4g}x smaller than the backward's gradient, "
@@ -221,7 +233,31 @@ def _amp_case(amp_step, rng, seed, device, dtype, *, use_scaler):
                           "call scaler.update() at the end of every step")
 
 
+def _autocast_follows_the_images(amp_step, rng, seed):
+    """Images that say they live on a GPU (the virtual CUDA device; the model's work stays on the
+    host): the step must autocast on *their* device type, which a step written for the CPU alone
+    does not."""
+    d_in, n_classes = 12, 4
+    x, y, _ = _blobs(rng, 32, d_in, n_classes, torch.device("cpu"))
+    torch.manual_seed(int(rng.integers(0, 2**31)))
+    model = _AutocastProbeNet(d_in, n_classes)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 12, growth_interval=10**6)
+    label = "float16, images on a (virtual) GPU"
+    with VirtualCuda() as vc:
+        images = vc.to_device(x)
+        _call_amp(amp_step, label, model, opt, scaler, images, y, dtype=torch.float16, max_norm=1e9)
+    if not model.seen or model.seen[0] != (True, torch.float16):
+        state = "off" if not model.seen or not model.seen[0][0] else f"on, to {model.seen[0][1]}"
+        raise CheckFailed("autocasts on the images' device type",
+                          f"{label}: during the forward pass CUDA autocast was {state} (seed {seed})",
+                          "torch.autocast(device_type=images.device.type, dtype=dtype): a device type written "
+                          "into the code is right on one machine only")
+
+
 @exercise("5.1", "A mixed-precision training step with a GradScaler", points=2)
+@forbids("course_utils.train:train", "course_utils.train:_step")
+@single_threaded
 def check_amp_step(amp_step):
     expect_callable(amp_step, "a function amp_step(model, optimizer, scaler, images, labels, dtype, max_norm)")
     rng, seed = fresh_rng()
@@ -229,6 +265,9 @@ def check_amp_step(amp_step):
     for device in _devices():
         _amp_case(amp_step, rng, seed, device, torch.float16, use_scaler=True)
         done.append(f"float16 + scaler on {device.type}")
+    if not torch.cuda.is_available():
+        _autocast_follows_the_images(amp_step, rng, seed)
+        done.append("CUDA autocast for images on a virtual GPU")
     _amp_case(amp_step, rng, seed, torch.device("cpu"), torch.bfloat16, use_scaler=False)
     done.append("bfloat16 with a disabled scaler on cpu")
     return ("forward under autocast, loss scaled, gradients unscaled before clipping, an inf gradient "
@@ -265,11 +304,12 @@ def _close_grads(a, b, rtol=1e-6, atol=1e-10):
 
 
 @exercise("5.2", "Gradient accumulation gives the gradient of the big batch", points=2)
+@single_threaded
 def check_accumulation(accumulate_gradients):
     expect_callable(accumulate_gradients, "a function accumulate_gradients(model, loss_fn, images, labels, k)")
     rng, seed = fresh_rng()
     d_in, n_cls = 6, 3
-    sizes = [(12, 1), (12, 4), (10, 3), (7, 7), (13, 5)]
+    sizes = [(12, 1), (12, 4), (10, 3), (7, 7), (13, 5), (12, 5)]
     n = int(rng.integers(17, 41))
     sizes.append((n, int(rng.choice([k for k in range(2, n) if n % k]))))
     classify = lambda out, target: F.cross_entropy(out, target)  # noqa: E731
@@ -287,7 +327,8 @@ def check_accumulation(accumulate_gradients):
         for p in model.parameters():               # stale gradients from an earlier step
             p.grad = torch.full_like(p, 0.5)
         params_before = [p.detach().clone() for p in model.parameters()]
-        result = accumulate_gradients(model, loss_fn, x, y, k)
+        with SyncCounter(host_reads=True) as syncs:
+            result = accumulate_gradients(model, loss_fn, x, y, k)
         seen = list(model.batch_sizes)
         if len(seen) != k or sum(seen) != n or max(seen) > math.ceil(n / k):
             raise CheckFailed("runs k micro-batches", f"{what}: yours ran forward passes on batches of {seen}; "
@@ -314,10 +355,19 @@ def check_accumulation(accumulate_gradients):
             raise CheckFailed("gives the gradient of the full batch",
                               f"{what}: yours differs from the full-batch gradient by up to {worst:.2%} "
                               "of its largest entry", hint)
+        if isinstance(result, torch.Tensor):
+            raise CheckFailed("returns the loss as a Python float",
+                              f"{what}: yours returned a tensor{' that still holds the graph' if result.requires_grad else ''}",
+                              "sum the detached weighted losses on the device, then one .item() at the end")
         loss = _as_float(result, f"accumulate_gradients ({what})")
         if not math.isclose(loss, full_loss, rel_tol=1e-6, abs_tol=1e-9):
             raise CheckFailed("returns the full batch's loss", f"{what}: yours {loss:.6f}, expected {full_loss:.6f}",
                               "add up the weighted micro-batch losses (as floats or detached tensors)")
+        if syncs.count > 1:
+            raise CheckFailed("reads the loss from the device once", f"{what}: yours made {syncs.count} synchronising "
+                              f"calls ({', '.join(f'{n} x{c}' for n, c in syncs.by_name().items())}); one is enough",
+                              "keep the running total as a detached tensor (total = total + loss.detach()) and "
+                              "read it with one .item() at the end: on a GPU each .item() waits for the device")
     return f"equal to the full-batch gradient and loss for {len(sizes)} (batch, k) pairs, uneven splits included."
 
 
@@ -327,23 +377,25 @@ class _ProbeMisuse(Exception):
     pass
 
 
-class _Probe:
-    """fits(b) is True for 1 <= b <= threshold: a monotone stand-in for 'does a step of b fit?'."""
+def make_probe(threshold, cap):
+    """`fits(b)`, True for 1 <= b <= threshold: a monotone stand-in for 'does a step of b fit?',
+    and the list of the sizes it was asked about. A plain function: nothing on it tells the
+    threshold."""
+    calls = []
 
-    def __init__(self, threshold, cap):
-        self.threshold, self.cap, self.calls = threshold, cap, []
-
-    def __call__(self, batch_size):
+    def fits(batch_size):
         if isinstance(batch_size, bool) or isinstance(batch_size, float):
             raise _ProbeMisuse(f"fits({batch_size!r}): batch sizes are whole numbers")
         try:
             b = operator.index(batch_size)
         except TypeError:
             raise _ProbeMisuse(f"fits({batch_size!r}): batch sizes are whole numbers") from None
-        if not 1 <= b <= self.cap:
-            raise _ProbeMisuse(f"fits({b}) with cap={self.cap}: probe only sizes from 1 to cap")
-        self.calls.append(b)
-        return b <= self.threshold
+        if not 1 <= b <= cap:
+            raise _ProbeMisuse(f"fits({b}) with cap={cap}: probe only sizes from 1 to cap")
+        calls.append(b)
+        return b <= threshold
+
+    return fits, calls
 
 
 def probe_budget(answer: int) -> int:
@@ -364,7 +416,7 @@ def check_largest_batch(largest_batch):
         cases.append((threshold, cap, "a random threshold"))
     worst = 0.0
     for threshold, cap, what in cases:
-        probe = _Probe(threshold, cap)
+        probe, calls = make_probe(threshold, cap)
         label = f"{what} (fits up to {threshold}, cap {cap}; seed {seed})"
         try:
             answer = largest_batch(probe, cap)
@@ -378,10 +430,10 @@ def check_largest_batch(largest_batch):
                     "keep the invariant fits(good) and not fits(bad), and stop when bad == good + 1")
             raise CheckFailed("finds the largest batch that fits", f"{label}: yours {int(answer)}, expected {threshold}", hint)
         budget = probe_budget(threshold)
-        worst = max(worst, len(probe.calls) / budget)
-        if len(probe.calls) > budget:
-            raise CheckFailed("uses few probes", f"{label}: yours probed {len(probe.calls)} times "
-                              f"({', '.join(map(str, probe.calls[:12]))}{', ...' if len(probe.calls) > 12 else ''}); "
+        worst = max(worst, len(calls) / budget)
+        if len(calls) > budget:
+            raise CheckFailed("uses few probes", f"{label}: yours probed {len(calls)} times "
+                              f"({', '.join(map(str, calls[:12]))}{', ...' if len(calls) > 12 else ''}); "
                               f"the budget is 2*ceil(log2({threshold}+1))+2 = {budget}",
                               "double the batch size from 1 until it stops fitting (or passes cap), then "
                               "binary-search between the last size that fit and the first that did not")
@@ -404,9 +456,42 @@ class _SmallConvNet(nn.Module):
         return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
 
 
+class _MovesCountMode(_CountingMode):
+    """SyncCounter's mode, plus: with host_reads, a copy of a tensor to the host (.cpu(),
+    .to("cpu")) counts as the synchronisation it would be on a GPU, and what it returns is on
+    the host (reading it costs nothing more)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        first = args[0] if args else None
+        counter = self.counter
+        if (counter.host_reads and isinstance(first, torch.Tensor) and first.device.type == "cpu"
+                and (name == "cpu" or (name == "to" and _to_host(args, kwargs)))
+                and not counter._is_on_host(first) and not counter._paused):
+            counter._record(name)
+            result = func(*args, **kwargs)
+            if isinstance(result, torch.Tensor):
+                counter._mark_on_host(result)
+            return result
+        return super().__torch_function__(func, types, args, kwargs)
+
+
+class _SyncAndCopyCounter(SyncCounter):
+    """SyncCounter that also counts copies to the host of would-be device tensors (see above)."""
+
+    def __enter__(self):
+        from .. import syncs
+        original, syncs._CountingMode = syncs._CountingMode, _MovesCountMode
+        try:
+            return super().__enter__()
+        finally:
+            syncs._CountingMode = original
+
+
 def _loop_case(train_fixed, rng, seed, device):
-    steps = int(rng.integers(18, 31))
     log_every = int(rng.integers(4, 9))   # >= 4: a running sum with graphs then holds 3 or more
+    steps = log_every * int(rng.integers(3, 5)) + int(rng.integers(1, log_every))   # always a partial interval
     torch.manual_seed(int(rng.integers(0, 2**31)))
     model = _SmallConvNet().to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -425,7 +510,7 @@ def _loop_case(train_fixed, rng, seed, device):
     model.grads_at_forward.clear()
 
     watch = GraphWatch()
-    syncs = SyncCounter(host_reads=device.type == "cpu")
+    syncs = _SyncAndCopyCounter(host_reads=device.type == "cpu")
     recorded = []
 
     def loss_fn(logits, labels):
@@ -487,6 +572,8 @@ def _loop_case(train_fixed, rng, seed, device):
 
 
 @exercise("5.4", "Fix a loop that keeps graphs and syncs every step", points=2)
+@forbids("course_utils.train:train", "course_utils.train:_step")
+@single_threaded
 def check_fixed_loop(train_fixed):
     expect_callable(train_fixed, "a function train_fixed(model, optimizer, batches, loss_fn, log_every)")
     rng, seed = fresh_rng()

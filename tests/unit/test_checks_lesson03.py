@@ -1,17 +1,16 @@
-"""Lesson 03's checks: correct code passes, typical mistakes fail on the right property, stubs are
-reported as not implemented."""
+"""Lesson 03's checks, proven: right answers pass, stubs are 'not implemented', and every mutant
+(a plausible wrong answer: the lesson's warnings, CPU-right-GPU-wrong code, wrappers of the
+course's own implementation, slightly-off statistics, wasteful code) fails on its property on
+every seed. The GPU-only mistakes are caught on the virtual CUDA device, so they fail here too."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 from course_utils.checks import run_check
 from course_utils.data import CIFAR10_MEAN, CIFAR10_STD
-from course_utils.device_data import random_crop_flip as library_crop_flip
+from mutants import Mutant, passes, rejected
 
-
-def _failed(result, prop):
-    assert result.status == "fail", result.message
-    assert prop in result.message, result.message
+SEEDS = range(6)          # the checks take a fraction of a second each
 
 
 # -- 3.1 ------------------------------------------------------------------------------------------
@@ -21,28 +20,30 @@ class GoodPrefetcher:
         self.loader, self.device = loader, torch.device(device)
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
+    def copy(self, batch):
+        images, labels = batch
+        with torch.cuda.stream(self.stream):
+            return images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
+
+    def hand_out(self, batch):
+        consumer = torch.cuda.current_stream(self.device)
+        consumer.wait_stream(self.stream)
+        for t in batch:
+            t.record_stream(consumer)
+        return batch
+
     def __iter__(self):
         if self.stream is None:
             for images, labels in self.loader:
                 yield images.to(self.device), labels.to(self.device)
             return
         batches = iter(self.loader)
-
-        def preload():
-            try:
-                images, labels = next(batches)
-            except StopIteration:
-                return None
-            with torch.cuda.stream(self.stream):
-                return images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
-
-        upcoming = preload()
+        upcoming = next(batches, None)
+        upcoming = self.copy(upcoming) if upcoming is not None else None
         while upcoming is not None:
-            consumer = torch.cuda.current_stream(self.device)
-            consumer.wait_stream(self.stream)
-            for t in upcoming:
-                t.record_stream(consumer)
-            batch, upcoming = upcoming, preload()
+            batch = self.hand_out(upcoming)
+            following = next(batches, None)
+            upcoming = self.copy(following) if following is not None else None
             yield batch
 
 
@@ -88,6 +89,119 @@ class YieldsImagesOnly(GoodPrefetcher):
             yield images
 
 
+class NoWaitStream(GoodPrefetcher):          # right on a CPU; on a GPU reads the batch before it arrived
+    def hand_out(self, batch):
+        for t in batch:
+            t.record_stream(torch.cuda.current_stream(self.device))
+        return batch
+
+
+class NoRecordStream(GoodPrefetcher):        # the allocator may reuse the batch's memory too early
+    def hand_out(self, batch):
+        torch.cuda.current_stream(self.device).wait_stream(self.stream)
+        return batch
+
+
+class RecordOnSideStream(GoodPrefetcher):
+    def hand_out(self, batch):
+        torch.cuda.current_stream(self.device).wait_stream(self.stream)
+        for t in batch:
+            t.record_stream(self.stream)
+        return batch
+
+
+class WaitsTheWrongWay(GoodPrefetcher):      # the side stream waits for the consumer
+    def hand_out(self, batch):
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        for t in batch:
+            t.record_stream(torch.cuda.current_stream(self.device))
+        return batch
+
+
+class WaitsForTheDefaultStream(GoodPrefetcher):   # right while the loop runs on the default stream only
+    def hand_out(self, batch):
+        consumer = torch.cuda.default_stream(self.device)
+        consumer.wait_stream(self.stream)
+        for t in batch:
+            t.record_stream(consumer)
+        return batch
+
+
+class CopiesOnTheCurrentStream(GoodPrefetcher):
+    def copy(self, batch):
+        images, labels = batch
+        return images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
+
+
+class BlockingCopy(GoodPrefetcher):
+    def copy(self, batch):
+        images, labels = batch
+        with torch.cuda.stream(self.stream):
+            return images.to(self.device), labels.to(self.device)
+
+
+class SynchronizesTheHost(GoodPrefetcher):   # right values, but the host stops for every batch
+    def hand_out(self, batch):
+        self.stream.synchronize()
+        for t in batch:
+            t.record_stream(torch.cuda.current_stream(self.device))
+        return batch
+
+
+class NoPrefetch(GoodPrefetcher):            # copies each batch only when it is asked for
+    def __iter__(self):
+        if self.stream is None:
+            yield from super().__iter__()
+            return
+        for batch in self.loader:
+            yield self.hand_out(self.copy(batch))
+
+
+class LeavesBatchesOnTheHost(GoodPrefetcher):   # "the loader pinned them already"
+    def __iter__(self):
+        for images, labels in self.loader:
+            yield images, labels
+
+
+class LabelsStayOnTheHost(GoodPrefetcher):
+    def copy(self, batch):
+        images, labels = batch
+        with torch.cuda.stream(self.stream):
+            return images.to(self.device, non_blocking=True), labels
+
+    def hand_out(self, batch):
+        consumer = torch.cuda.current_stream(self.device)
+        consumer.wait_stream(self.stream)
+        batch[0].record_stream(consumer)
+        return batch
+
+
+class WaitsOnceUpFront(GoodPrefetcher):      # waits before the loop, when nothing has been copied yet
+    def __iter__(self):
+        if self.stream is None:
+            yield from super().__iter__()
+            return
+        consumer = torch.cuda.current_stream(self.device)
+        consumer.wait_stream(self.stream)
+        batches = iter(self.loader)
+        upcoming = next(batches, None)
+        upcoming = self.copy(upcoming) if upcoming is not None else None
+        while upcoming is not None:
+            for t in upcoming:
+                t.record_stream(consumer)
+            batch, following = upcoming, next(batches, None)
+            upcoming = self.copy(following) if following is not None else None
+            yield batch
+
+
+def wraps_the_course_prefetcher():
+    from course_utils.prefetch import CudaPrefetcher
+
+    class Prefetcher(CudaPrefetcher):
+        pass
+    return Prefetcher
+
+
 class PrefetchStub:
     def __init__(self, loader, device):
         raise NotImplementedError("Exercise 3.1")
@@ -96,25 +210,41 @@ class PrefetchStub:
         raise NotImplementedError("Exercise 3.1")
 
 
-def test_3_1_correct_passes():
-    result = run_check("3.1", GoodPrefetcher)
-    assert result.status == "pass", result.message
+MUTANTS_31 = [
+    Mutant("yields None at the end", EndsWithNone, "ends cleanly"),
+    Mutant("drops the last batch", DropsTheLast, "yields every batch"),
+    Mutant("lists the loader", ListsTheLoader, "reads the loader as it goes"),
+    Mutant("an iterator, not an iterable", OneShot, "yields every batch"),
+    Mutant("yields images only", YieldsImagesOnly, "yields (images, labels) pairs"),
+    Mutant("forgets wait_stream", NoWaitStream, "the consumer waits for the copy"),
+    Mutant("forgets record_stream", NoRecordStream, "calls record_stream for the consumer's stream"),
+    Mutant("record_stream on the side stream", RecordOnSideStream, "calls record_stream for the consumer's stream"),
+    Mutant("waits the wrong way round", WaitsTheWrongWay, "the consumer waits for the copy"),
+    Mutant("waits for the default stream", WaitsForTheDefaultStream, "the consumer waits for the copy"),
+    Mutant("copies on the current stream", CopiesOnTheCurrentStream, "copies on a side stream"),
+    Mutant("blocking copies", BlockingCopy, "copies asynchronously"),
+    Mutant("synchronizes the host", SynchronizesTheHost, "never makes the host wait"),
+    Mutant("no prefetch", NoPrefetch, "copies the next batch before handing out this one"),
+    Mutant("leaves batches on the host", LeavesBatchesOnTheHost, "puts the tensors on the device"),
+    Mutant("labels stay on the host", LabelsStayOnTheHost, "puts the tensors on the device"),
+    Mutant("waits once up front", WaitsOnceUpFront, "the consumer waits for the copy"),
+    Mutant("wraps the course's CudaPrefetcher", wraps_the_course_prefetcher(), "is your own code"),
+]
 
 
-def test_3_1_library_prefetcher_passes():
+def test_3_1_right_answers_pass():
+    passes("3.1", GoodPrefetcher, SEEDS)
+
+
+@pytest.mark.parametrize("mutant", MUTANTS_31, ids=repr)
+def test_3_1_mutants_rejected(mutant):
+    rejected("3.1", mutant, SEEDS)
+
+
+def test_3_1_the_course_prefetcher_is_still_right_outside_the_check():
     from course_utils.prefetch import CudaPrefetcher
-    assert run_check("3.1", CudaPrefetcher).status == "pass"
-
-
-@pytest.mark.parametrize("cls, prop", [
-    (EndsWithNone, "ends cleanly"),
-    (DropsTheLast, "yields every batch"),
-    (ListsTheLoader, "reads the loader as it goes"),
-    (OneShot, "yields every batch"),
-    (YieldsImagesOnly, "yields (images, labels) pairs"),
-])
-def test_3_1_mistakes_fail(cls, prop):
-    _failed(run_check("3.1", cls), prop)
+    loader = [(torch.ones(2, 3), torch.zeros(2))]
+    assert [x.shape for x, _ in CudaPrefetcher(loader, "cpu")] == [torch.Size([2, 3])]
 
 
 def test_3_1_stub_and_wrong_type():
@@ -134,16 +264,35 @@ def _draws(n, padding, device, generator, high=None):
 
 
 def _crop_with(images, padding, dy, dx, flip, *, mode="constant", flip_dim=-1):
-    padded = F.pad(images, (padding,) * 4, mode=mode) if mode == "constant" else \
-        F.pad(images.float(), (padding,) * 4, mode=mode).to(images.dtype)
-    h, w = images.shape[-2:]
-    out = torch.stack([padded[i, :, int(y):int(y) + h, int(x):int(x) + w] for i, (y, x) in enumerate(zip(dy, dx))])
-    return torch.where(flip.view(-1, 1, 1, 1), out.flip(flip_dim), out)
+    """Batched crop (no Python loop): gather rows and columns of the padded batch."""
+    if mode == "constant":
+        padded = F.pad(images, (padding,) * 4)
+    else:
+        padded = F.pad(images.float(), (padding,) * 4, mode=mode).to(images.dtype)
+    n, c, h, w = images.shape
+    dev = images.device
+    rows = torch.arange(h, device=dev) + dy[:, None]
+    cols = torch.arange(w, device=dev) + dx[:, None]
+    out = padded[torch.arange(n, device=dev)[:, None, None], :, rows[:, :, None], cols[:, None, :]]
+    out = out.permute(0, 3, 1, 2)
+    return torch.where(flip.view(-1, 1, 1, 1), out.flip(flip_dim), out).contiguous()
 
 
-def loop_crop_flip(images, padding=4, generator=None):
+def crop_flip(images, padding=4, generator=None):
     dy, dx, flip = _draws(len(images), padding, images.device, generator)
     return _crop_with(images, padding, dy, dx, flip)
+
+
+def crop_flip_strided(images, padding=4, generator=None):
+    """Also right: a strided view of every window, one gather (what course_utils does)."""
+    n, c, h, w = images.shape
+    k = 2 * padding + 1
+    dy, dx, flip = _draws(n, padding, images.device, generator)
+    padded = F.pad(images, (padding,) * 4)
+    s = padded.stride()
+    windows = padded.as_strided((n, k, k, c, h, w), (s[0], s[2], s[3], s[1], s[2], s[3]))
+    crops = windows[torch.arange(n, device=images.device), dy, dx]
+    return torch.where(flip.view(n, 1, 1, 1), crops.flip(3), crops)
 
 
 def one_offset_for_the_batch(images, padding=4, generator=None):
@@ -168,12 +317,28 @@ def reflect_padding(images, padding=4, generator=None):
 
 
 def ignores_generator(images, padding=4, generator=None):
-    return library_crop_flip(images, padding, None)
+    return crop_flip(images, padding, None)
 
 
 def flips_everything(images, padding=4, generator=None):
     dy, dx, flip = _draws(len(images), padding, images.device, generator)
     return _crop_with(images, padding, dy, dx, torch.ones_like(flip))
+
+
+def flips_45_percent(images, padding=4, generator=None):        # slightly off
+    dy, dx, _ = _draws(len(images), padding, images.device, generator)
+    flip = torch.rand(len(images), device=images.device, generator=generator) < 0.45
+    return _crop_with(images, padding, dy, dx, flip)
+
+
+def triangular_offsets(images, padding=4, generator=None):       # 0..2p, but not uniform
+    n, dev = len(images), images.device
+    dy = torch.randint(0, padding + 1, (n,), device=dev, generator=generator) + \
+        torch.randint(0, padding + 1, (n,), device=dev, generator=generator)
+    dx = torch.randint(0, padding + 1, (n,), device=dev, generator=generator) + \
+        torch.randint(0, padding + 1, (n,), device=dev, generator=generator)
+    flip = torch.rand(n, device=dev, generator=generator) < 0.5
+    return _crop_with(images, padding, dy, dx, flip)
 
 
 def same_offset_both_axes(images, padding=4, generator=None):
@@ -182,31 +347,94 @@ def same_offset_both_axes(images, padding=4, generator=None):
 
 
 def returns_float(images, padding=4, generator=None):
-    return library_crop_flip(images, padding, generator).float()
+    return crop_flip(images, padding, generator).float()
+
+
+def draws_on_the_host(images, padding=4, generator=None):       # right on a CPU; a copy per batch on a GPU
+    dy, dx, flip = _draws(len(images), padding, "cpu", None)
+    return _crop_with(images, padding, dy.to(images.device), dx.to(images.device), flip.to(images.device))
+
+
+def host_generator_then_copy(images, padding=4, generator=None):
+    dy, dx, flip = _draws(len(images), padding, "cpu", generator)
+    return _crop_with(images, padding, dy.to(images.device), dx.to(images.device), flip.to(images.device))
+
+
+def arange_on_the_host(images, padding=4, generator=None):       # torch.arange(n) without a device
+    n, c, h, w = images.shape
+    dy, dx, flip = _draws(n, padding, images.device, generator)
+    padded = F.pad(images, (padding,) * 4)
+    rows = torch.arange(h) + dy[:, None]
+    cols = torch.arange(w) + dx[:, None]
+    out = padded[torch.arange(n)[:, None, None], :, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2)
+    return torch.where(flip.view(-1, 1, 1, 1), out.flip(-1), out).contiguous()
+
+
+def python_loop(images, padding=4, generator=None):            # one slice per sample: reads every offset
+    dy, dx, flip = _draws(len(images), padding, images.device, generator)
+    padded = F.pad(images, (padding,) * 4)
+    h, w = images.shape[-2:]
+    out = torch.stack([padded[i, :, int(y):int(y) + h, int(x):int(x) + w] for i, (y, x) in enumerate(zip(dy, dx))])
+    return torch.where(flip.view(-1, 1, 1, 1), out.flip(-1), out)
+
+
+def round_trip_through_the_host(images, padding=4, generator=None):
+    return crop_flip(images.cpu(), padding, None).to(images.device)
+
+
+def materialises_every_window(images, padding=4, generator=None):   # 81 copies of the batch
+    n, c, h, w = images.shape
+    dy, dx, flip = _draws(n, padding, images.device, generator)
+    windows = F.pad(images, (padding,) * 4).unfold(2, h, 1).unfold(3, w, 1).contiguous()   # (n, c, k, k, h, w)
+    crops = windows[torch.arange(n, device=images.device), :, dy, dx]
+    return torch.where(flip.view(n, 1, 1, 1), crops.flip(3), crops)
+
+
+def identity_on_small_batches(images, padding=4, generator=None):   # right on the big batch the check counts
+    if len(images) < 1000:
+        return images.clone()
+    return crop_flip(images, padding, generator)
+
+
+def wraps_the_course(images, padding=4, generator=None):
+    from course_utils.device_data import random_crop_flip
+    return random_crop_flip(images, padding, generator)
 
 
 def crop_stub(images, padding=4, generator=None):
     raise NotImplementedError("Exercise 3.2")
 
 
-def test_3_2_correct_pass():
-    for fn in (library_crop_flip, loop_crop_flip):
-        result = run_check("3.2", fn)
-        assert result.status == "pass", result.message
+MUTANTS_32 = [
+    Mutant("one offset for the batch", one_offset_for_the_batch, "offsets vary across samples, uniformly"),
+    Mutant("exclusive upper bound", exclusive_upper_bound, "offsets cover the whole range"),
+    Mutant("flips the height", flips_height, "every output is a crop of the padded input, mirrored or not"),
+    Mutant("reflect padding", reflect_padding, "every output is a crop of the padded input, mirrored or not"),
+    Mutant("ignores the generator", ignores_generator, "reproducible under a seed"),
+    Mutant("flips everything", flips_everything, "flips half the samples"),
+    Mutant("flips 45%", flips_45_percent, "flips half the samples"),
+    Mutant("triangular offsets", triangular_offsets, "offsets vary across samples, uniformly"),
+    Mutant("one offset for both axes", same_offset_both_axes, "draws the two offsets independently"),
+    Mutant("returns float", returns_float, "keeps dtype and device"),
+    Mutant("draws on the host, copies", draws_on_the_host, "makes no copy from the host"),
+    Mutant("host generator, copies", host_generator_then_copy, "draws its random numbers on the images' device"),
+    Mutant("arange on the host", arange_on_the_host, "keeps all its work on the device"),
+    Mutant("a Python loop over samples", python_loop, "never waits for the device"),
+    Mutant("round trip through the host", round_trip_through_the_host, "makes no copy from the host"),
+    Mutant("materialises every window", materialises_every_window, "uses memory in proportion to the batch"),
+    Mutant("identity on small batches", identity_on_small_batches, "uses the generator it is given"),
+    Mutant("wraps course_utils.device_data", wraps_the_course, "is your own code"),
+]
 
 
-@pytest.mark.parametrize("fn, prop", [
-    (one_offset_for_the_batch, "offsets vary across samples"),
-    (exclusive_upper_bound, "offsets cover the whole range"),
-    (flips_height, "every output is a crop of the padded input"),
-    (reflect_padding, "every output is a crop of the padded input"),
-    (ignores_generator, "reproducible under a seed"),
-    (flips_everything, "flips about half"),
-    (same_offset_both_axes, "independently"),
-    (returns_float, "keeps dtype and device"),
-])
-def test_3_2_mistakes_fail(fn, prop):
-    _failed(run_check("3.2", fn), prop)
+def test_3_2_right_answers_pass():
+    for fn in (crop_flip, crop_flip_strided):
+        passes("3.2", fn, SEEDS[:3])
+
+
+@pytest.mark.parametrize("mutant", MUTANTS_32, ids=repr)
+def test_3_2_mutants_rejected(mutant):
+    rejected("3.2", mutant, SEEDS[:3])
 
 
 def test_3_2_stub_and_wrong_type():
@@ -216,9 +444,15 @@ def test_3_2_stub_and_wrong_type():
 
 # -- 3.3 ------------------------------------------------------------------------------------------
 
+_CONSTANTS = {}
+
+
 def _consts(device):
-    return (torch.tensor(CIFAR10_MEAN, device=device).view(1, 3, 1, 1),
-            torch.tensor(CIFAR10_STD, device=device).view(1, 3, 1, 1))
+    key = str(device)
+    if key not in _CONSTANTS:
+        _CONSTANTS[key] = (torch.tensor(CIFAR10_MEAN, device=device).view(1, 3, 1, 1),
+                           torch.tensor(CIFAR10_STD, device=device).view(1, 3, 1, 1))
+    return _CONSTANTS[key]
 
 
 def good_normalize(images, labels):
@@ -240,6 +474,24 @@ def swapped_constants(images, labels):
     return (images.float() / 255 - std) / mean, labels
 
 
+def imagenet_constants(images, labels):
+    mean = torch.tensor([0.485, 0.456, 0.406], device=images.device).view(1, 3, 1, 1)
+    std = torch.tensor([0.229, 0.224, 0.225], device=images.device).view(1, 3, 1, 1)
+    return (images.float() / 255 - mean) / std, labels
+
+
+def the_other_cifar_std(images, labels):                 # the (0.2023, 0.1994, 0.2010) of many repositories
+    mean, _ = _consts(images.device)
+    std = torch.tensor([0.2023, 0.1994, 0.2010], device=images.device).view(1, 3, 1, 1)
+    return (images.float() / 255 - mean) / std, labels
+
+
+def broadcasts_over_width(images, labels):               # constants of shape (3,) meet the last axis
+    mean = torch.tensor(CIFAR10_MEAN, device=images.device)
+    std = torch.tensor(CIFAR10_STD, device=images.device)
+    return (images.float() / 255 - mean) / std, labels
+
+
 def returns_images_only(images, labels):
     return good_normalize(images, labels)[0]
 
@@ -249,28 +501,81 @@ def float64(images, labels):
     return out.double(), labels
 
 
+def constants_every_call(images, labels):                # the old reference solution: a copy per batch
+    mean = torch.tensor(CIFAR10_MEAN, device=images.device).view(1, 3, 1, 1)
+    std = torch.tensor(CIFAR10_STD, device=images.device).view(1, 3, 1, 1)
+    return (images.float() / 255 - mean) / std, labels
+
+
+HOST_MEAN = torch.tensor(CIFAR10_MEAN).view(1, 3, 1, 1)
+HOST_STD = torch.tensor(CIFAR10_STD).view(1, 3, 1, 1)
+
+
+def host_constants_moved_every_call(images, labels):
+    return (images.float() / 255 - HOST_MEAN.to(images.device)) / HOST_STD.to(images.device), labels
+
+
+def normalises_on_the_host(images, labels):              # right on a CPU: two copies per batch on a GPU
+    out = (images.cpu().float() / 255 - HOST_MEAN) / HOST_STD
+    return out.to(images.device), labels
+
+
+def returns_on_the_host(images, labels):
+    return (images.cpu().float() / 255 - HOST_MEAN) / HOST_STD, labels
+
+
+def labels_as_float(images, labels):
+    return good_normalize(images, labels)[0], labels.float()
+
+
+def checks_the_range_on_the_host(images, labels):       # a sanity check that reads a value back every batch
+    if images.max() > 255:
+        raise ValueError("not uint8 pixels")
+    return good_normalize(images, labels)
+
+
+def wraps_the_course(images, labels):
+    from course_utils.device_data import normalize_uint8
+    return normalize_uint8(images), labels
+
+
+def wraps_the_course_batch(images, labels):
+    from course_utils.device_data import normalize_batch
+    return normalize_batch(images, labels)
+
+
 def normalize_stub(images, labels):
     raise NotImplementedError("Exercise 3.3")
 
 
-def test_3_3_correct_pass():
-    from course_utils.device_data import normalize_batch
-    for fn in (good_normalize, normalize_batch):
-        result = run_check("3.3", fn)
-        assert result.status == "pass", result.message
+MUTANTS_33 = [
+    Mutant("forgets / 255", forgets_255, "equals ToTensor + Normalize", words="divide by 255"),
+    Mutant("no Normalize", no_normalize, "equals ToTensor + Normalize", words="Normalize is missing"),
+    Mutant("mean and std swapped", swapped_constants, "equals ToTensor + Normalize"),
+    Mutant("ImageNet's constants", imagenet_constants, "equals ToTensor + Normalize"),
+    Mutant("the other CIFAR std", the_other_cifar_std, "equals ToTensor + Normalize"),
+    Mutant("constants broadcast over the width", broadcasts_over_width, "equals ToTensor + Normalize"),
+    Mutant("returns images only", returns_images_only, "returns (images, labels)"),
+    Mutant("float64", float64, "returns float32"),
+    Mutant("constants made every call", constants_every_call, "makes no copy from the host after the first batch"),
+    Mutant("host constants moved every call", host_constants_moved_every_call,
+           "makes no copy from the host after the first batch"),
+    Mutant("normalises on the host", normalises_on_the_host, "never waits for the device"),
+    Mutant("returns on the host", returns_on_the_host, "normalises on the device"),
+    Mutant("labels as float", labels_as_float, "passes the labels through"),
+    Mutant("checks the range on the host", checks_the_range_on_the_host, "never waits for the device"),
+    Mutant("wraps normalize_uint8", wraps_the_course, "is your own code"),
+    Mutant("wraps normalize_batch", wraps_the_course_batch, "is your own code"),
+]
 
 
-@pytest.mark.parametrize("fn, prop, hint", [
-    (forgets_255, "equals ToTensor + Normalize", "divide by 255"),
-    (no_normalize, "equals ToTensor + Normalize", "Normalize is missing"),
-    (swapped_constants, "equals ToTensor + Normalize", ""),
-    (returns_images_only, "returns (images, labels)", ""),
-    (float64, "returns float32", ""),
-])
-def test_3_3_mistakes_fail(fn, prop, hint):
-    result = run_check("3.3", fn)
-    _failed(result, prop)
-    assert hint in result.message
+def test_3_3_right_answers_pass():
+    passes("3.3", good_normalize, SEEDS)
+
+
+@pytest.mark.parametrize("mutant", MUTANTS_33, ids=repr)
+def test_3_3_mutants_rejected(mutant):
+    rejected("3.3", mutant, SEEDS)
 
 
 def test_3_3_stub():

@@ -5,6 +5,7 @@ import pytest
 
 from course_utils import data
 from course_utils.checks import lesson04, run_check
+from mutants import Mutant, passes, rejected
 
 pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed: lesson 04's checks cannot run")
 
@@ -30,11 +31,11 @@ def fixed_seed(monkeypatch):
 # -- 4.1 ----------------------------------------------------------------------------------------
 
 def make_cifar_pipeline(*, mean=CIFAR_MEAN255, std=CIFAR_STD255, positions="nine", mirror=True, layout="CHW",
-                        pad_first=True, pad=True, swap_outputs=False):
+                        pad_first=True, pad=True, swap_outputs=False, flip_probability=0.5, fixed_seed=None):
     """A CIFAR pipeline builder with one knob per typical mistake (the defaults are right)."""
     def cifar_pipeline(source, batch_size, device="cpu", num_threads=2, seed=0):
         @pipeline_def(batch_size=batch_size, num_threads=num_threads,
-                      device_id=0 if device == "gpu" else None, seed=seed)
+                      device_id=0 if device == "gpu" else None, seed=seed if fixed_seed is None else fixed_seed)
         def graph():
             images, labels, indices = fn.external_source(
                 source=source, num_outputs=3, batch=True, batch_info=True, layout=["CHW", "", ""],
@@ -51,7 +52,7 @@ def make_cifar_pipeline(*, mean=CIFAR_MEAN255, std=CIFAR_STD255, positions="nine
                 pos_y, pos_x = fn.random.uniform(values=NINE), fn.random.uniform(values=NINE)
             else:
                 pos_y, pos_x = fn.random.uniform(range=[0.0, 1.0]), fn.random.uniform(range=[0.0, 1.0])
-            flip = fn.random.coin_flip(probability=0.5) if mirror else 0
+            flip = fn.random.coin_flip(probability=flip_probability) if mirror else 0
             out = fn.crop_mirror_normalize(images, crop=(32, 32), crop_pos_y=pos_y, crop_pos_x=pos_x, mirror=flip,
                                            dtype=types.FLOAT, output_layout=layout, **norm)
             if swap_outputs:
@@ -61,33 +62,39 @@ def make_cifar_pipeline(*, mean=CIFAR_MEAN255, std=CIFAR_STD255, positions="nine
     return cifar_pipeline
 
 
+def the_course_pipeline(source, batch_size, device="cpu", num_threads=2, seed=0):
+    return dali_pipelines.cifar_train_pipeline(source, batch_size=batch_size, device=device,
+                                               num_threads=num_threads, seed=seed)
+
+
+MUTANTS_41 = [
+    Mutant("no normalisation", make_cifar_pipeline(mean=[0.0] * 3, std=[1.0] * 3),
+           "each sample is an exact crop of its padded record, normalised", words="0..255"),
+    Mutant("normalised, then padded", make_cifar_pipeline(pad_first=False),
+           "each sample is an exact crop of its padded record, normalised", words="not black"),
+    Mutant("ImageNet's constants", make_cifar_pipeline(mean=NET_MEAN255, std=NET_STD255),
+           "each sample is an exact crop of its padded record, normalised", words="ImageNet"),
+    Mutant("continuous crop positions", make_cifar_pipeline(positions="continuous"),
+           "crop offsets are uniform over 0..8", words="half as often"),
+    Mutant("no mirror", make_cifar_pipeline(mirror=False), "flips half of the samples", words="coin_flip"),
+    Mutant("mirrors 30%", make_cifar_pipeline(flip_probability=0.3), "flips half of the samples"),
+    Mutant("HWC", make_cifar_pipeline(layout="HWC"), "images are (B, 3, 32, 32)", words="HWC"),
+    Mutant("no padding", make_cifar_pipeline(pad=False), "crop offsets cover 0..8", words="pad 4"),
+    Mutant("outputs swapped", make_cifar_pipeline(swap_outputs=True), "indices pass through unchanged"),
+    Mutant("a seed of its own", make_cifar_pipeline(fixed_seed=1234), "follows the seed"),
+    Mutant("the course's pipeline", the_course_pipeline, "is your own code"),
+]
+
+
 def test_4_1_correct_pipeline_passes():
-    result = run_check("4.1", make_cifar_pipeline())
-    assert result.status == "pass", result.message
+    passes("4.1", make_cifar_pipeline(), range(2))
 
 
-def test_4_1_the_course_pipeline_passes():
-    def cifar_pipeline(source, batch_size, device="cpu", num_threads=2, seed=0):
-        return dali_pipelines.cifar_train_pipeline(source, batch_size=batch_size, device=device,
-                                                   num_threads=num_threads, seed=seed)
-    result = run_check("4.1", cifar_pipeline)
-    assert result.status == "pass", result.message
-
-
-@pytest.mark.parametrize("wrong, prop, words", [
-    (dict(mean=[0.0] * 3, std=[1.0] * 3), "exact crop of its padded record", "0..255"),
-    (dict(pad_first=False), "exact crop of its padded record", "not black"),
-    (dict(mean=NET_MEAN255, std=NET_STD255), "exact crop of its padded record", "ImageNet"),
-    (dict(positions="continuous"), "uniform over 0..8", "half as often"),
-    (dict(mirror=False), "flips half", "coin_flip"),
-    (dict(layout="HWC"), "(B, 3, 32, 32)", "HWC"),
-    (dict(pad=False), "cover 0..8", "pad 4"),
-    (dict(swap_outputs=True), "pass through unchanged", ""),
-])
-def test_4_1_typical_mistakes_fail_on_the_right_property(wrong, prop, words):
-    result = run_check("4.1", make_cifar_pipeline(**wrong))
-    assert result.status == "fail", result.message
-    assert prop in result.message and words in result.message, result.message
+# What each mutant does wrong shows in every batch of every run (a constant, a layout, a
+# distribution over 1,100 samples), and a run builds DALI pipelines (a second): two seeds each.
+@pytest.mark.parametrize("mutant", MUTANTS_41, ids=repr)
+def test_4_1_mutants_rejected(mutant):
+    rejected("4.1", mutant, range(2))
 
 
 def test_4_1_stub_and_wrong_types():
@@ -102,19 +109,25 @@ def test_4_1_stub_and_wrong_types():
 # -- 4.2 ----------------------------------------------------------------------------------------
 
 def make_cifar_epochs(*, per_sample=False, stateful=False, reshuffle=True, shard=True, shard_seed=False,
-                      honour_drop_last=True, iterator=True):
+                      honour_drop_last=True, iterator=True, honour_shuffle=True, array_split=False, own_seed=False):
     """A cifar_epochs builder with one knob per typical mistake (the defaults are right)."""
     def cifar_epochs(records, batch_size, *, shuffle=True, seed=0, shard_id=0, num_shards=1, drop_last=False,
                      device="cpu", num_threads=2):
         n = len(records)
         if not shard:
             shard_id, num_shards = 0, 1
+        if not honour_shuffle:
+            shuffle = True
         start, stop = shard_id * n // num_shards, (shard_id + 1) * n // num_shards
+        if array_split:               # numpy's split: the first shards get the extra records
+            bounds = np.cumsum([0] + [len(a) for a in np.array_split(np.arange(n), num_shards)])
+            start, stop = int(bounds[shard_id]), int(bounds[shard_id + 1])
         full, rest = divmod(stop - start, batch_size)
         batches = full + (1 if rest and not (drop_last and honour_drop_last) else 0)
 
         def order(epoch):
-            rng = np.random.default_rng((seed + (shard_id if shard_seed else 0), epoch if reshuffle else 0))
+            base = 12345 if own_seed else seed + (shard_id if shard_seed else 0)
+            rng = np.random.default_rng((base, epoch if reshuffle else 0))
             return (rng.permutation(n) if shuffle else np.arange(n))[start:stop]
 
         def rows_of(idx):
@@ -159,23 +172,40 @@ def make_cifar_epochs(*, per_sample=False, stateful=False, reshuffle=True, shard
     return cifar_epochs
 
 
+def the_course_epochs(records, batch_size, *, shuffle=True, seed=0, shard_id=0, num_shards=1, drop_last=False,
+                      device="cpu", num_threads=2):
+    source = dali_pipelines.CifarRecordBatches(records, batch_size, shuffle=shuffle, seed=seed, shard_id=shard_id,
+                                               num_shards=num_shards, drop_last=drop_last)
+    pipe = dali_pipelines.cifar_train_pipeline(source, batch_size=batch_size, device=device, num_threads=num_threads,
+                                               seed=seed)
+    return DALIGenericIterator(pipe, ["images", "labels", "indices"], auto_reset=True)
+
+
+MUTANTS_42 = [
+    Mutant("a per-sample source", make_cifar_epochs(per_sample=True), "each record once per epoch",
+           words="per-sample source"),
+    Mutant("a counter of its own", make_cifar_epochs(stateful=True), "yields every epoch", words="epoch_idx"),
+    Mutant("the same order every epoch", make_cifar_epochs(reshuffle=False), "shuffles every epoch",
+           words="epoch_idx"),
+    Mutant("a seed of its own", make_cifar_epochs(own_seed=True), "visits the epoch's order"),
+    Mutant("shuffle ignored", make_cifar_epochs(honour_shuffle=False), "shuffle=False keeps the records' order"),
+    Mutant("shards ignored", make_cifar_epochs(shard=False), "shards split the records evenly"),
+    Mutant("numpy's array_split", make_cifar_epochs(array_split=True), "shards split the records evenly"),
+    Mutant("a seed per shard", make_cifar_epochs(shard_seed=True), "shards are disjoint and cover every record",
+           words="same seed"),
+    Mutant("drop_last ignored", make_cifar_epochs(honour_drop_last=False), "batch sizes follow the last-batch policy",
+           words="drop_last"),
+    Mutant("the course's record source", the_course_epochs, "is your own code"),
+]
+
+
 def test_4_2_correct_loader_passes():
-    result = run_check("4.2", make_cifar_epochs())
-    assert result.status == "pass", result.message
+    passes("4.2", make_cifar_epochs(), range(2))
 
 
-@pytest.mark.parametrize("wrong, prop, words", [
-    (dict(per_sample=True), "each record once per epoch", "per-sample source"),
-    (dict(stateful=True), "yields every epoch", "epoch_idx"),
-    (dict(reshuffle=False), "shuffles every epoch", "epoch_idx"),
-    (dict(shard=False), "shards split the records evenly", ""),
-    (dict(shard_seed=True), "disjoint", "same seed"),
-    (dict(honour_drop_last=False), "last-batch policy", "drop_last"),
-])
-def test_4_2_typical_mistakes_fail_on_the_right_property(wrong, prop, words):
-    result = run_check("4.2", make_cifar_epochs(**wrong))
-    assert result.status == "fail", result.message
-    assert prop in result.message and words in result.message, result.message
+@pytest.mark.parametrize("mutant", MUTANTS_42, ids=repr)
+def test_4_2_mutants_rejected(mutant):
+    rejected("4.2", mutant, range(2))
 
 
 def test_4_2_stub_and_wrong_type():
@@ -189,7 +219,8 @@ def test_4_2_stub_and_wrong_type():
 # -- 4.3 ----------------------------------------------------------------------------------------
 
 def make_jpeg_pipeline(*, output_type="RGB", mean=NET_MEAN255, std=NET_STD255, shape_after_crop=False,
-                       fixed_crop=None, reader_name="Reader", shard=True, reverse_labels=False, layout="CHW"):
+                       fixed_crop=None, reader_name="Reader", shard=True, reverse_labels=False, layout="CHW",
+                       shuffle=True, mirror=True):
     """A jpeg_pipeline builder with one knob per typical mistake (the defaults are right)."""
     def jpeg_pipeline(file_root, batch_size, *, crop=224, device="cpu", shard_id=0, num_shards=1, num_threads=2, seed=0):
         kw = dict(shard_id=shard_id, num_shards=num_shards) if shard else {}
@@ -203,7 +234,7 @@ def make_jpeg_pipeline(*, output_type="RGB", mean=NET_MEAN255, std=NET_STD255, s
         @pipeline_def(batch_size=batch_size, num_threads=num_threads,
                       device_id=0 if device == "gpu" else None, seed=seed)
         def graph():
-            jpegs, labels = fn.readers.file(random_shuffle=True, pad_last_batch=True, name=reader_name, **kw)
+            jpegs, labels = fn.readers.file(random_shuffle=shuffle, pad_last_batch=True, name=reader_name, **kw)
             images = fn.decoders.image(jpegs, device="mixed" if device == "gpu" else "cpu",
                                        output_type=getattr(types, output_type))
             shapes = images.shape()
@@ -211,41 +242,47 @@ def make_jpeg_pipeline(*, output_type="RGB", mean=NET_MEAN255, std=NET_STD255, s
             images = fn.random_resized_crop(images, size=(size, size))
             if shape_after_crop:
                 shapes = images.shape()
-            images = fn.crop_mirror_normalize(images, mirror=fn.random.coin_flip(), mean=mean, std=std,
-                                              dtype=types.FLOAT, output_layout=layout)
+            images = fn.crop_mirror_normalize(images, mirror=fn.random.coin_flip() if mirror else 0, mean=mean,
+                                              std=std, dtype=types.FLOAT, output_layout=layout)
             return images, labels, shapes
         return graph()
     return jpeg_pipeline
 
 
+def the_course_jpeg_pipeline(file_root, batch_size, *, crop=224, device="cpu", shard_id=0, num_shards=1,
+                             num_threads=2, seed=0):
+    return dali_pipelines.jpeg_train_pipeline(file_root, batch_size=batch_size, crop=crop, device=device,
+                                              shard_id=shard_id, num_shards=num_shards, num_threads=num_threads,
+                                              seed=seed, with_shapes=True)
+
+
+MUTANTS_43 = [
+    Mutant("BGR", make_jpeg_pipeline(output_type="BGR"), "each image is its file's colour, normalised", words="BGR"),
+    Mutant("not normalised", make_jpeg_pipeline(mean=[0.0] * 3, std=[1.0] * 3), "values are normalised",
+           words="255*m"),
+    Mutant("shape after the crop", make_jpeg_pipeline(shape_after_crop=True), "the third output is the decoded size",
+           words="before any crop"),
+    Mutant("a crop size of its own", make_jpeg_pipeline(fixed_crop=100), "images are (B, 3, crop, crop)"),
+    Mutant("HWC", make_jpeg_pipeline(layout="HWC"), "images are (B, 3, crop, crop)", words="HWC"),
+    Mutant("the reader not named", make_jpeg_pipeline(reader_name="files"), "the reader is named 'Reader'",
+           words="name='Reader'"),
+    Mutant("shards ignored", make_jpeg_pipeline(shard=False), "shard_id and num_shards split the files",
+           words="shard_id"),
+    Mutant("labels reversed", make_jpeg_pipeline(reverse_labels=True), "labels are the class folders' indices",
+           words="sorted"),
+    Mutant("files in folder order", make_jpeg_pipeline(shuffle=False), "shuffles the files"),
+    Mutant("never mirrored", make_jpeg_pipeline(mirror=False), "mirrors about half of the images"),
+    Mutant("the course's pipeline", the_course_jpeg_pipeline, "is your own code"),
+]
+
+
 def test_4_3_correct_pipeline_passes():
-    result = run_check("4.3", make_jpeg_pipeline())
-    assert result.status == "pass", result.message
+    passes("4.3", make_jpeg_pipeline(), range(2))
 
 
-def test_4_3_the_course_pipeline_passes():
-    def jpeg_pipeline(file_root, batch_size, *, crop=224, device="cpu", shard_id=0, num_shards=1, num_threads=2, seed=0):
-        return dali_pipelines.jpeg_train_pipeline(file_root, batch_size=batch_size, crop=crop, device=device,
-                                                  shard_id=shard_id, num_shards=num_shards, num_threads=num_threads,
-                                                  seed=seed, with_shapes=True)
-    result = run_check("4.3", jpeg_pipeline)
-    assert result.status == "pass", result.message
-
-
-@pytest.mark.parametrize("wrong, prop, words", [
-    (dict(output_type="BGR"), "its file's colour", "BGR"),
-    (dict(mean=[0.0] * 3, std=[1.0] * 3), "values are normalised", "255*m"),
-    (dict(shape_after_crop=True), "decoded size", "before any crop"),
-    (dict(fixed_crop=100), "(B, 3, crop, crop)", ""),
-    (dict(layout="HWC"), "(B, 3, crop, crop)", "HWC"),
-    (dict(reader_name="files"), "named 'Reader'", "name='Reader'"),
-    (dict(shard=False), "split the files", "shard_id"),
-    (dict(reverse_labels=True), "class folders' indices", "sorted"),
-])
-def test_4_3_typical_mistakes_fail_on_the_right_property(wrong, prop, words):
-    result = run_check("4.3", make_jpeg_pipeline(**wrong))
-    assert result.status == "fail", result.message
-    assert prop in result.message and words in result.message, result.message
+@pytest.mark.parametrize("mutant", MUTANTS_43, ids=repr)
+def test_4_3_mutants_rejected(mutant):
+    rejected("4.3", mutant, range(2))
 
 
 def test_4_3_stub():

@@ -125,3 +125,29 @@ def test_cifar10_on_device_layout():
     assert images.shape == (64, 3, 32, 32) and images.dtype == torch.uint8
     assert labels.shape == (64,) and labels.dtype == torch.int64
     assert int(labels.min()) >= 0 and int(labels.max()) <= 9
+
+
+def test_no_copy_from_the_host_and_no_wait_per_batch():
+    """On a (virtual) GPU: after the first batch, augmenting and normalising a batch copies nothing
+    from the host and reads nothing back; the loader draws its order on the device."""
+    from course_utils.checks.virtual_cuda import VirtualCuda
+    with VirtualCuda() as vc:
+        images = vc.to_device(torch.randint(0, 256, (32, 3, 8, 8), dtype=torch.uint8))
+        labels = vc.to_device(torch.arange(32))
+        augment = AugmentBatch(padding=2, generator=vc.generator(5))
+        augment(images, labels)                             # the first batch copies the constants once
+        vc.reset_log()
+        for batch, batch_labels in DeviceLoader(images, labels, 8, seed=1):
+            out, _ = augment(batch, batch_labels)
+            assert out.device == images.device
+        normalize_batch(images, labels)
+        random_crop_flip(images, 4)
+        assert vc.h2d() == [] and vc.d2h() == [] and vc.syncs == []
+
+
+def test_random_crop_flip_wants_the_generator_on_the_images_device():
+    from course_utils.checks.virtual_cuda import VirtualCuda
+    with VirtualCuda() as vc:
+        images = vc.to_device(torch.zeros(4, 3, 8, 8))
+        with pytest.raises(ValueError, match="images' device"):
+            random_crop_flip(images, 2, torch.Generator().manual_seed(0))

@@ -38,10 +38,11 @@ def test_measure_loader_counts_timed_steps_only(sim):
     batches = [(torch.zeros(8, 3, 4, 4), torch.zeros(8, dtype=torch.long))] * 5
     stats = measure_loader(batches, sim, 7, warmup=2)     # 9 steps: the 5-batch list is iterated twice
     assert stats.steps == 7 and stats.samples == 7 * 8
-    assert stats.device_median_ms == pytest.approx(10.0, abs=4.0)    # the fixture's 10 ms device step
-    assert stats.step_time_ms == pytest.approx(10.0, abs=4.0)      # device-bound: wall per step = the step
+    assert stats.device_median_ms >= 9.5                            # the fixture's 10 ms device step
+    # device-bound: the wall time per step is the device's step (a busy host stretches both alike)
+    assert stats.step_time_ms == pytest.approx(stats.device_median_ms, rel=0.3)
     assert "simulated" in stats.device
-    assert stats.samples_per_s == pytest.approx(8 / 0.010, rel=0.4)
+    assert stats.samples_per_s == pytest.approx(8 / (stats.step_time_ms / 1e3), rel=1e-6)
 
 
 def test_measure_loader_default_warmup_drains_the_prefetch_queue(sim):

@@ -1,9 +1,18 @@
+import os
+import subprocess
+import sys
 import time
+import types
 
 import numpy as np
+import psutil
 import pytest
+import torch
 
-from course_utils.monitor import TIMELINE_KINDS, Timeline, UtilizationMonitor, synthetic_timeline
+from course_utils import monitor as monitor_module
+from course_utils.monitor import TIMELINE_KINDS, Timeline, UtilizationMonitor, nvml_handle_for, synthetic_timeline
+
+BUSY = "import time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass\n"
 
 
 def test_monitor_samples_the_simulated_device_and_every_core(sim):
@@ -20,15 +29,162 @@ def test_monitor_samples_the_simulated_device_and_every_core(sim):
     assert busy.mean() > 70 and idle.mean() < 20
     assert tl.marks and tl.marks[0][1] == "idle from here"
     fig = tl.plot()
-    assert len(fig.axes) == 2
+    assert len(fig.axes) == 3   # device, per-core CPU, the course's processes against the others
 
 
 def test_monitor_without_a_device_still_records_the_cpu():
-    with UtilizationMonitor(interval_s=0.05, gpu_index=None) as mon:
+    with UtilizationMonitor(interval_s=0.05, device="cpu") as mon:
         time.sleep(0.2)
     tl = mon.timeline
-    assert tl.gpu_util is None and len(tl.t_s) >= 3
-    assert "samples" in tl.summary()
+    assert tl.gpu_util is None and len(tl.t_s) >= 3 and "the CPU itself" in tl.device
+    assert {"samples", "ours_cores_mean", "others_cores_mean"} <= set(tl.summary())
+
+
+def test_sim_is_the_older_name_of_device(sim):
+    assert UtilizationMonitor(sim=sim).sim is sim and UtilizationMonitor(device=sim).sim is sim
+    with pytest.raises(ValueError, match="pass the device once"):
+        UtilizationMonitor(device="cpu", sim=sim)
+
+
+def _integrated(tl, values):
+    dt = np.diff(np.concatenate([[0.0], tl.t_s]))
+    return float(np.sum(np.asarray(values) * dt))
+
+
+def _cpu_s(proc):
+    t = proc.cpu_times()
+    return t.user + t.system
+
+
+def _psutil_children(pid):
+    try:
+        return [c.pid for c in psutil.Process(pid).children()]
+    except psutil.Error:
+        return []
+
+
+def test_descendants_walks_the_tree(monkeypatch):
+    tree = {1: [2, 3], 2: [4], 3: [], 4: [5], 5: []}
+    monkeypatch.setattr(monitor_module, "_children_of", lambda pid: tree.get(pid))
+    assert sorted(monitor_module._descendants(1)) == [2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("scan", ["psutil", "proc-children"])
+def test_the_course_processes_are_told_apart_from_the_others(monkeypatch, scan):
+    """A busy child (like a DataLoader worker) counts as ours; a busy process that is not our
+    descendant counts as other. Integrated over the run, each matches the CPU seconds the
+    processes themselves report, whatever else the machine is doing. Both ways of finding
+    children: psutil's scan of every process, and /proc/PID/task/*/children (stood in for by
+    psutil where this kernel lacks the file)."""
+    if scan == "proc-children" and monitor_module._children_of(os.getpid()) is None:
+        monkeypatch.setattr(monitor_module, "_children_of", _psutil_children)
+    elif scan == "psutil":
+        monkeypatch.setattr(monitor_module, "_children_of", lambda pid: None)
+    me = psutil.Process()
+    # not ours: a shell starts the busy loop in the background and exits, so init adopts it
+    outsider = subprocess.run(["sh", "-c", f"{sys.executable} -c '{BUSY.format(s=1.2)}' >/dev/null 2>&1 & echo $!"],
+                              capture_output=True, text=True, check=True)
+    stranger = psutil.Process(int(outsider.stdout.strip()))
+    assert stranger.pid not in {c.pid for c in me.children(recursive=True)}
+    me0, stranger0 = _cpu_s(me), _cpu_s(stranger)
+    with UtilizationMonitor(interval_s=0.05, device="cpu") as mon:
+        assert mon._course.fast == (scan == "proc-children")
+        worker = subprocess.Popen([sys.executable, "-c", BUSY.format(s=0.8)])
+        worker_proc = psutil.Process(worker.pid)
+        worker_s = 0.0
+        while worker.poll() is None:
+            try:
+                worker_s = _cpu_s(worker_proc)
+            except psutil.Error:
+                pass
+            time.sleep(0.05)
+        deadline = time.time() + 30
+        stranger_s = _cpu_s(stranger)
+        while stranger.is_running() and stranger.status() != psutil.STATUS_ZOMBIE and time.time() < deadline:
+            stranger_s = _cpu_s(stranger)
+            time.sleep(0.05)
+    tl = mon.timeline
+    ours = _integrated(tl, tl.ours_cores)
+    others = _integrated(tl, tl.others_cores)
+    my_own = _cpu_s(me) - me0
+    # the worker was reaped by Popen.poll: its time reaches us through os.times() too
+    assert ours == pytest.approx(my_own + worker_s, rel=0.25, abs=0.15), (ours, my_own, worker_s)
+    assert others >= 0.7 * (stranger_s - stranger0), (others, stranger_s - stranger0)
+    assert ours < my_own + worker_s + 0.3 * (stranger_s - stranger0)
+    s = tl.summary()
+    assert s["ours_cores_mean"] > 0 and s["others_cores_mean"] > 0
+
+
+class _FakeNVML:
+    """pynvml with three GPUs in PCI order; records which look-up found the handle."""
+
+    def __init__(self, gpus):
+        self.gpus = gpus            # list of (uuid, pci_bus_id)
+        self.calls = []
+        self.nvmlInit = lambda: None
+        self.nvmlShutdown = lambda: None
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        self.calls.append(("index", i))
+        return ("handle", i)
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        self.calls.append(("uuid", uuid))
+        for i, (u, _) in enumerate(self.gpus):
+            if u == uuid:
+                return ("handle", i)
+        raise RuntimeError("NVML_ERROR_NOT_FOUND")
+
+    def nvmlDeviceGetHandleByPciBusId(self, bus):
+        self.calls.append(("pci", bus))
+        for i, (_, b) in enumerate(self.gpus):
+            if b.lower() == bus.lower():
+                return ("handle", i)
+        raise RuntimeError("NVML_ERROR_NOT_FOUND")
+
+
+GPUS = [("GPU-aaaa", "00000000:17:00.0"), ("GPU-bbbb", "00000000:65:00.0"), ("GPU-cccc", "00000000:b3:00.0")]
+
+
+def _props(uuid=None, bus=None):
+    p = types.SimpleNamespace()
+    if uuid is not None:
+        p.uuid = uuid
+    if bus is not None:
+        p.pci_domain_id, p.pci_bus_id, p.pci_device_id = 0, bus, 0
+    return p
+
+
+@pytest.mark.parametrize("cuda_index, props, expected, how", [
+    # CUDA_VISIBLE_DEVICES=2 (or a local rank's device): cuda:0 is NVML's third GPU, not its first
+    (0, _props(uuid="cccc", bus=0xB3), 2, "UUID"),
+    (1, _props(uuid="GPU-bbbb"), 1, "UUID"),
+    # an older torch without a UUID: the PCI bus id finds it
+    (0, _props(bus=0x65), 1, "PCI bus id"),
+])
+def test_nvml_finds_the_torch_device_by_uuid_or_pci_bus_id(monkeypatch, cuda_index, props, expected, how):
+    fake = _FakeNVML(GPUS)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props)
+    handle, note = nvml_handle_for(torch.device("cuda", cuda_index))
+    assert handle == ("handle", expected) and note == how
+    assert not any(kind == "index" for kind, _ in fake.calls), "never by NVML index"
+
+
+def test_nvml_without_a_match_says_why(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", _FakeNVML(GPUS))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: _props(uuid="dddd", bus=0x01))
+    handle, note = nvml_handle_for(torch.device("cuda", 0))
+    assert handle is None and "UUID or PCI bus id" in note
+
+
+def test_the_monitor_reads_the_current_cuda_device_by_default(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)    # torch.cuda.set_device(local_rank)
+    assert UtilizationMonitor().cuda_device == torch.device("cuda", 1)
+    assert UtilizationMonitor(device="cuda").cuda_device == torch.device("cuda", 1)
+    assert UtilizationMonitor(device="cuda:0").cuda_device == torch.device("cuda", 0)
+    assert UtilizationMonitor(device="cpu").cuda_device is None
 
 
 @pytest.mark.parametrize("kind", TIMELINE_KINDS)

@@ -1,0 +1,598 @@
+"""Checks for lesson 07 (DistributedDataParallel).
+
+- 7.1 `shard_indices(...)`: compared, case by case, with torch's own `DistributedSampler` on
+  fresh random sizes (in this process: sharding needs no other process).
+- 7.2, 7.3, 7.4 are code that runs in *every rank*: the learner writes it into a file (the
+  lesson's `%%writefile` cells), and the check runs that file under torchrun with 2 processes
+  on gloo (`course_utils.launch.torchrun` with `lesson07_ranks` as the program). The ranks only
+  record what the learner's code did; the verdict is computed here, from every rank's record.
+
+`run_rank_jobs()` runs several (file, seed) jobs in one launch; the unit tests use it to try
+many wrong answers in one launch, and judge each with the same `judge_7_N` functions the checks
+use.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import math
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ._core import CheckFailed, WrongType, exercise, expect_callable
+from ._util import fresh_rng
+from .lesson07_ranks import MLP, case_72, case_74, cases_73
+
+WORLD = 2                       # ranks the checks run with (gloo on the CPU, on any machine)
+JOB_TIMEOUT_S = 20              # a collective that waits longer than this is a hang
+LAUNCH_TIMEOUT_S = 150
+
+
+class RankError(RuntimeError):
+    """The learner's code raised inside a rank (the check reports it as an error)."""
+
+
+# ================================================================================================
+# 7.1 shard indices like DistributedSampler
+# ================================================================================================
+
+def _reference_shard(n, num_replicas, rank, *, shuffle, seed, epoch, drop_last):
+    from torch.utils.data import DistributedSampler
+    sampler = DistributedSampler(range(n), num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed,
+                                 drop_last=drop_last)
+    sampler.set_epoch(epoch)
+    return list(iter(sampler))
+
+
+class _SamplerWatch:
+    """Notes whether torch's DistributedSampler is built or iterated while the learner's code runs."""
+
+    def __enter__(self):
+        from torch.utils.data import distributed
+        self.cls = distributed.DistributedSampler
+        self.used = False
+        self._init, self._iter = self.cls.__init__, self.cls.__iter__
+        watch = self
+
+        def init(sampler, *args, **kwargs):
+            watch.used = True
+            return watch._init(sampler, *args, **kwargs)
+
+        def iterate(sampler):
+            watch.used = True
+            return watch._iter(sampler)
+
+        self.cls.__init__, self.cls.__iter__ = init, iterate
+        return self
+
+    def __exit__(self, *exc):
+        self.cls.__init__, self.cls.__iter__ = self._init, self._iter
+
+
+def _as_index_list(value, what):
+    if isinstance(value, torch.Tensor):
+        value = value.tolist()
+    elif isinstance(value, np.ndarray):
+        value = value.tolist()
+    if isinstance(value, range):
+        value = list(value)
+    if not isinstance(value, (list, tuple)):
+        raise CheckFailed("returns a list of indices", f"{what} returned {type(value).__name__}: {value!r:.60}")
+    out = []
+    for v in value:
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise CheckFailed("returns a list of indices", f"{what} returned a {type(v).__name__} ({v!r:.30}) "
+                              "among the indices; expected ints")
+        out.append(int(v))
+    return out
+
+
+def _short(xs, k=12):
+    xs = list(xs)
+    return str(xs) if len(xs) <= k else "[" + ", ".join(map(str, xs[:k])) + f", ... ({len(xs)} in all)]"
+
+
+def _shard_cases(rng):
+    """Every run: one case of each kind, with fresh sizes. (property, hint, kwargs list)."""
+    cases = []
+    R = int(rng.integers(2, 5))
+    n = R * int(rng.integers(3, 9))
+    cases.append(("rank r takes every num_replicas-th index, starting at r",
+                  "without shuffling, rank r gets indices r, r + num_replicas, r + 2*num_replicas, ...",
+                  [dict(n=n, num_replicas=R, shuffle=False, seed=0, epoch=0, drop_last=False)]))
+    R = int(rng.integers(3, 6))
+    n = R * int(rng.integers(2, 7)) + int(rng.integers(1, R))
+    cases.append(("pads to ceil(n / num_replicas) per rank by repeating the first indices",
+                  "the total is rounded up to a multiple of num_replicas by appending the first indices "
+                  "again, then dealt out like cards",
+                  [dict(n=n, num_replicas=R, shuffle=False, seed=0, epoch=0, drop_last=False)]))
+    R = int(rng.integers(5, 9))
+    n = int(rng.integers(1, (R + 1) // 2))          # padding longer than the dataset itself
+    cases.append(("pads even when the dataset is smaller than the number of ranks",
+                  "when more padding is needed than there are indices, repeat the whole list as often as needed",
+                  [dict(n=n, num_replicas=R, shuffle=False, seed=0, epoch=0, drop_last=False)]))
+    R = int(rng.integers(3, 6))
+    n = R * int(rng.integers(2, 7)) + int(rng.integers(1, R))
+    cases.append(("drop_last drops the tail so every rank gets floor(n / num_replicas)",
+                  "with drop_last, keep the first num_replicas * (n // num_replicas) indices, then deal them out",
+                  [dict(n=n, num_replicas=R, shuffle=False, seed=0, epoch=0, drop_last=True)]))
+    R = int(rng.integers(2, 5))
+    n = R * int(rng.integers(5, 20))
+    cases.append(("shuffles with torch.randperm and a generator seeded with seed + epoch",
+                  "g = torch.Generator(); g.manual_seed(seed + epoch); torch.randperm(n, generator=g): the same "
+                  "permutation on every rank, so the shards stay disjoint",
+                  [dict(n=n, num_replicas=R, shuffle=True, seed=0, epoch=0, drop_last=False)]))
+    epoch = int(rng.integers(1, 50))
+    cases.append(("the order changes with the epoch",
+                  "the permutation's seed is seed + epoch: that is what set_epoch changes",
+                  [dict(n=n, num_replicas=R, shuffle=True, seed=0, epoch=epoch, drop_last=False)]))
+    other = int(rng.integers(100, 10_000))
+    cases.append(("the seed changes the order", "seed the generator with the seed you are given (plus the epoch)",
+                  [dict(n=n, num_replicas=R, shuffle=True, seed=other, epoch=epoch, drop_last=False)]))
+    cases.append(("shuffle=False keeps the dataset's order",
+                  "only shuffle when shuffle=True",
+                  [dict(n=n, num_replicas=R, shuffle=False, seed=other, epoch=epoch, drop_last=False)]))
+    R = int(rng.integers(3, 7))
+    n = R * int(rng.integers(4, 15)) + int(rng.integers(1, R))
+    cases.append(("pads (or drops) after shuffling, exactly as DistributedSampler does",
+                  "shuffle first, then pad with the first *shuffled* indices (or drop the tail), then deal out",
+                  [dict(n=n, num_replicas=R, shuffle=True, seed=int(rng.integers(1, 10_000)),
+                        epoch=int(rng.integers(0, 9)), drop_last=False),
+                   dict(n=n, num_replicas=R, shuffle=True, seed=int(rng.integers(1, 10_000)),
+                        epoch=int(rng.integers(0, 9)), drop_last=True)]))
+    return cases
+
+
+@exercise("7.1", "shard indices like DistributedSampler")
+def check_7_1(shard_indices):
+    expect_callable(shard_indices, "a function shard_indices(n, num_replicas, rank, *, shuffle, seed, epoch, drop_last)")
+    rng, seed = fresh_rng()
+    for prop, hint, settings in _shard_cases(rng):
+        for kw in settings:
+            n, R = kw["n"], kw["num_replicas"]
+            args = {k: v for k, v in kw.items() if k not in ("n", "num_replicas")}
+            for rank in range(R):
+                expected = _reference_shard(n, R, rank, **args)
+                state = torch.random.get_rng_state()
+                with _SamplerWatch() as watch:
+                    yours = shard_indices(n, R, rank, **args)
+                what = f"shard_indices({n}, {R}, {rank}, {', '.join(f'{k}={v}' for k, v in args.items())})"
+                if watch.used:
+                    raise CheckFailed("writes the sharding itself (not through torch's DistributedSampler)",
+                                      f"{what} built or iterated a DistributedSampler",
+                                      "the exercise is to compute what DistributedSampler computes; the check "
+                                      "compares with it")
+                if not torch.equal(state, torch.random.get_rng_state()):
+                    raise CheckFailed("leaves the global random state alone",
+                                      f"{what} changed torch's global random generator",
+                                      "use a private torch.Generator; torch.manual_seed() would reset the random "
+                                      "numbers of everything else in the program (augmentation, dropout) each epoch")
+                yours = _as_index_list(yours, what)
+                if yours != expected:
+                    if not args["shuffle"] and yours == _reference_shard(n, R, rank, **{**args, "shuffle": True}):
+                        prop, hint = "shuffle=False keeps the dataset's order", "only shuffle when shuffle=True"
+                    raise CheckFailed(prop, f"{what}: yours {_short(yours)}, expected {_short(expected)} "
+                                      f"(seed {seed})", hint)
+    return "every rank's indices equal DistributedSampler's, for every case."
+
+
+# ================================================================================================
+# 7.2-7.4: the learner's file, run under torchrun
+# ================================================================================================
+
+def _learner_file(path, function: str, exercise_id: str) -> Path:
+    """Check the object handed to the check is the exercise's file, and stop early on a stub."""
+    if not isinstance(path, (str, Path)):
+        raise WrongType("type", f"expected the path of your exercise file (the `%%writefile` cell's file), but "
+                        f"got {type(path).__name__}: {path!r:.60}")
+    path = Path(path)
+    if not path.is_file():
+        raise WrongType("type", f"there is no file {path}: run the exercise's `%%writefile` cell first")
+    try:
+        tree = ast.parse(path.read_text(), filename=str(path))
+    except SyntaxError as exc:
+        raise RankError(f"{path.name} has a syntax error at line {exc.lineno}: {exc.msg}") from None
+    defs = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == function]
+    if not defs:
+        raise CheckFailed(f"defines {function}()", f"{path.name} has no top-level function {function}()",
+                          "keep the function's name and signature as the exercise gives them")
+    body = [s for s in defs[-1].body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    if len(body) == 1 and isinstance(body[0], ast.Raise) and "NotImplementedError" in ast.unparse(body[0]):
+        raise NotImplementedError(f"Exercise {exercise_id}")
+    return path
+
+
+def run_rank_jobs(jobs: list[dict], *, timeout_s: float = LAUNCH_TIMEOUT_S) -> list[list[dict]]:
+    """Run jobs under torchrun with WORLD gloo ranks; return, per job, every rank's observations."""
+    from ..launch import LaunchTimeout, torchrun
+
+    with tempfile.TemporaryDirectory(prefix="check07-") as tmp:
+        tmp = Path(tmp)
+        jobs_file = tmp / "jobs.json"
+        jobs_file.write_text(json.dumps([{**j, "file": str(Path(j["file"]).resolve())} for j in jobs]))
+        try:
+            launch = torchrun("course_utils.checks.lesson07_ranks", jobs_file, tmp, module=True, nproc=WORLD,
+                              backend="gloo", threads=1, timeout_s=timeout_s, echo=False, check=False)
+        except LaunchTimeout:
+            raise TimeoutError(f"your code did not finish within {timeout_s:g} s under torchrun (every process "
+                               "was stopped): does a rank wait for something the other never sends?") from None
+        tail = "\n".join([line for line in launch.output.splitlines() if line.strip()][-12:])
+        out = []
+        for index in range(len(jobs)):
+            per_rank = []
+            for rank in range(WORLD):
+                f = tmp / f"{index}-rank{rank}.json"
+                per_rank.append(json.loads(f.read_text()) if f.exists() else
+                                {"rank": rank, "missing": True, "returncode": launch.returncode, "output": tail})
+            out.append(per_rank)
+        return out
+
+
+def _raise_rank_errors(obs: list[dict], exercise_id: str, file: Path):
+    """NotImplementedError if the stub ran; a rank crash reported as an error of the learner's code."""
+    if any(o.get("error", {}).get("not_implemented") for o in obs):
+        raise NotImplementedError(f"Exercise {exercise_id}")
+    missing = [o for o in obs if o.get("missing")]
+    if missing:
+        raise RankError(f"rank {missing[0]['rank']} died before it could report (did your code call sys.exit "
+                        f"or crash the interpreter?); torchrun's exit status {missing[0]['returncode']}, the last "
+                        f"output:\n{missing[0]['output'][-1500:]}")
+    for o in obs:
+        if "error" in o:
+            raise RankError(_error_sentence(o, file))
+
+
+def _error_sentence(o, file):
+    e = o["error"]
+    where = f" (at line {e['where']['line']} of {Path(file).name}: `{e['where']['code']}`)" if e.get("where") else ""
+    return f"rank {o['rank']} raised {e['type']}: {e['message']}{where}"
+
+
+def _seed_for(seed):
+    if seed is not None:
+        return int(seed)
+    rng, s = fresh_rng()
+    return int(rng.integers(1, 2**31 - 1))
+
+
+def _close(a, b, rtol=1e-9, atol=1e-12) -> bool:
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    return a.shape == b.shape and bool(np.allclose(a, b, rtol=rtol, atol=atol))
+
+
+def _states_close(s1: dict, s2: dict, **kw) -> bool:
+    return s1.keys() == s2.keys() and all(_close(s1[k], s2[k], **kw) for k in s1)
+
+
+def _max_diff(s1: dict, s2: dict) -> float:
+    return max(float(np.max(np.abs(np.asarray(s1[k], float) - np.asarray(s2[k], float)))) for k in s1)
+
+
+# -- 7.2 complete the DDP training script ----------------------------------------------------------
+
+@exercise("7.2", "complete the DDP training script", time_limit_s=LAUNCH_TIMEOUT_S + 30)
+def check_7_2(path, *, seed=None):
+    file = _learner_file(path, "train_ddp", "7.2")
+    seed = _seed_for(seed)
+    obs = run_rank_jobs([{"exercise": "7.2", "file": str(file), "function": "train_ddp", "seed": seed,
+                          "timeout_s": JOB_TIMEOUT_S}])[0]
+    return judge_7_2(obs, seed, file)
+
+
+def judge_7_2(obs: list[dict], seed: int, file) -> str:
+    world = len(obs)
+    case = case_72(seed, world)
+    ckpt = obs[0].get("checkpoint")
+    if any(o.get("error", {}).get("not_implemented") for o in obs):
+        raise NotImplementedError("Exercise 7.2")
+    for o in obs:        # a rank that read the checkpoint before rank 0 had written it
+        e = o.get("error")
+        if e and e["type"] in ("FileNotFoundError", "EOFError", "UnpicklingError", "RuntimeError") and \
+                any(ld["rank"] == o["rank"] for ld in o.get("loads", [])) and ckpt and \
+                (e["type"] != "RuntimeError" or "PytorchStreamReader" in e["message"]):
+            raise CheckFailed("every rank waits for rank 0's checkpoint before loading it",
+                              f"rank {o['rank']} tried to read the checkpoint before it was complete: "
+                              f"{e['type']}: {e['message'][:120]}",
+                              "rank 0 saves; then every rank calls dist.barrier(); only then does every rank load")
+    _raise_rank_errors(obs, "7.2", file)
+
+    if not all(o.get("ddp") for o in obs):
+        raise CheckFailed("wraps the model in DistributedDataParallel",
+                          "no DistributedDataParallel was built around the model",
+                          "ddp = DistributedDataParallel(model, device_ids=...): it makes every rank start from "
+                          "rank 0's weights and averages the gradients in backward")
+    if any(o.get("made") != 1 for o in obs):
+        raise CheckFailed("builds the model once with make_model()",
+                          f"make_model() was called {[o.get('made') for o in obs]} times on the ranks")
+    B, per_rank, epochs = case["batch_size"], case["per_rank"], case["epochs"]
+    steps_per_epoch = math.ceil(per_rank / B)
+    for o in obs:
+        sizes = [len(b) for b in o["seen"]]
+        if sizes and max(sizes) != B:
+            raise CheckFailed("uses batch_size per process",
+                              f"rank {o['rank']}'s batches had {max(sizes)} samples at most; batch_size was {B}",
+                              "batch_size is what each process trains on; the global batch is world_size times it")
+        if world > 1 and sum(sizes) == case["n"] * epochs:
+            raise CheckFailed("gives each rank its own shard of every epoch",
+                              f"rank {o['rank']} trained on all {case['n']} samples in every epoch",
+                              "give the DataLoader a DistributedSampler(dataset, shuffle=True, seed=seed): "
+                              "each rank then gets a disjoint share")
+        if len(sizes) != steps_per_epoch * epochs or sum(sizes) != per_rank * epochs:
+            raise CheckFailed("trains `epochs` epochs over the rank's shard",
+                              f"rank {o['rank']} ran {len(sizes)} training steps; {epochs} epochs of {per_rank} "
+                              f"samples in batches of {B} are {steps_per_epoch * epochs}",
+                              "one pass over the DataLoader per epoch; keep the last, partial batch (drop_last=False)")
+    by_epoch = [[sum(o["seen"][e * steps_per_epoch:(e + 1) * steps_per_epoch], []) for e in range(epochs)]
+                for o in obs]
+    for e in range(epochs):
+        parts = [set(by_epoch[r][e]) for r in range(world)]
+        everything = sorted(sum((by_epoch[r][e] for r in range(world)), []))
+        if everything != list(range(case["n"])):
+            overlap = len(parts[0] & parts[1]) if world == 2 else 0
+            raise CheckFailed("gives each rank its own shard of every epoch",
+                              f"epoch {e}: the ranks trained on {len(set(everything))} distinct samples of "
+                              f"{case['n']} ({overlap} seen by both ranks)",
+                              "give the DataLoader a DistributedSampler(dataset, shuffle=True, seed=seed): "
+                              "each rank then gets a disjoint share")
+    for r in range(world):
+        if all(by_epoch[r][e] == by_epoch[r][0] for e in range(1, epochs)):
+            raise CheckFailed("reshuffles the shards every epoch",
+                              f"rank {r} saw the same samples in the same order in all {epochs} epochs",
+                              "call sampler.set_epoch(epoch) at the start of every epoch")
+    from torch.utils.data import DistributedSampler
+    for r in range(world):
+        for e in range(epochs):
+            sampler = DistributedSampler(range(case["n"]), num_replicas=world, rank=r, shuffle=True,
+                                         seed=case["sampler_seed"])
+            sampler.set_epoch(e)
+            if by_epoch[r][e] != list(sampler):
+                raise CheckFailed("shards like DistributedSampler(dataset, shuffle=True, seed=seed) with set_epoch(epoch)",
+                                  f"rank {r}, epoch {e}: the samples came in another order than that sampler gives",
+                                  "pass seed=seed to the sampler and call set_epoch(epoch) before each epoch "
+                                  "(epochs count from 0)")
+    finals = [o.get("final") for o in obs]
+    if any(f is None for f in finals):
+        raise CheckFailed("returns the trained model", f"train_ddp returned {obs[0].get('returned')}",
+                          "return the model (the module inside DDP)")
+    trained = [o["trained"] for o in obs]         # after training, before the checkpoint was read back
+    for r in range(1, world):
+        if not _states_close(trained[0], trained[r], rtol=0, atol=1e-12):
+            raise CheckFailed("ends training with the same weights on every rank",
+                              f"after training, rank 0's and rank {r}'s weights differ by up to "
+                              f"{_max_diff(trained[0], trained[r]):.3g}",
+                              "train through the DDP wrapper (ddp_model(images), not model(images)) so that "
+                              "backward averages the gradients")
+    expected = _replay_72(case, obs)
+    if not _states_close(trained[0], expected, rtol=1e-8, atol=1e-10):
+        raise CheckFailed("equals one process training on the concatenated batches",
+                          f"your weights after training differ from one process's, trained with SGD(lr={case['lr']:.3g}) "
+                          f"on the mean cross-entropy of each step's batches of all ranks together, by up to "
+                          f"{_max_diff(trained[0], expected):.3g}",
+                          "plain SGD with lr as given, F.cross_entropy's mean per batch, and nothing else: DDP "
+                          "already averages the gradients over the ranks")
+
+    saves = [s for o in obs for s in o["saves"]]
+    if any(s["rank"] != 0 for s in saves):
+        raise CheckFailed("only rank 0 writes the checkpoint",
+                          f"ranks {sorted({s['rank'] for s in saves})} called torch.save",
+                          "if dist.get_rank() == 0: torch.save(...); N processes writing one file race each other")
+    mine = [s for s in saves if Path(s["path"]) == Path(ckpt)]
+    if not mine:
+        raise CheckFailed("rank 0 writes the checkpoint", f"nothing was saved to the path given ({ckpt})")
+    saved = mine[-1]
+    if "keys" not in saved or any(k.startswith("module.") for k in saved["keys"]):
+        raise CheckFailed("saves the plain model's state_dict",
+                          f"the checkpoint holds {saved.get('keys', [saved.get('type')])[:3]}",
+                          "save model.state_dict() of the model inside DDP (ddp.module): DDP's own state_dict "
+                          "prefixes every key with 'module.', which a plain model cannot load")
+    if not _states_close(saved["values"], trained[0], rtol=0, atol=1e-12):
+        raise CheckFailed("saves the trained weights", "the checkpoint's weights are not the trained weights",
+                          "save after training")
+    for o in obs:
+        loads = [ld for ld in o["loads"] if Path(ld["path"]) == Path(ckpt)]
+        if not loads:
+            raise CheckFailed("every rank loads the checkpoint",
+                              f"rank {o['rank']} never read it back (a resumed job reads it on every rank)")
+        if min(ld["time"] for ld in loads) < saved["end"]:
+            raise CheckFailed("every rank waits for rank 0's checkpoint before loading it",
+                              f"rank {o['rank']} read the checkpoint before rank 0 had finished writing it",
+                              "dist.barrier() on every rank between the save and the load")
+        if any(ld["map_location"] is None for ld in loads):
+            raise CheckFailed("loads with map_location",
+                              f"rank {o['rank']} called torch.load without map_location",
+                              "torch.load(path, map_location=device): without it, tensors saved from cuda:0 "
+                              "load onto cuda:0 in every process")
+        if not o.get("returned_is_made"):
+            raise CheckFailed("returns the model it trained (with the checkpoint loaded)",
+                              f"rank {o['rank']} returned another model than make_model() built")
+        if not _states_close(o["final"], saved["values"], rtol=0, atol=1e-12):
+            raise CheckFailed("returns the model it trained (with the checkpoint loaded)",
+                              f"rank {o['rank']}'s returned weights are not the checkpoint's")
+    return (f"identical weights on {world} ranks, equal to one process on the concatenated batches; "
+            "disjoint shards reshuffled every epoch; rank 0 wrote the checkpoint, every rank read it.")
+
+
+def _replay_72(case, obs):
+    """One process, the same start (rank 0's weights, which DDP broadcasts), each step's batches of
+    all ranks concatenated, mean cross-entropy, plain SGD."""
+    import torch.nn.functional as F
+    model = MLP(case["d_in"], case["hidden"], case["classes"])
+    model.load_state_dict({k: torch.tensor(v, dtype=torch.float64) for k, v in obs[0]["initial"].items()})
+    x, y = torch.tensor(case["x"]), torch.tensor(case["y"])
+    for step in range(len(obs[0]["seen"])):
+        idx = torch.tensor(sum((o["seen"][step] for o in obs), []))
+        model.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x[idx]), y[idx]).backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= case["lr"] * p.grad
+    return {k: v.tolist() for k, v in model.state_dict().items()}
+
+
+# -- 7.3 all-reduce a metric ----------------------------------------------------------------------
+
+@exercise("7.3", "all-reduce a metric across ranks", time_limit_s=LAUNCH_TIMEOUT_S + 30)
+def check_7_3(path, *, seed=None):
+    file = _learner_file(path, "global_metrics", "7.3")
+    seed = _seed_for(seed)
+    obs = run_rank_jobs([{"exercise": "7.3", "file": str(file), "function": "global_metrics", "seed": seed,
+                          "timeout_s": JOB_TIMEOUT_S}])[0]
+    return judge_7_3(obs, seed, file)
+
+
+_CASE_73 = ["equal sample counts", "ranks with different sample counts", "a rank with no samples",
+            "counts beyond 2**24"]       # the order of cases_73()
+
+
+def judge_7_3(obs: list[dict], seed: int, file) -> str:
+    world = len(obs)
+    if any(o.get("error", {}).get("not_implemented") for o in obs):
+        raise NotImplementedError("Exercise 7.3")
+    _raise_rank_errors(obs, "7.3", file)
+    cases = cases_73(seed, world)
+    props = {0: ("returns the global mean loss and accuracy", "", 1e-6),
+             1: ("weights each rank by its number of samples",
+                 "sum the loss sums, the correct counts and the sample counts over the ranks, then divide: "
+                 "averaging each rank's mean gives a rank with 3 samples as much say as one with 3,000", 1e-6),
+             2: ("works when a rank has no samples", "divide only the global sums, never a rank's own", 1e-6),
+             3: ("is exact for large counts",
+                 "float32 holds integers exactly only up to 2**24 = 16,777,216: reduce in float64", 1e-12)}
+    for i in range(len(cases)):   # the plainest mistakes fail on the first case already
+        prop, hint, rtol = props[i]
+        entries = [o["results"][i] if i < len(o["results"]) else None for o in obs]
+        for o, entry in zip(obs, entries):
+            if entry is None or "error" not in entry:
+                continue
+            e = entry["error"]
+            peers_fine = all(p is not None and "error" not in p for q, p in zip(obs, entries) if q is not o)
+            if peers_fine and e["type"] in ("RuntimeError", "DistBackendError", "DistError"):
+                raise CheckFailed("every rank makes the same collective calls",
+                                  f"rank {o['rank']} waited in a collective that the other rank never joined "
+                                  f"({e['message'][:100]})",
+                                  "a collective is a meeting: every rank must call it, in the same order; "
+                                  "never inside `if rank == 0:`")
+            if i == 2:
+                raise CheckFailed(prop, f"with {_CASE_73[i]} your function raised {e['type']}: {e['message'][:100]}",
+                                  hint)
+            raise RankError(_error_sentence({"rank": o["rank"], "error": e}, file))
+        if any(entry is None for entry in entries):
+            raise RankError(f"a rank stopped before the case with {_CASE_73[i]}")
+        loss_sum = sum(c[0] for c in cases[i])
+        correct = sum(c[1] for c in cases[i])
+        count = sum(c[2] for c in cases[i])
+        expected = [loss_sum / count, correct / count]
+        values = [entry["value"] for entry in entries]
+        for r, v in enumerate(values):
+            if not isinstance(v, list) or len(v) != 2:
+                raise CheckFailed("returns (mean_loss, accuracy) as two numbers",
+                                  f"rank {r} returned {v.get('bad') if isinstance(v, dict) else v}")
+        if any(v != values[0] for v in values[1:]):
+            raise CheckFailed("every rank gets the same result",
+                              f"with {_CASE_73[i]}, the ranks returned {values}",
+                              "all_reduce gives every rank the total; dist.reduce only rank 0; a rank that "
+                              "does not reduce at all returns its own numbers")
+        got = values[0]
+        if not all(isinstance(g, float) and math.isclose(g, x, rel_tol=rtol, abs_tol=1e-15)
+                   for g, x in zip(got, expected)):
+            counts = ", ".join(f"rank {r}: {c[2]:,} samples" for r, c in enumerate(cases[i]))
+            raise CheckFailed(prop, f"with {_CASE_73[i]} ({counts}) yours ({got[0]!r}, {got[1]!r}), expected "
+                              f"({expected[0]!r}, {expected[1]!r})", hint)
+    for o in obs:
+        for entry in o["results"]:
+            if entry["collectives"] != 1:
+                names = f" ({', '.join(entry['collective_names'])})" if entry["collective_names"] else ""
+                raise CheckFailed("makes exactly one collective call",
+                                  f"rank {o['rank']}'s process group ran {entry['collectives']} collectives{names} "
+                                  "for one result",
+                                  "every collective is a round trip between all ranks (all_gather_object makes "
+                                  "two, and pickles): put the three numbers in one float64 tensor and all_reduce "
+                                  "it once")
+    return "the same exact global mean loss and accuracy on every rank, with one all-reduce."
+
+
+# -- 7.4 gradient accumulation with no_sync ---------------------------------------------------------
+
+@exercise("7.4", "gradient accumulation with no_sync", time_limit_s=LAUNCH_TIMEOUT_S + 30)
+def check_7_4(path, *, seed=None):
+    file = _learner_file(path, "accumulate", "7.4")
+    seed = _seed_for(seed)
+    obs = run_rank_jobs([{"exercise": "7.4", "file": str(file), "function": "accumulate", "seed": seed,
+                          "timeout_s": JOB_TIMEOUT_S}])[0]
+    return judge_7_4(obs, seed, file)
+
+
+def _expected_74(case, initial, world):
+    import torch.nn.functional as F
+    model = MLP(case["d_in"], case["hidden"], case["classes"])
+    model.load_state_dict({k: torch.tensor(v, dtype=torch.float64) for k, v in initial.items()})
+    out = []
+    for call in case["calls"]:
+        grads = [torch.zeros_like(p) for p in model.parameters()]
+        losses = []
+        for r in range(world):
+            model.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(torch.tensor(call["x"][r])), torch.tensor(call["y"][r]))
+            loss.backward()
+            losses.append(loss.item())
+            for g, p in zip(grads, model.parameters()):
+                g += p.grad / world
+        out.append({"grads": [g.tolist() for g in grads], "losses": losses})
+    return out
+
+
+def judge_7_4(obs: list[dict], seed: int, file) -> str:
+    world = len(obs)
+    if any(o.get("error", {}).get("not_implemented") for o in obs):
+        raise NotImplementedError("Exercise 7.4")
+    _raise_rank_errors(obs, "7.4", file)
+    case = case_74(seed, world)
+    expected = _expected_74(case, obs[0]["initial"], world)
+    for i, call in enumerate(case["calls"]):
+        k = call["k"]
+        for o in obs:
+            res = o["results"][i]
+            grads = res["grads"]
+            if any(g is None for g in grads):
+                raise CheckFailed("leaves the accumulated gradients in .grad",
+                                  f"k={k}: after your function some parameters have no .grad")
+            diff = [np.asarray(g) - np.asarray(x) for g, x in zip(grads, expected[i]["grads"])]
+            if all(np.allclose(d, case["stale"], rtol=0, atol=1e-6) for d in diff):
+                raise CheckFailed("starts from cleared gradients",
+                                  f"k={k}: .grad still holds the previous step's gradients plus the new ones",
+                                  "ddp_model.zero_grad(set_to_none=True) first: backward adds to .grad")
+            if res["all_reduces"] != 1 or res["own_collectives"]:
+                extra = f" and {res['own_collectives']} collective(s) of your own" if res["own_collectives"] else ""
+                raise CheckFailed("all-reduces exactly once per call",
+                                  f"k={k}: DDP all-reduced the gradients {res['all_reduces']:g} time(s){extra} "
+                                  f"for {k} micro-batch(es)",
+                                  "run backward inside `with ddp_model.no_sync():` for all but the last micro-batch, "
+                                  "and let the last backward (outside it) all-reduce the sum once")
+            if res["events"] != "FB" * k:
+                raise CheckFailed("runs backward on each micro-batch before the next forward",
+                                  f"k={k}: forward (F) and backward (B) passes came as {res['events'] or 'nothing'}, "
+                                  f"expected {'FB' * k}",
+                                  "call backward on each micro-batch's loss as you go: adding up the losses and "
+                                  "calling backward once keeps every micro-batch's activations in memory, which is "
+                                  "what accumulation is there to avoid")
+            if not all(_close(g, x, rtol=1e-8, atol=1e-11) for g, x in zip(grads, expected[i]["grads"])):
+                worst = max(float(np.max(np.abs(d))) for d in diff)
+                raise CheckFailed("leaves the big batch's gradient, averaged over the ranks",
+                                  f"k={k}, micro-batches of {[len(t) for t in np.array_split(np.arange(call['local']), k)]} "
+                                  f"samples: .grad differs from the gradient of the mean loss over all ranks' "
+                                  f"samples by up to {worst:.3g} (rank {o['rank']})",
+                                  "weight each micro-batch's mean loss by its share of this rank's samples "
+                                  "(len(micro) / total) before backward; DDP divides by the world size itself")
+            value = res["returned"]
+            mine = expected[i]["losses"][o["rank"]]
+            if not (isinstance(value, list) and len(value) == 1 and isinstance(value[0], float)
+                    and math.isclose(value[0], mine, rel_tol=1e-9, abs_tol=1e-12)):
+                raise CheckFailed("returns this rank's loss over its whole batch",
+                                  f"k={k}, rank {o['rank']}: yours {value[0] if isinstance(value, list) else value!r}, "
+                                  f"expected {mine!r}", "return the sum of the weighted micro-batch losses as a float")
+            if res["weights_changed"]:
+                raise CheckFailed("takes no optimizer step", f"k={k}: the weights changed",
+                                  "only accumulate gradients; the training loop steps the optimizer")
+    return "one all-reduce per call, and the big batch's gradient on every rank, for every k."

@@ -1,0 +1,440 @@
+"""The rank side of checks 7.2-7.4 (lesson 07): what runs inside each process torchrun starts.
+
+    python -m torch.distributed.run --standalone --nproc_per_node=2 \\
+        -m course_utils.checks.lesson07_ranks JOBS.json OUTDIR
+
+`JOBS.json` is a list of jobs `{"exercise": "7.2", "file": ".../ddp_yours.py", "function":
+"train_ddp", "seed": 123, "timeout_s": 20}`. For each job every rank joins a fresh process
+group (so one job that breaks its group cannot spoil the next), imports the learner's file,
+calls the learner's function on inputs drawn from the job's seed while recording what it does
+(which samples each forward pass saw, which collectives it called, what it saved and loaded),
+and writes what it saw to `OUTDIR/<job>-rank<r>.json`. It judges nothing: the check in the
+notebook's process reads every rank's observations and decides (`lesson07.py`). A learner's
+exception is recorded, never raised, so every rank always reaches the next job.
+
+The inputs of each job (`case_72`, `cases_73`, `case_74`) are functions of the seed alone, so
+the check recomputes them to build the expected answers.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_object", "all_gather_into_tensor",
+               "reduce_scatter", "reduce_scatter_tensor", "gather", "scatter", "broadcast_object_list",
+               "gather_object", "scatter_object_list", "all_to_all", "all_to_all_single")
+SAVE_DELAY_S = 0.5       # a checkpoint write takes a while: a rank that does not wait for it finds no file
+
+
+# -- the inputs, from the seed alone (the check rebuilds them) ------------------------------------
+
+def case_72(seed: int, world: int) -> dict:
+    """Exercise 7.2's problem: a float64 classification set that divides evenly among the ranks,
+    a batch size that does not divide a rank's share (so each epoch ends on a partial batch)."""
+    rng = np.random.default_rng([72, seed])
+    while True:
+        per_rank = int(rng.integers(14, 30))
+        batch = int(rng.integers(3, 8))
+        if per_rank % batch:
+            break
+    n, d_in, classes = per_rank * world, 5, 3
+    x = rng.normal(size=(n, d_in))
+    centers = rng.normal(0, 1.5, size=(classes, d_in))
+    y = rng.integers(0, classes, size=n)
+    x[:, 1:] += centers[y, 1:]
+    return {"n": n, "per_rank": per_rank, "batch_size": batch, "epochs": 3, "lr": float(rng.uniform(0.05, 0.3)),
+            "sampler_seed": int(rng.integers(1, 10_000)), "d_in": d_in, "hidden": 8, "classes": classes,
+            "x": x, "y": y}
+
+
+def cases_73(seed: int, world: int) -> list[list[tuple[float, int, int]]]:
+    """Exercise 7.3's inputs: per case, per rank, (loss_sum, correct, count). Always, in this
+    order: equal counts, unequal counts, a rank with no samples, counts too large for float32."""
+    rng = np.random.default_rng([73, seed])
+
+    def rank_values(count):
+        correct = int(rng.integers(0, count + 1)) if count else 0
+        loss_sum = float(rng.uniform(0.2, 2.5) * count) if count else 0.0
+        return (loss_sum, correct, int(count))
+
+    cases = []
+    equal = int(rng.integers(20, 200))
+    cases.append([rank_values(equal) for _ in range(world)])                  # equal counts
+    small, large = int(rng.integers(3, 40)), int(rng.integers(400, 5000))
+    counts = [small if r % 2 == 0 else large for r in range(world)]
+    cases.append([rank_values(c) for c in counts])                            # unequal counts
+    empty = int(rng.integers(0, world))
+    cases.append([rank_values(0 if r == empty else int(rng.integers(50, 500))) for r in range(world)])
+    big = []
+    for r in range(world):                                                    # beyond float32's integers
+        count = 2 ** 25 + 2 * int(rng.integers(1, 2 ** 20)) + 1        # odd, so float32 cannot hold it
+        correct = count - 2 * int(rng.integers(1, 2 ** 18))              # odd too
+        big.append((float(count * rng.uniform(0.3, 1.9)) + 0.123456789, correct, count))
+    cases.append(big)
+    return cases
+
+
+def case_74(seed: int, world: int) -> dict:
+    """Exercise 7.4's inputs: a float64 MLP, and for each call a local batch per rank split into
+    k micro-batches (k = 1, and sizes that do not divide the batch)."""
+    rng = np.random.default_rng([74, seed])
+    d_in, classes = 6, 4
+    calls = []
+    for k in (int(rng.integers(3, 6)), 1, int(rng.integers(2, 5))):
+        while True:
+            local = int(rng.integers(7, 19))
+            if k == 1 or local % k:
+                break
+        xs = [rng.normal(size=(local, d_in)) for _ in range(world)]
+        ys = [rng.integers(0, classes, size=local) for _ in range(world)]
+        calls.append({"k": k, "local": local, "x": xs, "y": ys})
+    return {"d_in": d_in, "hidden": 10, "classes": classes, "init_seed": int(rng.integers(0, 2**31)),
+            "stale": float(rng.uniform(3.0, 9.0)), "calls": calls}
+
+
+class MLP(nn.Module):
+    """Linear-tanh-Linear in float64 (no BatchNorm: micro-batches and shards change nothing)."""
+
+    def __init__(self, d_in, hidden, classes):
+        super().__init__()
+        self.fc1 = nn.Linear(d_in, hidden, dtype=torch.float64)
+        self.fc2 = nn.Linear(hidden, classes, dtype=torch.float64)
+
+    def forward(self, x):
+        return self.fc2(torch.tanh(self.fc1(x)))
+
+
+class RecordingMLP(MLP):
+    """The MLP of exercise 7.2, which also notes which samples each training forward pass saw
+    (found from their first feature, which is unique)."""
+
+    def __init__(self, d_in, hidden, classes, lookup):
+        super().__init__(d_in, hidden, classes)
+        self._lookup = lookup
+        self.seen: list[list[int]] = []
+
+    def forward(self, x):
+        if self.training:
+            self.seen.append([self._lookup.get(float(v), -1) for v in x[:, 0].detach().cpu().tolist()])
+        return super().forward(x)
+
+
+def state_lists(module) -> dict:
+    return {k: v.detach().double().cpu().tolist() for k, v in module.state_dict().items()}
+
+
+# -- recording what the learner's code does ---------------------------------------------------------
+
+_INSIDE_DDP_HOOK = [0]     # DDP's own all-reduces (through a comm hook) are not the learner's calls
+
+
+def _sequence_number() -> int:
+    """Collectives the default process group has run so far (each rank's own count)."""
+    return dist.distributed_c10d._get_default_group()._get_sequence_number_for_group()
+
+
+class CollectiveCounter:
+    """Counts collectives during a block: `count` from the process group's own sequence number
+    (every collective, however it was called: `dist.all_reduce`, a name imported from
+    torch.distributed, or the two that `all_gather_object` makes), and `calls`, the names of the
+    learner's top-level calls through `torch.distributed.<name>`, for the messages."""
+
+    def __init__(self):
+        self.calls: list[str] = []
+        self.count = 0
+        self._depth = 0
+        self._saved = {}
+
+    def __enter__(self):
+        self._seq0 = _sequence_number()
+        for name in COLLECTIVES:
+            fn = getattr(dist, name, None)
+            if fn is None:
+                continue
+            self._saved[name] = fn
+            setattr(dist, name, self._wrap(name, fn))
+        return self
+
+    def _wrap(self, name, fn):
+        def counted(*args, **kwargs):
+            if self._depth == 0 and not _INSIDE_DDP_HOOK[0]:
+                self.calls.append(name)
+            self._depth += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._depth -= 1
+        return counted
+
+    def __exit__(self, *exc):
+        for name, fn in self._saved.items():
+            setattr(dist, name, fn)
+        self.count = _sequence_number() - self._seq0
+
+
+@contextlib.contextmanager
+def watch_checkpoint_io(saves: list, loads: list, rank: int, snapshot=None):
+    """Record torch.save / torch.load calls (what, where, when); a save takes SAVE_DELAY_S.
+    `snapshot()`, if given, is called at each load: the model's weights just before it."""
+    real_save, real_load = torch.save, torch.load
+
+    def save(obj, f, *args, **kwargs):
+        entry = {"path": str(getattr(f, "name", f)), "start": time.monotonic(), "rank": rank}
+        if isinstance(obj, dict):
+            entry["keys"] = sorted(map(str, obj))
+            entry["values"] = {str(k): v.detach().double().cpu().tolist() for k, v in obj.items()
+                               if isinstance(v, torch.Tensor)}
+        else:
+            entry["type"] = type(obj).__name__
+        time.sleep(SAVE_DELAY_S)
+        real_save(obj, f, *args, **kwargs)
+        entry["end"] = time.monotonic()
+        saves.append(entry)
+
+    def load(f, *args, **kwargs):
+        map_location = kwargs.get("map_location", args[0] if args else None)
+        loads.append({"path": str(getattr(f, "name", f)), "time": time.monotonic(), "map_location": None if map_location is None
+                      else str(map_location), "rank": rank, "weights_before": snapshot() if snapshot else None})
+        return real_load(f, *args, **kwargs)
+
+    torch.save, torch.load = save, load
+    try:
+        yield
+    finally:
+        torch.save, torch.load = real_save, real_load
+
+
+@contextlib.contextmanager
+def watch_ddp(wrapped: list):
+    """Record every DistributedDataParallel built (and around which module)."""
+    from torch.nn.parallel import DistributedDataParallel
+    real_init = DistributedDataParallel.__init__
+
+    def init(self, module, *args, **kwargs):
+        wrapped.append(type(module).__name__)
+        real_init(self, module, *args, **kwargs)
+
+    DistributedDataParallel.__init__ = init
+    try:
+        yield
+    finally:
+        DistributedDataParallel.__init__ = real_init
+
+
+def describe_error(exc: BaseException, learner_file: str | None) -> dict:
+    """Type, message and the learner's line where it came from."""
+    where = None
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        if learner_file and os.path.abspath(frame.filename) == os.path.abspath(learner_file):
+            where = {"line": frame.lineno, "code": (frame.line or "").strip()}
+            break
+    return {"type": type(exc).__name__, "message": str(exc)[:600], "where": where,
+            "not_implemented": isinstance(exc, NotImplementedError)}
+
+
+def load_learner(path: str, function: str, tag: str):
+    spec = importlib.util.spec_from_file_location(f"learner_{tag}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    fn = getattr(module, function, None)
+    if not callable(fn):
+        raise AttributeError(f"{Path(path).name} defines no function {function}()")
+    return fn
+
+
+# -- the three harnesses ------------------------------------------------------------------------------
+
+def run_72(fn, job, rank, world, workdir, obs) -> None:
+    case = case_72(job["seed"], world)
+    x, y = torch.tensor(case["x"]), torch.tensor(case["y"])
+    lookup = {float(v): i for i, v in enumerate(x[:, 0].tolist())}
+    dataset = torch.utils.data.TensorDataset(x, y)
+    made = []
+
+    def make_model():
+        torch.manual_seed(1_000_003 * job["seed"] + 7919 * rank + len(made))   # differs per rank on purpose
+        model = RecordingMLP(case["d_in"], case["hidden"], case["classes"], lookup)
+        made.append({"model": model, "initial": state_lists(model)})
+        return model
+
+    checkpoint = Path(workdir) / f"checkpoint-{job['index']}.pt"
+    obs.update({"saves": [], "loads": [], "ddp": [], "checkpoint": str(checkpoint)})
+
+    def snapshot():
+        return state_lists(made[0]["model"]) if made else None
+
+    try:
+        with watch_checkpoint_io(obs["saves"], obs["loads"], rank, snapshot), watch_ddp(obs["ddp"]):
+            returned = fn(make_model, dataset, device=torch.device("cpu"), epochs=case["epochs"],
+                          batch_size=case["batch_size"], lr=case["lr"], seed=case["sampler_seed"],
+                          checkpoint=str(checkpoint))
+    finally:
+        obs["made"] = len(made)
+        if made:
+            obs["initial"] = made[0]["initial"]
+            obs["seen"] = made[0]["model"].seen
+    if isinstance(returned, nn.parallel.DistributedDataParallel):
+        returned = returned.module
+    obs["returned"] = type(returned).__name__
+    if isinstance(returned, nn.Module):
+        obs["final"] = state_lists(returned)
+        obs["returned_is_made"] = any(returned is m["model"] for m in made)
+    loads = [ld for ld in obs["loads"] if ld["weights_before"] is not None]
+    obs["trained"] = loads[0]["weights_before"] if loads else obs.get("final")
+
+
+def run_73(fn, job, rank, world, workdir, obs) -> None:
+    results = obs.setdefault("results", [])
+    for case in cases_73(job["seed"], world):
+        loss_sum, correct, count = case[rank]
+        entry = {}
+        with CollectiveCounter() as counter:
+            try:
+                value = fn(loss_sum, correct, count)
+            except Exception as exc:
+                if isinstance(exc, NotImplementedError):
+                    raise
+                entry["error"] = describe_error(exc, job["file"])
+                value = None
+        entry["collectives"] = counter.count
+        entry["collective_names"] = counter.calls
+        entry["value"] = _numbers(value)
+        results.append(entry)
+        if "error" in entry:
+            break            # the ranks' collectives may be out of step now: stop here
+
+
+def _numbers(value):
+    """The learner's (mean_loss, accuracy) as floats, or a description of what it was."""
+    if value is None:
+        return None
+    if not isinstance(value, (tuple, list)):
+        return {"bad": f"{type(value).__name__}: {value!r:.60}"}
+    out = []
+    for v in value:
+        if isinstance(v, torch.Tensor) and v.numel() == 1:
+            v = v.detach().cpu().item()
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)):
+            return {"bad": f"{type(value).__name__} holding {type(v).__name__}"}
+        v = float(v)
+        out.append(v if math.isfinite(v) else str(v))
+    return out
+
+
+def run_74(fn, job, rank, world, workdir, obs) -> None:
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel
+
+    case = case_74(job["seed"], world)
+    torch.manual_seed(case["init_seed"] + rank)          # DDP broadcasts rank 0's weights anyway
+    model = MLP(case["d_in"], case["hidden"], case["classes"])
+    events = []                                           # "F" per forward with autograd on, "B" per backward
+
+    def on_forward(module, inputs, output):
+        if torch.is_grad_enabled() and output.requires_grad:
+            events.append("F")
+            output.register_hook(lambda grad: events.append("B"))
+
+    model.register_forward_hook(on_forward)
+    ddp = DistributedDataParallel(model)
+    hooks = {"n": 0}
+
+    def counting_hook(state, bucket):
+        hooks["n"] += 1
+        _INSIDE_DDP_HOOK[0] += 1
+        try:
+            return default_hooks.allreduce_hook(state, bucket)
+        finally:
+            _INSIDE_DDP_HOOK[0] -= 1
+
+    ddp.register_comm_hook(None, counting_hook)
+    warm = case["calls"][0]
+    for _ in range(2):                                    # DDP settles its buckets after the first backward
+        hooks["n"] = 0
+        F.cross_entropy(ddp(torch.tensor(warm["x"][rank])), torch.tensor(warm["y"][rank])).backward()
+    buckets = hooks["n"]                                  # all-reduces in one synchronising backward
+    initial = state_lists(model)
+    obs.update({"buckets": buckets, "initial": initial})
+    results = obs.setdefault("results", [])
+    for call in case["calls"]:
+        x, y = torch.tensor(call["x"][rank]), torch.tensor(call["y"][rank])
+        micro = list(zip(torch.tensor_split(x, call["k"]), torch.tensor_split(y, call["k"])))
+        for p in model.parameters():
+            p.grad = torch.full_like(p, case["stale"])    # last step's gradients: the call must clear them
+        hooks["n"] = 0
+        events.clear()
+        with CollectiveCounter() as counter:
+            returned = fn(ddp, micro, F.cross_entropy)
+        results.append({"k": call["k"], "all_reduces": hooks["n"] / max(buckets, 1),
+                        "own_collectives": counter.count - hooks["n"], "collective_names": counter.calls,
+                        "events": "".join(events),
+                        "grads": [None if p.grad is None else p.grad.detach().double().tolist()
+                                  for p in model.parameters()],
+                        "returned": _numbers([returned]) if returned is not None else None,
+                        "weights_changed": state_lists(model) != initial})
+
+
+HARNESSES = {"7.2": run_72, "7.3": run_73, "7.4": run_74}
+
+
+def store_barrier(store, key: str, world: int, *, timeout_s: float) -> None:
+    """Wait until `world` ranks have reached `key`, through the store alone (no process group)."""
+    store.add(key, 1)
+    deadline = time.monotonic() + timeout_s
+    while store.add(key, 0) < world:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the other ranks did not reach {key} within {timeout_s:g} s")
+        time.sleep(0.01)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    jobs = json.loads(Path(argv[0]).read_text())
+    out = Path(argv[1])
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
+                         timeout=timedelta(seconds=max(j.get("timeout_s", 20) for j in jobs) + 90))
+    for index, job in enumerate(jobs):
+        job = {**job, "index": index}
+        obs = {"rank": rank, "world": world}
+        try:
+            # every rank starts the job together (one may still be leaving a hung collective of the
+            # last job), then joins the job's own process group
+            store_barrier(base, f"start{index}", world, timeout_s=job.get("timeout_s", 20) + 60)
+            dist.init_process_group("gloo", store=dist.PrefixStore(f"job{index}", base), rank=rank,
+                                    world_size=world, timeout=timedelta(seconds=job.get("timeout_s", 20)))
+            fn = load_learner(job["file"], job["function"], f"{index}")
+            HARNESSES[job["exercise"]](fn, job, rank, world, out, obs)    # fills obs as it goes
+        except BaseException as exc:          # the learner's error is an observation, never a crash
+            obs["error"] = describe_error(exc, job["file"])
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+        finally:
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
+        try:
+            text = json.dumps(obs)
+        except (TypeError, ValueError) as exc:        # something unexpected in the observations
+            text = json.dumps({"rank": rank, "world": world,
+                               "error": {"type": "HarnessError", "message": f"observations not JSON: {exc}",
+                                         "where": None, "not_implemented": False}})
+        (out / f"{index}-rank{rank}.json").write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

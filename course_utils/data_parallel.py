@@ -1,0 +1,616 @@
+"""DataParallel measured and simulated: N devices driven by one process (lesson 06).
+
+- `SimulatedDataParallel(n_devices, costs)`: N simulated accelerators stepping together as
+  `nn.DataParallel` drives N GPUs. Each step follows DataParallel's schedule (scatter from
+  device 0, replicate, forward on every device, gather on device 0, backward, reduce, then the
+  optimizer on device 0) with the stage costs of a `course_utils.scaling.StageCosts`. The
+  host's share of each step (the module copies and the forward launch of every replica) is
+  done *for real* on this CPU by a `HostWork`; only the devices are simulated, and every label says "simulated". It
+  presents the simulated accelerator's interface (`type == "sim"`, `step`, `run`,
+  `record_event`, `synchronize`, `busy_seconds`, `label`), so the course's one training loop
+  (`course_utils.train.train`) drives it unchanged.
+- `ChargedPrefetch(loader, transform, dp)`: device-side augmentation computed one batch ahead
+  on another core and charged to device 0 when the batch is used.
+- `measure_dp_costs(model, sample)`: the `StageCosts` of this model: bytes measured on the real
+  model and batch (`dp_sizes`), moved at a stated link bandwidth (`costs_from_sizes`); host work
+  timed on this CPU.
+- `StageClock`: time the stages of a step by name, waiting for every device before reading the
+  clock (a by-hand DataParallel step in the lesson uses it).
+- `PerDeviceMonitor`: utilisation of every device over time (NVML on GPUs, busy time of the
+  simulated ones), for the device-0 imbalance; `gpu_memory(indices)`: per-GPU memory.
+- `plot_schedule(...)`: the simulated devices' stages on a time line (who waits for whom).
+
+Why the devices are simulated on one virtual clock rather than by N device threads: a stage on
+device k waits for a stage on device 0, and a thread woken for that must take Python's
+interpreter lock, which the host holds for up to 5 ms at a time while it runs Python. The
+schedule is therefore computed exactly when a step is launched, from the devices' free times,
+and the host waits only where it would wait for a GPU (`synchronize`, events, a full queue).
+"""
+from __future__ import annotations
+
+import contextlib
+import statistics
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from .scaling import StageCosts, dp_chunk_sizes
+from .sim import (DEFAULT_BANDWIDTH_GBS, DEFAULT_KERNEL_US, DEFAULT_PER_SAMPLE_MS, DEFAULT_STEP_MS, SimEvent,
+                  _batch_size, _KernelCost, _sleep_precise)
+
+__all__ = ["SimulatedDataParallel", "StageInterval", "ChargedPrefetch", "HostWork", "DPSizes", "dp_sizes",
+           "costs_from_sizes", "measure_dp_costs", "StageClock",
+           "PerDeviceMonitor", "gpu_memory", "plot_schedule", "LINK_GB_S", "MEMORY_GB_S"]
+
+# Made-up figures for the simulated machine, named after real hardware:
+LINK_GB_S = 25.0       # device-to-device copies: PCIe 4.0 x16 moves about 25 GB/s each way
+MEMORY_GB_S = 900.0    # on-device memory traffic (summing gradients, the optimizer): V100-class HBM2
+
+
+@dataclass
+class StageInterval:
+    """One stage of one step on one simulated device, in `time.perf_counter()` seconds."""
+    step: int
+    device: int
+    stage: str
+    start_s: float
+    end_s: float
+
+
+class _ScheduledEvent(SimEvent):
+    """A `SimEvent` whose time is known when it is recorded: the moment every device is free."""
+
+    def __init__(self, time_s: float):
+        super().__init__()
+        self.time_s = time_s
+
+    def synchronize(self) -> None:
+        left = self.time_s - time.perf_counter()
+        if left > 0:
+            _sleep_precise(left)
+        self._done.set()
+
+    def query(self) -> bool:
+        return time.perf_counter() >= self.time_s
+
+
+class _DeviceView:
+    """One device of a `SimulatedDataParallel`, for `UtilizationMonitor(sim=...)`."""
+    type = "sim"
+
+    def __init__(self, parent: "SimulatedDataParallel", index: int):
+        self.parent, self.index = parent, index
+
+    def busy_seconds(self) -> float:
+        return self.parent.busy_seconds_per_device()[self.index]
+
+    @property
+    def label(self) -> str:
+        return f"simulated device {self.index} of {self.parent.label}"
+
+
+class SimulatedDataParallel:
+    """`n_devices` simulated accelerators trained like `nn.DataParallel` (lesson 06).
+
+        dp = SimulatedDataParallel(4, costs, host_work=HostWork(...))
+        result = train(None, loader, device=dp, steps=100)   # the course's one loop, unchanged
+
+    `step(batch)` splits the batch as DataParallel does (`dp_chunk_sizes`), does the host's
+    share of the step for real (`host_work(replicas)`, if given) and queues the step's stages
+    on the devices' clock; it returns at once, as a CUDA launch does, unless
+    `max_queued_steps` steps are already waiting. `run(fn, ...)` runs device-side tensor work
+    (augmenting the batch "on device 0") and charges it to device 0 as the course's simulated
+    accelerator does: `kernel_us` per tensor operation plus its bytes at `bandwidth_gbs`.
+    `trace` keeps the last `keep_trace` stage intervals.
+    """
+
+    type = "sim"
+
+    def __init__(self, n_devices: int, costs: StageCosts, *, host_work=None, max_queued_steps: int = 4,
+                 kernel_us: float = DEFAULT_KERNEL_US, bandwidth_gbs: float = DEFAULT_BANDWIDTH_GBS,
+                 keep_trace: int = 400):
+        if n_devices < 1:
+            raise ValueError(f"n_devices must be >= 1, got {n_devices}")
+        if max_queued_steps < 1:
+            raise ValueError("max_queued_steps must be >= 1")
+        if kernel_us < 0 or not bandwidth_gbs > 0:
+            raise ValueError("kernel_us must be >= 0 and bandwidth_gbs > 0")
+        self.n_devices = int(n_devices)
+        self.costs = costs
+        self.host_work = host_work
+        self.max_queued_steps = int(max_queued_steps)
+        self.kernel_us, self.bandwidth_gbs = float(kernel_us), float(bandwidth_gbs)
+        self.trace: deque = deque(maxlen=keep_trace)
+        self.steps_run = 0
+        self._lock = threading.Lock()
+        now = time.perf_counter()
+        self._free = [now] * self.n_devices               # when each device finishes its queued work
+        self._pending = [deque() for _ in range(self.n_devices)]   # busy intervals not yet counted
+        self._done_s = [0.0] * self.n_devices             # busy seconds of intervals already over
+        self._step_ends: deque = deque()
+
+    # -- the simulated accelerator's interface ---------------------------------------------
+    @property
+    def label(self) -> str:
+        from .env import usable_cores
+        c = self.costs
+        return (f"{self.n_devices} simulated accelerator{'s' if self.n_devices > 1 else ''} in DataParallel "
+                f"({c.compute_fixed_ms:g} ms + {c.compute_per_sample_ms:g} ms/sample per replica; on-device "
+                f"tensor work at {self.kernel_us:g} us/kernel + {self.bandwidth_gbs:g} GB/s; host CPU, "
+                f"{usable_cores()} cores)")
+
+    def devices(self) -> list:
+        """One view per device (each has `busy_seconds()` and `label`)."""
+        return [_DeviceView(self, k) for k in range(self.n_devices)]
+
+    def step(self, batch=None) -> None:
+        """Launch one DataParallel training step of `batch` and return (asynchronously)."""
+        size = _batch_size(batch)
+        if size < 1:
+            raise ValueError("SimulatedDataParallel.step needs a batch (a tensor or an (images, labels) pair)")
+        chunks = dp_chunk_sizes(size, self.n_devices)
+        if self.host_work is not None:
+            self.host_work(len(chunks))          # real Python, on this thread, as DataParallel's host does
+        self._wait_for_room()
+        with self._lock:
+            self._schedule(chunks, size, time.perf_counter())
+            self.steps_run += 1
+
+    def cost_of(self, fn, *args, **kwargs):
+        """Run `fn(*args, **kwargs)` on the host and return `(its result, the device time its
+        tensor operations would take)`: `kernel_us` each plus their bytes at `bandwidth_gbs`,
+        counted from the operations (the course's simulated accelerator's rule), not timed."""
+        count = _KernelCost()
+        with count:
+            out = fn(*args, **kwargs)
+        return out, count.kernels * self.kernel_us / 1e3 + count.bytes / (self.bandwidth_gbs * 1e6)
+
+    def run(self, fn, *args, **kwargs):
+        """Device-side tensor work: run `fn` now (its result is real) and charge it to device 0,
+        where DataParallel's batch lives, before whatever is launched next; return its result."""
+        out, ms = self.cost_of(fn, *args, **kwargs)
+        self.launch(ms, device=0, stage="on-device work")
+        return out
+
+    def launch(self, ms: float, *, device: int = 0, stage: str = "work") -> None:
+        """Queue `ms` of work on one device."""
+        if ms < 0:
+            raise ValueError("ms must be >= 0")
+        with self._lock:
+            start = max(time.perf_counter(), self._free[device])
+            self._add(device, stage, start, start + ms / 1e3, self.steps_run)
+
+    def record_event(self) -> SimEvent:
+        """An event reached when every device has finished the work launched before it."""
+        with self._lock:
+            return _ScheduledEvent(max(max(self._free), time.perf_counter()))
+
+    def synchronize(self) -> None:
+        """Wait until every device has finished (like `torch.cuda.synchronize()` on each GPU)."""
+        self.record_event().synchronize()
+
+    def busy_seconds_per_device(self) -> list[float]:
+        """Device time spent so far by each device (the part of running stages already done included)."""
+        now = time.perf_counter()
+        with self._lock:
+            out = []
+            for k in range(self.n_devices):
+                pending = self._pending[k]
+                while pending and pending[0][1] <= now:
+                    start, end = pending.popleft()
+                    self._done_s[k] += end - start
+                running = sum(max(0.0, min(end, now) - start) for start, end in pending)
+                out.append(self._done_s[k] + running)
+            return out
+
+    def busy_seconds(self) -> float:
+        """Mean busy time over the devices (what one `UtilizationMonitor(sim=...)` line shows)."""
+        busy = self.busy_seconds_per_device()
+        return sum(busy) / len(busy)
+
+    def close(self) -> None:
+        """Nothing runs in the background; kept for the simulated accelerator's interface."""
+
+    def __repr__(self) -> str:
+        return f"SimulatedDataParallel(n_devices={self.n_devices}, costs={self.costs!r})"
+
+    # -- the schedule ------------------------------------------------------------------------
+    def _wait_for_room(self) -> None:
+        while True:
+            with self._lock:
+                now = time.perf_counter()
+                while self._step_ends and self._step_ends[0] <= now:
+                    self._step_ends.popleft()
+                if len(self._step_ends) < self.max_queued_steps:
+                    return
+                wait = self._step_ends[0] - now
+            _sleep_precise(wait)
+
+    def _add(self, device: int, stage: str, start: float, end: float, step: int) -> None:
+        if end <= start:
+            return
+        self._pending[device].append((start, end))
+        self._free[device] = max(self._free[device], end)
+        self.trace.append(StageInterval(step, device, stage, start, end))
+
+    def _schedule(self, chunks: list[int], batch_size: int, now: float) -> None:
+        """Queue one step's stages (DataParallel's order; see the module docstring)."""
+        c, step = self.costs, self.steps_run
+        ms = 1e-3
+        used = range(len(chunks))
+        if len(chunks) == 1:      # one device: DataParallel is a pass-through
+            t = max(now, self._free[0])
+            self._add(0, "forward", t, t + c.forward_share * c.compute_ms(batch_size) * ms, step)
+            t += c.forward_share * c.compute_ms(batch_size) * ms
+            self._add(0, "backward", t, t + (1 - c.forward_share) * c.compute_ms(batch_size) * ms, step)
+            t += (1 - c.forward_share) * c.compute_ms(batch_size) * ms
+            self._add(0, "optimizer (device 0)", t, t + c.device0_ms * ms, step)
+            self._step_ends.append(t + c.device0_ms * ms)
+            return
+        moved = batch_size - chunks[0]
+        t = max(now, self._free[0])
+        scatter = moved * c.scatter_ms_per_sample * ms
+        self._add(0, "scatter", t, t + scatter, step)
+        t = max([t + scatter] + [self._free[k] for k in used])
+        for k in used:                                              # NCCL broadcast: every device takes part
+            self._add(k, "replicate", t, t + c.replicate_ms * ms, step)
+        t += c.replicate_ms * ms
+        for k in used:
+            self._add(k, "forward", t, t + c.forward_share * c.compute_ms(chunks[k]) * ms, step)
+        t += c.forward_share * c.compute_ms(chunks[0]) * ms           # the first piece is the largest
+        gather = moved * c.gather_ms_per_sample * ms
+        self._add(0, "gather + loss", t, t + gather, step)        # the loss on logits: next to nothing
+        t += gather
+        for k in used:
+            self._add(k, "backward", t, t + (1 - c.forward_share) * c.compute_ms(chunks[k]) * ms, step)
+        t += (1 - c.forward_share) * c.compute_ms(chunks[0]) * ms
+        for k in used:
+            self._add(k, "reduce", t, t + c.reduce_ms * ms, step)
+        t += c.reduce_ms * ms
+        self._add(0, "optimizer (device 0)", t, t + c.device0_ms * ms, step)
+        self._step_ends.append(t + c.device0_ms * ms)
+
+
+class ChargedPrefetch:
+    """Device-side work on each batch, computed ahead in a background thread and charged to
+    device 0 of a `SimulatedDataParallel` when the batch is used (lesson 06).
+
+    On a GPU, augmenting a batch on device 0 costs the host only the launches; the simulator
+    must compute it on the host to produce real results. Done in the training loop's thread,
+    that computation would stand in the way of the host's real work (its replicas); done here,
+    one batch ahead, it runs on another core, and its device cost (`SimulatedDataParallel.cost_of`)
+    is queued on device 0 just before the step that uses the batch, so the device pays for it,
+    in order. `transform(images, labels)` is a `batch_transform` (e.g. `device_data.AugmentBatch()`).
+    """
+
+    def __init__(self, loader, transform, device: "SimulatedDataParallel", max_prefetch: int = 2):
+        self.loader, self.transform, self.device, self.max_prefetch = loader, transform, device, max_prefetch
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def _costed(self, images, labels):
+        (images, labels), ms = self.device.cost_of(self.transform, images, labels)
+        return images, labels, ms
+
+    def __iter__(self):
+        from .prefetch import BackgroundLoader
+        for images, labels, device_ms in BackgroundLoader(self.loader, self.max_prefetch, transform=self._costed):
+            self.device.launch(device_ms, device=0, stage="on-device work")
+            yield images, labels
+
+
+# -- the host's share, done for real --------------------------------------------------------------
+
+class HostWork:
+    """The host's Python work for each replica of a DataParallel step, done for real (lesson 06).
+
+    For every replica, every step, DataParallel (1) copies the module structure (`replicate`
+    calls `_replicate_for_data_parallel` on each submodule) and (2) runs the replica's forward,
+    whose Python and dispatcher work launches its kernels, all under one interpreter lock.
+    `HostWork(model, probe, probe_input)` does (1) on `model` and (2) as a forward of `probe`
+    (the same architecture, shrunk until its arithmetic costs next to nothing) on
+    `probe_input`, on one CPU thread. Calling it with `m` does that for m replicas, one after
+    the other (DataParallel's threads take turns on the lock anyway; a fresh thread per
+    replica is left out because on a CPU its first operations pay for setting up a thread pool,
+    which kernel launches on a GPU do not). With one replica it is a plain forward launch.
+    """
+
+    def __init__(self, model: torch.nn.Module, probe: torch.nn.Module, probe_input: torch.Tensor):
+        self.modules = list(model.modules())
+        self.probe = probe
+        self.probe_input = probe_input
+
+    def __call__(self, replicas: int) -> None:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            if replicas <= 1:
+                self.probe(self.probe_input)
+                return
+            for _ in range(replicas):
+                for module in self.modules:
+                    module._replicate_for_data_parallel()
+                self.probe(self.probe_input)
+        finally:
+            torch.set_num_threads(threads)
+
+    def per_replica_ms(self, replicas: int = 4, repeats: int = 9) -> float:
+        """Median host time of one step's work for `replicas` replicas, divided by `replicas`."""
+        self(replicas)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            self(replicas)
+            times.append((time.perf_counter() - t0) * 1e3 / replicas)
+        return statistics.median(times)
+
+
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@dataclass
+class DPSizes:
+    """The bytes a DataParallel step moves, measured on the real model (lesson 06): its
+    parameters and buffers, one input sample as it is scattered, one sample's output."""
+    param_bytes: int
+    buffer_bytes: int
+    input_bytes: int
+    output_bytes: int
+
+
+def dp_sizes(model: torch.nn.Module, sample: torch.Tensor) -> DPSizes:
+    """Measure `DPSizes` of `model` for inputs shaped like `sample` (one item of the batch):
+    the output size comes from one forward of two samples (eval mode, no gradients)."""
+    params = list(model.parameters())
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        out = model(sample.unsqueeze(0).expand(2, *sample.shape).to(params[0].device).float())
+    model.train(was_training)
+    return DPSizes(_nbytes(params), _nbytes(model.buffers()), sample.numel() * sample.element_size(),
+                   out[0].numel() * out.element_size())
+
+
+def costs_from_sizes(sizes: DPSizes, *, host_ms_per_replica: float = 0.0, host_note: str = "not measured",
+                     link_gb_s: float = LINK_GB_S, memory_gb_s: float = MEMORY_GB_S,
+                     compute_fixed_ms: float = DEFAULT_STEP_MS,
+                     compute_per_sample_ms: float = DEFAULT_PER_SAMPLE_MS) -> StageCosts:
+    """The `StageCosts` of a simulated machine moving `sizes` over `link_gb_s` links (lesson 06);
+    see `measure_dp_costs` for what is measured and what is made up."""
+    link = link_gb_s * 1e9 / 1e3          # bytes per ms
+    memory = memory_gb_s * 1e9 / 1e3
+    p, b = sizes.param_bytes, sizes.buffer_bytes
+    notes = {
+        "compute_fixed_ms": "made up: the course's simulated accelerator (per replica, forward + backward)",
+        "compute_per_sample_ms": "made up: the course's simulated accelerator",
+        "scatter_ms_per_sample": f"measured {sizes.input_bytes:,} bytes per input sample / {link_gb_s:g} GB/s link (made up)",
+        "gather_ms_per_sample": f"measured {sizes.output_bytes:,} bytes per output, there and its gradient back, "
+                                f"/ {link_gb_s:g} GB/s",
+        "replicate_ms": f"measured {(p + b) / 1e6:,.1f} MB of parameters and buffers / {link_gb_s:g} GB/s",
+        "reduce_ms": f"{p / 1e6:,.1f} MB of gradients / {link_gb_s:g} GB/s, summed at {memory_gb_s:g} GB/s (made up)",
+        "device0_ms": f"optimizer (SGD + momentum: 5 passes over {p / 1e6:,.1f} MB) at {memory_gb_s:g} GB/s; "
+                      "the loss on the outputs is negligible",
+        "host_ms_per_replica": host_note,
+        "forward_share": "made up: backward costs about twice the forward",
+    }
+    return StageCosts(
+        compute_fixed_ms=compute_fixed_ms, compute_per_sample_ms=compute_per_sample_ms,
+        scatter_ms_per_sample=sizes.input_bytes / link, gather_ms_per_sample=2 * sizes.output_bytes / link,
+        replicate_ms=(p + b) / link, reduce_ms=p / link + 3 * p / memory, device0_ms=5 * p / memory,
+        host_ms_per_replica=host_ms_per_replica, notes=notes)
+
+
+def measure_dp_costs(model: torch.nn.Module, sample: torch.Tensor, *, host_work: HostWork | None = None,
+                     link_gb_s: float = LINK_GB_S, memory_gb_s: float = MEMORY_GB_S,
+                     compute_fixed_ms: float = DEFAULT_STEP_MS,
+                     compute_per_sample_ms: float = DEFAULT_PER_SAMPLE_MS) -> StageCosts:
+    """The `StageCosts` of training `model` with DataParallel on a simulated machine (lesson 06).
+
+    Measured here: the bytes of the model's parameters and buffers, of one input sample
+    (`sample`, shaped like one item of the batch as it is scattered) and of one sample's output
+    (`dp_sizes`), and the host's work per replica (`host_work`, timed on this CPU). Made up, and
+    stated: the replica's compute (the course's simulated accelerator: `compute_fixed_ms` +
+    `compute_per_sample_ms` per sample), the speed of the links between devices (`link_gb_s`)
+    and of the devices' own memory (`memory_gb_s`).
+    """
+    from .env import cpu_name
+    host_ms = host_work.per_replica_ms() if host_work is not None else 0.0
+    note = (f"measured on this CPU ({cpu_name()}): module copies + a forward launch" if host_work is not None
+            else "not measured (no host work)")
+    return costs_from_sizes(dp_sizes(model, sample), host_ms_per_replica=host_ms, host_note=note,
+                            link_gb_s=link_gb_s, memory_gb_s=memory_gb_s, compute_fixed_ms=compute_fixed_ms,
+                            compute_per_sample_ms=compute_per_sample_ms)
+
+
+# -- timing stages of a real step ------------------------------------------------------------------
+
+class StageClock:
+    """Time the named stages of a step, waiting for the devices around each (lesson 06).
+
+        clock = StageClock(devices)
+        with clock("scatter"):
+            ...
+        clock.medians_ms()      # {"scatter": ..., ...}, median over the steps timed
+
+    On CUDA devices every device in `devices` is synchronised before and after the stage, so
+    each stage's time is its own (this serialises stages that DataParallel would overlap: it
+    is for seeing the stages, not for the fastest step). On a CPU there is nothing to wait for.
+    `enabled=False` records nothing (warm-up steps).
+    """
+
+    def __init__(self, devices):
+        self.devices = [torch.device(d) for d in devices]
+        self.times_ms: dict[str, list[float]] = {}
+        self.enabled = True
+
+    def _sync(self) -> None:
+        for d in self.devices:
+            if d.type == "cuda":
+                torch.cuda.synchronize(d)
+
+    @contextlib.contextmanager
+    def __call__(self, stage: str):
+        self._sync()
+        t0 = time.perf_counter()
+        yield
+        self._sync()
+        if self.enabled:
+            self.times_ms.setdefault(stage, []).append((time.perf_counter() - t0) * 1e3)
+
+    def medians_ms(self) -> dict[str, float]:
+        return {stage: statistics.median(ts) for stage, ts in self.times_ms.items()}
+
+
+# -- utilisation and memory of every device ----------------------------------------------------------
+
+def _nvml_handle(cuda_index: int):
+    """The NVML handle of CUDA device `cuda_index`, matched by UUID (NVML numbers GPUs in its
+    own order, and CUDA_VISIBLE_DEVICES renumbers them for CUDA only), else by PCI bus id."""
+    import pynvml
+    props = torch.cuda.get_device_properties(cuda_index)
+    uuid = str(getattr(props, "uuid", "") or "")
+    if uuid:
+        uuid = uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+        for value in (uuid, uuid.encode()):            # nvidia-ml-py versions take str or bytes
+            try:
+                return pynvml.nvmlDeviceGetHandleByUUID(value)
+            except Exception:
+                continue
+    bus = getattr(props, "pci_bus_id", None)
+    if bus is not None:
+        pci = f"{getattr(props, 'pci_domain_id', 0):08x}:{bus:02x}:{getattr(props, 'pci_device_id', 0):02x}.0"
+        return pynvml.nvmlDeviceGetHandleByPciBusId(pci)
+    raise RuntimeError(f"cannot match CUDA device {cuda_index} to an NVML device")
+
+
+def gpu_memory(indices) -> list[dict]:
+    """Per CUDA device: the allocator's peak and current bytes and NVML's "used" (which adds the
+    CUDA context and the allocator's cache), in MiB."""
+    rows = []
+    handles = {}
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        handles = {i: _nvml_handle(i) for i in indices}
+    except Exception:
+        pynvml = None
+    for i in indices:
+        row = {"device": i, "peak_allocated_mib": torch.cuda.max_memory_allocated(i) / 2**20,
+               "allocated_mib": torch.cuda.memory_allocated(i) / 2**20,
+               "reserved_mib": torch.cuda.memory_reserved(i) / 2**20, "nvml_used_mib": None}
+        if i in handles:
+            row["nvml_used_mib"] = pynvml.nvmlDeviceGetMemoryInfo(handles[i]).used / 2**20
+        rows.append(row)
+    if handles:
+        pynvml.nvmlShutdown()
+    return rows
+
+
+class PerDeviceMonitor:
+    """Sample every device's utilisation in a background thread (lesson 06).
+
+    `source` is a `SimulatedDataParallel` (busy share of each simulated device per interval)
+    or a list of CUDA device indices (NVML's utilisation, as `nvidia-smi` shows it).
+    After the `with` block: `t_s` (T,), `util` (T, devices) in %, `mean_util()` per device,
+    `simulated`, `label`.
+    """
+
+    def __init__(self, source, interval_s: float = 0.1):
+        self.source = source
+        self.interval_s = interval_s
+        self.simulated = isinstance(source, SimulatedDataParallel)
+        self.t_s: list[float] = []
+        self.util: list[list[float]] = []
+        self._stop = threading.Event()
+        self._thread = None
+
+    @property
+    def label(self) -> str:
+        if self.simulated:
+            return self.source.label
+        return ", ".join(f"{torch.cuda.get_device_name(i)} (cuda:{i})" for i in self.source)
+
+    def __enter__(self) -> "PerDeviceMonitor":
+        if self.simulated:
+            self._last = self.source.busy_seconds_per_device()
+        else:
+            import pynvml
+            pynvml.nvmlInit()
+            self._handles = [_nvml_handle(i) for i in self.source]
+        self._t0 = self._last_t = time.perf_counter()
+        self._thread = threading.Thread(target=self._run, name="per-device-monitor", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+        if not self.simulated:
+            import pynvml
+            pynvml.nvmlShutdown()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+
+    def _sample(self) -> None:
+        now = time.perf_counter()
+        if self.simulated:
+            busy = self.source.busy_seconds_per_device()
+            dt = max(now - self._last_t, 1e-9)
+            self.util.append([min(100.0, 100.0 * (b - a) / dt) for a, b in zip(self._last, busy)])
+            self._last = busy
+        else:
+            import pynvml
+            self.util.append([float(pynvml.nvmlDeviceGetUtilizationRates(h).gpu) for h in self._handles])
+        self.t_s.append(now - self._t0)
+        self._last_t = now
+
+    def mean_util(self) -> list[float]:
+        """Each device's mean utilisation over the samples, in %."""
+        if not self.util:
+            return []
+        n = len(self.util[0])
+        return [sum(row[k] for row in self.util) / len(self.util) for k in range(n)]
+
+
+def plot_schedule(intervals, *, steps: int = 3, ax=None, title: str | None = None):
+    """Draw the last `steps` steps of a `SimulatedDataParallel.trace`: one row per device,
+    one coloured bar per stage. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    from .plotting import stamp
+
+    intervals = list(intervals)
+    if not intervals:
+        raise ValueError("no intervals to plot: run some steps first")
+    last = max(i.step for i in intervals)
+    shown = [i for i in intervals if i.step > last - steps]
+    t0 = min(i.start_s for i in shown)
+    devices = sorted({i.device for i in shown})
+    colours = {"scatter": "tab:orange", "replicate": "tab:purple", "forward": "tab:blue", "gather + loss": "tab:red",
+               "backward": "tab:cyan", "reduce": "tab:pink", "optimizer (device 0)": "tab:brown",
+               "on-device work": "tab:olive"}
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(10, 0.5 + 0.45 * len(devices)))
+    fig = ax.figure
+    seen = set()
+    for i in shown:
+        colour = colours.get(i.stage, "tab:grey")
+        ax.barh(i.device, (i.end_s - i.start_s) * 1e3, left=(i.start_s - t0) * 1e3, color=colour,
+                label=None if i.stage in seen else i.stage, edgecolor="white", linewidth=0.3)
+        seen.add(i.stage)
+    ax.set_yticks(devices, [f"device {d}" for d in devices])
+    ax.invert_yaxis()
+    ax.set_xlabel("ms")
+    ax.set_title(title or f"{len(devices)} simulated devices in DataParallel: the last {steps} steps")
+    ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.3 if len(devices) < 4 else -0.18))
+    fig.tight_layout()
+    stamp(fig, "simulated devices (made-up compute and links; host work real)")
+    return fig

@@ -1,0 +1,404 @@
+"""Launch torchrun programs from a notebook, and leave nothing behind (lesson 07).
+
+DistributedDataParallel runs one *process* per device. Jupyter cannot start those processes
+from functions defined in a notebook (`mp.spawn` pickles functions by name, and a notebook's
+`__main__` cannot be imported by a child), so lesson 07's programs are files in
+`notebooks/scripts/` and this module starts them the way a real job does, with `torchrun`:
+
+    result = torchrun("ddp_hello.py", nproc=2, timeout_s=60)      # a file in notebooks/scripts/
+    result.result      # the JSON that rank 0 passed to report()
+    result.output      # every rank's output, each line prefixed "[rank N] "
+    torchrun("ddp_hello.py", nnodes=2, nproc=1, timeout_s=60)     # two "nodes" meeting at a rendezvous
+
+What `torchrun()` guarantees:
+- `nproc` processes (default: one per GPU, or 2 on a machine without one) on the backend that
+  fits the machine: nccl on GPUs, gloo on the CPU. The program reads it from env
+  `COURSE_BACKEND` (`backend()` below), and its device from `rank_device()`.
+- `OMP_NUM_THREADS` per rank = the usable cores divided among the ranks (`threads_per_rank()`),
+  so N ranks do not each start one thread per core and fight over them.
+- Output is streamed live, each line prefixed by the rank that printed it.
+- Rank 0's `report(obj)` comes back as `LaunchResult.result` (JSON through a file).
+- Every launch has a timeout. On timeout, on Ctrl-C / the notebook's stop button
+  (`KeyboardInterrupt`), or on any error, the whole tree is stopped: torchrun, its ranks and
+  their DataLoader workers, SIGTERM first and SIGKILL after a grace period. Processes are
+  found by an id in their environment (`COURSE_LAUNCH_ID`) as well as by parentage, so a rank
+  whose parent already died is found too. If the notebook's kernel itself dies, torchrun gets
+  SIGTERM from the kernel's death (Linux `PR_SET_PDEATHSIG`) and stops its ranks.
+
+`launched_processes()` lists any process still alive from a launch (the lesson and the tests
+use it to show that none is left).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = [
+    "torchrun", "LaunchResult", "LaunchError", "LaunchTimeout", "default_nproc", "default_backend",
+    "threads_per_rank", "launched_processes", "stop_processes", "report", "backend", "rank_device",
+    "rank_info", "RankInfo", "LAUNCH_ID_ENV", "SCRIPTS",
+]
+
+LAUNCH_ID_ENV = "COURSE_LAUNCH_ID"
+RESULT_ENV = "COURSE_RESULT_FILE"
+BACKEND_ENV = "COURSE_BACKEND"
+SCRIPTS = Path(__file__).resolve().parent.parent / "notebooks" / "scripts"
+_PRINT_LOCK = threading.Lock()
+_RANK_PREFIX = re.compile(r"^\[[A-Za-z_]*?(\d+)\]:")
+
+
+class LaunchError(RuntimeError):
+    """A launch that failed: a rank raised or exited non-zero. `.result` holds what was known."""
+
+    def __init__(self, message: str, result: "LaunchResult"):
+        super().__init__(message)
+        self.result = result
+
+
+class LaunchTimeout(LaunchError):
+    """A launch stopped because it ran past its timeout (everything it started was killed)."""
+
+
+@dataclass
+class LaunchResult:
+    """What one `torchrun()` launch did."""
+    command: list[str]
+    nproc: int
+    backend: str
+    threads_per_rank: int
+    returncode: int | None
+    seconds: float
+    output: str = ""
+    result: dict | list | None = None
+    timed_out: bool = False
+    interrupted: bool = False
+    survivors: list[int] = field(default_factory=list)   # pids still alive after cleanup (should be [])
+    commands: list[list[str]] = field(default_factory=list)  # one per node (torchrun agent)
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out and not self.interrupted
+
+    def lines(self, rank: int | None = None) -> list[str]:
+        """Output lines, all or only those of `rank` (without the prefix)."""
+        out = []
+        for line in self.output.splitlines():
+            m = re.match(r"^\[rank (\d+)\] ?(.*)$", line)
+            if rank is None:
+                out.append(line)
+            elif m and int(m.group(1)) == rank:
+                out.append(m.group(2))
+        return out
+
+    def __str__(self) -> str:
+        state = ("timed out" if self.timed_out else "interrupted" if self.interrupted
+                 else f"exit status {self.returncode}")
+        return (f"torchrun: {self.nproc} process(es) on {self.backend}, {self.threads_per_rank} thread(s) "
+                f"each: {state} after {self.seconds:.1f} s")
+
+
+# -- choices that depend on the machine ----------------------------------------------------------
+
+def _cuda_count() -> int:
+    """GPUs the launched ranks may use: every visible one (CUDA_VISIBLE_DEVICES restricts them),
+    none when env COURSE_DEVICE asks for the CPU or the simulator (lesson 07 then runs on gloo)."""
+    from .env import course_device_choice
+    if course_device_choice() in ("cpu", "sim"):
+        return 0
+    try:
+        import torch
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:
+        return 0
+
+
+def default_nproc() -> int:
+    """One process per GPU; 2 on a machine without one (gloo on the CPU)."""
+    return _cuda_count() or 2
+
+
+def default_backend() -> str:
+    """nccl where there are GPUs, gloo on the CPU (or with COURSE_DEVICE=cpu / sim)."""
+    return "nccl" if _cuda_count() else "gloo"
+
+
+def threads_per_rank(nproc: int) -> int:
+    """CPU threads each rank may use: the usable cores shared out among the ranks (at least 1)."""
+    from .env import usable_cores
+    return max(1, usable_cores() // max(1, int(nproc)))
+
+
+# -- the launch ------------------------------------------------------------------------------------
+
+def _set_parent_death_signal():
+    """Runs in the child before exec: SIGTERM it if the launching process dies (Linux only)."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)          # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+def torchrun(program, *args, nproc: int | None = None, nnodes: int = 1, module: bool = False,
+             timeout_s: float = 120, backend: str | None = None, threads: int | None = None,
+             env: dict | None = None, echo: bool = True, check: bool = True, cwd=None, torchrun_args=(),
+             grace_s: float = 3.0) -> LaunchResult:
+    """Run `torchrun --nproc_per_node=N program args...` and wait for it (lesson 07).
+
+    `program` is a script path (relative paths are tried as given, then under
+    `notebooks/scripts/`), or a module name with `module=True` (`torchrun -m`). `timeout_s`
+    bounds the whole launch; past it every process of the launch is killed and
+    `LaunchTimeout` raised. With `check=True` a failed launch raises `LaunchError` naming the
+    failing rank and its error; with `check=False` the result says what happened.
+    `echo` streams the ranks' output as it comes. `env` adds variables for every rank.
+
+    `nnodes > 1` starts that many torchrun agents on this machine, each with `nproc` ranks,
+    meeting through a c10d rendezvous on a local port, exactly as agents on N machines would
+    (`LaunchResult.command` is the first node's command line; `.commands` all of them).
+    Otherwise one agent runs with `--standalone`.
+    """
+    if timeout_s is None or not timeout_s > 0:
+        raise ValueError("every launch needs a positive timeout_s")
+    nproc, nnodes = int(nproc or default_nproc()), int(nnodes)
+    if nproc < 1 or nnodes < 1:
+        raise ValueError(f"nproc and nnodes must be >= 1; got {nproc} and {nnodes}")
+    backend = backend or default_backend()
+    threads = int(threads or threads_per_rank(nproc * nnodes))
+    target = str(program) if module else str(_find_program(program))
+    workdir = Path(tempfile.mkdtemp(prefix="course-launch-"))
+    launch_id = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    result_file = workdir / "result.json"
+    run_env = dict(os.environ)
+    run_env.update({
+        LAUNCH_ID_ENV: launch_id, RESULT_ENV: str(result_file), BACKEND_ENV: backend,
+        "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": os.pathsep.join([str(SCRIPTS.parent.parent)] +
+                                      ([run_env["PYTHONPATH"]] if run_env.get("PYTHONPATH") else [])),
+    })
+    for leftover in ("TORCHELASTIC_RUN_ID", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        run_env.pop(leftover, None)     # launched from inside a rank: start a new job, not join that one
+    if env:
+        run_env.update({k: str(v) for k, v in env.items()})
+    if nnodes == 1:
+        rendezvous = [["--standalone"]]
+    else:
+        endpoint = f"127.0.0.1:{_free_port()}"
+        rendezvous = [[f"--nnodes={nnodes}", f"--node_rank={i}", "--rdzv_backend=c10d",
+                       f"--rdzv_endpoint={endpoint}", f"--rdzv_id={launch_id}"] for i in range(nnodes)]
+    commands = []
+    for i, rdzv in enumerate(rendezvous):
+        command = [sys.executable, "-m", "torch.distributed.run", *rdzv, f"--nproc_per_node={nproc}",
+                   "--tee=3", f"--log_dir={workdir / f'logs-{i}'}", "--log_line_prefix_template=[rank${rank}]:",
+                   *map(str, torchrun_args)]
+        commands.append(command + (["-m", target] if module else [target]) + [str(a) for a in args])
+
+    result = LaunchResult(commands[0], nproc * nnodes, backend, threads, None, 0.0)
+    result.commands = commands
+    lines: list[str] = []
+    procs, readers = [], []
+    t0 = time.perf_counter()
+    try:
+        for command in commands:
+            proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=run_env, cwd=cwd, start_new_session=True,
+                                    text=True, errors="replace", bufsize=1,
+                                    preexec_fn=_set_parent_death_signal if sys.platform == "linux" else None)
+            procs.append(proc)
+            reader = threading.Thread(target=_pump, args=(proc.stdout, lines, echo), name="torchrun-output",
+                                      daemon=True)
+            reader.start()
+            readers.append(reader)
+        deadline = t0 + timeout_s
+        while any(p.poll() is None for p in procs):
+            if time.perf_counter() > deadline:
+                result.timed_out = True
+                break
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        result.interrupted = True
+        raise
+    finally:
+        if any(p.poll() is None for p in procs) or result.timed_out or result.interrupted:
+            for p in procs:
+                stop_processes(launch_id, root=p, grace_s=grace_s)
+        stop_processes(launch_id, grace_s=grace_s)          # anything a rank left behind
+        for reader in readers:
+            reader.join(timeout=5)
+        codes = [p.poll() for p in procs]
+        result.returncode = next((c for c in codes if c), codes[0] if codes else None)
+        result.seconds = time.perf_counter() - t0
+        result.output = "\n".join(lines)
+        result.survivors = [p.pid for p in launched_processes(launch_id)]
+        if result_file.exists():
+            try:
+                result.result = json.loads(result_file.read_text())
+            except json.JSONDecodeError:
+                result.result = None
+        shutil.rmtree(workdir, ignore_errors=True)
+    if result.timed_out:
+        raise LaunchTimeout(f"the launch ran past its timeout of {timeout_s:g} s and was stopped "
+                            f"(torchrun and all {result.nproc} ranks killed){_last_words(result)}", result)
+    if check and result.returncode != 0:
+        raise LaunchError(f"the launch failed (exit status {result.returncode}){_last_words(result)}", result)
+    return result
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _find_program(program) -> Path:
+    path = Path(program)
+    for candidate in (path, SCRIPTS / path, SCRIPTS / path.name):
+        if candidate.is_file():
+            return candidate.resolve()
+    raise FileNotFoundError(f"no program {program!r} (looked in the current folder and in {SCRIPTS})")
+
+
+def _pump(stream, lines: list[str], echo: bool) -> None:
+    """Copy torchrun's output line by line, renaming its '[rank0]:' prefixes '[rank 0] '."""
+    for raw in iter(stream.readline, ""):
+        line = raw.rstrip("\n")
+        m = _RANK_PREFIX.match(line)
+        if m:
+            line = f"[rank {m.group(1)}] {line[m.end():]}"
+        with _PRINT_LOCK:        # several agents (nodes) print from their own threads
+            lines.append(line)
+            if echo and m:       # torchrun's own log lines and tracebacks stay in .output only
+                sys.stdout.write(line + "\n")
+                sys.stdout.flush()
+    stream.close()
+
+
+def _last_words(result: LaunchResult) -> str:
+    """The error line of the first rank whose output ends in a traceback, for the exception's message."""
+    error_line = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Timeout)\b.*|^[\w.]+Error$")
+    by_rank: dict[int, str] = {}
+    for line in result.output.splitlines():
+        m = re.match(r"^\[rank (\d+)\] (?:\[rank\d+\]: )?(.*)$", line)
+        if m and error_line.match(m.group(2).strip()):
+            by_rank.setdefault(int(m.group(1)), m.group(2).strip())
+    if not by_rank:
+        ranked = [ln for ln in result.output.splitlines() if re.match(r"^\[rank \d+\] \S", ln)]
+        tail = ranked[-3:] or [ln for ln in result.output.splitlines() if ln.strip()][-3:]
+        return (":\n  " + "\n  ".join(tail)) if tail else ""
+    return ":\n  " + "\n  ".join(f"rank {r}: {msg[:400]}" for r, msg in sorted(by_rank.items()))
+
+
+# -- finding and stopping processes ---------------------------------------------------------------
+
+def launched_processes(launch_id: str | None = None) -> list:
+    """Processes alive that a launch started (any launch, or the one with `launch_id`), found by
+    the id in their environment: torchrun, its ranks, their DataLoader workers."""
+    import psutil
+    me = os.getpid()
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        if proc.pid == me:
+            continue
+        try:
+            value = proc.environ().get(LAUNCH_ID_ENV)
+            if value is None or (launch_id is not None and value != launch_id):
+                continue
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            continue
+    return found
+
+
+def stop_processes(launch_id: str, *, root=None, grace_s: float = 3.0) -> list[int]:
+    """Stop every process of a launch: SIGTERM (torchrun forwards it to its ranks), then SIGKILL
+    whatever is left after `grace_s`. Returns the pids that had to be stopped."""
+    import psutil
+    procs = {}
+    if root is not None:
+        try:
+            parent = psutil.Process(root.pid)
+            procs[parent.pid] = parent
+            for child in parent.children(recursive=True):
+                procs[child.pid] = child
+        except psutil.NoSuchProcess:
+            pass
+    for p in launched_processes(launch_id):
+        procs[p.pid] = p
+    if not procs:
+        if root is not None:
+            root.wait()
+        return []
+    for p in procs.values():
+        try:
+            p.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(list(procs.values()), timeout=grace_s)
+    for p in alive + launched_processes(launch_id):
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=grace_s)
+    if root is not None:
+        try:
+            root.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+    return sorted(procs)
+
+
+# -- what a launched program uses (rank side) ------------------------------------------------------
+
+@dataclass(frozen=True)
+class RankInfo:
+    """Who this process is in the job torchrun started."""
+    rank: int          # 0 .. world_size-1 across all nodes
+    local_rank: int    # 0 .. nproc_per_node-1 on this node: which GPU to use
+    world_size: int
+    backend: str
+    device: object     # torch.device: cuda:<local_rank> with nccl, cpu with gloo
+
+
+def backend() -> str:
+    """The backend the launcher chose (env COURSE_BACKEND), else nccl with GPUs and gloo without."""
+    return os.environ.get(BACKEND_ENV) or default_backend()
+
+
+def rank_device():
+    """This rank's device: `cuda:LOCAL_RANK` when the backend is nccl, else the CPU."""
+    import torch
+    if backend() == "nccl":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return torch.device("cpu")
+
+
+def rank_info() -> RankInfo:
+    """RANK, LOCAL_RANK and WORLD_SIZE as torchrun set them, with the backend and device."""
+    return RankInfo(int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0)),
+                    int(os.environ.get("WORLD_SIZE", 1)), backend(), rank_device())
+
+
+def report(obj) -> None:
+    """Hand `obj` (anything JSON can hold) back to the notebook that launched this program.
+    Only rank 0's report counts; other ranks' calls do nothing."""
+    path = os.environ.get(RESULT_ENV)
+    if int(os.environ.get("RANK", 0)) != 0 or not path:
+        return
+    tmp = Path(path).with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj))
+    tmp.replace(path)

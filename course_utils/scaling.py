@@ -1,0 +1,318 @@
+"""How data parallelism scales: a step on N devices, predicted stage by stage and fitted (lesson 06).
+
+`nn.DataParallel` runs one process and one Python thread per device. Every step it
+(1) splits the batch, which the loader put on device 0, and copies each piece to its device
+(*scatter*), (2) copies the parameters to every device (*replicate*), (3) runs the replicas
+side by side (*parallel apply*), (4) copies the outputs back to device 0 (*gather*), computes
+the loss there, runs backward on every device and (5) sums the gradients into device 0's
+parameters (*reduce*), where (6) the optimizer steps. Only (3) and the backward shrink with
+more devices; everything else is paid once per step, most of it by device 0.
+
+- `dp_chunk_sizes(batch_size, n_devices)`: how DataParallel splits a batch (`torch.chunk`:
+  pieces of ceil(B/n), the last one smaller, so fewer than n devices may get work).
+- `StageCosts`: what each stage of one step costs, in ms, with a note saying where each
+  figure came from (measured on this machine, or made up and named).
+- `predict_dp(costs, n_devices, batch_size, loader_samples_per_s)`: samples/s, scaling
+  efficiency, what bounds the run (loader, host or devices) and each device's utilisation.
+- `dp_memory(...)`: the bytes each device holds during a step (device 0 holds more).
+- `fit_scaling(n_devices, step_ms)`: the model "step = serial + parallel / n + per_device x (n-1)"
+  fitted by least squares to measured step times, to predict devices you have not measured.
+- `pipeline_schedule(n_stages, micro_batches, ...)`: model parallelism instead: when each device
+  of a model split into stages works, and how idle they are.
+
+Lesson 07 reuses `StageCosts` and `fit_scaling` to reason about DDP against DP.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+
+__all__ = ["dp_chunk_sizes", "StageCosts", "DPPrediction", "predict_dp", "dp_memory",
+           "ScalingFit", "fit_scaling", "PipelineSchedule", "pipeline_schedule"]
+
+
+def dp_chunk_sizes(batch_size: int, n_devices: int) -> list[int]:
+    """The sizes DataParallel splits `batch_size` samples into for `n_devices` (lesson 06).
+
+    DataParallel's scatter calls `tensor.chunk(n_devices)`: every piece has ceil(B / n)
+    samples except the last, which has what is left, and pieces that would be empty are not
+    made. So 10 samples on 4 devices are 3, 3, 3, 1, and 5 samples on 4 devices are 2, 2, 1:
+    only three devices get work.
+    """
+    if batch_size < 1 or n_devices < 1:
+        raise ValueError(f"batch_size and n_devices must be >= 1, got {batch_size} and {n_devices}")
+    size = math.ceil(batch_size / n_devices)
+    sizes = []
+    left = batch_size
+    while left > 0:
+        sizes.append(min(size, left))
+        left -= sizes[-1]
+    return sizes
+
+
+@dataclass
+class StageCosts:
+    """What one DataParallel step costs, stage by stage, in milliseconds (lesson 06).
+
+    compute_fixed_ms, compute_per_sample_ms: forward + backward of one replica on a piece of
+        c samples takes compute_fixed_ms + compute_per_sample_ms * c (each device, in parallel);
+    scatter_ms_per_sample: copying one sample of the input from device 0 to another device;
+    gather_ms_per_sample: copying one sample's output to device 0 (and its gradient back);
+    replicate_ms: copying the parameters and buffers from device 0 to the others, once per
+        step when two or more devices are used (DataParallel broadcasts with NCCL, which
+        pipelines the copy: the bytes cross each link once whatever the number of devices,
+        and every device takes part);
+    reduce_ms: summing the replicas' gradients into device 0's (an NCCL reduce: likewise);
+    device0_ms: what only device 0 does: the loss on the gathered outputs, the optimizer step;
+    host_ms_per_replica: the host's Python work per replica per step (copying the module
+        structure, the replica's thread, launching its kernels); the host does it for every
+        replica, one after the other, under one interpreter lock;
+    forward_share: the forward pass's share of compute (the rest is backward).
+
+    `notes` maps a field name to where its figure came from; `describe()` prints them.
+    """
+    compute_fixed_ms: float
+    compute_per_sample_ms: float
+    scatter_ms_per_sample: float = 0.0
+    gather_ms_per_sample: float = 0.0
+    replicate_ms: float = 0.0
+    reduce_ms: float = 0.0
+    device0_ms: float = 0.0
+    host_ms_per_replica: float = 0.0
+    forward_share: float = 1.0 / 3.0
+    notes: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self):
+        for f in fields(self):
+            if f.name == "notes":
+                continue
+            value = getattr(self, f.name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"StageCosts.{f.name} must be a finite number >= 0, got {value!r}")
+        if not 0 < self.forward_share < 1:
+            raise ValueError(f"forward_share must be between 0 and 1, got {self.forward_share}")
+
+    def compute_ms(self, samples: int) -> float:
+        """Forward + backward of one replica on `samples` samples."""
+        return self.compute_fixed_ms + self.compute_per_sample_ms * samples
+
+    def describe(self) -> str:
+        """One line per stage: its cost and where the figure came from."""
+        lines = []
+        for f in fields(self):
+            if f.name == "notes":
+                continue
+            note = self.notes.get(f.name, "")
+            lines.append(f"{f.name:24s} {getattr(self, f.name):10.4f}" + (f"   {note}" if note else ""))
+        return "\n".join(lines)
+
+
+@dataclass
+class DPPrediction:
+    """What `predict_dp` expects of one configuration (lesson 06). Times in ms per step."""
+    n_devices: int
+    batch_size: int
+    chunks: list
+    device_ms: float              # the devices' share of a step (serial stages + the slowest piece)
+    host_ms: float                # the host's Python work per step
+    loader_ms: float              # the loader's time to produce one batch (0 for an unlimited loader)
+    samples_per_s: float
+    efficiency: float             # samples_per_s / (n_devices x one device at the per-device batch)
+    bound: str                    # "loader", "host" or "devices": the slowest of the three
+    breakdown: dict               # device time by stage: compute, scatter + gather, replicate + reduce, device 0
+    utilisation: list             # each device's busy share of a step
+
+    @property
+    def step_ms(self) -> float:
+        return max(self.device_ms, self.host_ms, self.loader_ms)
+
+    @property
+    def devices_used(self) -> int:
+        return len(self.chunks)
+
+
+def _device_ms(costs: StageCosts, chunks: list[int], batch_size: int) -> tuple[float, dict]:
+    biggest, used = chunks[0], len(chunks)
+    moved = batch_size - biggest                         # samples that leave (and return to) device 0
+    parts = {
+        "compute (slowest piece)": costs.compute_ms(biggest),
+        "scatter + gather": moved * (costs.scatter_ms_per_sample + costs.gather_ms_per_sample),
+        "replicate + reduce": (costs.replicate_ms + costs.reduce_ms) if used > 1 else 0.0,
+        "device 0 only (loss, optimizer)": costs.device0_ms,
+    }
+    return sum(parts.values()), parts
+
+
+def predict_dp(costs: StageCosts, n_devices: int, batch_size: int,
+               loader_samples_per_s: float = math.inf) -> DPPrediction:
+    """Predict a DataParallel step on `n_devices` at global batch `batch_size` (lesson 06).
+
+    The devices' time per step is the serial stages plus the slowest piece's compute; the
+    host's is `host_ms_per_replica` for each replica; the loader needs batch / its samples/s.
+    The three work at the same time (the host runs ahead of the devices, the loader's workers
+    run ahead of the host), so the slowest sets the pace. Efficiency compares with
+    `n_devices` independent devices, each training alone on the per-device batch (the first
+    piece) from the same loader.
+    """
+    if not loader_samples_per_s > 0:
+        raise ValueError(f"loader_samples_per_s must be > 0, got {loader_samples_per_s}")
+    chunks = dp_chunk_sizes(batch_size, n_devices)
+    device_ms, parts = _device_ms(costs, chunks, batch_size)
+    host_ms = costs.host_ms_per_replica * len(chunks)
+    loader_ms = 1e3 * batch_size / loader_samples_per_s if math.isfinite(loader_samples_per_s) else 0.0
+    step_ms = max(device_ms, host_ms, loader_ms)
+    samples_per_s = 1e3 * batch_size / step_ms if step_ms > 0 else math.inf
+    bound = max([("loader", loader_ms), ("host", host_ms), ("devices", device_ms)], key=lambda kv: kv[1])[0]
+    collective = parts["replicate + reduce"]          # NCCL's broadcast and reduce run on every device used
+    busy = [device_ms] + [collective + costs.compute_ms(c) for c in chunks[1:]]
+    busy += [0.0] * (n_devices - len(chunks))
+    utilisation = [b / step_ms if step_ms > 0 else 0.0 for b in busy]
+    if n_devices == 1:
+        efficiency = 1.0
+    else:
+        alone = predict_dp(costs, 1, chunks[0], loader_samples_per_s).samples_per_s
+        efficiency = samples_per_s / (n_devices * alone)
+    return DPPrediction(n_devices, batch_size, chunks, device_ms, host_ms, loader_ms, samples_per_s,
+                        efficiency, bound, parts, utilisation)
+
+
+def dp_memory(n_devices: int, batch_size: int, *, param_bytes: int, optimizer_bytes: int,
+              input_bytes: int, activation_bytes: int, output_bytes: int) -> list[int]:
+    """Bytes each device holds during a DataParallel step (lesson 06), like lesson 05's
+    estimate (parameters + gradients + optimizer state + what the batch needs):
+
+    device 0: parameters + gradients + optimizer state, the whole input batch (the loader put
+        it there), the activations of its own piece, the gathered outputs and their gradient;
+    device k that gets a piece of c samples: the replica's parameters and gradients, its
+        piece of the input, its activations;
+    a device that gets no piece: nothing (DataParallel does not replicate onto it).
+
+    `input_bytes`, `activation_bytes` and `output_bytes` are per sample.
+    """
+    chunks = dp_chunk_sizes(batch_size, n_devices)
+    out = [2 * param_bytes + optimizer_bytes + batch_size * input_bytes + chunks[0] * activation_bytes
+           + 2 * batch_size * output_bytes]
+    out += [2 * param_bytes + c * (input_bytes + activation_bytes) for c in chunks[1:]]
+    out += [0] * (n_devices - len(chunks))
+    return [int(v) for v in out]
+
+
+@dataclass
+class ScalingFit:
+    """step_ms(n) = serial_ms + parallel_ms / n + per_device_ms x (n - 1), fitted (lesson 06).
+
+    serial_ms: what no number of devices shortens; parallel_ms: what splits across devices;
+    per_device_ms: what every extra device adds (its copies, its thread). Fitted at one
+    global batch size, so it predicts that batch size.
+    """
+    serial_ms: float
+    parallel_ms: float
+    per_device_ms: float
+    batch_size: int
+    n_devices: list = field(default_factory=list, repr=False)
+    measured_ms: list = field(default_factory=list, repr=False)
+
+    def step_ms(self, n_devices) -> float:
+        n = np.asarray(n_devices, dtype=float)
+        value = self.serial_ms + self.parallel_ms / n + self.per_device_ms * (n - 1)
+        return float(value) if value.ndim == 0 else value
+
+    def samples_per_s(self, n_devices, loader_samples_per_s: float = math.inf):
+        """Predicted samples/s on `n_devices`, capped by the loader's samples/s."""
+        return np.minimum(1e3 * self.batch_size / np.asarray(self.step_ms(n_devices)), loader_samples_per_s)
+
+    def speedup(self, n_devices) -> float:
+        """Samples/s on `n_devices` over samples/s on one (same global batch)."""
+        return self.step_ms(1) / self.step_ms(n_devices)
+
+    def best_n_devices(self) -> float:
+        """Where adding a device stops paying: sqrt(parallel / per_device) (inf if no per-device cost)."""
+        return math.sqrt(self.parallel_ms / self.per_device_ms) if self.per_device_ms > 0 else math.inf
+
+    @property
+    def residuals_ms(self) -> list:
+        return [m - self.step_ms(n) for n, m in zip(self.n_devices, self.measured_ms)]
+
+    def __str__(self) -> str:
+        return (f"step ≈ {self.serial_ms:.2f} ms + {self.parallel_ms:.2f} ms / n + {self.per_device_ms:.2f} ms × (n − 1)"
+                f"  (batch {self.batch_size}; largest misfit {max(map(abs, self.residuals_ms), default=0):.2f} ms)")
+
+
+def fit_scaling(n_devices, step_ms, batch_size: int) -> ScalingFit:
+    """Fit `ScalingFit` by least squares to step times measured on `n_devices` (three or more
+    distinct counts) at one global `batch_size`; the three coefficients are kept >= 0."""
+    n = np.asarray(n_devices, dtype=float)
+    y = np.asarray(step_ms, dtype=float)
+    if n.shape != y.shape or len(np.unique(n)) < 3:
+        raise ValueError("fit_scaling needs step times measured on three or more different device counts")
+    if np.any(n < 1) or np.any(~np.isfinite(y)) or np.any(y <= 0):
+        raise ValueError("device counts must be >= 1 and step times positive and finite")
+    design = np.stack([np.ones_like(n), 1.0 / n, n - 1.0], axis=1)
+    coef = _nonnegative_lstsq(design, y)
+    return ScalingFit(float(coef[0]), float(coef[1]), float(coef[2]), int(batch_size), n.tolist(), y.tolist())
+
+
+def _nonnegative_lstsq(a: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with every coefficient >= 0: the best over all subsets of active columns
+    (three columns: eight subsets, exact and simple)."""
+    best, best_err = np.zeros(a.shape[1]), float(np.sum(y ** 2))
+    cols = range(a.shape[1])
+    for mask in range(1, 2 ** a.shape[1]):
+        active = [c for c in cols if mask >> c & 1]
+        coef, *_ = np.linalg.lstsq(a[:, active], y, rcond=None)
+        if np.any(coef < 0):
+            continue
+        full = np.zeros(a.shape[1])
+        full[active] = coef
+        err = float(np.sum((a @ full - y) ** 2))
+        if err < best_err - 1e-12:
+            best, best_err = full, err
+    return best
+
+
+@dataclass
+class PipelineSchedule:
+    """When each stage of a model split across devices works (lesson 06: model parallelism).
+
+    intervals: (device, micro_batch, "forward" | "backward", start_ms, end_ms); total_ms: one
+    step; utilisation: each device's busy share of the step; bubble: the idle share overall.
+    """
+    n_stages: int
+    micro_batches: int
+    intervals: list
+    total_ms: float
+    utilisation: list
+
+    @property
+    def bubble(self) -> float:
+        return 1.0 - sum(self.utilisation) / len(self.utilisation)
+
+
+def pipeline_schedule(n_stages: int, micro_batches: int, forward_ms: float, backward_ms: float) -> PipelineSchedule:
+    """A model cut into `n_stages` equal parts, one per device, the batch cut into
+    `micro_batches` (lesson 06). All forwards run first, then all backwards in reverse order
+    (the GPipe schedule): a device starts a micro-batch as soon as it has the previous stage's
+    output and is free. `forward_ms` / `backward_ms` are one stage's time for one micro-batch.
+    With one micro-batch (plain model parallelism) the devices work strictly in turn."""
+    if n_stages < 1 or micro_batches < 1:
+        raise ValueError("n_stages and micro_batches must be >= 1")
+    free = [0.0] * n_stages
+    done = {}
+    intervals = []
+    for m in range(micro_batches):
+        for s in range(n_stages):
+            start = max(free[s], done.get((s - 1, m), 0.0))
+            done[(s, m)] = free[s] = start + forward_ms
+            intervals.append((s, m, "forward", start, start + forward_ms))
+    back = {}
+    for m in range(micro_batches):
+        for s in reversed(range(n_stages)):
+            ready = back.get((s + 1, m), done[(n_stages - 1, micro_batches - 1)] if s == n_stages - 1 else 0.0)
+            start = max(free[s], ready)
+            back[(s, m)] = free[s] = start + backward_ms
+            intervals.append((s, m, "backward", start, start + backward_ms))
+    total = max(end for *_, end in intervals)
+    busy = [micro_batches * (forward_ms + backward_ms)] * n_stages
+    return PipelineSchedule(n_stages, micro_batches, intervals, total, [b / total for b in busy])

@@ -1,0 +1,369 @@
+"""Storing images: many small files or one packed file, encoded or raw (lesson 04).
+
+The same images written in six ways, then read back and timed:
+
+| format                  | what is stored                     | one image is                        |
+|-------------------------|------------------------------------|-------------------------------------|
+| `jpeg-files`            | one JPEG file per image (ImageNet) | open + read + close of its file     |
+| `packed-jpeg`           | the JPEG bytes back to back in one file, with an index of offsets (what RecordIO, TFRecord and WebDataset's tar shards do) | one slice of one file |
+| `lmdb-jpeg`             | the JPEG bytes in an LMDB database, one key per image | one B-tree look-up in a memory map |
+| `hdf5-jpeg`             | the JPEG bytes in an HDF5 variable-length dataset | one element of the dataset |
+| `raw-memmap`            | decoded uint8 pixels, N x H x W x 3, in one .npy file, memory-mapped | one slice, nothing to decode |
+| `hdf5-raw`              | decoded uint8 pixels in HDF5, one chunk per image | one chunk, nothing to decode |
+
+`measure_formats()` reports, for each: the size on disk, reading every image in order from the
+disk (cold: dropped from the page cache first, see course_utils.io_probe) and from the page
+cache (warm), the cost of one image at a random position (cold and warm), and, for the
+encoded ones, the cost of decoding an image. From those, `images_per_s_model()` says how many
+ready-to-use images per second each format gives for a disk of a given bandwidth: where
+reading is the cost (a slow disk) and where decoding is (a fast one).
+
+h5py and lmdb are optional: without them their formats are left out, with a sentence.
+"""
+from __future__ import annotations
+
+import io
+import shutil
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .io_probe import evict, storage_read_bytes
+
+__all__ = ["FORMATS", "StoredImages", "images_for_storage", "write_formats", "FormatResult", "measure_format",
+           "measure_formats", "decode_jpeg", "images_per_s_model", "size_on_disk"]
+
+FORMATS = ("jpeg-files", "packed-jpeg", "lmdb-jpeg", "hdf5-jpeg", "raw-memmap", "hdf5-raw")
+_DESCRIPTIONS = {
+    "jpeg-files": "JPEG files, one per image",
+    "packed-jpeg": "packed JPEGs: one file + offsets",
+    "lmdb-jpeg": "LMDB, JPEG bytes per key",
+    "hdf5-jpeg": "HDF5, JPEG bytes (variable length)",
+    "raw-memmap": "raw uint8, np.memmap (.npy)",
+    "hdf5-raw": "HDF5, raw uint8, chunk per image",
+}
+
+
+def size_on_disk(paths) -> int:
+    """Bytes the files really occupy (allocated blocks, as `du` counts them, not their lengths)."""
+    total = 0
+    for p in paths:
+        st = Path(p).stat()
+        total += st.st_blocks * 512 if hasattr(st, "st_blocks") else st.st_size
+    return total
+
+
+def decode_jpeg(encoded: bytes) -> np.ndarray:
+    """Decode JPEG bytes to RGB uint8 HWC with simplejpeg (libjpeg-turbo), the fastest CPU decoder
+    of lesson 04's comparison."""
+    import simplejpeg
+
+    return simplejpeg.decode_jpeg(encoded, colorspace="RGB")
+
+
+def images_for_storage(files, size: int = 224) -> np.ndarray:
+    """Decode image files, resize the shorter side to `size` and crop the centre `size` x `size`
+    (the usual evaluation transform), so that every format can hold the same images: (N, size,
+    size, 3) uint8."""
+    from PIL import Image
+
+    out = np.empty((len(files), size, size, 3), np.uint8)
+    for k, f in enumerate(files):
+        with Image.open(f) as im:
+            im = im.convert("RGB")
+            w, h = im.size
+            scale = size / min(w, h)
+            im = im.resize((max(size, round(w * scale)), max(size, round(h * scale))), Image.BILINEAR)
+            left, top = (im.size[0] - size) // 2, (im.size[1] - size) // 2
+            out[k] = np.asarray(im.crop((left, top, left + size, top + size)))
+    return out
+
+
+@dataclass
+class StoredImages:
+    """One format on disk: its files, whether images must be decoded, and how to read one."""
+    name: str
+    root: Path
+    files: list[Path]
+    encoded: bool
+    count: int
+    opener: object = field(repr=False, default=None)     # () -> reader with .get(i) and .close()
+
+    @property
+    def description(self) -> str:
+        return _DESCRIPTIONS.get(self.name, self.name)
+
+    def size_on_disk(self) -> int:
+        return size_on_disk(self.files)
+
+    def open(self):
+        return self.opener()
+
+
+# -- readers ------------------------------------------------------------------------------------
+
+class _FileReader:
+    def __init__(self, files):
+        self.files = files
+
+    def get(self, i):
+        with open(self.files[i], "rb") as f:
+            return f.read()
+
+    def close(self):
+        pass
+
+
+class _PackedReader:
+    def __init__(self, data_path, index_path):
+        self.offsets = np.load(index_path)
+        self.f = open(data_path, "rb", buffering=0)
+
+    def get(self, i):
+        start, stop = int(self.offsets[i]), int(self.offsets[i + 1])
+        self.f.seek(start)
+        return self.f.read(stop - start)
+
+    def close(self):
+        self.f.close()
+
+
+class _LmdbReader:
+    def __init__(self, path):
+        import lmdb
+
+        self.env = lmdb.open(str(path), readonly=True, lock=False, readahead=False, subdir=True)
+        self.txn = self.env.begin(buffers=False)
+
+    def get(self, i):
+        return self.txn.get(b"%08d" % i)
+
+    def close(self):
+        self.txn.abort()
+        self.env.close()
+
+
+class _H5Reader:
+    def __init__(self, path, raw):
+        import h5py
+
+        self.f = h5py.File(path, "r")
+        self.ds = self.f["images"]
+        self.raw = raw
+
+    def get(self, i):
+        value = self.ds[i]
+        return value if self.raw else value.tobytes()
+
+    def close(self):
+        self.f.close()
+
+
+class _MemmapReader:
+    def __init__(self, path):
+        self.images = np.load(path, mmap_mode="r")
+
+    def get(self, i):
+        return np.array(self.images[i])       # a copy: the pages are read now, as a loader would
+
+    def close(self):
+        del self.images
+
+
+# -- writing ----------------------------------------------------------------------------------------
+
+def _available(module: str) -> bool:
+    try:
+        __import__(module)
+        return True
+    except ImportError:
+        return False
+
+
+def write_formats(images: np.ndarray, dest, *, quality: int = 90, formats=FORMATS) -> dict[str, StoredImages]:
+    """Write `images` ((N, H, W, 3) uint8) in each of `formats` under `dest` (emptied first). The
+    encoded formats hold the same JPEG bytes (PIL, `quality`, 4:2:0); the raw ones the pixels.
+    Formats whose package is missing (h5py, lmdb) are left out."""
+    from PIL import Image
+
+    images = np.ascontiguousarray(images, dtype=np.uint8)
+    if images.ndim != 4 or images.shape[-1] != 3:
+        raise ValueError(f"images must be (N, H, W, 3) uint8, got {images.shape}")
+    dest = Path(dest)
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    n = len(images)
+    encoded = []
+    for im in images:
+        buf = io.BytesIO()
+        Image.fromarray(im).save(buf, format="JPEG", quality=quality)
+        encoded.append(buf.getvalue())
+    out = {}
+    for name in formats:
+        root = dest / name
+        root.mkdir()
+        if name == "jpeg-files":
+            files = [root / f"{k:08d}.jpg" for k in range(n)]
+            for f, b in zip(files, encoded):
+                f.write_bytes(b)
+            out[name] = StoredImages(name, root, files, True, n, lambda files=files: _FileReader(files))
+        elif name == "packed-jpeg":
+            data, index = root / "images.bin", root / "offsets.npy"
+            with open(data, "wb") as f:
+                for b in encoded:
+                    f.write(b)
+            np.save(index, np.concatenate([[0], np.cumsum([len(b) for b in encoded])]).astype(np.int64))
+            out[name] = StoredImages(name, root, [data, index], True, n, lambda d=data, i=index: _PackedReader(d, i))
+        elif name == "lmdb-jpeg":
+            if not _available("lmdb"):
+                continue
+            import lmdb
+
+            env = lmdb.open(str(root), map_size=max(1 << 24, 4 * sum(map(len, encoded))), subdir=True)
+            with env.begin(write=True) as txn:
+                for k, b in enumerate(encoded):
+                    txn.put(b"%08d" % k, b)
+            env.sync()
+            env.close()
+            files = sorted(p for p in root.iterdir() if p.name == "data.mdb")
+            out[name] = StoredImages(name, root, files, True, n, lambda r=root: _LmdbReader(r))
+        elif name in ("hdf5-jpeg", "hdf5-raw"):
+            if not _available("h5py"):
+                continue
+            import h5py
+
+            path = root / "images.h5"
+            with h5py.File(path, "w") as f:
+                if name == "hdf5-jpeg":
+                    ds = f.create_dataset("images", (n,), dtype=h5py.vlen_dtype(np.uint8))
+                    for k, b in enumerate(encoded):
+                        ds[k] = np.frombuffer(b, np.uint8)
+                else:
+                    f.create_dataset("images", data=images, chunks=(1,) + images.shape[1:])
+            out[name] = StoredImages(name, root, [path], name == "hdf5-jpeg", n,
+                                     lambda p=path, raw=name == "hdf5-raw": _H5Reader(p, raw))
+        elif name == "raw-memmap":
+            path = root / "images.npy"
+            np.save(path, images)
+            out[name] = StoredImages(name, root, [path], False, n, lambda p=path: _MemmapReader(p))
+        else:
+            raise ValueError(f"unknown format {name!r}; known: {', '.join(FORMATS)}")
+    return out
+
+
+# -- measuring --------------------------------------------------------------------------------------
+
+@dataclass
+class FormatResult:
+    """What one format costs (lesson 04). Times are per image, in microseconds."""
+    name: str
+    description: str
+    images: int
+    files: int
+    size_on_disk: int
+    read_cold_us: float | None          # reading every image in order, from the disk
+    read_warm_us: float                 # the same from the page cache
+    random_cold_us: float | None        # one image at a random position, from the disk
+    random_warm_us: float               # the same from the page cache
+    decode_us: float                    # decoding one image (0 for raw pixels)
+    storage_share_cold: float | None = None   # share of the cold reads' bytes that came from storage
+
+    @property
+    def bytes_per_image(self) -> float:
+        return self.size_on_disk / self.images
+
+    @property
+    def ready_warm_per_s(self) -> float:
+        """Images per second ready to use (read + decoded) on one core, from the page cache."""
+        return 1e6 / (self.read_warm_us + self.decode_us)
+
+    @property
+    def ready_cold_per_s(self) -> float | None:
+        return None if self.read_cold_us is None else 1e6 / (self.read_cold_us + self.decode_us)
+
+
+def _time_reads(reader, order) -> float:
+    t0 = time.perf_counter()
+    for i in order:
+        reader.get(int(i))
+    return (time.perf_counter() - t0) / len(order) * 1e6
+
+
+def _decode_us(encoded: list, repeats: int) -> float:
+    """Microseconds to decode one of these JPEGs (after one warm-up pass)."""
+    for b in encoded:
+        decode_jpeg(b)
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        for b in encoded:
+            decode_jpeg(b)
+    return (time.perf_counter() - t0) / (repeats * len(encoded)) * 1e6
+
+
+def measure_format(stored: StoredImages, *, random_reads: int = 200, repeats: int = 3, seed: int = 0,
+                   cold: bool = True, decode_us: float | None = None) -> FormatResult:
+    """Time one format: in order and at random, cold (each cold pass starts with the files dropped
+    from the page cache) and warm (median of `repeats` passes), and its decoding (measured on up
+    to 50 of its images unless `decode_us` is given: the encoded formats hold the same bytes)."""
+    rng = np.random.default_rng(seed)
+    in_order = np.arange(stored.count)
+    at_random = rng.permutation(stored.count)[:random_reads]      # distinct: each one a first touch when cold
+    read_cold = random_cold = share = None
+    if cold and evict(stored.files):
+        before = storage_read_bytes()
+        reader = stored.open()
+        try:
+            read_cold = _time_reads(reader, in_order)
+        finally:
+            reader.close()
+        after = storage_read_bytes()
+        if before is not None and after is not None:
+            share = min(1.0, (after - before) / max(1, stored.size_on_disk()))
+        evict(stored.files)
+        reader = stored.open()
+        try:
+            random_cold = _time_reads(reader, at_random)
+        finally:
+            reader.close()
+    reader = stored.open()
+    try:
+        _time_reads(reader, in_order)                     # warm the page cache and the reader
+        read_warm = statistics.median(_time_reads(reader, in_order) for _ in range(repeats))
+        random_warm = statistics.median(_time_reads(reader, at_random) for _ in range(repeats))
+        if not stored.encoded:
+            decode_us = 0.0
+        elif decode_us is None:
+            decode_us = _decode_us([reader.get(int(i)) for i in in_order[: min(50, stored.count)]], repeats)
+    finally:
+        reader.close()
+    return FormatResult(stored.name, stored.description, stored.count, len(stored.files), stored.size_on_disk(),
+                        read_cold, read_warm, random_cold, random_warm, decode_us, share)
+
+
+def measure_formats(stored: dict, **kwargs) -> list[FormatResult]:
+    """`measure_format` for every format written by `write_formats` (in the order of FORMATS);
+    the decoding is timed once, on the first encoded format, and shared by the others (they
+    hold the same JPEG bytes)."""
+    results, decode_us = [], None
+    for name in FORMATS:
+        if name in stored:
+            result = measure_format(stored[name], decode_us=decode_us, **kwargs)
+            if stored[name].encoded:
+                decode_us = result.decode_us
+            results.append(result)
+    return results
+
+
+def images_per_s_model(result: FormatResult, disk_mb_s, cores: int = 1) -> np.ndarray:
+    """Ready images per second a format can give with a disk of `disk_mb_s` MB/s and `cores`
+    cores decoding (each at the measured rate, warm reads): the smaller of what the disk
+    delivers (bandwidth / bytes per image) and what the cores make ready. A model from the
+    measurements, not a measurement: it ignores seeks and assumes perfect overlap."""
+    disk_mb_s = np.asarray(disk_mb_s, dtype=float)
+    by_disk = disk_mb_s * 1e6 / result.bytes_per_image
+    by_cpu = cores * result.ready_warm_per_s
+    return np.minimum(by_disk, by_cpu)

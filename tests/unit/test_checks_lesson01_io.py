@@ -1,0 +1,191 @@
+"""Exercise 1.4 (I/O-, CPU- or device-bound?) proven by its mutants: the reference passes on
+every seed, the stub is `not_implemented`, and each plausible wrong answer fails on the
+property it gets wrong, on every seed (issue 14; the discipline of issue 11)."""
+import numpy as np
+import pytest
+
+from course_utils.checks import run_check
+from course_utils.io_probe import RUN_KINDS, make_run, synthetic_run
+
+SEEDS = range(25)
+
+
+def classify_run(run):
+    if run.stall_fraction < 0.10:
+        return "device-bound"
+    if np.mean(run.loader_cores) >= 0.8 * min(run.loader_processes, run.usable_cores):
+        return "cpu-bound"
+    return "io-bound"
+
+
+def _loaders_busy(run, threshold=0.8, stat=np.mean):
+    return stat(run.loader_cores) >= threshold * min(run.loader_processes, run.usable_cores)
+
+
+# -- the lesson's own warnings -----------------------------------------------------------------
+
+def iowait_means_io(run):
+    """'iowait is high, so it is I/O' (an absolute iowait threshold over the machine's cores)."""
+    if run.stall_fraction < 0.10:
+        return "device-bound"
+    return "io-bound" if run.iowait.mean() > 5 else "cpu-bound"
+
+
+def idle_cpu_means_io(run):
+    """'the CPUs are mostly idle, so it must be the disk' (machine-wide busy share)."""
+    if run.stall_fraction < 0.10:
+        return "device-bound"
+    return "cpu-bound" if run.cpu_busy.mean() >= 80 else "io-bound"
+
+
+def util_means_io(run):
+    """'%util is near 100, so the disk is saturated' (true of an HDD, not of an SSD or a virtual disk)."""
+    if run.stall_fraction < 0.10:
+        return "device-bound"
+    if run.disk_util.mean() >= 90:
+        return "io-bound"
+    return classify_run(run)
+
+
+def busy_against_all_cores(run):
+    """Compares the loaders' cores with every core of the machine, not with what they could use."""
+    if run.stall_fraction < 0.10:
+        return "device-bound"
+    return "cpu-bound" if np.mean(run.loader_cores) >= 0.8 * run.usable_cores else "io-bound"
+
+
+def busy_against_processes(run):
+    """Compares with the number of loading processes, forgetting they share the cores."""
+    if run.stall_fraction < 0.10:
+        return "device-bound"
+    return "cpu-bound" if np.mean(run.loader_cores) >= 0.8 * run.loader_processes else "io-bound"
+
+
+def loaders_before_stall(run):
+    """Judges the loaders before asking whether the loop waited at all."""
+    if _loaders_busy(run):
+        return "cpu-bound"
+    if run.stall_fraction < 0.10:
+        return "device-bound"
+    return "io-bound"
+
+
+# -- slightly off ------------------------------------------------------------------------------
+
+def stall_threshold_015(run):
+    if run.stall_fraction < 0.15:
+        return "device-bound"
+    return "cpu-bound" if _loaders_busy(run) else "io-bound"
+
+
+def busy_threshold_07(run):
+    if run.stall_fraction < 0.10:
+        return "device-bound"
+    return "cpu-bound" if _loaders_busy(run, 0.7) else "io-bound"
+
+
+def busy_threshold_09(run):
+    if run.stall_fraction < 0.10:
+        return "device-bound"
+    return "cpu-bound" if _loaders_busy(run, 0.9) else "io-bound"
+
+
+# -- one sample instead of the run --------------------------------------------------------------
+
+def peak_sample(run):
+    if run.stall_fraction < 0.10:
+        return "device-bound"
+    return "cpu-bound" if _loaders_busy(run, stat=np.max) else "io-bound"
+
+
+def first_sample(run):
+    if run.stall_fraction < 0.10:
+        return "device-bound"
+    return "cpu-bound" if _loaders_busy(run, stat=lambda x: x[0]) else "io-bound"
+
+
+def last_sample(run):
+    if run.stall_fraction < 0.10:
+        return "device-bound"
+    return "cpu-bound" if _loaders_busy(run, stat=lambda x: x[-1]) else "io-bound"
+
+
+# -- wrong form, side effects, reading the answer from the object --------------------------------
+
+def other_spelling(run):
+    return {"io-bound": "I/O-bound", "cpu-bound": "CPU-bound"}.get(classify_run(run), classify_run(run))
+
+
+def sorts_in_place(run):
+    run.loader_cores.sort()              # "only the distribution matters" -- but it is the caller's array
+    return classify_run(run)
+
+
+def reads_the_name(run):
+    return run.name.split()[0]
+
+
+def stall_in_percent(run):
+    return "device-bound" if run.stall_fraction < 10 else classify_run(run)
+
+
+MUTANTS = {
+    iowait_means_io: "CPU-bound when the loading processes are busy",
+    idle_cpu_means_io: "CPU-bound when the loading processes are busy",
+    util_means_io: "CPU-bound when the loading processes are busy",
+    busy_against_all_cores: "CPU-bound when the loading processes are busy",
+    busy_against_processes: "CPU-bound when the loading processes are busy",
+    loaders_before_stall: "device-bound when the loop rarely waits",
+    stall_threshold_015: "uses the thresholds as specified",
+    busy_threshold_07: "uses the thresholds as specified",
+    busy_threshold_09: "uses the thresholds as specified",
+    peak_sample: "judges the whole run",
+    first_sample: "judges the whole run",
+    last_sample: "judges the whole run",
+    other_spelling: "answers one of the three labels",
+    sorts_in_place: "leaves the run unchanged",
+    reads_the_name: "answers one of the three labels",
+    stall_in_percent: "tells the runs apart",
+}
+
+
+def _run(monkeypatch, fn, seed):
+    monkeypatch.setenv("COURSE_CHECK_SEED", str(seed))
+    return run_check("1.4", fn)
+
+
+def test_reference_passes_on_every_seed(monkeypatch):
+    for seed in SEEDS:
+        result = _run(monkeypatch, classify_run, seed)
+        assert result.status == "pass", (seed, result.message)
+
+
+def test_stub_is_not_implemented():
+    def stub(run):
+        raise NotImplementedError("Exercise 1.4")
+    assert run_check("1.4", stub).status == "not_implemented"
+    assert run_check("1.4", "io-bound").status == "fail"
+
+
+@pytest.mark.parametrize("mutant", list(MUTANTS), ids=[m.__name__ for m in MUTANTS])
+def test_mutant_fails_on_its_property_on_every_seed(monkeypatch, mutant):
+    assert len(MUTANTS) >= 8
+    for seed in SEEDS:
+        result = _run(monkeypatch, mutant, seed)
+        assert result.status == "fail", (mutant.__name__, seed, result.status, result.message)
+        assert MUTANTS[mutant] in result.message, (mutant.__name__, seed, result.message)
+
+
+def test_the_made_up_runs_have_the_means_they_were_asked_for():
+    rng = np.random.default_rng(3)
+    for _ in range(30):
+        use, procs, cores = rng.uniform(0, 1), int(rng.integers(1, 20)), int(rng.choice([2, 8, 64]))
+        run = make_run(rng, stall=0.5, loader_use=use, loader_processes=procs, cores=cores, disk_mb_s=123.0, util=45.0,
+                       iowait=3.0)
+        assert np.mean(run.loader_cores) / min(procs, cores) == pytest.approx(use, abs=1e-9)
+        assert run.disk_read_mb_s.mean() == pytest.approx(123.0) and run.disk_util.mean() == pytest.approx(45.0)
+        assert run.iowait.mean() == pytest.approx(3.0, rel=0.05)
+        assert (run.cpu_busy + run.iowait <= 100 + 1e-9).all() and run.simulated
+    for kind in RUN_KINDS:
+        for _ in range(10):
+            assert classify_run(synthetic_run(kind, rng)) == kind

@@ -1,0 +1,446 @@
+"""Lesson 07's checks: right answers pass, plausible wrong answers fail on the right property on
+every seed, stubs are 'not implemented'.
+
+7.1 runs in this process. 7.2-7.4 are files run under torchrun with 2 gloo processes: every
+mutant x seed of the three is one job of ONE launch (`run_rank_jobs`), judged by the same
+`judge_7_N` functions the checks use; one test per exercise also goes through `check()` itself.
+"""
+import math
+import textwrap
+
+import pytest
+import torch
+
+from course_utils.checks import lesson07, run_check
+
+SEEDS_71 = [11, 202, 3003, 40004, 500005, 6, 77, 888]
+SEEDS_RANKS = [5, 1234]          # per mutant of 7.2-7.4 (each seed draws new sizes, k, counts)
+
+
+def fails_on(result, prop):
+    assert result.status == "fail", result.message
+    assert f"'{prop}'" in result.message, result.message
+
+
+# == 7.1 ==========================================================================================
+
+def shard_indices(n, num_replicas, rank, *, shuffle=True, seed=0, epoch=0, drop_last=False):
+    if shuffle:
+        g = torch.Generator()
+        g.manual_seed(seed + epoch)
+        indices = torch.randperm(n, generator=g).tolist()
+    else:
+        indices = list(range(n))
+    per_rank = n // num_replicas if drop_last else math.ceil(n / num_replicas)
+    total = per_rank * num_replicas
+    if total > n:
+        indices += (indices * math.ceil((total - n) / n))[:total - n]
+    else:
+        indices = indices[:total]
+    return indices[rank:total:num_replicas]
+
+
+def make_shard(*, order="torch", deal="interleave", pad="repeat", drop="floor", epoch_used=True, seed_used=True,
+               seed_offset_by_rank=False, shuffle_flag=True, use_rank=True, global_rng=False):
+    """shard_indices with one knob per mistake (the defaults are right)."""
+    def wrong(n, num_replicas, rank, *, shuffle=True, seed=0, epoch=0, drop_last=False):
+        s = (seed if seed_used else 0) + (epoch if epoch_used else 0) + (rank if seed_offset_by_rank else 0)
+        if shuffle or not shuffle_flag:
+            if order == "torch":
+                if global_rng:
+                    torch.manual_seed(s)
+                    indices = torch.randperm(n).tolist()
+                else:
+                    g = torch.Generator()
+                    g.manual_seed(s)
+                    indices = torch.randperm(n, generator=g).tolist()
+            else:
+                import numpy as np
+                indices = np.random.default_rng(s).permutation(n).tolist()
+        else:
+            indices = list(range(n))
+        if pad == "none" and not drop_last:
+            return indices[rank::num_replicas] if use_rank else indices
+        if drop_last and drop != "ignored":
+            per_rank = (n - num_replicas) // num_replicas if drop == "off_by_one" else n // num_replicas
+        else:
+            per_rank = math.ceil(n / num_replicas)
+        total = per_rank * num_replicas
+        if total > n:
+            extra = total - n
+            if pad == "repeat":
+                indices += (indices * math.ceil(extra / n))[:extra]
+            elif pad == "once":
+                indices += indices[:extra]
+            elif pad == "last":
+                indices += [indices[-1]] * extra
+            elif pad == "unshuffled":
+                indices += list(range(n))[:extra] * math.ceil(extra / n)
+                indices = indices[:total]
+        else:
+            indices = indices[:total]
+        if not use_rank:
+            return indices
+        if deal == "blocks":
+            return indices[rank * per_rank:(rank + 1) * per_rank]
+        return indices[rank:total:num_replicas]
+    return wrong
+
+
+def wraps_torch_sampler(n, num_replicas, rank, *, shuffle=True, seed=0, epoch=0, drop_last=False):
+    from torch.utils.data import DistributedSampler
+    sampler = DistributedSampler(range(n), num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed,
+                                 drop_last=drop_last)
+    sampler.set_epoch(epoch)
+    return list(sampler)
+
+
+MUTANTS_71 = [
+    (wraps_torch_sampler, "writes the sharding itself (not through torch's DistributedSampler)"),
+    (make_shard(deal="blocks"), "rank r takes every num_replicas-th index, starting at r"),
+    (make_shard(use_rank=False), "rank r takes every num_replicas-th index, starting at r"),          # right with 1 rank
+    (make_shard(pad="none"), "pads to ceil(n / num_replicas) per rank by repeating the first indices"),  # right with 1 rank
+    (make_shard(pad="last"), "pads to ceil(n / num_replicas) per rank by repeating the first indices"),
+    (make_shard(pad="once"), "pads even when the dataset is smaller than the number of ranks"),
+    (make_shard(drop="ignored"), "drop_last drops the tail so every rank gets floor(n / num_replicas)"),
+    (make_shard(drop="off_by_one"), "drop_last drops the tail so every rank gets floor(n / num_replicas)"),
+    (make_shard(order="numpy"), "shuffles with torch.randperm and a generator seeded with seed + epoch"),
+    (make_shard(seed_offset_by_rank=True), "shuffles with torch.randperm and a generator seeded with seed + epoch"),
+    (make_shard(epoch_used=False), "the order changes with the epoch"),
+    (make_shard(seed_used=False), "the seed changes the order"),
+    (make_shard(shuffle_flag=False), "shuffle=False keeps the dataset's order"),
+    (make_shard(pad="unshuffled"), "pads (or drops) after shuffling, exactly as DistributedSampler does"),
+    (make_shard(global_rng=True), "leaves the global random state alone"),
+]
+
+
+@pytest.mark.parametrize("seed", SEEDS_71)
+def test_7_1_solution_passes(monkeypatch, seed):
+    monkeypatch.setenv("COURSE_CHECK_SEED", str(seed))
+    result = run_check("7.1", shard_indices)
+    assert result.status == "pass", result.message
+
+
+def test_7_1_accepts_tensors_and_arrays():
+    assert run_check("7.1", lambda *a, **k: torch.tensor(shard_indices(*a, **k))).passed
+
+
+@pytest.mark.parametrize("fn, prop", MUTANTS_71, ids=[f"mutant{i}" for i in range(len(MUTANTS_71))])
+def test_7_1_mutants_fail_on_the_right_property_on_every_seed(monkeypatch, fn, prop):
+    for seed in SEEDS_71:
+        monkeypatch.setenv("COURSE_CHECK_SEED", str(seed))
+        fails_on(run_check("7.1", fn), prop)
+
+
+def test_7_1_stub_and_wrong_type():
+    def stub(*args, **kwargs):
+        raise NotImplementedError("Exercise 7.1")
+    assert run_check("7.1", stub).status == "not_implemented"
+    assert run_check("7.1", [1, 2]).status == "fail"
+    assert "a list of indices" in run_check("7.1", lambda *a, **k: "0,1").message
+
+
+# == 7.2-7.4: the learners' files ===================================================================
+
+HEADER_72 = '''
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler
+
+from course_utils.train import train
+
+
+def train_ddp(make_model, dataset, *, device, epochs, batch_size, lr, seed, checkpoint):
+'''
+
+
+def body_72(*, ddp="DDP(model)", train_model="ddp_model", sampler="DistributedSampler(dataset, shuffle=True, seed=seed)",
+            loader_kwargs="sampler=sampler", set_epoch="sampler.set_epoch(epoch)", batch="batch_size", lr="lr",
+            step="course", save_if="dist.get_rank() == 0", save_obj="model.state_dict()", barrier="dist.barrier()",
+            barrier_in_if=False, load="torch.load(checkpoint, map_location=device)", load_into="model",
+            returns="model", loss_scale=""):
+    """The source of one train_ddp, with one knob per mistake (the defaults are right)."""
+    lines = ["model = make_model().to(device)",
+             f"ddp_model = {ddp}",
+             f"sampler = {sampler}",
+             f"loader = DataLoader(dataset, batch_size={batch}, {loader_kwargs})",
+             f"optimizer = torch.optim.SGD(ddp_model.parameters(), lr={lr})",
+             "for epoch in range(epochs):",
+             f"    {set_epoch}"]
+    if step == "course":
+        lines += [f"    train({train_model}, loader, device=device, optimizer=optimizer, epochs=1, progress=False)"]
+    else:
+        lines += ["    for x, y in loader:",
+                  "        optimizer.zero_grad()",
+                  f"        (F.cross_entropy({train_model}(x), y){loss_scale}).backward()",
+                  "        optimizer.step()"]
+    lines += [f"if {save_if}:", f"    torch.save({save_obj}, checkpoint)"]
+    lines += [f"    {barrier}"] if barrier_in_if else [barrier]
+    lines += [f"{load_into}.load_state_dict({load})", f"return {returns}"]
+    return HEADER_72 + textwrap.indent("\n".join(lines) + "\n", "    ")
+
+
+RIGHT_72 = {
+    "solution": body_72(),
+    "manual loop, returns the DDP wrapper": body_72(step="manual", returns="ddp_model"),
+}
+MUTANTS_72 = [
+    (body_72(ddp="model", train_model="model"), "wraps the model in DistributedDataParallel"),        # right with 1 rank
+    (body_72(train_model="model"), "ends training with the same weights on every rank"),
+    (body_72(sampler="None", loader_kwargs="shuffle=True, generator=torch.Generator().manual_seed(seed)",
+             set_epoch="pass"), "gives each rank its own shard of every epoch"),                    # right with 1 rank
+    (body_72(set_epoch="pass"), "reshuffles the shards every epoch"),
+    (body_72(set_epoch="sampler.set_epoch(epoch + 1)"),
+     "shards like DistributedSampler(dataset, shuffle=True, seed=seed) with set_epoch(epoch)"),
+    (body_72(sampler="DistributedSampler(dataset, shuffle=True)"),
+     "shards like DistributedSampler(dataset, shuffle=True, seed=seed) with set_epoch(epoch)"),
+    (body_72(batch="batch_size // dist.get_world_size()"), "uses batch_size per process"),
+    (body_72(loader_kwargs="sampler=sampler, drop_last=True"), "trains `epochs` epochs over the rank's shard"),
+    (body_72(step="manual", loss_scale=" / dist.get_world_size()"),
+     "equals one process training on the concatenated batches"),      # right with 1 rank
+    (body_72(lr="lr * dist.get_world_size()"), "equals one process training on the concatenated batches"),
+    (body_72(save_if="True"), "only rank 0 writes the checkpoint"),                                  # right with 1 rank
+    (body_72(barrier="pass"), "every rank waits for rank 0's checkpoint before loading it"),
+    (body_72(barrier_in_if=True), "every rank waits for rank 0's checkpoint before loading it"),
+    (body_72(save_obj="ddp_model.state_dict()", load_into="ddp_model"), "saves the plain model's state_dict"),
+    (body_72(load="torch.load(checkpoint)"), "loads with map_location"),
+]
+
+HEADER_73 = '''
+import torch
+import torch.distributed as dist
+
+
+def global_metrics(loss_sum, correct, count):
+'''
+
+
+def file_73(body):
+    return HEADER_73 + textwrap.indent(textwrap.dedent(body), "    ")
+
+
+SOLUTION_73 = file_73("""\
+    totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64)
+    dist.all_reduce(totals)
+    loss_sum, correct, count = totals.tolist()
+    return loss_sum / count, correct / count
+""")
+RIGHT_73 = {
+    "solution": SOLUTION_73,
+    "imported all_reduce, 0-d tensors": file_73("""\
+        from torch.distributed import all_reduce
+        totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64)
+        all_reduce(totals)
+        return totals[0] / totals[2], totals[1] / totals[2]
+    """),
+}
+MUTANTS_73 = [
+    (file_73("""\
+        means = torch.tensor([loss_sum / max(count, 1), correct / max(count, 1)], dtype=torch.float64)
+        dist.all_reduce(means)
+        return (means / dist.get_world_size()).tolist()
+    """), "weights each rank by its number of samples"),
+    (file_73("""\
+        return loss_sum / count, correct / count
+    """), "every rank gets the same result"),                                               # right with 1 rank
+    (file_73("""\
+        totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64)
+        dist.reduce(totals, dst=0)
+        loss_sum, correct, count = totals.tolist()
+        return loss_sum / count, correct / count
+    """), "every rank gets the same result"),
+    (file_73("""\
+        totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64)
+        if dist.get_rank() == 0:
+            dist.all_reduce(totals)
+        loss_sum, correct, count = totals.tolist()
+        return loss_sum / count, correct / count
+    """), "every rank makes the same collective calls"),
+    (file_73("""\
+        values = [torch.tensor([float(v)], dtype=torch.float64) for v in (loss_sum, correct, count)]
+        for v in values:
+            dist.all_reduce(v)
+        loss_sum, correct, count = (v.item() for v in values)
+        return loss_sum / count, correct / count
+    """), "makes exactly one collective call"),
+    (file_73("""\
+        from torch.distributed import all_reduce          # a name imported: the check still counts
+        values = [torch.tensor([float(v)], dtype=torch.float64) for v in (loss_sum, correct, count)]
+        for v in values:
+            all_reduce(v)
+        loss_sum, correct, count = (v.item() for v in values)
+        return loss_sum / count, correct / count
+    """), "makes exactly one collective call"),
+    (file_73("""\
+        parts = [None] * dist.get_world_size()            # right values, two collectives and pickling
+        dist.all_gather_object(parts, (loss_sum, correct, count))
+        total = sum(p[2] for p in parts)
+        return sum(p[0] for p in parts) / total, sum(p[1] for p in parts) / total
+    """), "makes exactly one collective call"),
+    (file_73("""\
+        totals = torch.tensor([loss_sum, correct, count], dtype=torch.float32)
+        dist.all_reduce(totals)
+        loss_sum, correct, count = totals.tolist()
+        return loss_sum / count, correct / count
+    """), "is exact for large counts"),
+    (file_73("""\
+        totals = torch.tensor([loss_sum / count * count, correct / count * count, count], dtype=torch.float64)
+        dist.all_reduce(totals)
+        loss_sum, correct, count = totals.tolist()
+        return loss_sum / count, correct / count
+    """), "works when a rank has no samples"),
+    (file_73("""\
+        totals = torch.tensor([loss_sum, correct], dtype=torch.float64)
+        dist.all_reduce(totals)
+        return (totals / (count * dist.get_world_size())).tolist()
+    """), "every rank gets the same result"),
+    (file_73("""\
+        totals = torch.tensor([loss_sum, correct, count], dtype=torch.int64)
+        dist.all_reduce(totals)
+        loss_sum, correct, count = totals.tolist()
+        return loss_sum / count, correct / count
+    """), "returns the global mean loss and accuracy"),
+    (file_73("""\
+        totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64)
+        dist.all_reduce(totals)
+        return (totals[0] / dist.get_world_size()).item(), (totals[1] / totals[2]).item()
+    """), "returns the global mean loss and accuracy"),
+]
+
+HEADER_74 = '''
+import contextlib
+
+import torch
+import torch.distributed as dist
+
+
+def accumulate(ddp_model, micro_batches, loss_fn):
+'''
+
+
+def body_74(*, zero=True, quiet="i < len(micro_batches) - 1", weight="len(x) / total", extra="", forward="ddp_model",
+            returned="loss_total", manual=False, step=False):
+    lines = ["ddp_model.zero_grad(set_to_none=True)" if zero else "pass",
+             "total = sum(len(x) for x, _ in micro_batches)",
+             "loss_total, unweighted = 0.0, 0.0",
+             "for i, (x, y) in enumerate(micro_batches):",
+             f"    with ddp_model.no_sync() if {quiet} else contextlib.nullcontext():",
+             f"        loss = loss_fn({forward}(x), y) * ({weight}){extra}",
+             "        loss.backward()",
+             "    loss_total += loss.item()",
+             f"    unweighted += loss.item() / ({weight}){extra}"]
+    if manual:
+        lines += ["for p in ddp_model.parameters():",
+                  "    dist.all_reduce(p.grad)",
+                  "    p.grad /= dist.get_world_size()"]
+    if step:
+        lines += ["torch.optim.SGD(ddp_model.parameters(), lr=0.1).step()"]
+    lines += [f"return {returned}"]
+    return HEADER_74 + textwrap.indent("\n".join(lines) + "\n", "    ")
+
+
+RIGHT_74 = {"solution": body_74(),
+            "returns a tensor": body_74(returned="torch.tensor(loss_total, dtype=torch.float64)")}
+MUTANTS_74 = [
+    (body_74(quiet="False"), "all-reduces exactly once per call"),
+    (body_74(quiet="True"), "all-reduces exactly once per call"),
+    (body_74(quiet="i > 0"), "leaves the big batch's gradient, averaged over the ranks"),
+    (body_74(quiet="i < len(micro_batches) - 2"), "all-reduces exactly once per call"),
+    (body_74(weight="1"), "leaves the big batch's gradient, averaged over the ranks"),
+    (body_74(weight="1 / len(micro_batches)"), "leaves the big batch's gradient, averaged over the ranks"),
+    (body_74(extra=" / dist.get_world_size()"), "leaves the big batch's gradient, averaged over the ranks"),  # right with 1 rank
+    (body_74(zero=False), "starts from cleared gradients"),
+    (body_74(quiet="True", manual=True), "all-reduces exactly once per call"),
+    (body_74(forward="ddp_model.module"), "all-reduces exactly once per call"),
+    (body_74(returned="unweighted / len(micro_batches)"), "returns this rank's loss over its whole batch"),
+    (body_74(step=True), "takes no optimizer step"),
+    (HEADER_74 + textwrap.indent(textwrap.dedent("""\
+        ddp_model.zero_grad(set_to_none=True)
+        total = sum(len(x) for x, _ in micro_batches)
+        loss = sum(loss_fn(ddp_model(x), y) * (len(x) / total) for x, y in micro_batches)
+        loss.backward()                       # one backward, one all-reduce, every activation kept
+        return loss.item()
+    """), "    "), "runs backward on each micro-batch before the next forward"),
+]
+
+EXERCISES = {
+    "7.2": ("train_ddp", RIGHT_72, MUTANTS_72, lesson07.judge_7_2),
+    "7.3": ("global_metrics", RIGHT_73, MUTANTS_73, lesson07.judge_7_3),
+    "7.4": ("accumulate", RIGHT_74, MUTANTS_74, lesson07.judge_7_4),
+}
+
+
+@pytest.fixture(scope="module")
+def verdicts(tmp_path_factory):
+    """Every right answer and mutant of 7.2-7.4, on every seed, in ONE torchrun launch; returns
+    {(exercise, name, seed): CheckResult-like (status, message)}."""
+    folder = tmp_path_factory.mktemp("lesson07-files")
+    jobs, keys = [], []
+    for ex, (function, right, mutants, _) in EXERCISES.items():
+        candidates = list(right.items()) + [(f"mutant{i}", src) for i, (src, _) in enumerate(mutants)]
+        for name, source in candidates:
+            path = folder / f"{ex.replace('.', '_')}_{name.replace(' ', '_').replace(',', '')}.py"
+            path.write_text(source)
+            for seed in SEEDS_RANKS:
+                jobs.append({"exercise": ex, "file": str(path), "function": function, "seed": seed, "timeout_s": 10})
+                keys.append((ex, name, seed, path))
+    observations = lesson07.run_rank_jobs(jobs, timeout_s=600)
+    out = {}
+    for (ex, name, seed, path), obs in zip(keys, observations):
+        judge = EXERCISES[ex][3]
+        try:
+            out[(ex, name, seed)] = ("pass", judge(obs, seed, path))
+        except lesson07.CheckFailed as exc:
+            out[(ex, name, seed)] = ("fail", exc.sentence())
+        except NotImplementedError:
+            out[(ex, name, seed)] = ("not_implemented", "")
+        except Exception as exc:
+            out[(ex, name, seed)] = ("error", f"{type(exc).__name__}: {exc}")
+    return out
+
+
+RIGHT_CASES = [(ex, name) for ex, (_, right, _, _) in EXERCISES.items() for name in right]
+MUTANT_CASES = [(ex, f"mutant{i}", prop) for ex, (_, _, mutants, _) in EXERCISES.items()
+                for i, (_, prop) in enumerate(mutants)]
+
+
+@pytest.mark.parametrize("ex, name", RIGHT_CASES, ids=[f"{e}-{n}" for e, n in RIGHT_CASES])
+def test_right_answers_pass_on_every_seed(verdicts, ex, name):
+    for seed in SEEDS_RANKS:
+        status, message = verdicts[(ex, name, seed)]
+        assert status == "pass", f"seed {seed}: {message}"
+
+
+@pytest.mark.parametrize("ex, name, prop", MUTANT_CASES, ids=[f"{e}-{n}" for e, n, _ in MUTANT_CASES])
+def test_mutants_fail_on_the_right_property_on_every_seed(verdicts, ex, name, prop):
+    for seed in SEEDS_RANKS:
+        status, message = verdicts[(ex, name, seed)]
+        assert status == "fail", f"seed {seed}: {status}: {message}"
+        assert f"'{prop}'" in message, f"seed {seed}: {message}"
+
+
+def test_at_least_eight_mutants_per_exercise():
+    assert len(MUTANTS_71) >= 8
+    for ex, (_, _, mutants, _) in EXERCISES.items():
+        assert len(mutants) >= 8, ex
+
+
+def test_stubs_and_wrong_objects_need_no_launch(tmp_path):
+    """A stub is 'not implemented' without starting any process; wrong objects get a sentence.
+    (The notebook tests run each check end to end on the lesson's solutions.)"""
+    stub = tmp_path / "stub.py"
+    stub.write_text(HEADER_72 + '    """doc"""\n    # YOUR CODE HERE\n    raise NotImplementedError("Exercise 7.2")\n')
+    result = run_check("7.2", stub)
+    assert result.status == "not_implemented" and result.seconds < 2, result
+    missing = run_check("7.3", tmp_path / "missing.py")
+    assert missing.status == "fail" and "run the exercise's `%%writefile` cell first" in missing.message
+    assert "expected the path of your exercise file" in run_check("7.4", 3).message
+    broken = tmp_path / "broken.py"
+    broken.write_text("def accumulate(:\n")
+    result = run_check("7.4", broken)
+    assert result.status == "error" and "syntax error at line 1" in result.message
+    renamed = tmp_path / "renamed.py"
+    renamed.write_text("def accumulate_gradients(ddp_model, micro_batches, loss_fn):\n    return 0.0\n")
+    assert "defines accumulate()" in run_check("7.4", renamed).message

@@ -1,0 +1,109 @@
+import itertools
+import time
+
+import pytest
+import torch
+
+from course_utils.data_parallel import (HostWork, PerDeviceMonitor, SimulatedDataParallel, StageClock,
+                                        measure_dp_costs, plot_schedule)
+from course_utils.models import resnet18_cifar
+from course_utils.scaling import StageCosts, predict_dp
+from course_utils.train import train
+
+
+def costs(**kw):
+    base = dict(compute_fixed_ms=2.0, compute_per_sample_ms=0.05, scatter_ms_per_sample=0.002,
+                gather_ms_per_sample=0.001, replicate_ms=1.0, reduce_ms=1.5, device0_ms=0.5)
+    base.update(kw)
+    return StageCosts(**base)
+
+
+def batch(n):
+    return torch.zeros(n, 3, 4, 4), torch.zeros(n, dtype=torch.long)
+
+
+def test_steps_are_asynchronous_and_follow_the_schedule():
+    c = costs()
+    dp = SimulatedDataParallel(4, c)
+    t0 = time.perf_counter()
+    for _ in range(3):
+        dp.step(batch(128))
+    launched = time.perf_counter() - t0
+    dp.synchronize()
+    total = time.perf_counter() - t0
+    step_ms = predict_dp(c, 4, 128).device_ms
+    assert launched < 0.005, "launching must not wait for the devices"
+    span_ms = (max(i.end_s for i in dp.trace) - min(i.start_s for i in dp.trace)) * 1e3
+    assert span_ms == pytest.approx(3 * step_ms, rel=1e-6), "three steps back to back, as predicted"
+    assert 3 * step_ms * 0.98 <= total * 1e3 <= 3 * step_ms + 25, "synchronize waits for them (no longer)"
+    stages = {(i.device, i.stage) for i in dp.trace}
+    assert (0, "scatter") in stages and (3, "forward") in stages and (3, "reduce") in stages
+    assert (0, "gather + loss") in stages and (1, "optimizer (device 0)") not in stages
+    busy = dp.busy_seconds_per_device()
+    assert busy[0] > busy[1] > 0
+
+
+def test_uneven_batches_leave_devices_idle_and_one_device_is_a_pass_through():
+    dp = SimulatedDataParallel(4, costs())
+    dp.step(batch(5))                    # pieces 2, 2, 1
+    dp.synchronize()
+    assert dp.busy_seconds_per_device()[3] == 0.0
+    one = SimulatedDataParallel(1, costs())
+    one.step(batch(64))
+    one.synchronize()
+    assert {i.stage for i in one.trace} == {"forward", "backward", "optimizer (device 0)"}
+    assert one.busy_seconds() * 1e3 == pytest.approx(costs().compute_ms(64) + 0.5, rel=0.01)
+    with pytest.raises(ValueError):
+        one.step(None)
+
+
+def test_trains_through_the_course_loop_with_device_events():
+    c = costs()
+    dp = SimulatedDataParallel(2, c)
+    result = train(None, itertools.repeat(batch(64)), device=dp, steps=12, progress=False)
+    expected = predict_dp(c, 2, 64).samples_per_s
+    assert result.stats.samples_per_s == pytest.approx(expected, rel=0.2)
+    assert result.stats.device_ms and "simulated" in result.stats.device
+
+
+def test_run_charges_device0_per_kernel_and_byte_and_back_pressure():
+    dp = SimulatedDataParallel(2, costs(), kernel_us=1000.0, bandwidth_gbs=1.0, max_queued_steps=1)
+    x = torch.ones(250_000)                        # 1 MB
+    out = dp.run(lambda t: t + 1, x)               # one kernel: 1 ms + 2 MB at 1 GB/s = 3 ms
+    assert torch.equal(out, x + 1)
+    dp.synchronize()
+    busy = dp.busy_seconds_per_device()
+    assert busy[1] == 0.0 and busy[0] * 1e3 == pytest.approx(3.0, rel=1e-6)
+    t0 = time.perf_counter()
+    dp.step(batch(64))
+    dp.step(batch(64))                   # the queue holds one step: this one waits for the first
+    assert time.perf_counter() - t0 >= predict_dp(costs(), 2, 64).device_ms / 1e3 * 0.8
+
+
+def test_host_work_is_real_and_costs_are_measured():
+    model = resnet18_cifar(width=4)
+    host = HostWork(model, resnet18_cifar(width=1), torch.randn(2, 3, 8, 8))
+    assert host.per_replica_ms(replicas=2, repeats=2) > 0
+    c = measure_dp_costs(model, torch.randn(3, 32, 32), host_work=host, link_gb_s=10.0)
+    params = sum(p.numel() * 4 for p in model.parameters())
+    assert c.replicate_ms > params / 10e6            # parameters and buffers at 10 GB/s (bytes per ms)
+    assert c.scatter_ms_per_sample == pytest.approx(3 * 32 * 32 * 4 / 10e6)
+    assert c.gather_ms_per_sample == pytest.approx(2 * 10 * 4 / 10e6)
+    assert "measured" in c.notes["replicate_ms"] and "made up" in c.notes["compute_fixed_ms"]
+
+
+def test_stage_clock_and_per_device_monitor():
+    clock = StageClock(["cpu"])
+    for _ in range(3):
+        with clock("work"):
+            time.sleep(0.002)
+    assert clock.medians_ms()["work"] >= 2.0
+    dp = SimulatedDataParallel(2, costs(compute_per_sample_ms=0.2))
+    with PerDeviceMonitor(dp, interval_s=0.02) as mon:
+        for _ in range(8):
+            dp.step(batch(64))
+        dp.synchronize()
+    means = mon.mean_util()
+    assert len(means) == 2 and means[0] > 20 and mon.simulated
+    fig = plot_schedule(dp.trace, steps=2)
+    assert fig.axes

@@ -1,0 +1,182 @@
+"""The torchrun launcher (lesson 07): results from rank 0, output by rank, threads per rank, clear
+errors, and no process left behind after a timeout, a Ctrl-C, or the death of the launching
+process. The ranks here are small Python programs that do not import torch, so each launch
+costs little more than torchrun's own start-up."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from course_utils.launch import LaunchError, LaunchTimeout, report, threads_per_rank, torchrun
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def program(tmp_path, body, name="prog.py"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+def marked(key, value):
+    """Processes alive whose environment has key=value (what a launch leaves behind)."""
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.environ().get(key) == value and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            pass
+    return found
+
+
+def wait_until_gone(key, value, seconds):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        alive = marked(key, value)
+        if not alive:
+            return []
+        time.sleep(0.25)
+    return [(p.pid, " ".join(p.cmdline())[:120]) for p in marked(key, value)]
+
+
+def test_result_output_threads_backend_and_two_nodes(tmp_path):
+    """Two torchrun agents ("nodes") of one process each, meeting through a c10d rendezvous: rank
+    0's report comes back, every line is prefixed by its global rank, the backend and the threads
+    per rank are set, extra variables reach the ranks, nothing is left behind."""
+    prog = program(tmp_path, """
+        import os
+        from course_utils.launch import report
+        rank = int(os.environ["RANK"])
+        print(f"hello from {rank}", flush=True)
+        report({"rank": rank, "world": int(os.environ["WORLD_SIZE"]), "local": os.environ["LOCAL_RANK"],
+                "omp": os.environ["OMP_NUM_THREADS"], "backend": os.environ["COURSE_BACKEND"],
+                "extra": os.environ["EXTRA"]})
+    """)
+    result = torchrun(prog, nnodes=2, nproc=1, backend="gloo", timeout_s=120, echo=False, env={"EXTRA": "yes"})
+    assert result.ok and result.returncode == 0
+    assert result.result == {"rank": 0, "world": 2, "local": "0", "omp": str(threads_per_rank(2)),
+                             "backend": "gloo", "extra": "yes"}
+    assert result.lines(0) == ["hello from 0"] and result.lines(1) == ["hello from 1"]
+    assert "[rank 1] hello from 1" in result.output.splitlines()
+    assert len(result.commands) == 2 and all("--rdzv_backend=c10d" in c for c in result.commands)
+    assert result.survivors == []
+
+
+def test_a_failing_rank_is_named_with_its_error(tmp_path):
+    prog = program(tmp_path, """
+        import os, time
+        if os.environ["RANK"] == "1":
+            raise ValueError("rank one cannot count")
+        time.sleep(60)          # rank 0 would wait: torchrun stops it when rank 1 fails
+    """)
+    with pytest.raises(LaunchError) as info:
+        torchrun(prog, nproc=2, backend="gloo", timeout_s=120, echo=False)
+    assert "rank 1: ValueError: rank one cannot count" in str(info.value)
+    assert info.value.result.returncode != 0 and info.value.result.seconds < 60
+    assert not info.value.result.ok and info.value.result.survivors == []
+
+
+def test_bad_arguments_are_refused():
+    with pytest.raises(ValueError):
+        torchrun("ddp_hello.py", timeout_s=0)
+    with pytest.raises(FileNotFoundError):
+        torchrun("no_such_program.py", timeout_s=10)
+    with pytest.raises(ValueError):
+        torchrun("ddp_hello.py", nproc=-1, timeout_s=10)
+
+
+def test_report_only_counts_on_rank_0(tmp_path, monkeypatch):
+    target = tmp_path / "r.json"
+    monkeypatch.setenv("COURSE_RESULT_FILE", str(target))
+    monkeypatch.setenv("RANK", "1")
+    report({"a": 1})
+    assert not target.exists()
+    monkeypatch.setenv("RANK", "0")
+    report({"a": 2})
+    assert json.loads(target.read_text()) == {"a": 2}
+
+
+HANGING = """
+    import multiprocessing, os, subprocess, sys, time
+    # a forked child (like a DataLoader worker), and a grandchild that escapes into its own session
+    child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(600,))
+    child.start()
+    loose = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    with open(os.path.join(sys.argv[1], f"rank{os.environ['RANK']}"), "w") as f:
+        f.write(f"{os.getpid()} {child.pid} {loose.pid}")
+    time.sleep(600)
+"""
+
+
+def test_timeout_stops_every_process_of_the_launch(tmp_path):
+    prog = program(tmp_path, HANGING)
+    mark = uuid.uuid4().hex
+    t0 = time.perf_counter()
+    with pytest.raises(LaunchTimeout) as info:
+        torchrun(prog, tmp_path, nproc=2, backend="gloo", timeout_s=15, echo=False, env={"TEST_MARK": mark})
+    assert time.perf_counter() - t0 < 15 + 15
+    pids = [int(p) for r in (0, 1) if (tmp_path / f"rank{r}").exists() for p in (tmp_path / f"rank{r}").read_text().split()]
+    assert len(pids) == 6, "the ranks did not start within the timeout: the test proves nothing"
+    assert info.value.result.timed_out and info.value.result.survivors == []
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert wait_until_gone("TEST_MARK", mark, 1) == []
+
+
+DRIVER = """
+    import sys
+    from course_utils.launch import torchrun
+    torchrun(sys.argv[1], sys.argv[2], nproc=2, backend="gloo", timeout_s=300, echo=False)
+"""
+LIGHT_RANK = """
+    import os, sys, time
+    with open(os.path.join(sys.argv[1], f"rank{os.environ['RANK']}"), "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(600)
+"""
+TORCH_RANK = """
+    import os, sys, time
+    import torch, torch.distributed as dist
+    from torch.utils.data import DataLoader
+    dist.init_process_group("gloo")
+    loader = DataLoader(list(range(64)), batch_size=4, num_workers=2, persistent_workers=True)
+    next(iter(loader))                           # two worker processes per rank are running now
+    with open(os.path.join(sys.argv[1], f"rank{dist.get_rank()}"), "w") as f:
+        f.write(str(os.getpid()))
+    if dist.get_rank() == 0:
+        dist.all_reduce(torch.ones(1))           # rank 1 never comes: a hang
+    time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "killed"])
+def test_interrupting_or_killing_the_launcher_leaves_nothing(tmp_path, how):
+    """Ctrl-C (the notebook's stop button) during a hung launch whose ranks run DataLoader workers
+    stops all of them. If the launching process is killed outright (a kernel that dies), the
+    kernel tells torchrun (PR_SET_PDEATHSIG), which stops its ranks."""
+    prog = program(tmp_path, TORCH_RANK if how == "ctrl-c" else LIGHT_RANK)
+    driver = program(tmp_path, DRIVER, "driver.py")
+    mark = uuid.uuid4().hex
+    env = dict(os.environ, TEST_MARK=mark, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, str(driver), str(prog), str(tmp_path)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 90
+    while not all((tmp_path / f"rank{r}").exists() for r in (0, 1)):
+        assert time.time() < deadline and proc.poll() is None, "the ranks never started"
+        time.sleep(0.2)
+    if how == "ctrl-c":
+        workers = [c for r in (0, 1) for c in psutil.Process(int((tmp_path / f"rank{r}").read_text())).children()]
+        assert len(workers) >= 4, "expected two DataLoader workers per rank"
+    proc.send_signal(signal.SIGINT if how == "ctrl-c" else signal.SIGKILL)
+    out, _ = proc.communicate(timeout=60)
+    if how == "ctrl-c":
+        assert "KeyboardInterrupt" in out
+    assert wait_until_gone("TEST_MARK", mark, 30) == []

@@ -1,0 +1,209 @@
+"""The virtual CUDA device: placement, copies, syncs, mixed-device errors, streams and events."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from course_utils.checks.virtual_cuda import MIXED_DEVICES, NO_AUTOGRAD, DeviceTensor, VirtualCuda
+
+
+def test_tensors_on_the_device_report_cuda_and_compute_on_the_host():
+    with VirtualCuda() as vc:
+        assert torch.cuda.is_available()
+        x = torch.arange(6.0).view(2, 3)
+        d = x.to("cuda")
+        assert isinstance(d, DeviceTensor) and d.device == torch.device("cuda", 0) and d.is_cuda
+        y = (d * 2 + 1).sum(0)
+        assert y.device.type == "cuda"
+        for made in (torch.zeros(3, device="cuda"), torch.arange(4, device=d.device), torch.empty_like(d),
+                     torch.ones(2).cuda(), d.float(), d[0], d[:, 1:], F.pad(d.view(1, 1, 2, 3), (1, 1, 1, 1))):
+            assert made.device.type == "cuda"
+        assert torch.equal(y.cpu(), (x * 2 + 1).sum(0))
+        assert [c.kind for c in vc.copies] == ["h2d", "h2d", "d2h"]     # .to, .cuda, .cpu
+    assert not torch.cuda.is_available() or torch.cuda.device_count() > 0
+    assert torch.equal(d.cpu(), x)      # still readable after the block
+
+
+def test_mixing_device_and_host_tensors_raises_what_cuda_raises():
+    with VirtualCuda():
+        d = torch.ones(3, device="cuda")
+        with pytest.raises(RuntimeError, match="same device"):
+            d + torch.ones(3)
+        with pytest.raises(RuntimeError, match="same device"):
+            torch.cat([d, torch.ones(2)])
+        assert (d + torch.tensor(2.0)).device.type == "cuda"        # a 0-dim host tensor is allowed
+        idx = torch.tensor([2, 0])
+        assert torch.equal(d[idx].cpu(), torch.ones(2))               # host indices: an implicit copy
+    assert MIXED_DEVICES.startswith("Expected all tensors")
+
+
+def test_copies_record_pinning_blocking_and_the_stream():
+    with VirtualCuda() as vc:
+        host = torch.randn(4, 5)
+        pinned = host.pin_memory()
+        assert pinned.is_pinned() and not host.is_pinned()
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            a = pinned.to("cuda", non_blocking=True)
+        b = host.to("cuda", non_blocking=True)          # pageable: the host waits anyway
+        c = torch.tensor([1.0, 2.0], device="cuda")       # from Python data: a blocking copy
+        copies = vc.h2d()
+        assert [(x.pinned, x.non_blocking, x.blocks_host) for x in copies] == [
+            (True, True, False), (False, True, True), (False, False, True)]
+        assert copies[0].stream == side.id and copies[1].stream == vc.default_stream.id
+        assert copies[0].where.endswith(".py:" + str(copies[0].where.rsplit(":", 1)[1]))
+        assert len(vc.syncs) == 2
+        del a, b, c
+
+
+def test_host_reads_are_syncs_and_numpy_is_refused():
+    with VirtualCuda() as vc:
+        d = torch.arange(4.0, device="cuda")
+        d.sum().item()
+        float(d[0])
+        d.tolist()
+        repr(d)
+        torch.equal(d, d)
+        d[d > 1]
+        with pytest.raises(TypeError, match="cpu"):
+            d.numpy()
+        assert len(vc.syncs) == 6
+
+
+def test_generators_belong_to_a_device():
+    with VirtualCuda() as vc:
+        g = vc.generator(3)
+        assert g.device.type == "cuda"
+        a = torch.randint(0, 9, (5,), device="cuda", generator=g)
+        assert a.device.type == "cuda"
+        with pytest.raises(RuntimeError, match="'cpu' device type for generator"):
+            torch.randint(0, 9, (5,), generator=g)
+        with pytest.raises(RuntimeError, match="'cuda' device type for generator"):
+            torch.rand(5, device="cuda", generator=torch.Generator())
+        torch.manual_seed(5)
+        first = torch.rand(3, device="cuda").cpu()
+        torch.manual_seed(5)
+        assert torch.equal(torch.rand(3, device="cuda").cpu(), first)
+        assert torch.equal(torch.randint(0, 9, (5,), device="cuda", generator=vc.generator(3)).cpu(), a.cpu())
+
+
+def test_a_side_stream_is_invisible_until_waited_for():
+    with VirtualCuda() as vc:
+        side = torch.cuda.Stream()
+        pinned = torch.randn(8).pin_memory()
+        with torch.cuda.stream(side):
+            early = pinned.to("cuda", non_blocking=True)
+        (early * 2).sum()                                    # read at once: a race
+        assert len(vc.races) == 1
+        with torch.cuda.stream(side):
+            late = pinned.to("cuda", non_blocking=True)
+        torch.cuda.current_stream().wait_stream(side)
+        (late * 2).sum()
+        assert len(vc.races) == 1
+        event = torch.cuda.Event()
+        with torch.cuda.stream(side):
+            third = pinned.to("cuda", non_blocking=True)
+            event.record()
+        torch.cuda.current_stream().wait_event(event)
+        third.sum()
+        assert len(vc.races) == 1
+        with torch.cuda.stream(side):
+            fourth = pinned.to("cuda", non_blocking=True)
+        torch.cuda.synchronize()                            # the host waited: everything is done
+        fourth.sum()
+        assert len(vc.races) == 1 and vc.syncs[-1].what == "torch.cuda.synchronize"
+
+
+def test_record_stream_is_needed_for_memory_used_on_another_stream():
+    with VirtualCuda() as vc:
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            a = torch.ones(4).pin_memory().to("cuda", non_blocking=True)
+            b = torch.ones(4).pin_memory().to("cuda", non_blocking=True)
+        torch.cuda.current_stream().wait_stream(side)
+        vc.mark(a, "batch a")
+        vc.mark(b, "batch b")
+        a.sum(), b.sum()
+        assert sorted(x.label for x in vc.unrecorded()) == ["batch a", "batch b"]
+        a.record_stream(torch.cuda.current_stream())
+        b.record_stream(side)                                # the wrong stream
+        assert [x.label for x in vc.unrecorded()] == ["batch b"]
+        b[1:].record_stream(torch.cuda.current_stream())     # a view records its memory
+        assert vc.unrecorded() == []
+
+
+def test_no_autograd_on_the_device_and_a_clear_error():
+    with VirtualCuda():
+        d = torch.ones(3, device="cuda")
+        with pytest.raises(RuntimeError, match="no gradients"):
+            d.requires_grad_()
+        with pytest.raises(RuntimeError, match="no gradients"):
+            d.requires_grad = True
+        with pytest.raises(RuntimeError, match="no gradients"):
+            torch.nn.Linear(2, 2).to("cuda")
+        with pytest.raises(RuntimeError, match="no gradients"):
+            d * torch.tensor(2.0, requires_grad=True)
+    assert "no gradients" in NO_AUTOGRAD
+
+
+def test_leaving_the_block_restores_torch_cuda():
+    before = (torch.cuda.is_available, torch.cuda.Stream, torch.cuda.synchronize)
+    with VirtualCuda():
+        assert torch.cuda.Stream is not before[1]
+    assert (torch.cuda.is_available, torch.cuda.Stream, torch.cuda.synchronize) == before
+    assert torch.cuda.is_available() == before[0]()
+
+
+def test_view_writes_and_in_place_ops_keep_the_allocation():
+    with VirtualCuda() as vc:
+        side = torch.cuda.Stream()
+        d = torch.zeros(4, 3, device="cuda")
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            d[1:].add_(1)                                     # written on the side stream
+        d.sum()
+        assert len(vc.races) == 1
+        d2 = torch.zeros(2, device="cuda")
+        d2.copy_(torch.ones(2))
+        assert torch.equal(d2.cpu(), torch.ones(2)) and vc.h2d()[-1].what == "Tensor.copy_"
+
+
+def test_the_course_prefetcher_and_accel_helpers_are_right_on_the_virtual_device():
+    from course_utils import accel
+    from course_utils.prefetch import CudaPrefetcher
+    with VirtualCuda() as vc:
+        batches = [(torch.randn(4, 3).pin_memory(), torch.arange(4).pin_memory()) for _ in range(5)]
+        assert isinstance(accel.new_stream("cuda"), torch.cuda.Stream)
+        seen = 0
+        for images, labels in CudaPrefetcher(batches, torch.device("cuda")):
+            assert images.is_cuda and labels.is_cuda
+            (images * 2).sum(), labels.sum()
+            seen += 1
+        assert seen == 5
+        assert vc.races == [] and vc.unrecorded() == [] and vc.syncs == []
+        assert len(vc.h2d()) == 10 and all(c.non_blocking and c.pinned for c in vc.h2d())
+        assert all(c.stream != vc.default_stream.id for c in vc.h2d())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_beside_a_real_gpu_the_virtual_device_takes_the_next_index():
+    real = torch.ones(3, device="cuda")
+    with VirtualCuda() as vc:
+        assert vc.device.index >= 1
+        d = vc.to_device(torch.ones(3))
+        assert d.device == vc.device and d.device != real.device
+        with pytest.raises(RuntimeError, match="same device"):
+            d + real
+    assert torch.cuda.is_available() and (real * 2).sum().item() == 6.0    # the real GPU works after the block
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_checks_of_lesson_03_pass_on_a_real_gpu_with_a_device_keyed_cache():
+    """On a GPU the checks run the learner's code on the real device and on the virtual one; a
+    cache of constants keyed by device (the 3.3 solution) must not hand one's tensors to the other."""
+    from course_utils.checks import run_check
+    from test_checks_lesson03 import GoodPrefetcher, crop_flip, good_normalize
+    for exercise, answer in (("3.1", GoodPrefetcher), ("3.2", crop_flip), ("3.3", good_normalize)):
+        result = run_check(exercise, answer)
+        assert result.status == "pass", (exercise, result.message)
