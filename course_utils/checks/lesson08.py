@@ -9,7 +9,11 @@
     sample, flipped or not, normalised with CIFAR-10's constants (`crop_match` recovers it),
     labels intact, and the crop offsets and flips distributed as the baseline's augmentation
     draws them (uniform offsets 0..8 per axis, drawn per sample, flips at one half, new ones
-    every epoch);
+    every epoch); where there is no GPU, the same again on the virtual CUDA device
+    (`virtual_cuda`), which runs a GPU's code path on the CPU and sees what only a GPU would: the
+    batches must reach the device, no host tensor may be mixed into the device's work, random
+    numbers are drawn there, the host never waits for the device batch after batch (a pipeline
+    using DALI's GPU stages, which only a real GPU runs, skips this pass and the message says so);
 (a) speed: in at least five rounds, the model-only ceiling, the course's device-resident pipeline
     and yours, through the one training loop, on the same kind of workload, yours and the
     device-resident one next to each other. On a GPU, the median of yours as a fraction of the
@@ -43,6 +47,7 @@ from ..crop_match import match_crops
 from ..env import smoke_mode, usable_cores
 from ._core import CheckFailed, WrongType, exercise, expect_callable
 from ._util import fresh_rng
+from .virtual_cuda import DeviceTensor, VirtualCuda
 
 PAD = 4
 K = 2 * PAD + 1                       # crop offsets 0..8 on each axis
@@ -180,7 +185,12 @@ def _batch_arrays(batch, ctx, batch_size: int, what: str):
     if not ctx.simulated and (images.device != ctx.device or labels.device != ctx.device):
         raise CheckFailed("puts the batch on the device", f"{what}: images on {images.device}, labels on "
                           f"{labels.device}; the model is on {ctx.device}")
-    return images.detach().cpu().numpy().copy(), labels.detach().cpu().numpy().copy()
+    return _host(images).numpy().copy(), _host(labels).numpy().copy()
+
+
+def _host(t: torch.Tensor) -> torch.Tensor:
+    """A tensor's values on the host; on the virtual CUDA device without logging a copy (the check's own read)."""
+    return t._inner if isinstance(t, DeviceTensor) else t.detach().cpu()
 
 
 def _one_epoch(ctx, pipeline, n: int, batch_size: int, what: str):
@@ -247,7 +257,63 @@ def _augmentation_statistics(found, batch_size: int, what: str):
                           "draw the two offsets independently")
 
 
-def _check_correctness(make_pipeline, rng, seed: int, device: str | None) -> str:
+VIRTUAL = "the virtual CUDA device"
+# what the CUDA runtime or DALI say when a part needs a real GPU (DALI's GPU stages): the virtual pass cannot run it
+_REAL_GPU_ONLY = ("CUDA is not available", "no NVIDIA driver", "libcuda", "cuInit")
+# host waits allowed per epoch on a GPU (at an epoch's start, say); one per batch stalls every step
+MAX_WAITS_PER_EPOCH = 2
+
+
+def _virtual_epochs(make_pipeline, config, workload, n: int, batch_size: int, what: str):
+    """Two epochs of what the model gets on a GPU, run on the virtual CUDA device (`virtual_cuda`):
+    the batches must be on the device, the work done there (no tensor of the host mixed in, random
+    numbers drawn on the device), the host never waiting for the device batch after batch, and no
+    batch read before its copy finished. Returns the epochs' arrays, or None with the reason when
+    the pipeline uses a part only a real GPU runs (DALI's GPU stages)."""
+    from ..ladder import LadderContext
+    from .lesson03 import _learner_error
+
+    with VirtualCuda() as vc:
+        ctx = LadderContext(config, vc.device, vc.device, None, progress=False, training_set=workload)
+        try:
+            pipeline = _expect_pipeline(make_pipeline(ctx), f"make_pipeline(ctx) on {VIRTUAL}")
+            epochs = []
+            for e in range(2):
+                where = f"epoch {e + 1} of {what}, on {VIRTUAL} (a GPU's code path)"
+                vc.reset_log()
+                epochs.append(_one_epoch(ctx, pipeline, n, batch_size, where))
+                reads = vc.reads()
+                if len(reads) > MAX_WAITS_PER_EPOCH:
+                    raise CheckFailed("never makes the host wait for the device",
+                                      f"{where}: the host waited for the device {len(reads)} times in "
+                                      f"{n // batch_size} batches (first: {reads[0].what} at {reads[0].where})",
+                                      "no .item(), .tolist(), .cpu(), float(t) or Python loop over values on the "
+                                      "device: every wait stalls the GPU once per step")
+                if vc.races:
+                    race = vc.races[0]
+                    raise CheckFailed("the model reads each batch after its copy finished",
+                                      f"{where}: {len(vc.races)} reads of device memory before the work that wrote "
+                                      f"it was visible on the reading stream ({race.what} at {race.where})",
+                                      "let the course's prefetcher copy ahead (Pipeline(..., prefetch=True)), or "
+                                      "make the consuming stream wait for the copy (lesson 03)")
+        except (RuntimeError, ValueError) as exc:
+            failure = _learner_error(exc, f"{what}, on {VIRTUAL}")
+            if failure is None and isinstance(exc, ValueError) and "generator" in str(exc):    # the course's own words
+                failure = CheckFailed("draws its random numbers on the images' device", f"{what}, on {VIRTUAL}: {exc}",
+                                      "a generator for the device: torch.Generator(device=images.device)")
+            if failure is not None:
+                raise failure from None
+            if any(words in str(exc) for words in _REAL_GPU_ONLY):
+                part = "DALI's GPU stages" if "DALI" in str(exc) else str(exc).strip().splitlines()[0][:120]
+                return None, f"the pass on {VIRTUAL} was skipped: your pipeline uses a part only a real GPU runs ({part})"
+            raise
+    return epochs, ""
+
+
+def _check_correctness(make_pipeline, rng, seed: int, device: str | None, *, virtual: bool = False) -> str:
+    """Two epochs through the pipeline, as the model sees them, on a fresh self-identifying workload:
+    on `device` (None: the machine's own), or with `virtual` on the virtual CUDA device. Returns a
+    note for the check's message ("" when there is nothing to say)."""
     from ..ladder import LadderConfig, TrainingSet, ladder_context
 
     batch_size = int(rng.choice([32, 64]))
@@ -256,11 +322,16 @@ def _check_correctness(make_pipeline, rng, seed: int, device: str | None) -> str
     workload = TrainingSet(images, labels, f"{n} fresh random images (seed {seed})")
     config = LadderConfig(batch_size=batch_size, num_workers=min(2, usable_cores()), device=device)
     what = f"a workload of {n} images, ctx.batch_size={batch_size} (seed {seed})"
-    with ladder_context(config, progress=False, training_set=workload) as ctx:
-        pipeline = _expect_pipeline(make_pipeline(ctx), "make_pipeline(ctx)")
-        epochs = [_one_epoch(ctx, pipeline, n, batch_size, f"epoch {e + 1} of {what}") for e in range(2)]
-        kind = ctx.kind
-    del pipeline
+    if virtual:
+        epochs, note = _virtual_epochs(make_pipeline, config, workload, n, batch_size, what)
+        if epochs is None:
+            return note
+        what += f", on {VIRTUAL}"
+    else:
+        with ladder_context(config, progress=False, training_set=workload) as ctx:
+            pipeline = _expect_pipeline(make_pipeline(ctx), "make_pipeline(ctx)")
+            epochs = [_one_epoch(ctx, pipeline, n, batch_size, f"epoch {e + 1} of {what}") for e in range(2)]
+        del pipeline
     gc.collect()
     found, order = [], []
     for e, (x, y) in enumerate(epochs):
@@ -313,7 +384,7 @@ def _check_correctness(make_pipeline, rng, seed: int, device: str | None) -> str
                           "augment every batch when it is served: augmented images computed once and reused teach "
                           "the model the same crops forever")
     _augmentation_statistics(merged, batch_size, what)
-    return kind
+    return ""
 
 
 # -- (a) speed -------------------------------------------------------------------------------------
@@ -474,8 +545,11 @@ def check_pipeline(make_pipeline):
     kind = target.kind
     target.close()
     device = None if kind != "cpu" else "cpu"
-    # (b) correctness, as the model sees the batches
+    # (b) correctness, as the model sees the batches: on this machine's device, and where there is no GPU also on
+    # the virtual CUDA device, which sees what only a GPU would (batches left on the host, host tensors mixed in,
+    # random numbers drawn on the host, a wait for the device every batch)
     _check_correctness(make_pipeline, rng, seed, device)
+    virtual_note = "" if kind == "cuda" else _check_correctness(make_pipeline, rng, seed, None, virtual=True)
     # (a) speed against the ceiling; with COURSE_DEVICE=cpu, beside the simulated device
     speed_device = "sim" if kind == "cpu" else device
     passed, fraction, share, capacity, n_rounds, label, speed_kind, runs = _check_speed(make_pipeline, rng, seed,
@@ -515,9 +589,11 @@ def check_pipeline(make_pipeline):
                               "else (their order, the classes in them, the normalisation, the precision)")
     cpu_note = (" COURSE_DEVICE=cpu: speed graded beside the simulated device (the real model shares the CPU "
                 "with the loader); correctness and parity through the GPU code path on the CPU.") if kind == "cpu" else ""
+    gpu_path = ("" if kind == "cuda" else " on this machine's device" +
+                ("" if virtual_note else f" and on {VIRTUAL} (batches on the device, no host waits)"))
     return (f"every sample once per epoch, reshuffled, exact crops with uniform offsets and half flipped, labels "
-            f"intact; {measured}, {bar}, on {label}; parity: {100 * difference:+.1f} points (within +/-"
-            f"{100 * parity.tolerance:.0f}).{cpu_note}")
+            f"intact{gpu_path}; {measured}, {bar}, on {label}; parity: {100 * difference:+.1f} points (within +/-"
+            f"{100 * parity.tolerance:.0f}).{cpu_note}" + (f" ({virtual_note})" if virtual_note else ""))
 
 
 # -- 8.2 which rung to climb to, from another machine's report --------------------------------------
