@@ -21,7 +21,6 @@ states how far apart they may be, for each step budget, and `MEASURED` what it w
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -110,28 +109,17 @@ def test_batches(device, limit: int | None, batch_size: int = 1000):
             for i in range(0, len(labels), batch_size)]
 
 
-@contextlib.contextmanager
-def _one_thread(device):
-    """On the CPU, one intra-op thread: the cores are shared with the loaders (and on a busy
-    machine several threads waiting for each other at every operation are many times slower)."""
-    if device.type != "cpu":
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def train_and_evaluate(ctx, pipeline, *, steps: int, seed: int, test, progress: bool = False) -> float:
     """Test accuracy of `parity_model()` after `steps` steps on `pipeline`'s batches in `ctx`,
     from the initial weights `torch.manual_seed(seed)` gives, with SGD and a one-cycle schedule.
     Beside the simulator the model trains on the CPU (the simulator has none)."""
+    from .ladder import _intra_op_threads
+
     device = torch.device("cpu") if ctx.simulated else ctx.device
     real = not ctx.simulated
-    with _one_thread(device):
+    # on the CPU one intra-op thread: the cores are shared with the loaders (and on a busy machine several
+    # threads waiting for each other at every operation are many times slower)
+    with _intra_op_threads(1 if device.type == "cpu" else None):
         torch.manual_seed(seed)
         model = parity_model().to(device)
         optimizer = default_optimizer(model, lr=PARITY_LR)
