@@ -21,7 +21,7 @@ from course_utils.checks.lesson08 import (decode, epochs_possible, identifiable_
                                           reference_choice, speed_verdict, _pixels)
 from course_utils.data import CIFAR10_MEAN, CIFAR10_STD
 from course_utils.device_data import AugmentBatch, DeviceLoader, normalize_batch, normalize_uint8, random_crop_flip
-from course_utils.ladder import Pipeline, TrainingSet, baseline_pipeline, prefetcher_pipeline
+from course_utils.ladder import Pipeline, TrainingSet, baseline_pipeline
 
 EXTRA_SEEDS = int(os.environ.get("COURSE_MUTANT_SEEDS", "1"))
 
@@ -403,8 +403,15 @@ def course_baseline(ctx):
     return baseline_pipeline(ctx)
 
 
-def course_prefetcher(ctx):
-    return prefetcher_pipeline(ctx)
+def augments_sample_by_sample(ctx):
+    """Correct, and wasteful: the augmentation in a Python loop over the batch, a few small kernels per sample.
+    On a GPU every launch costs about what the whole batch's would; beside the simulator each kernel is charged
+    (10 us), so it is slow on any machine, busy or quiet."""
+    images, labels = ctx.on_device()
+
+    def augment(x, y):
+        return torch.cat([normalize_uint8(random_crop_flip(x[i:i + 1])) for i in range(len(x))]), y
+    return Pipeline(DeviceLoader(images, labels, ctx.batch_size), batch_transform=augment)
 
 
 def cheats_when_timed(ctx):
@@ -414,10 +421,15 @@ def cheats_when_timed(ctx):
     return right(ctx)
 
 
+# Not a mutant: the ladder's prefetcher rung (workers + uint8 + prefetching). Beside the simulated device its two
+# workers can nearly feed the device on a quiet 2-core machine (89% of the device-resident pipeline measured at a
+# busy moment, against the 85% asked), so whether it passes depends on the machine's load: a right verdict either
+# way, and no test. On a GPU, whose ceiling is far above what two workers feed, it fails the 0.90 bar.
 SPEED_MUTANTS = [
-    (course_prefetcher, "runs at the speed this machine allows (fraction of the model-only ceiling)"),     # the nearest miss of the ladder's slow rungs
+    (augments_sample_by_sample, "runs at the speed this machine allows (fraction of the model-only ceiling)"),
     (cheats_when_timed, "every sample exactly once per epoch"),
-] + ([(course_baseline, "runs at the speed this machine allows (fraction of the model-only ceiling)")] if EXTRA_SEEDS > 1 else [])   # 15 s more
+] + ([(course_baseline, "runs at the speed this machine allows (fraction of the model-only ceiling)")]
+     if EXTRA_SEEDS > 1 else [])   # 15 s more
 
 
 @pytest.mark.parametrize("mutant", mutants(SPEED_MUTANTS), ids=repr)
