@@ -607,3 +607,18 @@ def test_reference_model_on_the_source_articles_machines():
     box = _curated_reports()[0]
     speed = predicted_throughput(box)
     assert speed["baseline"] == pytest.approx(1100) and speed["device-resident"] == pytest.approx(0.97 * 6000)
+
+
+@pytest.mark.dali
+def test_a_dali_gpu_pipeline_skips_only_the_virtual_pass_and_says_so():
+    """DALI's GPU stages need a real GPU: on the virtual device the pass is skipped with a note (the pass on the
+    machine's own device, DALI's CPU pipeline, still grades it)."""
+    pytest.importorskip("nvidia.dali")
+    from course_utils.checks._util import fresh_rng
+    from course_utils.checks.lesson08 import _check_correctness
+    from course_utils.ladder import dali_pipeline
+    if torch.cuda.is_available():
+        pytest.skip("beside a real GPU the virtual pass does not run")
+    rng, seed = fresh_rng()
+    note = _check_correctness(dali_pipeline, rng, seed, None, virtual=True)
+    assert "skipped" in note and "DALI's GPU stages" in note
