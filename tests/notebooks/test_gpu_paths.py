@@ -3,8 +3,9 @@
 - COURSE_DEVICE=cpu: every solution notebook runs with the real (narrow) model training on the
   CPU through the code a GPU runs (course_utils.target): dtype, shape and label bugs in the GPU
   branches fail here, not on a learner's GPU. Every check must pass in this mode too.
-- COURSE_MP_START=spawn: the lessons that start DataLoader workers run with the `spawn` start
-  method (macOS's and Windows' default), where workers cannot inherit what a notebook defined.
+- COURSE_MP_START=spawn: the lessons that start DataLoader workers (02, 03) make that run with
+  the `spawn` start method (macOS's and Windows' default), where workers cannot inherit what a
+  notebook defined.
 """
 import json
 import os
@@ -50,13 +51,9 @@ CPU_DEVICE_RUNS = [p for p in SOLUTIONS if not p.name.startswith("07-")]
 
 @pytest.mark.parametrize("path", CPU_DEVICE_RUNS, ids=[p.stem for p in CPU_DEVICE_RUNS])
 def test_solution_on_the_cpu_device(path, tmp_path, record_duration):
+    """The worker lessons run this way with spawned workers as well: one run proves both (the
+    start method and the device are independent), which keeps `make test` inside its budget."""
     t0 = time.perf_counter()
-    _run_solution(path, tmp_path, COURSE_DEVICE="cpu")
-    record_duration(path.name, time.perf_counter() - t0, "cpu-device")
-
-
-@pytest.mark.parametrize("path", WORKER_LESSONS, ids=[p.stem for p in WORKER_LESSONS])
-def test_worker_lesson_with_spawned_workers(path, tmp_path, record_duration):
-    t0 = time.perf_counter()
-    _run_solution(path, tmp_path, COURSE_MP_START="spawn")
-    record_duration(path.name, time.perf_counter() - t0, "spawn")
+    extra = {"COURSE_MP_START": "spawn"} if path in WORKER_LESSONS else {}
+    _run_solution(path, tmp_path, COURSE_DEVICE="cpu", **extra)
+    record_duration(path.name, time.perf_counter() - t0, "cpu+spawn" if extra else "cpu-device")
