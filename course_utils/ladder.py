@@ -22,6 +22,13 @@ The rungs are small named functions in `RUNGS`, in order. A later lesson adds it
 writing one more function with `@rung(...)` and appending it to `RUNGS`. A rung that cannot
 run here (DALI missing; mixed precision beside the simulator, whose step time is fixed) raises
 `RungSkipped` with the reason, and the table says so instead of inventing a number.
+
+Each rung is built from one `Pipeline` (what the training loop is fed: a loader, the work done on
+the device, prefetching, mixed precision), made by a small function of the context
+(`baseline_pipeline(ctx)`, ..., `device_resident_pipeline(ctx)`) from the context's building
+blocks (`ctx.loader`, `ctx.on_device`, `ctx.records`). Lesson 08 composes its own pipeline
+from the same blocks, and `ctx.run(pipeline)` measures it exactly as a rung is measured: the
+capstone and `make ladder` share one implementation of every rung.
 """
 from __future__ import annotations
 
@@ -35,12 +42,13 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 import torchvision.transforms as T
 from torch.utils.data import DataLoader
 
 from . import data
-from .device_data import AugmentBatch, DeviceLoader, cifar10_on_device, normalize_batch
+from .device_data import AugmentBatch, DeviceLoader, normalize_batch
 from .env import device_label, has_dali, usable_cores
 from .loaders import in_flight_batches
 from .prefetch import BackgroundLoader, CudaPrefetcher
@@ -51,7 +59,9 @@ from .train import TrainResult, train
 
 __all__ = ["LadderConfig", "LadderContext", "LadderResult", "RungSkipped", "rung", "RUNGS", "measure_ceiling",
            "climb", "rung_baseline", "rung_best_workers", "rung_prefetcher", "rung_device_resident", "rung_dali",
-           "rung_mixed_precision", "main"]
+           "rung_mixed_precision", "main", "Pipeline", "TrainingSet", "ImageArrays", "ladder_context", "measure_rung",
+           "baseline_pipeline", "workers_pipeline", "prefetcher_pipeline", "device_resident_pipeline",
+           "dali_pipeline", "mixed_precision_pipeline", "rung_row"]
 
 
 class RungSkipped(Exception):
@@ -87,15 +97,139 @@ class LadderConfig:
         return self.model or ("resnet18" if target.cuda else f"resnet18-w{CPU_MODEL_WIDTH}")
 
 
+class ImageArrays(data.CIFAR10Binary):
+    """CIFAR-style images held in arrays, as a Dataset: item i is `(transform(PIL image), label)`,
+    exactly what `data.CIFAR10Binary` gives, whose items these are (lesson 08: a check hands a
+    pipeline its own images this way). A module-level class, so that spawned DataLoader workers
+    can unpickle it."""
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray, transform=None):   # no file is read
+        self.images, self.labels, self.transform = images, labels, transform
+
+
+class TrainingSet:
+    """The images a climb trains on, in host memory: `images` (N, 32, 32, 3) uint8 HWC and
+    `labels` (N,) int64, as `data.load_cifar10_arrays` returns them (lesson 08).
+
+    `TrainingSet.cifar10(limit)` is the course's CIFAR-10 training split (real or the embedded
+    default); a check builds one from images of its own. The same images, three ways:
+    `dataset(transform)` (a Dataset for a DataLoader), `records()` (CIFAR's binary records, for
+    DALI's external source) and `on_device(device)` (uint8 NCHW tensors in device memory).
+    """
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray, description: str = "", records=None):
+        images, labels = np.asarray(images), np.asarray(labels)
+        if images.ndim != 4 or images.shape[1:] != (32, 32, 3) or images.dtype != np.uint8:
+            raise ValueError(f"images must be (N, 32, 32, 3) uint8; got {images.shape} {images.dtype}")
+        if labels.shape != (len(images),):
+            raise ValueError(f"labels must be ({len(images)},); got {labels.shape}")
+        self.images, self.labels = images, labels.astype(np.int64, copy=False)
+        self.description = description or f"{len(labels):,} images in memory"
+        self._records = records
+        self._on_device: dict = {}
+
+    @classmethod
+    def cifar10(cls, limit: int | None = None) -> "TrainingSet":
+        """The course's CIFAR-10 training split (at most `limit` records); DALI reads its
+        binary files memory-mapped."""
+        from .dali_pipelines import RecordStore
+        info = data.prepare_cifar10()
+        images, labels = data.load_cifar10_arrays(info.root, train=True, limit=limit)
+        return cls(images, labels, info.describe(),
+                   records=lambda: RecordStore.from_cifar(info.root, train=True, limit=limit))
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def dataset(self, transform) -> ImageArrays:
+        """A Dataset of these images with `transform` (the arrays are shared, not copied)."""
+        return ImageArrays(self.images, self.labels, transform)
+
+    def records(self):
+        """The images as CIFAR-10 binary records (N, 3073): the label byte, then the red, green
+        and blue planes; what `dali_pipelines.cifar_loader(records)` reads."""
+        if callable(self._records):
+            self._records = self._records()
+        if self._records is None:
+            out = np.empty((len(self), data.RECORD_BYTES), np.uint8)
+            out[:, 0] = self.labels
+            out[:, 1:] = self.images.transpose(0, 3, 1, 2).reshape(len(self), -1)
+            self._records = out
+        return self._records
+
+    def on_device(self, device):
+        """(images (N, 3, 32, 32) uint8, labels (N,) int64) in `device`'s memory, copied once."""
+        device = torch.device("cpu") if getattr(device, "type", None) == "sim" else torch.device(device)
+        key = str(device)
+        if key not in self._on_device:
+            images = torch.from_numpy(self.images).permute(0, 3, 1, 2).contiguous()
+            self._on_device[key] = (images.to(device), torch.from_numpy(self.labels).to(device))
+        return self._on_device[key]
+
+    def __repr__(self) -> str:
+        return f"TrainingSet({self.description})"
+
+
+@dataclass
+class Pipeline:
+    """An input pipeline, as the training loop runs it (lesson 08; every rung is one).
+
+    loader: an iterable of `(images, labels)` batches; each pass over it (each `for`) is one
+        epoch. A DataLoader, a `DeviceLoader`, a DALI loader...
+    batch_transform: `f(images, labels) -> (images, labels)`, run on the device before each step
+        (normalising uint8, augmenting whole batches); beside the simulator, computed and charged
+        to the simulated device.
+    prefetch: get the next batch ready ahead: copied on a CUDA side stream on a GPU
+        (`CudaPrefetcher`), taken from the loader by a background thread beside the simulator
+        (`BackgroundLoader`).
+    amp, channels_last: how the model step runs on a real device (lesson 05); the simulated
+        step's time is fixed, so they change nothing there.
+    """
+    loader: object
+    batch_transform: object = None
+    prefetch: bool = False
+    amp: str | None = None
+    channels_last: bool = False
+    name: str = ""
+
+    def describe(self) -> str:
+        parts = [type(self.loader).__name__]
+        if self.batch_transform is not None:
+            parts.append(f"on the device: {getattr(self.batch_transform, '__name__', None) or self.batch_transform!r}")
+        if self.prefetch:
+            parts.append("prefetched")
+        if self.amp:
+            parts.append(f"{self.amp} autocast")
+        if self.channels_last:
+            parts.append("channels_last")
+        return (f"{self.name}: " if self.name else "") + ", ".join(parts)
+
+
 @dataclass
 class LadderContext:
-    """Everything a rung needs: where to train, on what model, with which dataset."""
+    """Everything a rung needs: where to train, on what model, with which dataset, and the
+    building blocks of its pipeline (`loader`, `on_device`, `records`)."""
     config: LadderConfig
     device: torch.device                     # where tensors live: cuda, or cpu beside the simulator
     run_on: object                           # what train() gets: the CUDA device or the simulator
     model: torch.nn.Module | None
     progress: bool = True
-    _raw: data.CIFAR10Binary | None = field(default=None, repr=False)
+    training_set: TrainingSet | None = field(default=None, repr=False)
+
+    @classmethod
+    def for_target(cls, target: Target, config: LadderConfig | None = None, *, model: torch.nn.Module | None = None,
+                   training_set: TrainingSet | None = None, progress: bool = True) -> "LadderContext":
+        """The context for `target` (`course_utils.target.pick_target()`): its model is `model`,
+        else `config.resolved_model()` (the ResNet-18 on a GPU, narrow on the CPU, none beside
+        the simulator); its images `training_set`, else the course's CIFAR-10."""
+        config = config or LadderConfig()
+        if target.simulated:
+            model = None
+        elif model is None:
+            from .models import build_model
+            torch.backends.cudnn.benchmark = True
+            model = build_model(config.resolved_model(target)).to(target.device)
+        return cls(config, target.device, target.run_on, model, progress=progress, training_set=training_set)
 
     @property
     def simulated(self) -> bool:
@@ -109,19 +243,63 @@ class LadderContext:
     def cuda(self) -> bool:
         return not self.simulated and self.device.type == "cuda"
 
-    def dataset(self, transform) -> data.CIFAR10Binary:
-        """The CIFAR-10 training set with `transform` (the arrays are read once and shared)."""
-        if self._raw is None:
-            self._raw = data.CIFAR10Binary(train=True, limit=self.config.limit)
-        ds = copy.copy(self._raw)
-        ds.transform = transform
-        return ds
+    @property
+    def kind(self) -> str:
+        """"cuda", "cpu" (a real model on the CPU) or "sim", as `Target.kind`."""
+        return "sim" if self.simulated else ("cuda" if self.cuda else "cpu")
+
+    @property
+    def batch_size(self) -> int:
+        return self.config.batch_size
+
+    @property
+    def num_workers(self) -> int:
+        """DataLoader workers where a rung uses them: one per usable core (or the configured number)."""
+        return self.config.resolved_workers()
+
+    @property
+    def data(self) -> TrainingSet:
+        """The training images (the course's CIFAR-10 unless the context was given others)."""
+        if self.training_set is None:
+            self.training_set = TrainingSet.cifar10(self.config.limit)
+        return self.training_set
+
+    def dataset(self, transform) -> ImageArrays:
+        """The training set as a Dataset with `transform` (the arrays are read once and shared)."""
+        return self.data.dataset(transform)
 
     def loader(self, transform, num_workers: int) -> DataLoader:
         """A shuffling DataLoader; pinned memory and prefetch_factor 4 when it helps."""
         extra = {"prefetch_factor": 4, "persistent_workers": False} if num_workers else {}
         return DataLoader(self.dataset(transform), batch_size=self.config.batch_size, shuffle=True,
                           num_workers=num_workers, pin_memory=self.cuda, drop_last=True, **extra)
+
+    def on_device(self):
+        """The whole training set in device memory: (images (N, 3, 32, 32) uint8, labels int64)."""
+        return self.data.on_device(self.device)
+
+    def records(self):
+        """The training set as CIFAR-10 binary records, for DALI's external source."""
+        return self.data.records()
+
+    def batches(self, pipeline: Pipeline):
+        """The iterable `train()` is given for `pipeline`: its loader, prefetched if it asks."""
+        batches = pipeline.loader
+        if pipeline.prefetch:
+            batches = BackgroundLoader(batches) if self.simulated else CudaPrefetcher(batches, self.device)
+        return batches
+
+    def model_batches(self, pipeline: Pipeline):
+        """What the model is fed, batch by batch, for `pipeline`: its batches on the device, after
+        its `batch_transform` (lesson 08's check reads them). The same steps as `train()` takes
+        before the forward pass; beside the simulator the work is done here, not charged."""
+        for images, labels in self.batches(pipeline):
+            if not self.simulated:
+                images = images.to(self.device, non_blocking=True)
+                labels = labels.to(self.device, non_blocking=True)
+            if pipeline.batch_transform is not None:
+                images, labels = pipeline.batch_transform(images, labels)
+            yield images, labels
 
     def train(self, batches, *, batch_transform=None, prefetch: bool = False, desc: str = "rung",
               **train_kwargs) -> TrainResult:
@@ -130,8 +308,8 @@ class LadderContext:
         `batch_transform(images, labels)` is work for the device (beside the simulator: charged
         to it). `prefetch=True` gets the next batch ready ahead: copied on a CUDA side stream on
         a GPU; beside the simulator, where there is no copy to make, taken from the loader by a
-        background thread. Other keyword arguments (`amp`, `channels_last`) go to `train()` on a
-        real device.
+        background thread. Other keyword arguments (`amp`, `channels_last`, `model`) go to
+        `train()` on a real device.
         """
         if prefetch:
             batches = BackgroundLoader(batches) if self.simulated else CudaPrefetcher(batches, self.device)
@@ -143,8 +321,29 @@ class LadderContext:
         if self.simulated:
             return train(None, batches, device=self.run_on, steps=steps, batch_transform=batch_transform,
                          timer=timer, progress=self.progress, desc=desc)
-        return train(self.model, batches, device=self.device, steps=steps, batch_transform=batch_transform,
+        model = train_kwargs.pop("model", self.model)
+        return train(model, batches, device=self.device, steps=steps, batch_transform=batch_transform,
                      timer=timer, progress=self.progress, desc=desc, **train_kwargs)
+
+    def run(self, pipeline: Pipeline, *, desc: str | None = None) -> TrainResult:
+        """Measure `pipeline` as a rung is measured: the configured steps through `train()`, after
+        the untimed warm-up. With `channels_last` a copy of the model trains (the memory format
+        would otherwise stay changed for whatever runs next)."""
+        kwargs = {}
+        if not self.simulated:
+            kwargs = {"amp": pipeline.amp, "channels_last": pipeline.channels_last}
+            if pipeline.channels_last:
+                kwargs["model"] = copy.deepcopy(self.model)
+        return self.train(pipeline.loader, batch_transform=pipeline.batch_transform, prefetch=pipeline.prefetch,
+                          desc=desc or pipeline.name or "pipeline", **kwargs)
+
+    def warm_up(self) -> None:
+        """On a GPU: cuDNN autotuning and the allocator warm up outside every measurement."""
+        if self.cuda and self.model is not None:
+            bs = self.config.batch_size
+            warm = torch.randn(bs, 3, 32, 32, device=self.device)
+            train(self.model, itertools.repeat((warm, torch.zeros(bs, dtype=torch.long, device=self.device))),
+                  device=self.device, steps=5, progress=False)
 
 
 def rung(name: str, short: str):
@@ -163,62 +362,94 @@ def _uint8_transform():
     return T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.PILToTensor()])
 
 
+# -- each rung's pipeline, made from the context's building blocks (lesson 08 composes its own) --
+
+def baseline_pipeline(ctx: LadderContext) -> Pipeline:
+    """num_workers=0: the main process decodes and augments every image (float32), between steps."""
+    return Pipeline(ctx.loader(_float_transform(), 0), name="baseline")
+
+
+def workers_pipeline(ctx: LadderContext) -> Pipeline:
+    """One DataLoader worker per usable core (pinned memory on a GPU), float32 batches (lesson 02)."""
+    return Pipeline(ctx.loader(_float_transform(), ctx.num_workers), name="best workers")
+
+
+def prefetcher_pipeline(ctx: LadderContext) -> Pipeline:
+    """Workers send uint8 (a quarter of the bytes), the next batch is got ready ahead and
+    normalised on the device (lesson 03)."""
+    return Pipeline(ctx.loader(_uint8_transform(), ctx.num_workers), batch_transform=normalize_batch,
+                    prefetch=True, name="prefetcher")
+
+
+def device_resident_pipeline(ctx: LadderContext) -> Pipeline:
+    """The whole training set in device memory as uint8; crop, flip and normalise whole batches
+    there (lesson 03)."""
+    images, labels = ctx.on_device()
+    return Pipeline(DeviceLoader(images, labels, ctx.batch_size), batch_transform=AugmentBatch(),
+                    name="device-resident")
+
+
+def dali_pipeline(ctx: LadderContext) -> Pipeline:
+    """NVIDIA DALI reads the binary records and crops, flips and normalises whole batches in its
+    own C++ threads: on the GPU when there is one, on the CPU otherwise (lesson 04)."""
+    if not has_dali():
+        raise RungSkipped("NVIDIA DALI cannot be imported here")
+    from .dali_pipelines import cifar_loader
+    loader = cifar_loader(ctx.records(), batch_size=ctx.batch_size, device=ctx.device if ctx.cuda else "cpu",
+                          drop_last=True, num_threads=ctx.num_workers, seed=int(torch.randint(1 << 30, ())))
+    return Pipeline(loader, name="DALI")
+
+
+def mixed_precision_pipeline(ctx: LadderContext) -> Pipeline:
+    """Device-resident data, and the model step itself made cheaper: bf16 autocast and
+    channels_last (lesson 05). Needs a real model: the simulated step's time is fixed."""
+    if ctx.simulated:
+        raise RungSkipped("mixed precision changes the model's own step; the simulated device's step "
+                          "time is fixed, so there is nothing honest to measure without a GPU")
+    pipeline = device_resident_pipeline(ctx)
+    pipeline.amp, pipeline.channels_last, pipeline.name = "bf16", True, "device-resident + bf16"
+    return pipeline
+
+
+# -- the rungs: each measures its pipeline --------------------------------------------------------
+
 @rung("baseline", "baseline\n0 workers")
 def rung_baseline(ctx: LadderContext) -> TrainResult:
     """DataLoader with num_workers=0: the main process decodes and augments every image (float32)."""
-    return ctx.train(ctx.loader(_float_transform(), 0), desc="baseline")
+    return ctx.run(baseline_pipeline(ctx), desc="baseline")
 
 
 @rung("best workers", "workers")
 def rung_best_workers(ctx: LadderContext) -> TrainResult:
     """DataLoader with one worker per usable core (pinned memory on a GPU), float32 batches."""
-    return ctx.train(ctx.loader(_float_transform(), ctx.config.resolved_workers()), desc="workers")
+    return ctx.run(workers_pipeline(ctx), desc="workers")
 
 
 @rung("prefetcher", "workers + uint8\n+ prefetcher")
 def rung_prefetcher(ctx: LadderContext) -> TrainResult:
     """Workers send uint8 (a quarter of the bytes), the next batch is copied ahead (a side stream
     on a GPU, a background thread beside the simulator) and normalised on the device."""
-    loader = ctx.loader(_uint8_transform(), ctx.config.resolved_workers())
-    return ctx.train(loader, batch_transform=normalize_batch, prefetch=True, desc="prefetcher")
+    return ctx.run(prefetcher_pipeline(ctx), desc="prefetcher")
 
 
 @rung("device-resident", "data on device\n+ batched aug")
 def rung_device_resident(ctx: LadderContext) -> TrainResult:
     """The whole dataset in device memory as uint8; crop, flip and normalise whole batches there."""
-    images, labels = cifar10_on_device(ctx.device, limit=ctx.config.limit)
-    batches = DeviceLoader(images, labels, ctx.config.batch_size)
-    return ctx.train(batches, batch_transform=AugmentBatch(), desc="device-resident")
+    return ctx.run(device_resident_pipeline(ctx), desc="device-resident")
 
 
 @rung("DALI", "DALI\n(records)")
 def rung_dali(ctx: LadderContext) -> TrainResult:
     """NVIDIA DALI reads the binary records and crops, flips and normalises whole batches in its
     own C++ threads: on the GPU when there is one, on the CPU beside the simulator (lesson 04)."""
-    if not has_dali():
-        raise RungSkipped("NVIDIA DALI cannot be imported here")
-    from .dali_pipelines import cifar_loader
-    loader = cifar_loader(batch_size=ctx.config.batch_size, device=ctx.device if ctx.cuda else "cpu",
-                          limit=ctx.config.limit, drop_last=True, num_threads=ctx.config.resolved_workers())
-    return ctx.train(loader, desc="DALI")
+    return ctx.run(dali_pipeline(ctx), desc="DALI")
 
 
 @rung("device-resident + bf16", "data on device\n+ bf16, chan. last")
 def rung_mixed_precision(ctx: LadderContext) -> TrainResult:
     """Device-resident data, and the model step itself made cheaper: bf16 autocast and
     channels_last (lesson 05). Measured against the fp32 ceiling, so it may exceed 100%."""
-    if ctx.simulated:
-        raise RungSkipped("mixed precision changes the model's own step; the simulated device's step "
-                          "time is fixed, so there is nothing honest to measure without a GPU")
-    images, labels = cifar10_on_device(ctx.device, limit=ctx.config.limit)
-    batches = DeviceLoader(images, labels, ctx.config.batch_size)
-    model = copy.deepcopy(ctx.model)
-    try:
-        return train(model, batches, device=ctx.device, steps=ctx.config.resolved_steps(),
-                     batch_transform=AugmentBatch(), amp="bf16", channels_last=True,
-                     progress=ctx.progress, desc="bf16")
-    finally:
-        del model
+    return ctx.run(mixed_precision_pipeline(ctx), desc="bf16")
 
 
 # The ladder, bottom to top. Later lessons append their rungs.
@@ -248,6 +479,22 @@ class LadderResult:
     host: str = ""
     torch_version: str = torch.__version__
     date: str = ""
+
+    @classmethod
+    def from_rows(cls, ctx: LadderContext, ceiling, rows: list[dict]) -> "LadderResult":
+        """The result of a climb in `ctx`: `ceiling` (its `StepStats`) and the rows of
+        `measure_rung`, each given its speed-up over the row named "baseline" (if there is one)."""
+        base = next((r for r in rows if r["name"] == "baseline" and not r.get("skipped")), None)
+        for row in rows:
+            if not row.get("skipped"):
+                row["speedup_over_baseline"] = round(row["samples_per_s"] / base["samples_per_s"], 3) if base else None
+        config = ctx.config
+        cfg = asdict(config)
+        cfg.update(steps=config.resolved_steps(), num_workers=config.resolved_workers(),
+                   model=None if ctx.simulated else (config.model or _model_name(ctx.model)),
+                   step_ms=ctx.run_on.step_time_ms(config.batch_size) if ctx.simulated else None)
+        return cls(ctx.label, ctx.simulated, cfg, ceiling.as_row(), rows, host=device_label(torch.device("cpu")),
+                   date=datetime.datetime.now().isoformat(timespec="seconds"))
 
     @property
     def best(self) -> dict:
@@ -291,6 +538,17 @@ class LadderResult:
         return fig
 
 
+def _model_name(model) -> str | None:
+    """'resnet18', 'resnet18-wN' or 'tiny', as `models.build_model` names them."""
+    from .models import ResNet18CIFAR, TinyCNN
+    if isinstance(model, ResNet18CIFAR):
+        width = model.stem[0].out_channels if hasattr(model, "stem") else None
+        return "resnet18" if width in (None, 64) else f"resnet18-w{width}"
+    if isinstance(model, TinyCNN):
+        return "tiny"
+    return type(model).__name__ if model is not None else None
+
+
 @contextlib.contextmanager
 def _intra_op_threads(n: int | None):
     """Beside the simulator, tensor ops on the host use one thread: the cores belong to the
@@ -316,6 +574,58 @@ def _select(rungs, names):
     return [r for r in rungs if r.rung_name in names]
 
 
+@contextlib.contextmanager
+def ladder_context(config: LadderConfig | None = None, *, sim=None, progress: bool = True,
+                   training_set: TrainingSet | None = None, model: torch.nn.Module | None = None):
+    """The context every rung runs in (`climb()` and lesson 08), as a `with` block.
+
+    Where is `course_utils.target.pick_target(config.device)`: on a GPU, or on the CPU with
+    COURSE_DEVICE=cpu, `model` (default: `config.resolved_model()`) trains for real; beside the
+    simulator the device is `sim`, or a simulated accelerator with `config.step_ms` per step, or
+    the course's default one (closed when the block ends). `training_set` replaces the course's
+    CIFAR-10. Beside the simulator, torch uses one intra-op thread inside the block: the cores
+    belong to the loaders and the device thread.
+    """
+    config = config or LadderConfig()
+    target = pick_target(config.device, sim=sim)
+    own_sim = target.simulated and sim is None
+    if own_sim and config.step_ms is not None:
+        target.close()
+        target = Target("sim", torch.device("cpu"), SimulatedAccelerator(config.step_ms))
+    ctx = LadderContext.for_target(target, config, model=model, training_set=training_set, progress=progress)
+    try:
+        with _intra_op_threads(1 if ctx.simulated else None):
+            yield ctx
+    finally:
+        if own_sim:
+            target.close()
+
+
+def measure_rung(ctx: LadderContext, fn, ceiling, *, name: str | None = None, short: str | None = None) -> dict:
+    """One row of the ladder's table: `fn(ctx)` is a rung (returns a `TrainResult`) or makes a
+    `Pipeline`, which is then measured with `ctx.run`; `ceiling` is the `StepStats` of
+    `measure_ceiling(ctx)` from the same run. A rung that raises `RungSkipped` gives a row that
+    says why."""
+    name = name or getattr(fn, "rung_name", None) or getattr(fn, "__name__", "pipeline")
+    short = short or getattr(fn, "rung_short", None) or name
+    description = " ".join((fn.__doc__ or "").split())
+    try:
+        out = fn(ctx)
+        if isinstance(out, Pipeline):
+            description = description or out.describe()
+            out = ctx.run(out, desc=name)
+    except RungSkipped as why:
+        return {"name": name, "short": short, "description": description, "skipped": str(why)}
+    return rung_row(name, out.stats, ceiling, short=short, description=description)
+
+
+def rung_row(name: str, stats, ceiling, *, short: str | None = None, description: str = "") -> dict:
+    """A row of the ladder's table from a run's `StepStats` and the ceiling's, measured in the same run."""
+    row = {"name": name, "short": short or name, "description": description, **stats.as_row()}
+    row["fraction_of_ceiling"] = round(stats.samples_per_s / ceiling.samples_per_s, 4)
+    return row
+
+
 def climb(config: LadderConfig | None = None, rungs=None, *, progress: bool = True, sim=None) -> LadderResult:
     """Measure the ceiling, then every rung, in one run; return the `LadderResult`.
 
@@ -326,50 +636,11 @@ def climb(config: LadderConfig | None = None, rungs=None, *, progress: bool = Tr
     """
     config = config or LadderConfig()
     rungs = _select(rungs if rungs is not None else RUNGS, config.rungs)
-    target = pick_target(config.device, sim=sim)
-    own_sim = target.simulated and sim is None
-    if own_sim and config.step_ms is not None:
-        target.close()
-        target = Target("sim", torch.device("cpu"), SimulatedAccelerator(config.step_ms))
-    device, run_on, model = target.device, target.run_on, None
-    if not target.simulated:
-        from .models import build_model
-        torch.backends.cudnn.benchmark = True
-        model = build_model(config.resolved_model(target)).to(device)
-    ctx = LadderContext(config, device, run_on, model, progress=progress)
-    try:
-        with _intra_op_threads(1 if ctx.simulated else None):
-            if ctx.cuda:   # cuDNN autotuning and the allocator warm up outside every measurement
-                warm = torch.randn(config.batch_size, 3, 32, 32, device=device)
-                train(model, itertools.repeat((warm, torch.zeros(config.batch_size, dtype=torch.long, device=device))),
-                      device=device, steps=5, progress=False)
-            ceiling = measure_ceiling(ctx).stats
-            rows = []
-            for fn in rungs:
-                try:
-                    stats = fn(ctx).stats
-                except RungSkipped as why:
-                    rows.append({"name": fn.rung_name, "short": fn.rung_short, "skipped": str(why),
-                                 "description": " ".join((fn.__doc__ or "").split())})
-                    continue
-                row = {"name": fn.rung_name, "short": fn.rung_short,
-                       "description": " ".join((fn.__doc__ or "").split()), **stats.as_row()}
-                row["fraction_of_ceiling"] = round(stats.samples_per_s / ceiling.samples_per_s, 4)
-                rows.append(row)
-    finally:
-        if own_sim:
-            target.close()
-    base = next((r for r in rows if r["name"] == "baseline"), None)
-    for row in rows:
-        if not row.get("skipped"):
-            row["speedup_over_baseline"] = round(row["samples_per_s"] / base["samples_per_s"], 3) if base else None
-    cfg = asdict(config)
-    cfg.update(steps=config.resolved_steps(), num_workers=config.resolved_workers(),
-               model=config.resolved_model(target),
-               step_ms=ctx.run_on.step_time_ms(config.batch_size) if ctx.simulated else None)
-    return LadderResult(ctx.label, ctx.simulated, cfg, ceiling.as_row(), rows,
-                        host=device_label(torch.device("cpu")),
-                        date=datetime.datetime.now().isoformat(timespec="seconds"))
+    with ladder_context(config, sim=sim, progress=progress) as ctx:
+        ctx.warm_up()
+        ceiling = measure_ceiling(ctx).stats
+        rows = [measure_rung(ctx, fn, ceiling) for fn in rungs]
+    return LadderResult.from_rows(ctx, ceiling, rows)
 
 
 def main(argv=None) -> int:

@@ -29,6 +29,8 @@ and every operation finishes before the next starts. Inside `with VirtualCuda() 
   a race (`vc.races`); a tensor allocated on one stream and used on another without
   `record_stream` for that stream (so the caching allocator could reuse its memory while the
   other stream still reads it) is listed by `vc.unrecorded()`;
+- a `DataLoader(pin_memory=True)` pins its batches through the virtual device (in its own
+  thread, with workers), and `torch.cuda.is_bf16_supported()` says yes;
 - random numbers drawn for the device come from a generator of their own (seeded by
   `torch.manual_seed`, as CUDA's are); `vc.generator(seed)` makes a generator that reports
   `device.type == "cuda"`, and drawing host numbers from it (or device numbers from a host
@@ -292,6 +294,20 @@ def _is_cuda(device) -> bool:
         return False
 
 
+def _pin_all(data, pin):
+    """`data` (a DataLoader batch: tensors in tuples, lists, dicts, named tuples) with every
+    tensor pinned by `pin`, as `torch.utils.data`'s pin_memory does it."""
+    if isinstance(data, torch.Tensor):
+        return pin(data)
+    if isinstance(data, tuple) and hasattr(data, "_fields"):
+        return type(data)(*(_pin_all(d, pin) for d in data))
+    if isinstance(data, (list, tuple)):
+        return type(data)(_pin_all(d, pin) for d in data)
+    if isinstance(data, dict):
+        return type(data)({k: _pin_all(v, pin) for k, v in data.items()})
+    return data
+
+
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
@@ -511,6 +527,16 @@ class VirtualCuda:
         patch("empty_cache", lambda: vc._sync("torch.cuda.empty_cache"))
         patch("manual_seed", seed_all)
         patch("manual_seed_all", seed_all)
+        patch("is_bf16_supported", lambda including_emulation=True: True)
+        # a DataLoader with pin_memory=True asks torch.accelerator for the device and pins each batch
+        # in a thread of its own (outside this per-thread mode): both answer for the virtual device
+        for name, value in (("current_device_index", lambda: vc.device.index),
+                            ("set_device_index", lambda index: None)):
+            stack.callback(setattr, torch.accelerator, name, getattr(torch.accelerator, name))
+            setattr(torch.accelerator, name, value)
+        from torch.utils.data._utils import pin_memory as pin_module
+        stack.callback(setattr, pin_module, "pin_memory", pin_module.pin_memory)
+        pin_module.pin_memory = lambda data, device=None: _pin_all(data, vc._pin)
         self._generator.manual_seed(torch.initial_seed())
         # Tensor.record_stream parses its stream argument before any mode could see it
         original_record = torch.Tensor.__dict__.get("record_stream")

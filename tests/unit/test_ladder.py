@@ -65,3 +65,56 @@ def test_course_device_cpu_climbs_with_the_real_narrow_model():
     assert [r["name"] for r in result.rungs if not r.get("skipped")] == [
         "baseline", "prefetcher", "device-resident", "device-resident + bf16"]
     assert all(r["samples_per_s"] > 0 for r in result.rungs)
+
+
+# -- the building blocks lesson 08 composes ------------------------------------------------------------
+
+def _tiny_set(n=96, seed=0):
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    return ladder.TrainingSet(rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8), rng.integers(0, 10, n))
+
+
+def test_training_set_gives_the_same_images_three_ways():
+    import numpy as np
+    import torch
+    ts = _tiny_set()
+    records = ts.records()
+    assert records.shape == (96, 3073) and (records[:, 0] == ts.labels).all()
+    assert (records[5, 1:].reshape(3, 32, 32).transpose(1, 2, 0) == ts.images[5]).all()
+    images, labels = ts.on_device("cpu")
+    assert images.shape == (96, 3, 32, 32) and images.dtype == torch.uint8 and ts.on_device("cpu")[0] is images
+    assert torch.equal(images[7].permute(1, 2, 0), torch.from_numpy(ts.images[7])) and labels.dtype == torch.int64
+    item, label = ts.dataset(None)[3]
+    assert np.array_equal(np.asarray(item), ts.images[3]) and label == int(ts.labels[3])
+    with pytest.raises(ValueError):
+        ladder.TrainingSet(ts.images[:, :16], ts.labels)
+
+
+def test_pipelines_run_in_a_context_and_become_rows(sim):
+    import torch
+    config = ladder.LadderConfig(steps=3, batch_size=16, num_workers=0, device="sim")
+    with ladder.ladder_context(config, sim=sim, progress=False, training_set=_tiny_set()) as ctx:
+        assert ctx.kind == "sim" and ctx.batch_size == 16 and torch.get_num_threads() == 1
+        pipeline = ladder.device_resident_pipeline(ctx)
+        seen = list(ctx.model_batches(pipeline))
+        assert len(seen) == 6 and seen[0][0].dtype == torch.float32 and seen[0][0].shape == (16, 3, 32, 32)
+        ceiling = ladder.measure_ceiling(ctx).stats
+        row = ladder.measure_rung(ctx, ladder.device_resident_pipeline, ceiling, name="yours")
+        assert row["name"] == "yours" and row["steps"] == 2 and row["fraction_of_ceiling"] > 0
+        assert "device" in row["description"]
+        skipped = ladder.measure_rung(ctx, ladder.mixed_precision_pipeline, ceiling)
+        assert "mixed precision" in skipped["skipped"]
+        result = ladder.LadderResult.from_rows(ctx, ceiling, [row])
+        assert result.rungs[0]["speedup_over_baseline"] is None and result.config["step_ms"] > 0
+    assert "device-resident" in pipeline.describe() and "AugmentBatch" in pipeline.describe()
+
+
+def test_channels_last_runs_on_a_copy_of_the_model():
+    import torch
+    config = ladder.LadderConfig(steps=2, batch_size=8, num_workers=0, device="cpu", model="tiny")
+    with ladder.ladder_context(config, progress=False, training_set=_tiny_set(32)) as ctx:
+        before = next(ctx.model.parameters()).clone()
+        ctx.run(ladder.mixed_precision_pipeline(ctx))
+        weight = ctx.model.features[0][0].weight
+        assert weight.is_contiguous() and torch.equal(next(ctx.model.parameters()), before)

@@ -184,6 +184,22 @@ def test_the_course_prefetcher_and_accel_helpers_are_right_on_the_virtual_device
         assert all(c.stream != vc.default_stream.id for c in vc.h2d())
 
 
+def test_a_dataloader_pins_its_batches_through_the_virtual_device():
+    """DataLoader(pin_memory=True) pins in a thread of its own (with workers) or in the loop: both
+    pin through the virtual device, so its batches copy without making the host wait (lesson 08)."""
+    from torch.utils.data import DataLoader, TensorDataset
+    data = TensorDataset(torch.arange(24.0).view(12, 2), torch.arange(12))
+    for workers in (0, 1):
+        with VirtualCuda() as vc:
+            assert torch.cuda.is_bf16_supported()
+            got = []
+            for x, y in DataLoader(data, batch_size=4, num_workers=workers, pin_memory=True):
+                assert vc.is_pinned(x) and vc.is_pinned(y), workers
+                got.append(x.to("cuda", non_blocking=True))
+            assert vc.syncs == [] and all(c.pinned and not c.blocks_host for c in vc.h2d())
+            assert torch.equal(torch.cat([g.cpu() for g in got]), data.tensors[0])
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_beside_a_real_gpu_the_virtual_device_takes_the_next_index():

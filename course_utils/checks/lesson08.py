@@ -1,0 +1,728 @@
+"""Checks for lesson 08 (the capstone).
+
+8.1 grades the learner's `make_pipeline(ctx) -> ladder.Pipeline` three ways, in this order:
+
+(b) correctness: two epochs through the pipeline, exactly as the model would see them, over a
+    fresh workload of random images whose pixels encode their own index (so every output can
+    be traced to its sample without trusting the labels): every sample exactly once per epoch,
+    a new order (and new batches) every epoch, every image an exact crop of its zero-padded
+    sample, flipped or not, normalised with CIFAR-10's constants (`crop_match` recovers it),
+    labels intact, and the crop offsets and flips distributed as the baseline's augmentation
+    draws them (uniform offsets 0..8 per axis, drawn per sample, flips at one half, new ones
+    every epoch); where there is no GPU, the same again on the virtual CUDA device
+    (`virtual_cuda`), which runs a GPU's code path on the CPU and sees what only a GPU would: the
+    batches must reach the device, no host tensor may be mixed into the device's work, random
+    numbers are drawn there, the host never waits for the device batch after batch (a pipeline
+    using DALI's GPU stages, which only a real GPU runs, skips this pass and the message says so);
+(a) speed: in at least five rounds, the model-only ceiling, the course's device-resident pipeline
+    and yours, through the one training loop, on the same kind of workload, yours and the
+    device-resident one next to each other. On a GPU, the median of yours as a fraction of the
+    ceiling must reach 0.90. Beside the simulator the bar is fitted to what this machine can
+    feed: the median of the per-round ratios of yours to the device-resident pipeline must reach
+    0.85 (or yours 0.90 of the ceiling); pairing the two within each round keeps a busy moment
+    of a shared machine from favouring either. Never an absolute time. The batches of the timed
+    steps are verified too: a pipeline cannot be fast by doing less while it is timed;
+(c) accuracy parity (`course_utils.parity`): the same small model from the same seed, the same
+    number of steps on the baseline's pipeline and on yours, test accuracies within the
+    measured tolerance.
+
+With COURSE_DEVICE=cpu the real model trains on the CPU, sharing the cores with the loader, so a
+fraction of its ceiling says nothing about feeding a GPU: (a) is graded beside the simulated
+device, while (b) and (c) run your pipeline through the code a GPU runs, on the CPU.
+
+8.2 predicts, from another machine's recorded report, which rung to climb to.
+"""
+from __future__ import annotations
+
+import dataclasses
+import gc
+import math
+import statistics
+
+import numpy as np
+import torch
+
+from .. import data
+from ..crop_match import match_crops
+from ..env import smoke_mode, usable_cores
+from ._core import CheckFailed, WrongType, exercise, expect_callable
+from ._util import fresh_rng
+from .virtual_cuda import DeviceTensor, VirtualCuda
+
+PAD = 4
+K = 2 * PAD + 1                       # crop offsets 0..8 on each axis
+BASE = 255                            # index digits are stored as 1..255 (0 is the padding)
+CODE_ROW, CODE_COLS = 16, (15, 16)    # where a sample's index is written (mirror-symmetric columns)
+
+
+# -- a workload whose images say which sample they are ------------------------------------------
+
+def identifiable_images(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """`n` random images (n, 32, 32, 3) uint8 with no zero pixel (so zeros in an output can only
+    be padding), each carrying its index in base 255 (digits + 1) in the three channels of the
+    pixels (16, 15) and (16, 16): a pair the horizontal flip swaps, and that every pad-4 crop
+    keeps. Labels: random classes 0..9."""
+    if n > BASE ** 3:
+        raise ValueError("at most 255**3 images")
+    images = rng.integers(1, 256, (n, 32, 32, 3), dtype=np.uint8)
+    index = np.arange(n)
+    digits = np.stack([index % BASE, index // BASE % BASE, index // BASE ** 2], axis=1) + 1
+    for col in CODE_COLS:
+        images[:, CODE_ROW, col, :] = digits.astype(np.uint8)
+    return images, rng.integers(0, 10, n).astype(np.int64)
+
+
+def _leading(flags: np.ndarray) -> np.ndarray:
+    return np.cumprod(flags, axis=1).sum(axis=1)
+
+
+def decode(pixels: np.ndarray, n: int) -> np.ndarray:
+    """Sample index of each output (k, 3, 32, 32) given in 0..255 units (-1 where none): the zero
+    rows and columns of padding give the crop's offset (and the offset as it appears after a
+    flip); the index is read where the code pixels must then be."""
+    zero = np.abs(pixels) < 0.5
+    rows, cols = zero.all(axis=(1, 3)), zero.all(axis=(1, 2))            # (k, 32) each
+    top, bottom = _leading(rows), _leading(rows[:, ::-1])
+    left, right = _leading(cols), _leading(cols[:, ::-1])
+    dy = np.where(top > 0, PAD - top, np.where(bottom > 0, PAD + bottom, PAD))
+    dx = np.where(left > 0, PAD - left, np.where(right > 0, PAD + right, PAD))
+    ok = ((top == 0) | (bottom == 0)) & ((left == 0) | (right == 0)) & (top <= PAD) & (bottom <= PAD) \
+        & (left <= PAD) & (right <= PAD)
+    r = np.clip(CODE_ROW + PAD - dy, 0, 31)
+    c = np.clip(CODE_COLS[0] + PAD - dx, 0, 31)
+    digits = np.rint(pixels[np.arange(len(pixels)), :, r, c]).astype(np.int64)       # (k, 3)
+    ok &= ((digits >= 1) & (digits <= BASE)).all(axis=1)
+    index = (digits[:, 0] - 1) + BASE * (digits[:, 1] - 1) + BASE ** 2 * (digits[:, 2] - 1)
+    ok &= index < n
+    return np.where(ok, index, -1)
+
+
+# the normalisations a pipeline might have applied: (mean, std) in 0..1 units, with a hint
+_NORMALISATIONS = [
+    ("CIFAR-10's", data.CIFAR10_MEAN, data.CIFAR10_STD, ""),
+    ("none (raw 0..255)", (0.0, 0.0, 0.0), (1 / 255,) * 3,
+     "the values are the raw 0..255 pixels: scale to 0..1, then normalise with data.CIFAR10_MEAN and CIFAR10_STD"),
+    ("none (0..1)", (0.0, 0.0, 0.0), (1.0, 1.0, 1.0),
+     "the values are scaled to 0..1 but not normalised: subtract data.CIFAR10_MEAN and divide by data.CIFAR10_STD"),
+    ("ImageNet's", (0.485, 0.456, 0.406), (0.229, 0.224, 0.225),
+     "that is ImageNet's mean and std: use data.CIFAR10_MEAN and data.CIFAR10_STD"),
+]
+
+
+def _pixels(images: np.ndarray, mean, std) -> np.ndarray:
+    m = np.asarray(mean, np.float32).reshape(1, 3, 1, 1)
+    s = np.asarray(std, np.float32).reshape(1, 3, 1, 1)
+    return (images * s + m) * 255
+
+
+def _identify(images: np.ndarray, n: int, what: str) -> np.ndarray:
+    """Sample index of every output, or a failure naming what is wrong with the images."""
+    found = decode(_pixels(images, data.CIFAR10_MEAN, data.CIFAR10_STD), n)
+    if (found >= 0).all():
+        return found
+    share = float((found >= 0).mean())
+    for name, mean, std, hint in _NORMALISATIONS[1:]:
+        if (decode(_pixels(images, mean, std), n) >= 0).mean() > max(0.9, share):
+            raise CheckFailed("normalised as the baseline: (x/255 - CIFAR10_MEAN) / CIFAR10_STD",
+                              f"{what}: the images' normalisation is {name}", hint)
+    raise CheckFailed("every image is a pad-4 crop of a sample of the workload",
+                      f"{what}: {int((found < 0).sum())} of {len(found)} images are not a 32x32 window of a "
+                      "workload image padded with 4 black pixels (flipped or not), normalised with CIFAR-10's "
+                      "constants",
+                      "take the images from ctx (ctx.on_device(), ctx.dataset(...), ctx.loader(...), ctx.records()); "
+                      "pad with zeros before normalising, crop 32x32, flip horizontally")
+
+
+def _verify_crops(images: np.ndarray, labels: np.ndarray, index: np.ndarray, workload, what: str):
+    """crop_match against each output's own sample: exact crops, labels intact. Returns the match."""
+    sources = workload.images[index].transpose(0, 3, 1, 2)
+    found = match_crops(images, sources, data.CIFAR10_MEAN, data.CIFAR10_STD, pad=PAD)
+    if not found.exact.all():
+        bad = int((~found.exact).sum())
+        raise CheckFailed("every image is an exact crop of its padded sample, flipped or not, normalised",
+                          f"{what}: {bad} of {len(index)} images differ from every window of their sample "
+                          f"(largest difference {float(found.max_error.max()):.3g})",
+                          "crop the zero-padded image (not a resized or rotated one), flip left-right only, and "
+                          "normalise with data.CIFAR10_MEAN / CIFAR10_STD in float32")
+    want = workload.labels[index]
+    if not np.array_equal(labels, want):
+        wrong = int((labels != want).sum())
+        raise CheckFailed("labels intact: each image with its own label",
+                          f"{what}: {wrong} of {len(labels)} labels are not their image's label",
+                          "keep images and labels together through every shuffle, sort and copy")
+    return found
+
+
+# -- one epoch, as the model sees it ---------------------------------------------------------------
+
+def _expect_pipeline(pipeline, what: str):
+    from ..ladder import Pipeline
+    if isinstance(pipeline, Pipeline):
+        if pipeline.loader is None:
+            raise WrongType("type", f"{what} returned a Pipeline without a loader.")
+        return pipeline
+    got = "None (did make_pipeline forget to return?)" if pipeline is None else type(pipeline).__name__
+    raise WrongType("type", f"{what} should return a course_utils.ladder.Pipeline(loader, batch_transform=..., "
+                    f"prefetch=..., amp=..., channels_last=...), but it returned {got}.")
+
+
+def _batch_arrays(batch, ctx, batch_size: int, what: str):
+    if not isinstance(batch, (tuple, list)) or len(batch) != 2 or not all(isinstance(t, torch.Tensor) for t in batch):
+        raise CheckFailed("yields (images, labels) pairs of tensors", f"{what}: a batch was {type(batch).__name__}",
+                          "the loader (and the batch_transform) give `images, labels`")
+    images, labels = batch
+    if images.dtype != torch.float32 or images.dim() != 4 or tuple(images.shape[1:]) != (3, 32, 32):
+        raise CheckFailed("feeds the model float32 images (B, 3, 32, 32)",
+                          f"{what}: the model would get {images.dtype} {tuple(images.shape)}",
+                          "uint8 batches need normalising on the device (batch_transform); autocast, not the "
+                          "pipeline, lowers the precision inside the model")
+    if labels.dtype != torch.int64 or labels.shape != (images.shape[0],):
+        raise CheckFailed("one int64 label per image", f"{what}: labels {labels.dtype} {tuple(labels.shape)} for "
+                          f"{images.shape[0]} images")
+    if images.shape[0] != batch_size:
+        raise CheckFailed("batches of ctx.batch_size samples", f"{what}: a batch of {images.shape[0]}, "
+                          f"ctx.batch_size is {batch_size}", "use ctx.batch_size for every loader")
+    if not ctx.simulated and (images.device != ctx.device or labels.device != ctx.device):
+        raise CheckFailed("puts the batch on the device", f"{what}: images on {images.device}, labels on "
+                          f"{labels.device}; the model is on {ctx.device}")
+    return _host(images).numpy().copy(), _host(labels).numpy().copy()
+
+
+def _host(t: torch.Tensor) -> torch.Tensor:
+    """A tensor's values on the host; on the virtual CUDA device without logging a copy (the check's own read)."""
+    return t._inner if isinstance(t, DeviceTensor) else t.detach().cpu()
+
+
+def _one_epoch(ctx, pipeline, n: int, batch_size: int, what: str):
+    expected = n // batch_size
+    images, labels = [], []
+    for i, batch in enumerate(ctx.model_batches(pipeline)):
+        if i >= expected:
+            raise CheckFailed("every sample exactly once per epoch",
+                              f"{what}: the workload has {n} samples, {expected} batches of {batch_size}, and one "
+                              "pass over your pipeline gave more",
+                              "each `for` over the loader is one epoch; do not repeat or cycle batches")
+        x, y = _batch_arrays(batch, ctx, batch_size, f"{what}, batch {i}")
+        images.append(x)
+        labels.append(y)
+    if len(images) < expected:
+        raise CheckFailed("every sample exactly once per epoch",
+                          f"{what}: {len(images)} batches of {batch_size} in one pass, the workload has {expected}",
+                          "each `for` over the loader must give one whole epoch (a one-shot iterator gives nothing "
+                          "the second time)")
+    return np.concatenate(images), np.concatenate(labels)
+
+
+def _chi2_uniform(values: np.ndarray, k: int) -> float:
+    counts = np.bincount(values, minlength=k)
+    expected = len(values) / k
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+# chi-square thresholds at p = 1e-6 (df 8 and 80, Wilson-Hilferty): a fair draw exceeds them once in a million
+CHI2_LIMIT = {8: 44.0, 80: 156.0}
+
+
+def _augmentation_statistics(found, batch_size: int, what: str):
+    """Offsets and flips as the baseline draws them: per sample, flips at one half, offsets uniform
+    over the 9x9 grid. `found` is in the order the samples were served, epoch after epoch."""
+    dy, dx, flip = found.dy, found.dx, found.flipped
+    total = len(dy)
+    joint = dy * K + dx
+    # per sample, not per batch: within a batch, the offsets and the flips vary
+    per_batch = joint.reshape(-1, batch_size)
+    commonest = max(np.bincount(row, minlength=K * K).max() for row in per_batch) / batch_size
+    if commonest > 0.5:
+        raise CheckFailed("draws offsets and flips per sample", f"{what}: in one batch {commonest:.0%} of the samples "
+                          "share a crop offset", "one random offset per sample, not one per batch")
+    flips = flip.reshape(-1, batch_size).mean(axis=1)
+    if ((flips == 0) | (flips == 1)).mean() > 0.5:
+        raise CheckFailed("draws offsets and flips per sample", f"{what}: in most batches all samples or none are "
+                          "flipped", "flip each sample on its own coin, not the whole batch")
+    share = float(flip.mean())
+    if abs(share - 0.5) > 5 * math.sqrt(0.25 / total):
+        raise CheckFailed("flips half of the samples", f"{what}: {share:.1%} of {total} samples flipped",
+                          "flip each sample with probability 1/2 (RandomHorizontalFlip(), AugmentBatch)")
+    for name, values in (("vertical", dy), ("horizontal", dx)):
+        counts = np.bincount(values, minlength=K)
+        if _chi2_uniform(values, K) > CHI2_LIMIT[8]:
+            missing = [int(i) for i in np.nonzero(counts == 0)[0]]
+            hint = ("offsets must cover 0..8: randint's upper bound is exclusive" if missing else
+                    "draw each offset uniformly in 0..2*padding, as RandomCrop(32, padding=4) does")
+            raise CheckFailed("crop offsets uniform over 0..8", f"{what}: {name} offsets counted {counts.tolist()} "
+                              f"over {total} samples (about {total / K:.0f} each expected)", hint)
+    if _chi2_uniform(joint, K * K) > CHI2_LIMIT[80]:
+        raise CheckFailed("crop offsets uniform over 0..8", f"{what}: the {K}x{K} combinations of (dy, dx) are not "
+                          f"equally likely (dy == dx for {float((dy == dx).mean()):.0%}; 11% expected)",
+                          "draw the two offsets independently")
+
+
+VIRTUAL = "the virtual CUDA device"
+# what the CUDA runtime or DALI say when a part needs a real GPU (DALI's GPU stages): the virtual pass cannot run it
+_REAL_GPU_ONLY = ("CUDA is not available", "no NVIDIA driver", "libcuda", "cuInit")
+# host waits allowed per epoch on a GPU (at an epoch's start, say); one per batch stalls every step
+MAX_WAITS_PER_EPOCH = 2
+
+
+def _virtual_epochs(make_pipeline, config, workload, n: int, batch_size: int, what: str):
+    """Two epochs of what the model gets on a GPU, run on the virtual CUDA device (`virtual_cuda`):
+    the batches must be on the device, the work done there (no tensor of the host mixed in, random
+    numbers drawn on the device), the host never waiting for the device batch after batch, and no
+    batch read before its copy finished. Returns the epochs' arrays, or None with the reason when
+    the pipeline uses a part only a real GPU runs (DALI's GPU stages)."""
+    from ..ladder import LadderContext
+    from .lesson03 import _learner_error
+
+    with VirtualCuda() as vc:
+        ctx = LadderContext(config, vc.device, vc.device, None, progress=False, training_set=workload)
+        try:
+            pipeline = _expect_pipeline(make_pipeline(ctx), f"make_pipeline(ctx) on {VIRTUAL}")
+            epochs = []
+            for e in range(2):
+                where = f"epoch {e + 1} of {what}, on {VIRTUAL} (a GPU's code path)"
+                vc.reset_log()
+                epochs.append(_one_epoch(ctx, pipeline, n, batch_size, where))
+                reads = vc.reads()
+                if len(reads) > MAX_WAITS_PER_EPOCH:
+                    raise CheckFailed("never makes the host wait for the device",
+                                      f"{where}: the host waited for the device {len(reads)} times in "
+                                      f"{n // batch_size} batches (first: {reads[0].what} at {reads[0].where})",
+                                      "no .item(), .tolist(), .cpu(), float(t) or Python loop over values on the "
+                                      "device: every wait stalls the GPU once per step")
+                if vc.races:
+                    race = vc.races[0]
+                    raise CheckFailed("the model reads each batch after its copy finished",
+                                      f"{where}: {len(vc.races)} reads of device memory before the work that wrote "
+                                      f"it was visible on the reading stream ({race.what} at {race.where})",
+                                      "let the course's prefetcher copy ahead (Pipeline(..., prefetch=True)), or "
+                                      "make the consuming stream wait for the copy (lesson 03)")
+        except (RuntimeError, ValueError) as exc:
+            failure = _learner_error(exc, f"{what}, on {VIRTUAL}")
+            if failure is None and isinstance(exc, ValueError) and "generator" in str(exc):    # the course's own words
+                failure = CheckFailed("draws its random numbers on the images' device", f"{what}, on {VIRTUAL}: {exc}",
+                                      "a generator for the device: torch.Generator(device=images.device)")
+            if failure is not None:
+                raise failure from None
+            if any(words in str(exc) for words in _REAL_GPU_ONLY):
+                part = "DALI's GPU stages" if "DALI" in str(exc) else str(exc).strip().splitlines()[0][:120]
+                return None, f"the pass on {VIRTUAL} was skipped: your pipeline uses a part only a real GPU runs ({part})"
+            raise
+    return epochs, ""
+
+
+def _check_correctness(make_pipeline, rng, seed: int, device: str | None, *, virtual: bool = False) -> str:
+    """Two epochs through the pipeline, as the model sees them, on a fresh self-identifying workload:
+    on `device` (None: the machine's own), or with `virtual` on the virtual CUDA device. Returns a
+    note for the check's message ("" when there is nothing to say)."""
+    from ..ladder import LadderConfig, TrainingSet, ladder_context
+
+    batch_size = int(rng.choice([32, 64]))
+    n = batch_size * int(rng.integers(768 // batch_size, 1024 // batch_size + 1))     # 768 to 1,024 samples
+    images, labels = identifiable_images(n, rng)
+    workload = TrainingSet(images, labels, f"{n} fresh random images (seed {seed})")
+    config = LadderConfig(batch_size=batch_size, num_workers=min(2, usable_cores()), device=device)
+    what = f"a workload of {n} images, ctx.batch_size={batch_size} (seed {seed})"
+    if virtual:
+        epochs, note = _virtual_epochs(make_pipeline, config, workload, n, batch_size, what)
+        if epochs is None:
+            return note
+        what += f", on {VIRTUAL}"
+    else:
+        with ladder_context(config, progress=False, training_set=workload) as ctx:
+            pipeline = _expect_pipeline(make_pipeline(ctx), "make_pipeline(ctx)")
+            epochs = [_one_epoch(ctx, pipeline, n, batch_size, f"epoch {e + 1} of {what}") for e in range(2)]
+        del pipeline
+    gc.collect()
+    found, order = [], []
+    for e, (x, y) in enumerate(epochs):
+        where = f"epoch {e + 1} of {what}"
+        index = _identify(x, n, where)
+        seen = np.bincount(index, minlength=n)
+        missing, twice = int((seen == 0).sum()), int((seen > 1).sum())
+        if missing or twice:
+            raise CheckFailed("every sample exactly once per epoch",
+                              f"{where}: {missing} samples never came out, {twice} came out more than once",
+                              "shuffle a permutation of every sample each epoch (no replacement, no repeated or "
+                              "cached batches)")
+        order.append(index)
+        found.append(_verify_crops(x, y, index, workload, where))
+    first, second = order
+    if np.array_equal(first, np.sort(first)):
+        raise CheckFailed("shuffles", f"{what}: epoch 1 came in the workload's order 0, 1, 2, ...",
+                          "a new random order every epoch")
+    if np.array_equal(first, second):
+        raise CheckFailed("reshuffles every epoch", f"{what}: epoch 2 repeated epoch 1's order",
+                          "draw a new permutation for every pass over the loader")
+    batch_of = [np.empty(n, np.int64) for _ in range(2)]
+    for e in range(2):
+        batch_of[e][order[e]] = np.arange(n) // batch_size
+    pairs = rng.integers(0, n, (4000, 2))
+    pairs = pairs[pairs[:, 0] != pairs[:, 1]]
+    together = batch_of[0][pairs[:, 0]] == batch_of[0][pairs[:, 1]]
+    again = (batch_of[1][pairs[:, 0]] == batch_of[1][pairs[:, 1]])[together]
+    if together.sum() >= 10 and again.mean() > 0.9:
+        raise CheckFailed("reshuffles every epoch", f"{what}: the batches hold the same samples every epoch "
+                          "(only the order of the batches changes)", "shuffle samples, not batches")
+    merged = type(found[0])(*(np.concatenate([getattr(f, k) for f in found]) for k in
+                              ("dy", "dx", "flipped", "exact", "max_error")))
+    untouched = float(((merged.dy == PAD) & (merged.dx == PAD) & ~merged.flipped).mean())
+    if untouched > 0.5:
+        raise CheckFailed("augments: a random crop and flip for every sample",
+                          f"{what}: {untouched:.0%} of the images are their sample as it is (1 in 162 by chance)",
+                          "the baseline pads by 4, crops 32x32 at a random offset and flips at random: "
+                          "AugmentBatch on the device, or RandomCrop + RandomHorizontalFlip in the transform")
+    # the same samples' augmentation in both epochs: independent draws agree 1 time in 162
+    params = []
+    for e in range(2):
+        p = np.empty((n, 3), np.int64)
+        p[order[e]] = np.stack([found[e].dy, found[e].dx, found[e].flipped], axis=1)
+        params.append(p)
+    repeated = float((params[0] == params[1]).all(axis=1).mean())
+    if repeated > 0.2:
+        raise CheckFailed("augments afresh every epoch", f"{what}: {repeated:.0%} of the samples got the same crop and "
+                          "flip in both epochs (1 in 162 by chance)",
+                          "augment every batch when it is served: augmented images computed once and reused teach "
+                          "the model the same crops forever")
+    _augmentation_statistics(merged, batch_size, what)
+    return ""
+
+
+# -- (a) speed -------------------------------------------------------------------------------------
+
+class _Capture:
+    """Stands in for the pipeline's batch_transform during a timed run: calls it (or passes the
+    batch through) and keeps what the model got, to be verified after the clock has stopped."""
+
+    def __init__(self, transform, kept: list):
+        self.transform, self.kept = transform, kept
+
+    def __call__(self, images, labels):
+        out = self.transform(images, labels) if self.transform is not None else (images, labels)
+        self.kept.append(out)
+        return out
+
+
+GPU_BAR = 0.90       # of the model-only ceiling, on a GPU
+SIM_SHARE = 0.85     # beside the simulator: of what the course's device-resident pipeline reaches in the same round
+MIN_ROUNDS, MAX_ROUNDS = 5, 11
+
+
+def speed_verdict(kind: str, rounds: list[tuple[float, float]]) -> tuple[bool, bool]:
+    """(passed, sure) from rounds of (yours / ceiling, yours / the course's device-resident
+    pipeline), each measured in one round. On a GPU: the median fraction of the ceiling is at
+    least 0.90. Beside the simulator the bar is fitted to what this machine can feed: the median
+    of the per-round ratios to the device-resident pipeline, which ran next to yours in the same
+    round (so a busy moment hits both), is at least 0.85 (or yours reaches 0.90 of the ceiling).
+    `sure` once the medians are clear of the bar, or after MAX_ROUNDS rounds."""
+    fraction = statistics.median(r[0] for r in rounds)
+    if kind == "cuda":
+        return fraction >= GPU_BAR, abs(fraction - GPU_BAR) > 0.05 or len(rounds) >= MAX_ROUNDS
+    share = statistics.median(r[1] for r in rounds)
+    passed = fraction >= GPU_BAR or share >= SIM_SHARE
+    clear = fraction >= GPU_BAR + 0.05 or abs(share - SIM_SHARE) > 0.1
+    return passed, clear or len(rounds) >= MAX_ROUNDS
+
+
+def epochs_possible(index: np.ndarray, n: int) -> bool:
+    """Whether the stream of sample indices `index` can be consecutive epochs of `n` samples each
+    (every sample once per epoch), starting anywhere in an epoch: a loader resumed mid-epoch (a
+    DALI iterator does) is fine. Every sample seen twice, at positions p < j, needs an epoch
+    boundary in (p, j]; boundaries repeat every `n`, so each pair closer than `n` allows one arc
+    of boundary phases; the stream is fine when some phase lies on every arc."""
+    index = np.asarray(index)
+    positions = np.arange(len(index))
+    order = np.lexsort((positions, index))
+    same = index[order][1:] == index[order][:-1]
+    later, earlier = order[1:][same], order[:-1][same]
+    gap = later - earlier
+    close = gap < n
+    if not close.any():
+        return True
+    start = (earlier[close] + 1) % n           # allowed phases: start .. start + gap - 1 (mod n)
+    end = start + gap[close]
+    counts = np.zeros(n + 1, np.int64)
+    np.add.at(counts, start, 1)
+    np.add.at(counts, np.minimum(end, n), -1)
+    wraps = end > n
+    np.add.at(counts, np.zeros(int(wraps.sum()), np.int64), 1)
+    np.add.at(counts, end[wraps] - n, -1)
+    return int(np.cumsum(counts)[:n].max()) == int(close.sum())
+
+
+def _verify_timed(kept, workload, n: int, batch_size: int, probe: np.ndarray, what: str):
+    """The batches of one timed run: valid samples, labels intact, no sample twice within an
+    epoch's worth of samples; crops verified on the samples in `probe`. Returns {index: params}."""
+    images = np.concatenate([x.detach().float().cpu().numpy() for x, _ in kept])
+    labels = np.concatenate([y.detach().cpu().numpy() for _, y in kept])
+    if images.shape[1:] != (3, 32, 32):
+        raise CheckFailed("feeds the model float32 images (B, 3, 32, 32)", f"{what}: {images.shape}")
+    index = _identify(images, n, what)
+    if not np.array_equal(labels, workload.labels[index]):
+        raise CheckFailed("labels intact: each image with its own label",
+                          f"{what}: {int((labels != workload.labels[index]).sum())} labels are not their image's")
+    if not epochs_possible(index, n):
+        raise CheckFailed("every sample exactly once per epoch",
+                          f"{what}: the {len(index):,} samples of the timed steps cannot be cut into epochs of the "
+                          f"workload's {n:,} samples each without a sample twice in one epoch",
+                          "the timed steps must be real epochs too: no repeated or cached batches")
+    chosen = np.nonzero(np.isin(index, probe))[0]
+    if len(chosen):
+        found = _verify_crops(images[chosen], labels[chosen], index[chosen], workload, what)
+        return {int(i): (int(a), int(b), bool(c)) for i, a, b, c in zip(index[chosen], found.dy, found.dx, found.flipped)}
+    return {}
+
+
+def _check_speed(make_pipeline, rng, seed: int, device: str | None, smoke: bool):
+    from ..ladder import LadderConfig, TrainingSet, device_resident_pipeline, ladder_context, measure_ceiling
+
+    batch_size = 128
+    steps = 30 if smoke else 100
+    ahead = max(16, 8 * usable_cores())                      # batches a loader may prepare ahead
+    n = min(60_000, batch_size * (steps + ahead + 2))
+    n -= n % batch_size
+    images, labels = identifiable_images(n, rng)
+    workload = TrainingSet(images, labels, f"{n} fresh random images (seed {seed})")
+    probe = rng.choice(n, size=max(64, n // 16), replace=False)
+    config = LadderConfig(batch_size=batch_size, steps=steps, device=device)
+    rounds = []
+    with ladder_context(config, progress=False, training_set=workload) as ctx:
+        ctx.warm_up()
+        yours = _expect_pipeline(make_pipeline(ctx), "make_pipeline(ctx)")
+        reference = device_resident_pipeline(ctx)
+        seen_params: dict[int, list] = {}
+        while True:
+            # both pipelines keep what the model got (the same instrument, the same cost); yours is verified.
+            # The ceiling runs first or last, yours and the reference next to each other in either order.
+            kept, kept_reference = [], []
+            runs = {}
+            pair = [("yours", dataclasses.replace(yours, batch_transform=_Capture(yours.batch_transform, kept))),
+                    ("reference", dataclasses.replace(reference, batch_transform=_Capture(reference.batch_transform,
+                                                                                          kept_reference)))]
+            if rng.random() < 0.5:
+                pair.reverse()
+            plan = [("ceiling", None)] + pair if rng.random() < 0.5 else pair + [("ceiling", None)]
+            for name, pipeline in plan:
+                runs[name] = measure_ceiling(ctx).stats if pipeline is None else ctx.run(pipeline, desc=name).stats
+            del kept_reference, pair, plan
+            for i, params in _verify_timed(kept, workload, n, batch_size, probe,
+                                           f"the timed steps of round {len(rounds) + 1} (seed {seed})").items():
+                seen_params.setdefault(i, []).append(params)
+            del kept
+            ceiling = runs["ceiling"].samples_per_s
+            rounds.append((runs["yours"].samples_per_s / ceiling,
+                           runs["yours"].samples_per_s / runs["reference"].samples_per_s, runs))
+            if len(rounds) >= MIN_ROUNDS:
+                passed, sure = speed_verdict(ctx.kind, [r[:2] for r in rounds])
+                if sure:
+                    break
+        label, kind = ctx.label, ctx.kind
+    del yours, reference
+    gc.collect()
+    twice = [p for p in seen_params.values() if len(p) > 1]
+    if len(twice) >= 20 and np.mean([p[0] == p[1] for p in twice]) > 0.2:
+        raise CheckFailed("augments afresh every epoch", f"during the timed rounds (seed {seed}), "
+                          f"{np.mean([p[0] == p[1] for p in twice]):.0%} of the samples seen in two rounds got the same "
+                          "crop and flip in both", "augment every batch when it is served, never from a cache")
+    fraction = statistics.median(r[0] for r in rounds)
+    share = statistics.median(r[1] for r in rounds)
+    capacity = statistics.median(r[2]["reference"].samples_per_s / r[2]["ceiling"].samples_per_s for r in rounds)
+    median_round = sorted(rounds, key=lambda r: r[0])[len(rounds) // 2][2]
+    return passed, fraction, share, capacity, len(rounds), label, kind, median_round
+
+
+# -- 8.1 ------------------------------------------------------------------------------------------
+
+@exercise("8.1", "The fastest correct pipeline for this machine", points=4, time_limit_s=580)
+def check_pipeline(make_pipeline):
+    from ..parity import accuracy_parity, parity_steps
+    from ..target import pick_target
+
+    expect_callable(make_pipeline, "a function make_pipeline(ctx) -> course_utils.ladder.Pipeline")
+    rng, seed = fresh_rng()
+    torch.manual_seed(seed)               # the course's pieces that draw from torch follow the check's seed
+    smoke = smoke_mode()
+    target = pick_target()
+    kind = target.kind
+    target.close()
+    device = None if kind != "cpu" else "cpu"
+    # (b) correctness, as the model sees the batches: on this machine's device, and where there is no GPU also on
+    # the virtual CUDA device, which sees what only a GPU would (batches left on the host, host tensors mixed in,
+    # random numbers drawn on the host, a wait for the device every batch)
+    _check_correctness(make_pipeline, rng, seed, device)
+    virtual_note = "" if kind == "cuda" else _check_correctness(make_pipeline, rng, seed, None, virtual=True)
+    # (a) speed against the ceiling; with COURSE_DEVICE=cpu, beside the simulated device
+    speed_device = "sim" if kind == "cpu" else device
+    passed, fraction, share, capacity, n_rounds, label, speed_kind, runs = _check_speed(make_pipeline, rng, seed,
+                                                                                       speed_device, smoke)
+    if speed_kind == "cuda":
+        measured = f"{fraction:.0%} of the model-only ceiling (median of {n_rounds} rounds)"
+        bar = f"at least {GPU_BAR:.0%} of it asked on a GPU"
+    else:
+        measured = (f"{fraction:.0%} of the ceiling and {share:.0%} of what the course's device-resident pipeline "
+                    f"reached next to it, which was {capacity:.0%} of the ceiling (medians of {n_rounds} rounds)")
+        bar = (f"at least {SIM_SHARE:.0%} of the device-resident pipeline's throughput asked (what this machine can "
+               f"feed), or {GPU_BAR:.0%} of the ceiling")
+    if not passed:
+        raise CheckFailed("runs at the speed this machine allows (fraction of the model-only ceiling)",
+                          f"yours reached {measured}; {bar}; on {label} (in the median round yours "
+                          f"{runs['yours'].samples_per_s:,.0f} samples/s, the ceiling {runs['ceiling'].samples_per_s:,.0f})",
+                          "diagnose it as lesson 01 did (stall fraction): keep the data where the model is and "
+                          "augment whole batches there (lesson 03), or let DALI do it (lesson 04)")
+    # (c) accuracy parity. A first difference just outside the tolerance (at most twice it) is measured again from
+    # another seed and the mean of the two is judged: a correct pipeline's unlucky run is rare, two in a row rarer
+    # still; a difference of more than twice the tolerance is many standard deviations out, and final.
+    steps = parity_steps(smoke)
+    parity = accuracy_parity(make_pipeline, device=device, steps=steps, seed=int(seed % 2**31))
+    difference, runs_told = parity.difference, str(parity)
+    if abs(difference) > 2 * parity.tolerance:
+        raise CheckFailed("accuracy parity with the baseline's pipeline", runs_told,
+                          "same model, seed and steps: a different result means your batches teach something "
+                          "else (their order, the classes in them, the normalisation, the precision)")
+    if not parity.passed:
+        again = accuracy_parity(make_pipeline, device=device, steps=steps, seed=int((seed + 1) % 2**31))
+        difference = (parity.difference + again.difference) / 2
+        runs_told = (f"{parity}; measured again from seed {again.seed}: {100 * again.difference:+.1f} points; mean of "
+                     f"the two {100 * difference:+.1f}")
+        if abs(difference) > parity.tolerance:
+            raise CheckFailed("accuracy parity with the baseline's pipeline", runs_told,
+                              "same model, seed and steps: a different result means your batches teach something "
+                              "else (their order, the classes in them, the normalisation, the precision)")
+    cpu_note = (" COURSE_DEVICE=cpu: speed graded beside the simulated device (the real model shares the CPU "
+                "with the loader); correctness and parity through the GPU code path on the CPU.") if kind == "cpu" else ""
+    gpu_path = ("" if kind == "cuda" else " on this machine's device" +
+                ("" if virtual_note else f" and on {VIRTUAL} (batches on the device, no host waits)"))
+    return (f"every sample once per epoch, reshuffled, exact crops with uniform offsets and half flipped, labels "
+            f"intact{gpu_path}; {measured}, {bar}, on {label}; parity: {100 * difference:+.1f} points (within +/-"
+            f"{100 * parity.tolerance:.0f}).{cpu_note}" + (f" ({virtual_note})" if virtual_note else ""))
+
+
+# -- 8.2 which rung to climb to, from another machine's report --------------------------------------
+
+RUNG_ORDER = ["baseline", "best workers", "prefetcher", "device-resident", "DALI"]
+
+
+def predicted_throughput(report: dict) -> dict:
+    """Per rung, the samples/s ONE GPU of the reported machine would train at (lesson 08's model):
+    the smaller of what the device allows, `ceiling * (1 - device_cost)`, and what the CPU can
+    feed it, `cpu_per_core` times the cores that work for one GPU: `cores / gpus` for a rung whose
+    work is spread over worker processes or threads (`parallel`), at most one core otherwise."""
+    per_gpu = report["cores"] / report["gpus"]
+    out = {}
+    for name, rung in report["rungs"].items():
+        device = report["ceiling"] * (1 - rung.get("device_cost", 0.0))
+        if "cpu_per_core" in rung:
+            cores = per_gpu if rung.get("parallel", True) else min(1.0, per_gpu)
+            out[name] = min(device, rung["cpu_per_core"] * cores)
+        else:
+            out[name] = device
+    return out
+
+
+def reference_choice(report: dict, tolerance: float = 0.05) -> str:
+    predicted = predicted_throughput(report)
+    best = max(predicted.values())
+    return next(name for name, value in predicted.items() if value >= (1 - tolerance) * best)
+
+
+def _rung_entry(rng, name: str) -> dict:
+    base = float(rng.uniform(800, 3000))
+    if name == "baseline":
+        return {"cpu_per_core": base, "parallel": False}
+    if name == "best workers":
+        return {"cpu_per_core": base * float(rng.uniform(0.8, 1.0)), "parallel": True}
+    if name == "prefetcher":
+        return {"cpu_per_core": base * float(rng.uniform(1.3, 2.2)), "parallel": True,
+                "device_cost": float(rng.uniform(0.0, 0.02))}
+    if name == "device-resident":
+        return {"device_cost": float(rng.uniform(0.01, 0.12))}
+    return {"cpu_per_core": float(rng.uniform(8000, 60000)), "parallel": True,
+            "device_cost": float(rng.uniform(0.02, 0.10))}
+
+
+def _random_report(rng) -> dict:
+    gpus = int(rng.choice([1, 1, 2, 4, 8, 16]))
+    cores = int(rng.choice([c for c in (2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128) if c >= max(2, gpus // 2)]))
+    names = [n for n in RUNG_ORDER if n != "DALI" or rng.random() < 0.7]
+    return {"machine": f"made-up: {cores} cores, {gpus} GPU{'s' if gpus > 1 else ''}", "cores": cores, "gpus": gpus,
+            "ceiling": float(rng.uniform(1500, 30000)), "rungs": {n: _rung_entry(rng, n) for n in names}}
+
+
+def _curated_reports() -> list[dict]:
+    """Machines whose answers separate the usual mistakes (each named in `machine`)."""
+    def rungs(baseline, workers, prefetch, resident_cost, dali=None):
+        out = {"baseline": {"cpu_per_core": baseline, "parallel": False},
+               "best workers": {"cpu_per_core": workers, "parallel": True},
+               "prefetcher": {"cpu_per_core": prefetch[0], "parallel": True, "device_cost": prefetch[1]},
+               "device-resident": {"device_cost": resident_cost}}
+        if dali:
+            out["DALI"] = {"cpu_per_core": dali[0], "parallel": True, "device_cost": dali[1]}
+        return out
+    return [
+        {"machine": "the source article's CIFAR box: 2 CPU cores, 1 V100", "cores": 2, "gpus": 1, "ceiling": 6000.0,
+         "rungs": rungs(1100, 1000, (1700, 0.01), 0.03, (40000, 0.05))},
+        {"machine": "the source article's ImageNet run: 32 cores for 16 V100s (no device-resident rung: ImageNet "
+         "does not fit)", "cores": 32, "gpus": 16, "ceiling": 2900.0,
+         "rungs": {k: v for k, v in rungs(700, 650, (1200, 0.01), 0.04, (9000, 0.05)).items() if k != "device-resident"}},
+        {"machine": "a workstation: 32 cores, 1 GPU, a model that is slow enough", "cores": 32, "gpus": 1,
+         "ceiling": 4000.0, "rungs": rungs(1300, 121.25, (200, 0.01), 0.02, (30000, 0.04))},
+        {"machine": "a heavy augmentation on the GPU: 8 cores, 1 GPU", "cores": 8, "gpus": 1, "ceiling": 20000.0,
+         "rungs": rungs(1200, 1100, (1900, 0.01), 0.15, (50000, 0.03))},
+        {"machine": "12 cores for 8 GPUs", "cores": 12, "gpus": 8, "ceiling": 1700.0,
+         "rungs": rungs(1300, 1200, (2000, 0.01), 0.03)},
+        {"machine": "a fast single core loader: 64 cores, 4 GPUs", "cores": 64, "gpus": 4, "ceiling": 9000.0,
+         "rungs": rungs(2500, 900, (1200, 0.0), 0.05, (20000, 0.06))},
+    ]
+
+
+def _away_from_edges(report: dict, tolerance: float) -> bool:
+    predicted = predicted_throughput(report)
+    best = max(predicted.values())
+    threshold = (1 - tolerance) * best
+    return all(abs(v - threshold) > 0.01 * best or v == best for v in predicted.values()) and \
+        sorted(predicted.values())[-1] - sorted(predicted.values())[-2] != 0
+
+
+@exercise("8.2", "Which rung to climb to, from another machine's report", points=2)
+def check_choose_rung(choose_rung):
+    import copy
+
+    expect_callable(choose_rung, "a function choose_rung(report, tolerance=0.05) -> str")
+    rng, seed = fresh_rng()
+    cases = [(r, 0.05) for r in _curated_reports()]
+    while len(cases) < len(_curated_reports()) + 14:
+        tolerance = 0.05 if rng.random() < 0.6 else float(rng.choice([0.0, 0.02, 0.1, 0.2]))
+        report = _random_report(rng)
+        if _away_from_edges(report, tolerance):
+            cases.append((report, tolerance))
+    for k in rng.permutation(len(cases)):
+        report, tolerance = cases[k]
+        given = copy.deepcopy(report)
+        yours = choose_rung(given) if tolerance == 0.05 and rng.random() < 0.5 else choose_rung(given, tolerance=tolerance)
+        if given != report or list(given["rungs"]) != list(report["rungs"]):
+            raise CheckFailed("leaves the report unchanged", f"{report['machine']}: the report passed in was modified")
+        if not isinstance(yours, str):
+            raise CheckFailed("returns a rung's name (a str)", f"{report['machine']}: yours returned "
+                              f"{type(yours).__name__}: {yours!r}", "return the key of report['rungs'], not a number")
+        expected = reference_choice(report, tolerance)
+        if yours != expected:
+            predicted = predicted_throughput(report)
+            best = max(predicted.values())
+            table = ", ".join(f"{n} {v / report['ceiling']:.0%}" for n, v in predicted.items())
+            hint = ("a rung's speed is the smaller of what the GPU allows (ceiling x (1 - device_cost)) and what "
+                    "the CPU feeds (cpu_per_core x the cores one GPU gets: cores / gpus, or one core for a rung "
+                    "that is not parallel); then the simplest rung within the tolerance of the best")
+            if yours not in report["rungs"]:
+                hint = "return one of report['rungs']'s keys"
+            elif predicted.get(yours) == best and expected != yours:
+                hint = "that is the single fastest; an earlier (simpler) rung within the tolerance does as well"
+            raise CheckFailed("picks the simplest rung within the tolerance of the fastest",
+                              f"{report['machine']} (tolerance {tolerance:g}; predicted fractions of the ceiling: "
+                              f"{table}): yours {yours!r}, expected {expected!r} (seed {seed})", hint)
+    try:
+        choose_rung({"machine": "empty", "cores": 4, "gpus": 1, "ceiling": 1000.0, "rungs": {}})
+    except ValueError:
+        pass
+    else:
+        raise CheckFailed("raises ValueError on a report without rungs", "an empty 'rungs' did not raise",
+                          "nothing to choose from: raise ValueError")
+    return f"the right rung on {len(cases)} machines (the source articles' boxes, many GPUs per core, fresh made-up ones)."

@@ -1,0 +1,71 @@
+"""course_utils.report: the capstone's report card (built from a made-up climb: no timing here)."""
+import json
+
+import numpy as np
+import pytest
+
+from course_utils import report
+from course_utils.ladder import LadderResult
+from course_utils.monitor import synthetic_timeline
+from course_utils.parity import ParityResult
+
+
+def _climb(simulated=True):
+    ceiling = {"samples_per_s": 16000.0, "steps": 19}
+    rows = [{"name": "baseline", "short": "baseline", "samples_per_s": 2400.0, "fraction_of_ceiling": 0.15,
+             "stall_fraction": 0.9, "speedup_over_baseline": 1.0},
+            {"name": "DALI", "short": "DALI", "skipped": "NVIDIA DALI cannot be imported here"},
+            {"name": "yours", "short": "yours", "samples_per_s": 15200.0, "fraction_of_ceiling": 0.95,
+             "stall_fraction": 0.01, "speedup_over_baseline": 6.33}]
+    config = {"batch_size": 128, "steps": 20, "num_workers": 2, "model": None}
+    return LadderResult("simulated accelerator (test)" if simulated else "NVIDIA H100 (cuda:0)", simulated, config,
+                        ceiling, rows, host="CPU: test", date="2026-01-01T00:00:00")
+
+
+def _card(**extra):
+    rng = np.random.default_rng(0)
+    timelines = {"baseline": synthetic_timeline("sync-bound", cores=2, seconds=2, rng=rng),
+                 "final": synthetic_timeline("compute-bound", cores=2, seconds=2, rng=rng)}
+    parity = ParityResult(0.80, 0.78, 60, 128, 0.15, 3, 4000, "CPU: test")
+    return report.ReportCard.from_climb(_climb(), final="yours", parity=parity, timelines=timelines, **extra)
+
+
+def test_card_says_what_was_measured_where():
+    card = _card(notes=["a note"])
+    text = card.markdown()
+    assert "yours runs at 95% of the model-only ceiling, 6.3x the baseline" in text
+    assert "SIMULATED" in text and "| **yours** (final) | 15,200 | 95% | 1% | 6.3x |" in text
+    assert "skipped: NVIDIA DALI cannot be imported here" in text
+    assert "the final pipeline 78.0% (-2.0 points; tolerance +/-15)" in text
+    assert "Not measured: this machine has fewer than 2 GPUs" in text and "- a note" in text
+    for key in ("cpu", "usable_cores", "torch", "dali", "date", "host"):
+        assert key in card.machine
+    assert set(card.timelines) == {"baseline", "final"} and card.timelines["final"]["device_util"]
+
+
+def test_final_must_be_a_measured_rung():
+    with pytest.raises(ValueError, match="not among the rungs"):
+        report.ReportCard.from_climb(_climb(), final="warp drive")
+
+
+def test_write_load_and_compare(tmp_path, capsys):
+    card = _card(multi_gpu={"gpus": 4, "samples_per_s": 40000.0, "single_samples_per_s": 11000.0, "efficiency": 0.91})
+    paths = card.write(tmp_path)
+    assert paths["markdown"].name == f"report-{card.machine['host']}.md"
+    assert all(p.exists() and p.stat().st_size > 0 for p in paths.values())
+    assert "scaling efficiency 91%" in paths["markdown"].read_text()
+    assert "![utilisation timelines]" in paths["markdown"].read_text()
+    loaded = report.ReportCard.load(paths["json"])
+    assert loaded.final == "yours" and loaded.rungs == card.rungs
+    table = report.compare([loaded, loaded])
+    assert table.count("| yours | 95% | -2.0 |") == 2
+    assert report.main([str(paths["json"])]) == 0
+    assert "| host |" in capsys.readouterr().out
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"not": "a card"}))
+    assert report.main([str(bad)]) == 1
+
+
+def test_host_slug_is_a_safe_file_name():
+    assert report.host_slug("gpu box #3 (lab)") == "gpu-box-3-lab"
+    assert report.host_slug("") not in ("", ".")
