@@ -354,6 +354,10 @@ def rung(name: str, short: str):
     return mark
 
 
+def _share(fraction) -> str:
+    return "" if fraction is None else f"{fraction:.0%}"
+
+
 def _float_transform():
     return data.baseline_transform()                      # crop, flip, ToTensor, Normalize on the CPU
 
@@ -512,16 +516,22 @@ class LadderResult:
         lines = [f"Ladder on {self.device}",
                  f"batch {c['batch_size']}, {c['steps']} steps per rung, {c['num_workers']} workers where used"
                  + (", SIMULATED device" if self.simulated else ""),
-                 f"{'rung':24s} {'samples/s':>11s} {'of ceiling':>11s} {'stalled':>8s} {'vs baseline':>12s}",
-                 f"{'ceiling (model)':24s} {self.ceiling['samples_per_s']:11,.0f} {1:11.0%} {'':>8s} {'':>12s}"]
+                 f"{'rung':24s} {'samples/s':>11s} {'of ceiling':>11s} {'device busy':>12s} {'host waits':>11s} "
+                 f"{'vs baseline':>12s}",
+                 f"{'ceiling (model)':24s} {self.ceiling['samples_per_s']:11,.0f} {1:11.0%} "
+                 f"{_share(self.ceiling.get('device_busy_fraction')):>12s} {'':>11s} {'':>12s}"]
         for r in self.rungs:
             if r.get("skipped"):
                 lines.append(f"{r['name']:24s} {'skipped':>11s}  {r['skipped']}")
                 continue
             speedup = f"{r['speedup_over_baseline']:.1f}x" if r.get("speedup_over_baseline") else ""
             lines.append(f"{r['name']:24s} {r['samples_per_s']:11,.0f} {r['fraction_of_ceiling']:11.0%} "
-                         f"{r['stall_fraction']:8.0%} {speedup:>12s}")
+                         f"{_share(r.get('device_busy_fraction')):>12s} {r['stall_fraction']:11.0%} {speedup:>12s}")
         lines.append(f"best: {self.best['name']} at {self.best['fraction_of_ceiling']:.0%} of the ceiling")
+        lines.append("device busy: share of the wall time the device spent on steps (what nvidia-smi shows); host "
+                     "waits: share the loop spent blocked on the next batch. The loop does not synchronise per "
+                     "step, so the host may wait for data while the device still works through queued steps: "
+                     "read the device's share for starvation.")
         return "\n".join(lines)
 
     def plot(self, path=None):

@@ -32,6 +32,10 @@ import numpy as np
 __all__ = ["ReportCard", "machine_facts", "host_slug", "timeline_record", "plot_timelines", "compare", "main"]
 
 
+def _share(fraction) -> str:
+    return "" if fraction is None else f"{fraction:.0%}"
+
+
 def host_slug(name: str | None = None) -> str:
     """This machine's name, made safe for a file name (`report-<host>.md`)."""
     name = name or socket.gethostname() or "this-machine"
@@ -162,17 +166,17 @@ class ReportCard:
                                                                 "is a stand-in)" if self.simulated else ""),
                  f"- workload: " + ", ".join(f"{k} {v}" for k, v in self.workload.items()), "",
                  "## Every rung against the ceiling (one run)", "",
-                 "| rung | samples/s | of the ceiling | stalled on data | vs baseline |",
-                 "|---|---:|---:|---:|---:|",
-                 f"| model-only ceiling | {self.ceiling['samples_per_s']:,.0f} | 100% | | |"]
+                 "| rung | samples/s | of the ceiling | device busy | host waits for data | vs baseline |",
+                 "|---|---:|---:|---:|---:|---:|",
+                 f"| model-only ceiling | {self.ceiling['samples_per_s']:,.0f} | 100% | {_share(self.ceiling.get('device_busy_fraction'))} | | |"]
         for r in self.rungs:
             name = f"**{r['name']}** (final)" if r["name"] == self.final else r["name"]
             if r.get("skipped"):
-                lines.append(f"| {name} | skipped: {r['skipped']} | | | |")
+                lines.append(f"| {name} | skipped: {r['skipped']} | | | | |")
                 continue
             speedup = f"{r['speedup_over_baseline']:.1f}x" if r.get("speedup_over_baseline") else ""
             lines.append(f"| {name} | {r['samples_per_s']:,.0f} | {r['fraction_of_ceiling']:.0%} | "
-                         f"{r['stall_fraction']:.0%} | {speedup} |")
+                         f"{_share(r.get('device_busy_fraction'))} | {r['stall_fraction']:.0%} | {speedup} |")
         lines += ["", "## Accuracy parity", ""]
         if self.parity:
             p = self.parity

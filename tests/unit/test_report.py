@@ -16,7 +16,7 @@ def _climb(simulated=True):
              "stall_fraction": 0.9, "speedup_over_baseline": 1.0},
             {"name": "DALI", "short": "DALI", "skipped": "NVIDIA DALI cannot be imported here"},
             {"name": "yours", "short": "yours", "samples_per_s": 15200.0, "fraction_of_ceiling": 0.95,
-             "stall_fraction": 0.01, "speedup_over_baseline": 6.33}]
+             "stall_fraction": 0.01, "device_busy_fraction": 0.96, "speedup_over_baseline": 6.33}]
     config = {"batch_size": 128, "steps": 20, "num_workers": 2, "model": None}
     return LadderResult("simulated accelerator (test)" if simulated else "NVIDIA H100 (cuda:0)", simulated, config,
                         ceiling, rows, host="CPU: test", date="2026-01-01T00:00:00")
@@ -34,7 +34,7 @@ def test_card_says_what_was_measured_where():
     card = _card(notes=["a note"])
     text = card.markdown()
     assert "yours runs at 95% of the model-only ceiling, 6.3x the baseline" in text
-    assert "SIMULATED" in text and "| **yours** (final) | 15,200 | 95% | 1% | 6.3x |" in text
+    assert "SIMULATED" in text and "| **yours** (final) | 15,200 | 95% | 96% | 1% | 6.3x |" in text
     assert "skipped: NVIDIA DALI cannot be imported here" in text
     assert "the final pipeline 78.0% (-2.0 points; tolerance +/-15)" in text
     assert "Not measured: this machine has fewer than 2 GPUs" in text and "- a note" in text
