@@ -355,14 +355,7 @@ def test_fast_loader_passes_and_under_course_device_cpu_trains_the_real_model(mo
 
 # -- 2.3 ------------------------------------------------------------------------------------
 
-def crop_flip(image, padding, rng):
-    h, w = image.shape[:2]
-    padded = np.pad(image, ((padding, padding), (padding, padding), (0, 0)))
-    dy, dx = rng.integers(0, 2 * padding + 1, size=2)
-    crop = padded[dy:dy + h, dx:dx + w]
-    if rng.random() < 0.5:
-        crop = crop[:, ::-1]
-    return torch.from_numpy(np.ascontiguousarray(crop)).permute(2, 0, 1)
+from course_utils.worker_demos import crop_flip  # noqa: E402  (the lesson's own per-image crop + flip)
 
 
 class CropFlipBase(Dataset):
