@@ -308,7 +308,7 @@ class LiveMonitor:
     # -- the end: a static figure ------------------------------------------------------------
     def summary_line(self) -> str:
         s = self.timeline.summary()
-        parts = [f"{self.title + ': ' if self.title else ''}{s['samples']} samples over "
+        parts = [f"{self.title + ': ' if self.title else ''}{s['samples']} monitor readings over "
                  f"{self.timeline.t_s[-1] if s['samples'] else 0:.1f} s"]
         if "device_util_mean_percent" in s:
             parts.append(f"device busy {s['device_util_mean_percent']:.0f}%"
