@@ -141,14 +141,19 @@ def threads_per_rank(nproc: int) -> int:
 
 # -- the launch ------------------------------------------------------------------------------------
 
-def _set_parent_death_signal():
-    """Runs in the child before exec: SIGTERM it if the launching process dies (Linux only)."""
+def _parent_death_signal():
+    """A function for the child to run before exec: SIGTERM it if the launching process dies
+    (Linux's PR_SET_PDEATHSIG), or None where that is not available. libc is loaded here, in
+    the parent: between fork and exec the child must not import or take locks (another thread of
+    the kernel may have held them at the fork), so it only makes the one call."""
+    if sys.platform != "linux":
+        return None
     try:
         import ctypes
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)          # PR_SET_PDEATHSIG
-    except Exception:
-        pass
+        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return lambda: prctl(1, signal.SIGTERM)          # 1 = PR_SET_PDEATHSIG
 
 
 def torchrun(program, *args, nproc: int | None = None, nnodes: int = 1, module: bool = False,
@@ -214,7 +219,7 @@ def torchrun(program, *args, nproc: int | None = None, nnodes: int = 1, module: 
             proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, env=run_env, cwd=cwd, start_new_session=True,
                                     text=True, errors="replace", bufsize=1,
-                                    preexec_fn=_set_parent_death_signal if sys.platform == "linux" else None)
+                                    preexec_fn=_parent_death_signal())
             procs.append(proc)
             reader = threading.Thread(target=_pump, args=(proc.stdout, lines, echo), name="torchrun-output",
                                       daemon=True)

@@ -148,7 +148,8 @@ def test_timeout_stops_every_process_of_the_launch(tmp_path):
 
 
 DRIVER = """
-    import sys
+    import faulthandler, signal, sys
+    faulthandler.register(signal.SIGUSR1, all_threads=True)     # the test asks where it is stuck
     from course_utils.launch import torchrun
     torchrun(sys.argv[1], sys.argv[2], nproc=2, backend="gloo", timeout_s=300, echo=False)
 """
@@ -192,7 +193,18 @@ def test_interrupting_or_killing_the_launcher_leaves_nothing(tmp_path, how):
         workers = [c for r in (0, 1) for c in psutil.Process(int((tmp_path / f"rank{r}").read_text())).children()]
         assert len(workers) >= 4, "expected two DataLoader workers per rank"
     proc.send_signal(signal.SIGINT if how == "ctrl-c" else signal.SIGKILL)
-    out, _ = proc.communicate(timeout=60)
+    try:
+        out, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:       # say where the launcher is stuck, then clean up
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+        proc.kill()
+        out, _ = proc.communicate()
+        left = [(p.pid, " ".join(p.cmdline())[:120]) for p in marked("TEST_MARK", mark)]
+        for p in marked("TEST_MARK", mark):
+            p.kill()
+        pytest.fail(f"the launcher had not exited 60 s after {how}; still alive with the mark: {left}; "
+                    f"its output and stacks:\n{out[-6000:]}")
     if how == "ctrl-c":
         assert "KeyboardInterrupt" in out
     assert wait_until_gone("TEST_MARK", mark, 30) == []
