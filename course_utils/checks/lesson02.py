@@ -292,20 +292,27 @@ class _Verified:
 def required_speedup(baseline, others_cores: float) -> float:
     """The throughput ratio 2.2 asks for, fitted to the device and to the CPU this run had.
 
-    From the baseline's own steps: loading a batch takes `t_load` (its data wait) and the device
-    step `t_step`; with a worker per free core a step takes about max(t_step, t_load / cores)
-    instead of t_load + t_step. `others_cores` is what other processes used meanwhile. On a
-    quiet machine the check asks for 15% of that ideal gain (a round of a few steps on a small
-    machine is noisy), and at least 1.2x (1.02x on one core). When other processes took more than
-    half a core, no fair grade is possible: the bar drops to that estimate less 0.1, but never
-    below 1.05x (an unchanged baseline must not pass), and the verdict says so."""
+    From the baseline's own steps: a step takes `step` (wall time), of which loading a batch
+    took `t_load` (its data wait); the device needs `t_device` per step (its span on the device's
+    timeline where known, an upper bound, else the host's time in the step). With a worker per
+    free core a step takes about max(t_device, t_load / cores): that is the ideal gain. While the
+    host loads, the device works through the previous step, so where the device is nearly as slow
+    as loading the ideal gain is small (on a fast 2-core host beside the simulated device, about
+    1.2x to 1.4x). `others_cores` is what other processes used meanwhile. On a quiet machine the
+    check asks for 15% of the ideal gain, or a third of it up to 1.2x where that is more (a
+    round of a few steps is noisy, and the main process still receives every batch: measured
+    loaders reach about half the ideal gain there), and at least 1.08x (1.02x on one core): an unchanged baseline measures
+    0.97x to 1.03x. When other processes took more than half a core, no fair grade is possible:
+    the bar drops to that less 0.1, but never below 1.05x, and the verdict says so."""
     cores = usable_cores()
     free = max(cores - others_cores, 0.5)
-    t_load, t_step = baseline.data_wait_median_ms, baseline.compute_median_ms
-    ideal = (t_load + t_step) / max(t_step, t_load / free, 1e-6)
-    asked = 1.0 + 0.15 * max(ideal - 1.0, 0.0)
+    t_load = baseline.data_wait_median_ms
+    t_device = max(baseline.compute_median_ms, baseline.device_median_ms or 0.0)
+    step = baseline.step_time_ms or (t_load + t_device)
+    gain = max(step / max(t_device, t_load / free, 1e-6) - 1.0, 0.0)
+    asked = 1.0 + max(0.15 * gain, min(0.2, gain / 3))
     if others_cores <= 0.5:
-        return max(asked, 1.2 if cores >= 2 else 1.02)
+        return max(asked, 1.08 if cores >= 2 else 1.02)
     return max(1.05, asked - 0.1)
 
 
@@ -341,7 +348,7 @@ def check_fast_loader(make_fast_loader):
     small_bs = int(rng.choice([b for b in range(36, 100) if b != 64]))
     small_n = small_bs * int(rng.integers(3, 6)) + int(rng.integers(1, small_bs))
     batch_size = int(rng.choice([64, 128]))
-    steps = 8
+    steps = 24           # timed steps per round: fewer, and scheduler jitter decides the ratio
     # enough samples that the warm-up (up to 8 batches in flight per worker) and the timed steps
     # fit in one epoch of the big dataset, even with many cores
     big_n = min(50_000, max(4096, batch_size * (2 + 8 * usable_cores() + steps + 2)))
