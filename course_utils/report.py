@@ -185,7 +185,7 @@ class ReportCard:
                          f"{p['yours']:.1%} ({100 * p['difference']:+.1f} points; tolerance +/-"
                          f"{100 * p['tolerance']:.0f}): {'within' if p['passed'] else 'OUTSIDE'} the tolerance.")
         else:
-            lines.append("Not measured in this run.")
+            lines.append("Not measured for this card" + (" (see the notes)." if self.notes else "."))
         if self.timelines:
             lines += ["", "## Utilisation", "", "| run | device busy (mean) | CPU (mean of cores) | busiest core |",
                       "|---|---:|---:|---:|"]

@@ -69,3 +69,10 @@ def test_write_load_and_compare(tmp_path, capsys):
 def test_host_slug_is_a_safe_file_name():
     assert report.host_slug("gpu box #3 (lab)") == "gpu-box-3-lab"
     assert report.host_slug("") not in ("", ".")
+
+
+def test_a_card_without_parity_says_so_and_points_to_its_notes():
+    bare = report.ReportCard.from_climb(_climb(), final="yours").markdown()
+    assert "## Accuracy parity\n\nNot measured for this card.\n" in bare
+    noted = report.ReportCard.from_climb(_climb(), final="yours", notes=["parity: see check 8.1"]).markdown()
+    assert "Not measured for this card (see the notes)." in noted and "- parity: see check 8.1" in noted
