@@ -10,7 +10,6 @@ import sys
 import textwrap
 import time
 import uuid
-import warnings
 from pathlib import Path
 
 import psutil
@@ -151,6 +150,10 @@ def test_timeout_stops_every_process_of_the_launch(tmp_path):
 DRIVER = """
     import faulthandler, signal, sys
     faulthandler.register(signal.SIGUSR1, all_threads=True)     # the test asks where it is stuck
+    # A Jupyter kernel handles SIGINT (its stop button). This driver stands in for one, so it must
+    # too: started under a test run that a non-interactive shell put in the background, it would
+    # inherit SIGINT *ignored* (Python then installs no handler) and Ctrl-C would never arrive.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from course_utils.launch import torchrun
     torchrun(sys.argv[1], sys.argv[2], nproc=2, backend="gloo", timeout_s=300, echo=False)
 """
@@ -195,7 +198,7 @@ def _fail_stuck(proc, mark, how, before):
     left = [(p.pid, " ".join(p.cmdline())[:120]) for p in marked("TEST_MARK", mark)]
     for p in marked("TEST_MARK", mark):
         p.kill()
-    pytest.fail(f"the launcher had not exited after {how}; still alive with the mark: {left}; its signal "
+    pytest.fail(f"the launcher had not exited 60 s after {how}; still alive with the mark: {left}; its signal "
                 f"state before {before}, after {after}; its output and stacks:\n{out[-6000:]}")
 
 
@@ -220,21 +223,9 @@ def test_interrupting_or_killing_the_launcher_leaves_nothing(tmp_path, how):
     before = _signal_state(proc.pid)
     proc.send_signal(signal.SIGINT if how == "ctrl-c" else signal.SIGKILL)
     try:
-        out, _ = proc.communicate(timeout=30)
+        out, _ = proc.communicate(timeout=60)
     except subprocess.TimeoutExpired:
-        if how != "ctrl-c":
-            _fail_stuck(proc, mark, how, before)
-        # Twice in about six CI runs the launcher, sleeping in its poll loop, had not reacted to
-        # the SIGINT 60 s later (its stacks said so), and no run here reproduced it. A learner
-        # would press stop again: so does the test, and warns with the state the first one met.
-        lost = _signal_state(proc.pid)
-        proc.send_signal(signal.SIGINT)
-        try:
-            out, _ = proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            _fail_stuck(proc, mark, "a second ctrl-c", before)
-        warnings.warn(f"the launcher needed a second Ctrl-C; its signal state before the first {before}, "
-                      f"30 s after it {lost}")
+        _fail_stuck(proc, mark, how, before)
     if how == "ctrl-c":
         assert "KeyboardInterrupt" in out
     assert wait_until_gone("TEST_MARK", mark, 30) == []
