@@ -191,14 +191,23 @@ def _labels_of(batch, what):
     return images, [int(x) for x in labels.tolist()]
 
 
-def _one_epoch(loader, decode, batch_size, n, what):
-    """Indices in the order one epoch yields them, and each index's image."""
+def _children() -> set[int]:
+    """Pids of this process's child processes (a DataLoader's workers among them)."""
+    import psutil
+    return {p.pid for p in psutil.Process().children()}
+
+
+def _one_epoch(loader, decode, batch_size, n, what, workers: set | None = None):
+    """Indices in the order one epoch yields them, and each index's image. `workers`, if given,
+    receives the pids of the child processes alive once the first batch has come out."""
     order, images_of, sizes = [], {}, []
     try:
         iterator = iter(loader)
     except TypeError:
         raise CheckFailed("returns an iterable", f"yours returned {type(loader).__name__}, which cannot be iterated") from None
     for batch in iterator:
+        if workers is not None and not sizes:
+            workers.update(_children())
         images, labels = _labels_of(batch, what)
         sizes.append(len(labels))
         for image, code in zip(images, labels):
@@ -357,11 +366,14 @@ def check_fast_loader(make_fast_loader):
     small, decode = _index_dataset(pool[rng.choice(len(pool), small_n, replace=False)], rng)
 
     # correctness: two epochs over a small dataset, every sample exactly once each, reshuffled
+    before = _children()
     loader = make_fast_loader(small, small_bs)
     what = f"{small_n} samples, batch_size={small_bs}"
+    workers1, workers2 = set(), set()
     try:
-        first, images1 = _one_epoch(loader, decode, small_bs, small_n, f"epoch 1 ({what})")
-        second, images2 = _one_epoch(loader, decode, small_bs, small_n, f"epoch 2 of the same loader ({what})")
+        first, images1 = _one_epoch(loader, decode, small_bs, small_n, f"epoch 1 ({what})", workers1)
+        second, images2 = _one_epoch(loader, decode, small_bs, small_n, f"epoch 2 of the same loader ({what})",
+                                     workers2)
     finally:
         del loader
         gc.collect()
@@ -376,6 +388,12 @@ def check_fast_loader(make_fast_loader):
                           f"{what}: {1 - fresh:.0%} of the samples came out identical in both epochs",
                           "load through the dataset each epoch: caching augmented images repeats the same "
                           "augmentation forever")
+    workers1 -= before
+    if workers1 and not workers1 & workers2:
+        raise CheckFailed("keeps its worker processes alive between epochs",
+                          f"{what}: epoch 1 was loaded by {len(workers1)} worker process(es), epoch 2 by new ones "
+                          "(the first were stopped when epoch 1 ended)",
+                          "persistent_workers=True: starting the workers costs every epoch its start-up time")
 
     # throughput: yours against the num_workers=0 baseline, in the same run, through train(),
     # in alternating rounds (a load spike from another process hits both sides alike); every

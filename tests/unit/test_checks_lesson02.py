@@ -267,6 +267,21 @@ def labels_int32(dataset, batch_size):
                       persistent_workers=True, collate_fn=collate)
 
 
+def workers_not_persistent(dataset, batch_size):        # the lesson's persistent_workers section, ignored
+    return DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=usable_cores())
+
+
+class NewLoaderEachEpoch:
+    """persistent_workers=True, but a new DataLoader (and so new workers) for every epoch."""
+
+    def __init__(self, dataset, batch_size):
+        self.dataset, self.batch_size = dataset, batch_size
+
+    def __iter__(self):
+        return iter(DataLoader(self.dataset, batch_size=self.batch_size, shuffle=True,
+                               num_workers=usable_cores(), persistent_workers=True))
+
+
 def the_ladders_loader(dataset, batch_size):           # the course's own loader: its own dataset, not this one
     from course_utils.data import CIFAR10Binary, baseline_transform
     ds = CIFAR10Binary(train=True, transform=baseline_transform(), limit=len(dataset))
@@ -285,6 +300,8 @@ MUTANTS_22_CORRECTNESS = [
     Mutant("float64 images", collate_float64, "yields the dataset's float32 images"),
     Mutant("int32 labels", labels_int32, "yields labels as an int64 tensor"),
     Mutant("the course's loader (its own dataset)", the_ladders_loader, "yields the dataset's samples"),
+    Mutant("workers restarted every epoch", workers_not_persistent, "keeps its worker processes alive between epochs"),
+    Mutant("a new DataLoader every epoch", NewLoaderEachEpoch, "keeps its worker processes alive between epochs"),
 ]
 # These fail in the timed rounds. What they do there does not depend on the seed (a batch size,
 # a cache, the baseline's speed), so one seed each proves them.
