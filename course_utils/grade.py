@@ -46,7 +46,7 @@ __all__ = ["grade", "check_cells", "main", "GradeOptions", "EXIT_PASSED", "EXIT_
 EXIT_PASSED, EXIT_NOT_PASSED, EXIT_USAGE, EXIT_GRADER = 0, 1, 2, 3
 DEFAULT_CELL_TIMEOUT_S = 900.0
 DEFAULT_NOTEBOOK_TIMEOUT_S = 3600.0
-CHECK_GRACE_S = 60.0          # beyond a check's own time limit before its process is killed
+CHECK_GRACE_S = 60.0          # at most, beyond a check's own time limit before its process is killed
 _CLEAN_ENV = ("COURSE_RESULTS", "COURSE_STRICT", "COURSE_NOTEBOOK", "COURSE_CHECK_SEED", "COURSE_HANDIN_DIR")
 
 
@@ -342,6 +342,18 @@ class _Checker:
         self.log.close()
 
 
+def _grace(limit_s: float) -> float:
+    """How long past its own limit a check's process may take to stop on its own (it ends what it
+    started) before it is killed: half its limit, 5 to 60 s."""
+    return min(CHECK_GRACE_S, max(5.0, limit_s / 2))
+
+
+def _limit_sentence(exercise_id: str) -> str | None:
+    from course_utils.checks import _core
+    spec = _core._REGISTRY.get(exercise_id)
+    return _core.limit_sentence(spec) if spec is not None else None
+
+
 def _check_one(sub: _Sub, checker: _Checker, opts: GradeOptions, seed: int) -> None:
     from course_utils.grading.review import pickle_flags
     prep, x = sub.prepared, sub.execution
@@ -365,7 +377,8 @@ def _check_one(sub: _Sub, checker: _Checker, opts: GradeOptions, seed: int) -> N
             else:
                 seed_e = _exercise_seed(seed, e.id)
                 task = {"exercise": e.id, "payload": str(payload), "cwd": str(cwd), "env": _checker_env(opts, sub, e.id),
-                        "seed": seed_e, "limit_s": e.time_limit_s + CHECK_GRACE_S,
+                        "seed": seed_e, "limit_s": e.time_limit_s + _grace(e.time_limit_s),
+                        "limit_sentence": _limit_sentence(e.id),
                         "log": str(sub.work / f"check-{e.id}.log")}
                 try:
                     answer = checker.run(task)

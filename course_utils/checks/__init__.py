@@ -3,8 +3,8 @@
 Each lesson's checks live in `lessonNN.py` and are loaded when first used. See `_core.py`
 for how a check runs, reports and records its result.
 """
-from ._core import (CheckError, CheckFailed, CheckResult, WrongType, check, close, exercise,
+from ._core import (CheckError, CheckFailed, CheckResult, Tripwire, WrongType, check, close, exercise,
                     expect_callable, expect_class, list_exercises, run_check)
 
 __all__ = ["check", "run_check", "CheckResult", "CheckFailed", "CheckError", "WrongType", "exercise",
-           "expect_callable", "expect_class", "close", "list_exercises"]
+           "expect_callable", "expect_class", "close", "list_exercises", "Tripwire"]

@@ -11,6 +11,14 @@ module turns that into one of four outcomes:
 
 Each outcome is printed as one readable sentence, appended as a JSON line to the file named by
 env `COURSE_RESULTS` (when set), and with `COURSE_STRICT=1` anything but a pass raises.
+
+Every check has a time limit fitted to what the course's own answer needs (`TIME_LIMITS_S`,
+measured; a check may name its own), and the sentence says which limit fired.
+
+While a check runs, the learner's code may not change the profiler (`sys.setprofile`, also through
+ctypes): checks watch which functions the learner's code calls with it (`Tripwire`), so a check
+during which it was changed fails with a sentence saying so. An audit hook (which no code can
+remove) sees every change; it is installed when this module is imported, before any learner code.
 """
 from __future__ import annotations
 
@@ -23,14 +31,35 @@ import sys
 import threading
 import time
 import traceback
+import types
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 __all__ = ["CheckFailed", "WrongType", "CheckError", "CheckResult", "exercise", "check", "run_check",
-           "expect_callable", "expect_class", "close", "list_exercises"]
+           "expect_callable", "expect_class", "close", "list_exercises", "Tripwire", "TIME_LIMITS_S"]
 
 _REGISTRY: dict[str, "_Exercise"] = {}
 DEFAULT_TIME_LIMIT_S = 300
+
+# Each check's time limit, fitted to what the course's own answer needs: (limit, what the answer's
+# check took). Measured through the grader's checker (a forked process per check, as graded) on a
+# 2-core CPU without a GPU, shared with other work (load average 7 to 23), the slowest of 6 runs
+# (`python tests/unit/gradekit.py measure 00 01 ... 08`). A pure function gets 10 s (its check takes
+# well under a second); a check that times, trains or builds a pipeline gets about 20 times what it
+# took there (room for a slower machine, a GPU's start-up, a busier host). A check that names its own
+# limit (`@exercise(..., time_limit_s=...)`: the speed-graded 2.2 and 8.1, 2.3's worker processes,
+# 7.2-7.4's torchrun launches) keeps it.
+TIME_LIMITS_S: dict[str, tuple[float, float]] = {
+    "0.1": (10, 0.1),
+    "1.1": (30, 0.8), "1.2": (10, 0.2), "1.3": (10, 0.2), "1.4": (10, 0.3),
+    "2.1": (10, 0.2),
+    "3.1": (60, 2.7), "3.2": (90, 4.5), "3.3": (150, 7.6),
+    "4.1": (60, 2.8), "4.2": (60, 2.2), "4.3": (60, 1.8),
+    "5.1": (120, 5.3), "5.2": (30, 0.3), "5.3": (30, 0.2), "5.4": (90, 4.4),
+    "6.1": (10, 0.2), "6.2": (10, 0.2), "6.3": (10, 0.2),
+    "7.1": (10, 0.2),
+    "8.2": (10, 0.6),
+}
 
 
 class CheckFailed(Exception):
@@ -86,14 +115,27 @@ class _Exercise:
     points: int
     fn: object
     time_limit_s: float
+    reference_s: float | None = None   # what the course's own answer took (when the limit was fitted to it)
 
 
-def exercise(exercise_id: str, title: str, *, points: int = 1, time_limit_s: float = DEFAULT_TIME_LIMIT_S):
-    """Register a check function for exercise `exercise_id` ("N.M")."""
+def exercise(exercise_id: str, title: str, *, points: int = 1, time_limit_s: float | None = None):
+    """Register a check function for exercise `exercise_id` ("N.M"). Its time limit is
+    `time_limit_s` when given, else the measured one in `TIME_LIMITS_S`, else 300 s."""
     def register(fn):
-        _REGISTRY[exercise_id] = _Exercise(exercise_id, title, points, fn, time_limit_s)
+        limit, reference = (time_limit_s, None) if time_limit_s is not None else \
+            TIME_LIMITS_S.get(exercise_id, (DEFAULT_TIME_LIMIT_S, None))
+        _REGISTRY[exercise_id] = _Exercise(exercise_id, title, points, fn, float(limit), reference)
         return fn
     return register
+
+
+def limit_sentence(spec: "_Exercise") -> str:
+    """'the check did not finish within its time limit of 10 s (...)': what a learner reads when it fires."""
+    text = f"the check did not finish within its time limit of {spec.time_limit_s:g} s"
+    if spec.reference_s is not None:
+        took = "well under a second" if spec.reference_s < 1 else f"about {spec.reference_s:.0f} s"
+        text += f" (the course's own answer takes {took} here)"
+    return text
 
 
 def _lesson_module(exercise_id: str) -> str:
@@ -153,7 +195,7 @@ def close(yours, expected, *, rtol: float = 0.0, atol: float = 0.0) -> bool:
 # -- running one check --------------------------------------------------------------------------
 
 @contextlib.contextmanager
-def _time_limit(seconds: float):
+def _time_limit(seconds: float, sentence: str | None = None):
     """Raise TimeoutError in the main thread after `seconds` (no-op off the main thread / Windows)."""
     usable = hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
     if not usable or not seconds:
@@ -161,7 +203,7 @@ def _time_limit(seconds: float):
         return
 
     def on_alarm(signum, frame):
-        raise TimeoutError(f"the check did not finish within {seconds:g} s")
+        raise TimeoutError(sentence or f"the check did not finish within {seconds:g} s")
 
     previous = signal.signal(signal.SIGALRM, on_alarm)
     signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -187,8 +229,9 @@ def run_check(exercise_id: str, obj, **kwargs) -> CheckResult:
     """Run a check and return its result (records it, but prints nothing)."""
     spec = _lookup(exercise_id)
     t0 = time.perf_counter()
+    seen = _GUARD.begin()
     try:
-        with _time_limit(spec.time_limit_s):
+        with _time_limit(spec.time_limit_s, limit_sentence(spec)):
             message = spec.fn(obj, **kwargs) or "all properties hold."
         status = "pass"
     except NotImplementedError:
@@ -202,6 +245,10 @@ def run_check(exercise_id: str, obj, **kwargs) -> CheckResult:
     except Exception as exc:  # the learner's code broke
         status = "error"
         message = f"your code raised {type(exc).__name__}: {exc}{_learner_line(exc)}"
+    finally:
+        switched = _GUARD.end(seen)
+    if switched and status != "not_implemented":
+        status, message = "fail", _switched_sentence(switched)
     result = CheckResult(exercise_id, status, spec.points if status == "pass" else 0, spec.points,
                          message, os.environ.get("COURSE_NOTEBOOK"), round(time.perf_counter() - t0, 3))
     _record(result)
@@ -224,3 +271,222 @@ def _record(result: CheckResult) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:
         f.write(json.dumps(asdict(result)) + "\n")
+
+
+# -- the profiler belongs to the checks while a check runs ------------------------------------------
+# Captured when the checks are imported, before any learner code runs: what the learner's code
+# replaces later (sys.setprofile = ...) does not reach these.
+
+_COURSE_DIR = str(Path(__file__).resolve().parents[1]) + os.sep
+_THREADING_FILE = getattr(threading, "__file__", "") or ""
+_setprofile, _getprofile, _getframe = sys.setprofile, sys.getprofile, sys._getframe
+_threading_setprofile, _threading_getprofile = threading.setprofile, threading.getprofile
+_PROFILE_EVENTS = frozenset({"sys.setprofile", "sys._setprofileallthreads"})
+_THREAD_START_CODE = threading.Thread.start.__code__
+_UNWATCHING = {threading.setprofile.__code__: "threading.setprofile"}
+if hasattr(threading, "setprofile_all_threads"):
+    _UNWATCHING[threading.setprofile_all_threads.__code__] = "threading.setprofile_all_threads"
+_RAW_THREAD_STARTS = frozenset(getattr(sys.modules.get("_thread"), n) for n in
+                               ("start_new_thread", "start_new", "start_joinable_thread")
+                               if hasattr(sys.modules.get("_thread"), n))
+
+
+class _Guard:
+    """Process-wide: how many checks run, which tripwires watch, and where code that is not the
+    course's changed the profiler meanwhile (seen by `_audit`)."""
+
+    def __init__(self):
+        self.checks = 0
+        self.switched: list[str] = []
+        self.tripwires: list = []
+
+    def begin(self) -> int:
+        self.checks += 1
+        return len(self.switched)
+
+    def end(self, seen: int) -> list[str]:
+        self.checks = max(0, self.checks - 1)
+        out = self.switched[seen:]
+        if not self.checks and not self.tripwires:
+            del self.switched[:]
+        return out
+
+
+_GUARD = _Guard()
+
+
+def _where(frame) -> str:
+    if frame is None:
+        return "from code outside Python"
+    name = frame.f_code.co_filename
+    place = "your cell" if name.startswith("<") or "ipykernel_" in name else Path(name).name
+    return f"line {frame.f_lineno} of {place}"
+
+
+def _audit(event, args):
+    """The audit hook (sys.addaudithook: it cannot be removed). Cheap when nothing is watched."""
+    if event in _PROFILE_EVENTS:
+        if not (_GUARD.checks or _GUARD.tripwires):
+            return
+        try:
+            frame = _getframe(1)   # the Python code that called sys.setprofile (or ctypes' PyEval_SetProfile)
+        except ValueError:
+            frame = None
+        name = frame.f_code.co_filename if frame is not None else ""
+        if name.startswith(_COURSE_DIR) or name == _THREADING_FILE:
+            return   # the checks' own watch, or a thread the learner started taking it up
+        _GUARD.switched.append(f"{event}, at {_where(frame)}")
+    elif event == "exec" and _GUARD.tripwires and args and isinstance(args[0], types.CodeType):
+        for trip in list(_GUARD.tripwires):
+            trip._executed(args[0])
+
+
+sys.addaudithook(_audit)
+
+
+def _switched_sentence(switched: list[str]) -> str:
+    return ("property 'leaves the profiler alone' does not hold: your code changed the profiler while the "
+            f"check ran ({switched[0]}). Checks watch with it which functions your code calls, so this run "
+            "cannot be graded. Hint: remove sys.setprofile (and any profiler) from your answer")
+
+
+def _code_of(fn) -> list:
+    """The code objects a forbidden function runs (unwrapping methods, properties, decorators)."""
+    if isinstance(fn, types.CodeType):
+        return [fn]
+    if isinstance(fn, property):
+        fn = fn.fget
+    if isinstance(fn, (staticmethod, classmethod)) or hasattr(fn, "__func__"):
+        fn = fn.__func__
+    codes = []
+    while fn is not None:
+        code = getattr(fn, "__code__", None)
+        if code is not None and code not in codes:
+            codes.append(code)
+        fn = getattr(fn, "__wrapped__", None)
+    if not codes:
+        raise TypeError(f"{fn!r} is not a Python function (name C functions in c_names=)")
+    return codes
+
+
+class Tripwire:
+    """Functions the learner's code must not call while a check calls it: the course's own
+    implementation of the exercise, or the check's reference. Lesson 06 and 08 use it:
+
+        trip = Tripwire(scaling.predict_dp, scaling._device_ms, prop="computes the estimate itself",
+                        why="that is the course's own model", hint="write the model with plain arithmetic")
+        yours = trip.call(estimate_dp, costs, n, batch, loader)   # CheckFailed(prop) on a forbidden call
+
+    What it catches: a Python function of `functions` by its code (also a fresh copy of it, from
+    `importlib.reload` or an `exec` of its file); any Python function whose file ends with one of
+    `files` ("torch/nn/parallel/comm.py"); a C function by its name in `c_names`. It watches with
+    the profiler, in the threads the learner's code starts too; in a process the learner's code
+    forks, a forbidden call raises. Switching the watch off (`sys.setprofile`, ctypes'
+    `PyEval_SetProfile`, `threading.setprofile`, a thread started below `threading`) fails the
+    check with a sentence saying so: the audit hook that sees it cannot be removed.
+    Cost: one Python call per call the learner's code makes while it is watched (microseconds)."""
+
+    def __init__(self, *functions, files=(), c_names=(), codes=(), prop: str = "is your own code",
+                 why: str = "that is the course's own implementation of what this exercise asks",
+                 hint: str = "write it yourself (reading the course's code is fine; calling it is not the exercise)"):
+        found = [c for fn in functions for c in _code_of(fn)] + list(codes)
+        self.codes = frozenset(found)
+        self.keys = frozenset((c.co_filename, c.co_firstlineno, c.co_name) for c in found)
+        self.sources = frozenset(c.co_filename for c in found)
+        self.files = tuple(f.replace("\\", "/") for f in files)
+        self.c_names = frozenset(c_names)
+        self.prop, self.why, self.hint = prop, why, hint
+        self.hit: str | None = None
+        self.switched: str | None = None
+        self._pid = os.getpid()
+        self._depth = 0
+        self._hook = self._profile   # one bound method: the profiler is compared by identity
+
+    # what the watch sees
+    def _trip(self, name: str) -> None:
+        if self.hit is None:
+            self.hit = name
+        if os.getpid() != self._pid:   # a process the learner's code forked: its parent would never know
+            raise CheckFailed(self.prop, f"your code called {name}: {self.why}", self.hint)
+
+    def _switch(self, how: str) -> None:
+        if self.switched is None:
+            self.switched = how
+
+    def _executed(self, code) -> None:
+        if code.co_name == "<module>" and code.co_filename in self.sources:
+            self._trip(f"a fresh copy of {Path(code.co_filename).name} (importlib.reload or exec of the course's file)")
+
+    def _profile(self, frame, event, arg):
+        if event == "call":
+            code = frame.f_code
+            if code in self.codes or (code.co_filename, code.co_firstlineno, code.co_name) in self.keys or (
+                    self.files and code.co_filename.replace("\\", "/").endswith(self.files)):
+                self._trip(f"{frame.f_globals.get('__name__', '?')}.{code.co_name}")
+            elif code in _UNWATCHING:
+                self._switch(f"{_UNWATCHING[code]}, at {_where(frame.f_back)}")
+            elif code is _THREAD_START_CODE and _threading_getprofile() is not self._hook:
+                self._switch(f"a thread started after the threads' profiler was changed, at {_where(frame.f_back)}")
+        elif event == "c_call":
+            if getattr(arg, "__name__", None) in self.c_names:
+                self._trip(f"{getattr(arg, '__module__', None) or 'torch._C'}.{arg.__name__}")
+            elif arg in _RAW_THREAD_STARTS and frame.f_code is not _THREAD_START_CODE:
+                self._switch(f"a thread started with _thread, which no profiler follows, at {_where(frame)}")
+
+    @contextlib.contextmanager
+    def watching(self):
+        """The watch is on inside the block; then `verdict()` says what it saw."""
+        if self._depth:
+            self._depth += 1
+            try:
+                yield self
+            finally:
+                self._depth -= 1
+            return
+        self.hit = self.switched = None
+        self._pid = os.getpid()
+        previous, previous_threads = _getprofile(), _threading_getprofile()
+        _GUARD.tripwires.append(self)
+        seen = len(_GUARD.switched)
+        self._depth = 1
+        _threading_setprofile(self._hook)
+        _setprofile(self._hook)
+        try:
+            yield self
+        finally:
+            current = _getprofile()
+            _setprofile(previous)
+            _threading_setprofile(previous_threads)
+            self._depth = 0
+            if self in _GUARD.tripwires:
+                _GUARD.tripwires.remove(self)
+            others = _GUARD.switched[seen:]
+            if others:
+                self._switch(others[0])
+            elif current is not self._hook:
+                self._switch("the profiler was no longer the check's when your code returned")
+            if not _GUARD.checks and not _GUARD.tripwires:
+                del _GUARD.switched[:]
+
+    def verdict(self, prop: str | None = None, why: str | None = None, hint: str | None = None) -> None:
+        """Raise CheckFailed(prop) when the watched code switched the watch off or made a forbidden call
+        (`prop`, `why` and `hint` override the tripwire's own for this verdict)."""
+        prop = prop or self.prop
+        if self.switched:
+            raise CheckFailed(prop, f"your code switched off the check's watch on the functions it calls "
+                              f"({self.switched}), so the check cannot tell what it called",
+                              "leave sys.setprofile and threading.setprofile alone in your answer")
+        if self.hit:
+            raise CheckFailed(prop, f"your code called {self.hit}: {why or self.why}", hint or self.hint)
+
+    def call(self, fn, *args, **kwargs):
+        """`fn(*args, **kwargs)` with the watch on; its result, or CheckFailed(prop) (see `verdict`)."""
+        with self.watching():
+            try:
+                out = fn(*args, **kwargs)
+            except Exception:
+                if self.hit is None and self.switched is None:
+                    raise
+                out = None
+        self.verdict()
+        return out

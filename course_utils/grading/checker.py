@@ -13,15 +13,21 @@ exercise a submission handed in, forks one process that loads the handed-in obje
 - every process a check started (torchrun and its ranks in lesson 07, DataLoader workers, a
   daemon) is killed when the check is done (`course_utils.grading.reap`);
 - on Linux the runner makes itself non-dumpable, so a process of the same (non-root) user
-  cannot open its pipes or memory through /proc.
+  cannot open its pipes or memory through /proc; it, and each check, die with their parent;
+- a submission that rebinds a function the checks compare or measure with (torch.equal,
+  numpy.array_equal, time.perf_counter, a method of torch.Tensor, a function of the course), while
+  its object is loaded or while its check runs, even one it puts back before the check ends, gets
+  no points for that exercise ("leaves the check's own functions alone"), and a review flag.
 
 What remains possible: the code the check calls runs in the forked process, so code written
-to attack the grader (reaching into that process, or patching a library the check relies on)
-can still forge the verdict of its own exercise. `course_utils.grading.review` flags the usual
-ways of doing that; INSTRUCTORS.md says how to run the grader on untrusted code.
+to attack the grader by other means (reaching into the check's frames or objects, writing a
+module's namespace dictionary directly) can still forge the verdict of its own exercise.
+`course_utils.grading.review` flags the usual ways of doing that; INSTRUCTORS.md says how to run
+the grader on untrusted code.
 
 Protocol (JSON lines): stdin gets {"preload": [modules]} then one task per line,
-{"id", "exercise", "payload", "cwd", "env", "seed", "limit_s", "log"}; stdout answers
+{"id", "exercise", "payload", "cwd", "env", "seed", "limit_s", "log"} (and "limit_sentence", what
+to say when `limit_s` runs out); stdout answers
 {"ready": ...} and then {"id", "status", "message", "seconds"} per task.
 """
 from __future__ import annotations
@@ -67,12 +73,22 @@ def _changed(baseline: dict[str, str]) -> str | None:
     return None
 
 
-_WATCHED = ("torch", "torch.nn.functional", "torch.testing", "torch.cuda", "numpy", "numpy.testing", "math",
-            "builtins", "statistics", "time", "random", "os", "sys")
+_WATCHED = ("torch", "torch.nn", "torch.nn.functional", "torch.testing", "torch.cuda", "torch.linalg", "numpy",
+            "numpy.testing", "numpy.linalg", "math", "cmath", "builtins", "operator", "functools", "copy",
+            "statistics", "time", "random", "os", "sys")
+_WATCHED_CLASSES = ("torch.Tensor", "torch.nn.Module")
+_COURSE = str(ROOT / "course_utils")
+_LIBRARIES = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix})
+
+
+def _resolve(dotted: str):
+    module, _, attr = dotted.rpartition(".")
+    return getattr(sys.modules.get(module), attr, None)
 
 
 def _snapshot() -> dict:
-    """Every function, class and module the checks lean on, by name (a tamper tripwire)."""
+    """Every function and class the checks lean on, by name: the attributes of the course's modules
+    and of the libraries they compare with, and the methods of tensors and modules."""
     names = [m for m in list(sys.modules) if m.startswith("course_utils")] + list(_WATCHED)
     out = {}
     for name in names:
@@ -80,31 +96,105 @@ def _snapshot() -> dict:
         if module is None:
             continue
         for attr, value in list(vars(module).items()):
-            if callable(value) or isinstance(value, type(sys)):
+            if callable(value) and not isinstance(value, type(sys)):
                 out[f"{name}.{attr}"] = value
+    for dotted in _WATCHED_CLASSES:
+        cls = _resolve(dotted)
+        if isinstance(cls, type):
+            for attr, value in list(vars(cls).items()):
+                if not isinstance(value, (str, bytes, int, float, type(None), tuple, frozenset)):
+                    out[f"{dotted}.{attr}"] = value
     return out
 
 
-def _foreign(value) -> bool:
-    """Code that comes from the submission, not from the environment or the course (libraries
-    rebind their own functions when they import lazily: that is not tampering)."""
-    code = getattr(value, "__code__", None) or getattr(getattr(value, "__func__", None), "__code__", None)
-    if code is not None:
-        trusted = (sys.prefix, sys.base_prefix, str(ROOT / "course_utils"))
-        return not code.co_filename.startswith(trusted)
-    return getattr(value, "__module__", None) == "__main__"
+def _code(value):
+    value = getattr(value, "func", value)   # functools.partial: what it calls
+    return getattr(value, "__code__", None) or getattr(getattr(value, "__func__", None), "__code__", None) or \
+        getattr(getattr(value, "fget", None), "__code__", None)
+
+
+def _is_course(value) -> bool:
+    code = _code(value)
+    return code is not None and code.co_filename.startswith(_COURSE)
+
+
+def _rebinding(old, new) -> bool:
+    """Is `new` in place of `old` tampering? Not when it is the course's own code (the virtual CUDA
+    device patches torch.cuda while a check runs, and puts it back), a module (a lazy import), or a
+    library wrapping its own function (torch's dynamo wraps torch.manual_seed when it is first
+    imported)."""
+    if old is new or isinstance(new, type(sys)) or _is_course(new):
+        return False
+    code = _code(new)
+    wraps_old = getattr(new, "__wrapped__", None) is old
+    return not (wraps_old and code is not None and code.co_filename.startswith(_LIBRARIES))
 
 
 def _replaced(before: dict, after: dict) -> list[str]:
-    return sorted(k for k, v in after.items() if k in before and before[k] is not v and _foreign(v))
+    """What was rebound between two snapshots (see `_rebinding`)."""
+    return sorted(k for k, v in after.items() if k in before and _rebinding(before[k], v))
 
 
-def _child(task: dict, result_w: int) -> None:
+_getframe = sys._getframe   # before any submission code
+
+
+def _writer() -> str:
+    """'learner' when the code assigning (seen through library frames) is the submission's."""
+    frame = _getframe(2)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name.startswith(_COURSE):
+            return "course"
+        if not (name.startswith((*_LIBRARIES, "<frozen")) or name == "<string>"):
+            return "learner"
+        frame = frame.f_back
+    return "library"
+
+
+_WRITES: list[str] = []
+
+
+class _Recorded(type(sys)):
+    """A watched module's class while a check runs: it notes every function the submission's code
+    rebinds on it, even one it puts back before the check ends."""
+
+    def __setattr__(self, name, value):
+        old = self.__dict__.get(name)
+        if callable(old) and _rebinding(old, value) and _writer() == "learner":
+            _WRITES.append(f"{self.__name__}.{name}")
+        super().__setattr__(name, value)
+
+    def __delattr__(self, name):
+        if callable(self.__dict__.get(name)) and _writer() == "learner":
+            _WRITES.append(f"{self.__name__}.{name}")
+        super().__delattr__(name)
+
+
+def _record_writes() -> None:
+    for name in _WATCHED:
+        module = sys.modules.get(name)
+        if module is not None and type(module) is type(sys):
+            try:
+                module.__class__ = _Recorded
+            except TypeError:
+                pass
+
+
+def _tampered_sentence(names: list[str]) -> str:
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return (f"property 'leaves the check's own functions alone' does not hold: your code replaced {shown} in the "
+            "check's process. The check compares and measures with them, so its verdict cannot be trusted. "
+            "Hint: an answer never needs to replace a library's or the course's function")
+
+
+def _child(task: dict, result_w: int, checker_pid: int | None = None) -> None:
     """In the forked process: load the handed-in object and run its check. Never returns."""
     status, message, t0 = "error", "", time.perf_counter()
     review: list[str] = []
     try:
         os.setpgid(0, 0)
+        from course_utils.grading.reap import die_with_parent
+        die_with_parent(checker_pid)   # the check ends with the checker
         log = os.open(task["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
@@ -131,6 +221,7 @@ def _child(task: dict, result_w: int) -> None:
         from course_utils.checks import run_check
         payload = Path(task["payload"]).read_bytes()
         before = _snapshot()
+        _record_writes()
         try:
             import cloudpickle  # noqa: F401  (the payload needs its reconstructors)
             import pickle
@@ -143,20 +234,24 @@ def _child(task: dict, result_w: int) -> None:
         if isinstance(sources, dict):
             linecache.cache.update(sources)
         loaded = _snapshot()
-        if _replaced(before, loaded):
-            review.append("replaced " + ", ".join(_replaced(before, loaded)[:3]) + " while it was loaded")
+        at_load = sorted(set(_replaced(before, loaded)) | set(_WRITES))
+        if at_load:
+            review.append("replaced " + ", ".join(at_load[:3]) + " while it was loaded")
         try:
             result = run_check(task["exercise"], obj, **(kwargs or {}))
             status, message = result.status, result.message
-            changed = [k for k in _replaced(loaded, _snapshot()) if k not in _replaced(before, loaded)]
-            if changed:
-                review.append("left " + ", ".join(changed[:3]) + " replaced after its check")
         except SystemExit as exc:
             message = f"your code called sys.exit({exc.code if exc.code is not None else ''}) during the check"
         except KeyboardInterrupt:
             message = "your code raised KeyboardInterrupt during the check"
         except BaseException as exc:
             message = f"the check could not run: {type(exc).__name__}: {exc}"
+        during = [k for k in sorted(set(_replaced(loaded, _snapshot())) | set(_WRITES)) if k not in at_load]
+        if during:
+            review.append("replaced " + ", ".join(during[:3]) + " during its check")
+        tampered = at_load + during
+        if tampered and status != "not_implemented":
+            status, message = "fail", _tampered_sentence(tampered)
     except _Done:
         pass
     except BaseException as exc:
@@ -194,10 +289,11 @@ def run_task(task: dict, baseline: dict | None = None) -> dict:
     r, w = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
+    parent = os.getpid()
     pid = os.fork()
     if pid == 0:
         os.close(r)
-        _child(task, w)
+        _child(task, w, parent)
     os.close(w)
     limit = float(task["limit_s"])
     chunks, size, status_code, killed = [], 0, None, False
@@ -231,9 +327,10 @@ def run_task(task: dict, baseline: dict | None = None) -> dict:
     _killpg(pid)   # DataLoader workers or other processes the check left behind
     seconds = round(time.monotonic() - t0, 3)
     if killed:
+        said = task.get("limit_sentence") or f"the check did not finish within {limit:g} s"
         return {"status": "error", "seconds": seconds,
-                "message": f"the check did not finish within {limit:g} s and the grader stopped it: does your "
-                           "code loop forever or wait on something that never comes?"}
+                "message": f"{said}, and the grader stopped it: does your code loop forever or wait on "
+                           "something that never comes?"}
     try:
         answer = json.loads(b"".join(chunks).decode())
         if answer.get("status") not in STATUSES:
@@ -265,6 +362,9 @@ def main() -> int:
     from course_utils.grading import reap
     _non_dumpable()
     reap.become_subreaper()   # what a check leaves behind (torchrun in its own session...) stays ours to kill
+    grader = os.environ.pop("COURSE_GRADER_PID", None)
+    if grader:
+        reap.die_with_parent(int(grader))   # a grader killed with SIGKILL takes its checker with it
     baseline = course_fingerprint()
     out = sys.stdout
     sys.stdout = sys.stderr   # anything a check module prints at import goes to the log, not the protocol

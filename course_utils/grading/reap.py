@@ -7,10 +7,13 @@ own), DataLoader workers, a process a submission starts with `setsid` or by fork
 a kernel or a check is done, every process that carries its marker is killed; when the run is
 done, every process that carries the run's id.
 
-On Linux the checker and the command line (while it grades) also make themselves child
-subreapers: a process orphaned below them (its parent died first) becomes their child rather
-than init's, so they can still find and kill it: the checker after each check, the command line
-before the checks start and at the end (`kill_children`).
+On Linux the checker and each notebook's runner also make themselves child subreapers: a process
+orphaned below them (its parent died first) becomes their child rather than init's, so they can
+still find and kill it (`kill_children`): the checker after each check, a runner when its notebook
+is done. The command line itself is not one, so that a kernel whose runner died is never adopted
+by the grader (and cannot reach it as its parent). The runners, the checker and each check die
+with their parent (`die_with_parent`): a grader killed with SIGKILL leaves none of them behind, and
+its kernels stop on their own when their runner is gone (ipykernel watches its parent).
 
 What escapes both: a process that clears its own environment *and* is orphaned outside a
 subreaper (a kernel's grandchild that double-forks with `env -i`); INSTRUCTORS.md says how to
@@ -22,7 +25,8 @@ import contextlib
 import os
 import sys
 
-__all__ = ["ENV", "marked", "kill_marked", "become_subreaper", "subreaper", "is_subreaper", "kill_children"]
+__all__ = ["ENV", "marked", "kill_marked", "become_subreaper", "subreaper", "is_subreaper", "kill_children",
+           "die_with_parent"]
 
 ENV = "COURSE_GRADER_RUN"
 _SUBREAPER = False
@@ -60,6 +64,24 @@ def kill_marked(value: str, *, prefix: bool = False, wait_s: float = 5.0) -> lis
     if procs:
         psutil.wait_procs(procs, timeout=wait_s)
     return [p.pid for p in procs]
+
+
+def die_with_parent(parent_pid: int | None = None) -> bool:
+    """prctl(PR_SET_PDEATHSIG, SIGKILL): this process is killed when its parent dies, however it
+    dies (SIGKILL included): a grader that is killed takes its runners and checker with it. With
+    `parent_pid`, exits at once if the parent is already gone. True when it took effect (Linux)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+        import signal
+        if ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0) != 0:
+            return False
+    except Exception:
+        return False
+    if parent_pid is not None and os.getppid() != parent_pid:
+        os._exit(1)
+    return True
 
 
 def _set_subreaper(on: bool) -> bool:

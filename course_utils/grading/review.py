@@ -24,7 +24,10 @@ _PATTERNS = [
     (r"sys\s*\.\s*modules|\b_getframe\b|\bf_back\b|\bf_globals\b|\bf_locals\b|\bsettrace\b|\bsetprofile\b"
      r"|\baddaudithook\b|\bgc\s*\.\s*get_(objects|referrers|referents)\b",
      "inspects or rewires the running interpreter (frames, sys.modules, gc, tracing)"),
-    (r"\bctypes\b|/proc/|\bos\s*\.\s*kill\b|\bprctl\b|\bptrace\b", "reaches into memory or other processes"),
+    (r"\bctypes\b|/proc/|\bos\s*\.\s*(kill|killpg|getppid)\b|\bpsutil\b|\bprctl\b|\bptrace\b",
+     "reaches into memory or other processes"),
+    (r"\bvars\s*\(\s*(torch|np|numpy|math|builtins|operator)\b|\b(torch|np|numpy|math|builtins|operator)\s*\.\s*__dict__",
+     "rewrites a library's namespace"),
     (r"\bos\s*\.\s*_exit\b", "leaves the process without a verdict (os._exit)"),
     (r"__reduce(_ex)?__|__setstate__|copyreg", "customises how its objects are copied to the grader"),
     (r"__builtins__|\bbuiltins\s*\.", "changes Python's builtins"),

@@ -77,3 +77,103 @@ def write(nb, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, str(path))
     return path
+
+
+# -- the reference answers, run through their checks in one process ------------------------------
+
+def reference_answers(number: str) -> dict:
+    """{exercise id: (object, kwargs)} that the released lesson's own solution cells hand to their
+    check cells, run in this process from the mini lesson (setup, parameters, exercises), in a
+    namespace of its own. `%%writefile {expr}` cells (lesson 07) write their file."""
+    import re
+
+    from course_utils.grading.lessons import released_lessons
+    lesson = next(l for l in released_lessons().values() if l.name.startswith(number + "-"))
+    nb = mini_lesson(lesson.path.name)
+    handed: dict = {}
+
+    def check(exercise_id, obj, **kwargs):
+        handed[exercise_id] = (obj, kwargs)
+
+    ns: dict = {"__name__": "__main__"}
+    for cell in nb.cells:
+        if cell.cell_type != "code" or not cell.source.strip():
+            continue
+        source = cell.source
+        magic = re.match(r"%%writefile\s+(.*)\n", source)
+        if magic:
+            target = eval("f" + repr(magic.group(1).strip()), ns)
+            Path(target).write_text(source[magic.end():])
+            continue
+        exec(compile(source, f"<cell {cell.get('id')}>", "exec"), ns)
+        ns["check"] = check
+    return handed
+
+
+def run_references_twice(numbers, skip=()) -> list[dict]:
+    """Each reference answer through its check twice in this process: one dict per exercise (one
+    with "error" for a lesson whose cells did not run)."""
+    import time
+    import traceback
+
+    from course_utils.checks import run_check
+    out = []
+    for number in numbers:
+        t0 = time.perf_counter()
+        try:
+            answers = reference_answers(number)
+        except Exception:
+            out.append({"lesson": number, "error": traceback.format_exc()})
+            continue
+        setup_s = time.perf_counter() - t0
+        for exercise_id, (obj, kwargs) in answers.items():
+            if exercise_id in skip:
+                continue
+            runs = [run_check(exercise_id, obj, **kwargs) for _ in range(2)]
+            out.append({"exercise": exercise_id, "status": [r.status for r in runs],
+                        "message": [r.message for r in runs], "seconds": [r.seconds for r in runs],
+                        "setup_s": round(setup_s, 2)})
+    return out
+
+
+def measure_references(numbers, skip=(), repeats: int = 2) -> list[dict]:
+    """Each reference answer through the grader's checker (a forked process per check, as graded),
+    `repeats` times: the seconds its check took (what `_core.TIME_LIMITS_S` is fitted to)."""
+    import os
+    import tempfile
+
+    import cloudpickle
+
+    from course_utils.grade import _Checker
+    tmp = Path(tempfile.mkdtemp(prefix="measure-"))
+    checker = _Checker([f"course_utils.checks.lesson{int(n):02d}" for n in numbers], tmp / "checker.log")
+    out = []
+    try:
+        for number in numbers:
+            for exercise_id, (obj, kwargs) in reference_answers(number).items():
+                if exercise_id in skip:
+                    continue
+                payload = tmp / f"{exercise_id}.pkl"
+                payload.write_bytes(cloudpickle.dumps((obj, kwargs, {})))
+                answers = [checker.run({"exercise": exercise_id, "payload": str(payload), "cwd": str(tmp),
+                                        "env": dict(os.environ), "seed": 7 + i, "limit_s": 900,
+                                        "log": str(tmp / f"{exercise_id}.log")}) for i in range(repeats)]
+                out.append({"exercise": exercise_id, "status": [a["status"] for a in answers],
+                            "seconds": [a["seconds"] for a in answers]})
+    finally:
+        checker.close()
+    return out
+
+
+if __name__ == "__main__":   # python tests/unit/gradekit.py twice|measure 00 01 ... [--skip 2.2,8.1]
+    import json
+    import sys
+    command, args = sys.argv[1], sys.argv[2:]
+    skip = ()
+    if "--skip" in args:
+        at = args.index("--skip")
+        skip = tuple(args[at + 1].split(","))
+        args = args[:at] + args[at + 2:]
+    run = {"twice": run_references_twice, "measure": measure_references}[command]
+    for row in run(args, skip):
+        print(json.dumps(row), flush=True)

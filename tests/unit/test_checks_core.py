@@ -1,4 +1,5 @@
 import json
+import math
 import time
 
 import pytest
@@ -77,5 +78,286 @@ def test_a_check_that_runs_forever_is_stopped():
         time.sleep(5)
     t0 = time.perf_counter()
     result = run_check("99.1", slow)
-    assert result.status == "error" and "did not finish within 1 s" in result.message
+    assert result.status == "error" and "did not finish within its time limit of 1 s" in result.message
     assert time.perf_counter() - t0 < 3
+
+
+# -- time limits fitted to the references (issue 21) ------------------------------------------------
+
+def test_every_check_has_a_time_limit_fitted_to_what_its_reference_needs():
+    from course_utils.checks import _core, list_exercises
+    for lesson in range(9):
+        list_exercises(lesson)
+    specs = {k: v for k, v in _core._REGISTRY.items() if not k.startswith("99.")}
+    assert len(specs) >= 27
+    for exercise_id, spec in specs.items():
+        if exercise_id in _core.TIME_LIMITS_S:   # fitted here: 10 s or at least 10 times the reference
+            limit, reference = _core.TIME_LIMITS_S[exercise_id]
+            assert spec.time_limit_s == limit and spec.reference_s == reference
+            assert limit >= max(10, 10 * reference), exercise_id
+        else:   # the check names its own (timed, worker processes, torchrun)
+            assert spec.time_limit_s != _core.DEFAULT_TIME_LIMIT_S, f"{exercise_id} has no fitted limit"
+    pure = ["0.1", "1.2", "1.3", "1.4", "2.1", "6.1", "6.2", "6.3", "7.1", "8.2"]
+    assert all(specs[e].time_limit_s <= 10 for e in pure)
+
+
+def test_an_endless_loop_in_a_pure_function_costs_seconds_and_names_the_limit():
+    def stall_fraction(step_log, skip_first=1):   # exercise 1.2, looping forever (was: 316 s)
+        while True:
+            pass
+    t0 = time.perf_counter()
+    result = run_check("1.2", stall_fraction)
+    assert time.perf_counter() - t0 < 10 + 5
+    assert result.status == "error"
+    assert result.message.startswith("the check did not finish within its time limit of 10 s (the course's own "
+                                     "answer takes well under a second here)")
+    assert "loop forever" in result.message
+
+
+def test_the_checker_gives_a_check_half_its_limit_to_stop_on_its_own_5_to_60_s():
+    from course_utils import grade
+    assert grade._grace(10) == 5 and grade._grace(30) == 15 and grade._grace(580) == 60
+    assert "time limit of 10 s" in grade._limit_sentence("1.2")
+
+
+# -- the tripwire the learner's code cannot switch off (issue 21) ----------------------------------
+
+TARGET = '''
+import math
+
+def reference(x):
+    return 2 * x
+
+def helper(x):
+    return x + 0
+'''
+
+
+@pytest.fixture
+def target(tmp_path, monkeypatch):
+    """A module standing for the course's implementation (its `reference` is off limits)."""
+    import importlib
+    import sys
+    (tmp_path / "course_reference_standin.py").write_text(TARGET)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("course_reference_standin", None)
+    module = importlib.import_module("course_reference_standin")
+    yield module
+    sys.modules.pop("course_reference_standin", None)
+
+
+def _trip(module, **kwargs):
+    from course_utils.checks import Tripwire
+    return Tripwire(module.reference, prop="doubles it itself", why="that is the course's answer",
+                    hint="multiply", **kwargs)
+
+
+def _verdict(trip, fn):
+    try:
+        out = trip.call(fn, 21)
+    except CheckFailed as exc:
+        return exc.sentence()
+    return out
+
+
+def test_the_tripwire_catches_the_forbidden_call_and_lets_honest_code_through(target):
+    import threading
+    trip = _trip(target)
+    assert _verdict(trip, lambda x: x + x) == 42
+    assert _verdict(trip, lambda x: target.helper(x) * 2) == 42   # the module's other functions are fine
+
+    def threaded(x):   # threads started the usual way are watched, and honest ones pass
+        out = []
+        t = threading.Thread(target=lambda: out.append(x * 2))
+        t.start()
+        t.join()
+        return out[0]
+    assert _verdict(trip, threaded) == 42
+    said = _verdict(trip, target.reference)
+    assert said.startswith("property 'doubles it itself' does not hold: your code called "
+                           "course_reference_standin.reference: that is the course's answer")
+
+    def in_a_thread(x):
+        out = []
+        t = threading.Thread(target=lambda: out.append(target.reference(x)))
+        t.start()
+        t.join()
+        return out[0]
+    assert "your code called course_reference_standin.reference" in _verdict(trip, in_a_thread)
+    c_trip = _trip(target, c_names=("factorial",))
+    assert "your code called math.factorial" in _verdict(c_trip, lambda x: math.factorial(3) * 7)
+    with trip.watching():   # one tripwire, a property per call site (lesson 06's `_call`)
+        target.reference(1)
+    with pytest.raises(CheckFailed) as failed:
+        trip.verdict("splits it", "own words", "h")
+    assert failed.value.sentence() == ("property 'splits it' does not hold: your code called "
+                                       "course_reference_standin.reference: own words. Hint: h")
+
+
+def _switch_offs(target):
+    import ctypes
+    import importlib
+    import sys
+    import threading
+
+    def setprofile_none(x):
+        sys.setprofile(None)
+        return target.reference(x)
+
+    def off_and_back_on(x):
+        hook = sys.getprofile()
+        sys.setprofile(None)
+        out = target.reference(x)
+        sys.setprofile(hook)
+        return out
+
+    def through_ctypes(x):
+        ctypes.pythonapi.PyEval_SetProfile(None, None)
+        return target.reference(x)
+
+    def threads_unwatched(x):
+        threading.setprofile(None)
+        out = []
+        t = threading.Thread(target=lambda: out.append(target.reference(x)))
+        t.start()
+        t.join()
+        return out[0]
+
+    def threads_unwatched_quietly(x):
+        threading._profile_hook = None
+        out = []
+        t = threading.Thread(target=lambda: out.append(target.reference(x)))
+        t.start()
+        t.join()
+        return out[0]
+
+    def raw_thread(x):
+        import _thread
+        out = []
+        _thread.start_new_thread(lambda: out.append(target.reference(x)), ())
+        while not out:
+            time.sleep(0.01)
+        return out[0]
+
+    def fresh_copy(x):
+        return importlib.reload(target).reference(x)
+
+    return {"sys.setprofile(None)": (setprofile_none, "sys.setprofile, at line"),
+            "off and back on": (off_and_back_on, "sys.setprofile, at line"),
+            "ctypes": (through_ctypes, "sys.setprofile, at line"),
+            "threading.setprofile(None)": (threads_unwatched, "threading.setprofile, at line"),
+            "threading._profile_hook": (threads_unwatched_quietly, "a thread started after the threads' profiler"),
+            "_thread": (raw_thread, "a thread started with _thread"),
+            "importlib.reload": (fresh_copy, "a fresh copy of course_reference_standin.py")}
+
+
+@pytest.mark.parametrize("way", list(_switch_offs(None)))
+def test_switching_the_tripwire_off_fails_with_a_sentence_saying_so(target, way):
+    import sys
+    import threading
+    answer, words = _switch_offs(target)[way]
+    said = _verdict(_trip(target), answer)
+    assert isinstance(said, str) and said.startswith("property 'doubles it itself' does not hold"), said
+    assert words in said, said
+    assert sys.getprofile() is None and threading.getprofile() is None   # the watch is gone afterwards
+
+
+def test_in_a_process_the_learners_code_forks_the_forbidden_call_raises(target):
+    import os
+
+    def forks(x):
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.write(w, str(target.reference(x)).encode())
+            except CheckFailed:
+                os.write(w, b"tripped")
+            os._exit(0)
+        os.close(w)
+        os.waitpid(pid, 0)
+        said = os.read(r, 100)
+        os.close(r)
+        return said
+    assert _verdict(_trip(target), forks) == b"tripped"
+
+
+def test_changing_the_profiler_during_any_check_fails_it_lessons_06_included():
+    """Issue 21: `sys.setprofile(None)` switched lesson 06's watch off, and 6.1-6.3 then accepted the
+    course's own functions (6.2 the check's own reference helpers)."""
+    import sys
+    import threading
+
+    from course_utils import scaling
+    from course_utils.checks import lesson06
+
+    def estimate_dp(costs, n, batch, loader):
+        sys.setprofile(None)
+        threading.setprofile(None)
+        p = scaling.predict_dp(costs, n, batch, loader)
+        return {"samples_per_s": p.samples_per_s, "efficiency": p.efficiency, "bound": p.bound}
+
+    def dp_scatter(inputs, n, dim=0):
+        sys.setprofile(None)
+        return lesson06.reference_scatter(inputs, n, dim)
+
+    def dp_gather(outputs, dim=0):
+        sys.setprofile(None)
+        return lesson06.reference_gather(outputs, dim)
+
+    def dp_memory(n, batch, **sizes):
+        import ctypes
+        ctypes.pythonapi.PyEval_SetProfile(None, None)
+        return scaling.dp_memory(n, batch, **sizes)
+
+    for exercise_id, answer in (("6.1", estimate_dp), ("6.2", (dp_scatter, dp_gather)), ("6.3", dp_memory)):
+        result = run_check(exercise_id, answer)
+        assert result.status == "fail", (exercise_id, result.message)
+        assert result.message.startswith("property 'leaves the profiler alone' does not hold: your code changed "
+                                         "the profiler while the check ran (sys.setprofile, at line"), result.message
+    assert run_check("99.1", lambda x: x * x).status == "pass"   # nothing carries over to the next check
+
+
+# -- every reference answer, twice in one process (issue 21) ------------------------------------------
+
+SLOW = ("2.2", "8.1", "7.2", "7.3", "7.4")   # speed-graded (2.2, 8.1) or torchrun launches (7.2-7.4): 90 s more
+
+
+@pytest.fixture(scope="module")
+def twice():
+    """The solutions' own answers (their exercise cells run from the released lessons), each through its
+    check twice in ONE process (a fresh one, not this test's). COURSE_TWICE_ALL=1 adds the slow ones."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from course_utils.grading.lessons import ROOT
+    skip = () if os.environ.get("COURSE_TWICE_ALL") == "1" else SLOW
+    env = dict(os.environ, MPLBACKEND="Agg", COURSE_SMOKE="1", PYTHONPATH=str(ROOT))
+    env.pop("COURSE_CHECK_SEED", None)
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "unit" / "gradekit.py"), "twice",
+                           *[f"{n:02d}" for n in range(9)], "--skip", ",".join(skip) or "none"],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    broken = [r for r in rows if "error" in r]
+    assert not broken, "a lesson's cells did not run:\n" + "\n".join(r["error"] for r in broken)
+    return {r["exercise"]: r for r in rows}, skip
+
+
+def _all_exercises():
+    from course_utils.grading.lessons import released_lessons
+    return [e.id for lesson in released_lessons().values() for e in lesson.exercises]
+
+
+@pytest.mark.parametrize("exercise_id", _all_exercises())
+def test_a_reference_answer_gets_the_same_verdict_twice_in_one_process(twice, exercise_id):
+    rows, skip = twice
+    if exercise_id in skip:
+        pytest.skip(f"{exercise_id} is slow (speed-graded or torchrun): COURSE_TWICE_ALL=1 runs it")
+    row = rows[exercise_id]
+    assert row["status"] == ["pass", "pass"], row["message"]
+    from course_utils.checks import _core
+    limit = _core._REGISTRY[exercise_id].time_limit_s
+    assert max(row["seconds"]) < limit / 3, (exercise_id, row["seconds"], limit)

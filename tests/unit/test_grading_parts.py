@@ -290,3 +290,96 @@ def test_a_check_that_kills_the_checker_costs_only_its_own_exercise(runner, mini
     assert killed.records[0]["status"] == "error" and "checker process died" in killed.records[0]["message"]
     assert killed.status == "graded" and any("killed the grader's checker" in r for r in killed.review)
     assert after.records[0]["status"] == "not_implemented"
+
+
+# -- an answer that replaces the check's comparisons (issue 21) ---------------------------------------
+
+def _garbage(x):
+    import numpy as np
+    return np.zeros((x.shape[1], x.shape[2], 3), dtype=np.uint8)
+
+
+def test_an_answer_that_replaces_the_checks_comparisons_gets_no_points(runner):
+    """Exercise 0.1 passed with garbage when the answer replaced torch.equal, torch.allclose and NumPy's
+    comparisons inside the check's process; the review flagged nothing."""
+    import weakref
+
+    def with_lambdas(x):
+        import numpy as np
+        import torch
+        torch.equal = lambda *a, **k: True
+        torch.allclose = lambda *a, **k: True
+        np.abs = lambda a, *r, **k: np.zeros_like(a)
+        np.array_equal = lambda *a, **k: True
+        return _garbage(x)
+
+    def with_library_functions(x):   # nothing of the submission's own code is left in the modules
+        import operator
+
+        import numpy as np
+        import torch
+        torch.equal = operator.is_not
+        np.abs = np.zeros_like
+        np.array_equal = operator.is_not
+        return _garbage(x)
+
+    def puts_them_back(x):   # replaced while the check compares, put back once it has finished with them
+        import numpy as np
+        import torch
+        saved = puts_them_back.__dict__.setdefault("saved", (torch.equal, np.abs, np.array_equal))
+        torch.equal = lambda *a, **k: True
+        np.abs = lambda a, *r, **k: np.zeros_like(a)
+        np.array_equal = lambda *a, **k: True
+
+        def restore(*_):
+            torch.equal, np.abs, np.array_equal = saved
+        out = _garbage(x)
+        weakref.finalize(out, restore)
+        return out
+
+    for name, answer in (("lambdas", with_lambdas), ("library", with_library_functions), ("back", puts_them_back)):
+        said = _task(runner, f"compare-{name}", answer)
+        assert said["status"] == "fail", (name, said)
+        assert said["message"].startswith("property 'leaves the check's own functions alone' does not hold: your "
+                                          "code replaced "), said["message"]
+        assert "torch.equal" in said["message"] or "numpy.abs" in said["message"], said["message"]
+        assert any("during its check" in r for r in said["review"]), said["review"]
+
+
+def test_a_pickle_that_replaces_the_comparisons_as_it_loads_gets_no_points(runner):
+    class Patch:
+        def __reduce__(self):
+            return (exec, ("import torch, numpy\ntorch.equal = lambda *a, **k: True\n"
+                           "numpy.array_equal = lambda *a, **k: True\nnumpy.abs = numpy.zeros_like",))
+    said = _task(runner, "compare-load", cloudpickle.dumps(((Patch(), _garbage), {}, {})))
+    assert said["status"] == "fail" and "your code replaced" in said["message"], said
+    assert any("while it was loaded" in r for r in said["review"]), said["review"]
+
+
+def test_the_reference_answer_and_the_course_patching_torch_cuda_are_not_tampering(runner):
+    import numpy as np
+    import torch
+
+    def to_image(x):
+        mean = torch.tensor((0.4914, 0.4822, 0.4465)).view(3, 1, 1)
+        std = torch.tensor((0.2470, 0.2435, 0.2616)).view(3, 1, 1)
+        return (x * std + mean).mul(255).round().clamp(0, 255).to(torch.uint8).permute(1, 2, 0).numpy()
+    said = _task(runner, "reference", to_image)
+    assert said["status"] == "pass" and said["review"] == [], said
+    from course_utils.grading.checker import _rebinding
+    wrapped = torch._disable_dynamo(torch.manual_seed) if hasattr(torch, "_disable_dynamo") else None
+    if wrapped is not None:   # torch's dynamo wraps torch.manual_seed when it is first imported
+        assert not _rebinding(torch.manual_seed, wrapped)
+    assert _rebinding(np.abs, np.zeros_like) and _rebinding(np.abs, lambda a: a)
+
+
+def test_review_flags_reaching_for_the_parent_process_and_rewriting_a_librarys_namespace():
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [kit.code("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)"),
+                kit.code("import psutil\npsutil.Process().parent().kill()"),
+                kit.code("import numpy as np\nvars(np)['abs'] = print"),
+                kit.code("import torch\ntorch.__dict__.update(equal=print)")]
+    flags = review_flags(nb)
+    assert [f.split(" ")[1] for f in flags] == ["1", "2", "3", "4"]
+    assert "other processes" in flags[0] and "other processes" in flags[1]
+    assert "rewrites a library's namespace" in flags[2] and "rewrites a library's namespace" in flags[3]
