@@ -3,19 +3,26 @@
 For each submission the grader
 1. tells which released lesson it is (content and `make student`'s metadata; a file named
    `NN-...` must be lesson NN) and takes the exercises and points from the course's own copy;
-2. runs the learner's notebook in a fresh kernel, in a private working folder, with every
+2. runs the learner's notebook in a fresh kernel (started by a runner process of its own, so that
+   no kernel can reach the grader as its parent), in a private working folder, with every
    check cell replaced by the released one, which hands the exercise's object to the grader
    instead of grading it there; errors, timeouts, `sys.exit` and kernel deaths cost only the
    cells they hit; every process it started is killed when it ends (`grading.reap`);
-3. after all notebooks have run (`--jobs N` at a time, each on its own device with
+3. after each wave of notebooks has run (`--jobs N` at a time, each on its own device with
    `--gpus 0,1,...`), runs every check alone, in the grader's own checker process (one forked
    process per check, on a quiet machine), with a seed recorded for regrading;
-4. prints a table and writes the JSON (`--json`), a CSV gradebook (`--csv`) and the executed
-   copies (`--output-dir`), whatever happened to any one submission.
+4. writes each submission's row as soon as it is graded: the results (`--json`), the CSV
+   gradebook (`--csv`) and the executed copy (`--output-dir`), whatever happened to any other
+   submission; then prints the table.
+
+With `--json FILE` the results are written after every submission (a kill at any instant leaves
+a valid file with every submission graded so far) and running the same command again grades only
+what is missing (`course_utils.grading.results`); SIGINT and SIGTERM stop it cleanly.
 
 Exit status: 0 every exercise of every submission passed; 1 not; 2 bad arguments; 3 the
-grader itself could not grade everything (a kernel that would not start, an interrupted run,
-the course's own files changed during grading). See INSTRUCTORS.md.
+grader itself could not grade everything (a kernel that would not start, results that could not
+be written, the course's own files changed during grading); 128 + N interrupted by signal N
+(130 Ctrl-C, 143 SIGTERM). See INSTRUCTORS.md.
 """
 from __future__ import annotations
 
@@ -73,6 +80,9 @@ class GradeOptions:
     solutions: Path | None = None      # the released lessons (default: the course's solutions/)
     gpus: tuple[str, ...] = ()         # devices for the notebooks running side by side (CUDA_VISIBLE_DEVICES values)
     quiet: bool = False
+    json: Path | None = None           # the results file: written after every submission; a rerun resumes from it
+    csv: Path | None = None            # the CSV gradebook, rebuilt from the results after every submission
+    regrade: bool = False              # grade every submission again, also those whose results are kept
     run_id: str = ""                   # this run's process marker (course_utils.grading.reap), set by grade()
 
 
@@ -96,6 +106,13 @@ class _Sub:
     notebook_s: float = 0.0
     checks_s: float = 0.0
     executed: str | None = None
+    sha256: str | None = None          # of the submitted file, as read
+    key: dict | None = None            # what its grade depends on (course_utils.grading.results)
+    kept: dict | None = None           # its row from the results file, kept as it was
+
+    @property
+    def abspath(self) -> str:
+        return str(self.path.resolve())
 
     def as_dict(self) -> dict:
         return {
@@ -132,7 +149,9 @@ def _ids(paths: list[Path]) -> list[str]:
 def _read(sub: _Sub) -> None:
     import nbformat
     try:
-        text = sub.path.read_text(encoding="utf-8")
+        data = sub.path.read_bytes()
+        sub.sha256 = hashlib.sha256(data).hexdigest()
+        text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         sub.status, sub.reason = "not_graded", f"the file cannot be read ({type(exc).__name__}: {exc})"
         return
@@ -214,15 +233,88 @@ def _checker_env(opts: GradeOptions, sub: _Sub, exercise_id: str) -> dict:
     return env
 
 
-async def _run_notebook(sub: _Sub, opts: GradeOptions, work_root: Path, index: int, total: int,
-                        slot: int = 0) -> None:
-    from course_utils.grading.kernel import execute
+async def _execute_in_runner(sub: _Sub, opts: GradeOptions, env: dict) -> "object":
+    """Run `sub.prepared` in a runner process of its own (`grading.runner`), which starts the kernel:
+    the kernel's parent is that runner, never the grader. Returns the `kernel.Execution`; the
+    executed notebook replaces `sub.prepared.nb`. A runner that dies (its kernel killed it) costs
+    this notebook only: the cells from the one that was running on are reported as not run."""
+    import pickle
+
+    import nbformat
+
+    from course_utils.grading import reap
+    from course_utils.grading.kernel import Execution
+    job = {"prepared": str(sub.work / "prepared.pkl"), "cwd": str(sub.work / "cwd"), "env": env,
+           "cell_timeout_s": opts.cell_timeout_s, "notebook_timeout_s": opts.notebook_timeout_s,
+           "log": str(sub.work / "kernel.log"), "executed": str(sub.work / "executed.ipynb"), "parent": os.getpid()}
+    (sub.work / "prepared.pkl").write_bytes(pickle.dumps(sub.prepared))
+    (sub.work / "job.json").write_text(json.dumps(job))
+    runner_env = {k: v for k, v in os.environ.items() if k not in _CLEAN_ENV}
+    runner_env.update({reap.ENV: env[reap.ENV], "JUPYTER_RUNTIME_DIR": str(sub.work / "runtime"),
+                       "PYTHONUNBUFFERED": "1"})
+    last, execution = None, None
+    t0 = time.monotonic()
+    with open(sub.work / "runner.log", "ab") as log:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "course_utils.grading.runner", str(sub.work / "job.json"),
+            stdin=subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=log, env=runner_env, cwd=str(ROOT),
+            start_new_session=True, limit=1 << 24)
+        try:
+            while line := await proc.stdout.readline():
+                try:
+                    message = json.loads(line)
+                except ValueError:
+                    continue
+                if "cell" in message:
+                    last = int(message["cell"])
+                elif "execution" in message:
+                    execution = message["execution"]
+            await proc.wait()
+        finally:
+            if proc.returncode is None:
+                try:
+                    proc.kill()
+                except ProcessLookupError:
+                    pass
+                await proc.wait()
+            reap.kill_marked(env[reap.ENV])   # its kernel, and anything the kernel started, with its marker
+    if execution is not None and proc.returncode == 0:
+        x = Execution(**{**execution, "failures": {int(k): v for k, v in execution["failures"].items()}})
+        try:
+            sub.prepared.nb = nbformat.read(str(sub.work / "executed.ipynb"), as_version=4)
+        except Exception:
+            pass
+        return x
+    how = f"was killed by {_signal_name(-proc.returncode)}" if proc.returncode < 0 else \
+        f"exited with status {proc.returncode}"
+    x = Execution(seconds=time.monotonic() - t0)
+    if last is None:
+        x.startup_error = f"the grader's runner for this notebook {how} before its kernel ran a cell (see runner.log)"
+        x.not_run_from, x.not_run_reason = 0, "its runner stopped"
+        return x
+    x.failures[last] = (f"stopped the process that ran its kernel (the grader's runner for this notebook "
+                        f"{how}: did the notebook kill its kernel's parent?)")
+    x.not_run_from = last + 1
+    x.not_run_reason = ("the notebook stopped the process that ran it (its outputs are lost; what it handed in "
+                        "before was graded, and so were the other notebooks)")
+    return x
+
+
+def _signal_name(number: int) -> str:
+    import signal as _signal
+    try:
+        return _signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+async def _run_notebook(sub: _Sub, opts: GradeOptions, work_root: Path, total: int, slot: int = 0) -> None:
     from course_utils.grading.prepare import prepare
 
     t0 = time.monotonic()
+    index = sub.index
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in sub.sid)
     sub.work = work_root / f"{index:03d}-{safe}"
-    sub.index = index
     cwd, handin = sub.work / "cwd", sub.work / "handin"
     _support_files(cwd)
     handin.mkdir(parents=True, exist_ok=True)
@@ -230,9 +322,7 @@ async def _run_notebook(sub: _Sub, opts: GradeOptions, work_root: Path, index: i
     sub.notes += sub.prepared.notes
     _say(opts, f"[{index}/{total}] running {sub.sid} as {sub.lesson.label} "
                f"({'smoke' if opts.smoke else 'full size'}) ...")
-    sub.execution = await execute(sub.prepared, cwd=cwd, env=_kernel_env(opts, sub, handin, slot),
-                                  cell_timeout=opts.cell_timeout_s, notebook_timeout=opts.notebook_timeout_s,
-                                  log_path=sub.work / "kernel.log")
+    sub.execution = await _execute_in_runner(sub, opts, _kernel_env(opts, sub, handin, slot))
     for e in sub.lesson.exercises:
         payload = handin / f"{e.id}.pkl"
         if payload.exists():
@@ -244,16 +334,18 @@ async def _run_notebook(sub: _Sub, opts: GradeOptions, work_root: Path, index: i
                + (f", kernel restarted {x.restarts}x" if x.restarts else ""))
 
 
-async def _run_all(subs: list[_Sub], opts: GradeOptions, work_root: Path) -> None:
+async def _run_all(subs: list[_Sub], opts: GradeOptions, work_root: Path, total: int | None = None) -> None:
+    """Run the notebooks of `subs`, `opts.jobs` at a time."""
     slots: asyncio.Queue = asyncio.Queue()
     for slot in range(opts.jobs):
         slots.put_nowait(slot)
-    runnable = [s for s in subs if s.status == "graded"]
+    for i, sub in enumerate(subs, start=1):
+        sub.index = sub.index or i
 
-    async def one(i, sub):
+    async def one(sub):
         slot = await slots.get()
         try:
-            await _run_notebook(sub, opts, work_root, i, len(runnable), slot)
+            await _run_notebook(sub, opts, work_root, total or len(subs), slot)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -261,7 +353,7 @@ async def _run_all(subs: list[_Sub], opts: GradeOptions, work_root: Path) -> Non
         finally:
             slots.put_nowait(slot)
 
-    await asyncio.gather(*(one(i, s) for i, s in enumerate(runnable, start=1)))
+    await asyncio.gather(*(one(s) for s in subs if s.status == "graded"))
 
 
 class _Checker:
@@ -275,6 +367,7 @@ class _Checker:
         from course_utils.grading.reap import ENV
         modules = self.modules
         env = {k: v for k, v in os.environ.items() if k not in _CLEAN_ENV}
+        env["COURSE_GRADER_PID"] = str(os.getpid())   # the checker dies with the grader (reap.die_with_parent)
         if self.marker:
             env[ENV] = self.marker
         self.proc = subprocess.Popen([sys.executable, "-m", "course_utils.grading.checker"],
@@ -333,8 +426,11 @@ class _Checker:
             pass
         self._start()
 
-    def close(self) -> None:
+    def close(self, now: bool = False) -> None:
+        """End the checker: politely (it finishes the check it runs), or `now`."""
         try:
+            if now:
+                self.proc.kill()
             self.proc.stdin.close()
             self.proc.wait(timeout=10)
         except Exception:
@@ -458,8 +554,8 @@ def _executed_copy(sub: _Sub, opts: GradeOptions, run: dict) -> None:
     nb.cells.insert(0, summary)
     name = sub.sid if sub.sid.endswith(".ipynb") else sub.sid + ".ipynb"
     dest = Path(opts.output_dir) / name
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    nbformat.write(nb, str(dest))
+    from course_utils.grading.results import atomic_write
+    atomic_write(dest, nbformat.writes(nb) + "\n")
     sub.executed = str(dest)
 
 
@@ -506,122 +602,267 @@ def _resolve_lesson_arg(value: str, lessons: dict) -> str:
     raise ValueError(f"--lesson {value!r} is not a released lesson ({', '.join(lessons)})")
 
 
-def grade(paths, options: GradeOptions | None = None) -> tuple[int, dict, list[dict]]:
-    """Grade notebooks; returns (exit status, run information, one dict per submission)."""
-    import dataclasses
-    opts = dataclasses.replace(options or GradeOptions(), run_id=f"grade-{secrets.token_hex(6)}")
-    t_start, started = time.monotonic(), time.time()
-    seed = opts.seed if opts.seed is not None else secrets.randbelow(2**31)
-    run = {"seed": seed, "smoke": opts.smoke, "cell_timeout_s": opts.cell_timeout_s,
-           "notebook_timeout_s": opts.notebook_timeout_s, "jobs": opts.jobs, "gpus": list(opts.gpus),
-           "started": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-           "host": platform.node(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
-           "argv": sys.argv[1:], "lesson": opts.lesson}
-    paths = [Path(p) for p in paths]
-    seen, unique = set(), []
-    for p in paths:
-        key = p.resolve()
-        if key not in seen:
-            seen.add(key)
-            unique.append(p)
-    subs = [_Sub(p, sid) for p, sid in zip(unique, _ids(unique))] if unique else []
-    grader_failure = None
-    try:
-        lessons = _lessons.released_lessons(opts.solutions)
-        if opts.lesson:
-            opts.lesson = _resolve_lesson_arg(opts.lesson, lessons)
-    except (LessonError, ValueError) as exc:
-        lessons, grader_failure = {}, f"the course's released lessons cannot be graded: {exc}"
-    for sub in subs:
-        if grader_failure:
-            sub.status, sub.reason = "grader_error", grader_failure
-            continue
-        try:
-            _identify(sub, opts, lessons)
-        except Exception as exc:   # the grader's own bug: this submission still gets a row
-            sub.status, sub.reason = "grader_error", f"the grader failed reading it: {type(exc).__name__}: {exc}"
+class GradingInterrupted(KeyboardInterrupt):
+    """SIGINT, SIGTERM or SIGHUP arrived while grading (raised by the command line's handler)."""
 
-    runnable = [s for s in subs if s.status == "graded"]
-    work_root = Path(tempfile.mkdtemp(prefix="course-grade-"))
-    checker = None
-    interrupted = False
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class _CannotSave(Exception):
+    pass
+
+
+def _course_sha256() -> str:
+    """One sha256 of the course's own code (course_utils/): a change to it regrades everything."""
+    from course_utils.grading.checker import course_fingerprint
+    code = {k: v for k, v in course_fingerprint().items() if k.startswith("course_utils")}
+    return hashlib.sha256(json.dumps(code, sort_keys=True).encode()).hexdigest()
+
+
+def _pending_row(sub: _Sub, why: str) -> dict:
+    row = sub.as_dict()
+    row.update(status="pending", reason=why)
+    row["exercises"] = _missing_records(sub.lesson, f"not graded yet: {why}")
+    row["max_points"] = sum(r["max_points"] for r in row["exercises"])
+    return row
+
+
+def _keep(sub: _Sub, stored: dict | None, opts: GradeOptions) -> bool:
+    """Is `stored` (this submission's row in the results file) still its result?"""
+    from course_utils.grading.results import KEY_FIELDS
+    if opts.regrade or not stored or stored.get("status") != "graded" or sub.key is None:
+        return False
+    grading = stored.get("grading") or {}
+    if any(grading.get(k) != sub.key[k] for k in KEY_FIELDS):
+        return False
+    if opts.output_dir:   # its executed copy must be where this run puts it
+        name = sub.sid if sub.sid.endswith(".ipynb") else sub.sid + ".ipynb"
+        dest = Path(opts.output_dir) / name
+        if stored.get("executed") != str(dest) or not dest.exists():
+            return False
+    return True
+
+
+def _finish(sub: _Sub, checker, opts: GradeOptions, seed: int, run: dict, total: int) -> None:
+    """After its notebook ran: the notes, every check in the checker, the executed copy."""
+    i = sub.index
+    if sub.status != "graded" or sub.execution is None:
+        if sub.status == "graded":
+            sub.status, sub.reason = "grader_error", "its notebook did not run"
+        sub.records = sub.records or _missing_records(sub.lesson, f"not graded: {sub.reason}")
+        return
+    _problems(sub)
+    if sub.status != "graded":
+        sub.records = _missing_records(sub.lesson, f"not graded: {sub.reason}")
+        return
+    _say(opts, f"[{i}/{total}] checking {sub.sid} (each check alone, in the grader's checker) ...")
+    t_checks = time.monotonic()
     try:
-        if runnable:
-            # the checker starts before any submission runs, and imports the course's checks now
-            modules = sorted({f"course_utils.checks.lesson{s.lesson.number:02d}" for s in runnable})
-            try:
-                checker = _Checker(modules, work_root / "checker.log", marker=f"{opts.run_id}/checker")
-                for module, error in checker.errors.items():
-                    grader_failure = f"the course's checks ({module}) do not import: {error}"
-            except Exception as exc:
-                grader_failure = f"the grader's checker process could not start: {exc}"
-            if grader_failure:
-                for s in runnable:
-                    s.status, s.reason = "grader_error", grader_failure
-                    s.records = _missing_records(s.lesson, f"not graded: {grader_failure}")
-                runnable = []
+        _check_one(sub, checker, opts, seed)
+        sub.checks_s = time.monotonic() - t_checks
+    except Exception as exc:   # the grader's own bug: this submission gets a row all the same
+        sub.status, sub.reason = "grader_error", f"the grader failed checking it: {type(exc).__name__}: {exc}"
+        done = {r["exercise"] for r in sub.records}
+        sub.records += [r for r in _missing_records(sub.lesson, f"not graded: {sub.reason}") if r["exercise"] not in done]
+        return
+    d = sub.as_dict()
+    _say(opts, f"[{i}/{total}] {sub.sid}: {d['points']}/{d['max_points']} points")
+    if opts.output_dir:
         try:
-            asyncio.run(_run_all(runnable, opts, work_root))
-        except KeyboardInterrupt:
-            interrupted = True
-        from course_utils.grading import reap
-        reap.kill_marked(opts.run_id + "/k", prefix=True)   # the checks measure a machine no submission uses
-        if reap.is_subreaper():   # and what a kernel orphaned without its marker (env -i, double fork)
-            reap.kill_children(keep=[checker.proc.pid] if checker is not None else [], since=started)
-        for i, sub in enumerate(runnable, start=1):
-            if sub.status != "graded" or sub.execution is None:
-                if sub.status == "graded":
-                    sub.status, sub.reason = "grader_error", "grading was interrupted before it ran"
-                sub.records = sub.records or _missing_records(sub.lesson, f"not graded: {sub.reason}")
+            _executed_copy(sub, opts, run)
+        except Exception as exc:
+            sub.notes.append(f"its executed copy could not be written: {type(exc).__name__}: {exc}")
+
+
+def grade(paths, options: GradeOptions | None = None) -> tuple[int, dict, list[dict]]:
+    """Grade notebooks; returns (exit status, run information, the gradebook: one dict per submission).
+
+    With `options.json`, the results file is written after every submission (atomically: a kill at
+    any instant leaves a valid file holding every submission graded so far), and a run of the same
+    command resumes: a submission whose file, released lesson, course and seed are unchanged keeps
+    its result (`regrade=True` grades all again); rows of submissions not named stay in the file,
+    and the gradebook returned is the file's. The exit status is that of the submissions named:
+    0 all passed, 1 not, 3 the grader could not grade them all, 128 + N interrupted by signal N."""
+    import dataclasses
+    import signal as _signal
+
+    from course_utils.grading import reap, report
+    from course_utils.grading.results import ResultsFile
+    opts = dataclasses.replace(options or GradeOptions(), run_id=f"grade-{secrets.token_hex(6)}")
+    t_start = time.monotonic()
+    results = ResultsFile(opts.json) if opts.json else None
+    if results is not None:
+        results.lock()   # ResultsError: another grader writes this file
+    try:
+        previous = results.load() if results is not None else None
+        before = previous["grader"] if previous else {}
+        seed = opts.seed if opts.seed is not None else (
+            before["seed"] if isinstance(before.get("seed"), int) else secrets.randbelow(2**31))
+        run = {"seed": seed, "smoke": opts.smoke, "cell_timeout_s": opts.cell_timeout_s,
+               "notebook_timeout_s": opts.notebook_timeout_s, "jobs": opts.jobs, "gpus": list(opts.gpus),
+               "started": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+               "host": platform.node(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
+               "argv": sys.argv[1:], "lesson": opts.lesson, "run": opts.run_id, "complete": False,
+               "interrupted": None, "exit_status": None, "graded_now": 0, "kept": 0, "pending": 0,
+               "history": (before.get("history") or []) + ([{k: before.get(k) for k in (
+                   "run", "started", "seconds", "graded_now", "kept", "complete", "interrupted", "exit_status")}]
+                   if before else [])}
+        if previous and opts.seed is None:
+            _say(opts, f"seed {seed}, from {opts.json} (the seed of the run that wrote it)")
+        if before and not before.get("complete") and str(before.get("run", "")).startswith("grade-"):
+            reap.kill_marked(before["run"] + "/", prefix=True)   # what a killed run may have left running
+        paths = [Path(p) for p in paths]
+        seen, unique = set(), []
+        for p in paths:
+            key = p.resolve()
+            if key not in seen:
+                seen.add(key)
+                unique.append(p)
+        subs = [_Sub(p, sid) for p, sid in zip(unique, _ids(unique))] if unique else []
+        grader_failure = None
+        try:
+            lessons = _lessons.released_lessons(opts.solutions)
+            if opts.lesson:
+                opts.lesson = _resolve_lesson_arg(opts.lesson, lessons)
+        except (LessonError, ValueError) as exc:
+            lessons, grader_failure = {}, f"the course's released lessons cannot be graded: {exc}"
+        for sub in subs:
+            if grader_failure:
+                sub.status, sub.reason = "grader_error", grader_failure
                 continue
-            if interrupted:
-                sub.status, sub.reason = "grader_error", "grading was interrupted"
-                sub.records = _missing_records(sub.lesson, "not graded: grading was interrupted")
-                continue
-            _problems(sub)
-            if sub.status != "graded":
-                sub.records = _missing_records(sub.lesson, f"not graded: {sub.reason}")
-                continue
-            _say(opts, f"[{i}/{len(runnable)}] checking {sub.sid} (each check alone, in the grader's checker) ...")
-            t_checks = time.monotonic()
             try:
-                _check_one(sub, checker, opts, seed)
-                sub.checks_s = time.monotonic() - t_checks
-            except KeyboardInterrupt:
-                interrupted = True
-                sub.status, sub.reason = "grader_error", "grading was interrupted"
-                sub.records = _missing_records(sub.lesson, "not graded: grading was interrupted")
-                continue
-            except Exception as exc:   # the grader's own bug: this submission gets a row all the same
-                sub.status, sub.reason = "grader_error", f"the grader failed checking it: {type(exc).__name__}: {exc}"
-                done = {r["exercise"] for r in sub.records}
-                sub.records += [r for r in _missing_records(sub.lesson, f"not graded: {sub.reason}")
-                                if r["exercise"] not in done]
-                continue
-            d = sub.as_dict()
-            _say(opts, f"[{i}/{len(runnable)}] {sub.sid}: {d['points']}/{d['max_points']} points")
-            if opts.output_dir:
+                _identify(sub, opts, lessons)
+            except Exception as exc:   # the grader's own bug: this submission still gets a row
+                sub.status, sub.reason = "grader_error", f"the grader failed reading it: {type(exc).__name__}: {exc}"
+
+        # what is kept from the results file, and the gradebook: its rows first, in their order
+        course_sha = _course_sha256()
+        book: dict[str, dict] = {}
+        for row in (previous or {}).get("submissions", []):
+            book[(row.get("grading") or {}).get("abspath") or str(Path(row["path"]).resolve())] = row
+        for sub in subs:
+            if sub.status == "graded" and sub.lesson is not None:
+                sub.key = {"file_sha256": sub.sha256,
+                           "lesson_sha256": hashlib.sha256(sub.lesson.path.read_bytes()).hexdigest(),
+                           "course_sha256": course_sha, "seed": seed, "smoke": opts.smoke,
+                           "cell_timeout_s": opts.cell_timeout_s, "notebook_timeout_s": opts.notebook_timeout_s}
+                if _keep(sub, book.get(sub.abspath), opts):
+                    sub.kept = dict(book[sub.abspath], submission=sub.sid, path=str(sub.path))
+        to_grade = [s for s in subs if s.status == "graded" and s.kept is None]
+        for i, sub in enumerate(to_grade, start=1):
+            sub.index = i
+
+        def row_of(sub: _Sub) -> dict:
+            if sub.kept is not None:
+                return sub.kept
+            row = sub.as_dict()
+            if sub.key is not None and sub.status == "graded":
+                row["grading"] = dict(sub.key, abspath=sub.abspath, run=opts.run_id,
+                                      graded_at=_dt.datetime.now().astimezone().isoformat(timespec="seconds"))
+            return row
+
+        for sub in subs:
+            book[sub.abspath] = _pending_row(sub, "not graded yet") if sub in to_grade else row_of(sub)
+            if sub.kept is not None:
+                g = sub.kept.get("grading") or {}
+                _say(opts, f"[kept] {sub.sid}: {sub.kept['points']}/{sub.kept['max_points']} points, graded "
+                           f"{g.get('graded_at', 'before')} (its file, lesson, course and seed are unchanged; "
+                           "--regrade grades it again)")
+        named = [s.abspath for s in subs]
+
+        def save() -> None:
+            rows = list(book.values())
+            mine = [book[a] for a in named]
+            run.update(graded_now=sum(1 for s in to_grade if book[s.abspath]["status"] != "pending"),
+                       kept=sum(1 for s in subs if s.kept is not None),
+                       pending=sum(1 for r in mine if r["status"] == "pending"),
+                       seconds=round(time.monotonic() - t_start, 1))
+            try:
+                if results is not None:
+                    results.write(run, rows)
+                if opts.csv:
+                    report.write_csv(opts.csv, rows)
+            except OSError as exc:
+                raise _CannotSave(f"{type(exc).__name__}: {exc}") from None
+
+        work_root = Path(tempfile.mkdtemp(prefix="course-grade-"))
+        checker = None
+        interrupted = None
+        cannot_save = None
+        try:
+            save()
+            if to_grade:
+                # the checker starts before any submission runs, and imports the course's checks now
+                modules = sorted({f"course_utils.checks.lesson{s.lesson.number:02d}" for s in to_grade})
                 try:
-                    _executed_copy(sub, opts, run)
+                    checker = _Checker(modules, work_root / "checker.log", marker=f"{opts.run_id}/checker")
+                    for module, error in checker.errors.items():
+                        grader_failure = f"the course's checks ({module}) do not import: {error}"
                 except Exception as exc:
-                    sub.notes.append(f"its executed copy could not be written: {type(exc).__name__}: {exc}")
+                    grader_failure = f"the grader's checker process could not start: {exc}"
+                if grader_failure:
+                    for sub in to_grade:
+                        sub.status, sub.reason = "grader_error", grader_failure
+                        sub.records = _missing_records(sub.lesson, f"not graded: {grader_failure}")
+                        book[sub.abspath] = row_of(sub)
+                    to_grade = []
+                    save()
+            # in waves of --jobs notebooks side by side, then their checks alone on a quiet machine,
+            # then their rows written: an interruption loses at most the wave that was running
+            for start in range(0, len(to_grade), opts.jobs):
+                wave = to_grade[start:start + opts.jobs]
+                asyncio.run(_run_all(wave, opts, work_root, total=len(to_grade)))
+                reap.kill_marked(opts.run_id + "/k", prefix=True)   # the checks measure a machine no notebook uses
+                for sub in wave:
+                    _finish(sub, checker, opts, seed, run, len(to_grade))
+                    book[sub.abspath] = row_of(sub)
+                    save()
+        except KeyboardInterrupt as exc:
+            interrupted = getattr(exc, "signum", _signal.SIGINT)
+        except _CannotSave as exc:
+            cannot_save = str(exc)
+        finally:
+            if checker is not None:
+                checker.close(now=interrupted is not None)
+            reap.kill_marked(opts.run_id + "/", prefix=True)   # anything a kernel or a check left running
+            shutil.rmtree(work_root, ignore_errors=True)
+        mine = [book[a] for a in named]
+        if interrupted is not None:
+            why = (f"grading was interrupted ({_signal_name(interrupted)}) before it was graded; run the same "
+                   "command again to grade it")
+            for sub in subs:
+                if book[sub.abspath]["status"] == "pending":
+                    book[sub.abspath] = _pending_row(sub, why)
+            mine = [book[a] for a in named]
+            code = 128 + int(interrupted)
+            run["interrupted"] = _signal_name(interrupted)
+        elif cannot_save or any(r["status"] in ("grader_error", "pending") for r in mine):
+            code = EXIT_GRADER
+        elif mine and all(r["status"] == "graded" and r["exercises"] and all(e["status"] == "pass" for e in r["exercises"])
+                          for r in mine):
+            code = EXIT_PASSED
+        else:
+            code = EXIT_NOT_PASSED
+        run["exit_status"] = code
+        run["complete"] = not any(r["status"] == "pending" for r in mine)
+        if cannot_save:
+            run["error"] = f"the results could not be written ({cannot_save}); grading stopped"
+            _say(opts, f"the grader could not write its results ({cannot_save}): it stopped. "
+                       f"{opts.json or opts.csv} still holds every submission graded before; free the space "
+                       "and run the same command again to grade the rest.")
+        else:
+            try:
+                save()
+            except _CannotSave as exc:
+                run["error"] = f"the results could not be written ({exc})"
+                code = code if interrupted is not None else EXIT_GRADER
+                run["exit_status"] = code
+        return code, run, list(book.values())
     finally:
-        if checker is not None:
-            checker.close()
-        from course_utils.grading import reap
-        reap.kill_marked(opts.run_id + "/", prefix=True)   # anything a kernel or a check left running
-        shutil.rmtree(work_root, ignore_errors=True)
-    run["seconds"] = round(time.monotonic() - t_start, 1)
-    out = [s.as_dict() for s in subs]
-    if any(s.status == "grader_error" for s in subs) or interrupted:
-        code = EXIT_GRADER
-    elif subs and all(s.status == "graded" and s.records and all(r["status"] == "pass" for r in s.records)
-                      for s in subs):
-        code = EXIT_PASSED
-    else:
-        code = EXIT_NOT_PASSED
-    run["exit_status"] = code
-    return code, run, out
+        if results is not None:
+            results.close()
 
 
 MAX_LIMIT_S = 7 * 24 * 3600.0   # a week: anything longer is a typo, not a limit
@@ -662,14 +903,24 @@ def _seed(text: str) -> int:
 
 
 def main(argv=None) -> int:
+    import signal as _signal
+
+    from course_utils.grading.runner import light_imports
+    light_imports()
     parser = argparse.ArgumentParser(prog="python -m course_utils.grade",
                                      description=__doc__.split("\n\n")[0],
                                      epilog="Exit status: 0 all passed, 1 not, 2 bad arguments, "
-                                            "3 the grader could not grade everything.")
+                                            "3 the grader could not grade everything, 128 + N interrupted by "
+                                            "signal N (130 Ctrl-C, 143 SIGTERM): run the same command again to "
+                                            "grade what is missing.")
     parser.add_argument("notebooks", nargs="+", help="submitted notebooks (identified by their paths)")
     parser.add_argument("--smoke", action="store_true", help="quick sizes (SMOKE parameter, COURSE_SMOKE=1)")
-    parser.add_argument("--json", metavar="FILE", help="write every result to FILE (JSON)")
-    parser.add_argument("--csv", metavar="FILE", help="write the gradebook to FILE (CSV: a row per submission)")
+    parser.add_argument("--json", metavar="FILE", help="the results file: every result, written as soon as it is "
+                        "graded; run the same command again to grade only what is missing")
+    parser.add_argument("--csv", metavar="FILE", help="write the gradebook to FILE (CSV: a row per submission), "
+                        "rebuilt after every submission")
+    parser.add_argument("--regrade", action="store_true", help="grade every submission again, also those whose "
+                        "result in the --json file is kept (same file, lesson, course and seed)")
     parser.add_argument("--output-dir", metavar="DIR", help="keep every executed copy in DIR (by submission path)")
     parser.add_argument("--timeout", type=_positive_seconds, default=DEFAULT_CELL_TIMEOUT_S, metavar="S",
                         help=f"seconds one cell may run (default {DEFAULT_CELL_TIMEOUT_S:g})")
@@ -679,7 +930,8 @@ def main(argv=None) -> int:
                         help="notebooks run side by side (checks always run one at a time; default 1)")
     parser.add_argument("--gpus", metavar="LIST", help="devices for the notebooks running side by side, e.g. 0,1 "
                         "(each gets one as CUDA_VISIBLE_DEVICES; the checks all run on the first)")
-    parser.add_argument("--seed", type=_seed, metavar="S", help="the checks' seed (default: a new one, recorded)")
+    parser.add_argument("--seed", type=_seed, metavar="S", help="the checks' seed (default: the --json file's, "
+                        "else a new one; recorded)")
     parser.add_argument("--lesson", metavar="NN", help="the lesson every submission must be (default: from file names)")
     parser.add_argument("--released", metavar="DIR", help="the released lessons to grade against "
                         "(default: this course's solutions/)")
@@ -692,39 +944,67 @@ def main(argv=None) -> int:
     missing = [nb for nb in args.notebooks if not Path(nb).is_file()]
     if missing:
         parser.error("no such notebook: " + ", ".join(missing))
+    if args.json and args.csv and Path(args.json).resolve() == Path(args.csv).resolve():
+        parser.error("--json and --csv name the same file")
     from course_utils.grading import reap
     from course_utils.grading.checker import _non_dumpable
+    from course_utils.grading.results import ResultsError
     _non_dumpable()
     opts = GradeOptions(smoke=args.smoke, cell_timeout_s=args.timeout, notebook_timeout_s=args.notebook_timeout,
                         jobs=args.jobs, seed=args.seed, output_dir=Path(args.output_dir) if args.output_dir else None,
-                        lesson=args.lesson, solutions=Path(args.released) if args.released else None, gpus=gpus)
+                        lesson=args.lesson, solutions=Path(args.released) if args.released else None, gpus=gpus,
+                        json=Path(args.json) if args.json else None, csv=Path(args.csv) if args.csv else None,
+                        regrade=args.regrade)
     from course_utils.grading import report
     code, run, subs = EXIT_GRADER, {"seed": args.seed}, []
+    fired: list[int] = []
+
+    def stop(signum, frame):   # the first signal stops grading; the ones after it let the clean-up finish
+        if not fired:
+            fired.append(signum)
+            raise GradingInterrupted(signum)
+
+    handled = [s for s in (_signal.SIGINT, _signal.SIGTERM, getattr(_signal, "SIGHUP", None)) if s is not None]
+    previous = {s: _signal.signal(s, stop) for s in handled}
+    started = time.time()
     try:
-        started = time.time()
-        with reap.subreaper():   # a kernel's orphans become ours while grading, and are killed at its end
-            try:
-                code, run, subs = grade(args.notebooks, opts)
-            finally:
-                reap.kill_children(since=started)
-    except KeyboardInterrupt:
+        code, run, subs = grade(args.notebooks, opts)
+    except ResultsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt as exc:   # before grading began
+        code = 128 + int(getattr(exc, "signum", _signal.SIGINT))
         print("interrupted", file=sys.stderr)
-    except Exception as exc:   # the grader's own bug: say so, still write what there is
+    except Exception as exc:   # the grader's own bug: say so; the results file holds what was graded
         print(f"the grader failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         run["error"] = f"{type(exc).__name__}: {exc}"
+        if args.json and Path(args.json).exists():
+            try:
+                subs = json.loads(Path(args.json).read_text())["submissions"]
+            except Exception:
+                pass
     finally:
-        if args.json:
-            report.write_json(args.json, run, subs)
-        if args.csv:
-            report.write_csv(args.csv, subs)
+        reap.kill_children(since=started)
+        for s, handler in previous.items():
+            _signal.signal(s, handler)
     print()
     print(report.table(subs))
     earned = sum(s["points"] for s in subs)
     possible = sum(s["max_points"] for s in subs)
-    verdict = {EXIT_PASSED: "ALL CHECKS PASSED", EXIT_NOT_PASSED: "NOT ALL CHECKS PASSED",
-               EXIT_GRADER: "THE GRADER COULD NOT GRADE EVERYTHING"}[code]
-    print(f"\n{verdict}: {earned}/{possible} points over {len(subs)} notebook(s); seed {run.get('seed')} "
-          f"(regrade with --seed {run.get('seed')})")
+    kept = run.get("kept") or 0
+    if code >= 128:
+        pending = run.get("pending", 0)
+        verdict = (f"INTERRUPTED ({_signal_name(code - 128)}): {len(subs) - pending} of {len(subs)} submission(s) "
+                   f"graded so far, {pending} not yet" + (f"; {args.json} holds them: run the same command again "
+                                                          "to grade only what is missing" if args.json else
+                                                          " (give --json FILE to resume a run)"))
+    else:
+        verdict = {EXIT_PASSED: "ALL CHECKS PASSED", EXIT_NOT_PASSED: "NOT ALL CHECKS PASSED",
+                   EXIT_GRADER: "THE GRADER COULD NOT GRADE EVERYTHING"}.get(code, "THE GRADER FAILED")
+        verdict += f": {earned}/{possible} points over {len(subs)} notebook(s)"
+    if kept:
+        verdict += f" ({kept} kept from {args.json}, {run.get('graded_now', 0)} graded now)"
+    print(f"\n{verdict}; seed {run.get('seed')} (regrade with --seed {run.get('seed')})")
     return code
 
 

@@ -156,8 +156,9 @@ class _Life:
 
 
 async def execute(prepared, *, cwd, env, cell_timeout: float, notebook_timeout: float,
-                  log_path, label=None) -> Execution:
-    """Execute `prepared.nb` in place (outputs land in its cells) and say what went wrong."""
+                  log_path, label=None, on_cell=None) -> Execution:
+    """Execute `prepared.nb` in place (outputs land in its cells) and say what went wrong.
+    `on_cell(index)` is called before each cell runs (the grader's runner reports progress with it)."""
     label = label or prepared.label
     cells = prepared.nb.cells
     result = Execution()
@@ -184,6 +185,8 @@ async def execute(prepared, *, cwd, env, cell_timeout: float, notebook_timeout: 
                 stop_at = None   # (index, why, where to go on) when this life ended early
                 if result.restarts:
                     for j in ok:
+                        if on_cell is not None:
+                            on_cell(j)
                         backup = copy.deepcopy(cells[j])
                         status, _ = await life.run(j, max(1.0, min(cell_timeout, deadline - time.monotonic())), backup.execution_count or 0)
                         cells[j] = backup
@@ -206,6 +209,8 @@ async def execute(prepared, *, cwd, env, cell_timeout: float, notebook_timeout: 
                             break
                         limit = min(cell_timeout, left)
                         count += 1
+                        if on_cell is not None:
+                            on_cell(index)
                         status, sentence = await life.run(index, limit, count)
                         if status == "ok":
                             ok.append(index)

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
-import os
-from pathlib import Path
 
-__all__ = ["table", "write_json", "write_csv", "exercise_columns", "verdict_line"]
+from .results import FORMAT, atomic_write
+
+__all__ = ["table", "write_json", "write_csv", "csv_text", "exercise_columns", "verdict_line"]
 
 ICONS = {"pass": "PASS", "fail": "FAIL", "not_implemented": "TODO", "error": "ERROR", "missing": "MISSING"}
 
@@ -51,16 +52,10 @@ def table(submissions: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _atomic_write(path, text: str) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def write_json(path, run: dict, submissions: list[dict]) -> None:
-    _atomic_write(path, json.dumps({"grader": run, "submissions": submissions}, indent=2) + "\n")
+    """The whole gradebook as JSON, written atomically (see `results.atomic_write`)."""
+    atomic_write(path, json.dumps({"results_format": FORMAT, "grader": run, "submissions": submissions},
+                                  indent=2) + "\n")
 
 
 def exercise_columns(submissions: list[dict]) -> list[str]:
@@ -68,19 +63,21 @@ def exercise_columns(submissions: list[dict]) -> list[str]:
     return sorted(ids, key=lambda e: tuple(int(x) for x in e.split(".")))
 
 
-def write_csv(path, submissions: list[dict]) -> None:
+def csv_text(submissions: list[dict]) -> str:
     """The gradebook: one row per submission, a column per exercise, the total."""
     columns = exercise_columns(submissions)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", newline="") as f:
-        out = csv.writer(f)
-        out.writerow(["submission", "path", "lesson", "status"] + [f"ex {c}" for c in columns]
-                     + ["points", "max_points", "review_flags", "notes"])
-        for s in submissions:
-            points = {r["exercise"]: r["points"] for r in s["exercises"]}
-            out.writerow([s["submission"], s["path"], s["lesson"] or "", s["status"]]
-                         + [points.get(c, "") for c in columns]
-                         + [s["points"], s["max_points"], len(s["review"]), " | ".join(s["notes"])])
-    os.replace(tmp, path)
+    f = io.StringIO(newline="")
+    out = csv.writer(f)
+    out.writerow(["submission", "path", "lesson", "status"] + [f"ex {c}" for c in columns]
+                 + ["points", "max_points", "review_flags", "notes"])
+    for s in submissions:
+        points = {r["exercise"]: r["points"] for r in s["exercises"]}
+        out.writerow([s["submission"], s["path"], s["lesson"] or "", s["status"]]
+                     + [points.get(c, "") for c in columns]
+                     + [s["points"], s["max_points"], len(s["review"]), " | ".join(s["notes"])])
+    return f.getvalue()
+
+
+def write_csv(path, submissions: list[dict]) -> None:
+    """The CSV gradebook, written atomically (rebuilt from the results after every submission)."""
+    atomic_write(path, csv_text(submissions))

@@ -7,6 +7,7 @@ grader before issue 12.
 import csv
 import json
 
+import nbformat
 import pytest
 
 import gradekit as kit
@@ -100,28 +101,40 @@ def batch(tmp_path_factory):
         "    return _solved(x)\n")
     paths.append(kit.write(nb, subs / "gina" / "00-welcome-and-setup.ipynb"))
 
+    # hal: solved 00, then a cell that kills its kernel's parent, again and again (was: the grader killed,
+    # no verdict for the others, no JSON)
+    nb = kit.solved(solutions, "00")
+    nb.cells.insert(kit.check_cell(nb, "0.1") + 1, kit.code(
+        "import os, signal, time\n"
+        "for _ in range(3):\n"
+        "    os.kill(os.getppid(), signal.SIGKILL)\n"
+        "    time.sleep(1)"))
+    nb.cells.append(kit.code("print('never')"))
+    paths.insert(0, kit.write(nb, subs / "hal" / "00-welcome-and-setup.ipynb"))   # graded first
+
     calls = []
     real_run = grade_mod._Checker.run
-    real_exec = kernel.execute
+    real_exec = grade_mod._execute_in_runner
 
     def run(self, task):
         calls.append(("check", grade_mod.time.monotonic()))
         return real_run(self, task)
 
     async def execute(*args, **kwargs):
+        t0 = grade_mod.time.monotonic()
         out = await real_exec(*args, **kwargs)
-        calls.append(("notebook", grade_mod.time.monotonic()))
+        calls.append(("notebook", (t0, grade_mod.time.monotonic())))
         return out
 
     grade_mod._Checker.run = run
-    kernel.execute = execute
+    grade_mod._execute_in_runner = execute
     try:
         opts = GradeOptions(smoke=True, cell_timeout_s=300, notebook_timeout_s=600, jobs=2, seed=SEED,
                             output_dir=tmp / "out", solutions=solutions, quiet=True)
         code, run_info, rows = grade([str(p) for p in paths], opts)
     finally:
         grade_mod._Checker.run = real_run
-        kernel.execute = real_exec
+        grade_mod._execute_in_runner = real_exec
     from course_utils.grading import report
     report.write_json(tmp / "grades.json", run_info, rows)
     report.write_csv(tmp / "grades.csv", rows)
@@ -155,7 +168,7 @@ def _ex(row, exercise_id):
 
 
 def test_every_submission_gets_a_row_and_the_batch_exit_status_is_not_passed(batch):
-    assert len(batch["rows"]) == 7
+    assert len(batch["rows"]) == 8
     assert batch["code"] == 1
 
 
@@ -234,6 +247,18 @@ def test_no_process_a_notebook_or_a_check_started_outlives_grading(batch):
     assert "course-grade-" in tempdir   # the run's own folder, removed with it
 
 
+def test_a_notebook_that_kills_its_kernels_parent_stops_only_itself(batch):
+    """Issue 21: `os.kill(os.getppid(), SIGKILL)` in a notebook killed the grader."""
+    row = _row(batch, "hal", "00-welcome-and-setup")
+    assert row["status"] == "graded" and [r["status"] for r in row["exercises"]] == ["pass"], row
+    notes = " ".join(row["notes"])
+    assert "stopped the process that ran its kernel (the grader's runner for this notebook was killed by SIGKILL" \
+        in notes and "were not run: the notebook stopped the process that ran it" in notes, notes
+    assert any("other processes" in f for f in row["review"])
+    assert batch["rows"][0] is row   # it ran first, and the notebooks after it were all graded
+    assert _row(batch, "gina", "00-welcome-and-setup")["points"] == 1
+
+
 def test_same_file_names_from_two_students_stay_apart(batch):
     alice, bob = _row(batch, "alice", "00-welcome-and-setup"), _row(batch, "bob", "00-welcome-and-setup")
     assert alice["path"] != bob["path"] and alice["executed"] != bob["executed"]
@@ -258,10 +283,12 @@ def test_totals_come_from_the_released_lesson(batch):
         assert all(r["points"] <= r["max_points"] for r in row["exercises"])
 
 
-def test_checks_run_after_every_notebook_and_with_recorded_seeds(batch):
+def test_checks_run_while_no_notebook_runs_and_with_recorded_seeds(batch):
     calls = batch["calls"]
-    last_notebook = max(t for kind, t in calls if kind == "notebook")
-    assert all(t > last_notebook for kind, t in calls if kind == "check")
+    notebooks = [t for kind, t in calls if kind == "notebook"]
+    checks = [t for kind, t in calls if kind == "check"]
+    assert len(notebooks) == 6 and checks
+    assert not [t for t in checks for start, end in notebooks if start < t < end]
     row = _row(batch, "erin", "01-measure-the-baseline")
     assert _ex(row, "1.3")["seed"] == grade_mod._exercise_seed(SEED, "1.3")
     assert batch["run"]["seed"] == SEED
@@ -269,7 +296,7 @@ def test_checks_run_after_every_notebook_and_with_recorded_seeds(batch):
 
 def test_the_json_and_csv_gradebook(batch):
     data = json.loads((batch["tmp"] / "grades.json").read_text())
-    assert data["grader"]["seed"] == SEED and len(data["submissions"]) == 7
+    assert data["grader"]["seed"] == SEED and len(data["submissions"]) == 8
     rows = list(csv.DictReader((batch["tmp"] / "grades.csv").open()))
     assert [r["submission"] for r in rows] == [r["submission"] for r in batch["rows"]]
     dave = next(r for r in rows if r["submission"] == "dave/01-measure-the-baseline.ipynb")
@@ -375,7 +402,7 @@ def test_notebooks_side_by_side_each_get_their_own_device(tmp_path, monkeypatch)
     lesson = released_lessons(solutions)["00-welcome-and-setup"]
     seen, running = [], set()
 
-    async def fake_execute(prepared, *, env, **kwargs):
+    async def fake_execute(sub, opts, env):
         device = env["CUDA_VISIBLE_DEVICES"]
         assert device not in running, "two notebooks on one device at once"
         running.add(device)
@@ -383,7 +410,7 @@ def test_notebooks_side_by_side_each_get_their_own_device(tmp_path, monkeypatch)
         await asyncio.sleep(0.05)
         running.discard(device)
         return kernel.Execution()
-    monkeypatch.setattr(kernel, "execute", fake_execute)
+    monkeypatch.setattr(grade_mod, "_execute_in_runner", fake_execute)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     subs = [grade_mod._Sub(tmp_path / f"{i}.ipynb", f"{i}.ipynb", lesson=lesson, nb=kit.solved(solutions, "00"))
             for i in range(5)]
@@ -393,3 +420,170 @@ def test_notebooks_side_by_side_each_get_their_own_device(tmp_path, monkeypatch)
     from course_utils.env import usable_cores
     assert {threads for _, threads in seen} == {str(max(1, usable_cores() // 2))}   # the cores, shared
     assert grade_mod._checker_env(opts, subs[0], "0.1")["CUDA_VISIBLE_DEVICES"] == "2"
+
+
+# -- a gradebook that survives an interrupted run, and a rerun that grades only what is missing (issue 30)
+
+def _cli(args, tmp, *, stop=None, after=1):
+    """Run the command line; with `stop` (a signal), send it once `after` more submissions were graded
+    and the next notebook has started running. Returns (exit status, output)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from course_utils.grading.lessons import ROOT
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MPLBACKEND="Agg")
+    proc = subprocess.Popen([sys.executable, "-m", "course_utils.grade", *map(str, args)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines, graded = [], 0
+    for line in proc.stdout:
+        lines.append(line)
+        if stop is None:
+            continue
+        if line.rstrip().endswith(" points") and line.startswith("["):
+            graded += 1
+        elif graded >= after and " running " in line:
+            time.sleep(1.0)   # its runner and kernel are starting
+            proc.send_signal(stop)
+            stop = None
+    return proc.wait(timeout=600), "".join(lines)
+
+
+def _comparable(data):
+    """A results file's rows without what differs between runs (times, run ids, the file's hash)."""
+    rows = []
+    for s in data["submissions"]:
+        s = {k: v for k, v in s.items() if k not in ("seconds", "notebook_s", "checks_s")}
+        s["grading"] = {k: v for k, v in (s.get("grading") or {}).items()
+                        if k not in ("run", "graded_at", "file_sha256")}
+        s["exercises"] = [{k: v for k, v in r.items() if k != "seconds"} for r in s["exercises"]]
+        rows.append(s)
+    return rows
+
+
+def _left_running(run_id):
+    import psutil
+    left = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.environ().get("COURSE_GRADER_RUN", "").startswith(run_id + "/") and \
+                    proc.status() != psutil.STATUS_ZOMBIE:
+                left.append(proc.pid)
+        except (psutil.Error, OSError):
+            pass
+    return left
+
+
+def test_an_interrupted_run_resumes_and_its_gradebook_equals_an_uninterrupted_one(tmp_path):
+    """Killed with SIGTERM, SIGINT and SIGKILL after some submissions were graded: the results file is
+    valid and holds them each time, a rerun grades only what is missing (and a submission handed in
+    again), and the gradebook it ends with equals that of one uninterrupted run with the same seed."""
+    import signal
+    import time
+    solutions = kit.mini_course(tmp_path / "course")
+    subs = [kit.write(how(solutions, "00"), tmp_path / "subs" / who / "00-welcome-and-setup.ipynb")
+            for who, how in (("ann", kit.solved), ("ben", kit.unsolved), ("cat", kit.solved))]
+    common = [*subs, "--smoke", "--released", solutions, "--seed", "77"]
+    code, out = _cli([*common, "--jobs", "2", "--json", tmp_path / "whole.json", "--csv", tmp_path / "whole.csv"],
+                     tmp_path)
+    assert code == 1, out[-3000:]
+    whole = json.loads((tmp_path / "whole.json").read_text())
+    assert whole["grader"]["complete"] and [s["status"] for s in whole["submissions"]] == ["graded"] * 3
+
+    command = [*common, "--json", tmp_path / "g.json", "--csv", tmp_path / "g.csv"]
+    for stop, after, graded, kept, code_wanted in ((signal.SIGTERM, 1, 1, 0, 143), (signal.SIGINT, 1, 2, 1, 130),
+                                                   (signal.SIGKILL, 0, 2, 2, -9)):
+        code, out = _cli(command, tmp_path, stop=stop, after=after)
+        assert code == code_wanted, out[-3000:]
+        data = json.loads((tmp_path / "g.json").read_text())   # valid, whatever instant it was stopped at
+        assert [s["status"] for s in data["submissions"]] == ["graded"] * graded + ["pending"] * (3 - graded)
+        assert not data["grader"]["complete"]
+        assert out.count("[kept] ") == kept, out[-3000:]   # a rerun grades only what is missing
+        run_id = data["grader"]["run"]
+        if stop != signal.SIGKILL:
+            assert data["grader"]["interrupted"] == stop.name and data["grader"]["exit_status"] == code
+            assert f"INTERRUPTED ({stop.name})" in out and "run the same command again" in out
+            assert _left_running(run_id) == [], "notebooks or kernels outlived the grader"
+            assert (tmp_path / "g.csv").read_text().count(",pending,") == 3 - graded
+    deadline = time.monotonic() + 15   # killed outright: its runner, checker and kernel die with it
+    while _left_running(run_id) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _left_running(run_id) == []
+
+    ann = kit.solved(solutions, "00")   # ann hands in again (a new cell, the same answer): graded again
+    ann.cells.append(nbformat.v4.new_markdown_cell("done"))
+    kit.write(ann, subs[0])
+    code, out = _cli(command, tmp_path)
+    assert code == 1 and out.count("[kept] ") == 1 and "[kept] ben/" in out, out[-3000:]
+    assert "running ann/" in out and "running cat/" in out
+    resumed = json.loads((tmp_path / "g.json").read_text())
+    assert resumed["grader"]["complete"] and resumed["grader"]["exit_status"] == 1
+    assert _comparable(resumed) == _comparable(whole)
+    assert (tmp_path / "g.csv").read_text() == (tmp_path / "whole.csv").read_text()
+    assert [h["interrupted"] for h in resumed["grader"]["history"]] == ["SIGTERM", "SIGINT", None]
+
+
+def test_what_a_rerun_keeps(tmp_path):
+    from course_utils.grading.lessons import released_lessons
+    solutions = kit.mini_course(tmp_path / "course")
+    lesson = released_lessons(solutions)["00-welcome-and-setup"]
+    key = {"file_sha256": "f", "lesson_sha256": "l", "course_sha256": "c", "seed": 1, "smoke": True,
+           "cell_timeout_s": 900.0, "notebook_timeout_s": 3600.0}
+    sub = grade_mod._Sub(tmp_path / "a.ipynb", "a.ipynb", lesson=lesson, key=key)
+    stored = {"status": "graded", "grading": dict(key, run="grade-1", graded_at="then"), "executed": None}
+    keep = lambda row, **o: grade_mod._keep(sub, row, GradeOptions(**o))   # noqa: E731
+    assert keep(stored)
+    assert not keep(stored, regrade=True)                                            # --regrade
+    for field, other in (("file_sha256", "g"), ("lesson_sha256", "m"), ("course_sha256", "d"), ("seed", 2),
+                         ("smoke", False), ("cell_timeout_s", 60.0)):
+        assert not keep(dict(stored, grading=dict(stored["grading"], **{field: other}))), field
+    assert not keep(dict(stored, status="grader_error")) and not keep(dict(stored, status="pending"))
+    assert not keep(stored, output_dir=tmp_path / "out")                             # its executed copy is not there
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "a.ipynb").write_text("{}")
+    assert keep(dict(stored, executed=str(tmp_path / "out" / "a.ipynb")), output_dir=tmp_path / "out")
+
+
+def test_results_that_cannot_be_written_stop_the_run_and_keep_the_last_whole_file(tmp_path, monkeypatch):
+    import errno
+
+    from course_utils.grading import kernel as kernel_mod
+    from course_utils.grading import results
+    solutions = kit.mini_course(tmp_path / "course")
+    paths = [kit.write(kit.solved(solutions, "00"), tmp_path / "subs" / w / "00-welcome-and-setup.ipynb")
+             for w in ("a", "b", "c")]
+
+    class NoChecker:
+        errors = {}
+
+        def __init__(self, *a, **k):
+            pass
+
+        def close(self, now=False):
+            pass
+
+    async def ran(sub, opts, work_root, total, slot=0):
+        sub.execution = kernel_mod.Execution()
+
+    def checked(sub, checker, opts, seed, run, total):
+        sub.records = [{"exercise": "0.1", "title": "", "status": "pass", "points": 1, "max_points": 1,
+                        "message": "ok", "seconds": 0.0, "seed": 1}]
+    writes = []
+    real_write = results.ResultsFile.write
+
+    def write(self, run, rows):
+        writes.append(1)
+        if len(writes) >= 3:   # the file itself, then a's row; b's row meets a full disk
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_write(self, run, rows)
+    monkeypatch.setattr(grade_mod, "_Checker", NoChecker)
+    monkeypatch.setattr(grade_mod, "_run_notebook", ran)
+    monkeypatch.setattr(grade_mod, "_finish", checked)
+    monkeypatch.setattr(results.ResultsFile, "write", write)
+    code, run, rows = grade([str(p) for p in paths], GradeOptions(solutions=solutions, quiet=True, seed=3,
+                                                                   json=tmp_path / "g.json"))
+    assert code == grade_mod.EXIT_GRADER and "No space left on device" in run["error"]
+    data = json.loads((tmp_path / "g.json").read_text())
+    assert [s["status"] for s in data["submissions"]] == ["graded", "pending", "pending"]
+    assert len(writes) == 3 and not list(tmp_path.glob(".g.json.*.tmp"))

@@ -383,3 +383,79 @@ def test_review_flags_reaching_for_the_parent_process_and_rewriting_a_librarys_n
     assert [f.split(" ")[1] for f in flags] == ["1", "2", "3", "4"]
     assert "other processes" in flags[0] and "other processes" in flags[1]
     assert "rewrites a library's namespace" in flags[2] and "rewrites a library's namespace" in flags[3]
+
+
+# -- the results file: always whole (issue 30) ----------------------------------------------------------
+
+KILLED_WRITER = '''
+import json, sys
+sys.path.insert(0, sys.argv[2])
+from course_utils.grading.results import ResultsFile
+results = ResultsFile(sys.argv[1])
+rows = [{"submission": f"s{i}", "path": f"/x/s{i}.ipynb", "blob": "x" * 20000} for i in range(40)]
+n = 0
+print("ready", flush=True)
+while True:
+    n += 1
+    results.write({"seed": 1, "n": n}, rows[: 1 + n % 40])
+'''
+
+
+def test_a_kill_at_any_instant_leaves_a_whole_results_file(tmp_path):
+    """SIGKILL a process that rewrites the results file in a loop, 25 times at random instants: the
+    file is valid JSON every time, and no temporary file is left but the one being written."""
+    import json
+    import random
+    import signal
+    import subprocess
+    import time
+    script = tmp_path / "writer.py"
+    script.write_text(KILLED_WRITER)
+    path = tmp_path / "grades.json"
+    seen = set()
+    for _ in range(25):
+        proc = subprocess.Popen([sys.executable, str(script), str(path), str(ROOT)], stdout=subprocess.PIPE)
+        proc.stdout.readline()
+        time.sleep(random.uniform(0.0, 0.05))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        if path.exists():
+            data = json.loads(path.read_text())   # never half-written
+            assert data["results_format"] == 2 and len(data["submissions"]) == 1 + data["grader"]["n"] % 40
+            seen.add(data["grader"]["n"])
+    assert len(seen) > 1
+    assert len(list(tmp_path.glob(".grades.json.*.tmp"))) <= 25
+
+
+def test_a_full_disk_leaves_the_previous_results_file_and_no_temporary_file(tmp_path, monkeypatch):
+    import errno
+    import json
+
+    from course_utils.grading import results
+    path = tmp_path / "grades.json"
+    results.atomic_write(path, json.dumps({"grader": {}, "submissions": []}))
+    real_write = os.write
+
+    def full(fd, data):
+        real_write(fd, bytes(data[:10]))
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(results.os, "write", full)
+    with pytest.raises(OSError, match="No space left"):
+        results.atomic_write(path, json.dumps({"grader": {"seed": 2}, "submissions": [{"x": "y" * 1000}]}))
+    monkeypatch.setattr(results.os, "write", real_write)
+    assert json.loads(path.read_text()) == {"grader": {}, "submissions": []}
+    assert [p.name for p in tmp_path.iterdir()] == ["grades.json"]
+
+
+def test_two_graders_never_write_one_results_file_and_a_foreign_file_is_not_overwritten(tmp_path):
+    from course_utils.grading.results import ResultsError, ResultsFile
+    first, second = ResultsFile(tmp_path / "g.json"), ResultsFile(tmp_path / "g.json")
+    first.lock()
+    with pytest.raises(ResultsError, match="another grader is writing"):
+        second.lock()
+    first.close()
+    second.lock()
+    second.close()
+    (tmp_path / "notes.json").write_text('{"my": "notes"}')
+    with pytest.raises(ResultsError, match="not a results file this grader wrote"):
+        ResultsFile(tmp_path / "notes.json").load()
