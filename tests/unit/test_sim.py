@@ -251,7 +251,7 @@ def test_host_speed_is_measured_in_cpu_time_or_taken_from_the_environment(monkey
     assert speed.samples_per_s == 6314 and speed.how == "COURSE_SIM_HOST_RATE"
     device = default_sim()
     assert device.scale == pytest.approx(0.5) and device.profile is H100
-    assert "6,314 samples/s" in device.label
+    assert "6,314 samples/s" in device.describe() and "x0.50" in device.label
     monkeypatch.setenv("COURSE_SIM_HOST_RATE", "-3")
     with pytest.raises(ValueError, match="COURSE_SIM_HOST_RATE"):
         host_speed(refresh=True)
