@@ -574,15 +574,15 @@ class LadderResult:
         lines = [f"Ladder on {self.device}",
                  f"batch {c['batch_size']}, {c['steps']} steps per rung, {c['num_workers']} workers where used"
                  + (", SIMULATED device" if self.simulated else ""),
-                 f"{'rung':24s} {'samples/s':>10s} {'of ceiling':>10s} {'dev. busy':>9s} {'in flight':>9s} "
+                 f"{'rung':36s} {'samples/s':>10s} {'of ceiling':>10s} {'dev. busy':>9s} {'in flight':>9s} "
                  f"{'waits':>6s} {'vs base':>7s}  limited by"]
         rows = [dict(self.ceiling, name="ceiling (model)", fraction_of_ceiling=1.0)] + list(self.rungs)
         for r in rows:
             if r.get("skipped"):
-                lines.append(f"{r['name']:24s} {'skipped':>10s}  {r['skipped']}")
+                lines.append(f"{r['name']:36s} {'skipped':>10s}  {r['skipped']}")
                 continue
             speedup = f"{r['speedup_over_baseline']:.1f}x" if r.get("speedup_over_baseline") else ""
-            lines.append(f"{r['name']:24s} {r['samples_per_s']:10,.0f} {r['fraction_of_ceiling']:10.0%} "
+            lines.append(f"{r['name']:36s} {r['samples_per_s']:10,.0f} {r['fraction_of_ceiling']:10.0%} "
                          f"{_share(r.get('device_util')):>9s} {_share(_in_flight(r)):>9s} "
                          f"{r['stall_fraction']:6.0%} {speedup:>7s}  {diagnose(r).kind}")
         lines.append(f"best: {self.best['name']} at {self.best['fraction_of_ceiling']:.0%} of the ceiling")
