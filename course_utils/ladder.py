@@ -12,15 +12,16 @@ the same run. Ratios measured together are what to compare; absolute numbers bel
 hardware named in the table's title.
 
 On a CUDA GPU the model is the CIFAR ResNet-18 at full width, in fp32. Without a GPU the device
-is the course's simulated accelerator (`course_utils.sim`; `--step-ms` sets its step time) and
-the table says "simulated". Work a rung does *on the device* (normalising, augmenting) then runs
+is the course's simulated accelerator (`course_utils.sim`: the H100 the course measured, scaled
+to this CPU; `--step-ms` replaces it by a plain device of that fixed step time) and the table
+says "simulated". Work a rung does *on the device* (normalising, augmenting) then runs
 as tensor operations on the host and is charged to the simulated device's time at the speed
 factor its label states (`SimulatedAccelerator.run`), as a GPU stream would run those kernels
 before the step: it is done and paid for, never skipped or overlapped for free.
 
 The rungs are small named functions in `RUNGS`, in order. A later lesson adds its rung by
 writing one more function with `@rung(...)` and appending it to `RUNGS`. A rung that cannot
-run here (DALI missing; mixed precision beside the simulator, whose step time is fixed) raises
+run here (DALI missing; CUDA graphs with COURSE_DEVICE=cpu) raises
 `RungSkipped` with the reason, and the table says so instead of inventing a number.
 
 Each rung is built from one `Pipeline` (what the training loop is fed: a loader, the work done on
@@ -657,7 +658,7 @@ def ladder_context(config: LadderConfig | None = None, *, sim=None, progress: bo
     simulator the device is `sim`, or a simulated accelerator with `config.step_ms` per step, or
     the course's default one (closed when the block ends). `training_set` replaces the course's
     CIFAR-10. Beside the simulator, torch uses one intra-op thread inside the block: the cores
-    belong to the loaders and the device thread.
+    belong to the loaders and the host's launches.
     """
     config = config or LadderConfig()
     target = pick_target(config.device, sim=sim)
@@ -725,7 +726,7 @@ def main(argv=None) -> int:
     parser.add_argument("--plot", metavar="FILE", nargs="?", const="build/ladder.png",
                         help="save a bar chart (default file: build/ladder.png)")
     parser.add_argument("--step-ms", type=float, help="no GPU: the simulated device's time per step, in ms "
-                        "(default: the course's device, 7.4 ms for a batch of 128)")
+                        "(default: the simulated H100, scaled to this CPU; a fixed --step-ms has no launch cost)")
     parser.add_argument("--steps", type=int, help="training steps per rung (default 200, or 30 with --smoke)")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--num-workers", type=int, help="DataLoader workers (default: the usable cores)")

@@ -117,7 +117,7 @@ class Target:
         return require(gpu=True, what=what)
 
     def close(self) -> None:
-        """Stop the simulator's device thread (nothing to do for a real device)."""
+        """Release the simulated device (nothing to do for a real device)."""
         if isinstance(self.run_on, SimulatedAccelerator):
             self.run_on.close()
 
