@@ -541,6 +541,7 @@ class LadderResult:
     host: str = ""
     torch_version: str = torch.__version__
     date: str = ""
+    arithmetic: str = ""          # the best rung's TFLOP/s against the device's peak, where known
 
     @classmethod
     def from_rows(cls, ctx: LadderContext, ceiling, rows: list[dict]) -> "LadderResult":
@@ -555,8 +556,16 @@ class LadderResult:
         cfg.update(steps=config.resolved_steps(), num_workers=config.resolved_workers(),
                    model=None if ctx.simulated else (config.model or _model_name(ctx.model)),
                    step_ms=ctx.run_on.step_time_ms(config.batch_size) if ctx.simulated else None)
+        measured = [r for r in rows if not r.get("skipped")]
+        arithmetic = ""
+        if measured:
+            from .bottleneck import rate_against_peak
+            best = max(measured, key=lambda r: r["samples_per_s"])
+            precision = "bf16" if "bf16" in best["name"] else "fp32"
+            arithmetic = f"{best['name']}: " + rate_against_peak(best["samples_per_s"], ctx.run_on,
+                                                                  None if ctx.simulated else ctx.model, precision)
         return cls(ctx.label, ctx.simulated, cfg, ceiling.as_row(), rows, host=device_label(torch.device("cpu")),
-                   date=datetime.datetime.now().isoformat(timespec="seconds"))
+                   date=datetime.datetime.now().isoformat(timespec="seconds"), arithmetic=arithmetic)
 
     @property
     def best(self) -> dict:
@@ -587,6 +596,8 @@ class LadderResult:
                          f"{_share(r.get('device_util')):>9s} {_share(_in_flight(r)):>9s} "
                          f"{r['stall_fraction']:6.0%} {speedup:>7s}  {diagnose(r).kind}")
         lines.append(f"best: {self.best['name']} at {self.best['fraction_of_ceiling']:.0%} of the ceiling")
+        if self.arithmetic:
+            lines.append(f"arithmetic, the best rung: {self.arithmetic}")
         lines.append("dev. busy: share of the wall time the device ran work (" +
                      ("the simulated device's own busy time" if self.simulated else "NVML's utilisation, where read")
                      + "); in flight: share with a step started and not finished (the device may idle inside it, "
