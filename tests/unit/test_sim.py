@@ -209,6 +209,17 @@ def test_run_timed_computes_each_shape_once_and_charges_the_rest():
     assert len(calls) == 2, "a new shape is computed (a transform that fails on it fails)"
     with pytest.raises(RuntimeError):
         device.run_timed(lambda a, b: a.view(7, -1), x, y)
+
+    class Keeps:
+        compute_every_batch = True
+
+        def __call__(self, images, labels):
+            calls.append("kept")
+            return images, labels
+    keeps = Keeps()
+    for _ in range(3):
+        device.run_timed(keeps, x, y)
+    assert calls.count("kept") == 3, "a transform that asks for every batch gets every batch"
     device.synchronize()
 
 
