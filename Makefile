@@ -16,6 +16,8 @@ venv: $(STAMP)
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	@# DALI moved to the cuda130 wheel (torch is built for CUDA 13): both install nvidia/dali, so the old one goes
+	$(PY) -m pip uninstall -q -y nvidia-dali-cuda120 2>/dev/null || true
 	$(PY) -m pip install -q -r requirements.txt
 	$(PY) -m pip install -q --no-deps -e .
 	touch $(STAMP)
