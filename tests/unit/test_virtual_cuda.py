@@ -242,3 +242,17 @@ def test_beside_a_real_gpu_current_device_points_at_the_virtual_device(monkeypat
         with torch.cuda.device(torch.cuda.current_device()):
             assert (made + last).sum().item() == 3.0
     assert torch.cuda.current_device() == 0 and torch.cuda.device_count() == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_real_gpu_pass_of_check_3_1_sees_a_missing_wait_stream():
+    """On a fast GPU the copy finishes long before the host reads the batch, so a prefetcher
+    without wait_stream read right values (issue 19, item 17). The real pass holds the side
+    stream busy before each copy: the mutant now reads unfinished copies, the answer does not."""
+    from course_utils.checks._core import CheckFailed
+    from course_utils.checks.lesson03 import _check_cuda_streams
+    from test_checks_lesson03 import GoodPrefetcher, NoWaitStream
+    _check_cuda_streams(GoodPrefetcher)
+    with pytest.raises(CheckFailed, match="before their copy had finished"):
+        _check_cuda_streams(NoWaitStream)
