@@ -23,7 +23,7 @@ __all__ = [
     "EnvReport", "env_report", "print_env", "pick_device", "require", "device_label",
     "has_dali", "has_nvml", "cpu_name", "smoke_mode", "usable_cores", "local_cuda_index",
     "course_device_choice", "CORES_ENV", "workers_for", "batches_needed", "bf16_native", "fast_amp",
-    "dali_import_error", "dali_wheel", "dali_advice", "DALI_VERSION",
+    "dali_import_error", "dali_wheel", "dali_advice", "dali_gpu_check", "DALI_VERSION",
 ]
 
 CORES_ENV = "COURSE_CORES"
@@ -133,6 +133,56 @@ def has_nvml() -> bool:
         return False
     nvml_close()
     return True
+
+
+def _dali_one_batch(device_id: int | None, batch_size: int = 8) -> float:
+    """Run one batch of random uint8 images through DALI: crop_mirror_normalize on the GPU
+    `device_id` (the CPU when None), and return the largest difference from the same arithmetic
+    done in NumPy."""
+    import numpy as np
+    from nvidia.dali import fn, pipeline_def, types
+
+    rng = np.random.default_rng(0)
+    images = [rng.integers(0, 256, (32, 32, 3), dtype=np.uint8) for _ in range(batch_size)]
+    mean, std = [125.3, 123.0, 113.9], [63.0, 62.1, 66.7]
+
+    @pipeline_def(batch_size=batch_size, num_threads=1, device_id=device_id, seed=0, prefetch_queue_depth=1)
+    def one_batch():
+        x = fn.external_source(source=lambda: images, batch=True, layout="HWC")
+        x = x.gpu() if device_id is not None else x
+        return fn.crop_mirror_normalize(x, dtype=types.FLOAT, output_layout="CHW", mean=mean, std=std, mirror=1)
+
+    pipe = one_batch()
+    pipe.build()
+    (out,) = pipe.run()
+    got = (out.as_cpu() if device_id is not None else out).as_array()
+    flipped = np.stack(images)[:, :, ::-1, :].astype(np.float32)
+    expected = ((flipped - np.float32(mean)) / np.float32(std)).transpose(0, 3, 1, 2)
+    return float(np.abs(got - expected).max())
+
+
+def dali_gpu_check(device=None) -> tuple[bool | None, str]:
+    """One batch through DALI's GPU stages (uint8 images handed from the host, cropped, mirrored
+    and normalised on the GPU), compared with NumPy: lesson 00's setup check and `make
+    gpu-check`'s. Returns (True, sentence) when it ran and matched, (False, sentence with DALI's
+    error) when DALI failed on the GPU, (None, sentence) when it cannot run here (no GPU, no DALI)."""
+    index = _cuda_index(device) if torch.cuda.is_available() else None
+    if index is None:
+        return None, ("DALI on the GPU: not tried, no CUDA GPU here (lesson 04 runs DALI's CPU pipelines; "
+                      "on a GPU this line runs one batch through its GPU stages)")
+    error = dali_import_error()
+    if error is not None:
+        return None, f"DALI on the GPU: not tried. {dali_advice(error)}"
+    try:
+        diff = _dali_one_batch(index)
+    except Exception as err:
+        advice = dali_advice() or ""
+        return False, (f"DALI on the GPU (cuda:{index}) FAILED: {type(err).__name__}: {' '.join(str(err).split())[:400]}"
+                       + (f" ({advice})" if advice else ""))
+    if diff > 1e-3:
+        return False, f"DALI on the GPU (cuda:{index}) ran, but its batch differs from NumPy's by {diff:.3g}"
+    return True, (f"DALI on the GPU (cuda:{index}): one batch cropped, mirrored and normalised there, equal to "
+                  f"NumPy's to {diff:.1e}")
 
 
 def cpu_name() -> str:

@@ -163,3 +163,37 @@ def test_a_missing_or_broken_dali_keeps_its_error(monkeypatch, capsys):
     assert error in out and env.dali_wheel() in out
     report = env.env_report()
     assert report.dali is None and error in "\n".join(report.lines())
+
+
+def test_dali_one_batch_computes_what_numpy_does():
+    """The setup check's pipeline, on DALI's CPU here (the same graph runs on the GPU there)."""
+    if not env.has_dali():
+        pytest.skip(env.dali_advice())
+    assert env._dali_one_batch(None) < 1e-4
+
+
+def test_dali_gpu_check_says_why_it_did_not_run(monkeypatch):
+    if not torch.cuda.is_available():
+        ok, text = env.dali_gpu_check()
+        assert ok is None and "no CUDA GPU" in text
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(env, "dali_import_error", lambda: "OSError: libcudart.so.13: cannot open shared object file")
+    ok, text = env.dali_gpu_check()
+    assert ok is None and "libcudart.so.13" in text and env.dali_wheel() in text
+    monkeypatch.setattr(env, "dali_import_error", lambda: None)
+
+    def broken(device_id, batch_size=8):
+        raise RuntimeError("CUDA driver version is insufficient for CUDA runtime version")
+    monkeypatch.setattr(env, "_dali_one_batch", broken)
+    ok, text = env.dali_gpu_check("cuda:0")
+    assert ok is False and "FAILED" in text and "insufficient" in text
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_dali_runs_one_batch_on_the_gpu():
+    if not env.has_dali():
+        pytest.skip(env.dali_advice())
+    ok, text = env.dali_gpu_check()
+    assert ok is True, text
