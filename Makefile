@@ -7,7 +7,7 @@ PORT   ?= 8888
 NB     ?= notebooks/*.ipynb
 GRADE_FLAGS ?= --smoke
 
-.PHONY: lab test unit browser browser-deps notebooks grade ladder course student venv clean
+.PHONY: lab test unit browser browser-deps notebooks grade ladder course gpu-check student venv clean
 
 venv: $(STAMP)
 
@@ -73,6 +73,14 @@ ladder: $(STAMP)
 course: $(STAMP)
 	$(PY) -m course_utils.grade solutions/*.ipynb --notebook-timeout 7200 --output-dir build/executed \
 	  --json build/course.json --csv build/course.csv
+
+## gpu-check: the GPU run in one command (course_utils/gpu_check.py): the setup check, the GPU-marked
+## tests, the ladder and every solution at full size through the grader, the README's open measurements,
+## one report in build/gpu-check/. ARGS="--plan" (the stages and the calls that fit them),
+## ARGS="--pending --budget 540" (what fits in 9 minutes, the folder accumulates), ARGS="--dry-run" (a CPU).
+## It installs nothing: without .venv (an offline GPU box) it runs with $(PYTHON).
+gpu-check:
+	$(if $(wildcard $(PY)),$(PY),$(PYTHON)) -m course_utils.gpu_check $(ARGS)
 
 ## student: regenerate notebooks/ from solutions/ (never edit notebooks/ by hand).
 student: $(STAMP)
