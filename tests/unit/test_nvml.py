@@ -135,3 +135,17 @@ def test_without_nvml_at_all(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)       # `import pynvml` raises ImportError
     assert monitor.nvml_open().startswith("NVML not available")
     assert hardware.gpu_links() == ([], []) and report._driver_version() is None and not env.has_nvml()
+
+
+@pytest.mark.xfail(strict=True, reason="data_parallel.PerDeviceMonitor and gpu_memory call NVML outside a guard "
+                   "(data_parallel.py is l0406's: the change is to use monitor.nvml_open/nvml_find/nvml_reading/"
+                   "nvml_close; remove this marker with it)")
+def test_lesson_06_monitors_survive_a_poor_nvml(poor_nvml, monkeypatch):
+    from course_utils import data_parallel
+    for name in ("max_memory_allocated", "memory_allocated", "memory_reserved"):
+        monkeypatch.setattr(torch.cuda, name, lambda i=None: 0)
+    rows = data_parallel.gpu_memory([0, 1])
+    assert [r["nvml_used_mib"] for r in rows] == [None, None]
+    with data_parallel.PerDeviceMonitor([0, 1], interval_s=0.02) as mon:
+        time.sleep(0.06)
+    assert mon.t_s and len(mon.util[0]) == 2
