@@ -122,8 +122,8 @@ def dali_advice(error: str | None = "check") -> str | None:
         return (f"NVIDIA DALI cannot be imported here ({error}); DALI publishes Linux wheels only "
                 "(x86_64, aarch64), so lesson 04 explains and skips its DALI cells")
     return (f"NVIDIA DALI cannot be imported here ({error}). For this torch "
-            f"(CUDA {torch.version.cuda or 'none: a CPU build'}) install `pip install {wheel}`, as "
-            "requirements.txt pins it; without it lesson 04 explains and skips its DALI cells")
+            f"(CUDA {torch.version.cuda or 'none: a CPU build'}) run `pip install {wheel}`; without it "
+            "lesson 04 explains and skips its DALI cells")
 
 
 def has_nvml() -> bool:
@@ -227,7 +227,7 @@ class EnvReport:
             for g in self.gpus:
                 cc = g.get("capability")
                 bf16 = ("" if cc is None else f", compute capability {cc}, bf16 "
-                        + ("native" if g.get("bf16_native") else "emulated (slow): AMP uses fp16 here"))
+                        + ("native" if g.get("bf16_native") else "emulated (slow): env.fast_amp() picks fp16 here"))
                 out.append(f"GPU {g['index']}        {g['name']}, {g['memory_gib']:.1f} GiB, "
                            f"{g['multiprocessors']} SMs{bf16}")
         else:
