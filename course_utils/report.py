@@ -62,16 +62,14 @@ def machine_facts() -> dict:
 
 
 def _driver_version() -> str | None:
-    try:
-        import pynvml
-        pynvml.nvmlInit()
-        try:
-            version = pynvml.nvmlSystemGetDriverVersion()
-        finally:
-            pynvml.nvmlShutdown()
-        return version.decode() if isinstance(version, bytes) else str(version)
-    except Exception:
+    """The NVIDIA driver's version through NVML; None without one (or when NVML does not say)."""
+    from .monitor import nvml_call, nvml_close, nvml_open, nvml_text
+    if nvml_open() is not None:
         return None
+    try:
+        return nvml_text(nvml_call("nvmlSystemGetDriverVersion"))
+    finally:
+        nvml_close()
 
 
 def timeline_record(timeline, *, points: int = 200) -> dict:
