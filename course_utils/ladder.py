@@ -449,7 +449,14 @@ def dali_pipeline(ctx: LadderContext) -> Pipeline:
 def mixed_precision_pipeline(ctx: LadderContext) -> Pipeline:
     """Device-resident data, and the model step itself made cheaper: bf16 autocast and
     channels_last (lesson 05). Beside the simulator, the measured H100 step in bf16 +
-    channels_last (more host launch time, less GPU work: at batch 128 it does not pay)."""
+    channels_last (more host launch time, less GPU work: at batch 128 it does not pay). On a GPU
+    that only emulates bfloat16 (compute capability below 8.0: a V100, a T4) it is skipped: fp16
+    with a GradScaler is the mode there (lesson 05)."""
+    if ctx.cuda:
+        from .env import bf16_native
+        if not bf16_native(ctx.device):
+            raise RungSkipped("this GPU emulates bfloat16 (compute capability below 8.0): fp16 with a GradScaler "
+                              "is its mixed precision (lesson 05)")
     pipeline = device_resident_pipeline(ctx)
     pipeline.amp, pipeline.channels_last, pipeline.name = "bf16", True, "device-resident + bf16"
     return pipeline
