@@ -187,6 +187,10 @@ class _CourseProcesses:
             if not first:
                 self._late.append((previous, seconds))        # its life so far, counted now
 
+    def rescan_now(self) -> None:
+        """Look for new children at the next read, whatever the rescan interval."""
+        self._next_scan = 0.0
+
     def read(self) -> tuple[float, list[tuple[float, float]]]:
         """CPU seconds since the last read, and late time as (since_s, seconds) pairs, where
         since_s is when (seconds after start) that time began to be spent."""
@@ -317,8 +321,14 @@ class UtilizationMonitor:
             return
         self._stop.set()
         self._thread.join()
+        self._course.rescan_now()   # children born since the last scan (workers of a short run) are ours too
         if not self._t or time.perf_counter() - self._last_t >= self.interval_s / 2:
             self._sample()  # one last sample up to now (unless the last one was just taken)
+        else:
+            _, late = self._course.read()
+            with self._lock:
+                for since, seconds in late:
+                    self._spread(since, seconds)
         if self._nvml is not None:
             nvml_close()
 
