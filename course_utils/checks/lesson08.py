@@ -343,11 +343,11 @@ def _needs_a_real_gpu(exc: BaseException) -> str | None:
 
 def _extra_copies(copies, sizes: list[int]) -> list:
     """The host-to-device copies of one epoch that are not the batches themselves: one copy of a
-    batch's images (uint8, 16- or 32-bit floats) and one of its labels (int64) per batch served
-    (`sizes`: the batch sizes); everything else (offsets, flips, a permutation or constants made on
-    the host, a batch copied twice) is extra."""
+    batch's images (uint8, 16- or 32-bit floats) and one of its labels (8- to 64-bit integers) per
+    batch served (`sizes`: the batch sizes); everything else (offsets, flips, a permutation or
+    constants made on the host, a batch copied twice) is extra."""
     image_bytes = {b * 3 * 32 * 32 * item for b in set(sizes) for item in (1, 2, 4)}
-    label_bytes = {8 * b for b in set(sizes)}
+    label_bytes = {b * item for b in set(sizes) for item in (1, 2, 4, 8)}
     images = labels = 0
     extra = []
     for c in copies:
