@@ -276,11 +276,13 @@ class LadderContext:
         """The training set as a Dataset with `transform` (the arrays are read once and shared)."""
         return self.data.dataset(transform)
 
-    def loader(self, transform, num_workers: int) -> DataLoader:
-        """A shuffling DataLoader; pinned memory and prefetch_factor 4 when it helps."""
+    def loader(self, transform, num_workers: int, *, drop_last: bool = True) -> DataLoader:
+        """A shuffling DataLoader; pinned memory and prefetch_factor 4 when it helps. The rungs drop
+        the last short batch (`drop_last=True`: a timed step is a full one); a pipeline that must
+        give every sample of an epoch (exercise 8.1) keeps it with `drop_last=False`."""
         extra = {"prefetch_factor": 4, "persistent_workers": False} if num_workers else {}
         return DataLoader(self.dataset(transform), batch_size=self.config.batch_size, shuffle=True,
-                          num_workers=num_workers, pin_memory=self.cuda, drop_last=True, **extra)
+                          num_workers=num_workers, pin_memory=self.cuda, drop_last=drop_last, **extra)
 
     def on_device(self):
         """The whole training set in device memory: (images (N, 3, 32, 32) uint8, labels int64)."""
