@@ -594,6 +594,8 @@ class VirtualCuda:
             self._sync(f"{what} ({kind}, blocking)", "h2d" if kind == "h2d" else "read")
 
     def _read(self, t: DeviceTensor, what: str) -> None:
+        if t._vc is not self:
+            return      # made on an earlier virtual device, which has exited: its work has all finished
         stream = self.current_stream()
         alloc = t._alloc
         if not stream.sees(alloc.write):

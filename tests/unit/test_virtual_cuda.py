@@ -256,3 +256,16 @@ def test_the_real_gpu_pass_of_check_3_1_sees_a_missing_wait_stream():
     _check_cuda_streams(GoodPrefetcher)
     with pytest.raises(CheckFailed, match="before their copy had finished"):
         _check_cuda_streams(NoWaitStream)
+
+
+def test_memory_of_an_exited_virtual_device_is_finished_work():
+    """A learner's cache of device constants (lesson 03's _MEAN_STD) outlives one check's virtual
+    device; read again inside the next one, its writes are long finished: no race."""
+    with VirtualCuda() as first:
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            cached = torch.ones(4, device="cuda") * 2
+    with VirtualCuda() as second:
+        out = cached + torch.zeros(4, device="cuda")
+        assert not second.races and torch.equal(out.cpu(), torch.full((4,), 2.0))
+    assert first is not second
