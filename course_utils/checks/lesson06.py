@@ -22,6 +22,7 @@ import torch
 from .. import scaling
 from ._core import CheckFailed, WrongType, exercise, expect_callable
 from ._util import fresh_rng
+from .virtual_cuda import VirtualCuda
 
 __all__ = ["reference_scatter", "reference_gather"]
 
@@ -312,9 +313,15 @@ def _same(yours, expected, where: str, *, top: bool = False, count_prop: str = "
             raise CheckFailed(prop, f"{where}: yours has shape {tuple(yours.shape)}, expected {tuple(expected.shape)}",
                               hint)
         if yours.device != expected.device:
-            raise CheckFailed("gathers onto the first output's device" if joining else "keeps pieces on the input's device",
-                              f"{where}: yours is on {yours.device}, expected {expected.device}",
-                              "DataParallel's gather copies every output to device 0 before concatenating")
+            if joining:
+                raise CheckFailed("gathers onto the first output's device",
+                                  f"{where}: yours is on {yours.device}, expected {expected.device}, the first "
+                                  "output's device",
+                                  "DataParallel gathers onto device 0, where the model's only lasting copy lives and "
+                                  "the loss is computed: move every output to outputs[0]'s device (not the CPU, not "
+                                  "the last output's device) before concatenating")
+            raise CheckFailed("keeps pieces on the input's device", f"{where}: yours is on {yours.device}, expected "
+                              f"{expected.device}", "split with torch.chunk: its pieces stay where the input is")
         if yours.dtype != expected.dtype or not torch.equal(yours.detach(), expected.detach()):
             raise CheckFailed("keeps the samples in order", f"{where}: the values differ from DataParallel's")
         return
@@ -386,6 +393,8 @@ def _scatter_cases(rng):
         (f"a tuple (images, labels) of {b} samples on {n} devices", (x, y), n, 0),
         (f"a list [images, labels] of {b} samples on {n} devices", [x, y], n, 0),
         (f"a dict of {b} samples on {n} devices", {"labels": y, "images": x}, n, 0),
+        (f"an OrderedDict of {b} samples on {n} devices", collections.OrderedDict([("mask", x[:, 0]), ("images", x),
+                                                                                  ("labels", y)]), n, 0),
         (f"a namedtuple Batch(images, labels) on {n} devices", _Batch(x, y), n, 0),
         (f"a nested (images, {{'mask': ..., 'extra': [labels]}}) on {n} devices", (x, {"mask": x[:, 0], "extra": [y]}), n, 0),
         (f"a tuple mixing a tensor with a number, a string, None, a set and an options object on {n} devices",
@@ -409,8 +418,11 @@ def _gather_cases(rng):
     cases.append((f"{n} scalar losses (0-dim tensors)", [torch.randn(()) for _ in sizes], 0))
     cases.append((f"{n} outputs (logits, features) tuples", [(torch.randn(s, 10), torch.randn(s, 4)) for s in sizes], 0))
     cases.append((f"{n} outputs [logits, features] lists", [[torch.randn(s, 10), torch.randn(s, 4)] for s in sizes], 0))
-    cases.append((f"{n} outputs dicts {{'logits', 'loss'}}",
-                  [{"logits": torch.randn(s, 10), "loss": torch.randn(())} for s in sizes], 0))
+    cases.append((f"{n} outputs dicts {{'loss', 'logits'}}",
+                  [{"loss": torch.randn(()), "logits": torch.randn(s, 10)} for s in sizes], 0))
+    cases.append((f"{n} outputs OrderedDicts {{'logits', 'features', 'aux'}}",
+                  [collections.OrderedDict([("logits", torch.randn(s, 10)), ("features", torch.randn(s, 4)),
+                                            ("aux", torch.randn(s, 2))]) for s in sizes], 0))
     cases.append((f"{n} outputs namedtuples Batch(images, labels)",
                   [_Batch(torch.randn(s, 3), torch.randint(0, 9, (s,))) for s in sizes], 0))
     cases.append((f"{n} outputs (logits, None)", [(torch.randn(s, 10), None) for s in sizes], 0))
@@ -418,6 +430,19 @@ def _gather_cases(rng):
         cases.append((f"{n} outputs, the first on the GPU, the others on the CPU",
                       [torch.randn(s, 10, device="cuda" if i == 0 else "cpu") for i, s in enumerate(sizes)], 0))
     return cases
+
+
+def _device_gather_cases(rng):
+    """Outputs on two devices (made inside a `VirtualCuda` block: a GPU's device placement on the
+    CPU): DataParallel gathers onto the first output's device, whichever that is."""
+    n = int(rng.integers(3, 7))
+    sizes = [int(v) for v in rng.integers(1, 6, size=n)]
+    first_on_gpu = [torch.randn(s, 10, device="cuda" if i == 0 else "cpu") for i, s in enumerate(sizes)]
+    first_on_cpu = [torch.randn(s, 10, device="cpu" if i == 0 else "cuda") for i, s in enumerate(sizes)]
+    return [(f"{n} outputs, the first on the GPU (cuda), the others on the CPU", first_on_gpu, 0),
+            (f"{n} outputs, the first on the CPU, the others on the GPU (cuda)", first_on_cpu, 0),
+            (f"{n} (logits, features) tuples, the first on the GPU (cuda)",
+             [(t, t[:, :3] * 2) for t in first_on_gpu], 0)]
 
 
 def _two_functions(obj):
@@ -482,6 +507,16 @@ def check_scatter_gather(functions):
         expected = reference_gather(outputs, dim)
         _same(yours, expected, f"dp_gather of {where}", joining=True)
 
+    with VirtualCuda():
+        for where, outputs, dim in _device_gather_cases(rng):
+            try:
+                yours = gather(outputs, dim)
+            except (CheckFailed, NotImplementedError):
+                raise
+            except Exception as exc:
+                raise _raised("gathers onto the first output's device", f"dp_gather of {where}", exc) from None
+            _same(yours, reference_gather(outputs, dim), f"dp_gather of {where}", joining=True)
+
     # gradients flow back through the split and the join
     n = int(rng.integers(2, 6))
     x = torch.randn(int(rng.integers(n + 1, 5 * n)), 3, requires_grad=True)
@@ -506,7 +541,8 @@ def check_scatter_gather(functions):
     batch = {"images": torch.randn(b, 3, 2, 2), "labels": torch.randint(0, 10, (b,))}
     back = gather(scatter(batch, n, 0), 0)
     _same(back, batch, "dp_gather(dp_scatter(a dict batch))")
-    return f"all properties hold on {len(scatter_cases) + len(gather_cases) + 2} inputs (seed {seed})."
+    return (f"all properties hold on {len(scatter_cases) + len(gather_cases) + 5} inputs, outputs on two devices "
+            f"included (seed {seed}).")
 
 
 # -- 6.3 the memory of each device ----------------------------------------------------------------------
