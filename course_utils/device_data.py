@@ -48,6 +48,8 @@ class DeviceLoader:
     The permutation and the indexing happen on the device: no worker, no copy, no wait.
     """
 
+    device_resident = True          # its batches are already in device memory: nothing to copy
+
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, *, shuffle: bool = True,
                  drop_last: bool = True, seed: int | None = None):
         if len(images) != len(labels):

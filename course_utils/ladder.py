@@ -48,6 +48,7 @@ import torchvision.transforms as T
 from torch.utils.data import DataLoader
 
 from . import data
+from .bottleneck import diagnose
 from .device_data import AugmentBatch, DeviceLoader, normalize_batch
 from .env import device_label, has_dali, usable_cores
 from .loaders import in_flight_batches
@@ -61,7 +62,7 @@ __all__ = ["LadderConfig", "LadderContext", "LadderResult", "RungSkipped", "rung
            "climb", "rung_baseline", "rung_best_workers", "rung_prefetcher", "rung_device_resident", "rung_dali",
            "rung_mixed_precision", "main", "Pipeline", "TrainingSet", "ImageArrays", "ladder_context", "measure_rung",
            "baseline_pipeline", "workers_pipeline", "prefetcher_pipeline", "device_resident_pipeline",
-           "dali_pipeline", "mixed_precision_pipeline", "rung_row"]
+           "dali_pipeline", "mixed_precision_pipeline", "cuda_graph_pipeline", "rung_cuda_graph", "rung_row"]
 
 
 class RungSkipped(Exception):
@@ -182,8 +183,11 @@ class Pipeline:
     prefetch: get the next batch ready ahead: copied on a CUDA side stream on a GPU
         (`CudaPrefetcher`), taken from the loader by a background thread beside the simulator
         (`BackgroundLoader`).
-    amp, channels_last: how the model step runs on a real device (lesson 05); the simulated
-        step's time is fixed, so they change nothing there.
+    amp, channels_last: how the model step runs (lesson 05); beside the simulator, which of the
+        measured steps it costs.
+    cuda_graph: the whole step captured once as a CUDA graph and replayed (lesson 05): one launch
+        per step instead of hundreds; needs a GPU (or the simulator, which charges the measured
+        graph step).
     """
     loader: object
     batch_transform: object = None
@@ -191,6 +195,7 @@ class Pipeline:
     amp: str | None = None
     channels_last: bool = False
     name: str = ""
+    cuda_graph: bool = False
 
     def describe(self) -> str:
         parts = [type(self.loader).__name__]
@@ -202,6 +207,8 @@ class Pipeline:
             parts.append(f"{self.amp} autocast")
         if self.channels_last:
             parts.append("channels_last")
+        if self.cuda_graph:
+            parts.append("CUDA graph")
         return (f"{self.name}: " if self.name else "") + ", ".join(parts)
 
 
@@ -302,38 +309,47 @@ class LadderContext:
             yield images, labels
 
     def train(self, batches, *, batch_transform=None, prefetch: bool = False, desc: str = "rung",
-              **train_kwargs) -> TrainResult:
-        """Train on `batches` for the configured steps through `course_utils.train.train`.
+              batches_on_device: bool | None = None, **train_kwargs) -> TrainResult:
+        """Train on `batches` for the configured steps (after an untimed warm-up) through
+        `course_utils.train.train`.
 
         `batch_transform(images, labels)` is work for the device (beside the simulator: charged
         to it). `prefetch=True` gets the next batch ready ahead: copied on a CUDA side stream on
         a GPU; beside the simulator, where there is no copy to make, taken from the loader by a
-        background thread. Other keyword arguments (`amp`, `channels_last`, `model`) go to
-        `train()` on a real device.
+        background thread (and, as a side stream's copy would, its copy overlaps the step).
+        `amp` and `channels_last` set how the step runs (beside the simulator: which of its
+        measured steps it costs); `model` replaces the context's model on a real device.
         """
         if prefetch:
             batches = BackgroundLoader(batches) if self.simulated else CudaPrefetcher(batches, self.device)
+            batches_on_device = True
         # untimed warm-up: one step, plus the batches the loader prepared ahead while it started
         # (served without waiting, they would flatter the rung), as measure_loader does
         warmup = 1 + in_flight_batches(batches)
         timer = StepTimer(self.run_on, skip_first=warmup)
-        steps = self.config.resolved_steps() + warmup - 1
+        steps = self.config.resolved_steps() + warmup
         if self.simulated:
+            train_kwargs.pop("model", None)
             return train(None, batches, device=self.run_on, steps=steps, batch_transform=batch_transform,
-                         timer=timer, progress=self.progress, desc=desc)
+                         timer=timer, progress=self.progress, desc=desc, batches_on_device=batches_on_device,
+                         **train_kwargs)
         model = train_kwargs.pop("model", self.model)
-        return train(model, batches, device=self.device, steps=steps, batch_transform=batch_transform,
-                     timer=timer, progress=self.progress, desc=desc, **train_kwargs)
+        with _nvml_utilisation(self.device, timer) as util:
+            result = train(model, batches, device=self.device, steps=steps, batch_transform=batch_transform,
+                           timer=timer, progress=self.progress, desc=desc, **train_kwargs)
+        if util.value is not None:
+            result.stats.device_util = util.value
+        return result
 
     def run(self, pipeline: Pipeline, *, desc: str | None = None) -> TrainResult:
         """Measure `pipeline` as a rung is measured: the configured steps through `train()`, after
         the untimed warm-up. With `channels_last` a copy of the model trains (the memory format
         would otherwise stay changed for whatever runs next)."""
-        kwargs = {}
-        if not self.simulated:
-            kwargs = {"amp": pipeline.amp, "channels_last": pipeline.channels_last}
-            if pipeline.channels_last:
-                kwargs["model"] = copy.deepcopy(self.model)
+        kwargs = {"amp": pipeline.amp, "channels_last": pipeline.channels_last}
+        if pipeline.cuda_graph:
+            kwargs["cuda_graph"] = True
+        if pipeline.channels_last and not self.simulated:
+            kwargs["model"] = copy.deepcopy(self.model)
         return self.train(pipeline.loader, batch_transform=pipeline.batch_transform, prefetch=pipeline.prefetch,
                           desc=desc or pipeline.name or "pipeline", **kwargs)
 
@@ -344,6 +360,31 @@ class LadderContext:
             warm = torch.randn(bs, 3, 32, 32, device=self.device)
             train(self.model, itertools.repeat((warm, torch.zeros(bs, dtype=torch.long, device=self.device))),
                   device=self.device, steps=5, progress=False)
+
+
+class _Reading:
+    value: float | None = None
+
+
+@contextlib.contextmanager
+def _nvml_utilisation(device, timer: StepTimer):
+    """On a CUDA device with NVML: the GPU's mean utilisation (0-1) over the counted steps of
+    `timer`, sampled every 50 ms, in `.value` after the block; None elsewhere."""
+    reading = _Reading()
+    if torch.device(device).type != "cuda":
+        yield reading
+        return
+    from .monitor import UtilizationMonitor
+    monitor = UtilizationMonitor(0.05, device=device)
+    with monitor:
+        yield reading
+    line = monitor.timeline
+    if line.gpu_util is None or len(timer.log) <= timer.skip_first:
+        return
+    start = timer.log[timer.skip_first]["fetch_start"] - monitor._t0
+    util = line.gpu_util[(line.t_s >= start) & ~np.isnan(line.gpu_util)]
+    if len(util):
+        reading.value = float(np.mean(util)) / 100.0
 
 
 def rung(name: str, short: str):
@@ -406,12 +447,21 @@ def dali_pipeline(ctx: LadderContext) -> Pipeline:
 
 def mixed_precision_pipeline(ctx: LadderContext) -> Pipeline:
     """Device-resident data, and the model step itself made cheaper: bf16 autocast and
-    channels_last (lesson 05). Needs a real model: the simulated step's time is fixed."""
-    if ctx.simulated:
-        raise RungSkipped("mixed precision changes the model's own step; the simulated device's step "
-                          "time is fixed, so there is nothing honest to measure without a GPU")
+    channels_last (lesson 05). Beside the simulator, the measured H100 step in bf16 +
+    channels_last (more host launch time, less GPU work: at batch 128 it does not pay)."""
     pipeline = device_resident_pipeline(ctx)
     pipeline.amp, pipeline.channels_last, pipeline.name = "bf16", True, "device-resident + bf16"
+    return pipeline
+
+
+def cuda_graph_pipeline(ctx: LadderContext) -> Pipeline:
+    """Device-resident data, bf16 + channels_last, and the whole step captured once as a CUDA graph
+    and replayed: the host launches one graph instead of ~390 kernels per step (lesson 05). Needs a
+    GPU; beside the simulator, the measured H100 graph step."""
+    if not ctx.simulated and not ctx.cuda:
+        raise RungSkipped("CUDA graphs need a GPU (with COURSE_DEVICE=cpu there is nothing to capture)")
+    pipeline = mixed_precision_pipeline(ctx)
+    pipeline.cuda_graph, pipeline.name = True, "device-resident + bf16 + CUDA graph"
     return pipeline
 
 
@@ -456,20 +506,27 @@ def rung_mixed_precision(ctx: LadderContext) -> TrainResult:
     return ctx.run(mixed_precision_pipeline(ctx), desc="bf16")
 
 
+@rung("device-resident + bf16 + CUDA graph", "+ CUDA graph\n(1 launch/step)")
+def rung_cuda_graph(ctx: LadderContext) -> TrainResult:
+    """Device-resident data, bf16 + channels_last, the whole step replayed as one CUDA graph: the
+    host's launches leave the step (lesson 05). Against the fp32 ceiling, so it may exceed 100%."""
+    return ctx.run(cuda_graph_pipeline(ctx), desc="CUDA graph")
+
+
 # The ladder, bottom to top. Later lessons append their rungs.
-RUNGS = [rung_baseline, rung_best_workers, rung_prefetcher, rung_device_resident, rung_dali, rung_mixed_precision]
+RUNGS = [rung_baseline, rung_best_workers, rung_prefetcher, rung_device_resident, rung_dali, rung_mixed_precision,
+         rung_cuda_graph]
 
 
 def measure_ceiling(ctx: LadderContext) -> TrainResult:
-    """The model alone: one batch already on the device, fed again and again (lesson 01)."""
+    """The model alone: one batch already on the device, fed again and again (lesson 01), measured
+    as every rung is (the same warm-up and number of counted steps)."""
     bs = ctx.config.batch_size
     images = torch.randn(bs, 3, 32, 32)
     labels = torch.randint(0, 10, (bs,))
-    if ctx.simulated:
-        return train(None, itertools.repeat((images, labels)), device=ctx.run_on,
-                     steps=ctx.config.resolved_steps(), progress=ctx.progress, desc="ceiling")
-    images, labels = images.to(ctx.device), labels.to(ctx.device)
-    return ctx.train(itertools.repeat((images, labels)), desc="ceiling")
+    if not ctx.simulated:
+        images, labels = images.to(ctx.device), labels.to(ctx.device)
+    return ctx.train(itertools.repeat((images, labels)), desc="ceiling", batches_on_device=True)
 
 
 @dataclass
@@ -511,27 +568,29 @@ class LadderResult:
         return out
 
     def table(self) -> str:
-        """The climb as a text table: samples/s, fraction of the ceiling, stall, speed-up."""
+        """The climb as a text table: samples/s, fraction of the ceiling, the device's busy share,
+        the share with a step in flight, the loop's wait for data, speed-up, and what limits it."""
         c = self.config
         lines = [f"Ladder on {self.device}",
                  f"batch {c['batch_size']}, {c['steps']} steps per rung, {c['num_workers']} workers where used"
                  + (", SIMULATED device" if self.simulated else ""),
-                 f"{'rung':24s} {'samples/s':>11s} {'of ceiling':>11s} {'device busy':>12s} {'host waits':>11s} "
-                 f"{'vs baseline':>12s}",
-                 f"{'ceiling (model)':24s} {self.ceiling['samples_per_s']:11,.0f} {1:11.0%} "
-                 f"{_share(self.ceiling.get('device_busy_fraction')):>12s} {'':>11s} {'':>12s}"]
-        for r in self.rungs:
+                 f"{'rung':24s} {'samples/s':>10s} {'of ceiling':>10s} {'dev. busy':>9s} {'in flight':>9s} "
+                 f"{'waits':>6s} {'vs base':>7s}  limited by"]
+        rows = [dict(self.ceiling, name="ceiling (model)", fraction_of_ceiling=1.0)] + list(self.rungs)
+        for r in rows:
             if r.get("skipped"):
-                lines.append(f"{r['name']:24s} {'skipped':>11s}  {r['skipped']}")
+                lines.append(f"{r['name']:24s} {'skipped':>10s}  {r['skipped']}")
                 continue
             speedup = f"{r['speedup_over_baseline']:.1f}x" if r.get("speedup_over_baseline") else ""
-            lines.append(f"{r['name']:24s} {r['samples_per_s']:11,.0f} {r['fraction_of_ceiling']:11.0%} "
-                         f"{_share(r.get('device_busy_fraction')):>12s} {r['stall_fraction']:11.0%} {speedup:>12s}")
+            lines.append(f"{r['name']:24s} {r['samples_per_s']:10,.0f} {r['fraction_of_ceiling']:10.0%} "
+                         f"{_share(r.get('device_util')):>9s} {_share(_in_flight(r)):>9s} "
+                         f"{r['stall_fraction']:6.0%} {speedup:>7s}  {diagnose(r).kind}")
         lines.append(f"best: {self.best['name']} at {self.best['fraction_of_ceiling']:.0%} of the ceiling")
-        lines.append("device busy: share of the wall time the device spent on steps (what nvidia-smi shows); host "
-                     "waits: share the loop spent blocked on the next batch. The loop does not synchronise per "
-                     "step, so the host may wait for data while the device still works through queued steps: "
-                     "read the device's share for starvation.")
+        lines.append("dev. busy: share of the wall time the device ran work (" +
+                     ("the simulated device's own busy time" if self.simulated else "NVML's utilisation, where read")
+                     + "); in flight: share with a step started and not finished (the device may idle inside it, "
+                       "waiting for the host to launch kernels); waits: share the loop spent blocked on the next "
+                       "batch. Limited by: course_utils.bottleneck.diagnose.")
         return "\n".join(lines)
 
     def plot(self, path=None):
@@ -546,6 +605,10 @@ class LadderResult:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             fig.savefig(path, dpi=120)
         return fig
+
+
+def _in_flight(row: dict):
+    return row.get("steps_in_flight_fraction", row.get("device_busy_fraction"))
 
 
 def _model_name(model) -> str | None:

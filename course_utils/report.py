@@ -29,7 +29,14 @@ from pathlib import Path
 
 import numpy as np
 
+from .bottleneck import diagnose
+
 __all__ = ["ReportCard", "machine_facts", "host_slug", "timeline_record", "plot_timelines", "compare", "main"]
+
+
+def _in_flight(row: dict):
+    """A row's share of the wall time with a step in flight (older rows: `device_busy_fraction`)."""
+    return row.get("steps_in_flight_fraction", row.get("device_busy_fraction"))
 
 
 def _share(fraction) -> str:
@@ -166,17 +173,21 @@ class ReportCard:
                                                                 "is a stand-in)" if self.simulated else ""),
                  f"- workload: " + ", ".join(f"{k} {v}" for k, v in self.workload.items()), "",
                  "## Every rung against the ceiling (one run)", "",
-                 "| rung | samples/s | of the ceiling | device busy | host waits for data | vs baseline |",
-                 "|---|---:|---:|---:|---:|---:|",
-                 f"| model-only ceiling | {self.ceiling['samples_per_s']:,.0f} | 100% | {_share(self.ceiling.get('device_busy_fraction'))} | | |"]
+                 "| rung | samples/s | of the ceiling | device busy | a step in flight | host waits for data | "
+                 "vs baseline | limited by |",
+                 "|---|---:|---:|---:|---:|---:|---:|---|",
+                 f"| model-only ceiling | {self.ceiling['samples_per_s']:,.0f} | 100% | "
+                 f"{_share(self.ceiling.get('device_util'))} | {_share(_in_flight(self.ceiling))} | | | "
+                 f"{diagnose(self.ceiling).kind} |"]
         for r in self.rungs:
             name = f"**{r['name']}** (final)" if r["name"] == self.final else r["name"]
             if r.get("skipped"):
-                lines.append(f"| {name} | skipped: {r['skipped']} | | | | |")
+                lines.append(f"| {name} | skipped: {r['skipped']} | | | | | | |")
                 continue
             speedup = f"{r['speedup_over_baseline']:.1f}x" if r.get("speedup_over_baseline") else ""
             lines.append(f"| {name} | {r['samples_per_s']:,.0f} | {r['fraction_of_ceiling']:.0%} | "
-                         f"{_share(r.get('device_busy_fraction'))} | {r['stall_fraction']:.0%} | {speedup} |")
+                         f"{_share(r.get('device_util'))} | {_share(_in_flight(r))} | {r['stall_fraction']:.0%} | "
+                         f"{speedup} | {diagnose(r).kind} |")
         lines += ["", "## Accuracy parity", ""]
         if self.parity:
             p = self.parity
