@@ -32,7 +32,7 @@ from .env import has_dali, usable_cores
 __all__ = [
     "IMAGENET_MEAN", "IMAGENET_STD", "require_dali", "dali_device", "dali_threads", "shard_range",
     "RecordStore", "CifarRecordBatches", "cifar_train_pipeline", "DaliLoader", "cifar_loader",
-    "jpeg_train_pipeline", "jpeg_loader", "decode_pipeline",
+    "jpeg_train_pipeline", "jpeg_loader", "decode_pipeline", "feeding_verdict", "torchvision_plan",
 ]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -406,3 +406,45 @@ def decode_pipeline(encoded, *, batch_size: int, device="cpu", num_threads: int 
         return fn.decoders.image(jpegs, device="mixed" if where == "gpu" else "cpu", output_type=types.RGB)
 
     return graph()
+
+
+# -- what the lesson's runs say -------------------------------------------------------------------
+
+def feeding_verdict(fed: dict) -> list[str]:
+    """Sentences for the runs against the model-only ceiling (lesson 04): `fed` maps a loader's
+    name to `(fraction of the ceiling, fraction of the time the loop waited for data)`. Two
+    different figures: the first says how well the device was fed, the second how much of the
+    loop's time went to waiting (a loader can keep the loop waiting often and still feed the
+    device most of the time, if the device's queue absorbs it)."""
+    lines = [f"{name}: {fraction:.0%} of the ceiling, the loop waiting for data {stall:.0%} of the time"
+             for name, (fraction, stall) in fed.items()]
+    if len(fed) >= 2:
+        ranked = sorted(fed, key=lambda k: fed[k][0], reverse=True)
+        best, worst = ranked[0], ranked[-1]
+        if fed[worst][0] > 0 and fed[best][0] / fed[worst][0] >= 1.1:
+            lines.append(f"{best} fed the device {fed[best][0] / fed[worst][0]:.1f}x as well as {worst} in this run")
+        else:
+            lines.append(f"{best} and {worst} fed the device about as well in this run")
+    return lines
+
+
+def torchvision_plan(batches: int, batch_size: int, *, cores: int | None = None, max_workers: int = 16,
+                     prefetch_factor: int = 2, dataset_size: int = 50_000) -> tuple[int, int]:
+    """`(num_workers, samples)` for timing a torchvision DataLoader beside DALI (lesson 04): one
+    worker per usable core, at most `max_workers` (dozens of processes for a short measurement
+    cost more to start than they measure), and enough samples for one pass with `drop_last`:
+    the untimed warm-up (one batch plus the `num_workers * prefetch_factor` the workers prepare
+    ahead) and `batches` timed ones. Workers are cut until that fits in `dataset_size`; it
+    raises when even none do. Safe by construction on 1 to 128 cores."""
+    cores = usable_cores() if cores is None else int(cores)
+
+    def needed(workers: int) -> int:
+        return (1 + workers * prefetch_factor + batches) * batch_size
+
+    workers = max(0, min(cores, max_workers))
+    while workers > 0 and needed(workers) > dataset_size:
+        workers -= 1
+    if needed(workers) > dataset_size:
+        raise ValueError(f"{batches} timed batches of {batch_size} need {needed(workers):,} samples; the dataset "
+                         f"has {dataset_size:,}")
+    return workers, needed(workers)
