@@ -918,7 +918,7 @@ def _check_crops(samples, on, seed):
     if whole > 0.6:
         raise CheckFailed("crops a random window of each image",
                           f"{on}: {whole:.0%} of the {len(samples)} crops show the whole width of their file; a random "
-                          f"resized crop of 8-100% of the area shows it in about a quarter (seed {seed})",
+                          f"resized crop of 8-100% of the area shows it in about one crop in eight (seed {seed})",
                           "fn.resize squeezes the whole image to crop x crop: pick a random window first "
                           "(fn.random_resized_crop does both)")
     if float(np.std(centre)) < 0.05:

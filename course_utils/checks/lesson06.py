@@ -659,4 +659,4 @@ def check_dp_memory(dp_memory):
     for k in range(24):
         n = int(rng.integers(1, 17))
         _memory_case(dp_memory, trip, n, int(rng.integers(1, 3000)), _sizes(rng), fresh, on_device0=bool(k % 2))
-    return f"all properties hold on 37 configurations, the batch on device 0 or on the host (seed {seed})."
+    return f"all properties hold on 35 configurations, the batch on device 0 or on the host (seed {seed})."
