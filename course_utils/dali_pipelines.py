@@ -37,7 +37,7 @@ __all__ = [
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-DALI_MISSING = ("NVIDIA DALI cannot be imported here (install nvidia-dali-cuda120 at the version "
+DALI_MISSING = ("NVIDIA DALI cannot be imported here (install the nvidia-dali wheel at the version "
                 "requirements.txt pins), so the DALI pipelines cannot run")
 
 
