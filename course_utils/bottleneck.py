@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = ["Verdict", "diagnose", "INPUT_STALL", "COMPUTE_UTIL", "training_flops_per_sample", "achieved_tflops",
-           "peak_tflops", "PEAK_TFLOPS"]
+           "peak_tflops", "PEAK_TFLOPS", "rate_against_peak"]
 
 INPUT_STALL = 0.2      # waiting for data at least this share of the wall time: input-bound
 COMPUTE_UTIL = 0.85    # the device busy at least this share: compute-bound; below it, with steps in flight: launch-bound
@@ -105,19 +105,52 @@ def training_flops_per_sample(model=None, image_size: int = 32) -> float:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
+    key = (type(model).__name__, sum(p.numel() for p in model.parameters()), image_size) if model is not None else \
+        ("course ResNet-18", None, image_size)
+    if key in _FLOPS:
+        return _FLOPS[key]
     if model is None:
         from .models import resnet18_cifar
         with torch.device("meta"):
             model = resnet18_cifar()
-    device = next(model.parameters()).device
-    x = torch.zeros(2, 3, image_size, image_size, device=device)
+    else:                                     # a copy, on the meta device: the model itself is not touched
+        import copy
+        model = copy.deepcopy(model).to("meta")
+    x = torch.zeros(2, 3, image_size, image_size, device="meta")
     counter = FlopCounterMode(display=False)
     with counter:
         model(x).sum().backward()
-    model.zero_grad(set_to_none=True)
-    return counter.get_total_flops() / 2
+    _FLOPS[key] = counter.get_total_flops() / 2
+    return _FLOPS[key]
+
+
+_FLOPS: dict = {}
 
 
 def achieved_tflops(samples_per_s: float, flops_per_sample: float) -> float:
     """TFLOP/s a run achieved: samples/s times the FLOPs per sample."""
     return samples_per_s * flops_per_sample / 1e12
+
+
+def rate_against_peak(samples_per_s: float, run_on, model=None, precision: str = "fp32") -> str:
+    """One sentence: the TFLOP/s a run of `samples_per_s` achieved with `model` (default: the
+    course's ResNet-18), against the peak of the device it ran on where that is known: a listed
+    GPU, or the simulated box (its profile's card, scaled as its times are)."""
+    flops = training_flops_per_sample(model)
+    rate = achieved_tflops(samples_per_s, flops)
+    profile = getattr(run_on, "profile", None)
+    kind = "TF32" if precision == "fp32" else precision
+    if profile is not None:
+        peak = peak_tflops(profile.name, precision)
+        peak = peak / run_on.scale if peak else None
+        where = f"the simulated {profile.name}'s dense {kind} peak (scaled like its times)"
+    else:
+        import torch
+        device = torch.device(run_on) if not hasattr(run_on, "type") or run_on.type != "sim" else None
+        name = torch.cuda.get_device_name(device) if device is not None and device.type == "cuda" else ""
+        peak = peak_tflops(name, precision) if name else None
+        where = f"{name}'s dense {kind} peak" if name else ""
+    text = f"{rate:.2f} TFLOP/s ({flops / 1e9:.2f} GFLOP per sample, forward and backward)"
+    if peak:
+        return f"{text}: {rate / peak:.1%} of {where}, {peak:.0f} TFLOP/s"
+    return f"{text}; no peak listed for this device (course_utils.bottleneck.PEAK_TFLOPS)"

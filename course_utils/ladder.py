@@ -12,15 +12,16 @@ the same run. Ratios measured together are what to compare; absolute numbers bel
 hardware named in the table's title.
 
 On a CUDA GPU the model is the CIFAR ResNet-18 at full width, in fp32. Without a GPU the device
-is the course's simulated accelerator (`course_utils.sim`; `--step-ms` sets its step time) and
-the table says "simulated". Work a rung does *on the device* (normalising, augmenting) then runs
+is the course's simulated accelerator (`course_utils.sim`: the H100 the course measured, scaled
+to this CPU; `--step-ms` replaces it by a plain device of that fixed step time) and the table
+says "simulated". Work a rung does *on the device* (normalising, augmenting) then runs
 as tensor operations on the host and is charged to the simulated device's time at the speed
 factor its label states (`SimulatedAccelerator.run`), as a GPU stream would run those kernels
 before the step: it is done and paid for, never skipped or overlapped for free.
 
 The rungs are small named functions in `RUNGS`, in order. A later lesson adds its rung by
 writing one more function with `@rung(...)` and appending it to `RUNGS`. A rung that cannot
-run here (DALI missing; mixed precision beside the simulator, whose step time is fixed) raises
+run here (DALI missing; CUDA graphs with COURSE_DEVICE=cpu) raises
 `RungSkipped` with the reason, and the table says so instead of inventing a number.
 
 Each rung is built from one `Pipeline` (what the training loop is fed: a loader, the work done on
@@ -448,7 +449,14 @@ def dali_pipeline(ctx: LadderContext) -> Pipeline:
 def mixed_precision_pipeline(ctx: LadderContext) -> Pipeline:
     """Device-resident data, and the model step itself made cheaper: bf16 autocast and
     channels_last (lesson 05). Beside the simulator, the measured H100 step in bf16 +
-    channels_last (more host launch time, less GPU work: at batch 128 it does not pay)."""
+    channels_last (more host launch time, less GPU work: at batch 128 it does not pay). On a GPU
+    that only emulates bfloat16 (compute capability below 8.0: a V100, a T4) it is skipped: fp16
+    with a GradScaler is the mode there (lesson 05)."""
+    if ctx.cuda:
+        from .env import bf16_native
+        if not bf16_native(ctx.device):
+            raise RungSkipped("this GPU emulates bfloat16 (compute capability below 8.0): fp16 with a GradScaler "
+                              "is its mixed precision (lesson 05)")
     pipeline = device_resident_pipeline(ctx)
     pipeline.amp, pipeline.channels_last, pipeline.name = "bf16", True, "device-resident + bf16"
     return pipeline
@@ -540,6 +548,7 @@ class LadderResult:
     host: str = ""
     torch_version: str = torch.__version__
     date: str = ""
+    arithmetic: str = ""          # the best rung's TFLOP/s against the device's peak, where known
 
     @classmethod
     def from_rows(cls, ctx: LadderContext, ceiling, rows: list[dict]) -> "LadderResult":
@@ -554,8 +563,16 @@ class LadderResult:
         cfg.update(steps=config.resolved_steps(), num_workers=config.resolved_workers(),
                    model=None if ctx.simulated else (config.model or _model_name(ctx.model)),
                    step_ms=ctx.run_on.step_time_ms(config.batch_size) if ctx.simulated else None)
+        measured = [r for r in rows if not r.get("skipped")]
+        arithmetic = ""
+        if measured:
+            from .bottleneck import rate_against_peak
+            best = max(measured, key=lambda r: r["samples_per_s"])
+            precision = "bf16" if "bf16" in best["name"] else "fp32"
+            arithmetic = f"{best['name']}: " + rate_against_peak(best["samples_per_s"], ctx.run_on,
+                                                                  None if ctx.simulated else ctx.model, precision)
         return cls(ctx.label, ctx.simulated, cfg, ceiling.as_row(), rows, host=device_label(torch.device("cpu")),
-                   date=datetime.datetime.now().isoformat(timespec="seconds"))
+                   date=datetime.datetime.now().isoformat(timespec="seconds"), arithmetic=arithmetic)
 
     @property
     def best(self) -> dict:
@@ -574,18 +591,20 @@ class LadderResult:
         lines = [f"Ladder on {self.device}",
                  f"batch {c['batch_size']}, {c['steps']} steps per rung, {c['num_workers']} workers where used"
                  + (", SIMULATED device" if self.simulated else ""),
-                 f"{'rung':24s} {'samples/s':>10s} {'of ceiling':>10s} {'dev. busy':>9s} {'in flight':>9s} "
+                 f"{'rung':36s} {'samples/s':>10s} {'of ceiling':>10s} {'dev. busy':>9s} {'in flight':>9s} "
                  f"{'waits':>6s} {'vs base':>7s}  limited by"]
         rows = [dict(self.ceiling, name="ceiling (model)", fraction_of_ceiling=1.0)] + list(self.rungs)
         for r in rows:
             if r.get("skipped"):
-                lines.append(f"{r['name']:24s} {'skipped':>10s}  {r['skipped']}")
+                lines.append(f"{r['name']:36s} {'skipped':>10s}  {r['skipped']}")
                 continue
             speedup = f"{r['speedup_over_baseline']:.1f}x" if r.get("speedup_over_baseline") else ""
-            lines.append(f"{r['name']:24s} {r['samples_per_s']:10,.0f} {r['fraction_of_ceiling']:10.0%} "
+            lines.append(f"{r['name']:36s} {r['samples_per_s']:10,.0f} {r['fraction_of_ceiling']:10.0%} "
                          f"{_share(r.get('device_util')):>9s} {_share(_in_flight(r)):>9s} "
                          f"{r['stall_fraction']:6.0%} {speedup:>7s}  {diagnose(r).kind}")
         lines.append(f"best: {self.best['name']} at {self.best['fraction_of_ceiling']:.0%} of the ceiling")
+        if self.arithmetic:
+            lines.append(f"arithmetic, the best rung: {self.arithmetic}")
         lines.append("dev. busy: share of the wall time the device ran work (" +
                      ("the simulated device's own busy time" if self.simulated else "NVML's utilisation, where read")
                      + "); in flight: share with a step started and not finished (the device may idle inside it, "
@@ -657,7 +676,7 @@ def ladder_context(config: LadderConfig | None = None, *, sim=None, progress: bo
     simulator the device is `sim`, or a simulated accelerator with `config.step_ms` per step, or
     the course's default one (closed when the block ends). `training_set` replaces the course's
     CIFAR-10. Beside the simulator, torch uses one intra-op thread inside the block: the cores
-    belong to the loaders and the device thread.
+    belong to the loaders and the host's launches.
     """
     config = config or LadderConfig()
     target = pick_target(config.device, sim=sim)
@@ -725,7 +744,7 @@ def main(argv=None) -> int:
     parser.add_argument("--plot", metavar="FILE", nargs="?", const="build/ladder.png",
                         help="save a bar chart (default file: build/ladder.png)")
     parser.add_argument("--step-ms", type=float, help="no GPU: the simulated device's time per step, in ms "
-                        "(default: the course's device, 7.4 ms for a batch of 128)")
+                        "(default: the simulated H100, scaled to this CPU; a fixed --step-ms has no launch cost)")
     parser.add_argument("--steps", type=int, help="training steps per rung (default 200, or 30 with --smoke)")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--num-workers", type=int, help="DataLoader workers (default: the usable cores)")

@@ -62,16 +62,14 @@ def machine_facts() -> dict:
 
 
 def _driver_version() -> str | None:
-    try:
-        import pynvml
-        pynvml.nvmlInit()
-        try:
-            version = pynvml.nvmlSystemGetDriverVersion()
-        finally:
-            pynvml.nvmlShutdown()
-        return version.decode() if isinstance(version, bytes) else str(version)
-    except Exception:
+    """The NVIDIA driver's version through NVML; None without one (or when NVML does not say)."""
+    from .monitor import nvml_call, nvml_close, nvml_open, nvml_text
+    if nvml_open() is not None:
         return None
+    try:
+        return nvml_text(nvml_call("nvmlSystemGetDriverVersion"))
+    finally:
+        nvml_close()
 
 
 def timeline_record(timeline, *, points: int = 200) -> dict:
@@ -90,7 +88,8 @@ def timeline_record(timeline, *, points: int = 200) -> dict:
 
 def plot_timelines(timelines: dict, *, title: str = "Utilisation: the baseline and the final pipeline"):
     """The timelines side by side, one column each (device above, every CPU core below, the same
-    utilisation scale), each on its own run's time axis, titled with its mean device utilisation."""
+    utilisation scale), on one time axis (seconds since each run began, so a faster run ends
+    sooner), titled with its mean device utilisation."""
     import matplotlib.pyplot as plt
     names = list(timelines)
     fig, axes = plt.subplots(2, len(names), figsize=(5.5 * len(names), 4.8), sharey="row", squeeze=False)
@@ -98,6 +97,9 @@ def plot_timelines(timelines: dict, *, title: str = "Utilisation: the baseline a
         timeline = timelines[name]
         util = timeline.summary().get("device_util_mean_percent")
         timeline.plot(ax=axes[:, col], title=f"{name}" + (f": device busy {util:.0f}% on average" if util is not None else ""))
+    end = max(float(t.t_s[-1]) for t in timelines.values() if len(t.t_s))
+    for ax in axes.flat:
+        ax.set_xlim(0, end)
     from .plotting import stamp
     first = next(iter(timelines.values()))
     fig.suptitle(title + (" (simulated device)" if first.simulated else ""))

@@ -379,18 +379,17 @@ class SimulatedAccelerator:
             return (f"simulated accelerator ({self.step_ms:g} ms/step{per}{host}; on-device tensor work charged "
                     f"at {self.kernel_us:g} us/kernel + {self.bandwidth_gbs:g} GB/s; host {_host()})")
         p = self.profile
-        host = f"; {self.host_note}" if self.host_note else ""
-        return (f"simulated {p.name}-class GPU (profile measured {p.measured}), scaled x{self.scale:.2f} to this "
-                f"CPU ({_host()}{host})")
+        return f"simulated {p.name} (measured {p.measured}), scaled x{self.scale:.2f} to this CPU ({_host()})"
 
     def describe(self) -> str:
         """A paragraph: what this device stands for and what one step costs here."""
         if self.profile is None:
             return self.label
         host, dev = self.step_cost_ms(128)
-        return (f"{self.label}. A training step of 128 samples costs the host {host:.1f} ms of kernel launches "
-                f"and the device {dev:.1f} ms of work (fp32/TF32, eager); figures from {self.profile.source}, "
-                f"times x{self.scale:.2f}.")
+        note = f" ({self.host_note})" if self.host_note else ""
+        return (f"{self.label}{note}. A training step of 128 samples costs the host {host:.1f} ms of kernel "
+                f"launches and the device {dev:.1f} ms of work (fp32/TF32, eager); figures from "
+                f"{self.profile.source}, times x{self.scale:.2f}.")
 
     def step_cost_ms(self, batch_size: int = 128, *, amp: str | None = None, channels_last: bool = False,
                      graph: bool = False) -> tuple[float, float]:
@@ -457,7 +456,11 @@ class SimulatedAccelerator:
         fails, fails here) and its operations and bytes are counted; later calls with the same
         shapes are charged those operations, launches and all, without computing them again (a CPU
         computing a GPU's work would only make the host look slower than a GPU's host is).
-        Returns the batch size of the result."""
+        A callable that says `compute_every_batch = True` (a check that keeps every batch the model
+        got, to verify it) is computed every time, through `run()`. Returns the batch size of the
+        result."""
+        if getattr(fn, "compute_every_batch", False):
+            return _batch_size(self.run(fn, *args))
         key = (id(fn), _signature(args))
         known = self._timed.get(key)
         if known is None:
@@ -603,4 +606,4 @@ def _batch_size(batch) -> int:
 
 def _host() -> str:
     from .env import usable_cores
-    return f"CPU, {usable_cores()} cores"
+    return f"{usable_cores()} cores"

@@ -16,11 +16,10 @@
     using DALI's GPU stages, which only a real GPU runs, skips this pass and the message says so);
 (a) speed: in at least five rounds, the model-only ceiling, the course's device-resident pipeline
     and yours, through the one training loop, on the same kind of workload, yours and the
-    device-resident one next to each other. On a GPU, the median of yours as a fraction of the
-    ceiling must reach 0.90. Beside the simulator the bar is fitted to what this machine can
-    feed: the median of the per-round ratios of yours to the device-resident pipeline must reach
-    0.85 (or yours 0.90 of the ceiling); pairing the two within each round keeps a busy moment
-    of a shared machine from favouring either. Never an absolute time. The batches of the timed
+    device-resident one next to each other. On every device the bar is fitted to what this
+    machine can feed: the median of the per-round ratios of yours to the device-resident pipeline
+    must reach 0.85 (or yours 0.90 of the ceiling); pairing the two within each round keeps a
+    busy moment of a shared machine, or a GPU's drift between runs, from favouring either. Never an absolute time. The batches of the timed
     steps are verified too: a pipeline cannot be fast by doing less while it is timed;
 (c) accuracy parity (`course_utils.parity`): the same small model from the same seed, the same
     number of steps on the baseline's pipeline and on yours, test accuracies within the
@@ -391,7 +390,11 @@ def _check_correctness(make_pipeline, rng, seed: int, device: str | None, *, vir
 
 class _Capture:
     """Stands in for the pipeline's batch_transform during a timed run: calls it (or passes the
-    batch through) and keeps what the model got, to be verified after the clock has stopped."""
+    batch through) and keeps what the model got, to be verified after the clock has stopped.
+    Beside the simulator it is computed for every batch (the simulator otherwise computes a
+    transform once per shape and charges the rest), so that every batch is kept."""
+
+    compute_every_batch = True
 
     def __init__(self, transform, kept: list):
         self.transform, self.kept = transform, kept
@@ -402,21 +405,29 @@ class _Capture:
         return out
 
 
-GPU_BAR = 0.90       # of the model-only ceiling, on a GPU
-SIM_SHARE = 0.85     # beside the simulator: of what the course's device-resident pipeline reaches in the same round
+GPU_BAR = 0.90       # of the model-only ceiling
+SIM_SHARE = 0.85     # of what the course's device-resident pipeline reaches in the same round
 MIN_ROUNDS, MAX_ROUNDS = 5, 11
 
 
 def speed_verdict(kind: str, rounds: list[tuple[float, float]]) -> tuple[bool, bool]:
     """(passed, sure) from rounds of (yours / ceiling, yours / the course's device-resident
-    pipeline), each measured in one round. On a GPU: the median fraction of the ceiling is at
-    least 0.90. Beside the simulator the bar is fitted to what this machine can feed: the median
-    of the per-round ratios to the device-resident pipeline, which ran next to yours in the same
-    round (so a busy moment hits both), is at least 0.85 (or yours reaches 0.90 of the ceiling).
-    `sure` once the medians are clear of the bar, or after MAX_ROUNDS rounds."""
+    pipeline), each measured in one round. On every device alike: the median of the per-round
+    ratios to the device-resident pipeline, which ran next to yours in the same round (so that a
+    busy moment, or a GPU's drift, hits both), is at least 0.85, or yours reaches 0.90 of the
+    ceiling. `sure` once the medians are clear of the bar, or after MAX_ROUNDS rounds.
+
+    Why paired on a GPU too: on the H100 the course measured (2026-11-24), the reference answer
+    reached 84% of the ceiling in the grader's rounds (twice) while the notebook measured 93%, and
+    the ladder's rungs moved by up to 23 points between runs (the ceiling itself 9,900-12,200
+    samples/s): what moves the whole machine moves the device-resident pipeline next to yours too.
+    The margins, beside the simulated H100 on a 2-core host with its other jobs held off by
+    real-time priority (2026-11-25, `benchmarks/check_bars.py 8.1 --runs 10`): the reference
+    (the device-resident pipeline itself) reached 0.99-1.01 of it, 93-94% of the ceiling, and
+    passed 10 runs of 10; the course's baseline 0.18-0.25 of it and a per-sample augmentation loop
+    0.18-0.19, and failed 10 of 10.
+    `kind` is kept for the caller's messages."""
     fraction = statistics.median(r[0] for r in rounds)
-    if kind == "cuda":
-        return fraction >= GPU_BAR, abs(fraction - GPU_BAR) > 0.05 or len(rounds) >= MAX_ROUNDS
     share = statistics.median(r[1] for r in rounds)
     passed = fraction >= GPU_BAR or share >= SIM_SHARE
     clear = fraction >= GPU_BAR + 0.05 or abs(share - SIM_SHARE) > 0.1
@@ -554,14 +565,10 @@ def check_pipeline(make_pipeline):
     speed_device = "sim" if kind == "cpu" else device
     passed, fraction, share, capacity, n_rounds, label, speed_kind, runs = _check_speed(make_pipeline, rng, seed,
                                                                                        speed_device, smoke)
-    if speed_kind == "cuda":
-        measured = f"{fraction:.0%} of the model-only ceiling (median of {n_rounds} rounds)"
-        bar = f"at least {GPU_BAR:.0%} of it asked on a GPU"
-    else:
-        measured = (f"{fraction:.0%} of the ceiling and {share:.0%} of what the course's device-resident pipeline "
-                    f"reached next to it, which was {capacity:.0%} of the ceiling (medians of {n_rounds} rounds)")
-        bar = (f"at least {SIM_SHARE:.0%} of the device-resident pipeline's throughput asked (what this machine can "
-               f"feed), or {GPU_BAR:.0%} of the ceiling")
+    measured = (f"{fraction:.0%} of the ceiling and {share:.0%} of what the course's device-resident pipeline "
+                f"reached next to it, which was {capacity:.0%} of the ceiling (medians of {n_rounds} rounds)")
+    bar = (f"at least {SIM_SHARE:.0%} of the device-resident pipeline's throughput asked (what this machine can "
+           f"feed), or {GPU_BAR:.0%} of the ceiling")
     if not passed:
         raise CheckFailed("runs at the speed this machine allows (fraction of the model-only ceiling)",
                           f"yours reached {measured}; {bar}; on {label} (in the median round yours "

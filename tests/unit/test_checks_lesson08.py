@@ -66,8 +66,9 @@ def test_epochs_possible_accepts_any_phase_and_rejects_repeats():
 def test_speed_bar_is_fitted_to_the_device_and_never_absolute():
     # rounds of (yours / ceiling, yours / the course's device-resident pipeline in the same round)
     assert speed_verdict("cuda", [(0.97, 0.2)] * 5) == (True, True)
-    assert speed_verdict("cuda", [(0.85, 1.0)] * 5) == (False, True)
-    assert speed_verdict("cuda", [(0.88, 1.0)] * 5) == (False, False)        # close to the bar: more rounds
+    assert speed_verdict("cuda", [(0.84, 1.0)] * 5) == (True, True)           # a GPU's drift hits the reference too
+    assert speed_verdict("cuda", [(0.50, 0.60)] * 5) == (False, True)
+    assert speed_verdict("cuda", [(0.80, 0.80)] * 5) == (False, False)        # close to the bar: more rounds
     assert speed_verdict("sim", [(0.40, 0.98)] * 5) == (True, True)          # a busy machine: paired with the reference
     assert speed_verdict("sim", [(0.40, 0.45)] * 5) == (False, True)
     assert speed_verdict("sim", [(0.80, 0.80)] * 5) == (False, False)

@@ -209,6 +209,17 @@ def test_run_timed_computes_each_shape_once_and_charges_the_rest():
     assert len(calls) == 2, "a new shape is computed (a transform that fails on it fails)"
     with pytest.raises(RuntimeError):
         device.run_timed(lambda a, b: a.view(7, -1), x, y)
+
+    class Keeps:
+        compute_every_batch = True
+
+        def __call__(self, images, labels):
+            calls.append("kept")
+            return images, labels
+    keeps = Keeps()
+    for _ in range(3):
+        device.run_timed(keeps, x, y)
+    assert calls.count("kept") == 3, "a transform that asks for every batch gets every batch"
     device.synchronize()
 
 
@@ -251,7 +262,7 @@ def test_host_speed_is_measured_in_cpu_time_or_taken_from_the_environment(monkey
     assert speed.samples_per_s == 6314 and speed.how == "COURSE_SIM_HOST_RATE"
     device = default_sim()
     assert device.scale == pytest.approx(0.5) and device.profile is H100
-    assert "6,314 samples/s" in device.label
+    assert "6,314 samples/s" in device.describe() and "x0.50" in device.label
     monkeypatch.setenv("COURSE_SIM_HOST_RATE", "-3")
     with pytest.raises(ValueError, match="COURSE_SIM_HOST_RATE"):
         host_speed(refresh=True)
