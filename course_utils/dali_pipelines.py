@@ -32,7 +32,7 @@ from .env import has_dali, usable_cores
 __all__ = [
     "IMAGENET_MEAN", "IMAGENET_STD", "require_dali", "dali_device", "dali_threads", "shard_range",
     "RecordStore", "CifarRecordBatches", "cifar_train_pipeline", "DaliLoader", "cifar_loader",
-    "jpeg_train_pipeline", "jpeg_loader", "decode_pipeline", "feeding_verdict", "torchvision_plan",
+    "jpeg_train_pipeline", "jpeg_loader", "decode_pipeline", "feeding_verdict",
 ]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -426,25 +426,3 @@ def feeding_verdict(fed: dict) -> list[str]:
         else:
             lines.append(f"{best} and {worst} fed the device about as well in this run")
     return lines
-
-
-def torchvision_plan(batches: int, batch_size: int, *, cores: int | None = None, max_workers: int = 16,
-                     prefetch_factor: int = 2, dataset_size: int = 50_000) -> tuple[int, int]:
-    """`(num_workers, samples)` for timing a torchvision DataLoader beside DALI (lesson 04): one
-    worker per usable core, at most `max_workers` (dozens of processes for a short measurement
-    cost more to start than they measure), and enough samples for one pass with `drop_last`:
-    the untimed warm-up (one batch plus the `num_workers * prefetch_factor` the workers prepare
-    ahead) and `batches` timed ones. Workers are cut until that fits in `dataset_size`; it
-    raises when even none do. Safe by construction on 1 to 128 cores."""
-    cores = usable_cores() if cores is None else int(cores)
-
-    def needed(workers: int) -> int:
-        return (1 + workers * prefetch_factor + batches) * batch_size
-
-    workers = max(0, min(cores, max_workers))
-    while workers > 0 and needed(workers) > dataset_size:
-        workers -= 1
-    if needed(workers) > dataset_size:
-        raise ValueError(f"{batches} timed batches of {batch_size} need {needed(workers):,} samples; the dataset "
-                         f"has {dataset_size:,}")
-    return workers, needed(workers)

@@ -37,9 +37,11 @@ from dataclasses import dataclass
 
 import torch
 
+from .monitor import nvml_close, nvml_find, nvml_open, nvml_reading
 from .scaling import StageCosts, dp_chunk_sizes
 from .sim import (DEFAULT_BANDWIDTH_GBS, DEFAULT_KERNEL_US, DEFAULT_PER_SAMPLE_MS, DEFAULT_STEP_MS, H100, SimEvent,
-                  _batch_size, _KernelCost, _nbytes, _signature, _sleep_until)
+                  _batch_size, _KernelCost, _signature, _sleep_until)
+from .sim import _nbytes as _batch_nbytes
 
 __all__ = ["SimulatedDataParallel", "StageInterval", "ChargedPrefetch", "HostWork", "DPSizes", "dp_sizes",
            "costs_from_sizes", "measure_dp_costs", "StageClock",
@@ -189,7 +191,7 @@ class SimulatedDataParallel:
     def copy_in(self, batch) -> None:
         """Charge device 0 the copy of `batch` from host memory (its bytes at `copy_gbs`): what a
         loader that hands over host batches costs DataParallel, whose batch must reach device 0."""
-        nbytes = _nbytes(batch)
+        nbytes = _batch_nbytes(batch)
         if nbytes:
             self.launch(nbytes / (self.copy_gbs * 1e6), device=0, stage="copy to device 0")
 
@@ -500,83 +502,34 @@ class StageClock:
 
 # -- utilisation and memory of every device ----------------------------------------------------------
 
-def _nvml_handle(cuda_index: int):
-    """The NVML handle of CUDA device `cuda_index`, matched by UUID (NVML numbers GPUs in its
-    own order, and CUDA_VISIBLE_DEVICES renumbers them for CUDA only), else by PCI bus id."""
-    import pynvml
-    props = torch.cuda.get_device_properties(cuda_index)
-    uuid = str(getattr(props, "uuid", "") or "")
-    if uuid:
-        uuid = uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
-        for value in (uuid, uuid.encode()):            # nvidia-ml-py versions take str or bytes
-            try:
-                return pynvml.nvmlDeviceGetHandleByUUID(value)
-            except Exception:
-                continue
-    bus = getattr(props, "pci_bus_id", None)
-    if bus is not None:
-        pci = f"{getattr(props, 'pci_domain_id', 0):08x}:{bus:02x}:{getattr(props, 'pci_device_id', 0):02x}.0"
-        return pynvml.nvmlDeviceGetHandleByPciBusId(pci)
-    raise RuntimeError(f"cannot match CUDA device {cuda_index} to an NVML device")
-
-
 def gpu_memory(indices) -> list[dict]:
     """Per CUDA device: the allocator's peak and current bytes and NVML's "used" (which adds the
     CUDA context and the allocator's cache), in MiB; "used" is None where NVML does not say (no
-    NVML, a binding without the query, a vGPU or MIG slice that refuses it)."""
-    rows = []
+    NVML, a binding without the query, a vGPU or MIG slice that refuses it). NVML goes through
+    `course_utils.monitor`'s guarded helpers, like every NVML query of the course."""
     handles = _nvml_handles(indices)
+    rows = []
     for i in indices:
-        row = {"device": i, "peak_allocated_mib": torch.cuda.max_memory_allocated(i) / 2**20,
-               "allocated_mib": torch.cuda.memory_allocated(i) / 2**20,
-               "reserved_mib": torch.cuda.memory_reserved(i) / 2**20, "nvml_used_mib": None}
-        if handles.get(i) is not None:
-            try:
-                import pynvml
-                row["nvml_used_mib"] = pynvml.nvmlDeviceGetMemoryInfo(handles[i]).used / 2**20
-            except Exception:                 # the query (or the function) is missing here
-                pass
-        rows.append(row)
+        used = nvml_reading(handles[i])[1] if handles.get(i) is not None else None
+        rows.append({"device": i, "peak_allocated_mib": torch.cuda.max_memory_allocated(i) / 2**20,
+                     "allocated_mib": torch.cuda.memory_allocated(i) / 2**20,
+                     "reserved_mib": torch.cuda.memory_reserved(i) / 2**20, "nvml_used_mib": used})
     if handles:
-        _nvml_shutdown()
+        nvml_close()
     return rows
 
 
 def _nvml_handles(indices) -> dict:
-    """{CUDA index: its NVML handle, or None where it cannot be found}; {} when NVML cannot start.
-    Every NVML function is looked up inside the guard: a binding that lacks one, or a GPU that
-    refuses the query (vGPU, cloud and MIG SKUs), gives None, never an exception."""
-    try:
-        import pynvml
-        pynvml.nvmlInit()
-    except Exception:
+    """{CUDA index: its NVML handle, or None where NVML does not know it}; {} when NVML cannot
+    start. GPUs are matched by UUID or PCI bus id (`monitor.nvml_find`), never by index."""
+    if nvml_open() is not None:
         return {}
-    handles = {}
-    for i in indices:
-        try:
-            handles[i] = _nvml_handle(i)
-        except Exception:
-            handles[i] = None
-    return handles
-
-
-def _nvml_shutdown() -> None:
-    try:
-        import pynvml
-        pynvml.nvmlShutdown()
-    except Exception:
-        pass
+    return {i: nvml_find(torch.device("cuda", i))[0] for i in indices}
 
 
 def _nvml_util(handle) -> float | None:
     """NVML's utilisation of one GPU in %, or None where NVML does not report it."""
-    if handle is None:
-        return None
-    try:
-        import pynvml
-        return float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
-    except Exception:
-        return None
+    return None if handle is None else nvml_reading(handle)[0]
 
 
 class PerDeviceMonitor:
@@ -626,7 +579,7 @@ class PerDeviceMonitor:
         self._thread.join()
         self._sample()
         if not self.simulated and any(h is not None for h in self._handles):
-            _nvml_shutdown()
+            nvml_close()
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):

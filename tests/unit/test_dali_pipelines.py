@@ -166,21 +166,3 @@ def test_feeding_verdict_names_the_two_figures_and_follows_the_table():
     lines = dp.feeding_verdict({"torchvision 2 workers": (0.90, 0.10), "DALI CPU": (0.45, 0.60)})
     assert "torchvision 2 workers fed the device 2.0x as well as DALI CPU" in lines[-1]
     assert "about as well" in dp.feeding_verdict({"a": (0.9, 0.1), "b": (0.88, 0.1)})[-1]
-
-
-@pytest.mark.parametrize("cores", [1, 2, 3, 16, 64, 128])
-def test_torchvision_plan_fits_any_core_count(monkeypatch, cores):
-    """Issue 26.3: lesson 04's loader_speed cell asked 16 workers x 2 batches ahead of a smoke
-    dataset of 14 batches. The plan fits the warm-up and the timed batches in one pass, on 1 to
-    128 usable cores (usable_cores patched, as the notebook asks it)."""
-    from course_utils import env
-    monkeypatch.setattr(env, "usable_cores", lambda: cores)
-    monkeypatch.setattr(dp, "usable_cores", lambda: cores)
-    for batches, batch_size in ((8, 256), (12, 256), (100, 256)):           # smoke and full sizes of lesson 04
-        workers, samples = dp.torchvision_plan(batches, batch_size)
-        assert 0 <= workers <= min(cores, 16) and samples <= 50_000
-        assert samples >= (1 + 2 * workers + batches) * batch_size
-        if cores >= 1:
-            assert workers >= 1
-    with pytest.raises(ValueError):
-        dp.torchvision_plan(500, 256)

@@ -138,11 +138,11 @@ def test_per_device_monitor_survives_an_nvml_without_utilisation(monkeypatch, ut
 
     from course_utils import data_parallel
     monkeypatch.setitem(sys.modules, "pynvml", _SparseNvml(util))
-    monkeypatch.setattr(data_parallel, "_nvml_handle", lambda i: ("gpu", i))
+    monkeypatch.setattr(data_parallel, "nvml_find", lambda device: (("gpu", device.index), "UUID"))
     with PerDeviceMonitor([0, 1], interval_s=0.01) as monitor:
         time.sleep(0.05)
     assert monitor.mean_util() == [util, util]
-    monkeypatch.setattr(data_parallel, "_nvml_handle", lambda i: (_ for _ in ()).throw(RuntimeError("no such GPU")))
+    monkeypatch.setattr(data_parallel, "nvml_find", lambda device: (None, "no NVML GPU has its UUID"))
     with PerDeviceMonitor([0], interval_s=0.01) as monitor:
         time.sleep(0.03)
     assert monitor.mean_util() == [None] and "NVML" in monitor.note
