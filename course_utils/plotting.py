@@ -13,8 +13,17 @@ __all__ = ["stamp", "bar_chart", "step_breakdown"]
 
 
 def stamp(fig, device: str) -> None:
-    """Put 'measured on: <device>' in the bottom-right corner of `fig`."""
-    fig.text(0.995, 0.005, f"measured on: {device}", ha="right", va="bottom", fontsize=7, color="dimgrey")
+    """Put 'measured on: <device>' in the bottom-right corner of `fig`, wrapped to the figure's
+    width (a line wider than the figure would make the notebook's tight bounding box widen the
+    image and squeeze the axes); when it takes more than one line, the axes move up to make room."""
+    import textwrap
+    text = f"measured on: {device}"
+    per_line = max(40, int(fig.get_figwidth() * 72 / (7 * 0.58)))     # 7-point characters across the figure
+    lines = textwrap.wrap(text, per_line) or [text]
+    fig.text(0.995, 0.005, "\n".join(lines), ha="right", va="bottom", fontsize=7, color="dimgrey")
+    if len(lines) > 1:
+        extra = (len(lines) - 1) * 7 * 1.3 / 72 / fig.get_figheight()
+        fig.subplots_adjust(bottom=min(fig.subplotpars.bottom + extra, 0.5))
 
 
 def bar_chart(labels, values, *, ylabel: str, title: str, device: str, ceiling: float | None = None,

@@ -30,9 +30,6 @@ LESSON_04 = next((ROOT / "solutions").glob("04-*.ipynb"))
 pytestmark = pytest.mark.notebook
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="lesson 04's loader_speed cell sizes its smoke dataset for 2 cores: "
-                   "it must use course_utils.env.batches_needed/workers_for (owned by l0406; remove this "
-                   "marker with that fix)")
 def test_lesson_04_runs_as_a_16_core_machine_sizes_it(tmp_path, record_duration):
     env = dict(os.environ, COURSE_SMOKE="1", COURSE_CORES="16", PYTHONUNBUFFERED="1",
                COURSE_RESULTS=str(tmp_path / "results.jsonl"), COURSE_NOTEBOOK=LESSON_04.name)

@@ -137,9 +137,6 @@ def test_without_nvml_at_all(monkeypatch):
     assert hardware.gpu_links() == ([], []) and report._driver_version() is None and not env.has_nvml()
 
 
-@pytest.mark.xfail(strict=True, reason="data_parallel.PerDeviceMonitor and gpu_memory call NVML outside a guard "
-                   "(data_parallel.py is l0406's: the change is to use monitor.nvml_open/nvml_find/nvml_reading/"
-                   "nvml_close; remove this marker with it)")
 def test_lesson_06_monitors_survive_a_poor_nvml(poor_nvml, monkeypatch):
     from course_utils import data_parallel
     for name in ("max_memory_allocated", "memory_allocated", "memory_reserved"):
