@@ -32,12 +32,12 @@ from .env import has_dali, usable_cores
 __all__ = [
     "IMAGENET_MEAN", "IMAGENET_STD", "require_dali", "dali_device", "dali_threads", "shard_range",
     "RecordStore", "CifarRecordBatches", "cifar_train_pipeline", "DaliLoader", "cifar_loader",
-    "jpeg_train_pipeline", "jpeg_loader", "decode_pipeline",
+    "jpeg_train_pipeline", "jpeg_loader", "decode_pipeline", "feeding_verdict",
 ]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-DALI_MISSING = ("NVIDIA DALI cannot be imported here (install nvidia-dali-cuda120 at the version "
+DALI_MISSING = ("NVIDIA DALI cannot be imported here (install the nvidia-dali wheel at the version "
                 "requirements.txt pins), so the DALI pipelines cannot run")
 
 
@@ -322,7 +322,7 @@ def cifar_loader(records=None, batch_size: int = 256, *, device="cpu", train: bo
 
 def jpeg_train_pipeline(file_root, *, batch_size: int, crop: int = 224, device="cpu",
                         num_threads: int | None = None, seed: int = 0, shard_id: int = 0, num_shards: int = 1,
-                        random_shuffle: bool = True, reader_name: str = "Reader", with_shapes: bool = False,
+                        shuffle: bool = True, reader_name: str = "Reader", with_shapes: bool = False,
                         mean=IMAGENET_MEAN, std=IMAGENET_STD, prefetch_queue_depth: int = 2):
     """An ImageNet-style training pipeline (not yet built) over a folder of class subfolders
     (lesson 04).
@@ -332,6 +332,15 @@ def jpeg_train_pipeline(file_root, *, batch_size: int, crop: int = 224, device="
     to `crop` x `crop` -> `fn.crop_mirror_normalize` (random flip, ImageNet mean/std, CHW
     float). Outputs `images`, `labels` (class folder's index in sorted order) and, with
     `with_shapes`, the decoded image's shape (H, W, C).
+
+    `shuffle` asks the reader for `shuffle_after_epoch=True`: a new permutation of every file
+    each epoch, drawn from a fixed seed and the epoch's number, so every shard cuts its slice of
+    the same permutation (as `DistributedSampler` with `set_epoch`), and a shard's files change
+    from epoch to epoch. (`random_shuffle=True` instead shuffles the file list once, with that
+    fixed seed, then draws each sample at random from a buffer of `initial_fill` samples read
+    in that order: with more files than the buffer, a local shuffle of the same order every
+    epoch.) `pad_last_batch=True` gives every shard the same number of batches, which
+    DistributedDataParallel needs.
     """
     require_dali()
     from nvidia.dali import fn, pipeline_def, types
@@ -341,7 +350,7 @@ def jpeg_train_pipeline(file_root, *, batch_size: int, crop: int = 224, device="
     @pipeline_def(batch_size=batch_size, num_threads=num_threads or dali_threads(), device_id=device_id,
                   seed=seed, prefetch_queue_depth=prefetch_queue_depth)
     def graph():
-        jpegs, labels = fn.readers.file(file_root=str(file_root), random_shuffle=random_shuffle,
+        jpegs, labels = fn.readers.file(file_root=str(file_root), shuffle_after_epoch=shuffle,
                                         shard_id=shard_id, num_shards=num_shards, pad_last_batch=True,
                                         name=reader_name)
         images = fn.decoders.image(jpegs, device="mixed" if where == "gpu" else "cpu", output_type=types.RGB)
@@ -397,3 +406,23 @@ def decode_pipeline(encoded, *, batch_size: int, device="cpu", num_threads: int 
         return fn.decoders.image(jpegs, device="mixed" if where == "gpu" else "cpu", output_type=types.RGB)
 
     return graph()
+
+
+# -- what the lesson's runs say -------------------------------------------------------------------
+
+def feeding_verdict(fed: dict) -> list[str]:
+    """Sentences for the runs against the model-only ceiling (lesson 04): `fed` maps a loader's
+    name to `(fraction of the ceiling, fraction of the time the loop waited for data)`. Two
+    different figures: the first says how well the device was fed, the second how much of the
+    loop's time went to waiting (a loader can keep the loop waiting often and still feed the
+    device most of the time, if the device's queue absorbs it)."""
+    lines = [f"{name}: {fraction:.0%} of the ceiling, the loop waiting for data {stall:.0%} of the time"
+             for name, (fraction, stall) in fed.items()]
+    if len(fed) >= 2:
+        ranked = sorted(fed, key=lambda k: fed[k][0], reverse=True)
+        best, worst = ranked[0], ranked[-1]
+        if fed[worst][0] > 0 and fed[best][0] / fed[worst][0] >= 1.1:
+            lines.append(f"{best} fed the device {fed[best][0] / fed[worst][0]:.1f}x as well as {worst} in this run")
+        else:
+            lines.append(f"{best} and {worst} fed the device about as well in this run")
+    return lines

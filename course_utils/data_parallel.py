@@ -37,17 +37,23 @@ from dataclasses import dataclass
 
 import torch
 
+from .monitor import nvml_close, nvml_find, nvml_open, nvml_reading
 from .scaling import StageCosts, dp_chunk_sizes
-from .sim import (DEFAULT_BANDWIDTH_GBS, DEFAULT_KERNEL_US, DEFAULT_PER_SAMPLE_MS, DEFAULT_STEP_MS, SimEvent,
-                  _batch_size, _KernelCost, _sleep_precise)
+from .sim import (DEFAULT_BANDWIDTH_GBS, DEFAULT_KERNEL_US, DEFAULT_PER_SAMPLE_MS, DEFAULT_STEP_MS, H100, SimEvent,
+                  _batch_size, _KernelCost, _signature, _sleep_until)
+from .sim import _nbytes as _batch_nbytes
 
 __all__ = ["SimulatedDataParallel", "StageInterval", "ChargedPrefetch", "HostWork", "DPSizes", "dp_sizes",
            "costs_from_sizes", "measure_dp_costs", "StageClock",
-           "PerDeviceMonitor", "gpu_memory", "plot_schedule", "LINK_GB_S", "MEMORY_GB_S"]
+           "PerDeviceMonitor", "gpu_memory", "plot_schedule", "LINK_GB_S", "NVLINK_GB_S", "MEMORY_GB_S"]
 
-# Made-up figures for the simulated machine, named after real hardware:
-LINK_GB_S = 25.0       # device-to-device copies: PCIe 4.0 x16 moves about 25 GB/s each way
-MEMORY_GB_S = 900.0    # on-device memory traffic (summing gradients, the optimizer): V100-class HBM2
+# The simulated machine's links and memory, named after the H100 box the course measured (its
+# GPU work per replica is that box's too, `sim.H100`):
+LINK_GB_S = H100.pinned_copy_gbs   # copies between devices: the pinned host-to-device copy measured there
+#                                  (PCIe 5.0 x16; GPUs joined only by PCIe copy at about that rate)
+NVLINK_GB_S = 450.0                # NVLink 4 (H100 SXM): 450 GB/s each way, from NVIDIA's specification
+MEMORY_GB_S = H100.bandwidth_gbs   # on-device memory traffic (summing gradients, the optimizer): the
+#                                  simulated accelerator's estimate for H100-class memory
 
 
 @dataclass
@@ -58,23 +64,6 @@ class StageInterval:
     stage: str
     start_s: float
     end_s: float
-
-
-class _ScheduledEvent(SimEvent):
-    """A `SimEvent` whose time is known when it is recorded: the moment every device is free."""
-
-    def __init__(self, time_s: float):
-        super().__init__()
-        self.time_s = time_s
-
-    def synchronize(self) -> None:
-        left = self.time_s - time.perf_counter()
-        if left > 0:
-            _sleep_precise(left)
-        self._done.set()
-
-    def query(self) -> bool:
-        return time.perf_counter() >= self.time_s
 
 
 class _DeviceView:
@@ -110,19 +99,25 @@ class SimulatedDataParallel:
     type = "sim"
 
     def __init__(self, n_devices: int, costs: StageCosts, *, host_work=None, max_queued_steps: int = 4,
-                 kernel_us: float = DEFAULT_KERNEL_US, bandwidth_gbs: float = DEFAULT_BANDWIDTH_GBS,
-                 keep_trace: int = 400):
+                 kernel_us: float | None = None, bandwidth_gbs: float | None = None, copy_gbs: float = None,
+                 scale: float = 1.0, keep_trace: int = 400):
         if n_devices < 1:
             raise ValueError(f"n_devices must be >= 1, got {n_devices}")
         if max_queued_steps < 1:
             raise ValueError("max_queued_steps must be >= 1")
-        if kernel_us < 0 or not bandwidth_gbs > 0:
-            raise ValueError("kernel_us must be >= 0 and bandwidth_gbs > 0")
+        if not scale > 0:
+            raise ValueError(f"scale must be > 0, got {scale}")
+        kernel_us = DEFAULT_KERNEL_US * scale if kernel_us is None else kernel_us
+        bandwidth_gbs = DEFAULT_BANDWIDTH_GBS / scale if bandwidth_gbs is None else bandwidth_gbs
+        copy_gbs = LINK_GB_S / scale if copy_gbs is None else copy_gbs
+        if kernel_us < 0 or not bandwidth_gbs > 0 or not copy_gbs > 0:
+            raise ValueError("kernel_us must be >= 0, bandwidth_gbs and copy_gbs > 0")
         self.n_devices = int(n_devices)
         self.costs = costs
         self.host_work = host_work
         self.max_queued_steps = int(max_queued_steps)
-        self.kernel_us, self.bandwidth_gbs = float(kernel_us), float(bandwidth_gbs)
+        self.kernel_us, self.bandwidth_gbs, self.copy_gbs = float(kernel_us), float(bandwidth_gbs), float(copy_gbs)
+        self.scale = float(scale)
         self.trace: deque = deque(maxlen=keep_trace)
         self.steps_run = 0
         self._lock = threading.Lock()
@@ -131,23 +126,26 @@ class SimulatedDataParallel:
         self._pending = [deque() for _ in range(self.n_devices)]   # busy intervals not yet counted
         self._done_s = [0.0] * self.n_devices             # busy seconds of intervals already over
         self._step_ends: deque = deque()
+        self._timed: dict = {}                            # run_timed: (fn, shapes) -> (fn, device ms, batch size)
 
     # -- the simulated accelerator's interface ---------------------------------------------
     @property
     def label(self) -> str:
         from .env import usable_cores
         c = self.costs
-        return (f"{self.n_devices} simulated accelerator{'s' if self.n_devices > 1 else ''} in DataParallel "
-                f"({c.compute_fixed_ms:g} ms + {c.compute_per_sample_ms:g} ms/sample per replica; on-device "
-                f"tensor work at {self.kernel_us:g} us/kernel + {self.bandwidth_gbs:g} GB/s; host CPU, "
-                f"{usable_cores()} cores)")
+        scaled = f", scaled x{self.scale:.2f} to this CPU" if self.scale != 1.0 else ""
+        return (f"{self.n_devices} simulated device{'s' if self.n_devices > 1 else ''} in DataParallel (replica "
+                f"compute {c.compute_fixed_ms:.3g} ms + {c.compute_per_sample_ms:.3g} ms/sample{scaled}; made-up "
+                f"links; host work real, {usable_cores()} cores)")
 
     def devices(self) -> list:
         """One view per device (each has `busy_seconds()` and `label`)."""
         return [_DeviceView(self, k) for k in range(self.n_devices)]
 
-    def step(self, batch=None) -> None:
-        """Launch one DataParallel training step of `batch` and return (asynchronously)."""
+    def step(self, batch=None, *, amp: str | None = None, channels_last: bool = False, graph: bool = False) -> None:
+        """Launch one DataParallel training step of `batch` and return (asynchronously). The stage
+        costs are those of `costs` whatever `amp`, `channels_last` or `graph` ask (accepted so that
+        the course's training loop drives this device as it drives the simulated accelerator)."""
         size = _batch_size(batch)
         if size < 1:
             raise ValueError("SimulatedDataParallel.step needs a batch (a tensor or an (images, labels) pair)")
@@ -175,6 +173,28 @@ class SimulatedDataParallel:
         self.launch(ms, device=0, stage="on-device work")
         return out
 
+    def run_timed(self, fn, *args) -> int:
+        """Device-side work whose result only needs to be timed (the training loop's
+        `batch_transform`, where no model reads it), as the simulated accelerator does it: the
+        first call for each `fn` and shapes of the arguments is computed for real by `run()` and
+        its device time counted; later calls with the same shapes are charged that time without
+        computing it again (a CPU computing a GPU's work would make this host look busier than a
+        GPU's host is). Returns the result's batch size."""
+        key = (id(fn), _signature(args))
+        known = self._timed.get(key)
+        if known is None:
+            out, ms = self.cost_of(fn, *args)
+            known = self._timed[key] = (fn, ms, _batch_size(out))
+        self.launch(known[1], device=0, stage="on-device work")
+        return known[2]
+
+    def copy_in(self, batch) -> None:
+        """Charge device 0 the copy of `batch` from host memory (its bytes at `copy_gbs`): what a
+        loader that hands over host batches costs DataParallel, whose batch must reach device 0."""
+        nbytes = _batch_nbytes(batch)
+        if nbytes:
+            self.launch(nbytes / (self.copy_gbs * 1e6), device=0, stage="copy to device 0")
+
     def launch(self, ms: float, *, device: int = 0, stage: str = "work") -> None:
         """Queue `ms` of work on one device."""
         if ms < 0:
@@ -186,7 +206,7 @@ class SimulatedDataParallel:
     def record_event(self) -> SimEvent:
         """An event reached when every device has finished the work launched before it."""
         with self._lock:
-            return _ScheduledEvent(max(max(self._free), time.perf_counter()))
+            return SimEvent(max(max(self._free), time.perf_counter()))
 
     def synchronize(self) -> None:
         """Wait until every device has finished (like `torch.cuda.synchronize()` on each GPU)."""
@@ -227,7 +247,7 @@ class SimulatedDataParallel:
                 if len(self._step_ends) < self.max_queued_steps:
                     return
                 wait = self._step_ends[0] - now
-            _sleep_precise(wait)
+            _sleep_until(time.perf_counter() + wait)
 
     def _add(self, device: int, stage: str, start: float, end: float, step: int) -> None:
         if end <= start:
@@ -286,6 +306,8 @@ class ChargedPrefetch:
     in order. `transform(images, labels)` is a `batch_transform` (e.g. `device_data.AugmentBatch()`).
     """
 
+    device_resident = True          # the batches are on device 0 already: the training loop charges no copy
+
     def __init__(self, loader, transform, device: "SimulatedDataParallel", max_prefetch: int = 2):
         self.loader, self.transform, self.device, self.max_prefetch = loader, transform, device, max_prefetch
 
@@ -339,13 +361,16 @@ class HostWork:
             torch.set_num_threads(threads)
 
     def per_replica_ms(self, replicas: int = 4, repeats: int = 9) -> float:
-        """Median host time of one step's work for `replicas` replicas, divided by `replicas`."""
+        """Median host time of one step's work for `replicas` replicas, divided by `replicas`: CPU
+        time of this thread (all the work runs on it), so that other programs busy on a shared
+        machine do not inflate the model's figure; they slow the runs themselves, as they would
+        slow a real DataParallel host (lesson 06 prints the CPU they used)."""
         self(replicas)
         times = []
         for _ in range(repeats):
-            t0 = time.perf_counter()
+            t0 = time.thread_time()
             self(replicas)
-            times.append((time.perf_counter() - t0) * 1e3 / replicas)
+            times.append((time.thread_time() - t0) * 1e3 / replicas)
         return statistics.median(times)
 
 
@@ -378,45 +403,54 @@ def dp_sizes(model: torch.nn.Module, sample: torch.Tensor) -> DPSizes:
 
 def costs_from_sizes(sizes: DPSizes, *, host_ms_per_replica: float = 0.0, host_note: str = "not measured",
                      link_gb_s: float = LINK_GB_S, memory_gb_s: float = MEMORY_GB_S,
-                     compute_fixed_ms: float = DEFAULT_STEP_MS,
-                     compute_per_sample_ms: float = DEFAULT_PER_SAMPLE_MS) -> StageCosts:
+                     compute_fixed_ms: float | None = None, compute_per_sample_ms: float | None = None,
+                     scale: float = 1.0) -> StageCosts:
     """The `StageCosts` of a simulated machine moving `sizes` over `link_gb_s` links (lesson 06);
-    see `measure_dp_costs` for what is measured and what is made up."""
-    link = link_gb_s * 1e9 / 1e3          # bytes per ms
-    memory = memory_gb_s * 1e9 / 1e3
+    see `measure_dp_costs` for what is measured and what is made up. Every device time (compute,
+    copies, memory traffic) is multiplied by `scale`, as the course's simulated accelerator
+    scales the H100 box to this CPU (`sim.default_sim().scale`); the host's time is this CPU's."""
+    if not scale > 0:
+        raise ValueError(f"scale must be > 0, got {scale}")
+    link = link_gb_s * 1e9 / 1e3 / scale          # bytes per ms, scaled
+    memory = memory_gb_s * 1e9 / 1e3 / scale
     p, b = sizes.param_bytes, sizes.buffer_bytes
+    scaled = f", x{scale:.2f} for this CPU" if scale != 1.0 else ""
+    measured = compute_fixed_ms is None and compute_per_sample_ms is None
+    fixed = DEFAULT_STEP_MS * scale if compute_fixed_ms is None else compute_fixed_ms
+    per_sample = DEFAULT_PER_SAMPLE_MS * scale if compute_per_sample_ms is None else compute_per_sample_ms
+    compute_note = (f"the {H100.name} box's own GPU work per step (measured {H100.measured}){scaled}" if measured
+                    else "given")
     notes = {
-        "compute_fixed_ms": "made up: the course's simulated accelerator (per replica, forward + backward)",
-        "compute_per_sample_ms": "made up: the course's simulated accelerator",
-        "scatter_ms_per_sample": f"measured {sizes.input_bytes:,} bytes per input sample / {link_gb_s:g} GB/s link (made up)",
+        "compute_fixed_ms": f"{compute_note} (per replica, forward + backward)",
+        "compute_per_sample_ms": compute_note,
+        "scatter_ms_per_sample": f"measured {sizes.input_bytes:,} bytes per input sample / {link_gb_s:g} GB/s link{scaled}",
         "gather_ms_per_sample": f"measured {sizes.output_bytes:,} bytes per output, there and its gradient back, "
-                                f"/ {link_gb_s:g} GB/s",
-        "replicate_ms": f"measured {(p + b) / 1e6:,.1f} MB of parameters and buffers / {link_gb_s:g} GB/s",
-        "reduce_ms": f"{p / 1e6:,.1f} MB of gradients / {link_gb_s:g} GB/s, summed at {memory_gb_s:g} GB/s (made up)",
-        "device0_ms": f"optimizer (SGD + momentum: 5 passes over {p / 1e6:,.1f} MB) at {memory_gb_s:g} GB/s; "
+                                f"/ {link_gb_s:g} GB/s{scaled}",
+        "replicate_ms": f"measured {(p + b) / 1e6:,.1f} MB of parameters and buffers / {link_gb_s:g} GB/s{scaled}",
+        "reduce_ms": f"{p / 1e6:,.1f} MB of gradients / {link_gb_s:g} GB/s, summed at {memory_gb_s:g} GB/s{scaled}",
+        "device0_ms": f"optimizer (SGD + momentum: 5 passes over {p / 1e6:,.1f} MB) at {memory_gb_s:g} GB/s{scaled}; "
                       "the loss on the outputs is negligible",
         "host_ms_per_replica": host_note,
         "forward_share": "made up: backward costs about twice the forward",
     }
     return StageCosts(
-        compute_fixed_ms=compute_fixed_ms, compute_per_sample_ms=compute_per_sample_ms,
+        compute_fixed_ms=fixed, compute_per_sample_ms=per_sample,
         scatter_ms_per_sample=sizes.input_bytes / link, gather_ms_per_sample=2 * sizes.output_bytes / link,
         replicate_ms=(p + b) / link, reduce_ms=p / link + 3 * p / memory, device0_ms=5 * p / memory,
         host_ms_per_replica=host_ms_per_replica, notes=notes)
 
 
 def measure_dp_costs(model: torch.nn.Module, sample: torch.Tensor, *, host_work: HostWork | None = None,
-                     link_gb_s: float = LINK_GB_S, memory_gb_s: float = MEMORY_GB_S,
-                     compute_fixed_ms: float = DEFAULT_STEP_MS,
-                     compute_per_sample_ms: float = DEFAULT_PER_SAMPLE_MS) -> StageCosts:
+                     link_gb_s: float = LINK_GB_S, memory_gb_s: float = MEMORY_GB_S, scale: float = 1.0,
+                     compute_fixed_ms: float | None = None, compute_per_sample_ms: float | None = None) -> StageCosts:
     """The `StageCosts` of training `model` with DataParallel on a simulated machine (lesson 06).
 
     Measured here: the bytes of the model's parameters and buffers, of one input sample
     (`sample`, shaped like one item of the batch as it is scattered) and of one sample's output
-    (`dp_sizes`), and the host's work per replica (`host_work`, timed on this CPU). Made up, and
-    stated: the replica's compute (the course's simulated accelerator: `compute_fixed_ms` +
-    `compute_per_sample_ms` per sample), the speed of the links between devices (`link_gb_s`)
-    and of the devices' own memory (`memory_gb_s`).
+    (`dp_sizes`), and the host's work per replica (`host_work`, timed on this CPU). Taken from
+    the H100 box the course measured (`sim.H100`), times `scale`: the replica's compute (that
+    GPU's own work per step, unless `compute_fixed_ms` / `compute_per_sample_ms` are given), the
+    speed of the links between devices (`link_gb_s`) and of the devices' memory (`memory_gb_s`).
     """
     from .env import cpu_name
     host_ms = host_work.per_replica_ms() if host_work is not None else 0.0
@@ -424,7 +458,7 @@ def measure_dp_costs(model: torch.nn.Module, sample: torch.Tensor, *, host_work:
             else "not measured (no host work)")
     return costs_from_sizes(dp_sizes(model, sample), host_ms_per_replica=host_ms, host_note=note,
                             link_gb_s=link_gb_s, memory_gb_s=memory_gb_s, compute_fixed_ms=compute_fixed_ms,
-                            compute_per_sample_ms=compute_per_sample_ms)
+                            compute_per_sample_ms=compute_per_sample_ms, scale=scale)
 
 
 # -- timing stages of a real step ------------------------------------------------------------------
@@ -468,56 +502,44 @@ class StageClock:
 
 # -- utilisation and memory of every device ----------------------------------------------------------
 
-def _nvml_handle(cuda_index: int):
-    """The NVML handle of CUDA device `cuda_index`, matched by UUID (NVML numbers GPUs in its
-    own order, and CUDA_VISIBLE_DEVICES renumbers them for CUDA only), else by PCI bus id."""
-    import pynvml
-    props = torch.cuda.get_device_properties(cuda_index)
-    uuid = str(getattr(props, "uuid", "") or "")
-    if uuid:
-        uuid = uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
-        for value in (uuid, uuid.encode()):            # nvidia-ml-py versions take str or bytes
-            try:
-                return pynvml.nvmlDeviceGetHandleByUUID(value)
-            except Exception:
-                continue
-    bus = getattr(props, "pci_bus_id", None)
-    if bus is not None:
-        pci = f"{getattr(props, 'pci_domain_id', 0):08x}:{bus:02x}:{getattr(props, 'pci_device_id', 0):02x}.0"
-        return pynvml.nvmlDeviceGetHandleByPciBusId(pci)
-    raise RuntimeError(f"cannot match CUDA device {cuda_index} to an NVML device")
-
-
 def gpu_memory(indices) -> list[dict]:
     """Per CUDA device: the allocator's peak and current bytes and NVML's "used" (which adds the
-    CUDA context and the allocator's cache), in MiB."""
+    CUDA context and the allocator's cache), in MiB; "used" is None where NVML does not say (no
+    NVML, a binding without the query, a vGPU or MIG slice that refuses it). NVML goes through
+    `course_utils.monitor`'s guarded helpers, like every NVML query of the course."""
+    handles = _nvml_handles(indices)
     rows = []
-    handles = {}
-    try:
-        import pynvml
-        pynvml.nvmlInit()
-        handles = {i: _nvml_handle(i) for i in indices}
-    except Exception:
-        pynvml = None
     for i in indices:
-        row = {"device": i, "peak_allocated_mib": torch.cuda.max_memory_allocated(i) / 2**20,
-               "allocated_mib": torch.cuda.memory_allocated(i) / 2**20,
-               "reserved_mib": torch.cuda.memory_reserved(i) / 2**20, "nvml_used_mib": None}
-        if i in handles:
-            row["nvml_used_mib"] = pynvml.nvmlDeviceGetMemoryInfo(handles[i]).used / 2**20
-        rows.append(row)
+        used = nvml_reading(handles[i])[1] if handles.get(i) is not None else None
+        rows.append({"device": i, "peak_allocated_mib": torch.cuda.max_memory_allocated(i) / 2**20,
+                     "allocated_mib": torch.cuda.memory_allocated(i) / 2**20,
+                     "reserved_mib": torch.cuda.memory_reserved(i) / 2**20, "nvml_used_mib": used})
     if handles:
-        pynvml.nvmlShutdown()
+        nvml_close()
     return rows
+
+
+def _nvml_handles(indices) -> dict:
+    """{CUDA index: its NVML handle, or None where NVML does not know it}; {} when NVML cannot
+    start. GPUs are matched by UUID or PCI bus id (`monitor.nvml_find`), never by index."""
+    if nvml_open() is not None:
+        return {}
+    return {i: nvml_find(torch.device("cuda", i))[0] for i in indices}
+
+
+def _nvml_util(handle) -> float | None:
+    """NVML's utilisation of one GPU in %, or None where NVML does not report it."""
+    return None if handle is None else nvml_reading(handle)[0]
 
 
 class PerDeviceMonitor:
     """Sample every device's utilisation in a background thread (lesson 06).
 
     `source` is a `SimulatedDataParallel` (busy share of each simulated device per interval)
-    or a list of CUDA device indices (NVML's utilisation, as `nvidia-smi` shows it).
-    After the `with` block: `t_s` (T,), `util` (T, devices) in %, `mean_util()` per device,
-    `simulated`, `label`.
+    or a list of CUDA device indices (NVML's utilisation, as `nvidia-smi` shows it; None for a
+    GPU whose utilisation NVML does not report, and no readings at all without NVML).
+    After the `with` block: `t_s` (T,), `util` (T, devices) in %, `mean_util()` per device
+    (None where there was no reading), `simulated`, `label`, `note` (why readings are missing).
     """
 
     def __init__(self, source, interval_s: float = 0.1):
@@ -525,7 +547,9 @@ class PerDeviceMonitor:
         self.interval_s = interval_s
         self.simulated = isinstance(source, SimulatedDataParallel)
         self.t_s: list[float] = []
-        self.util: list[list[float]] = []
+        self.util: list[list] = []
+        self.note = ""
+        self._handles: list = []
         self._stop = threading.Event()
         self._thread = None
 
@@ -539,9 +563,12 @@ class PerDeviceMonitor:
         if self.simulated:
             self._last = self.source.busy_seconds_per_device()
         else:
-            import pynvml
-            pynvml.nvmlInit()
-            self._handles = [_nvml_handle(i) for i in self.source]
+            handles = _nvml_handles(list(self.source))
+            self._handles = [handles.get(i) for i in self.source]
+            if not handles:
+                self.note = "NVML is not available: no utilisation readings"
+            elif any(h is None for h in self._handles):
+                self.note = "NVML does not know some of these GPUs: no readings for them"
         self._t0 = self._last_t = time.perf_counter()
         self._thread = threading.Thread(target=self._run, name="per-device-monitor", daemon=True)
         self._thread.start()
@@ -551,9 +578,8 @@ class PerDeviceMonitor:
         self._stop.set()
         self._thread.join()
         self._sample()
-        if not self.simulated:
-            import pynvml
-            pynvml.nvmlShutdown()
+        if not self.simulated and any(h is not None for h in self._handles):
+            nvml_close()
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -567,20 +593,22 @@ class PerDeviceMonitor:
             self.util.append([min(100.0, 100.0 * (b - a) / dt) for a, b in zip(self._last, busy)])
             self._last = busy
         else:
-            import pynvml
-            self.util.append([float(pynvml.nvmlDeviceGetUtilizationRates(h).gpu) for h in self._handles])
+            self.util.append([_nvml_util(h) for h in self._handles])
         self.t_s.append(now - self._t0)
         self._last_t = now
 
-    def mean_util(self) -> list[float]:
-        """Each device's mean utilisation over the samples, in %."""
+    def mean_util(self) -> list:
+        """Each device's mean utilisation over the samples, in % (None for a device without readings)."""
         if not self.util:
             return []
-        n = len(self.util[0])
-        return [sum(row[k] for row in self.util) / len(self.util) for k in range(n)]
+        out = []
+        for k in range(len(self.util[0])):
+            values = [row[k] for row in self.util if row[k] is not None]
+            out.append(sum(values) / len(values) if values else None)
+        return out
 
 
-def plot_schedule(intervals, *, steps: int = 3, ax=None, title: str | None = None):
+def plot_schedule(intervals, *, steps: int = 3, ax=None, title: str | None = None, label: str | None = None):
     """Draw the last `steps` steps of a `SimulatedDataParallel.trace`: one row per device,
     one coloured bar per stage. Returns the figure."""
     import matplotlib.pyplot as plt
@@ -596,9 +624,9 @@ def plot_schedule(intervals, *, steps: int = 3, ax=None, title: str | None = Non
     devices = sorted({i.device for i in shown})
     colours = {"scatter": "tab:orange", "replicate": "tab:purple", "forward": "tab:blue", "gather + loss": "tab:red",
                "backward": "tab:cyan", "reduce": "tab:pink", "optimizer (device 0)": "tab:brown",
-               "on-device work": "tab:olive"}
+               "on-device work": "tab:olive", "copy to device 0": "tab:grey"}
     if ax is None:
-        fig, ax = plt.subplots(figsize=(10, 0.5 + 0.45 * len(devices)))
+        fig, ax = plt.subplots(figsize=(11, 1.1 + 0.45 * len(devices)))
     fig = ax.figure
     seen = set()
     for i in shown:
@@ -608,9 +636,9 @@ def plot_schedule(intervals, *, steps: int = 3, ax=None, title: str | None = Non
         seen.add(i.stage)
     ax.set_yticks(devices, [f"device {d}" for d in devices])
     ax.invert_yaxis()
-    ax.set_xlabel("ms")
+    ax.set_xlabel("ms since the first stage shown")
     ax.set_title(title or f"{len(devices)} simulated devices in DataParallel: the last {steps} steps")
-    ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.3 if len(devices) < 4 else -0.18))
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)   # beside, not over, the axis
     fig.tight_layout()
-    stamp(fig, "simulated devices (made-up compute and links; host work real)")
+    stamp(fig, label or "simulated devices (stage costs stated in the lesson; host work real)")
     return fig

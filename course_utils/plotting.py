@@ -13,8 +13,17 @@ __all__ = ["stamp", "bar_chart", "step_breakdown"]
 
 
 def stamp(fig, device: str) -> None:
-    """Put 'measured on: <device>' in the bottom-right corner of `fig`."""
-    fig.text(0.995, 0.005, f"measured on: {device}", ha="right", va="bottom", fontsize=7, color="dimgrey")
+    """Put 'measured on: <device>' in the bottom-right corner of `fig`, wrapped to the figure's
+    width (a line wider than the figure would make the notebook's tight bounding box widen the
+    image and squeeze the axes); when it takes more than one line, the axes move up to make room."""
+    import textwrap
+    text = f"measured on: {device}"
+    per_line = max(40, int(fig.get_figwidth() * 72 / (7 * 0.58)))     # 7-point characters across the figure
+    lines = textwrap.wrap(text, per_line) or [text]
+    fig.text(0.995, 0.005, "\n".join(lines), ha="right", va="bottom", fontsize=7, color="dimgrey")
+    if len(lines) > 1:
+        extra = (len(lines) - 1) * 7 * 1.3 / 72 / fig.get_figheight()
+        fig.subplots_adjust(bottom=min(fig.subplotpars.bottom + extra, 0.5))
 
 
 def bar_chart(labels, values, *, ylabel: str, title: str, device: str, ceiling: float | None = None,
@@ -62,15 +71,17 @@ def step_breakdown(stats, *, title: str = "Where each step's time goes", max_ste
     lanes = [(2.5, "host\n(training loop)")]
     if stats.device_spans:
         spans = [(ms(a), max(ms(b) - ms(a), 0.0)) for a, b in stats.device_spans[:max_steps]]
-        ax.broken_barh(spans, (0.6, 0.8), color="tab:green", label="device: working on a step")
+        ax.broken_barh(spans, (0.6, 0.8), color="tab:green", label="device: a step in flight (it may idle inside, "
+                                                                    "waiting for launches)")
         lanes.append((1.0, "device"))
     ax.set_yticks([y for y, _ in lanes], [name for _, name in lanes])
     ax.set_ylim(0.3, 3.3)
     end = max(ms(log[-1]["step_end"]), *(ms(b) for _, b in (stats.device_spans or [])[:max_steps]))
     ax.set_xlim(0, end * 1.01)
     ax.set_xlabel(f"ms since step {1} of the {len(log)} shown")
-    busy = stats.device_busy_fraction
-    extra = f", device busy {busy:.0%}" if busy is not None else ""
+    busy, util = stats.steps_in_flight_fraction, stats.device_util
+    extra = f", a step in flight {busy:.0%}" if busy is not None else ""
+    extra += f", device busy {util:.0%}" if util is not None else ""
     sync = " (synchronised every step)" if stats.synced_every_step else ""
     ax.set_title(f"{title}{sync}: stalled on data {stats.stall_fraction:.0%} of the wall time{extra}", fontsize=10)
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.32), ncol=3, frameon=False)

@@ -14,7 +14,9 @@ more devices; everything else is paid once per step, most of it by device 0.
   figure came from (measured on this machine, or made up and named).
 - `predict_dp(costs, n_devices, batch_size, loader_samples_per_s)`: samples/s, scaling
   efficiency, what bounds the run (loader, host or devices) and each device's utilisation.
-- `dp_memory(...)`: the bytes each device holds during a step (device 0 holds more).
+- `dp_memory(...)`: the peak bytes each device holds during a step (device 0 holds more).
+- `speedup_verdict`, `measured_bound`, `agreement`, `trend`, `fit_verdict`, `copy_verdict`: the
+  sentences the lesson prints under its tables, computed from the numbers in them.
 - `fit_scaling(n_devices, step_ms)`: the model "step = serial + parallel / n + per_device x (n-1)"
   fitted by least squares to measured step times, to predict devices you have not measured.
 - `pipeline_schedule(n_stages, micro_batches, ...)`: model parallelism instead: when each device
@@ -29,7 +31,8 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-__all__ = ["dp_chunk_sizes", "StageCosts", "DPPrediction", "predict_dp", "dp_memory",
+__all__ = ["dp_chunk_sizes", "StageCosts", "DPPrediction", "predict_dp", "dp_memory", "speedup_verdict",
+           "measured_bound", "agreement", "trend", "fit_verdict", "copy_verdict",
            "ScalingFit", "fit_scaling", "PipelineSchedule", "pipeline_schedule"]
 
 
@@ -179,24 +182,138 @@ def predict_dp(costs: StageCosts, n_devices: int, batch_size: int,
 
 
 def dp_memory(n_devices: int, batch_size: int, *, param_bytes: int, optimizer_bytes: int,
-              input_bytes: int, activation_bytes: int, output_bytes: int) -> list[int]:
-    """Bytes each device holds during a DataParallel step (lesson 06), like lesson 05's
-    estimate (parameters + gradients + optimizer state + what the batch needs):
+              input_bytes: int, activation_bytes: int, output_bytes: int, batch_on_device0: bool = True) -> list[int]:
+    """The peak bytes each device holds during a DataParallel step (lesson 06), like lesson 05's
+    estimate (the model's state + what the batch needs), with `input_bytes`, `activation_bytes`
+    and `output_bytes` per sample and the batch split as DataParallel splits it:
 
-    device 0: parameters + gradients + optimizer state, the whole input batch (the loader put
-        it there), the activations of its own piece, the gathered outputs and their gradient;
-    device k that gets a piece of c samples: the replica's parameters and gradients, its
-        piece of the input, its activations;
+    device 0: the parameters (the only lasting copy) and the optimizer state; the input: the
+        whole batch when the loader put it on device 0 (`batch_on_device0`), else its own piece
+        (the batch stayed on the host and scatter copied each piece to its device); and the
+        larger of (its piece's activations + the gathered outputs and their gradient) and (the
+        parameters' gradients), because backward frees the activations as it makes the gradients;
+    device k with a piece of c samples: the replica's parameters, c samples of input, and the
+        larger of (c samples of activations) and (the replica's gradients, which live only
+        until the reduce at the end of backward);
     a device that gets no piece: nothing (DataParallel does not replicate onto it).
-
-    `input_bytes`, `activation_bytes` and `output_bytes` are per sample.
     """
     chunks = dp_chunk_sizes(batch_size, n_devices)
-    out = [2 * param_bytes + optimizer_bytes + batch_size * input_bytes + chunks[0] * activation_bytes
-           + 2 * batch_size * output_bytes]
-    out += [2 * param_bytes + c * (input_bytes + activation_bytes) for c in chunks[1:]]
+    first = chunks[0]
+    on0 = batch_size if batch_on_device0 else first
+    out = [param_bytes + optimizer_bytes + on0 * input_bytes
+           + max(first * activation_bytes + 2 * batch_size * output_bytes, param_bytes)]
+    out += [param_bytes + c * input_bytes + max(c * activation_bytes, param_bytes) for c in chunks[1:]]
     out += [0] * (n_devices - len(chunks))
     return [int(v) for v in out]
+
+
+# -- what a measured table says (the lesson prints these under its tables) ----------------------
+
+def speedup_verdict(speedup: float, n_devices: int, what: str = "") -> str:
+    """One sentence on a measured speed-up of `n_devices` over one device (lesson 06); it says
+    only what the number says: slower, no faster, faster but under 2x, or the share of N x."""
+    who = f"{what}: " if what else ""
+    efficiency = speedup / n_devices
+    if speedup < 0.9:
+        return f"{who}{n_devices} devices ran at {speedup:.2f}x one device: slower than one device"
+    if speedup <= 1.1:
+        return f"{who}{n_devices} devices ran at {speedup:.2f}x one device: no faster than one"
+    if speedup < 2.0:
+        return f"{who}{n_devices} devices ran at {speedup:.2f}x one device: faster, but not even 2x"
+    if efficiency >= 0.85:
+        return f"{who}{n_devices} devices ran at {speedup:.2f}x one device: close to {n_devices}x ({efficiency:.0%} of it)"
+    return f"{who}{n_devices} devices ran at {speedup:.2f}x one device ({efficiency:.0%} of {n_devices}x)"
+
+
+def measured_bound(device0_busy: float, loop_waiting: float) -> str:
+    """What held a measured run back, read from the run itself (lesson 06): "devices" when device
+    0 (the busiest) worked at least 85% of the time, "loader" when the training loop waited for
+    data at least half of the time, else "host" (the one Python process launching the replicas).
+    Both arguments are fractions of the run (0..1)."""
+    if device0_busy >= 0.85:
+        return "devices"
+    if loop_waiting >= 0.5:
+        return "loader"
+    return "host"
+
+
+def agreement(measured: float, predicted: float, tolerance: float = 0.2) -> str:
+    """How a measured samples/s compares with the model's prediction (lesson 06): "as predicted"
+    within `tolerance`, else how far above or below."""
+    if not predicted > 0:
+        return "no prediction"
+    ratio = measured / predicted
+    if abs(ratio - 1) <= tolerance:
+        return "as predicted"
+    return f"{abs(ratio - 1):.0%} {'below' if ratio < 1 else 'above'} the prediction"
+
+
+def trend(values) -> str:
+    """The shape of a sequence of speed-ups (lesson 06): "falls from the start", "rises, then
+    falls", "rises, then flattens", "rises" (a change within 5% counts as flat)."""
+    values = [float(v) for v in values]
+    if len(values) < 2:
+        return "one point"
+    steps = [b / a - 1 for a, b in zip(values, values[1:])]
+    if steps[0] < -0.05:
+        return "falls from the start"
+    peak = int(np.argmax(values))
+    if peak < len(values) - 1 and values[-1] < values[peak] * 0.95:
+        return "rises, then falls"
+    if any(abs(step) <= 0.05 for step in steps[1:]) or steps[0] <= 0.05:
+        return "rises, then flattens"
+    return "rises"
+
+
+def fit_verdict(fit: "ScalingFit", counts, measured_ms, held_out=(), tolerance: float = 0.2) -> list[str]:
+    """Lines that say what a scaling fit and the step times under it show (lesson 06), from the
+    measurements first: which count was fastest, whether more devices made steps slower, whether
+    the held-out counts agree with the fit, and only then what the fit claims."""
+    counts = [int(n) for n in counts]
+    ms = dict(zip(counts, [float(m) for m in measured_ms]))
+    best = min(ms, key=ms.get)
+    lines = [f"measured: the fastest step came with {best} device{'s' if best > 1 else ''} ({ms[best]:.2f} ms)"]
+    slower = [n for n in counts if n > best]
+    if slower:
+        lines.append("more devices than that made the step slower: "
+                     + ", ".join(f"{n} devices {ms[n]:.2f} ms" for n in slower))
+    misses = []
+    for n in held_out:
+        predicted = float(fit.step_ms(n))
+        if abs(ms[n] / predicted - 1) > tolerance:
+            misses.append(f"{n} devices: measured {ms[n]:.2f} ms, the fit {predicted:.2f} ms")
+        else:
+            lines.append(f"held out of the fit, {n} devices took {ms[n]:.2f} ms: the fit predicted {predicted:.2f} ms")
+    if misses:
+        lines.append("the fit does not extrapolate to the held-out counts (" + "; ".join(misses) + ")")
+    if fit.per_device_ms > 0:
+        where = fit.best_n_devices()
+        lines.append(f"the fit puts the best device count near {where:.1f} (where parallel / n^2 = per-device)"
+                     + ("" if not misses and abs(where - best) <= 1.5 else f"; the measured best was {best}"))
+    elif slower or misses:
+        lines.append("the fit finds no per-device cost, yet the measurements above show one: trust them, not "
+                     "the fit, beyond the counts it was fitted on")
+    elif fit.serial_ms > 0:
+        lines.append(f"the fit finds no per-device cost: within these counts every device helped, and its serial "
+                     f"part caps the speed-up at {fit.step_ms(1) / fit.serial_ms:.1f}x however many devices")
+    else:
+        lines.append("the fit finds neither a serial nor a per-device cost: perfect scaling, within these counts")
+    return lines
+
+
+def copy_verdict(tensors: int, nbytes: int, copy_ms: float, one_copy_ms: float) -> str:
+    """What a stage that copies `tensors` tensors of `nbytes` in all in `copy_ms` spent its time
+    on, given `one_copy_ms` for the same bytes as one tensor (lesson 06: replicate)."""
+    rate = nbytes / (copy_ms / 1e3) / 1e9
+    one_rate = nbytes / (one_copy_ms / 1e3) / 1e9
+    per_tensor_us = max(copy_ms - one_copy_ms, 0.0) * 1e3 / max(tensors, 1)
+    if one_copy_ms * 3 < copy_ms:
+        return (f"{tensors} tensors, {nbytes / 1e6:.2f} MB, in {copy_ms:.2f} ms ({rate:.2f} GB/s); the same bytes as "
+                f"one tensor copy in {one_copy_ms:.3f} ms ({one_rate:.1f} GB/s): the stage's time is mostly a cost "
+                f"per tensor (about {per_tensor_us:.0f} us each), not memory bandwidth")
+    return (f"{tensors} tensors, {nbytes / 1e6:.2f} MB, in {copy_ms:.2f} ms ({rate:.2f} GB/s); the same bytes as one "
+            f"tensor copy in {one_copy_ms:.3f} ms ({one_rate:.1f} GB/s): the stage runs at about the speed of "
+            "copying its bytes")
 
 
 @dataclass

@@ -34,7 +34,8 @@ import numpy as np
 from .io_probe import evict, storage_read_bytes
 
 __all__ = ["FORMATS", "StoredImages", "images_for_storage", "write_formats", "FormatResult", "measure_format",
-           "measure_formats", "decode_jpeg", "images_per_s_model", "size_on_disk"]
+           "measure_formats", "decode_jpeg", "images_per_s_model", "size_on_disk", "read_verdicts",
+           "jpeg_error_structure"]
 
 FORMATS = ("jpeg-files", "packed-jpeg", "lmdb-jpeg", "hdf5-jpeg", "raw-memmap", "hdf5-raw")
 _DESCRIPTIONS = {
@@ -367,3 +368,76 @@ def images_per_s_model(result: FormatResult, disk_mb_s, cores: int = 1) -> np.nd
     by_disk = disk_mb_s * 1e6 / result.bytes_per_image
     by_cpu = cores * result.ready_warm_per_s
     return np.minimum(by_disk, by_cpu)
+
+
+# -- what the measurements say (lesson 04 prints these under its tables) ---------------------------
+
+def read_verdicts(results: list[FormatResult]) -> list[str]:
+    """Sentences computed from `measure_formats()`'s results (lesson 04): what decoding costs
+    against reading, and each packed format against one file per image, cold and warm. Each says
+    only what the numbers say (faster or slower, by how much), with the format that won."""
+    by_name = {r.name: r for r in results}
+    lines = []
+    files = by_name.get("jpeg-files")
+    encoded = next((r for r in results if r.decode_us > 0), None)
+    if encoded is not None:
+        reference = files or encoded
+        line = (f"decoding a JPEG costs {encoded.decode_us:,.0f} us here (simplejpeg, one core); reading one "
+                f"({reference.description}) {reference.read_warm_us:,.1f} us from the page cache")
+        if reference.read_cold_us is not None:
+            line += f" and {reference.read_cold_us:,.1f} us from the disk"
+        ratio = encoded.decode_us / reference.read_warm_us
+        line += (f": decoding is {ratio:,.0f}x a warm read" if ratio >= 1 else
+                 f": a warm read costs {1 / ratio:,.1f}x the decoding")
+        if reference.read_cold_us is not None:
+            cold = encoded.decode_us / reference.read_cold_us
+            line += (f" and {cold:,.1f}x a cold one" if cold >= 1 else
+                     f", and a cold read costs {1 / cold:,.1f}x the decoding")
+        lines.append(line)
+    if files is not None:
+        for r in results:
+            if r is files:
+                continue
+            parts = []
+            for what, mine, theirs in (("cold", r.read_cold_us, files.read_cold_us),
+                                       ("warm", r.read_warm_us, files.read_warm_us)):
+                if mine is None or theirs is None or theirs <= 0:
+                    continue
+                ratio = mine / theirs
+                word = "faster" if ratio < 0.9 else ("slower" if ratio > 1.1 else "about the same")
+                parts.append(f"{what} {mine:,.1f} us ({ratio:.2f}x: {word})")
+            if parts:
+                lines.append(f"{r.description}, read in order, against one file per image: " + "; ".join(parts))
+    return lines
+
+
+def jpeg_error_structure(original: np.ndarray, roundtrip: np.ndarray) -> dict:
+    """Where a JPEG round trip changed the pixels (lesson 04), for (N, H, W, 3) uint8 images:
+
+    - `detail`: the mean |error| in the quarter of pixels with the most local detail (a Laplacian
+      of the original) over the quarter with the least: above 1 the error follows the image;
+    - `blocking`: how much the error jumps between neighbouring pixels across the 8x8 blocks'
+      edges, over the same jump inside the blocks: above 1, the blocks show;
+    - `verdict`: a sentence that says what those two numbers show."""
+    original = np.asarray(original, np.float64)
+    err = np.asarray(roundtrip, np.float64) - original
+    size = np.abs(err).mean(axis=3)
+    grey = original.mean(axis=3)
+    detail = np.abs(4 * grey[:, 1:-1, 1:-1] - grey[:, :-2, 1:-1] - grey[:, 2:, 1:-1]
+                    - grey[:, 1:-1, :-2] - grey[:, 1:-1, 2:]).ravel()
+    inner = size[:, 1:-1, 1:-1].ravel()
+    low, high = np.quantile(detail, [0.25, 0.75])
+    follows = float(inner[detail >= high].mean() / max(inner[detail <= low].mean(), 1e-9))
+    jump_x = np.abs(np.diff(err, axis=2)).mean(axis=3)
+    jump_y = np.abs(np.diff(err, axis=1)).mean(axis=3)
+    edge_x = np.arange(jump_x.shape[2]) % 8 == 7
+    edge_y = np.arange(jump_y.shape[1]) % 8 == 7
+    blocking = float((jump_x[:, :, edge_x].mean() + jump_y[:, edge_y, :].mean())
+                     / max(jump_x[:, :, ~edge_x].mean() + jump_y[:, ~edge_y, :].mean(), 1e-9))
+    if follows >= 1.5:
+        where = f"the error follows the image: {follows:.1f}x larger where it has detail than where it is flat"
+    else:
+        where = f"the error is spread over the image like noise ({follows:.1f}x between detailed and flat pixels)"
+    blocks = (f", and jumps {blocking:.1f}x as much across the 8x8 blocks' edges as inside them: blocking"
+              if blocking >= 1.2 else f", with no blocking to speak of ({blocking:.2f}x across the blocks' edges)")
+    return {"blocking": blocking, "detail": follows, "verdict": where + blocks}

@@ -7,9 +7,12 @@ Where DALI cannot be imported, each check says so in one sentence.
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import tempfile
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +24,7 @@ from ..env import has_dali, usable_cores
 from ._core import CheckFailed, WrongType, exercise, expect_callable
 from ._util import forbids, fresh_rng
 
-DALI_MISSING = ("NVIDIA DALI cannot be imported on this machine (install nvidia-dali-cuda120 at the version "
+DALI_MISSING = ("NVIDIA DALI cannot be imported on this machine (install the nvidia-dali wheel at the version "
                 "requirements.txt pins), so this exercise cannot be graded here.")
 
 
@@ -174,6 +177,165 @@ def _check_seed(cifar_pipeline, records, batch_size, rng, seed):
                           "pass `seed` on to @pipeline_def(..., seed=seed) instead of a number of your own")
 
 
+_LOCAL_RANK = 3     # the GPU a probe pretends this process was given (LOCAL_RANK under torchrun)
+
+
+@contextlib.contextmanager
+def _pretend_local_rank(rank: int):
+    """For the block: LOCAL_RANK=rank and torch.cuda reporting that rank as the current device of
+    a machine with rank + 1 GPUs (what a process of torchrun sees after `torch.cuda.set_device`).
+    Only a pipeline's construction runs inside it (nothing is built), so no GPU is touched."""
+    saved_env = os.environ.get("LOCAL_RANK")
+    saved = {name: getattr(torch.cuda, name) for name in ("current_device", "device_count", "is_available")}
+    os.environ["LOCAL_RANK"] = str(rank)
+    torch.cuda.current_device = lambda: rank
+    torch.cuda.device_count = lambda: max(rank + 1, saved["device_count"]())
+    torch.cuda.is_available = lambda: True
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(torch.cuda, name, fn)
+        if saved_env is None:
+            os.environ.pop("LOCAL_RANK", None)
+        else:
+            os.environ["LOCAL_RANK"] = saved_env
+
+
+def _expect_local_gpu(build, what: str, seed: int) -> None:
+    """`build()` makes a device="gpu" pipeline (not built): its device_id must be this process's
+    GPU, the local rank, or None (DALI then takes the current CUDA device when it builds)."""
+    with _pretend_local_rank(_LOCAL_RANK):
+        pipe = _expect_pipeline(build(), what)
+    if pipe.device_id not in (_LOCAL_RANK, None):
+        raise CheckFailed("runs on this process's GPU",
+                          f"with device='gpu' in a process whose GPU is cuda:{_LOCAL_RANK} (LOCAL_RANK={_LOCAL_RANK}, "
+                          f"as torchrun's fourth process on a node), your pipeline asks for device_id="
+                          f"{pipe.device_id} (seed {seed})",
+                          "under DistributedDataParallel every process has its own GPU: take its index from "
+                          "course_utils.env.local_cuda_index() (LOCAL_RANK, else the current device), never a fixed 0")
+
+
+def _coordinate_images(n: int) -> np.ndarray:
+    """n identical (3, 32, 32) uint8 images whose red says the column (20 + 7x) and green the row
+    (20 + 7y): the centre of any crop of them tells its offset and its flip."""
+    image = np.empty((3, 32, 32), np.uint8)
+    image[0] = (20 + 7 * np.arange(32))[None, :]
+    image[1] = (20 + 7 * np.arange(32))[:, None]
+    image[2] = 128
+    return np.ascontiguousarray(np.broadcast_to(image, (n, 3, 32, 32)))
+
+
+def _read_offsets(x: np.ndarray):
+    """(dy, dx, flipped) of crops of `_coordinate_images` padded by 4, from the outputs' centre
+    pixels (which never fall in the padding), normalised with CIFAR's constants."""
+    mean = np.array(data.CIFAR10_MEAN, np.float32) * 255
+    std = np.array(data.CIFAR10_STD, np.float32) * 255
+    red = x[:, 0, 16, 15:18] * std[0] + mean[0]
+    green = x[:, 1, 16, 16] * std[1] + mean[1]
+    flipped = red[:, 2] < red[:, 0]
+    column = np.rint((red[:, 1] - 20) / 7).astype(np.int64)      # the source column under output column 16
+    dx = np.where(flipped, column - 11, column - 12)
+    dy = np.rint((green - 20) / 7).astype(np.int64) - 12
+    return dy, dx, flipped
+
+
+def _chi2_independence(a: np.ndarray, b: np.ndarray, ka: int, kb: int) -> float:
+    """Pearson's chi-square statistic of the ka x kb table of (a, b) against independence."""
+    table = np.zeros((ka, kb))
+    np.add.at(table, (a, b), 1)
+    expected = table.sum(axis=1, keepdims=True) * table.sum(axis=0, keepdims=True) / table.sum()
+    keep = expected > 0
+    return float((((table - expected) ** 2)[keep] / expected[keep]).sum())
+
+
+# Bars for the draws of `_STAT_BATCHES` x `_STAT_BATCH` samples: Pearson's chi-square against
+# uniform (8 degrees of freedom) and against independence (64 and 8); each right answer fails a
+# bar with a chance of about 1e-7 or less (tested by simulation in the unit tests).
+_STAT_BATCH, _STAT_BATCHES = 512, 24
+_CHI2_UNIFORM_9 = 45.0       # df 8
+_CHI2_INDEPENDENT_9x9 = 140.0   # df 64
+_CHI2_INDEPENDENT_9x2 = 45.0    # df 8
+_FLIP_TOLERANCE = 0.025      # 5.5 standard errors of a fair coin over 12,288 samples
+
+
+def _run_statistics(cifar_pipeline, device, rng):
+    """Offsets and flips of `_STAT_BATCHES` batches of crops of `_coordinate_images`."""
+    images = _coordinate_images(_STAT_BATCH)
+    labels = np.arange(_STAT_BATCH, dtype=np.int64) % 10
+    indices = np.arange(_STAT_BATCH, dtype=np.int64)
+
+    def source(info):
+        if int(getattr(info, "iteration", info)) >= _STAT_BATCHES:
+            raise StopIteration
+        return images, labels, indices
+
+    pipe = _expect_pipeline(cifar_pipeline(source, _STAT_BATCH, device=device, num_threads=_threads(),
+                                           seed=int(rng.integers(1, 2**31 - 1))), "cifar_pipeline(...)")
+    batches = []
+    for _ in range(_STAT_BATCHES):
+        batches.append(_read_offsets(_to_numpy(pipe.run()[0])))
+    return batches
+
+
+def _check_randomness(batches, on, seed):
+    dy = np.concatenate([b[0] for b in batches])
+    dx = np.concatenate([b[1] for b in batches])
+    flipped = np.concatenate([b[2] for b in batches])
+    n = len(dy)
+    if np.any((dy < 0) | (dy > 8) | (dx < 0) | (dx > 8)):
+        raise CheckFailed("crop offsets cover 0..8", f"{on}: some crops start outside the 40x40 padded image (seed {seed})",
+                          "pad 4 pixels on every side (40x40), then crop 32x32 at an offset of 0..8 on each axis")
+    for axis, values in (("vertical", dy), ("horizontal", dx)):
+        counts = np.bincount(values, minlength=9)
+        if counts[4] == n:
+            raise CheckFailed("crop offsets cover 0..8", f"{on}: every sample is the unpadded image (offset 4 of "
+                              f"the padded one) (seed {seed})", "pad 4 black pixels on every side, then crop 32x32 "
+                              "at a random position")
+        if (counts == 0).any():
+            missing = [int(v) for v in np.nonzero(counts == 0)[0]]
+            raise CheckFailed("crop offsets cover 0..8", f"{on}: over {n} samples the {axis} offset never took "
+                              f"the values {missing} (seed {seed})",
+                              "draw the crop position per sample, uniformly over the 9 possible offsets")
+    ends = float(np.mean(np.isin(np.concatenate([dy, dx]), [0, 8])))
+    if not 0.2 <= ends <= 0.245:
+        raise CheckFailed("crop offsets are uniform over 0..8", f"{on}: offsets 0 and 8 make up {ends:.1%} of "
+                          f"{2 * n} draws; uniform over nine values gives 22.2% (seed {seed})",
+                          "a continuous crop_pos in [0, 1] rounds to 0 and 8 half as often as to the other offsets: "
+                          "draw from the nine values k/8 (fn.random.uniform(values=[k / 8 for k in range(9)]))")
+    for axis, values in (("vertical", dy), ("horizontal", dx)):
+        counts = np.bincount(values, minlength=9)
+        chi2 = float(((counts - n / 9) ** 2 / (n / 9)).sum())
+        if chi2 > _CHI2_UNIFORM_9:
+            raise CheckFailed("crop offsets are uniform over 0..8",
+                              f"{on}: the {axis} offsets 0..8 came {counts.tolist()} times in {n} samples; uniform "
+                              f"draws this uneven happen less than once in a million runs (seed {seed})",
+                              "every offset 0..8 equally likely: fn.random.uniform(values=[k / 8 for k in range(9)])")
+    rate = float(flipped.mean())
+    if abs(rate - 0.5) > _FLIP_TOLERANCE:
+        raise CheckFailed("flips half of the samples", f"{on}: {rate:.1%} of {n} samples are flipped; a fair coin "
+                          f"stays within 50% +/- {_FLIP_TOLERANCE:.1%} here (seed {seed})",
+                          "mirror=fn.random.coin_flip(probability=0.5): probability exactly 1/2")
+    chi2 = _chi2_independence(dy, dx, 9, 9)
+    if chi2 > _CHI2_INDEPENDENT_9x9:
+        same = float(np.mean(dy == dx))
+        detail = (f"the two offsets are equal in {same:.0%} of the samples (independent draws: 11%)"
+                  if same > 0.2 else "the vertical offset says something about the horizontal one")
+        raise CheckFailed("draws the two offsets independently", f"{on}: {detail} (seed {seed})",
+                          "draw crop_pos_x and crop_pos_y from two separate random operators: one draw used for "
+                          "both axes only ever crops along the diagonal")
+    for axis, values in (("vertical", dy), ("horizontal", dx)):
+        if _chi2_independence(values, flipped.astype(np.int64), 9, 2) > _CHI2_INDEPENDENT_9x2:
+            raise CheckFailed("draws the flip independently of the crop",
+                              f"{on}: whether a sample is flipped depends on its {axis} offset (seed {seed})",
+                              "draw the mirror flag with its own fn.random.coin_flip, not from the crop position")
+    for k, (bdy, bdx, bflip) in enumerate(batches):
+        if len(set(zip(bdy.tolist(), bdx.tolist(), bflip.tolist()))) == 1:
+            raise CheckFailed("each sample draws its own crop and flip", f"{on}: every sample of batch {k} has "
+                              "the same crop and flip", "random operators in a DALI pipeline draw one value per sample")
+    return rate
+
+
 @exercise("4.1", "The CIFAR pipeline: pad, random crop, flip and normalise in DALI", points=2)
 @forbids("course_utils.dali_pipelines:cifar_train_pipeline")
 def check_cifar_pipeline(cifar_pipeline):
@@ -203,6 +365,13 @@ def check_cifar_pipeline(cifar_pipeline):
             if len(labels) != len(given) or not np.array_equal(labels, records[given, 0]):
                 raise CheckFailed("labels pass through unchanged", f"{on}, batch {k}: the labels are not the records' "
                                   f"labels (seed {seed})", "return the source's second output as it is")
+            for name, values in (("labels", labels), ("indices", indices)):
+                if values.dtype != np.int64:
+                    raise CheckFailed("labels and indices stay int64",
+                                      f"{on}: the {name} come out as {values.dtype}, the source gave int64 (seed {seed})",
+                                      "declare them types.INT64 in external_source and do not cast them: "
+                                      "F.cross_entropy wants int64 class indices (with int32 it raises \"expected "
+                                      "scalar type Long\")")
         x_all = np.concatenate([o[0] for o in outs])
         idx_all = np.concatenate([o[4] for o in outs])
         src = _sources(records, idx_all)
@@ -216,52 +385,44 @@ def check_cifar_pipeline(cifar_pipeline):
             raise CheckFailed("each sample is an exact crop of its padded record, normalised",
                               f"{on}: {int((~found.exact).sum())} of {len(found.exact)} samples match no window (seed {seed})",
                               _diagnose_crops(x_all[~found.exact][:64], src[~found.exact][:64]))
-        _check_randomness(found, outs, on, seed)
+        rate = _check_randomness(_run_statistics(cifar_pipeline, device, rng), on, seed)
     _check_seed(cifar_pipeline, records, batch_size, rng, seed)
+    _expect_local_gpu(lambda: cifar_pipeline(_BatchSource(records, batch_size, 1, rng), batch_size, device="gpu",
+                                             num_threads=_threads(), seed=1), "cifar_pipeline(..., device='gpu')", seed)
     where = " and on the GPU" if len(_devices()) > 1 else ""
-    return (f"{len(x_all)} samples on the CPU{where}: CHW float32, each an exact crop (offsets 0..8 uniform, "
-            f"{found.flipped.mean():.0%} flipped) of its padded record, normalised; labels and indices intact; "
-            "the seed reproduces it.")
-
-
-def _check_randomness(found, outs, on, seed):
-    n = len(found.dy)
-    for axis, values in (("vertical", found.dy), ("horizontal", found.dx)):
-        counts = np.bincount(values, minlength=9)
-        if counts[4] == n:
-            raise CheckFailed("crop offsets cover 0..8", f"{on}: every sample is the unpadded image (offset 4 of "
-                              f"the padded one) (seed {seed})", "pad 4 black pixels on every side, then crop 32x32 "
-                              "at a random position")
-        if (counts == 0).any():
-            missing = [int(v) for v in np.nonzero(counts == 0)[0]]
-            raise CheckFailed("crop offsets cover 0..8", f"{on}: over {n} samples the {axis} offset never took "
-                              f"the values {missing} (seed {seed})",
-                              "draw the crop position per sample, uniformly over the 9 possible offsets")
-    ends = float(np.mean(np.isin(np.concatenate([found.dy, found.dx]), [0, 8])))
-    if not 0.165 <= ends <= 0.285:
-        raise CheckFailed("crop offsets are uniform over 0..8", f"{on}: offsets 0 and 8 make up {ends:.1%} of "
-                          f"{2 * n} draws; uniform over nine values gives 22.2% (seed {seed})",
-                          "a continuous crop_pos in [0, 1] rounds to 0 and 8 half as often as to the other offsets: "
-                          "draw from the nine values k/8 (fn.random.uniform(values=[k / 8 for k in range(9)]))")
-    rate = float(found.flipped.mean())
-    if not 0.4 <= rate <= 0.6:
-        raise CheckFailed("flips half of the samples", f"{on}: {rate:.1%} of {n} samples are flipped (seed {seed})",
-                          "mirror=fn.random.coin_flip(probability=0.5)")
-    start = 0
-    for k, o in enumerate(outs):
-        b = len(o[0])
-        sl = slice(start, start + b)
-        combos = set(zip(found.dy[sl].tolist(), found.dx[sl].tolist(), found.flipped[sl].tolist()))
-        if len(combos) == 1:
-            raise CheckFailed("each sample draws its own crop and flip", f"{on}: every sample of batch {k} has "
-                              "the same crop and flip", "random operators in a DALI pipeline draw one value per sample")
-        start += b
+    n = _STAT_BATCH * _STAT_BATCHES
+    return (f"{len(x_all)} samples on the CPU{where}: CHW float32, each an exact crop of its padded record, normalised; "
+            f"labels and indices intact (int64); over {n:,} more, offsets 0..8 uniform and independent on each axis, "
+            f"{rate:.1%} flipped; the seed reproduces it; device='gpu' uses this process's GPU.")
 
 
 # -- 4.2 exact epochs --------------------------------------------------------------------------
 
+_STRIDED = "Strided data not supported"
+
+
 def _one_epoch(iterator, limit_batches, what):
     batches = []
+    try:
+        for out in _epoch_items(iterator, limit_batches, what):
+            batches.append(out)
+    except RuntimeError as exc:
+        if _STRIDED in str(exc):
+            raise _strided(what) from None
+        raise
+    return batches
+
+
+def _strided(what: str) -> CheckFailed:
+    return CheckFailed("the source returns C-contiguous arrays",
+                       f"{what}: DALI refused a batch of your source: \"{_STRIDED}\" (a view such as rows[:, 1:] "
+                       "skips the label byte of every record, so its rows are not packed in memory)",
+                       "copy the view into packed memory before returning it: "
+                       "np.ascontiguousarray(rows[:, 1:]).reshape(-1, 3, 32, 32)")
+
+
+def _epoch_items(iterator, limit_batches, what):
+    batches = 0
     for out in iterator:
         if not isinstance(out, (list, tuple)) or not out or not isinstance(out[0], dict):
             raise CheckFailed("yields DALI's batches", f"{what}: each item should be DALIGenericIterator's list of one "
@@ -272,11 +433,11 @@ def _one_epoch(iterator, limit_batches, what):
             raise CheckFailed("names the outputs images, labels, indices",
                               f"{what}: the batch has keys {sorted(batch)}; missing {missing}",
                               'DALIGenericIterator(pipe, ["images", "labels", "indices"], ...)')
-        batches.append({k: _as_numpy(batch[k]) for k in ("images", "labels", "indices")})
-        if len(batches) > limit_batches:
+        yield {k: _as_numpy(batch[k]) for k in ("images", "labels", "indices")}
+        batches += 1
+        if batches > limit_batches:
             raise CheckFailed("an epoch ends", f"{what}: more than {limit_batches} batches without the epoch ending",
                               "the source must raise StopIteration once the epoch's records are used up")
-    return batches
 
 
 def _epoch_summary(batches):
@@ -322,6 +483,11 @@ def _expect_exact_epoch(batches, records, members, batch_size, drop_last, what, 
                           "full batches, then the remainder as one shorter batch" if not drop_last
                           else "with drop_last=True the partial last batch is left out")
     for b in batches:
+        for name in ("labels", "indices"):
+            if b[name].dtype != np.int64:
+                raise CheckFailed("labels and indices are int64", f"{what}: the {name} come out as {b[name].dtype} "
+                                  f"(seed {seed})", "return them from the source as int64 (rows[:, 0].astype(np.int64)) "
+                                  "and declare them types.INT64: F.cross_entropy wants int64 class indices")
         labels = b["labels"].reshape(-1)
         if len(labels) != len(b["indices"].reshape(-1)) or not np.array_equal(labels, records[b["indices"].reshape(-1), 0]):
             raise CheckFailed("labels match the records", f"{what}: a batch's labels are not its records' labels (seed {seed})")
@@ -358,7 +524,12 @@ def check_epochs(cifar_epochs):
         pipe_seed = int(rng.integers(0, 2**31 - 1))
 
         def make(**kw):
-            it = cifar_epochs(records, batch_size, seed=pipe_seed, num_threads=_threads(), **kw)
+            try:        # DALI's iterator runs the first batches as it is created
+                it = cifar_epochs(records, batch_size, seed=pipe_seed, num_threads=_threads(), **kw)
+            except RuntimeError as exc:
+                if _STRIDED in str(exc):
+                    raise _strided("creating the iterator") from None
+                raise
             if not isinstance(it, DALIGenericIterator):
                 raise WrongType("type", "cifar_epochs(...) should return DALI's PyTorch iterator "
                                 "(nvidia.dali.plugin.pytorch.DALIGenericIterator), but it returned "
@@ -422,6 +593,22 @@ def check_epochs(cifar_epochs):
                 raise CheckFailed("shards are disjoint and cover every record", f"epoch {e}: the {shards} shards "
                                   f"share {overlap} records and miss {n - len(np.unique(allidx))} (seed {seed})",
                                   "every shard must cut the same epoch order (same seed), each its own slice")
+            order = np.random.default_rng((pipe_seed, e - 1)).permutation(n)
+            for s, idx in enumerate(seen):
+                lo, hi = s * n // shards, (s + 1) * n // shards
+                if not np.array_equal(idx, order[lo:hi]):
+                    same = np.isin(idx, order[lo:hi]).mean()
+                    if np.array_equal(np.sort(idx), np.arange(lo, hi)):
+                        detail = (f"it read records {lo}..{hi - 1}, a fixed block of the dataset, in a shuffled order: "
+                                  "that rank would train on the same third of the data every epoch")
+                    else:
+                        detail = f"{same:.0%} of its records are those of that slice"
+                    raise CheckFailed("a shard is its slice of the epoch's order",
+                                      f"shard {s} of {shards}, epoch {e}: expected positions {lo}..{hi - 1} of "
+                                      f"np.random.default_rng((seed, {e - 1})).permutation(N), in that order; {detail} "
+                                      f"(seed {seed})",
+                                      "draw the epoch's permutation of ALL records (the same in every shard), then "
+                                      "cut the shard's slice out of it: every epoch each shard gets different records")
         gpu = ""
         if torch.cuda.is_available():
             it = make(device="gpu")
@@ -429,94 +616,180 @@ def check_epochs(cifar_epochs):
             for out in it:
                 if not out[0]["images"].is_cuda:
                     raise CheckFailed("device='gpu' gives CUDA tensors", "the images of the GPU pipeline are on the CPU",
-                                      "move the images to the GPU (.gpu()) inside the pipeline, device_id=0")
+                                      "move the images to the GPU (.gpu()) inside the pipeline, on this process's GPU")
                 batches.append({k: _as_numpy(out[0][k]) for k in ("images", "labels", "indices")})
             _expect_exact_epoch(batches, records, everyone, batch_size, False, "device='gpu', epoch 1", seed)
             gpu = " and on the GPU"
     return (f"{n} records in batches of {batch_size}: each once per epoch for two epochs, last batch "
-            f"{n % batch_size} (or dropped), reshuffled, 3 disjoint shards covering all{gpu}.")
+            f"{n % batch_size} (or dropped), reshuffled; 3 shards, each its slice of every epoch's order{gpu}.")
 
 
 # -- 4.3 the JPEG pipeline -------------------------------------------------------------------
 
 _CLASS_WORDS = ["dog", "Cat", "ant", "Zebra", "bird", "apple", "b10", "b9", "Moth", "eel", "fox", "Yak"]
+_RED_LO, _RED_HI = 30.0, 225.0        # every file's red rises from left to right between these
+_SHUFFLE_BAR = 0.1                    # the resultant length of two epochs' position shifts (see _shift_resultant)
 
 
-def _jpeg_folder(rng, root: Path):
-    """JPEGs of distinct sizes in 4-5 class folders; returns ({(label, h, w): rgb}, label_of,
-    {(label, h, w): file number in its folder}). Green and blue are one colour per file (they
-    say which file a crop came from); red rises from left to right (it says whether a crop was
-    mirrored)."""
+@dataclass
+class _Folder:
+    """A fresh folder of JPEGs: one class per subfolder, a distinct (class, height, width) per file."""
+    root: Path
+    truth: dict          # (label, h, w) -> the file's RGB (its green and blue fill the file)
+    number: dict         # (label, h, w) -> the file's number in its folder (its place in folder order)
+    label_of: dict       # folder name -> label (sorted order)
+
+    @property
+    def keys(self) -> list:
+        return sorted(self.truth)
+
+
+def _jpeg_folder(rng, root: Path, batch_size: int) -> _Folder:
+    """Between 3,000 and 3,300 small JPEGs (enough that a shuffle inside DALI's 1,024-sample buffer
+    shows), `2 m batch_size + 1` of them so that two shards differ by one file and, without padding,
+    by one batch. Green and blue are one colour per file size; red rises from left to right (it
+    says where a crop was taken and whether it was mirrored)."""
     from PIL import Image
 
-    names = list(rng.choice(_CLASS_WORDS, int(rng.integers(4, 6)), replace=False))
+    names = [str(v) for v in rng.choice(_CLASS_WORDS, int(rng.integers(4, 6)), replace=False)]
     label_of = {name: i for i, name in enumerate(sorted(names))}    # DALI's rule: sorted folder names
-    truth, used, number = {}, set(), {}
-    for name in names:      # written in a shuffled, unsorted order
+    m = -(-int(rng.integers(3000, 3200)) // (2 * batch_size))
+    n = 2 * m * batch_size + 1
+    counts = rng.multinomial(n - 400 * len(names), [1 / len(names)] * len(names)) + 400
+    grid = [(h, w) for h in range(32, 96) for w in range(32, 96)]
+    sizes = [grid[k] for k in rng.choice(len(grid), int(max(counts)) + 100, replace=False)]   # shared by the classes
+    encoded, truth, number = {}, {}, {}
+    for name, count in zip(names, counts):      # written in a shuffled, unsorted order
         (root / name).mkdir()
-        for j in range(int(rng.integers(4, 8))):
-            while True:
-                h, w = int(rng.integers(40, 160)), int(rng.integers(40, 160))
-                if (h, w) not in used:
-                    used.add((h, w))
-                    break
-            rgb = rng.integers(20, 236, 3)
-            pixels = np.empty((h, w, 3), np.uint8)
-            pixels[:] = rgb
-            pixels[:, :, 0] = np.linspace(30, 225, w).round().astype(np.uint8)[None, :]
-            Image.fromarray(pixels).save(root / name / f"{j:03d}.jpg", quality=95)
+        for j, k in enumerate(rng.choice(len(sizes), int(count), replace=False)):
+            h, w = sizes[k]
+            if (h, w) not in encoded:
+                rgb = np.array([0, *rng.integers(20, 236, 2)])
+                pixels = np.empty((h, w, 3), np.uint8)
+                pixels[:] = rgb
+                pixels[:, :, 0] = np.linspace(_RED_LO, _RED_HI, w).round().astype(np.uint8)[None, :]
+                buf = __import__("io").BytesIO()
+                Image.fromarray(pixels).save(buf, format="JPEG", quality=95)
+                encoded[(h, w)] = (buf.getvalue(), rgb)
+            data_bytes, rgb = encoded[(h, w)]
+            (root / name / f"{j:04d}.jpg").write_bytes(data_bytes)
             truth[(label_of[name], h, w)] = rgb
             number[(label_of[name], h, w)] = j
-    return truth, label_of, number
+    return _Folder(root, truth, number, label_of)
 
 
-def _mirrored(image) -> bool:
-    """Whether a crop of a file whose red rises from left to right came out mirrored."""
-    red = image[0].mean(axis=0)
-    third = max(len(red) // 3, 1)
-    return float(red[:third].mean()) > float(red[-third:].mean())
+@dataclass
+class _Sample:
+    """What the check keeps of one output image (the images themselves would not fit in memory)."""
+    label: int
+    h: int
+    w: int
+    means: np.ndarray          # each channel's mean, normalised
+    low: float                 # the smallest and largest value of the image
+    high: float
+    left: float                # where the crop's left and right edges fall in the file, 0..1 of its width
+    right: float
+    mirrored: bool
+    clear: bool                # the red ramp is steep enough to tell the mirroring
 
 
-def _jpeg_epoch(jpeg_pipeline, root, batch_size, crop, device, shard_id, num_shards, rng, what):
+def _summarise(images: np.ndarray, labels, shapes) -> list[_Sample]:
+    mean = np.array(dali_mean(), np.float32) * 255
+    std = np.array(dali_std(), np.float32) * 255
+    red = images[:, 0].mean(axis=1) * std[0] + mean[0]        # (b, crop): the red profile, 0..255
+    third = max(red.shape[1] // 3, 1)
+    first, last = red[:, :third].mean(axis=1), red[:, -third:].mean(axis=1)
+    ends = np.sort(np.stack([red[:, 0], red[:, -1]], axis=1), axis=1)
+    position = (ends - _RED_LO) / (_RED_HI - _RED_LO)
+    means = images.mean(axis=(2, 3))
+    low, high = images.min(axis=(1, 2, 3)), images.max(axis=(1, 2, 3))
+    return [_Sample(int(labels[i]), int(shapes[i, 0]), int(shapes[i, 1]), means[i], float(low[i]),
+                    float(high[i]), float(position[i, 0]), float(position[i, 1]), bool(first[i] > last[i]),
+                    bool(abs(first[i] - last[i]) > 0.1 * (_RED_HI - _RED_LO))) for i in range(len(labels))]
+
+
+def dali_mean():
+    from ..dali_pipelines import IMAGENET_MEAN
+    return IMAGENET_MEAN
+
+
+def dali_std():
+    from ..dali_pipelines import IMAGENET_STD
+    return IMAGENET_STD
+
+
+def _jpeg_epochs(jpeg_pipeline, folder, batch_size, crop, device, shard_id, num_shards, rng, what, epochs=1):
+    """Run `epochs` epochs of the learner's pipeline through DALI's iterator (reader 'Reader',
+    PARTIAL), one at a time as they are asked for: yields, per epoch, the samples and the number
+    of batches (empty ones included)."""
     from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
-    pipe = _expect_pipeline(jpeg_pipeline(str(root), batch_size, crop=crop, device=device, shard_id=shard_id,
+    pipe = _expect_pipeline(jpeg_pipeline(str(folder.root), batch_size, crop=crop, device=device, shard_id=shard_id,
                                           num_shards=num_shards, num_threads=_threads(),
                                           seed=int(rng.integers(1, 2**31 - 1))), "jpeg_pipeline(...)")
     _num_outputs(pipe, 3, "images, labels, shapes")
     try:
         it = DALIGenericIterator(pipe, ["images", "labels", "shapes"], reader_name="Reader",
-                                 last_batch_policy=LastBatchPolicy.PARTIAL)
+                                 last_batch_policy=LastBatchPolicy.PARTIAL, auto_reset=True)
     except RuntimeError as exc:
         if "Reader" in str(exc):
             raise CheckFailed("the reader is named 'Reader'", f"{what}: DALI's iterator found no operator named 'Reader'",
                               "fn.readers.file(..., name='Reader'): the iterator asks it for the epoch size")
         raise
-    samples = []
-    for out in it:
-        b = out[0]
-        images = _as_numpy(b["images"])
-        if device == "gpu" and not b["images"].is_cuda:
-            raise CheckFailed("device='gpu' decodes on the GPU", f"{what}: the images come back on the CPU",
-                              "decode with fn.decoders.image(..., device='mixed')")
-        labels = _as_numpy(b["labels"]).reshape(-1)
-        if len(labels) == 0:
-            # DALI pads every shard to the same number of batches; with PARTIAL, a shard whose
-            # real samples end on a batch boundary gets one empty batch: not the learner's doing
-            continue
-        shapes = _as_numpy(b["shapes"]).reshape(len(labels), -1)
-        if images.ndim != 4 or images.shape[1:] != (3, crop, crop):
-            hint = ("that is HWC: output_layout='CHW'" if images.shape[1:] == (crop, crop, 3)
-                    else f"random_resized_crop(..., size=(crop, crop)) with crop={crop}")
-            raise CheckFailed("images are (B, 3, crop, crop)", f"{what}: crop={crop}, yours {tuple(images.shape)}", hint)
-        if images.dtype != np.float32:
-            raise CheckFailed("images are float32", f"{what}: yours {images.dtype}", "dtype=types.FLOAT")
-        if shapes.shape[1] < 2:
-            raise CheckFailed("the third output is the decoded shape", f"{what}: yours has {shapes.shape[1]} value(s) per sample",
-                              "the decoded image's shape (H, W, C): images.shape() right after the decoder")
-        for i in range(len(labels)):
-            samples.append((int(labels[i]), int(shapes[i, 0]), int(shapes[i, 1]), images[i]))
-    return samples
+    for epoch in range(epochs):
+        samples, batches = [], 0
+        for got in it:
+            batches += 1
+            b = got[0]
+            if device == "gpu" and not b["images"].is_cuda:
+                raise CheckFailed("device='gpu' decodes on the GPU", f"{what}: the images come back on the CPU",
+                                  "decode with fn.decoders.image(..., device='mixed')")
+            images = _as_numpy(b["images"])
+            labels = _as_numpy(b["labels"]).reshape(-1)
+            if len(labels) == 0:
+                # DALI pads every shard to the same number of batches; with PARTIAL, a shard whose
+                # real samples end on a batch boundary gets one empty batch: not the learner's doing
+                continue
+            shapes = _as_numpy(b["shapes"]).reshape(len(labels), -1)
+            if images.ndim != 4 or images.shape[1:] != (3, crop, crop):
+                hint = ("that is HWC: output_layout='CHW'" if images.shape[1:] == (crop, crop, 3)
+                        else f"random_resized_crop(..., size=(crop, crop)) with crop={crop}")
+                raise CheckFailed("images are (B, 3, crop, crop)", f"{what}: crop={crop}, yours {tuple(images.shape)}",
+                                  hint)
+            if images.dtype != np.float32:
+                raise CheckFailed("images are float32", f"{what}: yours {images.dtype}", "dtype=types.FLOAT")
+            if shapes.shape[1] < 2:
+                raise CheckFailed("the third output is the decoded shape",
+                                  f"{what}: yours has {shapes.shape[1]} value(s) per sample",
+                                  "the decoded image's shape (H, W, C): images.shape() right after the decoder")
+            samples += _summarise(images, labels, shapes)
+            if batches > 2 * len(folder.truth):
+                raise CheckFailed("an epoch ends", f"{what}: more batches than files without the epoch ending",
+                                  "read with fn.readers.file(..., name='Reader') and let the iterator end the epoch")
+        yield samples, batches
+
+
+def _fast_tmp() -> str | None:
+    """Memory-backed temporary storage where there is some (thousands of small files are written
+    there several times faster than on a disk), else the default temporary folder."""
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
+
+
+def _shift_resultant(first: list, second: list) -> float:
+    """How much two epochs' orders remember each other: for every file, its move from one epoch's
+    position to the next (on a circle of N positions, since a reader may start an epoch anywhere),
+    and the length of the mean of those moves as unit vectors. A new permutation every epoch gives
+    about 1/sqrt(N); a shuffle inside a buffer of 1,024 files keeps each file near its last place,
+    so the moves bunch together: about 0.2 for 3,000 files."""
+    n = len(first)
+    where = {key: i for i, key in enumerate(first)}
+    moves = np.array([(i - where[key]) % n for i, key in enumerate(second)], np.float64)
+    return float(abs(np.exp(2j * np.pi * moves / n).mean()))
+
+
+def _key(sample: _Sample):
+    return (sample.label, sample.h, sample.w)
 
 
 @exercise("4.3", "The JPEG pipeline: file reader, decoder, random resized crop, normalise", points=2)
@@ -526,70 +799,145 @@ def check_jpeg_pipeline(jpeg_pipeline):
     expect_callable(jpeg_pipeline, "a function jpeg_pipeline(file_root, batch_size, *, crop=224, device='cpu', "
                     "shard_id=0, num_shards=1, num_threads=2, seed=0) that returns a DALI Pipeline")
     rng, seed = fresh_rng()
-    mean = np.array([0.485, 0.456, 0.406], np.float32) * 255
-    std = np.array([0.229, 0.224, 0.225], np.float32) * 255
-    lo, hi = (0 - mean) / std, (255 - mean) / std
-    with tempfile.TemporaryDirectory(prefix="check-4.3-") as tmp:
-        root = Path(tmp)
-        truth, label_of, number = _jpeg_folder(rng, root)
-        keys = sorted(truth)
-        batch_size = int(rng.integers(5, 9))
+    with tempfile.TemporaryDirectory(prefix="check-4.3-", dir=_fast_tmp()) as tmp:
+        probe = Path(tmp) / "probe"            # one class, one file: enough to construct a pipeline (never built)
+        (probe / "only").mkdir(parents=True)
+        from PIL import Image
+        Image.new("RGB", (32, 32), (90, 120, 150)).save(probe / "only" / "0.jpg")
+        _expect_local_gpu(lambda: jpeg_pipeline(str(probe), 8, crop=32, device="gpu", num_threads=_threads(), seed=1),
+                          "jpeg_pipeline(..., device='gpu')", seed)
+        batch_size = int(rng.integers(16, 33))
+        (Path(tmp) / "files").mkdir()
+        folder = _jpeg_folder(rng, Path(tmp) / "files", batch_size)
         crop = int(rng.choice([40, 48, 64]))
-        summary, flips = [], []
-        for device in _devices():
+        devices = _devices()
+        for device in reversed(devices):
             on = "on the GPU (mixed decoder)" if device == "gpu" else "on the CPU"
-            samples = _jpeg_epoch(jpeg_pipeline, root, batch_size, crop, device, 0, 1, rng, on)
-            got = sorted((l, h, w) for l, h, w, _ in samples)
-            if got != keys:
-                _explain_mismatch(got, keys, label_of, on, seed)
-            files = [(l, number[(l, h, w)]) for l, h, w, _ in samples]
-            if files == sorted(files):
-                raise CheckFailed("shuffles the files", f"{on}: the epoch read the {len(files)} files in folder order "
-                                  f"(seed {seed})", "fn.readers.file(..., random_shuffle=True)")
-            for label, h, w, image in samples:
-                if image.min() < lo.min() - 0.05 or image.max() > hi.max() + 0.05:
-                    raise CheckFailed("values are normalised", f"{on}: values from {image.min():.2f} to {image.max():.2f}; "
-                                      f"normalised uint8 pixels lie in [{lo.min():.2f}, {hi.max():.2f}]",
-                                      "crop_mirror_normalize with mean and std in 0..255 units: "
-                                      "[255*m for m in IMAGENET_MEAN], [255*s for s in IMAGENET_STD]")
-                expected = (truth[(label, h, w)] - mean) / std
-                yours = image.reshape(3, -1).mean(axis=1)
-                if np.abs(yours[1:] - expected[1:]).max() > 0.15:       # green and blue: one colour per file
-                    hint = "normalise as (x - 255*mean) / (255*std) per channel, RGB order"
-                    pixels = yours * std + mean       # back to 0..255, as if normalised right
-                    if abs(pixels[0] - truth[(label, h, w)][2]) <= 8 and abs(pixels[1] - truth[(label, h, w)][1]) <= 8:
-                        hint = "the channels are in BGR order: decode with output_type=types.RGB"
-                    raise CheckFailed("each image is its file's colour, normalised",
-                                      f"{on}: an image of green {int(truth[(label, h, w)][1])} and blue "
-                                      f"{int(truth[(label, h, w)][2])} came out with green and blue means "
-                                      f"{np.round(yours[1:], 2).tolist()}, expected {np.round(expected[1:], 2).tolist()} "
-                                      f"(seed {seed})", hint)
-                flips.append(_mirrored(image))
-            summary.append(device)
-        # shards: together one epoch of the folder, no file twice
-        shards = [_jpeg_epoch(jpeg_pipeline, root, batch_size, crop, "cpu", s, 2, rng, f"shard {s} of 2")
-                  for s in range(2)]
-        flips += [_mirrored(image) for part in shards for _, _, _, image in part]
-        parts = [sorted((l, h, w) for l, h, w, _ in part) for part in shards]
-        if sorted(parts[0] + parts[1]) != keys or set(parts[0]) & set(parts[1]):
-            raise CheckFailed("shard_id and num_shards split the files", f"shards 0 and 1 of 2 read {len(parts[0])} and "
-                              f"{len(parts[1])} files of {len(keys)}, sharing {len(set(parts[0]) & set(parts[1]))} (seed {seed})",
-                              "pass shard_id and num_shards to fn.readers.file")
+            run = _jpeg_epochs(jpeg_pipeline, folder, batch_size, crop, device, 0, 1, rng, on, epochs=2)
+            first, _ = next(run)
+            _check_jpeg_epoch(first, folder, on, seed)
+        _check_crops(first, "on the CPU", seed)
+        flips = [x.mirrored for x in first if x.clear]
         share = float(np.mean(flips))
-        if not 0.1 <= share <= 0.9:        # about half of 30 and more samples: outside this, not a coin
-            raise CheckFailed("mirrors about half of the images", f"{share:.0%} of {len(flips)} crops came out "
-                              f"mirrored (seed {seed})",
-                              "crop_mirror_normalize(..., mirror=fn.random.coin_flip(probability=0.5))")
-    where = " and on the GPU" if "gpu" in summary else ""
-    return (f"{len(keys)} JPEGs in {len(label_of)} class folders, one epoch on the CPU{where}: decoded sizes, "
-            f"labels (sorted folders), {crop}x{crop} crops, normalised values, {share:.0%} mirrored, shuffled; two "
-            "shards split the files.")
+        if abs(share - 0.5) > 0.05:
+            raise CheckFailed("mirrors half of the images", f"{share:.0%} of {len(flips)} crops came out mirrored "
+                              f"(seed {seed})", "crop_mirror_normalize(..., mirror=fn.random.coin_flip(probability=0.5))")
+        shards = [list(_jpeg_epochs(jpeg_pipeline, folder, batch_size, crop, "cpu", s, 2, rng, f"shard {s} of 2",
+                                    epochs=2 - s)) for s in range(2)]
+        _check_shards(shards, folder, batch_size, seed)
+        # the second epoch of the CPU run: every file once more, in a new order of all of them
+        second, _ = next(run)
+        got = sorted(_key(x) for x in second)
+        if got != folder.keys:
+            if set(got) <= set(folder.keys) and len(got) == len(folder.keys):
+                raise CheckFailed("every epoch is whole, not only the first",
+                                  f"on the CPU, epoch 2 brought {len(set(folder.keys) - set(got))} files twice and "
+                                  f"missed as many (seed {seed})", "pad_last_batch=True: without it the reader fills "
+                                  "an epoch's short last batch with the next epoch's first files, which the iterator "
+                                  "throws away, so the next epoch misses them (and shards overlap)")
+            _explain_mismatch(got, folder.keys, folder.label_of, "on the CPU, epoch 2", seed)
+        n = len(folder.truth)
+        shift = _shift_resultant([_key(x) for x in first], [_key(x) for x in second])
+        if shift > _SHUFFLE_BAR:
+            raise CheckFailed("shuffles all the files every epoch",
+                              f"from epoch 1 to epoch 2 of {n} files, each file stayed near its place (the moves' "
+                              f"resultant is {shift:.2f}; a new permutation of all files gives about "
+                              f"{1 / n ** 0.5:.2f}) (seed {seed})",
+                              "random_shuffle=True shuffles the files once, with a fixed seed, then only inside a "
+                              "buffer of initial_fill (1,024) samples: batches come from a window that moves through "
+                              "the same order every epoch. Ask the reader for a new permutation of every file each "
+                              "epoch")
+    where = " and on the GPU" if "gpu" in devices else ""
+    return (f"{n} JPEGs in {len(folder.label_of)} class folders, two epochs on the CPU{where}: decoded sizes, labels "
+            f"(sorted folders), random {crop}x{crop} crops, normalised values, {share:.0%} mirrored, a new order of all "
+            "files each epoch; two shards split an epoch into equal numbers of batches, and move on; device='gpu' "
+            "uses this process's GPU.")
+
+
+def _check_jpeg_epoch(samples, folder, on, seed):
+    """One epoch: every file once, shuffled, normalised, each image its file's colour."""
+    mean = np.array(dali_mean(), np.float32) * 255
+    std = np.array(dali_std(), np.float32) * 255
+    lo, hi = (0 - mean) / std, (255 - mean) / std
+    got = sorted(_key(x) for x in samples)
+    if got != folder.keys:
+        _explain_mismatch(got, folder.keys, folder.label_of, on, seed)
+    files = [(x.label, folder.number[_key(x)]) for x in samples]
+    if files == sorted(files):
+        raise CheckFailed("shuffles the files", f"{on}: the epoch read the {len(files)} files in folder order "
+                          f"(seed {seed})", "the reader shuffles when asked to (see its shuffling arguments)")
+    for x in samples:
+        if x.low < lo.min() - 0.05 or x.high > hi.max() + 0.05:
+            raise CheckFailed("values are normalised", f"{on}: values from {x.low:.2f} to {x.high:.2f}; "
+                              f"normalised uint8 pixels lie in [{lo.min():.2f}, {hi.max():.2f}]",
+                              "crop_mirror_normalize with mean and std in 0..255 units: "
+                              "[255*m for m in IMAGENET_MEAN], [255*s for s in IMAGENET_STD]")
+        rgb = folder.truth[_key(x)]
+        expected = (rgb[1:] - mean[1:]) / std[1:]
+        if np.abs(x.means[1:] - expected).max() > 0.15:       # green and blue: one colour per file
+            hint = "normalise as (x - 255*mean) / (255*std) per channel, RGB order"
+            pixels = x.means * std + mean       # back to 0..255, as if normalised right
+            if abs(pixels[0] - rgb[2]) <= 8 and abs(pixels[1] - rgb[1]) <= 8:
+                hint = "the channels are in BGR order: decode with output_type=types.RGB"
+            raise CheckFailed("each image is its file's colour, normalised",
+                              f"{on}: an image of green {int(rgb[1])} and blue {int(rgb[2])} came out with green and "
+                              f"blue means {np.round(x.means[1:], 2).tolist()}, expected "
+                              f"{np.round(expected, 2).tolist()} (seed {seed})", hint)
+
+
+def _check_shards(shards, folder, batch_size, seed):
+    """Two shards: the first epoch split between them, in equal numbers of batches; new files for
+    shard 0 in its second epoch (the second epoch of the unsharded run shows whether it is whole)."""
+    keys, n = folder.keys, len(folder.truth)
+    parts = [sorted(_key(x) for x in shards[s][0][0]) for s in range(2)]
+    if sorted(parts[0] + parts[1]) != keys or set(parts[0]) & set(parts[1]):
+        raise CheckFailed("shard_id and num_shards split the files",
+                          f"shards 0 and 1 of 2 read {len(parts[0])} and {len(parts[1])} files of {n}, sharing "
+                          f"{len(set(parts[0]) & set(parts[1]))} (seed {seed})",
+                          "pass shard_id and num_shards to fn.readers.file")
+    counts = [shards[s][0][1] for s in range(2)]
+    if counts[0] != counts[1]:
+        raise CheckFailed("every shard gives the same number of batches",
+                          f"shard 0 of 2 ({len(parts[0])} files) gave {counts[0]} batches of up to {batch_size}, "
+                          f"shard 1 ({len(parts[1])} files) {counts[1]} (seed {seed}). Under DistributedDataParallel "
+                          "the rank with the extra batch waits in an all-reduce that the other never joins: a hang",
+                          "pad_last_batch=True pads every shard to the same number of batches (the iterator, given "
+                          "reader_name, cuts the padding off again)")
+    if set(_key(x) for x in shards[0][0][0]) == set(_key(x) for x in shards[0][1][0]):
+        raise CheckFailed("every shard reads new files each epoch",
+                          f"shard 0 of 2 read the same {len(shards[0][0][0])} files in epochs 1 and 2 (seed {seed})",
+                          "stick_to_shard=True keeps a rank on one slice of the data for ever; a new permutation of "
+                          "all files each epoch gives every rank new files")
+
+
+def _check_crops(samples, on, seed):
+    """The crops are random windows: not the whole image every time, not the centre every time."""
+    span = np.array([s.right - s.left for s in samples])
+    centre = np.array([(s.right + s.left) / 2 for s in samples])
+    whole = float(np.mean(span > 0.9))
+    if whole > 0.6:
+        raise CheckFailed("crops a random window of each image",
+                          f"{on}: {whole:.0%} of the {len(samples)} crops show the whole width of their file; a random "
+                          f"resized crop of 8-100% of the area shows it in about one crop in eight (seed {seed})",
+                          "fn.resize squeezes the whole image to crop x crop: pick a random window first "
+                          "(fn.random_resized_crop does both)")
+    if float(np.std(centre)) < 0.05:
+        raise CheckFailed("crops a random window of each image",
+                          f"{on}: every crop is centred on its file (seed {seed})",
+                          "a centre crop is for evaluation: for training, a random window (fn.random_resized_crop)")
 
 
 def _explain_mismatch(got, keys, label_of, on, seed):
     if len(got) != len(keys):
         raise CheckFailed("one epoch reads every file once", f"{on}: {len(got)} samples for {len(keys)} files (seed {seed})",
                           "read with fn.readers.file(file_root=..., name='Reader'); the iterator stops after one epoch")
+    known = set(keys)
+    if all(k in known for k in got):
+        twice = sum(1 for c in Counter(got).values() if c > 1)
+        raise CheckFailed("one epoch reads every file once", f"{on}: {twice} files came twice and "
+                          f"{len(known - set(got))} never (seed {seed})",
+                          "let the reader define the epoch: fn.readers.file(..., name='Reader') and the iterator's "
+                          "reader_name")
     if sorted((h, w) for _, h, w in got) != sorted((h, w) for _, h, w in keys):
         raise CheckFailed("the third output is the decoded size", f"{on}: the (height, width) values are not the files' "
                           f"sizes (seed {seed})", "images.shape() right after fn.decoders.image, before any crop; "

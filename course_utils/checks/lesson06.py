@@ -22,6 +22,7 @@ import torch
 from .. import scaling
 from ._core import CheckFailed, WrongType, exercise, expect_callable
 from ._util import fresh_rng
+from .virtual_cuda import VirtualCuda
 
 __all__ = ["reference_scatter", "reference_gather"]
 
@@ -312,9 +313,15 @@ def _same(yours, expected, where: str, *, top: bool = False, count_prop: str = "
             raise CheckFailed(prop, f"{where}: yours has shape {tuple(yours.shape)}, expected {tuple(expected.shape)}",
                               hint)
         if yours.device != expected.device:
-            raise CheckFailed("gathers onto the first output's device" if joining else "keeps pieces on the input's device",
-                              f"{where}: yours is on {yours.device}, expected {expected.device}",
-                              "DataParallel's gather copies every output to device 0 before concatenating")
+            if joining:
+                raise CheckFailed("gathers onto the first output's device",
+                                  f"{where}: yours is on {yours.device}, expected {expected.device}, the first "
+                                  "output's device",
+                                  "DataParallel gathers onto device 0, where the model's only lasting copy lives and "
+                                  "the loss is computed: move every output to outputs[0]'s device (not the CPU, not "
+                                  "the last output's device) before concatenating")
+            raise CheckFailed("keeps pieces on the input's device", f"{where}: yours is on {yours.device}, expected "
+                              f"{expected.device}", "split with torch.chunk: its pieces stay where the input is")
         if yours.dtype != expected.dtype or not torch.equal(yours.detach(), expected.detach()):
             raise CheckFailed("keeps the samples in order", f"{where}: the values differ from DataParallel's")
         return
@@ -386,6 +393,8 @@ def _scatter_cases(rng):
         (f"a tuple (images, labels) of {b} samples on {n} devices", (x, y), n, 0),
         (f"a list [images, labels] of {b} samples on {n} devices", [x, y], n, 0),
         (f"a dict of {b} samples on {n} devices", {"labels": y, "images": x}, n, 0),
+        (f"an OrderedDict of {b} samples on {n} devices", collections.OrderedDict([("mask", x[:, 0]), ("images", x),
+                                                                                  ("labels", y)]), n, 0),
         (f"a namedtuple Batch(images, labels) on {n} devices", _Batch(x, y), n, 0),
         (f"a nested (images, {{'mask': ..., 'extra': [labels]}}) on {n} devices", (x, {"mask": x[:, 0], "extra": [y]}), n, 0),
         (f"a tuple mixing a tensor with a number, a string, None, a set and an options object on {n} devices",
@@ -409,8 +418,11 @@ def _gather_cases(rng):
     cases.append((f"{n} scalar losses (0-dim tensors)", [torch.randn(()) for _ in sizes], 0))
     cases.append((f"{n} outputs (logits, features) tuples", [(torch.randn(s, 10), torch.randn(s, 4)) for s in sizes], 0))
     cases.append((f"{n} outputs [logits, features] lists", [[torch.randn(s, 10), torch.randn(s, 4)] for s in sizes], 0))
-    cases.append((f"{n} outputs dicts {{'logits', 'loss'}}",
-                  [{"logits": torch.randn(s, 10), "loss": torch.randn(())} for s in sizes], 0))
+    cases.append((f"{n} outputs dicts {{'loss', 'logits'}}",
+                  [{"loss": torch.randn(()), "logits": torch.randn(s, 10)} for s in sizes], 0))
+    cases.append((f"{n} outputs OrderedDicts {{'logits', 'features', 'aux'}}",
+                  [collections.OrderedDict([("logits", torch.randn(s, 10)), ("features", torch.randn(s, 4)),
+                                            ("aux", torch.randn(s, 2))]) for s in sizes], 0))
     cases.append((f"{n} outputs namedtuples Batch(images, labels)",
                   [_Batch(torch.randn(s, 3), torch.randint(0, 9, (s,))) for s in sizes], 0))
     cases.append((f"{n} outputs (logits, None)", [(torch.randn(s, 10), None) for s in sizes], 0))
@@ -418,6 +430,19 @@ def _gather_cases(rng):
         cases.append((f"{n} outputs, the first on the GPU, the others on the CPU",
                       [torch.randn(s, 10, device="cuda" if i == 0 else "cpu") for i, s in enumerate(sizes)], 0))
     return cases
+
+
+def _device_gather_cases(rng):
+    """Outputs on two devices (made inside a `VirtualCuda` block: a GPU's device placement on the
+    CPU): DataParallel gathers onto the first output's device, whichever that is."""
+    n = int(rng.integers(3, 7))
+    sizes = [int(v) for v in rng.integers(1, 6, size=n)]
+    first_on_gpu = [torch.randn(s, 10, device="cuda" if i == 0 else "cpu") for i, s in enumerate(sizes)]
+    first_on_cpu = [torch.randn(s, 10, device="cpu" if i == 0 else "cuda") for i, s in enumerate(sizes)]
+    return [(f"{n} outputs, the first on the GPU (cuda), the others on the CPU", first_on_gpu, 0),
+            (f"{n} outputs, the first on the CPU, the others on the GPU (cuda)", first_on_cpu, 0),
+            (f"{n} (logits, features) tuples, the first on the GPU (cuda)",
+             [(t, t[:, :3] * 2) for t in first_on_gpu], 0)]
 
 
 def _two_functions(obj):
@@ -482,6 +507,16 @@ def check_scatter_gather(functions):
         expected = reference_gather(outputs, dim)
         _same(yours, expected, f"dp_gather of {where}", joining=True)
 
+    with VirtualCuda():
+        for where, outputs, dim in _device_gather_cases(rng):
+            try:
+                yours = gather(outputs, dim)
+            except (CheckFailed, NotImplementedError):
+                raise
+            except Exception as exc:
+                raise _raised("gathers onto the first output's device", f"dp_gather of {where}", exc) from None
+            _same(yours, reference_gather(outputs, dim), f"dp_gather of {where}", joining=True)
+
     # gradients flow back through the split and the join
     n = int(rng.integers(2, 6))
     x = torch.randn(int(rng.integers(n + 1, 5 * n)), 3, requires_grad=True)
@@ -506,7 +541,8 @@ def check_scatter_gather(functions):
     batch = {"images": torch.randn(b, 3, 2, 2), "labels": torch.randint(0, 10, (b,))}
     back = gather(scatter(batch, n, 0), 0)
     _same(back, batch, "dp_gather(dp_scatter(a dict batch))")
-    return f"all properties hold on {len(scatter_cases) + len(gather_cases) + 2} inputs (seed {seed})."
+    return (f"all properties hold on {len(scatter_cases) + len(gather_cases) + 5} inputs, outputs on two devices "
+            f"included (seed {seed}).")
 
 
 # -- 6.3 the memory of each device ----------------------------------------------------------------------
@@ -528,35 +564,67 @@ def _read_memory(value, n, where):
     return out
 
 
-def _memory_case(dp_memory, trip, n, batch, sizes, props):
-    where = (f"{n} device(s), batch {batch}, parameters {sizes['param_bytes']:,} B, optimizer state "
-             f"{sizes['optimizer_bytes']:,} B, per sample: input {sizes['input_bytes']:,} B, activations "
-             f"{sizes['activation_bytes']:,} B, output {sizes['output_bytes']:,} B")
+def _memory_case(dp_memory, trip, n, batch, sizes, props, on_device0=True):
+    where = (f"{n} device(s), batch {batch} {'on device 0' if on_device0 else 'left on the host'}, parameters "
+             f"{sizes['param_bytes']:,} B, optimizer state {sizes['optimizer_bytes']:,} B, per sample: input "
+             f"{sizes['input_bytes']:,} B, activations {sizes['activation_bytes']:,} B, output "
+             f"{sizes['output_bytes']:,} B")
+    kwargs = dict(sizes) if on_device0 else dict(sizes, batch_on_device0=False)
     value = _call(dp_memory, trip, "computes the memory itself",
                   "that is the course's own model, which the lesson uses for its plots",
-                  "add up what each device holds, from the list in the exercise", n, batch, **sizes)
+                  "add up what each device holds, from the list in the exercise", n, batch, **kwargs)
     yours = _read_memory(value, n, where)
-    expected = scaling.dp_memory(n, batch, **sizes)
+    expected = scaling.dp_memory(n, batch, **sizes, batch_on_device0=on_device0)
     first, others, empty = props
     if not math.isclose(yours[0], expected[0], rel_tol=1e-9, abs_tol=0.5):
         raise CheckFailed(first, f"{where}: device 0: yours {yours[0]:,.0f} B, expected {expected[0]:,.0f} B",
-                          "device 0: parameters + gradients + optimizer state + the whole input batch + the "
-                          "activations of its own piece + the gathered outputs and their gradient")
+                          _device0_hint(yours[0], n, batch, sizes, on_device0))
     for k in range(1, n):
         if expected[k] == 0 and yours[k] != 0:
             raise CheckFailed(empty, f"{where}: device {k} gets no piece but yours gives it {yours[k]:,.0f} B",
                               "tensor.chunk(n) can make fewer than n pieces; DataParallel replicates only onto "
                               "devices that get one")
         if not math.isclose(yours[k], expected[k], rel_tol=1e-9, abs_tol=0.5):
+            c = scaling.dp_chunk_sizes(batch, n)[k]
+            p, act = sizes["param_bytes"], c * sizes["activation_bytes"]
+            hint = ("a device with a piece of c samples: the replica's parameters + c samples of input + the "
+                    "larger of (c samples of activations) and (the replica's gradients): backward frees the "
+                    "activations as it makes the gradients, which live until the reduce")
+            if math.isclose(yours[k], expected[k] + min(act, p), rel_tol=1e-9, abs_tol=0.5):
+                hint = ("yours adds the activations and the gradients: they do not peak together (backward frees "
+                        "the activations as it makes the gradients): the peak holds the larger of the two")
             raise CheckFailed(others, f"{where}: device {k}: yours {yours[k]:,.0f} B, expected {expected[k]:,.0f} B",
-                              "a device with a piece of c samples: the replica's parameters and gradients + c "
-                              "samples of input and of activations (no optimizer state, no gathered outputs)")
+                              hint)
 
 
-def _sizes(rng, **fixed):
+def _device0_hint(yours, n, batch, sizes, on_device0):
+    c0 = scaling.dp_chunk_sizes(batch, n)[0]
+    expected = scaling.dp_memory(n, batch, **sizes, batch_on_device0=on_device0)[0]
+    working = c0 * sizes["activation_bytes"] + 2 * batch * sizes["output_bytes"]
+    if math.isclose(yours, expected + min(working, sizes["param_bytes"]), rel_tol=1e-9, abs_tol=0.5):
+        return ("yours adds the activations (with the gathered outputs) and the gradients: they do not peak "
+                "together (backward frees the activations as it makes the gradients): the peak holds the larger")
+    other_way = scaling.dp_memory(n, batch, **sizes, batch_on_device0=not on_device0)[0]
+    if math.isclose(yours, other_way, rel_tol=1e-9, abs_tol=0.5):
+        return ("with the batch on device 0 (the loader put it there) device 0 holds all of its input; left on the "
+                "host, only its own piece" if on_device0 else
+                "the batch stayed on the host: scatter copies each piece from there, so device 0 holds only its "
+                f"own piece ({c0} samples) of the input")
+    return ("device 0: the parameters + the optimizer state + its input (the whole batch when the loader put it "
+            "there, else its piece) + the larger of (its piece's activations + the gathered outputs and their "
+            "gradient) and (the parameters' gradients)")
+
+
+def _sizes(rng, regime=None, **fixed):
+    """Random sizes; `regime` "activations" or "gradients" says which of the two dominates a
+    device's peak (both regimes are tested on every run)."""
     sizes = dict(param_bytes=int(rng.integers(10**5, 10**9)), optimizer_bytes=int(rng.integers(0, 2 * 10**9)),
                  input_bytes=int(rng.integers(10, 10**6)), activation_bytes=int(rng.integers(10**3, 10**7)),
                  output_bytes=int(rng.integers(4, 10**5)))
+    if regime == "activations":       # a large batch of large activations, a small model
+        sizes.update(param_bytes=int(rng.integers(10**5, 10**6)), activation_bytes=int(rng.integers(10**6, 10**7)))
+    elif regime == "gradients":       # a big model, small activations
+        sizes.update(param_bytes=int(rng.integers(10**8, 10**9)), activation_bytes=int(rng.integers(10**3, 10**4)))
     sizes.update(fixed)
     return sizes
 
@@ -564,23 +632,31 @@ def _sizes(rng, **fixed):
 @exercise("6.3", "The memory each device holds in a DataParallel step", points=1)
 def check_dp_memory(dp_memory):
     expect_callable(dp_memory, "a function dp_memory(n_devices, batch_size, *, param_bytes, optimizer_bytes, "
-                    "input_bytes, activation_bytes, output_bytes)")
+                    "input_bytes, activation_bytes, output_bytes, batch_on_device0=True)")
     rng, seed = fresh_rng()
     trip = _course_tripwire(scaling.dp_memory)
     one = ("one device holds the whole step", "one device holds the whole step", "one device holds the whole step")
-    _memory_case(dp_memory, trip, 1, int(rng.integers(1, 512)), _sizes(rng), one)
-    props = ("device 0 holds the state, the batch and the gathered outputs", "the others hold a replica and their piece",
+    for regime in ("activations", "gradients"):
+        _memory_case(dp_memory, trip, 1, int(rng.integers(1, 512)), _sizes(rng, regime), one)
+    props = ("device 0 holds the state, its input and its peak", "the others hold a replica, their piece and their peak",
              "devices without a piece hold nothing")
     n = int(rng.integers(2, 9))
-    _memory_case(dp_memory, trip, n, n * int(rng.integers(2, 100)), _sizes(rng), props)
+    for regime in ("activations", "gradients"):
+        _memory_case(dp_memory, trip, n, n * int(rng.integers(20, 100)), _sizes(rng, regime), props)
     # big optimizer state or big outputs: only device 0 carries them
-    _memory_case(dp_memory, trip, n, n * int(rng.integers(2, 100)), _sizes(rng, optimizer_bytes=3 * 10**9), props)
-    _memory_case(dp_memory, trip, n, n * int(rng.integers(2, 100)), _sizes(rng, output_bytes=10**6), props)
+    _memory_case(dp_memory, trip, n, n * int(rng.integers(2, 100)), _sizes(rng, "activations", optimizer_bytes=3 * 10**9),
+                 props)
+    _memory_case(dp_memory, trip, n, n * int(rng.integers(2, 100)), _sizes(rng, "activations", output_bytes=10**6),
+                 props)
+    host = ("a batch left on the host puts only its piece on device 0", "the others hold a replica, their piece and "
+            "their peak", "devices without a piece hold nothing")
+    for regime in ("activations", "gradients"):
+        _memory_case(dp_memory, trip, n, n * int(rng.integers(20, 100)), _sizes(rng, regime), host, on_device0=False)
     split = ("splits the batch like DataParallel",) * 3
     for batch in (n * int(rng.integers(3, 50)) + int(rng.integers(1, n)), n + 1, max(n - 1, 1)):
         _memory_case(dp_memory, trip, n, batch, _sizes(rng), split)
     fresh = ("matches the model on fresh sizes",) * 2 + ("devices without a piece hold nothing",)
-    for _ in range(25):
+    for k in range(24):
         n = int(rng.integers(1, 17))
-        _memory_case(dp_memory, trip, n, int(rng.integers(1, 3000)), _sizes(rng), fresh)
-    return f"all properties hold on 32 configurations (seed {seed})."
+        _memory_case(dp_memory, trip, n, int(rng.integers(1, 3000)), _sizes(rng), fresh, on_device0=bool(k % 2))
+    return f"all properties hold on 35 configurations, the batch on device 0 or on the host (seed {seed})."

@@ -5,6 +5,7 @@ import pytest
 
 from course_utils import data
 from course_utils.checks import lesson04, run_check
+from course_utils.env import local_cuda_index
 from mutants import Mutant, passes, rejected
 
 pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed: lesson 04's checks cannot run")
@@ -28,14 +29,47 @@ def fixed_seed(monkeypatch):
     monkeypatch.setenv("COURSE_CHECK_SEED", "2404")
 
 
+@pytest.fixture(scope="module")
+def _folders(tmp_path_factory):
+    return tmp_path_factory, {}
+
+
+@pytest.fixture(autouse=True)
+def reuse_jpeg_folders(monkeypatch, _folders):
+    """Check 4.3 writes ~3,000 JPEGs for every run; the tests run it on the same few seeds many
+    times, so each seed's folder is written once and handed out again, with the generator moved
+    on exactly as writing it would have (the check sees the same folder and the same draws)."""
+    factory, cache = _folders
+    real = lesson04._jpeg_folder
+
+    def cached(rng, root, batch_size):
+        key = (repr(rng.bit_generator.state), batch_size)
+        if key not in cache:
+            folder = real(rng, factory.mktemp("jpegs"), batch_size)
+            cache[key] = (folder, rng.bit_generator.state)
+        folder, state = cache[key]
+        rng.bit_generator.state = state
+        return folder
+
+    monkeypatch.setattr(lesson04, "_jpeg_folder", cached)
+
+
 # -- 4.1 ----------------------------------------------------------------------------------------
 
+def this_gpu(device, fixed=None):
+    """The device_id a right answer gives DALI: this process's GPU (LOCAL_RANK under torchrun)."""
+    if device != "gpu":
+        return None
+    return fixed if fixed is not None else local_cuda_index()
+
+
 def make_cifar_pipeline(*, mean=CIFAR_MEAN255, std=CIFAR_STD255, positions="nine", mirror=True, layout="CHW",
-                        pad_first=True, pad=True, swap_outputs=False, flip_probability=0.5, fixed_seed=None):
+                        pad_first=True, pad=True, swap_outputs=False, flip_probability=0.5, fixed_seed=None,
+                        shared_offset=False, label_dtype=None, device_id=None, vertical_flip=False):
     """A CIFAR pipeline builder with one knob per typical mistake (the defaults are right)."""
     def cifar_pipeline(source, batch_size, device="cpu", num_threads=2, seed=0):
-        @pipeline_def(batch_size=batch_size, num_threads=num_threads,
-                      device_id=0 if device == "gpu" else None, seed=seed if fixed_seed is None else fixed_seed)
+        @pipeline_def(batch_size=batch_size, num_threads=num_threads, device_id=this_gpu(device, device_id),
+                      seed=seed if fixed_seed is None else fixed_seed)
         def graph():
             images, labels, indices = fn.external_source(
                 source=source, num_outputs=3, batch=True, batch_info=True, layout=["CHW", "", ""],
@@ -50,11 +84,19 @@ def make_cifar_pipeline(*, mean=CIFAR_MEAN255, std=CIFAR_STD255, positions="nine
                 images = fn.crop(images, crop=(40, 40), out_of_bounds_policy="pad", fill_values=0)
             if positions == "nine":
                 pos_y, pos_x = fn.random.uniform(values=NINE), fn.random.uniform(values=NINE)
+            elif positions == "eight":       # offsets 0..7: one short
+                pos_y, pos_x = fn.random.uniform(values=NINE[:8]), fn.random.uniform(values=NINE[:8])
             else:
                 pos_y, pos_x = fn.random.uniform(range=[0.0, 1.0]), fn.random.uniform(range=[0.0, 1.0])
-            flip = fn.random.coin_flip(probability=flip_probability) if mirror else 0
+            if shared_offset:                # one draw for both axes
+                pos_x = pos_y
+            flip = fn.random.coin_flip(probability=flip_probability) if mirror and not vertical_flip else 0
             out = fn.crop_mirror_normalize(images, crop=(32, 32), crop_pos_y=pos_y, crop_pos_x=pos_x, mirror=flip,
                                            dtype=types.FLOAT, output_layout=layout, **norm)
+            if vertical_flip:
+                out = fn.flip(out, horizontal=0, vertical=fn.random.coin_flip(probability=flip_probability))
+            if label_dtype is not None:
+                labels = fn.cast(labels, dtype=getattr(types, label_dtype))
             if swap_outputs:
                 return out, indices, labels
             return out, labels, indices
@@ -83,6 +125,20 @@ MUTANTS_41 = [
     Mutant("outputs swapped", make_cifar_pipeline(swap_outputs=True), "indices pass through unchanged"),
     Mutant("a seed of its own", make_cifar_pipeline(fixed_seed=1234), "follows the seed"),
     Mutant("the course's pipeline", the_course_pipeline, "is your own code"),
+    # issue 28 / 21: wrong answers that passed
+    Mutant("labels cast to int32", make_cifar_pipeline(label_dtype="INT32"), "labels and indices stay int64",
+           words="cross_entropy"),
+    Mutant("one offset for both axes", make_cifar_pipeline(shared_offset=True), "draws the two offsets independently",
+           words="diagonal"),
+    Mutant("flips 45%", make_cifar_pipeline(flip_probability=0.45), "flips half of the samples"),
+    Mutant("flips 55%", make_cifar_pipeline(flip_probability=0.55), "flips half of the samples"),
+    Mutant("device_id=0 on every GPU", make_cifar_pipeline(device_id=0), "runs on this process's GPU",
+           words="local_cuda_index"),
+    # and more of the same family
+    Mutant("offsets 0..7", make_cifar_pipeline(positions="eight"), "crop offsets cover 0..8"),
+    Mutant("flips vertically", make_cifar_pipeline(vertical_flip=True),
+           "each sample is an exact crop of its padded record, normalised", words="vertical"),
+    Mutant("labels cast to float", make_cifar_pipeline(label_dtype="FLOAT"), "labels and indices stay int64"),
 ]
 
 
@@ -109,7 +165,9 @@ def test_4_1_stub_and_wrong_types():
 # -- 4.2 ----------------------------------------------------------------------------------------
 
 def make_cifar_epochs(*, per_sample=False, stateful=False, reshuffle=True, shard=True, shard_seed=False,
-                      honour_drop_last=True, iterator=True, honour_shuffle=True, array_split=False, own_seed=False):
+                      honour_drop_last=True, iterator=True, honour_shuffle=True, array_split=False, own_seed=False,
+                      fixed_block=False, strided_shards=False, strided_view=False, label_dtype=np.int64,
+                      shard_of_first_epoch=False):
     """A cifar_epochs builder with one knob per typical mistake (the defaults are right)."""
     def cifar_epochs(records, batch_size, *, shuffle=True, seed=0, shard_id=0, num_shards=1, drop_last=False,
                      device="cpu", num_threads=2):
@@ -122,17 +180,29 @@ def make_cifar_epochs(*, per_sample=False, stateful=False, reshuffle=True, shard
         if array_split:               # numpy's split: the first shards get the extra records
             bounds = np.cumsum([0] + [len(a) for a in np.array_split(np.arange(n), num_shards)])
             start, stop = int(bounds[shard_id]), int(bounds[shard_id + 1])
+        if strided_shards:
+            start, stop = 0, len(range(shard_id, n, num_shards))
         full, rest = divmod(stop - start, batch_size)
         batches = full + (1 if rest and not (drop_last and honour_drop_last) else 0)
 
         def order(epoch):
             base = 12345 if own_seed else seed + (shard_id if shard_seed else 0)
             rng = np.random.default_rng((base, epoch if reshuffle else 0))
+            if fixed_block:          # each shard a fixed block of arange(N), shuffled inside itself
+                block = np.arange(start, stop)
+                return rng.permutation(block) if shuffle else block
+            if strided_shards:       # DistributedSampler's interleaving instead of the spec's slices
+                return (rng.permutation(n) if shuffle else np.arange(n))[shard_id::num_shards]
+            if shard_of_first_epoch:     # the shard's records drawn once, reshuffled inside each epoch
+                mine = np.random.default_rng((seed, 0)).permutation(n)[start:stop]
+                return np.random.default_rng((seed, epoch, 1)).permutation(mine) if epoch else mine
             return (rng.permutation(n) if shuffle else np.arange(n))[start:stop]
 
         def rows_of(idx):
             rows = records[idx]
-            return np.ascontiguousarray(rows[:, 1:]).reshape(-1, 3, 32, 32), rows[:, 0].astype(np.int64), idx
+            images = rows[:, 1:].reshape(-1, 3, 32, 32) if strided_view else \
+                np.ascontiguousarray(rows[:, 1:]).reshape(-1, 3, 32, 32)
+            return images, rows[:, 0].astype(label_dtype), idx
 
         if per_sample:
             def source(info):
@@ -163,6 +233,10 @@ def make_cifar_epochs(*, per_sample=False, stateful=False, reshuffle=True, shard
                     raise StopIteration
                 idx = order(info.epoch_idx)[iteration * batch_size:(iteration + 1) * batch_size]
                 return rows_of(idx.astype(np.int64))
+            if label_dtype != np.int64:      # declared as what it returns: the labels come out as they are
+                pipe = _declare_labels(source, batch_size, device, num_threads, seed + shard_id, label_dtype)
+                it = DALIGenericIterator(pipe, ["images", "labels", "indices"], auto_reset=True)
+                return it
             pipe = dali_pipelines.cifar_train_pipeline(source, batch_size=batch_size, device=device,
                                                        num_threads=num_threads, seed=seed + shard_id)
         it = DALIGenericIterator(pipe, ["images", "labels", "indices"], auto_reset=True)
@@ -170,6 +244,23 @@ def make_cifar_epochs(*, per_sample=False, stateful=False, reshuffle=True, shard
             return ([b] for b in it)
         return it
     return cifar_epochs
+
+
+def _declare_labels(source, batch_size, device, num_threads, seed, label_dtype):
+    """The CIFAR pipeline with the labels declared (and so returned) as `label_dtype`."""
+    dali_type = {np.int32: types.INT32, np.uint8: types.UINT8}[label_dtype]
+
+    @pipeline_def(batch_size=batch_size, num_threads=num_threads, device_id=this_gpu(device), seed=seed)
+    def graph():
+        images, labels, indices = fn.external_source(source=source, num_outputs=3, batch=True, batch_info=True,
+                                                     layout=["CHW", "", ""],
+                                                     dtype=[types.UINT8, dali_type, types.INT64])
+        padded = fn.crop(images, crop=(40, 40), out_of_bounds_policy="pad", fill_values=0)
+        out = fn.crop_mirror_normalize(padded, crop=(32, 32), crop_pos_y=fn.random.uniform(values=NINE),
+                                       crop_pos_x=fn.random.uniform(values=NINE), mirror=fn.random.coin_flip(),
+                                       mean=CIFAR_MEAN255, std=CIFAR_STD255, dtype=types.FLOAT, output_layout="CHW")
+        return out, labels, indices
+    return graph()
 
 
 def the_course_epochs(records, batch_size, *, shuffle=True, seed=0, shard_id=0, num_shards=1, drop_last=False,
@@ -196,6 +287,17 @@ MUTANTS_42 = [
     Mutant("drop_last ignored", make_cifar_epochs(honour_drop_last=False), "batch sizes follow the last-batch policy",
            words="drop_last"),
     Mutant("the course's record source", the_course_epochs, "is your own code"),
+    # issue 28 / 21: wrong answers that passed
+    Mutant("a fixed block per shard, shuffled inside", make_cifar_epochs(fixed_block=True),
+           "a shard is its slice of the epoch's order", words="fixed block"),
+    Mutant("a shard's records fixed after epoch 1", make_cifar_epochs(shard_of_first_epoch=True),
+           "visits the epoch's order"),
+    # and more of the same family
+    Mutant("interleaved shards (DistributedSampler's)", make_cifar_epochs(strided_shards=True),
+           "shards split the records evenly"),
+    Mutant("a strided view returned", make_cifar_epochs(strided_view=True), "the source returns C-contiguous arrays",
+           words="ascontiguousarray"),
+    Mutant("int32 labels", make_cifar_epochs(label_dtype=np.int32), "labels and indices are int64", words="int64"),
 ]
 
 
@@ -220,7 +322,8 @@ def test_4_2_stub_and_wrong_type():
 
 def make_jpeg_pipeline(*, output_type="RGB", mean=NET_MEAN255, std=NET_STD255, shape_after_crop=False,
                        fixed_crop=None, reader_name="Reader", shard=True, reverse_labels=False, layout="CHW",
-                       shuffle=True, mirror=True):
+                       shuffle="after_epoch", mirror=True, pad_last_batch=True, crop_kind="random_resized",
+                       stick_to_shard=False, flip_probability=0.5, device_id=None):
     """A jpeg_pipeline builder with one knob per typical mistake (the defaults are right)."""
     def jpeg_pipeline(file_root, batch_size, *, crop=224, device="cpu", shard_id=0, num_shards=1, num_threads=2, seed=0):
         kw = dict(shard_id=shard_id, num_shards=num_shards) if shard else {}
@@ -230,20 +333,30 @@ def make_jpeg_pipeline(*, output_type="RGB", mean=NET_MEAN255, std=NET_STD255, s
                       labels=[len(folder.classes) - 1 - label for label in folder.labels])
         else:
             kw.update(file_root=file_root)
+        kw.update({"after_epoch": dict(shuffle_after_epoch=True), "buffer": dict(random_shuffle=True),
+                   "none": {}}[shuffle])
+        if stick_to_shard:
+            kw["stick_to_shard"] = True
 
-        @pipeline_def(batch_size=batch_size, num_threads=num_threads,
-                      device_id=0 if device == "gpu" else None, seed=seed)
+        @pipeline_def(batch_size=batch_size, num_threads=num_threads, device_id=this_gpu(device, device_id), seed=seed)
         def graph():
-            jpegs, labels = fn.readers.file(random_shuffle=shuffle, pad_last_batch=True, name=reader_name, **kw)
+            jpegs, labels = fn.readers.file(pad_last_batch=pad_last_batch, name=reader_name, **kw)
             images = fn.decoders.image(jpegs, device="mixed" if device == "gpu" else "cpu",
                                        output_type=getattr(types, output_type))
             shapes = images.shape()
             size = fixed_crop or crop
-            images = fn.random_resized_crop(images, size=(size, size))
+            if crop_kind == "resize":                # the whole image squeezed to size x size
+                images = fn.resize(images, size=(size, size))
+            elif crop_kind == "centre":              # resized, then always the centre
+                images = fn.resize(images, resize_shorter=size + size // 8)
+                images = fn.crop(images, crop=(size, size))
+            else:
+                images = fn.random_resized_crop(images, size=(size, size))
             if shape_after_crop:
                 shapes = images.shape()
-            images = fn.crop_mirror_normalize(images, mirror=fn.random.coin_flip() if mirror else 0, mean=mean,
-                                              std=std, dtype=types.FLOAT, output_layout=layout)
+            flip = fn.random.coin_flip(probability=flip_probability) if mirror else 0
+            images = fn.crop_mirror_normalize(images, mirror=flip, mean=mean, std=std, dtype=types.FLOAT,
+                                              output_layout=layout)
             return images, labels, shapes
         return graph()
     return jpeg_pipeline
@@ -270,10 +383,31 @@ MUTANTS_43 = [
            words="shard_id"),
     Mutant("labels reversed", make_jpeg_pipeline(reverse_labels=True), "labels are the class folders' indices",
            words="sorted"),
-    Mutant("files in folder order", make_jpeg_pipeline(shuffle=False), "shuffles the files"),
-    Mutant("never mirrored", make_jpeg_pipeline(mirror=False), "mirrors about half of the images"),
+    Mutant("files in folder order", make_jpeg_pipeline(shuffle="none"), "shuffles the files"),
+    Mutant("never mirrored", make_jpeg_pipeline(mirror=False), "mirrors half of the images"),
     Mutant("the course's pipeline", the_course_jpeg_pipeline, "is your own code"),
+    # issue 28: wrong answers that passed
+    Mutant("no pad_last_batch", make_jpeg_pipeline(pad_last_batch=False), "every epoch is whole, not only the first",
+           words="pad_last_batch"),
+    Mutant("fn.resize to crop x crop", make_jpeg_pipeline(crop_kind="resize"), "crops a random window of each image",
+           words="fn.resize"),
+    Mutant("random_shuffle: a buffer of 1,024", make_jpeg_pipeline(shuffle="buffer"),
+           "shuffles all the files every epoch", words="initial_fill"),
+    Mutant("device_id=0 on every GPU", make_jpeg_pipeline(device_id=0), "runs on this process's GPU"),
+    # and more of the same family
+    Mutant("a centre crop", make_jpeg_pipeline(crop_kind="centre"), "crops a random window of each image",
+           words="centre"),
+    Mutant("random_shuffle, stick_to_shard", make_jpeg_pipeline(shuffle="buffer", stick_to_shard=True),
+           "every shard reads new files each epoch", words="stick_to_shard"),
+    Mutant("mirrors 35%", make_jpeg_pipeline(flip_probability=0.35), "mirrors half of the images"),
 ]
+
+
+# Mutants whose mistake shows in a draw of random numbers (an order, crops, flips) run on two
+# seeds; the others fail on the first batch whatever the seed, and a run writes and reads
+# thousands of files: one seed.
+RANDOM_43 = {"no pad_last_batch", "fn.resize to crop x crop", "random_shuffle: a buffer of 1,024", "a centre crop",
+             "random_shuffle, stick_to_shard", "mirrors 35%", "never mirrored", "files in folder order"}
 
 
 def test_4_3_correct_pipeline_passes():
@@ -282,7 +416,7 @@ def test_4_3_correct_pipeline_passes():
 
 @pytest.mark.parametrize("mutant", MUTANTS_43, ids=repr)
 def test_4_3_mutants_rejected(mutant):
-    rejected("4.3", mutant, range(2))
+    rejected("4.3", mutant, range(2) if mutant.name in RANDOM_43 else range(1))
 
 
 def test_4_3_stub():
@@ -300,3 +434,50 @@ def test_without_dali_each_check_says_so_in_one_sentence(monkeypatch, exercise_i
     assert result.status == "fail"
     assert result.message == lesson04.DALI_MISSING
     assert result.message.count(". ") == 0 and result.message.endswith(".")
+
+
+# -- the statistical bars: a right answer never fails them ----------------------------------------
+
+def test_4_1_bars_hold_for_fair_draws():
+    """Check 4.1's uniformity, independence and flip bars on 400 simulated right answers: none
+    fails, and the largest statistic seen stays well under its bar."""
+    rng = np.random.default_rng(7)
+    n = lesson04._STAT_BATCH * lesson04._STAT_BATCHES
+    worst = {"uniform": 0.0, "independent": 0.0, "flip": 0.0}
+    for _ in range(400):
+        dy, dx = rng.integers(0, 9, n), rng.integers(0, 9, n)
+        flipped = rng.random(n) < 0.5
+        batches = [(dy[k::lesson04._STAT_BATCHES], dx[k::lesson04._STAT_BATCHES], flipped[k::lesson04._STAT_BATCHES])
+                   for k in range(lesson04._STAT_BATCHES)]
+        lesson04._check_randomness(batches, "simulated", 0)
+        counts = np.bincount(dy, minlength=9)
+        worst["uniform"] = max(worst["uniform"], float(((counts - n / 9) ** 2 / (n / 9)).sum()))
+        worst["independent"] = max(worst["independent"], lesson04._chi2_independence(dy, dx, 9, 9))
+        worst["flip"] = max(worst["flip"], abs(float(flipped.mean()) - 0.5))
+    assert worst["uniform"] < 0.75 * lesson04._CHI2_UNIFORM_9
+    assert worst["independent"] < 0.85 * lesson04._CHI2_INDEPENDENT_9x9
+    assert worst["flip"] < 0.75 * lesson04._FLIP_TOLERANCE
+
+
+def test_4_3_shuffle_bar_separates_a_permutation_from_a_buffer():
+    """The resultant of two epochs' moves: a fresh permutation of 3,000 files stays far under the
+    bar; a reshuffle inside a 1,024-file window of the same order (what random_shuffle does) far
+    over it."""
+    rng = np.random.default_rng(3)
+    n = 3000
+    keys = list(range(n))
+    fresh = [lesson04._shift_resultant(list(rng.permutation(keys)), list(rng.permutation(keys))) for _ in range(200)]
+    assert max(fresh) < 0.5 * lesson04._SHUFFLE_BAR
+
+    def buffered(order, fill=1024):
+        buffer, out = list(order[:fill]), []
+        for item in order[fill:]:
+            k = int(rng.integers(len(buffer)))
+            out.append(buffer[k])
+            buffer[k] = item
+        rng.shuffle(buffer)
+        return out + buffer
+
+    base = list(rng.permutation(keys))
+    local = [lesson04._shift_resultant(buffered(base), buffered(base)) for _ in range(20)]
+    assert min(local) > 1.5 * lesson04._SHUFFLE_BAR

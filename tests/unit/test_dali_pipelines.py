@@ -157,3 +157,12 @@ def test_require_dali_explains(monkeypatch):
     monkeypatch.setattr(dp, "has_dali", lambda: False)
     with pytest.raises(ImportError, match="cannot be imported"):
         dp.cifar_train_pipeline(None, batch_size=2)
+
+
+def test_feeding_verdict_names_the_two_figures_and_follows_the_table():
+    lines = dp.feeding_verdict({"torchvision 2 workers": (0.57, 0.75), "DALI CPU": (0.96, 0.22)})
+    assert lines[0] == "torchvision 2 workers: 57% of the ceiling, the loop waiting for data 75% of the time"
+    assert "DALI CPU fed the device 1.7x as well as torchvision 2 workers" in lines[-1]
+    lines = dp.feeding_verdict({"torchvision 2 workers": (0.90, 0.10), "DALI CPU": (0.45, 0.60)})
+    assert "torchvision 2 workers fed the device 2.0x as well as DALI CPU" in lines[-1]
+    assert "about as well" in dp.feeding_verdict({"a": (0.9, 0.1), "b": (0.88, 0.1)})[-1]

@@ -62,12 +62,60 @@ def test_stage_costs_validate():
 
 
 def test_memory_device0_holds_more():
-    sizes = dict(param_bytes=1000, optimizer_bytes=1000, input_bytes=10, activation_bytes=100, output_bytes=4)
-    mem = dp_memory(4, 10, **sizes)
-    assert mem[0] == 2000 + 1000 + 10 * 10 + 3 * 100 + 2 * 10 * 4
-    assert mem[1] == 2000 + 3 * 110 and mem[3] == 2000 + 1 * 110
+    sizes = dict(param_bytes=1000, optimizer_bytes=1000, input_bytes=10, activation_bytes=1000, output_bytes=4)
+    mem = dp_memory(4, 10, **sizes)                   # pieces 3, 3, 3, 1; activations outweigh the gradients
+    assert mem[0] == 1000 + 1000 + 10 * 10 + max(3 * 1000 + 2 * 10 * 4, 1000)
+    assert mem[1] == 1000 + 3 * 10 + 3 * 1000 and mem[3] == 1000 + 1 * 10 + max(1000, 1000)
     assert dp_memory(4, 5, **sizes)[3] == 0
-    assert dp_memory(1, 10, **sizes) == [2000 + 1000 + 10 * 110 + 80]
+    assert dp_memory(1, 10, **sizes) == [1000 + 1000 + 10 * 10 + 10 * 1000 + 80]
+
+
+def test_memory_gradients_replace_activations_and_a_host_side_batch():
+    """The peak holds the larger of the activations and the gradients (backward frees the one as
+    it makes the other); a batch left on the host puts only device 0's piece there."""
+    sizes = dict(param_bytes=10_000, optimizer_bytes=0, input_bytes=10, activation_bytes=100, output_bytes=0)
+    mem = dp_memory(2, 8, **sizes)                    # 4 x 100 of activations < 10,000 of gradients
+    assert mem == [10_000 + 8 * 10 + 10_000, 10_000 + 4 * 10 + 10_000]
+    host = dp_memory(2, 8, batch_on_device0=False, **sizes)
+    assert host[0] == mem[0] - 4 * 10 and host[1] == mem[1]
+
+
+def test_verdicts_say_what_their_table_says():
+    """Every sentence the lesson prints under a table, fed tables where it must say the opposite."""
+    from course_utils.scaling import agreement, copy_verdict, measured_bound, speedup_verdict, trend
+    assert "slower than one" in speedup_verdict(0.70, 4)
+    assert "no faster" in speedup_verdict(1.02, 4)
+    assert "not even 2x" in speedup_verdict(1.46, 4)
+    assert "close to 4x" in speedup_verdict(3.6, 4) and "close" not in speedup_verdict(2.5, 4)
+    assert measured_bound(0.50, 0.1) == "host" and measured_bound(0.95, 0.0) == "devices"
+    assert measured_bound(0.30, 0.8) == "loader"
+    assert agreement(100, 104) == "as predicted" and "below" in agreement(50, 100) and "above" in agreement(150, 100)
+    assert trend([1.0, 0.93, 0.73, 0.36]) == "falls from the start"
+    assert trend([1.0, 1.9, 3.6, 6.8]) == "rises"
+    assert trend([1.0, 1.8, 1.85, 1.83]) == "rises, then flattens"
+    assert trend([1.0, 1.6, 1.1]) == "rises, then falls"
+    assert "per tensor" in copy_verdict(186, 2_130_000, 2.1, 0.2)
+    assert "speed of copying" in copy_verdict(1, 2_130_000, 0.21, 0.2)
+
+
+def test_fit_verdict_reads_the_measurements_first():
+    from course_utils.scaling import fit_verdict
+    # what the smoke run showed: a fit with a per-device cost, 6 devices slower than 4
+    counts, ms = [1, 2, 3, 4, 6], [27.0, 17.0, 15.0, 14.45, 21.21]
+    fit = fit_scaling(counts[:4], ms[:4], batch_size=512)
+    text = " ".join(fit_verdict(fit, counts, ms, held_out=[6]))
+    assert "fastest step came with 4 devices" in text and "6 devices 21.21 ms" in text
+    # full size: no per-device cost in the fit, 6 and 8 devices slower than 4
+    counts, ms = [1, 2, 3, 4, 6, 8], [40.0, 20.0, 14.0, 11.71, 17.13, 21.36]
+    fit = fit_scaling([1, 2, 3, 4], [40.0, 20.0, 13.4, 10.0], batch_size=512)
+    assert fit.per_device_ms == 0
+    text = " ".join(fit_verdict(fit, counts, ms, held_out=[6, 8]))
+    assert "every device helped" not in text and "trust them" in text and "does not extrapolate" in text
+    # the opposite table: every count faster, held-out counts as predicted
+    counts = [1, 2, 3, 4, 6, 8]
+    ms = [float(fit.step_ms(n)) for n in counts]
+    text = " ".join(fit_verdict(fit, counts, ms, held_out=[6, 8]))
+    assert "every device helped" in text and "slower" not in text and "does not extrapolate" not in text
 
 
 def test_fit_recovers_a_known_model_and_predicts():

@@ -77,3 +77,51 @@ def test_images_for_storage_crops_the_centre(tmp_path):
 def test_write_formats_rejects_wrong_shapes(tmp_path):
     with pytest.raises(ValueError):
         storage.write_formats(np.zeros((3, 8, 8), np.uint8), tmp_path / "x")
+
+
+def test_read_verdicts_say_what_the_table_says():
+    """Lesson 04's sentences under the storage table, fed tables where they must say the opposite."""
+    from course_utils.storage import FormatResult, read_verdicts
+
+    def row(name, cold, warm, decode=361.0):
+        return FormatResult(name, name.replace("-", " "), 100, 1, 100_000, cold, warm, cold, warm, decode)
+
+    measured = [row("jpeg-files", 98.0, 4.9), row("packed-jpeg", 15.4, 1.3), row("lmdb-jpeg", 181.0, 0.7),
+                row("raw-memmap", 106.0, 8.8, 0.0)]
+    text = "\n".join(read_verdicts(measured))
+    assert "decoding is 74x a warm read" in text
+    assert "lmdb jpeg, read in order, against one file per image: cold 181.0 us (1.85x: slower); warm 0.7 us" in text
+    assert "packed jpeg, read in order, against one file per image: cold 15.4 us (0.16x: faster)" in text
+    opposite = [row("jpeg-files", 181.0, 0.7, 5.0), row("lmdb-jpeg", 98.0, 4.9, 5.0)]
+    text = "\n".join(read_verdicts(opposite))
+    assert "cold 98.0 us (0.54x: faster); warm 4.9 us (7.00x: slower)" in text
+    assert "decoding is 7x a warm read" in text and "a cold read costs 36.2x the decoding" in text
+
+
+def test_jpeg_error_structure_tells_speckle_from_structure():
+    import io
+
+    from PIL import Image
+
+    from course_utils.storage import jpeg_error_structure
+
+    def roundtrip(images, quality):
+        out = np.empty_like(images)
+        for k, im in enumerate(images):
+            buf = io.BytesIO()
+            Image.fromarray(im).save(buf, format="JPEG", quality=quality)
+            out[k] = np.asarray(Image.open(buf).convert("RGB"))
+        return out
+
+    rng = np.random.default_rng(0)
+    noise = rng.integers(0, 256, (60, 32, 32, 3), dtype=np.uint8)        # independent noise: speckle
+    found = jpeg_error_structure(noise, roundtrip(noise, 75))
+    assert "like noise" in found["verdict"] and "no blocking" in found["verdict"]
+    y, x = np.mgrid[:32, :32]
+    smooth = np.repeat(np.stack([x * 4, y * 4, (x + y) * 2], -1)[None].astype(np.uint8), 60, axis=0)
+    for k in range(60):                                                   # a gradient with a disc: structure
+        r, (cy, cx) = rng.integers(4, 12), rng.integers(8, 24, 2)
+        smooth[k][(y - cy) ** 2 + (x - cx) ** 2 < r * r] = rng.integers(0, 256, 3)
+    assert "follows the image" in jpeg_error_structure(smooth, roundtrip(smooth, 75))["verdict"]
+    assert "blocking" in jpeg_error_structure(smooth, roundtrip(smooth, 20))["verdict"].split(", ")[-1]
+    assert jpeg_error_structure(smooth, roundtrip(smooth, 20))["blocking"] >= 1.2
