@@ -32,10 +32,15 @@ __all__ = ["cifar10_on_device", "DeviceLoader", "random_crop_flip", "normalize_u
 
 def cifar10_on_device(device, *, train: bool = True, limit: int | None = None, root=None):
     """CIFAR-10 (train or test split, at most `limit` records) as device tensors: images uint8
-    (N, 3, 32, 32) channels-first, labels int64 (N,). One copy, done once (lesson 03)."""
+    (N, 3, 32, 32) channels-first, labels int64 (N,). One copy, done once (lesson 03). Beside the
+    simulated accelerator (`device` is one) they are in its simulated device memory
+    (`sim.SimDeviceTensor`): work on them in its training loop is charged as device work."""
     images, labels = load_cifar10_arrays(root, train=train, limit=limit)
     images = torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()     # HWC -> CHW, still uint8
     labels = torch.from_numpy(labels)
+    if getattr(device, "type", None) == "sim":
+        from .sim import on_device
+        return on_device(images), on_device(labels)
     device = _torch_device(device)
     return images.to(device), labels.to(device)
 

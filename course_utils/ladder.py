@@ -160,12 +160,20 @@ class TrainingSet:
         return self._records
 
     def on_device(self, device):
-        """(images (N, 3, 32, 32) uint8, labels (N,) int64) in `device`'s memory, copied once."""
-        device = torch.device("cpu") if getattr(device, "type", None) == "sim" else torch.device(device)
-        key = str(device)
+        """(images (N, 3, 32, 32) uint8, labels (N,) int64) in `device`'s memory, copied once.
+        Beside the simulated accelerator (`device` is one): in its simulated device memory
+        (`sim.SimDeviceTensor`), so that work on them in its training loop is device work."""
+        simulated = getattr(device, "type", None) == "sim"
+        key = "sim" if simulated else str(torch.device(device))
         if key not in self._on_device:
             images = torch.from_numpy(self.images).permute(0, 3, 1, 2).contiguous()
-            self._on_device[key] = (images.to(device), torch.from_numpy(self.labels).to(device))
+            labels = torch.from_numpy(self.labels)
+            if simulated:
+                from .sim import on_device
+                self._on_device[key] = (on_device(images), on_device(labels))
+            else:
+                device = torch.device(device)
+                self._on_device[key] = (images.to(device), labels.to(device))
         return self._on_device[key]
 
     def __repr__(self) -> str:
@@ -285,8 +293,9 @@ class LadderContext:
                           num_workers=num_workers, pin_memory=self.cuda, drop_last=drop_last, **extra)
 
     def on_device(self):
-        """The whole training set in device memory: (images (N, 3, 32, 32) uint8, labels int64)."""
-        return self.data.on_device(self.device)
+        """The whole training set in device memory: (images (N, 3, 32, 32) uint8, labels int64)
+        (beside the simulator, in its simulated device memory)."""
+        return self.data.on_device(self.run_on if self.simulated else self.device)
 
     def records(self):
         """The training set as CIFAR-10 binary records, for DALI's external source."""

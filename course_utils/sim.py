@@ -63,6 +63,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = ["SimulatedAccelerator", "SimEvent", "GpuProfile", "H100", "default_sim", "host_speed", "HostSpeed",
+           "SimDeviceTensor", "on_device", "is_on_device",
            "DEFAULT_STEP_MS", "DEFAULT_PER_SAMPLE_MS", "DEFAULT_KERNEL_US", "DEFAULT_BANDWIDTH_GBS"]
 
 
@@ -289,6 +290,89 @@ def _nbytes(obj) -> int:
     return 0
 
 
+# -- the simulated device's memory ----------------------------------------------------------------
+
+_ACTIVE: list = []          # the simulated accelerator whose training loop is running (innermost last)
+
+# Tensor calls that read a device tensor on the host (its values leave the device), or ask for
+# nothing but its metadata: no kernel, nothing to charge.
+_TO_HOST = frozenset({"cpu", "numpy", "tolist", "item", "__repr__", "__str__", "__format__", "__array__",
+                      "__float__", "__int__", "__bool__", "__index__", "__reduce_ex__", "__deepcopy__"})
+_METADATA = frozenset({"__get__", "__set__", "size", "dim", "__len__", "numel", "stride", "is_contiguous",
+                       "data_ptr", "element_size", "storage_offset", "untyped_storage", "get_device", "__hash__",
+                       "__contains__", "is_floating_point", "is_complex", "ndimension",
+                       "nelement", "__iter__"})
+
+
+class SimDeviceTensor(torch.Tensor):
+    """A tensor in the simulated accelerator's "device memory" (host memory, as the simulator has
+    no other): what `TrainingSet.on_device(sim)` and the ladder's `ctx.on_device()` give beside
+    the simulator. While a training loop runs on that simulator (`train()`), every operation on
+    such a tensor, wherever it runs (in the loop, in a loader, in a batch transform), is device
+    work: its result is computed here, and it is charged as `SimulatedAccelerator.run` charges
+    work (the host pays its launches, the device its kernels and bytes). Results stay in device
+    memory; `.cpu()`, `.numpy()`, `.item()` and the like bring values to the host as plain
+    tensors. Outside a training loop it behaves as an ordinary tensor. A batch made of such
+    tensors needs no copy to the device."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if name in _METADATA:
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(*args, **kwargs)
+        if name in _TO_HOST or (name == "to" and _names_the_host(args, kwargs)):
+            with torch._C.DisableTorchFunctionSubclass():
+                return _plain(func(*args, **kwargs))
+        sim = _ACTIVE[-1] if _ACTIVE else None
+        if sim is None:
+            with torch._C.DisableTorchFunctionSubclass():
+                return _on_device(func(*args, **kwargs))
+        return sim._device_op(func, args, kwargs)
+
+
+def _names_the_host(args, kwargs) -> bool:
+    for a in list(args[1:]) + list(kwargs.values()):
+        if isinstance(a, torch.device) or (isinstance(a, str) and a.split(":")[0] in ("cpu", "cuda", "meta")):
+            return True
+    return False
+
+
+def _on_device(out):
+    if type(out) is torch.Tensor:
+        return out.as_subclass(SimDeviceTensor)
+    if isinstance(out, (tuple, list)) and any(type(o) is torch.Tensor for o in out):
+        return type(out)(_on_device(o) for o in out) if not hasattr(out, "_fields") else type(out)(*(_on_device(o) for o in out))
+    return out
+
+
+def _plain(out):
+    if isinstance(out, SimDeviceTensor):
+        return out.as_subclass(torch.Tensor)
+    if isinstance(out, (tuple, list)) and any(isinstance(o, SimDeviceTensor) for o in out):
+        return type(out)(_plain(o) for o in out) if not hasattr(out, "_fields") else type(out)(*(_plain(o) for o in out))
+    return out
+
+
+def on_device(tensor: torch.Tensor) -> SimDeviceTensor:
+    """`tensor` (sharing its memory) as a tensor in the simulated device's memory."""
+    return tensor.as_subclass(SimDeviceTensor)
+
+
+def is_on_device(batch) -> bool:
+    """Whether every tensor of `batch` (a tensor, tuple, list or dict of them) is in the simulated
+    device's memory."""
+    if isinstance(batch, torch.Tensor):
+        return isinstance(batch, SimDeviceTensor)
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, (tuple, list)):
+        tensors = [b for b in batch if isinstance(b, torch.Tensor)]
+        return bool(tensors) and all(isinstance(b, SimDeviceTensor) for b in tensors)
+    return False
+
+
 # -- the device -----------------------------------------------------------------------------------
 
 class SimEvent:
@@ -437,8 +521,12 @@ class SimulatedAccelerator:
         Returns what `fn` returns."""
         cost = _KernelCost()
         t0 = time.thread_time()
-        with cost:
-            result = fn(*args, **kwargs)
+        _ACTIVE.append(None)                      # the operations are counted here, not again by the tensors
+        try:
+            with cost:
+                result = fn(*args, **kwargs)
+        finally:
+            _ACTIVE.pop()
         computed_s = time.thread_time() - t0
         launch_s = cost.kernels * self.launch_us / 1e6
         self._burn(launch_s - computed_s)
@@ -475,6 +563,38 @@ class SimulatedAccelerator:
         self.charged_kernels += kernels
         self.launch(ms, units=max(kernels, 1) if self.profile else 1)
         return size
+
+    def _device_op(self, func, args, kwargs):
+        """One operation on tensors in this device's memory, while its training loop runs: computed
+        here, charged as `run` charges work, its result left in device memory."""
+        cost = _KernelCost()
+        t0 = time.thread_time()
+        with cost, torch._C.DisableTorchFunctionSubclass():
+            out = func(*args, **kwargs)
+        if cost.kernels:
+            computed_s = time.thread_time() - t0
+            launch_s = cost.kernels * self.launch_us / 1e6
+            self._burn(launch_s - computed_s)
+            self._credit_s += max(0.0, computed_s - launch_s)
+            ms = cost.kernels * self.kernel_us / 1e3 + cost.bytes / (self.bandwidth_gbs * 1e9) * 1e3
+            self.charged_ms += ms
+            self.charged_kernels += cost.kernels
+            self.launch(ms, units=max(cost.kernels, 1) if self.profile else 1)
+        return _on_device(out)
+
+    def active(self):
+        """While this block runs, operations on `SimDeviceTensor`s are this device's work (the
+        training loop holds it)."""
+        import contextlib
+
+        @contextlib.contextmanager
+        def block():
+            _ACTIVE.append(self)
+            try:
+                yield self
+            finally:
+                _ACTIVE.remove(self)
+        return block()
 
     def copy_in(self, batch) -> None:
         """Charge the host-to-device copy a GPU would need for `batch` (its tensors' bytes at the

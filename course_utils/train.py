@@ -31,11 +31,13 @@
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
+from .sim import is_on_device
 from .timing import StepTimer, StepStats
 
 __all__ = ["train", "evaluate", "TrainResult", "default_optimizer", "AMP_DTYPES"]
@@ -104,37 +106,39 @@ def train(model: nn.Module | None, loader, *, device, steps: int | None = None, 
     total = steps if steps is not None else _safe_len(loader, epochs)
     bar = _progress(total, desc) if progress else None
     losses, done = [], 0
+    held = device.active() if sim else contextlib.nullcontext()   # beside the simulator: its device memory's work
     try:
-        for _ in range(epochs if steps is None else 10**9):
-            done_before = done
-            for images, labels in timer.wrap(loader):
-                with timer.compute():
-                    if sim:
-                        if not batches_on_device:         # the copy a GPU would make from host memory
-                            device.copy_in((images, labels))
-                        n = len(images)
-                        if batch_transform is not None:   # device-side work: charged to the simulated device
-                            n = device.run_timed(batch_transform, images, labels)
-                        device.step(n, amp=amp, channels_last=channels_last, graph=cuda_graph)
-                    elif graphed is not None:
-                        losses.append(graphed(images, labels, batch_transform, non_blocking))
-                    else:
-                        loss = _step(model, images, labels, device, optimizer, loss_fn, amp_dtype,
-                                     scaler, channels_last, batch_transform, non_blocking)
-                        losses.append(loss)
-                        if scheduler is not None:
-                            scheduler.step()
-                done += 1
-                if bar is not None:
-                    bar.update(1)
+        with held:
+            for _ in range(epochs if steps is None else 10**9):
+                done_before = done
+                for images, labels in timer.wrap(loader):
+                    with timer.compute():
+                        if sim:
+                            if not batches_on_device and not is_on_device((images, labels)):
+                                device.copy_in((images, labels))   # the copy a GPU would make from host memory
+                            n = len(images)
+                            if batch_transform is not None:   # device-side work: charged to the simulated device
+                                n = device.run_timed(batch_transform, images, labels)
+                            device.step(n, amp=amp, channels_last=channels_last, graph=cuda_graph)
+                        elif graphed is not None:
+                            losses.append(graphed(images, labels, batch_transform, non_blocking))
+                        else:
+                            loss = _step(model, images, labels, device, optimizer, loss_fn, amp_dtype,
+                                         scaler, channels_last, batch_transform, non_blocking)
+                            losses.append(loss)
+                            if scheduler is not None:
+                                scheduler.step()
+                    done += 1
+                    if bar is not None:
+                        bar.update(1)
+                    if steps is not None and done >= steps:
+                        break
                 if steps is not None and done >= steps:
                     break
-            if steps is not None and done >= steps:
-                break
-            if done == 0:
-                raise RuntimeError("the loader yielded no batches")
-            if done == done_before:
-                break  # a one-shot iterator ran out before `steps`: stop with what it gave
+                if done == 0:
+                    raise RuntimeError("the loader yielded no batches")
+                if done == done_before:
+                    break  # a one-shot iterator ran out before `steps`: stop with what it gave
         timer.finish()       # the loop's one synchronisation: the device finishes the queued steps
     finally:
         if bar is not None:
