@@ -55,7 +55,7 @@ import torch
 from .. import data
 from ..crop_match import match_crops
 from ..env import smoke_mode, usable_cores
-from ._core import CheckFailed, WrongType, exercise, expect_callable
+from ._core import Tripwire, CheckFailed, WrongType, exercise, expect_callable
 from ._util import fresh_rng
 from .virtual_cuda import DeviceTensor, VirtualCuda
 
@@ -1003,13 +1003,16 @@ def check_choose_rung(choose_rung):
     # the answers and what the usual mistakes would give, before the learner's code runs: the check's own model is
     # off limits while it does
     judged = [_Case(report, tolerance, keyword, seed) for report, tolerance, keyword in cases]
+    trip = Tripwire(reference_choice, predicted_throughput, prop="picks the rung itself",
+                    why="that is the check's own model", hint="write the model from the spec: a few lines of arithmetic")
     with course_code_forbidden(["course_utils.checks.lesson08:reference_choice",
                                 "course_utils.checks.lesson08:predicted_throughput"]):
         for case in judged:
             given = copy.deepcopy(case.report)
-            case.judge(choose_rung(given, tolerance=case.tolerance) if case.keyword else choose_rung(given), given)
+            case.judge(trip.call(choose_rung, given, tolerance=case.tolerance) if case.keyword
+                       else trip.call(choose_rung, given), given)
         try:
-            choose_rung({"machine": "empty", "cores": 4, "gpus": 1, "ceiling": 1000.0, "rungs": {}})
+            trip.call(choose_rung, {"machine": "empty", "cores": 4, "gpus": 1, "ceiling": 1000.0, "rungs": {}})
         except ValueError:
             pass
         else:

@@ -883,6 +883,17 @@ def uses_the_checks_speeds(report, tolerance=0.05):
     return _first_within(lesson08.predicted_throughput(report), tolerance)
 
 
+def switches_the_watch_off_then_calls_the_model(report, tolerance=0.05):
+    """Switches the profiler off before calling the check's model: the audit hook, which cannot be
+    removed, sees it and the check fails (the code swap would catch the call too)."""
+    import sys
+    from course_utils.checks import lesson08
+    sys.setprofile(None)
+    if not report["rungs"]:
+        raise ValueError("no rungs")
+    return lesson08.reference_choice(report, tolerance)
+
+
 def stub_82(report, tolerance=0.05):
     raise NotImplementedError("Exercise 8.2")
 
@@ -903,6 +914,7 @@ RUNG_MUTANTS = [
     (no_empty_guard, "raises ValueError on a report without rungs"),
     (calls_the_checks_model, "is your own code"),
     (uses_the_checks_speeds, "is your own code"),
+    (switches_the_watch_off_then_calls_the_model, "leaves the profiler alone"),
 ]
 # each fails on a case every run asks, with a hint about its own mistake
 CONTRACT_MUTANTS = [
