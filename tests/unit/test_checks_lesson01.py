@@ -404,3 +404,12 @@ def test_stubs_are_not_implemented():
         raise NotImplementedError
     for ex in ("1.1", "1.2", "1.3"):
         assert run_check(ex, stub).status == "not_implemented"
+
+
+def test_pure_function_checks_give_up_in_seconds():
+    """An endless loop in a pure function cost 316 s before its cell failed (issue 21): the checks
+    whose references take milliseconds stop a run after 30 s (1.1, which sleeps about a second,
+    after 60 s)."""
+    from course_utils.checks._core import _lookup
+    limits = {ex: _lookup(ex).time_limit_s for ex in ("0.1", "1.1", "1.2", "1.3", "1.4", "2.1", "5.3")}
+    assert limits == {"0.1": 30, "1.1": 60, "1.2": 30, "1.3": 30, "1.4": 30, "2.1": 30, "5.3": 30}
