@@ -42,5 +42,5 @@ def test_every_exercise_has_hints_a_check_and_a_use(lesson, folder):
             f"{lesson} {ex}: hints {levels}, expected 2 or 3 collapsed hints numbered from 1"
         assert "<details open" not in between, f"{lesson} {ex}: a hint is open"
         uses = [c for c in nb.cells[check + 1:] if c.cell_type == "code"
-                and re.search(rf"\b{name}\(", c.source) and "NotImplementedError" in c.source]
+                and re.search(rf"\b{name}\b", c.source) and "NotImplementedError" in c.source]
         assert uses, f"{lesson} {ex}: `{name}` is not used after its check (with a fallback for the stub)"
