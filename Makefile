@@ -7,7 +7,7 @@ PORT   ?= 8888
 NB     ?= notebooks/*.ipynb
 GRADE_FLAGS ?= --smoke
 
-.PHONY: lab test unit browser browser-deps notebooks grade ladder course student venv clean
+.PHONY: lab test unit browser browser-deps notebooks grade ladder course gpu-check student venv clean
 
 venv: $(STAMP)
 
@@ -16,6 +16,8 @@ venv: $(STAMP)
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	@# DALI moved to the cuda130 wheel (torch is built for CUDA 13): both install nvidia/dali, so the old one goes
+	$(PY) -m pip uninstall -q -y nvidia-dali-cuda120 2>/dev/null || true
 	$(PY) -m pip install -q -r requirements.txt
 	$(PY) -m pip install -q --no-deps -e .
 	touch $(STAMP)
@@ -71,6 +73,14 @@ ladder: $(STAMP)
 course: $(STAMP)
 	$(PY) -m course_utils.grade solutions/*.ipynb --notebook-timeout 7200 --output-dir build/executed \
 	  --json build/course.json --csv build/course.csv
+
+## gpu-check: the GPU run in one command (course_utils/gpu_check.py): the setup check, the GPU-marked
+## tests, the ladder and every solution at full size through the grader, the README's open measurements,
+## one report in build/gpu-check/. ARGS="--plan" (the stages and the calls that fit them),
+## ARGS="--pending --budget 540" (what fits in 9 minutes, the folder accumulates), ARGS="--dry-run" (a CPU).
+## It installs nothing: without .venv (an offline GPU box) it runs with $(PYTHON).
+gpu-check:
+	$(if $(wildcard $(PY)),$(PY),$(PYTHON)) -m course_utils.gpu_check $(ARGS)
 
 ## student: regenerate notebooks/ from solutions/ (never edit notebooks/ by hand).
 student: $(STAMP)

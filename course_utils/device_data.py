@@ -48,6 +48,8 @@ class DeviceLoader:
     The permutation and the indexing happen on the device: no worker, no copy, no wait.
     """
 
+    device_resident = True          # its batches are already in device memory: nothing to copy
+
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, *, shuffle: bool = True,
                  drop_last: bool = True, seed: int | None = None):
         if len(images) != len(labels):
@@ -107,14 +109,24 @@ def random_crop_flip(images: torch.Tensor, padding: int = 4, generator: torch.Ge
 _CONSTANTS: dict = {}
 
 
-def _mean_std(device, mean, std):
-    """Mean and std as (1, C, 1, 1) float32 device tensors, made once per device (creating
-    them on each call would copy from the host, and may synchronise, on every batch)."""
+def _mean_std(images: torch.Tensor, mean, std):
+    """Mean and std as (1, C, 1, 1) float32 tensors on `images`' device, made once per device
+    (creating them on each call would copy from the host, and may synchronise, on every batch)."""
+    device = images.device
+    # A real device lives as long as the process, but the checks' virtual CUDA device
+    # (checks/virtual_cuda.py) lives only as long as its `with` block, and the next one is "cuda:0"
+    # again, with its streams numbered afresh: constants cached on an earlier one belong to a
+    # device that is gone, and the new one would see their writes as work queued on its own
+    # streams and never waited for (a second check run reported races here). So the cache also
+    # remembers which virtual device made them (None for a real one) and makes them again for a
+    # new one.
+    owner = getattr(images, "_vc", None)
     key = (str(device), tuple(mean), tuple(std))
-    if key not in _CONSTANTS:
-        _CONSTANTS[key] = (torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1).to(device),
-                           torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1).to(device))
-    return _CONSTANTS[key]
+    cached = _CONSTANTS.get(key)
+    if cached is None or cached[0] is not owner:
+        cached = _CONSTANTS[key] = (owner, torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1).to(device),
+                                    torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1).to(device))
+    return cached[1], cached[2]
 
 
 def normalize_uint8(images: torch.Tensor, mean=CIFAR10_MEAN, std=CIFAR10_STD) -> torch.Tensor:
@@ -122,7 +134,7 @@ def normalize_uint8(images: torch.Tensor, mean=CIFAR10_MEAN, std=CIFAR10_STD) ->
     what `ToTensor()` then `Normalize(mean, std)` give, for a whole batch (lesson 03)."""
     if images.dtype != torch.uint8:
         raise TypeError(f"expected uint8 images; got {images.dtype}")
-    m, s = _mean_std(images.device, mean, std)
+    m, s = _mean_std(images, mean, std)
     return images.float().div_(255).sub_(m).div_(s)
 
 

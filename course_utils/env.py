@@ -3,12 +3,17 @@
 `print_env()` is the first cell of every lesson; `pick_device()` chooses where the lesson
 runs; `require()` says in one sentence what a section needs and whether it can run here;
 `device_label()` is the string every figure carries so a number never loses its hardware.
+`usable_cores()` and `workers_for()` size loaders from the cores (env COURSE_CORES fakes a
+count, so that a test proves the sizes of a 16- or 64-core machine on 2 cores); `bf16_native()`
+and `fast_amp()` pick the autocast dtype a GPU runs natively; `dali_advice()` keeps DALI's real
+import error and names the wheel that matches torch's CUDA.
 """
 from __future__ import annotations
 
 import importlib
 import os
 import platform
+import sys
 from dataclasses import dataclass, field
 
 import psutil
@@ -17,8 +22,12 @@ import torch
 __all__ = [
     "EnvReport", "env_report", "print_env", "pick_device", "require", "device_label",
     "has_dali", "has_nvml", "cpu_name", "smoke_mode", "usable_cores", "local_cuda_index",
-    "course_device_choice",
+    "course_device_choice", "CORES_ENV", "workers_for", "batches_needed", "bf16_native", "fast_amp",
+    "dali_import_error", "dali_wheel", "dali_advice", "dali_gpu_check", "DALI_VERSION",
 ]
+
+CORES_ENV = "COURSE_CORES"
+DALI_VERSION = "2.4.0"       # the version requirements.txt pins (read from it when it is there)
 
 
 def smoke_mode(default: bool = False) -> bool:
@@ -37,20 +46,143 @@ def _module_version(name: str) -> str | None:
     return getattr(module, "__version__", "installed")
 
 
+def dali_import_error() -> str | None:
+    """None when NVIDIA DALI imports; otherwise the error it raised, as one line
+    ("ModuleNotFoundError: No module named 'nvidia.dali'", or a missing CUDA library of a
+    broken install), so that a learner sees why, not only that (lesson 00)."""
+    try:
+        importlib.import_module("nvidia.dali")
+    except Exception as err:  # ImportError, an OSError from a missing .so, anything a broken install raises
+        text = " ".join(str(err).split())
+        return f"{type(err).__name__}: {text}" if text else type(err).__name__
+    return None
+
+
 def has_dali() -> bool:
-    """True when NVIDIA DALI imports (lesson 04 needs it)."""
-    return _module_version("nvidia.dali") is not None
+    """True when NVIDIA DALI imports (lesson 04 needs it). `dali_import_error()` says why not."""
+    return dali_import_error() is None
+
+
+def _pinned_dali_version() -> str:
+    """The DALI version requirements.txt pins, when the course's checkout is here."""
+    import re
+    from pathlib import Path
+    try:
+        text = (Path(__file__).resolve().parents[1] / "requirements.txt").read_text()
+    except OSError:
+        return DALI_VERSION
+    found = re.search(r"^nvidia-dali-cuda\d+==([0-9][0-9.]*)", text, re.MULTILINE)
+    return found.group(1) if found else DALI_VERSION
+
+
+def _installed_dali_wheels() -> list[str]:
+    """Names of the DALI distributions pip installed here (nvidia-dali-cuda120, -cuda130...)."""
+    from importlib import metadata
+    names = set()
+    for dist in metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower().replace("_", "-")
+        if name.startswith("nvidia-dali-cuda"):
+            names.add(name)
+    return sorted(names)
+
+
+def dali_wheel(cuda_version: str | None = "torch") -> str:
+    """The DALI wheel for this machine's torch, as pip names it: DALI's CUDA major must match
+    torch's (torch 2.14.1+cu130 and the GPU box's 2.11+cu130: `nvidia-dali-cuda130`; a torch
+    built for CUDA 12: `nvidia-dali-cuda120`). A CPU-only torch gets the CUDA 13 wheel, whose
+    CPU pipelines run anywhere. `cuda_version` defaults to `torch.version.cuda`."""
+    if cuda_version == "torch":
+        cuda_version = torch.version.cuda
+    major = 13
+    if cuda_version:
+        try:
+            major = int(str(cuda_version).split(".")[0])
+        except ValueError:
+            pass
+    major = 12 if major <= 12 else major
+    return f"nvidia-dali-cuda{major}0=={_pinned_dali_version()}"
+
+
+def dali_advice(error: str | None = "check") -> str | None:
+    """None when DALI imports and matches torch's CUDA; otherwise one or two sentences: the real
+    import error and the wheel to install (or the mismatch to fix), for print_env, require()
+    and lesson 04's skips."""
+    if error == "check":
+        error = dali_import_error()
+    wheel = dali_wheel()
+    name = wheel.split("==")[0]
+    if error is None:
+        wrong = [w for w in _installed_dali_wheels() if w != name]
+        if wrong and torch.version.cuda and name not in _installed_dali_wheels():
+            return (f"DALI is installed as {', '.join(wrong)}, but torch is built for CUDA {torch.version.cuda}: "
+                    f"its GPU pipelines need the matching wheel (pip uninstall {' '.join(wrong)}; "
+                    f"pip install {wheel})")
+        return None
+    if not sys.platform.startswith("linux"):
+        return (f"NVIDIA DALI cannot be imported here ({error}); DALI publishes Linux wheels only "
+                "(x86_64, aarch64), so lesson 04 explains and skips its DALI cells")
+    return (f"NVIDIA DALI cannot be imported here ({error}). For this torch "
+            f"(CUDA {torch.version.cuda or 'none: a CPU build'}) run `pip install {wheel}`; without it "
+            "lesson 04 explains and skips its DALI cells")
 
 
 def has_nvml() -> bool:
     """True when nvidia-ml-py can talk to an NVIDIA driver (GPU utilisation timelines)."""
-    try:
-        import pynvml
-        pynvml.nvmlInit()
-        pynvml.nvmlShutdown()
-        return True
-    except Exception:
+    from .monitor import nvml_close, nvml_open
+    if nvml_open() is not None:
         return False
+    nvml_close()
+    return True
+
+
+def _dali_one_batch(device_id: int | None, batch_size: int = 8) -> float:
+    """Run one batch of random uint8 images through DALI: crop_mirror_normalize on the GPU
+    `device_id` (the CPU when None), and return the largest difference from the same arithmetic
+    done in NumPy."""
+    import numpy as np
+    from nvidia.dali import fn, pipeline_def, types
+
+    rng = np.random.default_rng(0)
+    images = [rng.integers(0, 256, (32, 32, 3), dtype=np.uint8) for _ in range(batch_size)]
+    mean, std = [125.3, 123.0, 113.9], [63.0, 62.1, 66.7]
+
+    @pipeline_def(batch_size=batch_size, num_threads=1, device_id=device_id, seed=0, prefetch_queue_depth=1)
+    def one_batch():
+        x = fn.external_source(source=lambda: images, batch=True, layout="HWC")
+        x = x.gpu() if device_id is not None else x
+        return fn.crop_mirror_normalize(x, dtype=types.FLOAT, output_layout="CHW", mean=mean, std=std, mirror=1)
+
+    pipe = one_batch()
+    pipe.build()
+    (out,) = pipe.run()
+    got = (out.as_cpu() if device_id is not None else out).as_array()
+    flipped = np.stack(images)[:, :, ::-1, :].astype(np.float32)
+    expected = ((flipped - np.float32(mean)) / np.float32(std)).transpose(0, 3, 1, 2)
+    return float(np.abs(got - expected).max())
+
+
+def dali_gpu_check(device=None) -> tuple[bool | None, str]:
+    """One batch through DALI's GPU stages (uint8 images handed from the host, cropped, mirrored
+    and normalised on the GPU), compared with NumPy: lesson 00's setup check and `make
+    gpu-check`'s. Returns (True, sentence) when it ran and matched, (False, sentence with DALI's
+    error) when DALI failed on the GPU, (None, sentence) when it cannot run here (no GPU, no DALI)."""
+    index = _cuda_index(device) if torch.cuda.is_available() else None
+    if index is None:
+        return None, ("DALI on the GPU: not tried, no CUDA GPU here (lesson 04 runs DALI's CPU pipelines; "
+                      "on a GPU this line runs one batch through its GPU stages)")
+    error = dali_import_error()
+    if error is not None:
+        return None, f"DALI on the GPU: not tried. {dali_advice(error)}"
+    try:
+        diff = _dali_one_batch(index)
+    except Exception as err:
+        advice = dali_advice() or ""
+        return False, (f"DALI on the GPU (cuda:{index}) FAILED: {type(err).__name__}: {' '.join(str(err).split())[:400]}"
+                       + (f" ({advice})" if advice else ""))
+    if diff > 1e-3:
+        return False, f"DALI on the GPU (cuda:{index}) ran, but its batch differs from NumPy's by {diff:.3g}"
+    return True, (f"DALI on the GPU (cuda:{index}): one batch cropped, mirrored and normalised there, equal to "
+                  f"NumPy's to {diff:.1e}")
 
 
 def cpu_name() -> str:
@@ -81,6 +213,7 @@ class EnvReport:
     usable_cores: int = 1
     ram_gib: float = 0.0
     dali: str | None = None
+    dali_advice: str | None = None
     nvml: bool = False
     smoke: bool = False
 
@@ -92,8 +225,11 @@ class EnvReport:
         if self.cuda_available:
             out.append(f"CUDA         {self.cuda_version}   cuDNN {self.cudnn_version}")
             for g in self.gpus:
+                cc = g.get("capability")
+                bf16 = ("" if cc is None else f", compute capability {cc}, bf16 "
+                        + ("native" if g.get("bf16_native") else "emulated (slow): env.fast_amp() picks fp16 here"))
                 out.append(f"GPU {g['index']}        {g['name']}, {g['memory_gib']:.1f} GiB, "
-                           f"{g['multiprocessors']} SMs")
+                           f"{g['multiprocessors']} SMs{bf16}")
         else:
             out.append("CUDA         no GPU visible: GPU-only parts use the simulated accelerator "
                        "(labelled 'simulated') or are skipped with a sentence")
@@ -102,6 +238,7 @@ class EnvReport:
             f"({self.cpu_cores_logical} logical, {self.cpu_cores_physical or '?'} physical)",
             f"RAM          {self.ram_gib:.1f} GiB",
             f"DALI         {self.dali or 'not installed (lesson 04 explains and skips)'}",
+            *([f"             {self.dali_advice}"] if self.dali_advice else []),
             f"NVML         {'available' if self.nvml else 'not available (no GPU utilisation readings)'}",
             f"Mode         {'SMOKE (quick, small sizes)' if self.smoke else 'full size'}",
         ]
@@ -109,11 +246,44 @@ class EnvReport:
 
 
 def usable_cores() -> int:
-    """Cores this process may run on (the affinity mask), which is what DataLoader workers share."""
+    """Cores this process may run on (the affinity mask), which is what DataLoader workers share.
+
+    Env COURSE_CORES=N (1-1024) replaces the count: the tests run smoke sizes as a 16- or
+    64-core machine would choose them, on any host; a learner may also leave cores to other
+    programs with it. The machine's real core count still shows in print_env's CPU line."""
+    value = os.environ.get(CORES_ENV, "").strip()
+    if value:
+        if not value.isdigit() or not 1 <= int(value) <= 1024:
+            raise ValueError(f"{CORES_ENV}={value!r}: give the number of cores to use, 1 to 1024, or unset it")
+        return int(value)
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
         return os.cpu_count() or 1
+
+
+def batches_needed(workers: int, timed: int, *, prefetch_factor: int = 2) -> int:
+    """Batches a DataLoader must hold so that `timed` batches are left after the untimed
+    warm-up that drains what its workers prepared ahead: 1 + workers x prefetch_factor + timed
+    (lesson 02's `in_flight_batches`). Size a smoke-mode dataset with it."""
+    if workers < 0 or timed < 0 or prefetch_factor < 1:
+        raise ValueError(f"workers and timed must be >= 0 and prefetch_factor >= 1 "
+                         f"(got {workers}, {timed}, {prefetch_factor})")
+    return 1 + workers * (prefetch_factor if workers else 0) + timed
+
+
+def workers_for(batches: int | None = None, timed: int = 0, *, prefetch_factor: int = 2,
+                cores: int | None = None) -> int:
+    """DataLoader workers for this machine: one per usable core (lesson 02), but no more than a
+    loader of `batches` batches can feed while `timed` batches still follow the warm-up (each
+    worker prepares `prefetch_factor` batches ahead, which the warm-up drains). 16 workers with 2
+    batches each ask for 33 batches before the first timed one: more than a smoke-size dataset
+    holds. `batches=None`: no limit. Never below 0 (0: load in the main process)."""
+    cores = usable_cores() if cores is None else int(cores)
+    if batches is None:
+        return max(0, cores)
+    room = (int(batches) - 1 - int(timed)) // max(1, int(prefetch_factor))
+    return max(0, min(cores, room))
 
 
 def env_report() -> EnvReport:
@@ -123,7 +293,8 @@ def env_report() -> EnvReport:
         for i in range(torch.cuda.device_count()):
             p = torch.cuda.get_device_properties(i)
             gpus.append({"index": i, "name": p.name, "memory_gib": p.total_memory / 2**30,
-                         "multiprocessors": p.multi_processor_count})
+                         "multiprocessors": p.multi_processor_count, "capability": f"{p.major}.{p.minor}",
+                         "bf16_native": bf16_native(i)})
     return EnvReport(
         python=platform.python_version(),
         torch=torch.__version__,
@@ -138,6 +309,7 @@ def env_report() -> EnvReport:
         usable_cores=usable_cores(),
         ram_gib=psutil.virtual_memory().total / 2**30,
         dali=_module_version("nvidia.dali"),
+        dali_advice=dali_advice(),
         nvml=has_nvml(),
         smoke=smoke_mode(),
     )
@@ -205,6 +377,53 @@ def pick_device(prefer: str | None = None) -> torch.device:
     return device
 
 
+def _cuda_index(device) -> int | None:
+    """The CUDA index behind `device` (None, an int, a string or a torch.device), or None when
+    it is not a CUDA device (the CPU, the simulated accelerator)."""
+    if device is None:
+        return torch.cuda.current_device() if torch.cuda.is_available() else None
+    if isinstance(device, int):
+        return device
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError):
+        return None
+    if device.type != "cuda":
+        return None
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def bf16_native(device=None) -> bool:
+    """True when `device` (default: the current CUDA GPU) computes bfloat16 natively: a GPU of
+    compute capability 8.0 or newer (Ampere, Hopper, Blackwell...). `torch.cuda.is_bf16_supported()`
+    also says True on older GPUs (V100, T4) that only emulate it, slowly; this asks the capability
+    (`including_emulation=False`). False for the CPU and the simulated accelerator: on a CPU
+    lesson 05 measures bfloat16 rather than assume it (lessons 05 and 08, the ladder)."""
+    if not torch.cuda.is_available():
+        return False
+    index = _cuda_index(device)
+    if index is None:
+        return False
+    try:
+        major, _ = torch.cuda.get_device_capability(index)
+    except Exception:       # no properties for this index (the checks' virtual CUDA device): ask torch
+        try:
+            return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+        except TypeError:    # a torch without the argument
+            return False
+    return major >= 8
+
+
+def fast_amp(device=None) -> str | None:
+    """The autocast mode that makes a training step cheaper on `device` (lessons 05 and 08, the
+    ladder): "bf16" where the GPU computes it natively (compute capability >= 8.0), "fp16" with a
+    GradScaler on older CUDA GPUs (tensor cores from 7.0), None on the CPU and the simulated
+    accelerator (nothing to gain that the course can promise; lesson 05 measures it there)."""
+    if _cuda_index(device) is None or not torch.cuda.is_available():
+        return None
+    return "bf16" if bf16_native(device) else "fp16"
+
+
 def require(*, gpu: bool = False, gpus: int = 1, dali: bool = False, what: str = "This section") -> bool:
     """Say whether a section can run here. Returns True when it can; otherwise prints one
     sentence naming what is missing and what the section would show, and returns False so the
@@ -214,8 +433,9 @@ def require(*, gpu: bool = False, gpus: int = 1, dali: bool = False, what: str =
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if n < gpus:
             missing.append(f"{gpus} CUDA GPU{'s' if gpus > 1 else ''} (found {n})")
-    if dali and not has_dali():
-        missing.append("NVIDIA DALI (pip install nvidia-dali-cuda120, as requirements.txt pins)")
+    error = dali_import_error() if dali else None
+    if error is not None:
+        missing.append(f"NVIDIA DALI, which does not import here ({error}; pip install {dali_wheel()})")
     if missing:
         print(f"{what} needs {' and '.join(missing)}; skipped here. "
               "On a machine that has it, this cell measures for real.")

@@ -15,16 +15,23 @@ four facts the later lessons depend on, each with what it means here:
     facts = hardware_facts(measure_disk=True)
     print("\\n".join(facts.lines() + facts.meaning()))
 
-`disk_of(path)` names the block device and file system behind any path (Linux reads /sys and
-/proc/mounts; elsewhere it says 'unknown'). Nothing here needs root.
+`disk_of(path)` (from `course_utils.disks`, kept importable from here) names the block device
+and file system behind any path. GPUs are the ones PyTorch sees, matched in NVML by UUID (NVML
+numbers every GPU of the machine in PCI order and ignores `CUDA_VISIBLE_DEVICES`); NVLink is
+decided per pair of GPUs (NVML's peer-to-peer status over NVLink). Every NVML query goes through
+`monitor.nvml_call`: what NVML does not report is "not reported", never an error. Nothing here
+needs root.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+
+from .disks import NETWORK_FILESYSTEMS, DiskInfo, _disk_kind, disk_of
+from .io_probe import cold_and_warm_read
+from .monitor import nvml_call, nvml_close, nvml_constant, nvml_find, nvml_open, nvml_text
 
 __all__ = ["DiskInfo", "disk_of", "gpu_links", "pcie_gb_per_s", "HardwareFacts", "hardware_facts",
            "print_hardware", "PCIE_GB_PER_S_PER_LANE", "NETWORK_FILESYSTEMS"]
@@ -33,8 +40,6 @@ __all__ = ["DiskInfo", "disk_of", "gpu_links", "pcie_gb_per_s", "HardwareFacts",
 # 6: PAM4 with FLIT, about 7.56). A x16 link carries 16 times this each way; real copies reach
 # about 80% of it.
 PCIE_GB_PER_S_PER_LANE = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.56}
-NETWORK_FILESYSTEMS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "ceph", "beegfs",
-                       "glusterfs", "9p", "virtiofs", "fuse.s3fs", "fuse.gcsfuse", "fuse.sshfs")
 
 
 def pcie_gb_per_s(generation: int | None, width: int | None) -> float | None:
@@ -44,106 +49,6 @@ def pcie_gb_per_s(generation: int | None, width: int | None) -> float | None:
     return PCIE_GB_PER_S_PER_LANE[generation] * width
 
 
-# -- the disk behind a path -------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class DiskInfo:
-    """The storage behind a path: mount point, file system, block device, and what kind it is."""
-    path: str
-    mount: str = "?"
-    fstype: str = "?"
-    device: str | None = None        # the block device of the mount, e.g. vda, nvme0n1p2, sda1
-    disk: str | None = None          # the whole disk it belongs to, e.g. vda, nvme0n1, sda
-    rotational: bool | None = None   # what the kernel reports (virtual disks often say True)
-    model: str | None = None
-    size_gib: float | None = None
-    kind: str = "unknown"
-
-    @property
-    def label(self) -> str:
-        """One line for figures and tables: device, kind and file system."""
-        where = self.device or self.fstype
-        model = f", {self.model}" if self.model else ""
-        return f"{where}: {self.kind}{model}, {self.fstype} at {self.mount}"
-
-
-def _mounts() -> list[tuple[str, str, str]]:
-    """(device, mount point, fstype) of every mount, from /proc/mounts (Linux) or psutil."""
-    try:
-        with open("/proc/mounts") as f:
-            rows = [line.split()[:3] for line in f if len(line.split()) >= 3]
-        return [(dev, mnt.replace("\\040", " "), fs) for dev, mnt, fs in rows]
-    except OSError:
-        return [(p.device, p.mountpoint, p.fstype) for p in psutil.disk_partitions(all=True)]
-
-
-def _read_sys(path: Path) -> str | None:
-    try:
-        return path.read_text().strip() or None
-    except OSError:
-        return None
-
-
-def _disk_kind(fstype: str, disk: str | None, rotational: bool | None) -> str:
-    fs = fstype.lower()
-    if fs in ("tmpfs", "ramfs"):
-        return "RAM (tmpfs): a RAM disk"
-    if fs in NETWORK_FILESYSTEMS or fs.startswith("fuse."):
-        return "network or distributed file system"
-    if fs == "overlay":
-        return "container overlay file system (the disk underneath is not visible)"
-    if disk is None:
-        return "unknown"
-    if disk.startswith("nvme"):
-        return "NVMe SSD"
-    if disk.startswith(("vd", "xvd")):
-        return "virtual disk (the host's storage underneath is not visible)"
-    if disk.startswith(("zram", "ram")):
-        return "RAM block device"
-    if disk.startswith("loop"):
-        return "loop device (a file on another disk)"
-    if disk.startswith(("md", "dm-")):
-        return "RAID or device-mapper volume"
-    if rotational is True:
-        return "rotational disk (HDD)"
-    if rotational is False:
-        return "SSD"
-    return "unknown"
-
-
-def disk_of(path) -> DiskInfo:
-    """The mount, file system and block device holding `path`, and what kind of storage it is
-    (NVMe SSD, SSD, HDD, virtual disk, RAM disk, network file system...). Linux only reads
-    /proc/mounts and /sys; elsewhere the kind is 'unknown' (lesson 00)."""
-    real = os.path.realpath(path)
-    mount, fstype = "?", "?"
-    for _, mnt, fs in _mounts():           # the longest mount point above the path (the last one wins)
-        top = mnt.rstrip("/") or "/"
-        if (top == "/" or real == top or real.startswith(top + "/")) and (mount == "?" or len(top) >= len(mount)):
-            mount, fstype = top, fs
-    device = disk = model = None
-    rotational = size_gib = None
-    try:
-        st = os.stat(real)
-        major, minor = os.major(st.st_dev), os.minor(st.st_dev)
-        sys_dev = Path(f"/sys/dev/block/{major}:{minor}")
-        if major != 0 and sys_dev.exists():
-            resolved = sys_dev.resolve()
-            device = resolved.name
-            disk = resolved.parent.name if (resolved / "partition").exists() else device
-    except OSError:
-        pass
-    if disk is not None:
-        block = Path("/sys/block") / disk
-        flag = _read_sys(block / "queue" / "rotational")
-        rotational = None if flag is None else flag == "1"
-        model = _read_sys(block / "device" / "model")
-        sectors = _read_sys(block / "size")
-        size_gib = int(sectors) * 512 / 2**30 if sectors and sectors.isdigit() else None
-    return DiskInfo(path=str(path), mount=mount, fstype=fstype, device=device, disk=disk, rotational=rotational,
-                    model=model, size_gib=size_gib, kind=_disk_kind(fstype, disk, rotational))
-
-
 # -- GPU links, through NVML ------------------------------------------------------------------
 
 _TOPOLOGY = {0: "the same board", 10: "one PCIe switch", 20: "several PCIe switches",
@@ -151,53 +56,96 @@ _TOPOLOGY = {0: "the same board", 10: "one PCIe switch", 20: "several PCIe switc
              50: "different CPU sockets (across the CPUs' interconnect)"}
 
 
+def _visible_gpus() -> list[tuple[int, object | None, str, str | None]]:
+    """(index, NVML handle or None, how it was found, PyTorch's name) for each GPU PyTorch sees,
+    NVML already started. Without a CUDA torch (or with every GPU hidden), NVML's own list, in
+    its PCI order, index None: those GPUs are not the lessons' `cuda:N`."""
+    import torch
+
+    found = []
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            handle, how = nvml_find(torch.device("cuda", i))
+            try:
+                name = torch.cuda.get_device_name(i)
+            except Exception:
+                name = None
+            found.append((i, handle, how, name))
+        return found
+    count = nvml_call("nvmlDeviceGetCount") or 0
+    for n in range(int(count)):
+        handle = nvml_call("nvmlDeviceGetHandleByIndex", n)
+        if handle is not None:
+            found.append((None, handle, f"NVML index {n}", None))
+    return found
+
+
+def _nvlink_between(a, b) -> bool | None:
+    """Whether NVLink connects GPUs `a` and `b` (NVML handles): their peer-to-peer status over
+    NVLink, asked for this pair (a GPU with NVLink to a third GPU, or to an NVSwitch port left
+    down, says nothing about this pair). None when NVML does not report it."""
+    status = nvml_call("nvmlDeviceGetP2PStatus", a, b, nvml_constant("NVML_P2P_CAPS_INDEX_NVLINK", 2))
+    if status is None:
+        return None
+    return status == nvml_constant("NVML_P2P_STATUS_OK", 0)
+
+
 def gpu_links() -> tuple[list[dict], list[dict]]:
-    """Per GPU: name, PCIe generation and width (current and maximum), their bandwidth, active
-    NVLink links and power limit; and per pair of GPUs, how they are connected. Read through
-    NVML (nvidia-ml-py); ([], []) without an NVIDIA driver (lesson 00)."""
-    try:
-        import pynvml
-        pynvml.nvmlInit()
-    except Exception:
+    """Per GPU PyTorch sees (`cuda:N`, matched in NVML by UUID): name, PCIe generation and width
+    (current and maximum), their bandwidth, active NVLink links and power limit; per pair of
+    GPUs, the PCIe path between them and whether NVLink joins that pair. Read through NVML
+    (nvidia-ml-py); ([], []) without an NVIDIA driver. A value NVML does not report (an older
+    binding, a vGPU, a MIG slice) is None, shown as "not reported" (lesson 00)."""
+    if nvml_open() is not None:
         return [], []
-
-    def ask(fn, *args):
-        try:
-            return fn(*args)
-        except Exception:
-            return None
-
-    gpus, pairs = [], []
+    gpus, pairs, handles = [], [], []
     try:
-        count = pynvml.nvmlDeviceGetCount()
-        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-        for i, h in enumerate(handles):
-            name = ask(pynvml.nvmlDeviceGetName, h)
-            name = name.decode() if isinstance(name, bytes) else name
-            links = 0
-            for link in range(int(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18))):
-                state = ask(pynvml.nvmlDeviceGetNvLinkState, h, link)
-                if state is None:
-                    break
-                links += int(bool(state))
-            power_mw = ask(pynvml.nvmlDeviceGetEnforcedPowerManagementLimit, h)
-            gen, width = ask(pynvml.nvmlDeviceGetCurrPcieLinkGeneration, h), ask(pynvml.nvmlDeviceGetCurrPcieLinkWidth, h)
-            max_gen, max_width = ask(pynvml.nvmlDeviceGetMaxPcieLinkGeneration, h), ask(pynvml.nvmlDeviceGetMaxPcieLinkWidth, h)
-            gpus.append({"index": i, "name": name, "pcie_gen": gen, "pcie_width": width, "pcie_max_gen": max_gen,
-                         "pcie_max_width": max_width, "pcie_gb_per_s": pcie_gb_per_s(gen, width),
+        for index, h, how, torch_name in _visible_gpus():
+            handles.append(h)
+            name = nvml_text(nvml_call("nvmlDeviceGetName", h)) if h is not None else None
+            links = None
+            if h is not None:
+                for link in range(int(nvml_constant("NVML_NVLINK_MAX_LINKS", 18))):
+                    state = nvml_call("nvmlDeviceGetNvLinkState", h, link)
+                    if state is None:
+                        break
+                    links = (links or 0) + int(bool(state))
+            ask = (lambda fn: nvml_call(fn, h) if h is not None else None)
+            power_mw = ask("nvmlDeviceGetEnforcedPowerManagementLimit")
+            gen, width = ask("nvmlDeviceGetCurrPcieLinkGeneration"), ask("nvmlDeviceGetCurrPcieLinkWidth")
+            max_gen, max_width = ask("nvmlDeviceGetMaxPcieLinkGeneration"), ask("nvmlDeviceGetMaxPcieLinkWidth")
+            gpus.append({"index": index, "name": name or torch_name or "an NVIDIA GPU", "nvml": how if h is not None
+                         else f"not found in NVML ({how})", "pcie_gen": gen, "pcie_width": width,
+                         "pcie_max_gen": max_gen, "pcie_max_width": max_width, "pcie_gb_per_s": pcie_gb_per_s(gen, width),
                          "pcie_max_gb_per_s": pcie_gb_per_s(max_gen, max_width), "nvlinks": links,
                          "power_limit_w": power_mw / 1000 if power_mw else None})
-        for i in range(count):
-            for j in range(i + 1, count):
-                level = ask(pynvml.nvmlDeviceGetTopologyCommonAncestor, handles[i], handles[j])
-                pairs.append({"gpus": (i, j), "level": level, "path": _TOPOLOGY.get(level, "unknown"),
-                              "nvlink": gpus[i]["nvlinks"] > 0 and gpus[j]["nvlinks"] > 0})
+        for i in range(len(gpus)):
+            for j in range(i + 1, len(gpus)):
+                a, b = handles[i], handles[j]
+                both = a is not None and b is not None
+                level = nvml_call("nvmlDeviceGetTopologyCommonAncestor", a, b) if both else None
+                pairs.append({"gpus": (gpus[i]["index"], gpus[j]["index"]), "level": level,
+                              "path": _TOPOLOGY.get(level, "not reported"),
+                              "nvlink": _nvlink_between(a, b) if both else None})
     finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:
-            pass
+        nvml_close()
     return gpus, pairs
+
+
+def _gpu_name(index) -> str:
+    return f"GPU {index}" if index is not None else "GPU (not visible to PyTorch)"
+
+
+def _link_text(g: dict) -> str:
+    """A GPU's PCIe link now and at most, with "not reported" for what NVML did not say."""
+    now = (f"PCIe gen {g['pcie_gen']} x{g['pcie_width']} now" if g.get("pcie_gen") and g.get("pcie_width")
+           else "PCIe link not reported")
+    if g.get("pcie_max_gen") and g.get("pcie_max_width"):
+        top = f"max gen {g['pcie_max_gen']} x{g['pcie_max_width']}"
+        if g.get("pcie_max_gb_per_s"):
+            top += f", {g['pcie_max_gb_per_s']:.0f} GB/s each way"
+        return f"{now} ({top})"
+    return now
 
 
 # -- the facts, and what they mean -------------------------------------------------------------
@@ -241,13 +189,14 @@ class HardwareFacts:
             out.append(f"cold read    {self.cold_read_mb_s:,.0f} MB/s reading a data file not in the page cache "
                        f"({self.cold_read_note})")
         for g in self.gpus:
-            link = (f"PCIe gen {g['pcie_gen']} x{g['pcie_width']} now "
-                    f"(max gen {g['pcie_max_gen']} x{g['pcie_max_width']}, {g['pcie_max_gb_per_s'] or 0:.0f} GB/s each way)")
-            power = f", power limit {g['power_limit_w']:.0f} W" if g.get("power_limit_w") else ""
-            out.append(f"GPU {g['index']}        {g['name']}: {link}, {g['nvlinks']} NVLink links active{power}")
+            out.append(f"{_gpu_name(g['index']):13s}{g['name']}: {_link_text(g)}, " + (
+                "NVLink not reported" if g.get("nvlinks") is None else f"{g['nvlinks']} NVLink links active")
+                + (f", power limit {g['power_limit_w']:.0f} W" if g.get("power_limit_w") else ", power limit not reported"))
         for p in self.gpu_pairs:
             i, j = p["gpus"]
-            out.append(f"GPU {i} <-> {j}   through {p['path']}" + (" and NVLink" if p["nvlink"] else ""))
+            nvlink = {True: "; NVLink joins them", False: "; no NVLink between them",
+                      None: "; NVLink between them not reported"}[p["nvlink"]]
+            out.append(f"{_gpu_name(i)} <-> {_gpu_name(j)}   through {p['path']}{nvlink}")
         if not self.gpus:
             out.append("GPU links    no NVIDIA GPU visible through NVML: PCIe and NVLink are not shown")
         return out
@@ -295,10 +244,19 @@ class HardwareFacts:
                          "lower the link speed when idle, so read it again under load.")
             out.append(text)
             if len(self.gpus) > 1:
-                nv = any(p["nvlink"] for p in self.gpu_pairs)
-                out.append("- GPU to GPU: " + ("NVLink carries the all-reduce of DDP (lesson 07)." if nv else
-                                              "no NVLink: the all-reduce of DDP (lesson 07) crosses PCIe, and "
-                                              "through the CPUs where the path above says so."))
+                linked = [p["nvlink"] for p in self.gpu_pairs]
+                if linked and all(v is True for v in linked):
+                    text = "NVLink joins every pair: it carries the all-reduce of DDP (lesson 07)."
+                elif any(v is True for v in linked):
+                    text = ("NVLink joins only some pairs (listed above): DDP's ring all-reduce (lesson 07) runs at "
+                            "the speed of its slowest hop, which crosses PCIe.")
+                elif any(v is False for v in linked):
+                    text = ("no NVLink: the all-reduce of DDP (lesson 07) crosses PCIe, and through the CPUs where "
+                            "the path above says so.")
+                else:
+                    text = ("NVML did not report NVLink between these GPUs: `nvidia-smi topo -m` shows the links "
+                            "the all-reduce of DDP (lesson 07) uses.")
+                out.append("- GPU to GPU: " + text)
         else:
             out.append("- PCIe and NVLink: no GPU here; on a GPU machine this lists each GPU's link and how the "
                        "GPUs connect (what lessons 03 and 07 depend on).")
@@ -325,8 +283,6 @@ def hardware_facts(data_root=None, *, measure_disk: bool = False) -> HardwareFac
     vm = psutil.virtual_memory()
     cold, note = None, ""
     if measure_disk:
-        from .io_probe import cold_and_warm_read
-
         result = cold_and_warm_read(files[:1])
         if result.cold is not None:
             cold, note = result.cold.mb_per_s, result.method

@@ -37,6 +37,8 @@ from pathlib import Path
 import numpy as np
 import psutil
 
+from .disks import disk_of
+
 __all__ = ["page_cache_fraction", "evict", "ReadResult", "read_files", "ColdWarm", "cold_and_warm_read",
            "ram_disk_read", "ColdRecords", "disk_capacity", "IoMonitor", "IoTimeline", "RecordedRun", "make_run",
            "synthetic_run", "RUN_KINDS", "storage_read_bytes"]
@@ -188,8 +190,6 @@ def cold_and_warm_read(paths, block_size: int = 1 << 20) -> ColdWarm:
 def ram_disk_read(paths, ram_dir: str = "/dev/shm", block_size: int = 1 << 20) -> ReadResult | None:
     """Copy `paths` to a RAM disk (tmpfs at `ram_dir`), read them there, delete the copies: what
     moving a dataset to a RAM disk buys. None where there is no tmpfs or not enough room."""
-    from .hardware import disk_of
-
     if not os.path.isdir(ram_dir) or disk_of(ram_dir).fstype not in ("tmpfs", "ramfs"):
         return None
     paths = [Path(p) for p in paths]
@@ -472,11 +472,9 @@ class IoMonitor:
             ...
         print(mon.timeline.iostat())
 
-    `path` picks the disk to watch (the block device holding it; see hardware.disk_of)."""
+    `path` picks the disk to watch (the block device holding it; see disks.disk_of)."""
 
     def __init__(self, path=None, *, interval_s: float = 0.1, device: str | None = None):
-        from .hardware import disk_of
-
         self.info = disk_of(path) if path is not None else None
         self.device = device or (self.info.device if self.info else None)
         self.interval_s = interval_s

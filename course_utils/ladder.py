@@ -12,15 +12,16 @@ the same run. Ratios measured together are what to compare; absolute numbers bel
 hardware named in the table's title.
 
 On a CUDA GPU the model is the CIFAR ResNet-18 at full width, in fp32. Without a GPU the device
-is the course's simulated accelerator (`course_utils.sim`; `--step-ms` sets its step time) and
-the table says "simulated". Work a rung does *on the device* (normalising, augmenting) then runs
+is the course's simulated accelerator (`course_utils.sim`: the H100 the course measured, scaled
+to this CPU; `--step-ms` replaces it by a plain device of that fixed step time) and the table
+says "simulated". Work a rung does *on the device* (normalising, augmenting) then runs
 as tensor operations on the host and is charged to the simulated device's time at the speed
 factor its label states (`SimulatedAccelerator.run`), as a GPU stream would run those kernels
 before the step: it is done and paid for, never skipped or overlapped for free.
 
 The rungs are small named functions in `RUNGS`, in order. A later lesson adds its rung by
 writing one more function with `@rung(...)` and appending it to `RUNGS`. A rung that cannot
-run here (DALI missing; mixed precision beside the simulator, whose step time is fixed) raises
+run here (DALI missing; CUDA graphs with COURSE_DEVICE=cpu) raises
 `RungSkipped` with the reason, and the table says so instead of inventing a number.
 
 Each rung is built from one `Pipeline` (what the training loop is fed: a loader, the work done on
@@ -48,6 +49,7 @@ import torchvision.transforms as T
 from torch.utils.data import DataLoader
 
 from . import data
+from .bottleneck import diagnose
 from .device_data import AugmentBatch, DeviceLoader, normalize_batch
 from .env import device_label, has_dali, usable_cores
 from .loaders import in_flight_batches
@@ -61,7 +63,7 @@ __all__ = ["LadderConfig", "LadderContext", "LadderResult", "RungSkipped", "rung
            "climb", "rung_baseline", "rung_best_workers", "rung_prefetcher", "rung_device_resident", "rung_dali",
            "rung_mixed_precision", "main", "Pipeline", "TrainingSet", "ImageArrays", "ladder_context", "measure_rung",
            "baseline_pipeline", "workers_pipeline", "prefetcher_pipeline", "device_resident_pipeline",
-           "dali_pipeline", "mixed_precision_pipeline", "rung_row"]
+           "dali_pipeline", "mixed_precision_pipeline", "cuda_graph_pipeline", "rung_cuda_graph", "rung_row"]
 
 
 class RungSkipped(Exception):
@@ -182,8 +184,11 @@ class Pipeline:
     prefetch: get the next batch ready ahead: copied on a CUDA side stream on a GPU
         (`CudaPrefetcher`), taken from the loader by a background thread beside the simulator
         (`BackgroundLoader`).
-    amp, channels_last: how the model step runs on a real device (lesson 05); the simulated
-        step's time is fixed, so they change nothing there.
+    amp, channels_last: how the model step runs (lesson 05); beside the simulator, which of the
+        measured steps it costs.
+    cuda_graph: the whole step captured once as a CUDA graph and replayed (lesson 05): one launch
+        per step instead of hundreds; needs a GPU (or the simulator, which charges the measured
+        graph step).
     """
     loader: object
     batch_transform: object = None
@@ -191,6 +196,7 @@ class Pipeline:
     amp: str | None = None
     channels_last: bool = False
     name: str = ""
+    cuda_graph: bool = False
 
     def describe(self) -> str:
         parts = [type(self.loader).__name__]
@@ -202,6 +208,8 @@ class Pipeline:
             parts.append(f"{self.amp} autocast")
         if self.channels_last:
             parts.append("channels_last")
+        if self.cuda_graph:
+            parts.append("CUDA graph")
         return (f"{self.name}: " if self.name else "") + ", ".join(parts)
 
 
@@ -268,11 +276,13 @@ class LadderContext:
         """The training set as a Dataset with `transform` (the arrays are read once and shared)."""
         return self.data.dataset(transform)
 
-    def loader(self, transform, num_workers: int) -> DataLoader:
-        """A shuffling DataLoader; pinned memory and prefetch_factor 4 when it helps."""
+    def loader(self, transform, num_workers: int, *, drop_last: bool = True) -> DataLoader:
+        """A shuffling DataLoader; pinned memory and prefetch_factor 4 when it helps. The rungs drop
+        the last short batch (`drop_last=True`: a timed step is a full one); a pipeline that must
+        give every sample of an epoch (exercise 8.1) keeps it with `drop_last=False`."""
         extra = {"prefetch_factor": 4, "persistent_workers": False} if num_workers else {}
         return DataLoader(self.dataset(transform), batch_size=self.config.batch_size, shuffle=True,
-                          num_workers=num_workers, pin_memory=self.cuda, drop_last=True, **extra)
+                          num_workers=num_workers, pin_memory=self.cuda, drop_last=drop_last, **extra)
 
     def on_device(self):
         """The whole training set in device memory: (images (N, 3, 32, 32) uint8, labels int64)."""
@@ -302,38 +312,47 @@ class LadderContext:
             yield images, labels
 
     def train(self, batches, *, batch_transform=None, prefetch: bool = False, desc: str = "rung",
-              **train_kwargs) -> TrainResult:
-        """Train on `batches` for the configured steps through `course_utils.train.train`.
+              batches_on_device: bool | None = None, **train_kwargs) -> TrainResult:
+        """Train on `batches` for the configured steps (after an untimed warm-up) through
+        `course_utils.train.train`.
 
         `batch_transform(images, labels)` is work for the device (beside the simulator: charged
         to it). `prefetch=True` gets the next batch ready ahead: copied on a CUDA side stream on
         a GPU; beside the simulator, where there is no copy to make, taken from the loader by a
-        background thread. Other keyword arguments (`amp`, `channels_last`, `model`) go to
-        `train()` on a real device.
+        background thread (and, as a side stream's copy would, its copy overlaps the step).
+        `amp` and `channels_last` set how the step runs (beside the simulator: which of its
+        measured steps it costs); `model` replaces the context's model on a real device.
         """
         if prefetch:
             batches = BackgroundLoader(batches) if self.simulated else CudaPrefetcher(batches, self.device)
+            batches_on_device = True
         # untimed warm-up: one step, plus the batches the loader prepared ahead while it started
         # (served without waiting, they would flatter the rung), as measure_loader does
         warmup = 1 + in_flight_batches(batches)
         timer = StepTimer(self.run_on, skip_first=warmup)
-        steps = self.config.resolved_steps() + warmup - 1
+        steps = self.config.resolved_steps() + warmup
         if self.simulated:
+            train_kwargs.pop("model", None)
             return train(None, batches, device=self.run_on, steps=steps, batch_transform=batch_transform,
-                         timer=timer, progress=self.progress, desc=desc)
+                         timer=timer, progress=self.progress, desc=desc, batches_on_device=batches_on_device,
+                         **train_kwargs)
         model = train_kwargs.pop("model", self.model)
-        return train(model, batches, device=self.device, steps=steps, batch_transform=batch_transform,
-                     timer=timer, progress=self.progress, desc=desc, **train_kwargs)
+        with _nvml_utilisation(self.device, timer) as util:
+            result = train(model, batches, device=self.device, steps=steps, batch_transform=batch_transform,
+                           timer=timer, progress=self.progress, desc=desc, **train_kwargs)
+        if util.value is not None:
+            result.stats.device_util = util.value
+        return result
 
     def run(self, pipeline: Pipeline, *, desc: str | None = None) -> TrainResult:
         """Measure `pipeline` as a rung is measured: the configured steps through `train()`, after
         the untimed warm-up. With `channels_last` a copy of the model trains (the memory format
         would otherwise stay changed for whatever runs next)."""
-        kwargs = {}
-        if not self.simulated:
-            kwargs = {"amp": pipeline.amp, "channels_last": pipeline.channels_last}
-            if pipeline.channels_last:
-                kwargs["model"] = copy.deepcopy(self.model)
+        kwargs = {"amp": pipeline.amp, "channels_last": pipeline.channels_last}
+        if pipeline.cuda_graph:
+            kwargs["cuda_graph"] = True
+        if pipeline.channels_last and not self.simulated:
+            kwargs["model"] = copy.deepcopy(self.model)
         return self.train(pipeline.loader, batch_transform=pipeline.batch_transform, prefetch=pipeline.prefetch,
                           desc=desc or pipeline.name or "pipeline", **kwargs)
 
@@ -344,6 +363,31 @@ class LadderContext:
             warm = torch.randn(bs, 3, 32, 32, device=self.device)
             train(self.model, itertools.repeat((warm, torch.zeros(bs, dtype=torch.long, device=self.device))),
                   device=self.device, steps=5, progress=False)
+
+
+class _Reading:
+    value: float | None = None
+
+
+@contextlib.contextmanager
+def _nvml_utilisation(device, timer: StepTimer):
+    """On a CUDA device with NVML: the GPU's mean utilisation (0-1) over the counted steps of
+    `timer`, sampled every 50 ms, in `.value` after the block; None elsewhere."""
+    reading = _Reading()
+    if torch.device(device).type != "cuda":
+        yield reading
+        return
+    from .monitor import UtilizationMonitor
+    monitor = UtilizationMonitor(0.05, device=device)
+    with monitor:
+        yield reading
+    line = monitor.timeline
+    if line.gpu_util is None or len(timer.log) <= timer.skip_first:
+        return
+    start = timer.log[timer.skip_first]["fetch_start"] - monitor._t0
+    util = line.gpu_util[(line.t_s >= start) & ~np.isnan(line.gpu_util)]
+    if len(util):
+        reading.value = float(np.mean(util)) / 100.0
 
 
 def rung(name: str, short: str):
@@ -406,12 +450,28 @@ def dali_pipeline(ctx: LadderContext) -> Pipeline:
 
 def mixed_precision_pipeline(ctx: LadderContext) -> Pipeline:
     """Device-resident data, and the model step itself made cheaper: bf16 autocast and
-    channels_last (lesson 05). Needs a real model: the simulated step's time is fixed."""
-    if ctx.simulated:
-        raise RungSkipped("mixed precision changes the model's own step; the simulated device's step "
-                          "time is fixed, so there is nothing honest to measure without a GPU")
+    channels_last (lesson 05). Beside the simulator, the measured H100 step in bf16 +
+    channels_last (more host launch time, less GPU work: at batch 128 it does not pay). On a GPU
+    that only emulates bfloat16 (compute capability below 8.0: a V100, a T4) it is skipped: fp16
+    with a GradScaler is the mode there (lesson 05)."""
+    if ctx.cuda:
+        from .env import bf16_native
+        if not bf16_native(ctx.device):
+            raise RungSkipped("this GPU emulates bfloat16 (compute capability below 8.0): fp16 with a GradScaler "
+                              "is its mixed precision (lesson 05)")
     pipeline = device_resident_pipeline(ctx)
     pipeline.amp, pipeline.channels_last, pipeline.name = "bf16", True, "device-resident + bf16"
+    return pipeline
+
+
+def cuda_graph_pipeline(ctx: LadderContext) -> Pipeline:
+    """Device-resident data, bf16 + channels_last, and the whole step captured once as a CUDA graph
+    and replayed: the host launches one graph instead of ~390 kernels per step (lesson 05). Needs a
+    GPU; beside the simulator, the measured H100 graph step."""
+    if not ctx.simulated and not ctx.cuda:
+        raise RungSkipped("CUDA graphs need a GPU (with COURSE_DEVICE=cpu there is nothing to capture)")
+    pipeline = mixed_precision_pipeline(ctx)
+    pipeline.cuda_graph, pipeline.name = True, "device-resident + bf16 + CUDA graph"
     return pipeline
 
 
@@ -456,20 +516,27 @@ def rung_mixed_precision(ctx: LadderContext) -> TrainResult:
     return ctx.run(mixed_precision_pipeline(ctx), desc="bf16")
 
 
+@rung("device-resident + bf16 + CUDA graph", "+ CUDA graph\n(1 launch/step)")
+def rung_cuda_graph(ctx: LadderContext) -> TrainResult:
+    """Device-resident data, bf16 + channels_last, the whole step replayed as one CUDA graph: the
+    host's launches leave the step (lesson 05). Against the fp32 ceiling, so it may exceed 100%."""
+    return ctx.run(cuda_graph_pipeline(ctx), desc="CUDA graph")
+
+
 # The ladder, bottom to top. Later lessons append their rungs.
-RUNGS = [rung_baseline, rung_best_workers, rung_prefetcher, rung_device_resident, rung_dali, rung_mixed_precision]
+RUNGS = [rung_baseline, rung_best_workers, rung_prefetcher, rung_device_resident, rung_dali, rung_mixed_precision,
+         rung_cuda_graph]
 
 
 def measure_ceiling(ctx: LadderContext) -> TrainResult:
-    """The model alone: one batch already on the device, fed again and again (lesson 01)."""
+    """The model alone: one batch already on the device, fed again and again (lesson 01), measured
+    as every rung is (the same warm-up and number of counted steps)."""
     bs = ctx.config.batch_size
     images = torch.randn(bs, 3, 32, 32)
     labels = torch.randint(0, 10, (bs,))
-    if ctx.simulated:
-        return train(None, itertools.repeat((images, labels)), device=ctx.run_on,
-                     steps=ctx.config.resolved_steps(), progress=ctx.progress, desc="ceiling")
-    images, labels = images.to(ctx.device), labels.to(ctx.device)
-    return ctx.train(itertools.repeat((images, labels)), desc="ceiling")
+    if not ctx.simulated:
+        images, labels = images.to(ctx.device), labels.to(ctx.device)
+    return ctx.train(itertools.repeat((images, labels)), desc="ceiling", batches_on_device=True)
 
 
 @dataclass
@@ -483,6 +550,7 @@ class LadderResult:
     host: str = ""
     torch_version: str = torch.__version__
     date: str = ""
+    arithmetic: str = ""          # the best rung's TFLOP/s against the device's peak, where known
 
     @classmethod
     def from_rows(cls, ctx: LadderContext, ceiling, rows: list[dict]) -> "LadderResult":
@@ -497,8 +565,16 @@ class LadderResult:
         cfg.update(steps=config.resolved_steps(), num_workers=config.resolved_workers(),
                    model=None if ctx.simulated else (config.model or _model_name(ctx.model)),
                    step_ms=ctx.run_on.step_time_ms(config.batch_size) if ctx.simulated else None)
+        measured = [r for r in rows if not r.get("skipped")]
+        arithmetic = ""
+        if measured:
+            from .bottleneck import rate_against_peak
+            best = max(measured, key=lambda r: r["samples_per_s"])
+            precision = "bf16" if "bf16" in best["name"] else "fp32"
+            arithmetic = f"{best['name']}: " + rate_against_peak(best["samples_per_s"], ctx.run_on,
+                                                                  None if ctx.simulated else ctx.model, precision)
         return cls(ctx.label, ctx.simulated, cfg, ceiling.as_row(), rows, host=device_label(torch.device("cpu")),
-                   date=datetime.datetime.now().isoformat(timespec="seconds"))
+                   date=datetime.datetime.now().isoformat(timespec="seconds"), arithmetic=arithmetic)
 
     @property
     def best(self) -> dict:
@@ -511,27 +587,31 @@ class LadderResult:
         return out
 
     def table(self) -> str:
-        """The climb as a text table: samples/s, fraction of the ceiling, stall, speed-up."""
+        """The climb as a text table: samples/s, fraction of the ceiling, the device's busy share,
+        the share with a step in flight, the loop's wait for data, speed-up, and what limits it."""
         c = self.config
         lines = [f"Ladder on {self.device}",
                  f"batch {c['batch_size']}, {c['steps']} steps per rung, {c['num_workers']} workers where used"
                  + (", SIMULATED device" if self.simulated else ""),
-                 f"{'rung':24s} {'samples/s':>11s} {'of ceiling':>11s} {'device busy':>12s} {'host waits':>11s} "
-                 f"{'vs baseline':>12s}",
-                 f"{'ceiling (model)':24s} {self.ceiling['samples_per_s']:11,.0f} {1:11.0%} "
-                 f"{_share(self.ceiling.get('device_busy_fraction')):>12s} {'':>11s} {'':>12s}"]
-        for r in self.rungs:
+                 f"{'rung':36s} {'samples/s':>10s} {'of ceiling':>10s} {'dev. busy':>9s} {'in flight':>9s} "
+                 f"{'waits':>6s} {'vs base':>7s}  limited by"]
+        rows = [dict(self.ceiling, name="ceiling (model)", fraction_of_ceiling=1.0)] + list(self.rungs)
+        for r in rows:
             if r.get("skipped"):
-                lines.append(f"{r['name']:24s} {'skipped':>11s}  {r['skipped']}")
+                lines.append(f"{r['name']:36s} {'skipped':>10s}  {r['skipped']}")
                 continue
             speedup = f"{r['speedup_over_baseline']:.1f}x" if r.get("speedup_over_baseline") else ""
-            lines.append(f"{r['name']:24s} {r['samples_per_s']:11,.0f} {r['fraction_of_ceiling']:11.0%} "
-                         f"{_share(r.get('device_busy_fraction')):>12s} {r['stall_fraction']:11.0%} {speedup:>12s}")
+            lines.append(f"{r['name']:36s} {r['samples_per_s']:10,.0f} {r['fraction_of_ceiling']:10.0%} "
+                         f"{_share(r.get('device_util')):>9s} {_share(_in_flight(r)):>9s} "
+                         f"{r['stall_fraction']:6.0%} {speedup:>7s}  {diagnose(r).kind}")
         lines.append(f"best: {self.best['name']} at {self.best['fraction_of_ceiling']:.0%} of the ceiling")
-        lines.append("device busy: share of the wall time the device spent on steps (what nvidia-smi shows); host "
-                     "waits: share the loop spent blocked on the next batch. The loop does not synchronise per "
-                     "step, so the host may wait for data while the device still works through queued steps: "
-                     "read the device's share for starvation.")
+        if self.arithmetic:
+            lines.append(f"arithmetic, the best rung: {self.arithmetic}")
+        lines.append("dev. busy: share of the wall time the device ran work (" +
+                     ("the simulated device's own busy time" if self.simulated else "NVML's utilisation, where read")
+                     + "); in flight: share with a step started and not finished (the device may idle inside it, "
+                       "waiting for the host to launch kernels); waits: share the loop spent blocked on the next "
+                       "batch. Limited by: course_utils.bottleneck.diagnose.")
         return "\n".join(lines)
 
     def plot(self, path=None):
@@ -546,6 +626,10 @@ class LadderResult:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             fig.savefig(path, dpi=120)
         return fig
+
+
+def _in_flight(row: dict):
+    return row.get("steps_in_flight_fraction", row.get("device_busy_fraction"))
 
 
 def _model_name(model) -> str | None:
@@ -594,7 +678,7 @@ def ladder_context(config: LadderConfig | None = None, *, sim=None, progress: bo
     simulator the device is `sim`, or a simulated accelerator with `config.step_ms` per step, or
     the course's default one (closed when the block ends). `training_set` replaces the course's
     CIFAR-10. Beside the simulator, torch uses one intra-op thread inside the block: the cores
-    belong to the loaders and the device thread.
+    belong to the loaders and the host's launches.
     """
     config = config or LadderConfig()
     target = pick_target(config.device, sim=sim)
@@ -662,7 +746,7 @@ def main(argv=None) -> int:
     parser.add_argument("--plot", metavar="FILE", nargs="?", const="build/ladder.png",
                         help="save a bar chart (default file: build/ladder.png)")
     parser.add_argument("--step-ms", type=float, help="no GPU: the simulated device's time per step, in ms "
-                        "(default: the course's device, 7.4 ms for a batch of 128)")
+                        "(default: the simulated H100, scaled to this CPU; a fixed --step-ms has no launch cost)")
     parser.add_argument("--steps", type=int, help="training steps per rung (default 200, or 30 with --smoke)")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--num-workers", type=int, help="DataLoader workers (default: the usable cores)")

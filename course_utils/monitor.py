@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import psutil
 
-__all__ = ["UtilizationMonitor", "Timeline", "synthetic_timeline", "TIMELINE_KINDS", "nvml_handle_for"]
+__all__ = ["UtilizationMonitor", "Timeline", "synthetic_timeline", "TIMELINE_KINDS", "nvml_handle_for", "nvml_call",
+           "nvml_constant", "nvml_open", "nvml_close", "nvml_find", "nvml_reading", "nvml_text"]
 
 TIMELINE_KINDS = ("input-bound", "compute-bound", "sync-bound")
 
@@ -186,6 +187,10 @@ class _CourseProcesses:
             if not first:
                 self._late.append((previous, seconds))        # its life so far, counted now
 
+    def rescan_now(self) -> None:
+        """Look for new children at the next read, whatever the rescan interval."""
+        self._next_scan = 0.0
+
     def read(self) -> tuple[float, list[tuple[float, float]]]:
         """CPU seconds since the last read, and late time as (since_s, seconds) pairs, where
         since_s is when (seconds after start) that time began to be spent."""
@@ -316,10 +321,16 @@ class UtilizationMonitor:
             return
         self._stop.set()
         self._thread.join()
+        self._course.rescan_now()   # children born since the last scan (workers of a short run) are ours too
         if not self._t or time.perf_counter() - self._last_t >= self.interval_s / 2:
             self._sample()  # one last sample up to now (unless the last one was just taken)
+        else:
+            _, late = self._course.read()
+            with self._lock:
+                for since, seconds in late:
+                    self._spread(since, seconds)
         if self._nvml is not None:
-            _close_nvml()
+            nvml_close()
 
     def mark(self, label: str) -> None:
         """Put a labelled vertical line on the timeline at this moment."""
@@ -349,7 +360,7 @@ class UtilizationMonitor:
             gpu = min(100.0, 100.0 * (busy - self._last_busy) / dt)
             self._last_busy = busy
         elif self._nvml is not None:
-            gpu, mem = _nvml_reading(self._nvml)
+            gpu, mem = nvml_reading(self._nvml)
         with self._lock:
             self._t.append(now - self._t0)
             self._dt.append(dt)
@@ -449,64 +460,103 @@ def _cuda_identity(device) -> tuple[list[str], str | None]:
     return uuids, pci
 
 
+def nvml_call(function: str, *args):
+    """`pynvml.<function>(*args)`, or None when NVML does not report it. The function is looked
+    up inside the guard: a binding that lacks it (an older or newer nvidia-ml-py), an NVMLError
+    (not supported on this GPU, a vGPU or MIG slice, a lost driver) or no NVML at all give None,
+    never an exception. Every NVML query of the course goes through here (lesson 00's report
+    died on a binding without nvmlDeviceGetEnforcedPowerManagementLimit)."""
+    try:
+        import pynvml
+        return getattr(pynvml, function)(*args)
+    except Exception:
+        return None
+
+
+def nvml_constant(name: str, default):
+    """A pynvml constant, or `default` when the binding lacks it (or there is none)."""
+    try:
+        import pynvml
+        return getattr(pynvml, name, default)
+    except Exception:
+        return default
+
+
+def nvml_open() -> str | None:
+    """Start NVML (nvmlInit; pair it with `nvml_close()`). None when it started; otherwise why
+    not, in words."""
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+    except Exception as err:
+        return f"NVML not available: {type(err).__name__}: {err}"
+    return None
+
+
+def nvml_close() -> None:
+    """nvmlShutdown, guarded (NVML counts its starts: one close per successful open)."""
+    nvml_call("nvmlShutdown")
+
+
+def nvml_find(device) -> tuple[object | None, str]:
+    """The NVML handle of a torch CUDA device, NVML already started (`nvml_open`): matched by
+    UUID, else PCI bus id, never by index; `(None, reason)` when no NVML GPU matches."""
+    try:
+        uuids, pci = _cuda_identity(device)
+    except Exception as err:
+        return None, f"cannot read {device}'s UUID and PCI bus id: {err}"
+    for uuid in uuids:
+        for value in (uuid, uuid.encode()):       # nvidia-ml-py versions take str or bytes
+            handle = nvml_call("nvmlDeviceGetHandleByUUID", value)
+            if handle is not None:
+                return handle, "UUID"
+    if pci is not None:
+        handle = nvml_call("nvmlDeviceGetHandleByPciBusId", pci)
+        if handle is not None:
+            return handle, "PCI bus id"
+    return None, f"no NVML GPU has {device}'s UUID or PCI bus id"
+
+
 def nvml_handle_for(device) -> tuple[object | None, str]:
     """The NVML handle of the GPU behind a torch CUDA device, and how it was found (or why not).
 
     NVML ignores `CUDA_VISIBLE_DEVICES` and numbers GPUs in PCI order; CUDA numbers only the
     visible ones, fastest first unless `CUDA_DEVICE_ORDER=PCI_BUS_ID`. So the GPU is matched
     by its UUID, else by its PCI bus id, never by index. Returns `(None, reason)` when NVML is
-    missing or no GPU matches (then the timeline has no device readings, and says why)."""
-    try:
-        import pynvml
-        pynvml.nvmlInit()
-    except Exception as err:
-        return None, f"NVML not available: {err}"
-    try:
-        uuids, pci = _cuda_identity(device)
-    except Exception as err:
-        _close_nvml()
-        return None, f"cannot read {device}'s UUID and PCI bus id: {err}"
-    for uuid in uuids:
-        try:
-            return pynvml.nvmlDeviceGetHandleByUUID(uuid), "UUID"
-        except Exception:
-            continue
-    if pci is not None:
-        try:
-            return pynvml.nvmlDeviceGetHandleByPciBusId(pci), "PCI bus id"
-        except Exception:
-            pass
-    _close_nvml()
-    return None, f"no NVML GPU has {device}'s UUID or PCI bus id"
+    missing or no GPU matches (then the timeline has no device readings, and says why). With a
+    handle, NVML stays started: call `nvml_close()` when done with it (lessons 01 and 06)."""
+    why = nvml_open()
+    if why is not None:
+        return None, why
+    handle, how = nvml_find(device)
+    if handle is None:
+        nvml_close()
+    return handle, how
 
 
-def _nvml_reading(handle) -> tuple[float | None, float | None]:
-    """Utilisation % and memory used (MB); None where NVML does not report it (MIG slices
-    report memory but not utilisation)."""
-    import pynvml
+def nvml_reading(handle) -> tuple[float | None, float | None]:
+    """Utilisation % and memory used (MiB) of an NVML handle; None for what NVML does not
+    report (MIG slices report memory but not utilisation; vGPUs may report neither)."""
+    util = nvml_call("nvmlDeviceGetUtilizationRates", handle)
+    info = nvml_call("nvmlDeviceGetMemoryInfo", handle)
     try:
-        util = float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+        util = None if util is None else float(util.gpu)
     except Exception:
         util = None
     try:
-        mem = pynvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20
+        mem = None if info is None else info.used / 2**20
     except Exception:
         mem = None
     return util, mem
 
 
-def _close_nvml() -> None:
-    try:
-        import pynvml
-        pynvml.nvmlShutdown()
-    except Exception:
-        pass
+def nvml_text(value) -> str | None:
+    """An NVML string (bytes in older bindings) as text; None stays None."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else (None if value is None else str(value))
 
 
 def _nvml_name(handle) -> str:
-    import pynvml
-    name = pynvml.nvmlDeviceGetName(handle)
-    return name.decode() if isinstance(name, bytes) else name
+    return nvml_text(nvml_call("nvmlDeviceGetName", handle)) or "an NVIDIA GPU (NVML did not report its name)"
 
 
 def synthetic_timeline(kind: str, *, cores: int = 8, seconds: float = 10.0, interval_s: float = 0.1,

@@ -32,7 +32,7 @@ from .models import TinyCNN
 from .train import default_optimizer, evaluate, train
 
 __all__ = ["PARITY_MODEL", "PARITY_BATCH", "PARITY_LR", "TOLERANCE", "MEASURED", "parity_steps", "ParityResult",
-           "parity_model", "test_batches", "train_and_evaluate", "accuracy_parity"]
+           "parity_model", "training_set", "test_batches", "train_and_evaluate", "accuracy_parity"]
 
 PARITY_MODEL = "TinyCNN(width=16)"
 PARITY_BATCH = 128
@@ -134,12 +134,22 @@ def train_and_evaluate(ctx, pipeline, *, steps: int, seed: int, test, progress: 
         return evaluate(model, test, device=device)
 
 
+def training_set(steps: int):
+    """The training images a parity run of `steps` steps reads: the course's CIFAR-10, the first
+    `TRAIN_LIMIT[steps]` records (a `ladder.TrainingSet`)."""
+    from .ladder import TrainingSet
+    return TrainingSet.cifar10(TRAIN_LIMIT[steps])
+
+
 def accuracy_parity(make_pipeline, *, device: str | None = None, sim=None, steps: int | None = None,
-                    seed: int = 0, smoke: bool = True, reference=None, progress: bool = False) -> ParityResult:
+                    seed: int = 0, smoke: bool = True, reference=None, progress: bool = False,
+                    training_images=None) -> ParityResult:
     """Train `parity_model()` for `steps` steps from seed `seed` on the baseline's pipeline
     (`reference`, default `ladder.workers_pipeline`) and on `make_pipeline(ctx)`'s, both in a
     `ladder_context` over the course's CIFAR-10 (`device`: as `pick_target`; `sim` beside the
-    simulator), and compare their test accuracies (lesson 08)."""
+    simulator), and compare their test accuracies (lesson 08). `training_images` (a
+    `ladder.TrainingSet`) replaces `training_set(steps)`: lesson 08's check trains on CIFAR-10
+    with each image's index written into two pixels of it, so that it can trace every batch."""
     from .ladder import LadderConfig, ladder_context, workers_pipeline
 
     steps = steps or parity_steps(smoke)
@@ -147,7 +157,8 @@ def accuracy_parity(make_pipeline, *, device: str | None = None, sim=None, steps
         raise ValueError(f"a parity run takes {sorted(TOLERANCE)} steps (the budgets whose tolerance was measured); got {steps}")
     reference = reference or workers_pipeline
     config = LadderConfig(batch_size=PARITY_BATCH, limit=TRAIN_LIMIT[steps], device=device)
-    with ladder_context(config, sim=sim, progress=progress, model=parity_model()) as ctx:
+    images = training_images if training_images is not None else training_set(steps)
+    with ladder_context(config, sim=sim, progress=progress, model=parity_model(), training_set=images) as ctx:
         where = torch.device("cpu") if ctx.simulated else ctx.device
         test = test_batches(where, TEST_LIMIT[steps])
         accuracy = {}

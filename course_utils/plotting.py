@@ -62,15 +62,17 @@ def step_breakdown(stats, *, title: str = "Where each step's time goes", max_ste
     lanes = [(2.5, "host\n(training loop)")]
     if stats.device_spans:
         spans = [(ms(a), max(ms(b) - ms(a), 0.0)) for a, b in stats.device_spans[:max_steps]]
-        ax.broken_barh(spans, (0.6, 0.8), color="tab:green", label="device: working on a step")
+        ax.broken_barh(spans, (0.6, 0.8), color="tab:green", label="device: a step in flight (it may idle inside, "
+                                                                    "waiting for launches)")
         lanes.append((1.0, "device"))
     ax.set_yticks([y for y, _ in lanes], [name for _, name in lanes])
     ax.set_ylim(0.3, 3.3)
     end = max(ms(log[-1]["step_end"]), *(ms(b) for _, b in (stats.device_spans or [])[:max_steps]))
     ax.set_xlim(0, end * 1.01)
     ax.set_xlabel(f"ms since step {1} of the {len(log)} shown")
-    busy = stats.device_busy_fraction
-    extra = f", device busy {busy:.0%}" if busy is not None else ""
+    busy, util = stats.steps_in_flight_fraction, stats.device_util
+    extra = f", a step in flight {busy:.0%}" if busy is not None else ""
+    extra += f", device busy {util:.0%}" if util is not None else ""
     sync = " (synchronised every step)" if stats.synced_every_step else ""
     ax.set_title(f"{title}{sync}: stalled on data {stats.stall_fraction:.0%} of the wall time{extra}", fontsize=10)
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.32), ncol=3, frameon=False)

@@ -29,7 +29,14 @@ from pathlib import Path
 
 import numpy as np
 
+from .bottleneck import diagnose
+
 __all__ = ["ReportCard", "machine_facts", "host_slug", "timeline_record", "plot_timelines", "compare", "main"]
+
+
+def _in_flight(row: dict):
+    """A row's share of the wall time with a step in flight (older rows: `device_busy_fraction`)."""
+    return row.get("steps_in_flight_fraction", row.get("device_busy_fraction"))
 
 
 def _share(fraction) -> str:
@@ -55,16 +62,14 @@ def machine_facts() -> dict:
 
 
 def _driver_version() -> str | None:
-    try:
-        import pynvml
-        pynvml.nvmlInit()
-        try:
-            version = pynvml.nvmlSystemGetDriverVersion()
-        finally:
-            pynvml.nvmlShutdown()
-        return version.decode() if isinstance(version, bytes) else str(version)
-    except Exception:
+    """The NVIDIA driver's version through NVML; None without one (or when NVML does not say)."""
+    from .monitor import nvml_call, nvml_close, nvml_open, nvml_text
+    if nvml_open() is not None:
         return None
+    try:
+        return nvml_text(nvml_call("nvmlSystemGetDriverVersion"))
+    finally:
+        nvml_close()
 
 
 def timeline_record(timeline, *, points: int = 200) -> dict:
@@ -83,7 +88,8 @@ def timeline_record(timeline, *, points: int = 200) -> dict:
 
 def plot_timelines(timelines: dict, *, title: str = "Utilisation: the baseline and the final pipeline"):
     """The timelines side by side, one column each (device above, every CPU core below, the same
-    utilisation scale), each on its own run's time axis, titled with its mean device utilisation."""
+    utilisation scale), on one time axis (seconds since each run began, so a faster run ends
+    sooner), titled with its mean device utilisation."""
     import matplotlib.pyplot as plt
     names = list(timelines)
     fig, axes = plt.subplots(2, len(names), figsize=(5.5 * len(names), 4.8), sharey="row", squeeze=False)
@@ -91,6 +97,9 @@ def plot_timelines(timelines: dict, *, title: str = "Utilisation: the baseline a
         timeline = timelines[name]
         util = timeline.summary().get("device_util_mean_percent")
         timeline.plot(ax=axes[:, col], title=f"{name}" + (f": device busy {util:.0f}% on average" if util is not None else ""))
+    end = max(float(t.t_s[-1]) for t in timelines.values() if len(t.t_s))
+    for ax in axes.flat:
+        ax.set_xlim(0, end)
     from .plotting import stamp
     first = next(iter(timelines.values()))
     fig.suptitle(title + (" (simulated device)" if first.simulated else ""))
@@ -166,17 +175,21 @@ class ReportCard:
                                                                 "is a stand-in)" if self.simulated else ""),
                  f"- workload: " + ", ".join(f"{k} {v}" for k, v in self.workload.items()), "",
                  "## Every rung against the ceiling (one run)", "",
-                 "| rung | samples/s | of the ceiling | device busy | host waits for data | vs baseline |",
-                 "|---|---:|---:|---:|---:|---:|",
-                 f"| model-only ceiling | {self.ceiling['samples_per_s']:,.0f} | 100% | {_share(self.ceiling.get('device_busy_fraction'))} | | |"]
+                 "| rung | samples/s | of the ceiling | device busy | a step in flight | host waits for data | "
+                 "vs baseline | limited by |",
+                 "|---|---:|---:|---:|---:|---:|---:|---|",
+                 f"| model-only ceiling | {self.ceiling['samples_per_s']:,.0f} | 100% | "
+                 f"{_share(self.ceiling.get('device_util'))} | {_share(_in_flight(self.ceiling))} | | | "
+                 f"{diagnose(self.ceiling).kind} |"]
         for r in self.rungs:
             name = f"**{r['name']}** (final)" if r["name"] == self.final else r["name"]
             if r.get("skipped"):
-                lines.append(f"| {name} | skipped: {r['skipped']} | | | | |")
+                lines.append(f"| {name} | skipped: {r['skipped']} | | | | | | |")
                 continue
             speedup = f"{r['speedup_over_baseline']:.1f}x" if r.get("speedup_over_baseline") else ""
             lines.append(f"| {name} | {r['samples_per_s']:,.0f} | {r['fraction_of_ceiling']:.0%} | "
-                         f"{_share(r.get('device_busy_fraction'))} | {r['stall_fraction']:.0%} | {speedup} |")
+                         f"{_share(r.get('device_util'))} | {_share(_in_flight(r))} | {r['stall_fraction']:.0%} | "
+                         f"{speedup} | {diagnose(r).kind} |")
         lines += ["", "## Accuracy parity", ""]
         if self.parity:
             p = self.parity

@@ -9,9 +9,10 @@ Three kinds, chosen by env COURSE_DEVICE (see `course_utils.env.pick_device`):
 
 - "cuda": a GPU. The model is the CIFAR ResNet-18 at full width; everything is measured for real.
 - "sim" (the default on a machine without a GPU): the simulated accelerator
-  (`course_utils.sim`). No model runs: each step is a fixed device time on a device thread,
-  asynchronous like CUDA, so the input pipeline is measured for real beside a made-up device.
-  Every figure says "simulated".
+  (`course_utils.sim`): the H100 box the course measured, scaled to this CPU. No model runs: each
+  step spends the measured launch time on the host and queues the measured GPU work on a
+  simulated device, asynchronous like CUDA, so the input pipeline is measured for real beside a
+  device that behaves like a real one. Every figure says "simulated".
 - "cpu" (`COURSE_DEVICE=cpu`): the real model, narrow (`CPU_MODEL_WIDTH`), trains on the CPU
   through exactly the code a GPU runs: the same transfers, dtypes, shapes, labels and
   `batch_transform`s, with only the CUDA-only calls (streams, events, pinned memory, NVML)
@@ -91,9 +92,11 @@ class Target:
             return (f"training steps run on {self.label}: the CIFAR ResNet-18 (width {GPU_MODEL_WIDTH}) "
                     "trains on the GPU; every number is measured.")
         if self.kind == "sim":
-            return (f"training steps run on the {self.label}. No GPU here: each step is a made-up device "
-                    "time on a device thread, asynchronous like CUDA. The input pipeline is real; the device "
-                    "is simulated, and every figure says so.")
+            describe = getattr(self.run_on, "describe", None)
+            what = describe() if callable(describe) else self.label
+            return (f"training steps run on the {what} No GPU here: each step spends the measured launch time "
+                    "on this host and queues the measured GPU work on a simulated device, asynchronous like "
+                    "CUDA. The input pipeline is real; the device is simulated, and every figure says so.")
         return (f"training steps run on {self.label}. COURSE_DEVICE=cpu: the real model trains on the CPU "
                 "through the code a GPU runs (CUDA-only calls answered by course_utils.accel). It shares the "
                 "cores with the loader, so its timings say nothing about feeding a GPU: this mode checks "
@@ -114,7 +117,7 @@ class Target:
         return require(gpu=True, what=what)
 
     def close(self) -> None:
-        """Stop the simulator's device thread (nothing to do for a real device)."""
+        """Release the simulated device (nothing to do for a real device)."""
         if isinstance(self.run_on, SimulatedAccelerator):
             self.run_on.close()
 

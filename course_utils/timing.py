@@ -123,6 +123,11 @@ class StepStats:
     step_log: the counted entries of the timer's log (host clock, `time.perf_counter()` seconds).
     device_spans: per step, (start, end) of its span on the device, on the same host clock (for
     CUDA events, placed by their elapsed times before the final synchronisation), or None.
+    device_util: share of the wall time the device spent running work (kernels), as NVML's
+    utilisation reports it: exact beside the simulated accelerator (its busy time), NVML's mean
+    over the run where a caller measured it on a GPU (the ladder does), else None. Not the same as
+    `steps_in_flight_fraction`: a step can be in flight while the device idles between kernels,
+    waiting for the host to launch the next ones.
     """
     steps: int
     samples: int
@@ -134,6 +139,7 @@ class StepStats:
     synced_every_step: bool = False
     step_log: list[dict] = field(default_factory=list, repr=False)
     device_spans: list[tuple[float, float]] | None = field(default=None, repr=False)
+    device_util: float | None = None
 
     @property
     def samples_per_s(self) -> float:
@@ -163,22 +169,32 @@ class StepStats:
         return min(1.0, sum(self.data_wait_ms) / 1e3 / self.total_s) if self.total_s > 0 else 0.0
 
     @property
-    def device_busy_fraction(self) -> float | None:
-        """Share of the wall time covered by the steps' spans on the device (`device_ms`): close to
-        the utilisation `nvidia-smi` shows; an upper bound where the host leaves gaps inside steps."""
+    def steps_in_flight_fraction(self) -> float | None:
+        """Share of the wall time covered by the steps' spans on the device (`device_ms`): the
+        time some step had been started and not finished. An upper bound on the device's busy
+        time (`device_util`): where the host launches slower than the device runs, the device
+        idles inside every span, waiting for the next kernel."""
         if not self.device_ms or self.total_s <= 0:
             return None
         return min(1.0, sum(self.device_ms) / 1e3 / self.total_s)
 
+    @property
+    def device_busy_fraction(self) -> float | None:
+        """The older name of `steps_in_flight_fraction` (it is not the device's busy time: see
+        `device_util`)."""
+        return self.steps_in_flight_fraction
+
     def as_row(self) -> dict:
         busy = self.device_busy_fraction
+        util = self.device_util
         return {"steps": self.steps, "samples_per_s": round(self.samples_per_s, 1),
                 "step_time_ms": round(self.step_time_ms, 2),
                 "data_wait_ms": round(self.data_wait_median_ms, 2),
                 "compute_ms": round(self.compute_median_ms, 2),
                 "device_ms": round(self.device_median_ms, 2) if self.device_ms else None,
                 "stall_fraction": round(self.stall_fraction, 3),
-                "device_busy_fraction": round(busy, 3) if busy is not None else None,
+                "steps_in_flight_fraction": round(busy, 3) if busy is not None else None,
+                "device_util": round(util, 3) if util is not None else None,
                 "synced_every_step": self.synced_every_step, "device": self.device}
 
     def __str__(self) -> str:
@@ -228,6 +244,7 @@ class StepTimer:
         self._pending_fetch = None
         self._pending_size = 0
         self._finished = False
+        self._busy = [None, None]       # the device's busy seconds when counting starts and at finish()
 
     def wrap(self, iterable):
         """Yield from `iterable`, timing how long each `next()` blocks."""
@@ -237,6 +254,8 @@ class StepTimer:
                 # warm-up is over: let the device finish it, so the counted steps start with an
                 # empty queue and the wall time holds their work and no warm-up step's
                 synchronize(self.device)
+            if self._busy[0] is None and len(self.log) == self.skip_first:
+                self._busy[0] = _busy_seconds(self.device)
             t0 = time.perf_counter()
             try:
                 batch = next(iterator)
@@ -273,6 +292,7 @@ class StepTimer:
         if self._finished:
             return
         synchronize(self.device)
+        self._busy[1] = _busy_seconds(self.device)
         if self.log:
             now = time.perf_counter()
             tail = max(0.0, now - self.log[-1]["step_end"])
@@ -293,8 +313,11 @@ class StepTimer:
             device_ms = [a.elapsed_ms(b) for a, b in self._events[k:]]
             spans = self._device_spans(k)
         label = device_label(self.device) if self.device is not None else "CPU"
+        util = None
+        if None not in self._busy and wall > 0 and k == self.skip_first:
+            util = min(1.0, max(0.0, (self._busy[1] - self._busy[0]) / wall))
         return StepStats(len(counted), sum(self.batch_sizes[k:]), wall, self.data_wait_ms[k:], self.compute_ms[k:],
-                         label, device_ms, self.sync, [dict(e) for e in counted], spans)
+                         label, device_ms, self.sync, [dict(e) for e in counted], spans, util)
 
     def _device_spans(self, k: int) -> list[tuple[float, float]]:
         """Each counted step's (start, end) on the device, on the host clock."""
@@ -308,6 +331,12 @@ class StepTimer:
                 b = anchor - end.elapsed_ms(last_end) / 1e3
             spans.append((a, b))
         return spans
+
+
+def _busy_seconds(device) -> float | None:
+    """The device's busy seconds so far where it keeps them (the simulated accelerator), else None."""
+    busy = getattr(device, "busy_seconds", None)
+    return busy() if callable(busy) else None
 
 
 def _batch_len(batch) -> int:

@@ -9,9 +9,21 @@
 - `batch_transform(images, labels)` runs on the device before the forward pass: normalising
   uint8, or augmenting whole batches (lesson 03).
 - `amp`: None (fp32), "fp16" (with a GradScaler) or "bf16" (lesson 05); `channels_last`.
-- `device` may be a `SimulatedAccelerator`: then each step is the simulated device's step
-  and no model runs (the figures are labelled simulated); a `batch_transform` is computed and
-  charged to the simulated device (`SimulatedAccelerator.run`), as a GPU would run it.
+- `device` may be a `SimulatedAccelerator`: then each step is the simulated device's step (its
+  launch time spent on the host, its work queued on the device, for the step's batch, `amp` and
+  `channels_last`) and no model runs (the figures are labelled simulated); a `batch_transform` is
+  computed and charged to the simulated device (`SimulatedAccelerator.run`), as a GPU would run
+  it, and a batch that a GPU would have to copy from host memory is charged that copy
+  (`batches_on_device=False`; by default a loader that says `device_resident = True`, such as
+  `DeviceLoader`, is not charged).
+- `cuda_graph=True` (lesson 05): the whole step (forward, backward, optimizer) is captured once
+  as a CUDA graph and replayed: one launch per step instead of ~390, which is what a fast GPU fed
+  small batches needs (the eager step is launch-bound). The first `GRAPH_WARMUP` steps run
+  eagerly on a side stream (autotuning, the optimizer's state), then each batch is copied into
+  static buffers and the graph replayed. Every batch must have the first one's shape
+  (`drop_last=True`), the learning rate must not change (no `scheduler`), and fp16's GradScaler,
+  which reads the host every step, is refused: use bf16. Beside the simulator, the measured
+  graph step is charged instead; on the CPU there is no graph: a clear error.
 - Every step is timed by a `StepTimer` (data-wait vs the step), which does not synchronise
   per step: the host runs ahead as far as the device's queue allows, and the loop synchronises
   once at the end. Losses are kept as device tensors and read once at the end, so logging
@@ -55,12 +67,25 @@ def train(model: nn.Module | None, loader, *, device, steps: int | None = None, 
           optimizer: torch.optim.Optimizer | None = None, loss_fn=None, amp: str | None = None,
           scaler=None, channels_last: bool = False, batch_transform=None, non_blocking: bool = True,
           timer: StepTimer | None = None, progress: bool = True, desc: str = "train",
-          scheduler=None) -> TrainResult:
+          scheduler=None, batches_on_device: bool | None = None, cuda_graph: bool = False) -> TrainResult:
     """Train `model` on batches from `loader` for `steps` steps (or `epochs` passes).
-    `scheduler` (a learning-rate scheduler) is stepped after every optimizer step."""
+    `scheduler` (a learning-rate scheduler) is stepped after every optimizer step.
+    `batches_on_device` (simulated device only): whether the batches are already in device
+    memory, so that no host-to-device copy is charged (default: the loader's `device_resident`)."""
     if amp not in AMP_DTYPES:
         raise ValueError(f"amp must be one of None, 'fp16', 'bf16'; got {amp!r}")
     sim = _is_sim(device)
+    if cuda_graph:
+        if scheduler is not None:
+            raise ValueError("cuda_graph=True replays the captured learning rate: a scheduler's changes would be "
+                             "ignored (make the learning rate a device tensor updated in place to schedule it)")
+        if amp == "fp16":
+            raise ValueError("cuda_graph=True cannot capture fp16's GradScaler (it reads on the host whether a "
+                             "gradient overflowed, every step): use amp='bf16'")
+        if not sim and torch.device(device).type != "cuda":
+            raise ValueError(f"cuda_graph=True needs a CUDA device; this run trains on {device}")
+    if sim and batches_on_device is None:
+        batches_on_device = bool(getattr(loader, "device_resident", False))
     if not sim:
         device = torch.device(device)
         if model is None:
@@ -74,6 +99,7 @@ def train(model: nn.Module | None, loader, *, device, steps: int | None = None, 
         amp_dtype = AMP_DTYPES[amp]
         if amp == "fp16" and scaler is None:
             scaler = torch.amp.GradScaler(device.type)
+        graphed = _GraphedStep(model, optimizer, loss_fn, amp_dtype, channels_last, device) if cuda_graph else None
     timer = timer or StepTimer(device)
     total = steps if steps is not None else _safe_len(loader, epochs)
     bar = _progress(total, desc) if progress else None
@@ -84,9 +110,14 @@ def train(model: nn.Module | None, loader, *, device, steps: int | None = None, 
             for images, labels in timer.wrap(loader):
                 with timer.compute():
                     if sim:
+                        if not batches_on_device:         # the copy a GPU would make from host memory
+                            device.copy_in((images, labels))
+                        n = len(images)
                         if batch_transform is not None:   # device-side work: charged to the simulated device
-                            images, labels = device.run(batch_transform, images, labels)
-                        device.step(images)
+                            n = device.run_timed(batch_transform, images, labels)
+                        device.step(n, amp=amp, channels_last=channels_last, graph=cuda_graph)
+                    elif graphed is not None:
+                        losses.append(graphed(images, labels, batch_transform, non_blocking))
                     else:
                         loss = _step(model, images, labels, device, optimizer, loss_fn, amp_dtype,
                                      scaler, channels_last, batch_transform, non_blocking)
@@ -131,6 +162,63 @@ def _step(model, images, labels, device, optimizer, loss_fn, amp_dtype, scaler, 
         loss.backward()
         optimizer.step()
     return loss.detach()
+
+
+GRAPH_WARMUP = 3     # eager steps on a side stream before the capture (cuDNN autotuning, optimizer state)
+
+
+class _GraphedStep:
+    """One training step captured as a CUDA graph (see `train(cuda_graph=True)`)."""
+
+    def __init__(self, model, optimizer, loss_fn, amp_dtype, channels_last, device):
+        self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
+        self.amp_dtype, self.channels_last, self.device = amp_dtype, channels_last, device
+        self.side = torch.cuda.Stream(device)
+        self.warmup_left = GRAPH_WARMUP
+        self.graph = None
+        self.static_images = self.static_labels = self.static_loss = None
+
+    def _forward_backward(self, images, labels):
+        with torch.autocast(device_type="cuda", dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+            loss = self.loss_fn(self.model(images), labels)
+        loss.backward()
+        self.optimizer.step()
+        return loss
+
+    def __call__(self, images, labels, batch_transform, non_blocking):
+        images = images.to(self.device, non_blocking=non_blocking)
+        labels = labels.to(self.device, non_blocking=non_blocking)
+        if batch_transform is not None:
+            images, labels = batch_transform(images, labels)
+        if self.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        current = torch.cuda.current_stream(self.device)
+        if self.warmup_left:                      # eager steps on a side stream, as capture requires
+            self.warmup_left -= 1
+            self.side.wait_stream(current)
+            with torch.cuda.stream(self.side):
+                self.optimizer.zero_grad(set_to_none=True)
+                loss = self._forward_backward(images, labels).detach()
+            current.wait_stream(self.side)
+            return loss
+        if self.graph is None:
+            self.static_images = torch.empty_like(images)
+            self.static_labels = torch.empty_like(labels)
+            self.static_images.copy_(images)
+            self.static_labels.copy_(labels)
+            self.optimizer.zero_grad(set_to_none=True)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.static_loss = self._forward_backward(self.static_images, self.static_labels).detach()
+        else:
+            if images.shape != self.static_images.shape or labels.shape != self.static_labels.shape:
+                raise ValueError(f"a CUDA graph replays the shapes it captured: this batch is {tuple(images.shape)}, "
+                                 f"the graph's {tuple(self.static_images.shape)} (drop the last short batch: "
+                                 "drop_last=True)")
+            self.static_images.copy_(images)
+            self.static_labels.copy_(labels)
+        self.graph.replay()
+        return self.static_loss.clone()
 
 
 @torch.no_grad()

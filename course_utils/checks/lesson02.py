@@ -344,28 +344,31 @@ class _Verified:
 def required_speedup(baseline, others_cores: float) -> float:
     """The throughput ratio 2.2 asks for, fitted to the device and to the CPU this run had.
 
-    From the baseline's own steps: a step takes `step` (wall time), of which loading a batch
-    took `t_load` (its data wait); the device needs `t_device` per step (its span on the device's
-    timeline where known, an upper bound, else the host's time in the step). With a worker per
-    free core a step takes about max(t_device, t_load / cores): that is the ideal gain. While the
-    host loads, the device works through the previous step, so where the device is nearly as slow
-    as loading the ideal gain is small (on a fast 2-core host beside the simulated device, about
-    1.2x to 1.4x). `others_cores` is what other processes used meanwhile. On a quiet machine the
-    check asks for 15% of the ideal gain, or a quarter of it up to 1.1x where that is more (a
-    round of a few steps is noisy, and the main process still receives every batch: on a fast
-    2-core host right loaders measured 1.14x to 1.54x), and at least 1.08x (1.02x on one core): an unchanged baseline measures
-    0.97x to 1.03x. When other processes took more than half a core, no fair grade is possible:
-    the bar drops to that less 0.1, but never below 1.05x, and the verdict says so."""
+    From the baseline's own steps: loading a batch takes `t_load` (its data wait), the host's
+    share of a step `t_host` (the time in the step's body: launching its kernels, or waiting for
+    the device), the device's own work `t_device` (its busy share of the step where the device
+    reports it, else the step's span on the device: an upper bound). All of it is CPU work but the
+    device's, so with a worker per free core a step takes at least the longest of
+    `(t_load + t_host) / free cores`, `t_host` and `t_device`; against the baseline's
+    `t_load + t_host`, that is the ideal gain. The check asks for 35% of it (at least 1.05x).
+
+    Why 35%, on the simulated H100 (lesson 01) and a 2-core host, quiet (2026-11-25,
+    `benchmarks/check_bars.py 2.2 --runs 10 --quiet`, the host's other jobs held off with real-time
+    priority): the ideal is about 2.0x and the bar 1.35x; the right loader (one worker per core,
+    persistent, pinned on a GPU) measured 1.55x-1.86x and passed 10 runs of 10, the unchanged
+    num_workers=0 baseline 0.90x-1.08x and failed 10 of 10: 0.2 and 0.27 from the bar.
+    `others_cores`, what other processes used meanwhile, is taken from the free cores: where they
+    left too little for workers to gain, the bar falls to 1.05x and the verdict says the grade
+    of speed was not a fair one."""
     cores = usable_cores()
-    free = max(cores - others_cores, 0.5)
+    free = max(cores - others_cores, 1.0)
     t_load = baseline.data_wait_median_ms
-    t_device = max(baseline.compute_median_ms, baseline.device_median_ms or 0.0)
-    step = baseline.step_time_ms or (t_load + t_device)
-    gain = max(step / max(t_device, t_load / free, 1e-6) - 1.0, 0.0)
-    asked = 1.0 + max(0.15 * gain, min(0.1, gain / 4))
-    if others_cores <= 0.5:
-        return max(asked, 1.08 if cores >= 2 else 1.02)
-    return max(1.05, asked - 0.1)
+    t_host = baseline.compute_median_ms
+    step = baseline.step_time_ms or (t_load + t_host)
+    util = getattr(baseline, "device_util", None)
+    t_device = util * step if util is not None else (baseline.device_median_ms or 0.0)
+    ideal = (t_load + t_host) / max((t_load + t_host) / free, t_host, t_device, 1e-6)
+    return max(1.05, 1.0 + 0.35 * (ideal - 1.0))
 
 
 def _timing_target():
@@ -484,7 +487,8 @@ def check_fast_loader(make_fast_loader):
         if getattr(device, "type", None) == "sim":
             device.close()
     loaded = (f"; other processes used {others:.1f} of the {usable_cores()} cores meanwhile, too much for a "
-              "fair grade of speed, so the bar was lowered to just above the baseline (run it again on a quieter machine)") if others > 0.5 else ""
+              "fair grade of speed, so the bar was lowered to what the cores they left allow (run it again on a "
+              "quieter machine)") if others > 0.5 else ""
     if ratio < required:
         detail = (f"in the same run, yours loaded {yours.samples_per_s:,.0f} samples/s and the num_workers=0 baseline "
                   f"{base.samples_per_s:,.0f}: {ratio:.2f}x the baseline (the median of {len(rounds)} rounds). "

@@ -3,6 +3,13 @@
 Each check runs the learner's code on the CPU, on a *virtual CUDA device* (`virtual_cuda`,
 on every machine: it logs copies, host waits and stream order, so that code that is right on
 a CPU but wrong on a GPU fails here too), and on a real GPU when there is one.
+
+The virtual pass is the authority on stream order: it sees every read made before the stream
+that reads waited for the copy, whatever the timing. A real GPU can only show a missing wait
+when the copy is still running at the read; on an H100 a pinned batch copies in well under a
+millisecond, long before the host reads it, so the real pass of check 3.1 holds the learner's
+side stream busy (a spinning kernel queued on it before each copy) to make a missing
+`wait_stream` read a batch that has not arrived.
 """
 from __future__ import annotations
 
@@ -210,7 +217,8 @@ def check_prefetcher(Prefetcher):
         _check_cuda_streams(Prefetcher)
         return ("same batches, same order; on the CPU passed through; on CUDA (virtual and real) copied ahead "
                 "from pinned memory on a side stream the consumer waits for, record_stream called, the host "
-                "never blocked; ends and restarts cleanly.")
+                "never blocked; ends and restarts cleanly. (Stream order graded on the virtual device; on this "
+                "GPU the side stream was held busy, so a missing wait_stream would have read unfinished copies.)")
     return ("same batches, same order; on the CPU passed through; on a virtual CUDA device copied ahead from "
             "pinned memory on a side stream the consumer waits for, record_stream called, the host never "
             "blocked; ends and restarts cleanly. (No GPU here: on one, the check also runs it on the real device.)")
@@ -300,8 +308,35 @@ def _judge_prefetch(vc, got, copies_at, consumer, what):
                           "wait on the device (wait_stream), not on the host (synchronize)")
 
 
+HOLD_MS = 25.0       # how long the side stream is kept busy before each copy, on a real GPU
+
+
+def _sleep_cycles_per_ms(device) -> float | None:
+    """GPU clock cycles per millisecond, measured with a spinning kernel (torch.cuda._sleep) and
+    CUDA events; None where this torch has no such kernel."""
+    if not hasattr(torch.cuda, "_sleep"):
+        return None
+    with torch.cuda.device(device):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1000)
+        start.record()
+        torch.cuda._sleep(5_000_000)
+        end.record()
+        end.synchronize()
+        return 5_000_000 / max(start.elapsed_time(end), 1e-3)
+
+
+def _hold(streams, cycles: int) -> None:
+    """Queue a spinning kernel on each stream: work queued there next (the prefetcher's next copy)
+    starts only after it, so a consumer that does not wait for the stream reads too early."""
+    for stream in streams:
+        with torch.cuda.stream(stream):
+            torch.cuda._sleep(cycles)
+
+
 def _check_cuda_streams(Prefetcher):
-    device = torch.device("cuda")
+    device = torch.device("cuda", torch.cuda.current_device())
+    per_ms = _sleep_cycles_per_ms(device)
     loader = _ScriptedLoader(0, 6, pinned_big=True)
     pf = Prefetcher(loader, device)
     it = iter(pf)
@@ -316,15 +351,19 @@ def _check_cuda_streams(Prefetcher):
                                   "found on your prefetcher (or in its __iter__)",
                                   "create `self.stream = torch.cuda.Stream(device)` and copy inside "
                                   "`with torch.cuda.stream(self.stream):`")
+        if per_ms is not None:       # the copy queued on the side stream during the next call waits behind this
+            _hold(side, int(HOLD_MS * per_ms))
         value = float(i + 1)
         # read at once, on the consumer's stream: without wait_stream this races the copy
         if not bool((images == value).all()):
             bad.append(i)
     for _ in it:
         pass
+    torch.cuda.synchronize(device)
     if bad:
         raise CheckFailed("the consumer waits for the copy", f"batches {bad} were read before their copy had "
-                          "finished (the values were not yet there)",
+                          f"finished (the values were not yet there; the side stream was held busy "
+                          f"{HOLD_MS:.0f} ms before each copy, as a slow copy would keep it)",
                           "before handing out a batch: torch.cuda.current_stream().wait_stream(self.stream)")
 
 

@@ -718,3 +718,5 @@ def check_fixed_loop(train_fixed):
     _default_interval(train_fixed, rng, seed)
     return ("no graph kept, activations freed by each backward, gradients freed, right means (log_every=10 by "
             "default); " + "; ".join(notes) + ".")
+
+from . import lesson05_graphs  # noqa: E402,F401  (exercise 5.5 lives in its own module)

@@ -4,33 +4,42 @@
 
 (b) correctness: two epochs through the pipeline, exactly as the model would see them, over a
     fresh workload of random images whose pixels encode their own index (so every output can
-    be traced to its sample without trusting the labels): every sample exactly once per epoch,
-    a new order (and new batches) every epoch, every image an exact crop of its zero-padded
-    sample, flipped or not, normalised with CIFAR-10's constants (`crop_match` recovers it),
-    labels intact, and the crop offsets and flips distributed as the baseline's augmentation
-    draws them (uniform offsets 0..8 per axis, drawn per sample, flips at one half, new ones
-    every epoch); where there is no GPU, the same again on the virtual CUDA device
-    (`virtual_cuda`), which runs a GPU's code path on the CPU and sees what only a GPU would: the
-    batches must reach the device, no host tensor may be mixed into the device's work, random
-    numbers are drawn there, the host never waits for the device batch after batch (a pipeline
-    using DALI's GPU stages, which only a real GPU runs, skips this pass and the message says so);
+    be traced to its sample without trusting the labels), never a multiple of the batch size:
+    every sample exactly once per epoch (the short last batch too), a new order (and new
+    batches) every epoch, every image an exact crop of its zero-padded sample, flipped or not,
+    normalised with CIFAR-10's constants (`crop_match` recovers it), labels intact, and the
+    crop offsets and flips distributed as the baseline's augmentation draws them (uniform
+    offsets 0..8 per axis, drawn per sample, flips at one half, new numbers for every batch and
+    every epoch). Then the same again on the virtual CUDA device (`virtual_cuda`), also beside
+    a real GPU, whose timings do not show these: it runs a GPU's code path on the CPU and sees
+    what only a GPU would: the batches must reach the device, no host tensor may be mixed into
+    the device's work, random numbers are drawn there, nothing but the batch itself is copied
+    from the host batch after batch, the host never waits for the device batch after batch, and
+    the model (reading each batch on its stream, as its forward pass would) never reads a batch
+    before the work that made it, on any stream, is visible to it, nor memory another stream
+    made without `record_stream` for its own (a pipeline using DALI's GPU stages, which only a
+    real GPU runs, skips this pass and the message says so);
 (a) speed: in at least five rounds, the model-only ceiling, the course's device-resident pipeline
     and yours, through the one training loop, on the same kind of workload, yours and the
-    device-resident one next to each other. On a GPU, the median of yours as a fraction of the
-    ceiling must reach 0.90. Beside the simulator the bar is fitted to what this machine can
-    feed: the median of the per-round ratios of yours to the device-resident pipeline must reach
-    0.85 (or yours 0.90 of the ceiling); pairing the two within each round keeps a busy moment
-    of a shared machine from favouring either. Never an absolute time. The batches of the timed
+    device-resident one next to each other. On every device the bar is fitted to what this
+    machine can feed: the median of the per-round ratios of yours to the device-resident pipeline
+    must reach 0.85 (or yours 0.90 of the ceiling); pairing the two within each round keeps a
+    busy moment of a shared machine, or a GPU's drift between runs, from favouring either. Never an absolute time. The batches of the timed
     steps are verified too: a pipeline cannot be fast by doing less while it is timed;
 (c) accuracy parity (`course_utils.parity`): the same small model from the same seed, the same
     number of steps on the baseline's pipeline and on yours, test accuracies within the
-    measured tolerance.
+    measured tolerance. Both train on CIFAR-10 marked as the check's images are (`mark_index`),
+    and every batch of yours is traced and verified as in (b): a pipeline that behaves one way
+    on the check's images and another on CIFAR-10's fails.
 
 With COURSE_DEVICE=cpu the real model trains on the CPU, sharing the cores with the loader, so a
 fraction of its ceiling says nothing about feeding a GPU: (a) is graded beside the simulated
 device, while (b) and (c) run your pipeline through the code a GPU runs, on the CPU.
 
-8.2 predicts, from another machine's recorded report, which rung to climb to.
+8.2 predicts, from another machine's recorded report, which rung to climb to: every run asks the
+cases the spec states (the default tolerance, a tolerance given, a rung exactly on the threshold,
+a tie at tolerance 0, `parallel` left out, less than a core per GPU for a serial rung), the source
+articles' machines and fresh made-up ones, with the check's own model off limits meanwhile.
 """
 from __future__ import annotations
 
@@ -38,6 +47,7 @@ import dataclasses
 import gc
 import math
 import statistics
+import traceback
 
 import numpy as np
 import torch
@@ -62,14 +72,24 @@ def identifiable_images(n: int, rng: np.random.Generator) -> tuple[np.ndarray, n
     be padding), each carrying its index in base 255 (digits + 1) in the three channels of the
     pixels (16, 15) and (16, 16): a pair the horizontal flip swaps, and that every pad-4 crop
     keeps. Labels: random classes 0..9."""
+    images = rng.integers(1, 256, (n, 32, 32, 3), dtype=np.uint8)
+    return mark_index(images), rng.integers(0, 10, n).astype(np.int64)
+
+
+def mark_index(images: np.ndarray) -> np.ndarray:
+    """`images` (n, 32, 32, 3) uint8, changed in place and returned: each image's index written
+    where `identifiable_images` writes it, and no pixel left at zero (a zero becomes one), so
+    that zeros in an output can only be padding. Natural images marked this way (CIFAR-10's, for
+    the parity run) can be traced through any pipeline as the check's own are."""
+    n = len(images)
     if n > BASE ** 3:
         raise ValueError("at most 255**3 images")
-    images = rng.integers(1, 256, (n, 32, 32, 3), dtype=np.uint8)
+    np.maximum(images, 1, out=images)
     index = np.arange(n)
     digits = np.stack([index % BASE, index // BASE % BASE, index // BASE ** 2], axis=1) + 1
     for col in CODE_COLS:
         images[:, CODE_ROW, col, :] = digits.astype(np.uint8)
-    return images, rng.integers(0, 10, n).astype(np.int64)
+    return images
 
 
 def _leading(flags: np.ndarray) -> np.ndarray:
@@ -166,7 +186,10 @@ def _expect_pipeline(pipeline, what: str):
                     f"prefetch=..., amp=..., channels_last=...), but it returned {got}.")
 
 
-def _batch_arrays(batch, ctx, batch_size: int, what: str):
+def _batch_arrays(batch, ctx, what: str, model_reads=None):
+    """A batch as the model gets it, checked (a pair of tensors, float32 images, int64 labels, on
+    the device) and copied to host arrays. `model_reads(images, labels)`, when given, is called
+    once the batch is known to be on the device: the model's own use of it (the virtual pass)."""
     if not isinstance(batch, (tuple, list)) or len(batch) != 2 or not all(isinstance(t, torch.Tensor) for t in batch):
         raise CheckFailed("yields (images, labels) pairs of tensors", f"{what}: a batch was {type(batch).__name__}",
                           "the loader (and the batch_transform) give `images, labels`")
@@ -179,12 +202,11 @@ def _batch_arrays(batch, ctx, batch_size: int, what: str):
     if labels.dtype != torch.int64 or labels.shape != (images.shape[0],):
         raise CheckFailed("one int64 label per image", f"{what}: labels {labels.dtype} {tuple(labels.shape)} for "
                           f"{images.shape[0]} images")
-    if images.shape[0] != batch_size:
-        raise CheckFailed("batches of ctx.batch_size samples", f"{what}: a batch of {images.shape[0]}, "
-                          f"ctx.batch_size is {batch_size}", "use ctx.batch_size for every loader")
     if not ctx.simulated and (images.device != ctx.device or labels.device != ctx.device):
         raise CheckFailed("puts the batch on the device", f"{what}: images on {images.device}, labels on "
                           f"{labels.device}; the model is on {ctx.device}")
+    if model_reads is not None:
+        model_reads(images, labels)
     return _host(images).numpy().copy(), _host(labels).numpy().copy()
 
 
@@ -193,21 +215,34 @@ def _host(t: torch.Tensor) -> torch.Tensor:
     return t._inner if isinstance(t, DeviceTensor) else t.detach().cpu()
 
 
-def _one_epoch(ctx, pipeline, n: int, batch_size: int, what: str):
-    expected = n // batch_size
-    images, labels = [], []
+def _one_epoch(ctx, pipeline, n: int, batch_size: int, what: str, model_reads=None):
+    """One pass over the pipeline, as the model sees it: batches of `batch_size`, the last one
+    short where `batch_size` does not divide `n`. Whether every sample came once is judged by
+    the caller, from the images. `model_reads(i, images, labels)`: as `_batch_arrays`."""
+    images, labels, served = [], [], 0
     for i, batch in enumerate(ctx.model_batches(pipeline)):
-        if i >= expected:
+        reads = None if model_reads is None else (lambda x, y, i=i: model_reads(i, x, y))
+        x, y = _batch_arrays(batch, ctx, f"{what}, batch {i}", reads)
+        after_short = bool(images) and len(images[-1]) != batch_size
+        if len(x) > batch_size:
+            raise CheckFailed("batches of ctx.batch_size samples",
+                              f"{what}: batch {i} has {len(x)} samples; ctx.batch_size is {batch_size}",
+                              "use ctx.batch_size for every loader")
+        served += len(x)
+        if served > n:
             raise CheckFailed("every sample exactly once per epoch",
-                              f"{what}: the workload has {n} samples, {expected} batches of {batch_size}, and one "
-                              "pass over your pipeline gave more",
+                              f"{what}: the workload has {n} samples, and one pass over your pipeline gave more",
                               "each `for` over the loader is one epoch; do not repeat or cycle batches")
-        x, y = _batch_arrays(batch, ctx, batch_size, f"{what}, batch {i}")
+        if after_short:
+            raise CheckFailed("batches of ctx.batch_size samples",
+                              f"{what}: batch {i} came after a batch of {len(images[-1])} samples; ctx.batch_size "
+                              f"is {batch_size}, and only an epoch's last batch may be shorter",
+                              "use ctx.batch_size for every loader")
         images.append(x)
         labels.append(y)
-    if len(images) < expected:
+    if not images:
         raise CheckFailed("every sample exactly once per epoch",
-                          f"{what}: {len(images)} batches of {batch_size} in one pass, the workload has {expected}",
+                          f"{what}: one pass over your pipeline gave no batch; the workload has {n} samples",
                           "each `for` over the loader must give one whole epoch (a one-shot iterator gives nothing "
                           "the second time)")
     return np.concatenate(images), np.concatenate(labels)
@@ -223,22 +258,46 @@ def _chi2_uniform(values: np.ndarray, k: int) -> float:
 CHI2_LIMIT = {8: 44.0, 80: 156.0}
 
 
-def _augmentation_statistics(found, batch_size: int, what: str):
+def _augmentation_statistics(runs, batch_size: int, what: str):
     """Offsets and flips as the baseline draws them: per sample, flips at one half, offsets uniform
-    over the 9x9 grid. `found` is in the order the samples were served, epoch after epoch."""
-    dy, dx, flip = found.dy, found.dx, found.flipped
+    over the 9x9 grid, new numbers for every batch and every epoch. `runs`: one `CropMatch` per run
+    of consecutive batches (an epoch), each in the order the samples were served; every batch of
+    `batch_size` but the last."""
+    dy, dx, flip = (np.concatenate([getattr(f, k) for f in runs]) for k in ("dy", "dx", "flipped"))
     total = len(dy)
     joint = dy * K + dx
+    # the full batches of each run, as (batches, batch_size, [dy, dx, flipped])
+    batches = [np.stack([f.dy, f.dx, f.flipped.astype(np.int64)], axis=1)[:len(f.dy) // batch_size * batch_size]
+               .reshape(-1, batch_size, 3) for f in runs]
+    per_batch = np.concatenate(batches)
     # per sample, not per batch: within a batch, the offsets and the flips vary
-    per_batch = joint.reshape(-1, batch_size)
-    commonest = max(np.bincount(row, minlength=K * K).max() for row in per_batch) / batch_size
+    commonest = max(np.bincount(row[:, 0] * K + row[:, 1], minlength=K * K).max() for row in per_batch) / batch_size
     if commonest > 0.5:
         raise CheckFailed("draws offsets and flips per sample", f"{what}: in one batch {commonest:.0%} of the samples "
                           "share a crop offset", "one random offset per sample, not one per batch")
-    flips = flip.reshape(-1, batch_size).mean(axis=1)
+    flips = per_batch[:, :, 2].mean(axis=1)
     if ((flips == 0) | (flips == 1)).mean() > 0.5:
         raise CheckFailed("draws offsets and flips per sample", f"{what}: in most batches all samples or none are "
                           "flipped", "flip each sample on its own coin, not the whole batch")
+    # new numbers for every batch: independent draws give a position of one batch the same crop and flip as the
+    # same position of the next one time in 162
+    same = [(b[1:] == b[:-1]).all(axis=2).mean() for b in batches if len(b) > 1]
+    if same and float(np.mean(same)) > 0.5:
+        raise CheckFailed("draws new random numbers for every batch",
+                          f"{what}: batch after batch, the same crop offsets and flips in the same places "
+                          f"({float(np.mean(same)):.0%} of the positions of a batch got the same crop and flip as in "
+                          "the batch before; 1 in 162 by chance)",
+                          "your random numbers start over for every batch: a generator seeded (manual_seed, or made "
+                          "anew with a seed) inside the batch function draws the same sequence each time; make it "
+                          "once, seed it once, and keep drawing from it")
+    if len(batches) == 2 and len(batches[0]) == len(batches[1]) and len(batches[0]):
+        again = float((batches[0] == batches[1]).all(axis=2).mean())
+        if again > 0.5:
+            raise CheckFailed("augments afresh every epoch",
+                              f"{what}: epoch 2 drew the same crop offsets and flips as epoch 1, position by position "
+                              f"({again:.0%} of the positions; 1 in 162 by chance), only for other samples",
+                              "your random numbers start over every epoch: a generator seeded when a pass begins "
+                              "draws the same sequence each time; seed it once, when the pipeline is made")
     share = float(flip.mean())
     if abs(share - 0.5) > 5 * math.sqrt(0.25 / total):
         raise CheckFailed("flips half of the samples", f"{what}: {share:.1%} of {total} samples flipped",
@@ -260,16 +319,55 @@ def _augmentation_statistics(found, batch_size: int, what: str):
 VIRTUAL = "the virtual CUDA device"
 # what the CUDA runtime or DALI say when a part needs a real GPU (DALI's GPU stages): the virtual pass cannot run it
 _REAL_GPU_ONLY = ("CUDA is not available", "no NVIDIA driver", "libcuda", "cuInit")
-# host waits allowed per epoch on a GPU (at an epoch's start, say); one per batch stalls every step
-MAX_WAITS_PER_EPOCH = 2
+# per epoch of 12 batches or more, on a GPU: host waits (constants made at the first batch, say) and copies from the
+# host besides the batch itself (constants, a permutation once an epoch); one per batch stalls or slows every step
+MAX_WAITS_PER_EPOCH = 4
+MAX_COPIES_PER_EPOCH = 4
+
+
+def _needs_a_real_gpu(exc: BaseException) -> str | None:
+    """The part of the pipeline that only a real GPU runs, when `exc` says so: DALI refusing a GPU
+    stage (no GPU, or not this one: beside a real GPU the virtual device has an index of its own),
+    or CUDA's runtime missing. None otherwise."""
+    text = str(exc)
+    frames = [f.filename.replace("\\", "/") for f in traceback.extract_tb(exc.__traceback__)]
+    in_dali = "DALI" in text or any("/nvidia/dali/" in f for f in frames)
+    if in_dali and (any(words in text for words in _REAL_GPU_ONLY)
+                    or any(word in text.lower() for word in ("cuda", "gpu", "device"))):
+        return "DALI's GPU stages"
+    if any(words in text for words in _REAL_GPU_ONLY):
+        return text.strip().splitlines()[0][:120]
+    return None
+
+
+def _extra_copies(copies, sizes: list[int]) -> list:
+    """The host-to-device copies of one epoch that are not the batches themselves: one copy of a
+    batch's images (uint8, 16- or 32-bit floats) and one of its labels (8- to 64-bit integers) per
+    batch served (`sizes`: the batch sizes); everything else (offsets, flips, a permutation or
+    constants made on the host, a batch copied twice) is extra."""
+    image_bytes = {b * 3 * 32 * 32 * item for b in set(sizes) for item in (1, 2, 4)}
+    label_bytes = {b * item for b in set(sizes) for item in (1, 2, 4, 8)}
+    images = labels = 0
+    extra = []
+    for c in copies:
+        if c.nbytes in image_bytes and images < len(sizes):
+            images += 1
+        elif c.nbytes in label_bytes and labels < images:
+            labels += 1
+        else:
+            extra.append(c)
+    return extra
 
 
 def _virtual_epochs(make_pipeline, config, workload, n: int, batch_size: int, what: str):
     """Two epochs of what the model gets on a GPU, run on the virtual CUDA device (`virtual_cuda`):
     the batches must be on the device, the work done there (no tensor of the host mixed in, random
-    numbers drawn on the device), the host never waiting for the device batch after batch, and no
-    batch read before its copy finished. Returns the epochs' arrays, or None with the reason when
-    the pipeline uses a part only a real GPU runs (DALI's GPU stages)."""
+    numbers drawn on the device), nothing copied from the host batch after batch but the batch
+    itself, the host never waiting for the device batch after batch, and every batch read by the
+    model (on its stream, as the forward pass would) only after the work that made it, with its
+    memory kept for the model's stream (`record_stream`) when another stream made it. Returns the
+    epochs' arrays, or None with the reason when the pipeline uses a part only a real GPU runs
+    (DALI's GPU stages)."""
     from ..ladder import LadderContext
     from .lesson03 import _learner_error
 
@@ -281,21 +379,65 @@ def _virtual_epochs(make_pipeline, config, workload, n: int, batch_size: int, wh
             for e in range(2):
                 where = f"epoch {e + 1} of {what}, on {VIRTUAL} (a GPU's code path)"
                 vc.reset_log()
-                epochs.append(_one_epoch(ctx, pipeline, n, batch_size, where))
-                reads = vc.reads()
-                if len(reads) > MAX_WAITS_PER_EPOCH:
+                sizes, late = [], []
+
+                def model_reads(i, images, labels):
+                    # the model's forward pass and loss read the batch on the stream the training loop runs on
+                    vc.mark(images, f"batch {i}'s images")
+                    vc.mark(labels, f"batch {i}'s labels")
+                    before = len(vc.races)
+                    images.sum()
+                    labels.sum()
+                    late.extend(vc.races[before:])
+                    del vc.races[before:]
+                    sizes.append(len(labels))
+
+                epochs.append(_one_epoch(ctx, pipeline, n, batch_size, where, model_reads))
+                extra = _extra_copies(vc.h2d(), sizes)
+                if len(extra) > MAX_COPIES_PER_EPOCH:
+                    first = extra[0]
+                    raise CheckFailed("copies nothing from the host batch after batch but the batch itself",
+                                      f"{where}: {len(extra)} copies from the host to the device in {len(sizes)} "
+                                      f"batches besides the batches themselves (first: {first.nbytes} bytes, "
+                                      f"{first.what} at {first.where})",
+                                      "numbers drawn on the host (offsets, flips, a permutation) or constants made "
+                                      "for every batch are copied to the device every step: make them on the device "
+                                      "(device=images.device, a generator there), and constants once")
+                waits = vc.reads() + [c for c in vc.h2d() if not c.non_blocking]
+                if len(waits) > MAX_WAITS_PER_EPOCH:
+                    first = waits[0]
+                    kind = f"a blocking copy, {first.what}" if hasattr(first, "nbytes") else first.what
                     raise CheckFailed("never makes the host wait for the device",
-                                      f"{where}: the host waited for the device {len(reads)} times in "
-                                      f"{n // batch_size} batches (first: {reads[0].what} at {reads[0].where})",
+                                      f"{where}: the host waited for the device {len(waits)} times in "
+                                      f"{len(sizes)} batches (first: {kind} at {first.where})",
                                       "no .item(), .tolist(), .cpu(), float(t) or Python loop over values on the "
-                                      "device: every wait stalls the GPU once per step")
+                                      "device, and no blocking copy (.to(device) without non_blocking=True): every "
+                                      "wait stalls the GPU once per step")
                 if vc.races:
                     race = vc.races[0]
-                    raise CheckFailed("the model reads each batch after its copy finished",
+                    raise CheckFailed("each batch is read after the work that made it finished",
                                       f"{where}: {len(vc.races)} reads of device memory before the work that wrote "
                                       f"it was visible on the reading stream ({race.what} at {race.where})",
                                       "let the course's prefetcher copy ahead (Pipeline(..., prefetch=True)), or "
                                       "make the consuming stream wait for the copy (lesson 03)")
+                if late:
+                    raise CheckFailed("each batch is read after the work that made it finished",
+                                      f"{where}: the model, on the stream the training loop runs on, read "
+                                      f"{len({r.label for r in late})} tensors of the batches ({late[0].label} first) "
+                                      "before the work that made them, queued on another stream, was visible there",
+                                      "the model's stream never waited for yours: "
+                                      "torch.cuda.current_stream().wait_stream(your_stream) before you hand the batch "
+                                      "out (lesson 03)")
+                unrecorded = sorted({a.label for a in vc.unrecorded() if a.label.startswith("batch ")})
+                if unrecorded:
+                    raise CheckFailed("memory made on another stream is kept for the model's stream (record_stream)",
+                                      f"{where}: {len(unrecorded)} tensors of the batches ({unrecorded[0]} first) were "
+                                      "made on a stream of their own and read by the model on its stream, with no "
+                                      "record_stream for it: the caching allocator may give their memory to the next "
+                                      "batch while the model still reads it",
+                                      "once the model's stream waits for yours, call "
+                                      "t.record_stream(torch.cuda.current_stream()) on every tensor your stream made "
+                                      "for the batch (the course's CudaPrefetcher does)")
         except (RuntimeError, ValueError) as exc:
             failure = _learner_error(exc, f"{what}, on {VIRTUAL}")
             if failure is None and isinstance(exc, ValueError) and "generator" in str(exc):    # the course's own words
@@ -303,8 +445,8 @@ def _virtual_epochs(make_pipeline, config, workload, n: int, batch_size: int, wh
                                       "a generator for the device: torch.Generator(device=images.device)")
             if failure is not None:
                 raise failure from None
-            if any(words in str(exc) for words in _REAL_GPU_ONLY):
-                part = "DALI's GPU stages" if "DALI" in str(exc) else str(exc).strip().splitlines()[0][:120]
+            part = _needs_a_real_gpu(exc)
+            if part is not None:
                 return None, f"the pass on {VIRTUAL} was skipped: your pipeline uses a part only a real GPU runs ({part})"
             raise
     return epochs, ""
@@ -317,7 +459,8 @@ def _check_correctness(make_pipeline, rng, seed: int, device: str | None, *, vir
     from ..ladder import LadderConfig, TrainingSet, ladder_context
 
     batch_size = int(rng.choice([32, 64]))
-    n = batch_size * int(rng.integers(768 // batch_size, 1024 // batch_size + 1))     # 768 to 1,024 samples
+    # 768 to 1,024 samples, never a multiple of the batch size: every epoch ends with a short batch
+    n = batch_size * int(rng.integers(768 // batch_size, 1024 // batch_size)) + int(rng.integers(1, batch_size))
     images, labels = identifiable_images(n, rng)
     workload = TrainingSet(images, labels, f"{n} fresh random images (seed {seed})")
     config = LadderConfig(batch_size=batch_size, num_workers=min(2, usable_cores()), device=device)
@@ -340,6 +483,15 @@ def _check_correctness(make_pipeline, rng, seed: int, device: str | None, *, vir
         seen = np.bincount(index, minlength=n)
         missing, twice = int((seen == 0).sum()), int((seen > 1).sum())
         if missing or twice:
+            short = n % batch_size
+            if not twice and missing == short and len(index) == n - short:
+                raise CheckFailed("every sample exactly once per epoch",
+                                  f"{where}: {len(index) // batch_size} full batches and no short one at the end: "
+                                  f"{missing} of the {n} samples never came out (the last {missing} of the epoch's "
+                                  "order)",
+                                  "a loader that drops the last, short batch (drop_last=True: DeviceLoader's and "
+                                  "ctx.loader's default, and the ladder's DALI rung) leaves samples out of every "
+                                  "epoch when the batch size does not divide the data: drop_last=False")
             raise CheckFailed("every sample exactly once per epoch",
                               f"{where}: {missing} samples never came out, {twice} came out more than once",
                               "shuffle a permutation of every sample each epoch (no replacement, no repeated or "
@@ -363,14 +515,7 @@ def _check_correctness(make_pipeline, rng, seed: int, device: str | None, *, vir
     if together.sum() >= 10 and again.mean() > 0.9:
         raise CheckFailed("reshuffles every epoch", f"{what}: the batches hold the same samples every epoch "
                           "(only the order of the batches changes)", "shuffle samples, not batches")
-    merged = type(found[0])(*(np.concatenate([getattr(f, k) for f in found]) for k in
-                              ("dy", "dx", "flipped", "exact", "max_error")))
-    untouched = float(((merged.dy == PAD) & (merged.dx == PAD) & ~merged.flipped).mean())
-    if untouched > 0.5:
-        raise CheckFailed("augments: a random crop and flip for every sample",
-                          f"{what}: {untouched:.0%} of the images are their sample as it is (1 in 162 by chance)",
-                          "the baseline pads by 4, crops 32x32 at a random offset and flips at random: "
-                          "AugmentBatch on the device, or RandomCrop + RandomHorizontalFlip in the transform")
+    _augmented(found, what)
     # the same samples' augmentation in both epochs: independent draws agree 1 time in 162
     params = []
     for e in range(2):
@@ -383,15 +528,30 @@ def _check_correctness(make_pipeline, rng, seed: int, device: str | None, *, vir
                           "flip in both epochs (1 in 162 by chance)",
                           "augment every batch when it is served: augmented images computed once and reused teach "
                           "the model the same crops forever")
-    _augmentation_statistics(merged, batch_size, what)
+    _augmentation_statistics(found, batch_size, what)
     return ""
+
+
+def _augmented(runs, what: str, hint: str = "") -> None:
+    """Most images are not their sample as it is (a crop at the centre, unflipped: 1 in 162)."""
+    dy, dx, flip = (np.concatenate([getattr(f, k) for f in runs]) for k in ("dy", "dx", "flipped"))
+    untouched = float(((dy == PAD) & (dx == PAD) & ~flip).mean())
+    if untouched > 0.5:
+        raise CheckFailed("augments: a random crop and flip for every sample",
+                          f"{what}: {untouched:.0%} of the images are their sample as it is (1 in 162 by chance)",
+                          hint or "the baseline pads by 4, crops 32x32 at a random offset and flips at random: "
+                          "AugmentBatch on the device, or RandomCrop + RandomHorizontalFlip in the transform")
 
 
 # -- (a) speed -------------------------------------------------------------------------------------
 
 class _Capture:
     """Stands in for the pipeline's batch_transform during a timed run: calls it (or passes the
-    batch through) and keeps what the model got, to be verified after the clock has stopped."""
+    batch through) and keeps what the model got, to be verified after the clock has stopped.
+    Beside the simulator it is computed for every batch (the simulator otherwise computes a
+    transform once per shape and charges the rest), so that every batch is kept."""
+
+    compute_every_batch = True
 
     def __init__(self, transform, kept: list):
         self.transform, self.kept = transform, kept
@@ -402,21 +562,29 @@ class _Capture:
         return out
 
 
-GPU_BAR = 0.90       # of the model-only ceiling, on a GPU
-SIM_SHARE = 0.85     # beside the simulator: of what the course's device-resident pipeline reaches in the same round
+GPU_BAR = 0.90       # of the model-only ceiling
+SIM_SHARE = 0.85     # of what the course's device-resident pipeline reaches in the same round
 MIN_ROUNDS, MAX_ROUNDS = 5, 11
 
 
 def speed_verdict(kind: str, rounds: list[tuple[float, float]]) -> tuple[bool, bool]:
     """(passed, sure) from rounds of (yours / ceiling, yours / the course's device-resident
-    pipeline), each measured in one round. On a GPU: the median fraction of the ceiling is at
-    least 0.90. Beside the simulator the bar is fitted to what this machine can feed: the median
-    of the per-round ratios to the device-resident pipeline, which ran next to yours in the same
-    round (so a busy moment hits both), is at least 0.85 (or yours reaches 0.90 of the ceiling).
-    `sure` once the medians are clear of the bar, or after MAX_ROUNDS rounds."""
+    pipeline), each measured in one round. On every device alike: the median of the per-round
+    ratios to the device-resident pipeline, which ran next to yours in the same round (so that a
+    busy moment, or a GPU's drift, hits both), is at least 0.85, or yours reaches 0.90 of the
+    ceiling. `sure` once the medians are clear of the bar, or after MAX_ROUNDS rounds.
+
+    Why paired on a GPU too: on the H100 the course measured (2026-11-24), the reference answer
+    reached 84% of the ceiling in the grader's rounds (twice) while the notebook measured 93%, and
+    the ladder's rungs moved by up to 23 points between runs (the ceiling itself 9,900-12,200
+    samples/s): what moves the whole machine moves the device-resident pipeline next to yours too.
+    The margins, beside the simulated H100 on a 2-core host with its other jobs held off by
+    real-time priority (2026-11-25, `benchmarks/check_bars.py 8.1 --runs 10`): the reference
+    (the device-resident pipeline itself) reached 0.99-1.01 of it, 93-94% of the ceiling, and
+    passed 10 runs of 10; the course's baseline 0.18-0.25 of it and a per-sample augmentation loop
+    0.18-0.19, and failed 10 of 10.
+    `kind` is kept for the caller's messages."""
     fraction = statistics.median(r[0] for r in rounds)
-    if kind == "cuda":
-        return fraction >= GPU_BAR, abs(fraction - GPU_BAR) > 0.05 or len(rounds) >= MAX_ROUNDS
     share = statistics.median(r[1] for r in rounds)
     passed = fraction >= GPU_BAR or share >= SIM_SHARE
     clear = fraction >= GPU_BAR + 0.05 or abs(share - SIM_SHARE) > 0.1
@@ -530,11 +698,97 @@ def _check_speed(make_pipeline, rng, seed: int, device: str | None, smoke: bool)
     return passed, fraction, share, capacity, len(rounds), label, kind, median_round
 
 
+# -- (c) parity, traced ----------------------------------------------------------------------------
+
+def marked_cifar(steps: int):
+    """The parity run's training images: CIFAR-10's (`parity.training_set(steps)`), each with its
+    index written into it as the check's own images carry theirs (`mark_index`: two pixels of the
+    middle row, and no zero pixel), so that every batch the model gets in the parity run can be
+    traced and verified as correctness verifies the check's random images. Both pipelines train on
+    them: a pipeline that behaved one way on the check's images and another on CIFAR-10's is seen."""
+    from ..ladder import TrainingSet
+    from ..parity import training_set
+    cifar = training_set(steps)
+    return TrainingSet(mark_index(cifar.images.copy()), cifar.labels,
+                       f"{cifar.description}, each image marked with its index (two pixels)")
+
+
+class _ParityTrace:
+    """Stands in for the pipeline's batch_transform in the parity run: calls it (or passes the
+    batch through) and traces what the model got (which sample, which crop, which label); the
+    first thing wrong is kept, to be raised when the run is over (`verdict`)."""
+
+    def __init__(self, transform, workload, what: str):
+        self.transform, self.workload, self.what = transform, workload, what
+        self.index, self.found, self.failure = [], [], None
+
+    def __call__(self, images, labels):
+        out = self.transform(images, labels) if self.transform is not None else (images, labels)
+        if self.failure is None:
+            try:
+                self._trace(out)
+            except CheckFailed as exc:
+                self.failure = exc
+        return out
+
+    def _trace(self, batch):
+        where = f"{self.what}, batch {len(self.found)}"
+        if not isinstance(batch, (tuple, list)) or len(batch) != 2 or not all(isinstance(t, torch.Tensor) for t in batch):
+            raise CheckFailed("yields (images, labels) pairs of tensors", f"{where}: a batch was {type(batch).__name__}")
+        images, labels = batch
+        if images.dtype != torch.float32 or images.dim() != 4 or tuple(images.shape[1:]) != (3, 32, 32):
+            raise CheckFailed("feeds the model float32 images (B, 3, 32, 32)",
+                              f"{where}: the model would get {images.dtype} {tuple(images.shape)}")
+        x, y = _host(images).numpy().copy(), _host(labels).numpy().copy()
+        n = len(self.workload.labels)
+        index = _identify(x, n, where)
+        self.found.append(_verify_crops(x, y, index, self.workload, where))
+        self.index.append(index)
+
+    def verdict(self, batch_size: int) -> None:
+        """Raise what was wrong with the traced batches: as correctness judges the check's images."""
+        if self.failure is not None:
+            raise self.failure
+        if not self.found:
+            raise CheckFailed("every sample exactly once per epoch", f"{self.what}: no batch reached the model")
+        n = len(self.workload.labels)
+        index = np.concatenate(self.index)
+        if not epochs_possible(index, n):
+            raise CheckFailed("every sample exactly once per epoch",
+                              f"{self.what}: the {len(index):,} samples the model got cannot be cut into epochs of "
+                              f"{n:,} samples without a sample twice in one epoch",
+                              "each `for` over the loader is one epoch: no repeated or cached batches")
+        merged = type(self.found[0])(*(np.concatenate([getattr(f, k) for f in self.found]) for k in
+                                       ("dy", "dx", "flipped", "exact", "max_error")))
+        _augmented([merged], self.what)
+        _augmentation_statistics([merged], batch_size, self.what)
+
+
+def _traced_parity(make_pipeline, steps: int, seed: int, device, marked):
+    """`accuracy_parity` of `make_pipeline` on `marked` images, every batch of yours traced and
+    verified when the run is over."""
+    from ..parity import PARITY_BATCH, accuracy_parity
+
+    traces = []
+    what = (f"the parity run (seed {seed}), on CIFAR-10's images (on the check's random images your pipeline passed "
+            "this)")
+
+    def traced(ctx):
+        pipeline = _expect_pipeline(make_pipeline(ctx), "make_pipeline(ctx) in the parity run")
+        traces.append(_ParityTrace(pipeline.batch_transform, ctx.data, what))
+        return dataclasses.replace(pipeline, batch_transform=traces[-1])
+
+    result = accuracy_parity(traced, device=device, steps=steps, seed=seed, training_images=marked)
+    for trace in traces:
+        trace.verdict(PARITY_BATCH)
+    return result
+
+
 # -- 8.1 ------------------------------------------------------------------------------------------
 
 @exercise("8.1", "The fastest correct pipeline for this machine", points=4, time_limit_s=580)
 def check_pipeline(make_pipeline):
-    from ..parity import accuracy_parity, parity_steps
+    from ..parity import parity_steps
     from ..target import pick_target
 
     expect_callable(make_pipeline, "a function make_pipeline(ctx) -> course_utils.ladder.Pipeline")
@@ -545,23 +799,21 @@ def check_pipeline(make_pipeline):
     kind = target.kind
     target.close()
     device = None if kind != "cpu" else "cpu"
-    # (b) correctness, as the model sees the batches: on this machine's device, and where there is no GPU also on
-    # the virtual CUDA device, which sees what only a GPU would (batches left on the host, host tensors mixed in,
-    # random numbers drawn on the host, a wait for the device every batch)
+    # (b) correctness, as the model sees the batches: on this machine's device, then on the virtual CUDA device, which
+    # sees what only a GPU would (batches left on the host, host tensors mixed in, numbers drawn or constants made on
+    # the host and copied every batch, a wait for the device every batch, a stream never waited for, memory not
+    # recorded for the model's stream). It runs beside a real GPU too: there the same mistakes cost as much, and a
+    # real GPU's timings do not show them all
     _check_correctness(make_pipeline, rng, seed, device)
-    virtual_note = "" if kind == "cuda" else _check_correctness(make_pipeline, rng, seed, None, virtual=True)
+    virtual_note = _check_correctness(make_pipeline, rng, seed, None, virtual=True)
     # (a) speed against the ceiling; with COURSE_DEVICE=cpu, beside the simulated device
     speed_device = "sim" if kind == "cpu" else device
     passed, fraction, share, capacity, n_rounds, label, speed_kind, runs = _check_speed(make_pipeline, rng, seed,
                                                                                        speed_device, smoke)
-    if speed_kind == "cuda":
-        measured = f"{fraction:.0%} of the model-only ceiling (median of {n_rounds} rounds)"
-        bar = f"at least {GPU_BAR:.0%} of it asked on a GPU"
-    else:
-        measured = (f"{fraction:.0%} of the ceiling and {share:.0%} of what the course's device-resident pipeline "
-                    f"reached next to it, which was {capacity:.0%} of the ceiling (medians of {n_rounds} rounds)")
-        bar = (f"at least {SIM_SHARE:.0%} of the device-resident pipeline's throughput asked (what this machine can "
-               f"feed), or {GPU_BAR:.0%} of the ceiling")
+    measured = (f"{fraction:.0%} of the ceiling and {share:.0%} of what the course's device-resident pipeline "
+                f"reached next to it, which was {capacity:.0%} of the ceiling (medians of {n_rounds} rounds)")
+    bar = (f"at least {SIM_SHARE:.0%} of the device-resident pipeline's throughput asked (what this machine can "
+           f"feed), or {GPU_BAR:.0%} of the ceiling")
     if not passed:
         raise CheckFailed("runs at the speed this machine allows (fraction of the model-only ceiling)",
                           f"yours reached {measured}; {bar}; on {label} (in the median round yours "
@@ -571,15 +823,18 @@ def check_pipeline(make_pipeline):
     # (c) accuracy parity. A first difference just outside the tolerance (at most twice it) is measured again from
     # another seed and the mean of the two is judged: a correct pipeline's unlucky run is rare, two in a row rarer
     # still; a difference of more than twice the tolerance is many standard deviations out, and final.
+    # Both pipelines train on CIFAR-10 marked as the check's images are, and every batch of yours is traced and
+    # verified as correctness verified them: a pipeline that augments only images that look like the check's fails.
     steps = parity_steps(smoke)
-    parity = accuracy_parity(make_pipeline, device=device, steps=steps, seed=int(seed % 2**31))
+    marked = marked_cifar(steps)
+    parity = _traced_parity(make_pipeline, steps, int(seed % 2**31), device, marked)
     difference, runs_told = parity.difference, str(parity)
     if abs(difference) > 2 * parity.tolerance:
         raise CheckFailed("accuracy parity with the baseline's pipeline", runs_told,
                           "same model, seed and steps: a different result means your batches teach something "
                           "else (their order, the classes in them, the normalisation, the precision)")
     if not parity.passed:
-        again = accuracy_parity(make_pipeline, device=device, steps=steps, seed=int((seed + 1) % 2**31))
+        again = _traced_parity(make_pipeline, steps, int((seed + 1) % 2**31), device, marked)
         difference = (parity.difference + again.difference) / 2
         runs_told = (f"{parity}; measured again from seed {again.seed}: {100 * again.difference:+.1f} points; mean of "
                      f"the two {100 * difference:+.1f}")
@@ -589,11 +844,13 @@ def check_pipeline(make_pipeline):
                               "else (their order, the classes in them, the normalisation, the precision)")
     cpu_note = (" COURSE_DEVICE=cpu: speed graded beside the simulated device (the real model shares the CPU "
                 "with the loader); correctness and parity through the GPU code path on the CPU.") if kind == "cpu" else ""
-    gpu_path = ("" if kind == "cuda" else " on this machine's device" +
-                ("" if virtual_note else f" and on {VIRTUAL} (batches on the device, no host waits)"))
+    gpu_path = " on this machine's device" + ("" if virtual_note else (
+        f" and on {VIRTUAL} (batches on the device, nothing copied per batch but the batch, no host waits, every "
+        "stream waited for)"))
     return (f"every sample once per epoch, reshuffled, exact crops with uniform offsets and half flipped, labels "
             f"intact{gpu_path}; {measured}, {bar}, on {label}; parity: {100 * difference:+.1f} points (within +/-"
-            f"{100 * parity.tolerance:.0f}).{cpu_note}" + (f" ({virtual_note})" if virtual_note else ""))
+            f"{100 * parity.tolerance:.0f}), every batch of yours traced on CIFAR-10's images too.{cpu_note}"
+            + (f" ({virtual_note})" if virtual_note else ""))
 
 
 # -- 8.2 which rung to climb to, from another machine's report --------------------------------------
@@ -674,6 +931,48 @@ def _curated_reports() -> list[dict]:
     ]
 
 
+def _contract_cases() -> list[tuple[dict, float, bool]]:
+    """(report, tolerance, whether the call passes the tolerance) for what the spec states and every
+    run must test, not only a draw now and then: the default tolerance, the tolerance argument,
+    'at least' on the threshold (at a tolerance, and at zero with a tie), `parallel`'s default, and
+    the one core (or less) of a serial rung. Dyadic figures, so that every way of writing the
+    comparison computes the threshold exactly."""
+    def rung(cpu=None, cost=None, parallel=None):
+        out = {}
+        if cpu is not None:
+            out["cpu_per_core"] = float(cpu)
+        if parallel is not None:
+            out["parallel"] = parallel
+        if cost is not None:
+            out["device_cost"] = float(cost)
+        return out
+    return [
+        ({"machine": "a machine asked with the default tolerance: 16 cores, 1 GPU", "cores": 16, "gpus": 1,
+          "ceiling": 10000.0,
+          "rungs": {"baseline": rung(1200, parallel=False), "best workers": rung(570, parallel=True),
+                    "prefetcher": rung(600, 0.01, True), "device-resident": rung(cost=0.0)}}, 0.05, False),
+        ({"machine": "a machine asked with tolerance=0.2: 4 cores, 1 GPU", "cores": 4, "gpus": 1, "ceiling": 4000.0,
+          "rungs": {"baseline": rung(1000, parallel=False), "best workers": rung(850, parallel=True),
+                    "prefetcher": rung(1200, 0.01, True), "device-resident": rung(cost=0.02)}}, 0.2, True),
+        ({"machine": "a rung exactly at (1 - tolerance) x the fastest: 2 cores, 1 GPU", "cores": 2, "gpus": 1,
+          "ceiling": 1024.0,
+          "rungs": {"baseline": rung(256, parallel=False), "best workers": rung(384, parallel=True),
+                    "prefetcher": rung(448, 0.125, True), "device-resident": rung(cost=0.0)}}, 0.25, True),
+        ({"machine": "two rungs tied for the fastest, tolerance 0: 8 cores, 1 GPU", "cores": 8, "gpus": 1,
+          "ceiling": 2048.0,
+          "rungs": {"baseline": rung(512, parallel=False), "best workers": rung(128, parallel=True),
+                    "device-resident": rung(cost=0.0), "DALI": rung(4096, 0.0, True)}}, 0.0, True),
+        ({"machine": "rungs that leave 'parallel' out (true by default): 8 cores, 1 GPU", "cores": 8, "gpus": 1,
+          "ceiling": 5000.0,
+          "rungs": {"baseline": rung(1000, parallel=False), "best workers": rung(900),
+                    "prefetcher": rung(1500, 0.01), "device-resident": rung(cost=0.04)}}, 0.05, False),
+        ({"machine": "half a core per GPU for a serial rung: 4 cores, 8 GPUs", "cores": 4, "gpus": 8,
+          "ceiling": 1000.0,
+          "rungs": {"baseline": rung(1800, parallel=False), "best workers": rung(1700, parallel=True),
+                    "prefetcher": rung(2000, 0.02, True), "device-resident": rung(cost=0.0)}}, 0.05, True),
+    ]
+
+
 def _away_from_edges(report: dict, tolerance: float) -> bool:
     predicted = predicted_throughput(report)
     best = max(predicted.values())
@@ -686,43 +985,83 @@ def _away_from_edges(report: dict, tolerance: float) -> bool:
 def check_choose_rung(choose_rung):
     import copy
 
+    from ._util import course_code_forbidden
+
     expect_callable(choose_rung, "a function choose_rung(report, tolerance=0.05) -> str")
     rng, seed = fresh_rng()
-    cases = [(r, 0.05) for r in _curated_reports()]
-    while len(cases) < len(_curated_reports()) + 14:
+    # every run: what the spec states (in this order: the threshold is met before the tie at zero, where a `>`
+    # finds no rung at all), then the source articles' machines and the usual mistakes', then fresh made-up ones
+    contract = _contract_cases()
+    curated = [(r, 0.05, i % 2 == 1) for i, r in enumerate(_curated_reports())]
+    drawn = []
+    while len(drawn) < 14:
         tolerance = 0.05 if rng.random() < 0.6 else float(rng.choice([0.0, 0.02, 0.1, 0.2]))
         report = _random_report(rng)
         if _away_from_edges(report, tolerance):
-            cases.append((report, tolerance))
-    for k in rng.permutation(len(cases)):
-        report, tolerance = cases[k]
-        given = copy.deepcopy(report)
-        yours = choose_rung(given) if tolerance == 0.05 and rng.random() < 0.5 else choose_rung(given, tolerance=tolerance)
+            drawn.append((report, tolerance, tolerance != 0.05 or len(drawn) % 2 == 0))
+    cases = contract + [(curated + drawn)[k] for k in rng.permutation(len(curated) + len(drawn))]
+    # the answers and what the usual mistakes would give, before the learner's code runs: the check's own model is
+    # off limits while it does
+    judged = [_Case(report, tolerance, keyword, seed) for report, tolerance, keyword in cases]
+    with course_code_forbidden(["course_utils.checks.lesson08:reference_choice",
+                                "course_utils.checks.lesson08:predicted_throughput"]):
+        for case in judged:
+            given = copy.deepcopy(case.report)
+            case.judge(choose_rung(given, tolerance=case.tolerance) if case.keyword else choose_rung(given), given)
+        try:
+            choose_rung({"machine": "empty", "cores": 4, "gpus": 1, "ceiling": 1000.0, "rungs": {}})
+        except ValueError:
+            pass
+        else:
+            raise CheckFailed("raises ValueError on a report without rungs", "an empty 'rungs' did not raise",
+                              "nothing to choose from: raise ValueError")
+    return (f"the right rung on {len(cases)} machines (the spec's default and threshold cases, the source articles' "
+            "boxes, many GPUs per core, fresh made-up ones).")
+
+
+class _Case:
+    """One report to choose for: the right answer, the predicted speeds and the answers of the
+    usual mistakes, all computed before the learner's code runs; `judge` compares an answer."""
+
+    def __init__(self, report: dict, tolerance: float, keyword: bool, seed: int):
+        self.report, self.tolerance, self.keyword, self.seed = report, tolerance, keyword, seed
+        self.want = reference_choice(report, tolerance)
+        self.speed = predicted_throughput(report)
+        self.at = {t: reference_choice(report, t) for t in (0.0, 0.05, 0.1)}
+        serial = dict(report, rungs={name: dict(rung, parallel=rung.get("parallel", False))
+                                     for name, rung in report["rungs"].items()})
+        self.serial_by_default = reference_choice(serial, tolerance)
+
+    def judge(self, yours, given) -> None:
+        report, tolerance, want, speed = self.report, self.tolerance, self.want, self.speed
+        called = f"choose_rung(report, tolerance={tolerance:g})" if self.keyword else "choose_rung(report)"
         if given != report or list(given["rungs"]) != list(report["rungs"]):
             raise CheckFailed("leaves the report unchanged", f"{report['machine']}: the report passed in was modified")
         if not isinstance(yours, str):
-            raise CheckFailed("returns a rung's name (a str)", f"{report['machine']}: yours returned "
+            raise CheckFailed("returns a rung's name (a str)", f"{report['machine']}: {called} returned "
                               f"{type(yours).__name__}: {yours!r}", "return the key of report['rungs'], not a number")
-        expected = reference_choice(report, tolerance)
-        if yours != expected:
-            predicted = predicted_throughput(report)
-            best = max(predicted.values())
-            table = ", ".join(f"{n} {v / report['ceiling']:.0%}" for n, v in predicted.items())
-            hint = ("a rung's speed is the smaller of what the GPU allows (ceiling x (1 - device_cost)) and what "
-                    "the CPU feeds (cpu_per_core x the cores one GPU gets: cores / gpus, or one core for a rung "
-                    "that is not parallel); then the simplest rung within the tolerance of the best")
-            if yours not in report["rungs"]:
-                hint = "return one of report['rungs']'s keys"
-            elif predicted.get(yours) == best and expected != yours:
-                hint = "that is the single fastest; an earlier (simpler) rung within the tolerance does as well"
-            raise CheckFailed("picks the simplest rung within the tolerance of the fastest",
-                              f"{report['machine']} (tolerance {tolerance:g}; predicted fractions of the ceiling: "
-                              f"{table}): yours {yours!r}, expected {expected!r} (seed {seed})", hint)
-    try:
-        choose_rung({"machine": "empty", "cores": 4, "gpus": 1, "ceiling": 1000.0, "rungs": {}})
-    except ValueError:
-        pass
-    else:
-        raise CheckFailed("raises ValueError on a report without rungs", "an empty 'rungs' did not raise",
-                          "nothing to choose from: raise ValueError")
-    return f"the right rung on {len(cases)} machines (the source articles' boxes, many GPUs per core, fresh made-up ones)."
+        if yours == want:
+            return
+        best = max(speed.values())
+        names = list(report["rungs"])
+        hint = ("a rung's speed is the smaller of what the GPU allows (ceiling x (1 - device_cost)) and what "
+                "the CPU feeds (cpu_per_core x the cores one GPU gets: cores / gpus, or at most one core for a "
+                "rung that is not parallel); then the simplest rung within the tolerance of the best")
+        if yours not in report["rungs"]:
+            hint = "return one of report['rungs']'s keys"
+        elif speed[want] == (1 - tolerance) * best and names.index(yours) > names.index(want):
+            hint = (f"{want!r} is exactly at (1 - tolerance) x the fastest, and 'at least' includes the threshold: "
+                    ">=, not >")
+        elif not self.keyword and yours in (self.at[0.0], self.at[0.1]):
+            hint = "called without a tolerance, choose_rung uses 0.05 (the spec's default)"
+        elif self.keyword and yours == self.at[0.05]:
+            hint = f"use the tolerance you are given ({tolerance:g} here), not 0.05"
+        elif yours == self.serial_by_default and any("parallel" not in r and "cpu_per_core" in r
+                                                     for r in report["rungs"].values()):
+            hint = "a rung that does not say `parallel` is parallel: the default is true"
+        elif speed[yours] == best:
+            hint = "that is the single fastest; an earlier (simpler) rung within the tolerance does as well"
+        table = ", ".join(f"{n} {v / report['ceiling']:.0%}" for n, v in speed.items())
+        raise CheckFailed("picks the simplest rung within the tolerance of the fastest",
+                          f"{report['machine']}, {called} (predicted fractions of the ceiling: {table}): yours "
+                          f"{yours!r}, expected {want!r} (seed {self.seed})", hint)

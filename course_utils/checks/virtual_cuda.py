@@ -38,7 +38,7 @@ and every operation finishes before the next starts. Inside `with VirtualCuda() 
 
 It models what matters to the course's checks, not CUDA in full: no timing, no memory limit
 (`vc.allocated_bytes` counts what was allocated), one device (`cuda:0`, or the next index
-beside real GPUs), no autograd at all (a tensor on it cannot require gradients, and a model
+beside real GPUs, which `torch.cuda.current_device()` then names and `device_count()` counts), no autograd at all (a tensor on it cannot require gradients, and a model
 cannot move there: the checks run tensor work on it, not training steps), and tensors created
 in other threads are plain host tensors (the mode is per-thread, like the current stream).
 Values are exactly the CPU's. Outside the `with` block, `DeviceTensor`s still work (`.cpu()`
@@ -283,6 +283,20 @@ def _generator_class(vc: "VirtualCuda"):
 _ACTIVE: list["VirtualCuda"] = []
 
 
+class _DeviceContext:
+    """What `torch.cuda.device(index)` is inside the block: the virtual device is the only one,
+    so selecting a device changes nothing (the real one would ask the CUDA runtime for it)."""
+
+    def __init__(self, device=None):
+        self.idx = device.index if isinstance(device, torch.device) else device
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
 def _is_cuda(device) -> bool:
     if device is None:
         return False
@@ -513,9 +527,12 @@ class VirtualCuda:
             vc._generator.manual_seed(int(seed))
 
         patch("is_available", lambda: True)
-        patch("device_count", lambda: 1)
-        patch("current_device", lambda: 0)
+        # beside real GPUs the virtual device is cuda:N after them: code that asks for "the current
+        # device" or counts the devices must land on it, not on a real GPU (issue 19, item 18)
+        patch("device_count", lambda: vc.device.index + 1)
+        patch("current_device", lambda: vc.device.index)
         patch("set_device", lambda device: None)
+        patch("device", _DeviceContext)
         patch("get_device_name", lambda device=None: "virtual CUDA device (the CPU)")
         patch("is_current_stream_capturing", lambda: False)
         patch("Stream", VirtualStream)
@@ -577,6 +594,8 @@ class VirtualCuda:
             self._sync(f"{what} ({kind}, blocking)", "h2d" if kind == "h2d" else "read")
 
     def _read(self, t: DeviceTensor, what: str) -> None:
+        if t._vc is not self:
+            return      # made on an earlier virtual device, which has exited: its work has all finished
         stream = self.current_stream()
         alloc = t._alloc
         if not stream.sees(alloc.write):

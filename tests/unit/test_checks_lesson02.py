@@ -658,31 +658,29 @@ def test_required_speedup_fits_the_device_and_the_load(monkeypatch):
     from course_utils.checks.lesson02 import required_speedup
     from course_utils.timing import StepStats
 
-    def baseline(load_ms, step_ms, device_ms=None):
-        """10 steps of loading then stepping; the device's span per step when it is known."""
-        wall = max(load_ms + step_ms, device_ms or 0.0)
-        return StepStats(10, 1280, 10 * wall / 1e3, [load_ms] * 10, [step_ms] * 10, "test",
-                         device_ms=[device_ms] * 10 if device_ms else None)
+    def baseline(load_ms, host_ms, device_util=None, device_ms=None):
+        """10 steps of loading then the host's part of the step; the device's busy share and span when known."""
+        wall = load_ms + host_ms
+        return StepStats(10, 1280, 10 * wall / 1e3, [load_ms] * 10, [host_ms] * 10, "test",
+                         device_ms=[device_ms] * 10 if device_ms else None, device_util=device_util)
 
     monkeypatch.setattr("course_utils.checks.lesson02.usable_cores", lambda: 2)
-    # quiet 2-core machine, loading 24 ms + step 8 ms: ideal step max(8, 12) -> 32/12 = 2.67x
-    assert required_speedup(baseline(24, 8), 0.0) == pytest.approx(1 + 0.15 * (32 / 12 - 1))
-    # 2x ideally: 15% of the gain is more than a quarter of it capped at 1.1x
-    assert required_speedup(baseline(4, 4), 0.0) == pytest.approx(1.15)
-    # the device is nearly the bottleneck: ideal 10/8 = 1.25x, a quarter of the gain is under the floor
-    assert required_speedup(baseline(2, 8), 0.0) == pytest.approx(1.08)
-    # an asynchronous device: the host launches in 0.05 ms, but the step's span on the device is
-    # 3.5 ms of a 5.2 ms step (the simulated device beside a fast host): 5.2 / 3.5 = 1.49x ideally,
-    # a quarter of the gain, capped at 1.1x
-    assert required_speedup(baseline(5.15, 0.05, device_ms=3.5), 0.0) == pytest.approx(1.1)
-    # the device is the bottleneck already: the floor, above an unchanged baseline's noise
-    assert required_speedup(baseline(0.5, 8), 0.0) == pytest.approx(1.08)
-    # other processes took 1.2 cores: no fair grade, the bar drops, but never to the baseline's
-    assert required_speedup(baseline(24, 8), 1.2) == pytest.approx(1.05)
+    # the simulated H100 on a quiet 2-core host: loading 40 ms, launching 11 ms, the device busy 7.5 of
+    # the 51 ms: all CPU work, spread over 2 cores -> ideal 2x, 35% of the gain asked
+    assert required_speedup(baseline(40, 11, device_util=7.5 / 51), 0.0) == pytest.approx(1.35)
+    # launches longer than half the CPU work: the main thread's launches bound the step
+    assert required_speedup(baseline(4, 8), 0.0) == pytest.approx(1 + 0.35 * (12 / 8 - 1))
+    # the device is the bottleneck already (busy 90% of the baseline's step): little to gain, the floor
+    assert required_speedup(baseline(2, 2, device_util=0.9), 0.0) == pytest.approx(1.05)
+    # no busy share known: the step's span on the device stands in for the device's work
+    assert required_speedup(baseline(40, 11, device_ms=30.0), 0.0) == pytest.approx(1 + 0.35 * (51 / 30 - 1))
+    # other processes took 1.2 cores: the one core they left cannot beat the baseline: the floor
+    assert required_speedup(baseline(40, 11), 1.2) == pytest.approx(1.05)
+    assert required_speedup(baseline(40, 11), 0.5) == pytest.approx(1 + 0.35 * (51 / (51 / 1.5) - 1))
     monkeypatch.setattr("course_utils.checks.lesson02.usable_cores", lambda: 16)
-    assert required_speedup(baseline(24, 8), 0.0) == pytest.approx(1 + 0.15 * (32 / 8 - 1))
+    assert required_speedup(baseline(40, 11), 0.0) == pytest.approx(1 + 0.35 * (51 / 11 - 1))
     monkeypatch.setattr("course_utils.checks.lesson02.usable_cores", lambda: 1)
-    assert required_speedup(baseline(0.1, 8), 0.0) == pytest.approx(1.02)
+    assert required_speedup(baseline(40, 11), 0.0) == pytest.approx(1.05)
 
 
 @pytest.mark.gpu

@@ -15,13 +15,14 @@ import pytest
 import torch
 import torchvision.transforms as T
 from mutants import Mutant, passes, rejected
+from torch.utils.data import DataLoader
 
 from course_utils.checks import run_check
 from course_utils.checks.lesson08 import (decode, epochs_possible, identifiable_images, predicted_throughput,
                                           reference_choice, speed_verdict, _pixels)
 from course_utils.data import CIFAR10_MEAN, CIFAR10_STD
 from course_utils.device_data import AugmentBatch, DeviceLoader, normalize_batch, normalize_uint8, random_crop_flip
-from course_utils.ladder import Pipeline, TrainingSet, baseline_pipeline
+from course_utils.ladder import Pipeline, TrainingSet, baseline_pipeline, device_resident_pipeline
 
 EXTRA_SEEDS = int(os.environ.get("COURSE_MUTANT_SEEDS", "1"))
 
@@ -66,8 +67,9 @@ def test_epochs_possible_accepts_any_phase_and_rejects_repeats():
 def test_speed_bar_is_fitted_to_the_device_and_never_absolute():
     # rounds of (yours / ceiling, yours / the course's device-resident pipeline in the same round)
     assert speed_verdict("cuda", [(0.97, 0.2)] * 5) == (True, True)
-    assert speed_verdict("cuda", [(0.85, 1.0)] * 5) == (False, True)
-    assert speed_verdict("cuda", [(0.88, 1.0)] * 5) == (False, False)        # close to the bar: more rounds
+    assert speed_verdict("cuda", [(0.84, 1.0)] * 5) == (True, True)           # a GPU's drift hits the reference too
+    assert speed_verdict("cuda", [(0.50, 0.60)] * 5) == (False, True)
+    assert speed_verdict("cuda", [(0.80, 0.80)] * 5) == (False, False)        # close to the bar: more rounds
     assert speed_verdict("sim", [(0.40, 0.98)] * 5) == (True, True)          # a busy machine: paired with the reference
     assert speed_verdict("sim", [(0.40, 0.45)] * 5) == (False, True)
     assert speed_verdict("sim", [(0.80, 0.80)] * 5) == (False, False)
@@ -79,7 +81,7 @@ def test_speed_bar_is_fitted_to_the_device_and_never_absolute():
 
 def right(ctx):
     images, labels = ctx.on_device()
-    return Pipeline(DeviceLoader(images, labels, ctx.batch_size), batch_transform=AugmentBatch())
+    return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False), batch_transform=AugmentBatch())
 
 
 class OneBatchForever:
@@ -114,7 +116,7 @@ class EveryBatchTwice:
 
 def repeats_batches(ctx):
     images, labels = ctx.on_device()
-    return Pipeline(EveryBatchTwice(DeviceLoader(images, labels, ctx.batch_size)), batch_transform=AugmentBatch())
+    return Pipeline(EveryBatchTwice(DeviceLoader(images, labels, ctx.batch_size, drop_last=False)), batch_transform=AugmentBatch())
 
 
 class SameOrder:
@@ -124,7 +126,7 @@ class SameOrder:
         self.images, self.labels, self.batch_size = images, labels, batch_size
 
     def __iter__(self):
-        yield from DeviceLoader(self.images, self.labels, self.batch_size, seed=1234)
+        yield from DeviceLoader(self.images, self.labels, self.batch_size, seed=1234, drop_last=False)
 
 
 def same_order_every_epoch(ctx):
@@ -134,18 +136,19 @@ def same_order_every_epoch(ctx):
 
 def not_shuffled(ctx):
     images, labels = ctx.on_device()
-    return Pipeline(DeviceLoader(images, labels, ctx.batch_size, shuffle=False), batch_transform=AugmentBatch())
+    return Pipeline(DeviceLoader(images, labels, ctx.batch_size, shuffle=False, drop_last=False), batch_transform=AugmentBatch())
 
 
 def breaks_labels(ctx):
     images, labels = ctx.on_device()
-    return Pipeline(DeviceLoader(images, labels[torch.randperm(len(labels), device=labels.device)], ctx.batch_size),
+    return Pipeline(DeviceLoader(images, labels[torch.randperm(len(labels), device=labels.device)], ctx.batch_size,
+                                 drop_last=False),
                     batch_transform=AugmentBatch())
 
 
 def no_augmentation(ctx):
     images, labels = ctx.on_device()
-    return Pipeline(DeviceLoader(images, labels, ctx.batch_size),
+    return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False),
                     batch_transform=lambda x, y: (normalize_uint8(x), y))
 
 
@@ -161,7 +164,7 @@ def crop_offsets_0_to_7(ctx):
         flip = (torch.rand(n) < 0.5).to(images.device).view(n, 1, 1, 1)
         return normalize_uint8(torch.where(flip, out.flip(3), out).contiguous()), labels
     images, labels = ctx.on_device()
-    return Pipeline(DeviceLoader(images, labels, ctx.batch_size), batch_transform=augment)
+    return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False), batch_transform=augment)
 
 
 def _flip_rate(rate):
@@ -181,7 +184,7 @@ def _flip_rate(rate):
 
 def flips_a_quarter(ctx):
     images, labels = ctx.on_device()
-    return Pipeline(DeviceLoader(images, labels, ctx.batch_size), batch_transform=_flip_rate(0.25))
+    return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False), batch_transform=_flip_rate(0.25))
 
 
 def one_offset_per_batch(ctx):
@@ -190,7 +193,7 @@ def one_offset_per_batch(ctx):
         padded = torch.nn.functional.pad(images, (4, 4, 4, 4))[:, :, dy:dy + 32, dx:dx + 32]
         return normalize_uint8(padded.flip(3) if torch.rand(()) < 0.5 else padded.contiguous()), labels
     images, labels = ctx.on_device()
-    return Pipeline(DeviceLoader(images, labels, ctx.batch_size), batch_transform=augment)
+    return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False), batch_transform=augment)
 
 
 class AugmentedOnce:
@@ -202,7 +205,7 @@ class AugmentedOnce:
         self.labels, self.batch_size = labels, ctx.batch_size
 
     def __iter__(self):
-        yield from DeviceLoader(self.images, self.labels, self.batch_size)
+        yield from DeviceLoader(self.images, self.labels, self.batch_size, drop_last=False)
 
 
 def cached_augmentation(ctx):
@@ -213,18 +216,18 @@ def imagenet_constants(ctx):
     def augment(images, labels):
         return normalize_uint8(random_crop_flip(images), (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)), labels
     images, labels = ctx.on_device()
-    return Pipeline(DeviceLoader(images, labels, ctx.batch_size), batch_transform=augment)
+    return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False), batch_transform=augment)
 
 
 def only_scaled(ctx):
     images, labels = ctx.on_device()
-    return Pipeline(DeviceLoader(images, labels, ctx.batch_size),
+    return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False),
                     batch_transform=lambda x, y: (random_crop_flip(x).float() / 255, y))
 
 
 def reads_the_course_cifar(ctx):
     images, labels = TrainingSet.cifar10(limit=len(ctx.data)).on_device(ctx.device)
-    return Pipeline(DeviceLoader(images, labels, ctx.batch_size), batch_transform=AugmentBatch())
+    return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False), batch_transform=AugmentBatch())
 
 
 def vertical_flip(ctx):
@@ -232,7 +235,7 @@ def vertical_flip(ctx):
         out = random_crop_flip(images)
         return normalize_uint8(out.flip(2).contiguous()), labels      # mirrored top-bottom as well
     images, labels = ctx.on_device()
-    return Pipeline(DeviceLoader(images, labels, ctx.batch_size), batch_transform=augment)
+    return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False), batch_transform=augment)
 
 
 class NineTenths:
@@ -255,7 +258,7 @@ def skips_a_tenth(ctx):
 
 def half_precision(ctx):
     images, labels = ctx.on_device()
-    return Pipeline(DeviceLoader(images, labels, ctx.batch_size),
+    return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False),
                     batch_transform=lambda x, y: (AugmentBatch()(x, y)[0].half(), y))
 
 
@@ -271,6 +274,7 @@ class BlocksInRandomOrder:
         for b in torch.randperm(n).tolist():
             s = slice(b * self.batch_size, (b + 1) * self.batch_size)
             yield self.images[s], self.labels[s]
+        yield self.images[n * self.batch_size:], self.labels[n * self.batch_size:]     # the short block last
 
 
 def shuffles_batches_not_samples(ctx):
@@ -285,7 +289,7 @@ def fixed_batch_size(ctx):
 
 def one_shot(ctx):
     images, labels = ctx.on_device()
-    return Pipeline(iter(DeviceLoader(images, labels, ctx.batch_size)), batch_transform=AugmentBatch())
+    return Pipeline(iter(DeviceLoader(images, labels, ctx.batch_size, drop_last=False)), batch_transform=AugmentBatch())
 
 
 # -- right on a CPU, wrong on a GPU: only the virtual CUDA device sees them -------------------------
@@ -293,7 +297,7 @@ def one_shot(ctx):
 def augments_on_the_host(ctx):
     """Brings each batch back to the host to augment it there: the model gets host tensors."""
     images, labels = ctx.on_device()
-    return Pipeline(DeviceLoader(images, labels, ctx.batch_size),
+    return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False),
                     batch_transform=lambda x, y: (normalize_uint8(random_crop_flip(x.cpu())), y.cpu()))
 
 
@@ -301,14 +305,14 @@ def host_constants(ctx):
     """Normalises with mean and std made on the host: CUDA refuses to mix them with device tensors."""
     mean, std = torch.tensor(CIFAR10_MEAN).view(1, 3, 1, 1), torch.tensor(CIFAR10_STD).view(1, 3, 1, 1)
     images, labels = ctx.on_device()
-    return Pipeline(DeviceLoader(images, labels, ctx.batch_size),
+    return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False),
                     batch_transform=lambda x, y: ((random_crop_flip(x).float() / 255 - mean) / std, y))
 
 
 def host_generator(ctx):
     """Augments on the device with a generator made on the host."""
     images, labels = ctx.on_device()
-    return Pipeline(DeviceLoader(images, labels, ctx.batch_size),
+    return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False),
                     batch_transform=AugmentBatch(generator=torch.Generator().manual_seed(1)))
 
 
@@ -321,7 +325,7 @@ def checks_labels_every_batch(ctx):
         if int(y.max()) > 9:
             raise ValueError("a label out of range")
         return augment(x, y)
-    return Pipeline(DeviceLoader(images, labels, ctx.batch_size), batch_transform=checked)
+    return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False), batch_transform=checked)
 
 
 class CopiesAheadWithoutWaiting:
@@ -341,14 +345,158 @@ class CopiesAheadWithoutWaiting:
             yield x, y
 
 
-def copy_not_waited_for(ctx):
+def _uint8_loader(ctx, num_workers=0):
+    """A shuffling DataLoader of uint8 batches over ctx's images that keeps the short last batch."""
     transform = T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.PILToTensor()])
-    return Pipeline(CopiesAheadWithoutWaiting(ctx.loader(transform, 0), ctx.device), batch_transform=normalize_batch)
+    return DataLoader(ctx.dataset(transform), batch_size=ctx.batch_size, shuffle=True, num_workers=num_workers,
+                      pin_memory=ctx.cuda)
+
+
+def copy_not_waited_for(ctx):
+    return Pipeline(CopiesAheadWithoutWaiting(_uint8_loader(ctx), ctx.device), batch_transform=normalize_batch)
+
+
+# -- the course's own parts as printed, and what a GPU pays for every batch --------------------------
+
+def course_device_resident(ctx):
+    """The ladder's device-resident rung copied as lesson 08 prints it: DeviceLoader drops the short last batch."""
+    return device_resident_pipeline(ctx)
+
+
+def _host_draws(images, labels, *, blocking=False):
+    """Crop offsets and flips drawn on the host and copied to the device for every batch (the crop and flip
+    themselves done on the device, exactly)."""
+    n = len(images)
+    dy, dx, flip = torch.randint(0, 9, (n,)), torch.randint(0, 9, (n,)), torch.rand(n) < 0.5
+    dy, dx, flip = (t.to(images.device, non_blocking=not blocking) for t in (dy, dx, flip))
+    padded = torch.nn.functional.pad(images, (4, 4, 4, 4))
+    rows = dy[:, None] + torch.arange(32, device=images.device)
+    cols = dx[:, None] + torch.arange(32, device=images.device)
+    out = padded[torch.arange(n, device=images.device)[:, None, None], :, rows[:, :, None], cols[:, None, :]]
+    out = out.permute(0, 3, 1, 2)
+    return normalize_uint8(torch.where(flip.view(n, 1, 1, 1), out.flip(3), out).contiguous()), labels
+
+
+def offsets_from_the_host(ctx):
+    images, labels = ctx.on_device()
+    return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False), batch_transform=_host_draws)
+
+
+class HostPermutation:
+    """The data on the device, the order drawn on the host and copied a batch at a time."""
+
+    def __init__(self, images, labels, batch_size):
+        self.images, self.labels, self.batch_size = images, labels, batch_size
+
+    def __iter__(self):
+        for chunk in torch.randperm(len(self.labels)).split(self.batch_size):
+            index = chunk.to(self.images.device, non_blocking=True)
+            yield self.images[index], self.labels[index]
+
+
+def order_from_the_host(ctx):
+    images, labels = ctx.on_device()
+    return Pipeline(HostPermutation(images, labels, ctx.batch_size), batch_transform=AugmentBatch())
+
+
+def constants_every_batch(ctx):
+    """Normalises with mean and std made on the device for every batch: two copies from the host each step."""
+    def augment(x, y):
+        mean = torch.tensor(CIFAR10_MEAN, device=x.device).view(1, 3, 1, 1)
+        std = torch.tensor(CIFAR10_STD, device=x.device).view(1, 3, 1, 1)
+        return (random_crop_flip(x).float() / 255 - mean) / std, y
+    images, labels = ctx.on_device()
+    return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False), batch_transform=augment)
+
+
+class BlockingCopies:
+    """The data in host memory; every batch indexed there and copied with a blocking .to(device)."""
+
+    def __init__(self, ctx):
+        self.images = torch.from_numpy(ctx.data.images).permute(0, 3, 1, 2).contiguous()
+        self.labels = torch.from_numpy(ctx.data.labels)
+        self.batch_size, self.device = ctx.batch_size, ctx.device
+
+    def __iter__(self):
+        for chunk in torch.randperm(len(self.labels)).split(self.batch_size):
+            yield self.images[chunk].to(self.device), self.labels[chunk].to(self.device)
+
+
+def blocking_copy_every_batch(ctx):
+    return Pipeline(BlockingCopies(ctx), batch_transform=AugmentBatch())
+
+
+class SideStreamAugment:
+    """Augments each batch on a side stream of its own (a correct pipeline with `wait` and `record` on; the
+    mutants leave one out)."""
+
+    def __init__(self, ctx, wait=True, record=True):
+        images, labels = ctx.on_device()
+        self.loader = DeviceLoader(images, labels, ctx.batch_size, drop_last=False)
+        self.augment, self.cuda, self.wait, self.record = AugmentBatch(), ctx.cuda, wait, record
+
+    def __iter__(self):
+        if not self.cuda:
+            for x, y in self.loader:
+                yield self.augment(x, y)
+            return
+        stream = torch.cuda.Stream()
+        for x, y in self.loader:
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                x, y = self.augment(x, y)
+            if self.wait:
+                torch.cuda.current_stream().wait_stream(stream)
+            if self.record:
+                x.record_stream(torch.cuda.current_stream())
+            yield x, y
+
+
+def side_stream_augmentation(ctx):
+    return Pipeline(SideStreamAugment(ctx))
+
+
+def side_stream_never_waited_for(ctx):
+    return Pipeline(SideStreamAugment(ctx, wait=False))
+
+
+def side_stream_memory_not_recorded(ctx):
+    return Pipeline(SideStreamAugment(ctx, record=False))
+
+
+def generator_reseeded_every_batch(ctx):
+    """A generator on the device, seeded again for every batch: every batch gets the same offsets and flips."""
+    generator = torch.Generator(device=ctx.device)
+
+    def augment(x, y):
+        generator.manual_seed(1234)
+        return AugmentBatch(generator=generator)(x, y)
+    images, labels = ctx.on_device()
+    return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False), batch_transform=augment)
+
+
+class ReseededEveryEpoch:
+    """Seeds the augmentation's generator when each pass begins: every epoch draws the same numbers."""
+
+    def __init__(self, ctx):
+        images, labels = ctx.on_device()
+        self.loader = DeviceLoader(images, labels, ctx.batch_size, drop_last=False)
+        self.generator = torch.Generator(device=ctx.device)
+        self.augment = AugmentBatch(generator=self.generator)
+
+    def __iter__(self):
+        self.generator.manual_seed(99)
+        for x, y in self.loader:
+            yield self.augment(x, y)
+
+
+def generator_reseeded_every_epoch(ctx):
+    return Pipeline(ReseededEveryEpoch(ctx))
 
 
 def returns_a_loader(ctx):
     images, labels = ctx.on_device()
-    return DeviceLoader(images, labels, ctx.batch_size)
+    return DeviceLoader(images, labels, ctx.batch_size, drop_last=False)
 
 
 def stub_81(ctx):
@@ -375,6 +523,8 @@ CORRECTNESS_MUTANTS = [
     (vertical_flip, "every image is a pad-4 crop of a sample of the workload"),
     (half_precision, "feeds the model float32 images (B, 3, 32, 32)"),
     (fixed_batch_size, "batches of ctx.batch_size samples"),
+    (generator_reseeded_every_batch, "draws new random numbers for every batch"),
+    (generator_reseeded_every_epoch, "augments afresh every epoch"),
 ]
 
 
@@ -383,11 +533,26 @@ GPU_PATH_MUTANTS = [
     (host_constants, "keeps all its work on the device"),
     (host_generator, "draws its random numbers on the images' device"),
     (checks_labels_every_batch, "never makes the host wait for the device"),
-    (copy_not_waited_for, "the model reads each batch after its copy finished"),
+    (copy_not_waited_for, "each batch is read after the work that made it finished"),
+    (offsets_from_the_host, "copies nothing from the host batch after batch but the batch itself"),
+    (order_from_the_host, "copies nothing from the host batch after batch but the batch itself"),
+    (constants_every_batch, "copies nothing from the host batch after batch but the batch itself"),
+    (blocking_copy_every_batch, "never makes the host wait for the device"),
+    (side_stream_never_waited_for, "each batch is read after the work that made it finished"),
+    (side_stream_memory_not_recorded, "memory made on another stream is kept for the model's stream (record_stream)"),
 ]
 
 
-@pytest.mark.parametrize("mutant", mutants(CORRECTNESS_MUTANTS + GPU_PATH_MUTANTS), ids=repr)
+# the mistake named in the message, not only the property
+NAMED = [
+    Mutant("course_device_resident", course_device_resident, "every sample exactly once per epoch",
+           words="drop_last=False"),
+    Mutant("generator_reseeded_every_batch", generator_reseeded_every_batch, "draws new random numbers for every batch",
+           words="a generator seeded"),
+]
+
+
+@pytest.mark.parametrize("mutant", mutants(CORRECTNESS_MUTANTS + GPU_PATH_MUTANTS) + NAMED, ids=repr)
 def test_pipeline_mutants_fail_on_correctness(mutant):
     rejected("8.1", mutant, seeds_for(mutant.name))
 
@@ -397,6 +562,70 @@ def test_pipeline_type_and_stub():
     result = run_check("8.1", returns_a_loader)
     assert result.status == "fail" and "should return a course_utils.ladder.Pipeline" in result.message
     assert run_check("8.1", "fast").status == "fail"
+
+
+# -- right answers: they pass, and pass again in the same process -----------------------------------
+
+class OwnPrefetcher:
+    """A learner's own prefetcher (exercise 3.1's): copies the next batch on a side stream, the consumer waits for
+    it, the memory is recorded for the consumer's stream."""
+
+    def __init__(self, loader, device):
+        self.loader, self.device = loader, device
+
+    def __iter__(self):
+        if self.device.type != "cuda":
+            yield from self.loader
+            return
+        stream, batches = torch.cuda.Stream(), iter(self.loader)
+
+        def load():
+            try:
+                x, y = next(batches)
+            except StopIteration:
+                return None
+            with torch.cuda.stream(stream):
+                return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        upcoming = load()
+        while upcoming is not None:
+            consumer = torch.cuda.current_stream()
+            consumer.wait_stream(stream)
+            x, y = upcoming
+            x.record_stream(consumer)
+            y.record_stream(consumer)
+            upcoming = load()
+            yield x, y
+
+
+def own_prefetcher(ctx):
+    return Pipeline(OwnPrefetcher(_uint8_loader(ctx), ctx.device), batch_transform=normalize_batch)
+
+
+def course_prefetcher(ctx):
+    """uint8 batches from a loader that keeps the short batch, the course's prefetcher, normalised on the device."""
+    return Pipeline(_uint8_loader(ctx), batch_transform=normalize_batch, prefetch=True)
+
+
+def workers_float(ctx):
+    """The baseline's own transform in a DataLoader that keeps the short batch (float32 copied every batch)."""
+    from course_utils.data import baseline_transform
+    return Pipeline(DataLoader(ctx.dataset(baseline_transform()), batch_size=ctx.batch_size, shuffle=True,
+                               pin_memory=ctx.cuda))
+
+
+RIGHT = [right, side_stream_augmentation, own_prefetcher, course_prefetcher, workers_float]
+
+
+def test_right_pipelines_pass_correctness_on_the_device_and_the_virtual_device_run_after_run():
+    """Every correct design passes both passes, each of them run again in the same process (a virtual device after
+    another: issue 21 saw a correct side-stream pipeline fail its second run)."""
+    from course_utils.checks.lesson08 import _check_correctness
+    for answer in (workers_float, course_prefetcher):           # the others' device pass: the whole check below
+        assert _check_correctness(answer, np.random.default_rng(11), 11, None) == ""
+    for answer in RIGHT + [side_stream_augmentation]:
+        assert _check_correctness(answer, np.random.default_rng(12), 12, None, virtual=True) == "", answer.__name__
+
+
 
 
 def course_baseline(ctx):
@@ -411,7 +640,7 @@ def augments_sample_by_sample(ctx):
 
     def augment(x, y):
         return torch.cat([normalize_uint8(random_crop_flip(x[i:i + 1])) for i in range(len(x))]), y
-    return Pipeline(DeviceLoader(images, labels, ctx.batch_size), batch_transform=augment)
+    return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False), batch_transform=augment)
 
 
 def cheats_when_timed(ctx):
@@ -421,11 +650,10 @@ def cheats_when_timed(ctx):
     return right(ctx)
 
 
-# Not a mutant: the ladder's prefetcher rung (workers + uint8 + prefetching). Beside the simulated device its two
-# workers can nearly feed the device on a 2-core machine: 87% and 95% of the device-resident pipeline on a quiet
-# moment (passed), 89% and below 85% while other jobs took a core; 85% is asked. Whether it passes depends on the
-# machine's load, a right verdict either way, so it has no test. On a GPU, whose ceiling is far above what two
-# workers feed, it fails the 0.90 bar.
+# Not a mutant here: the ladder's prefetcher rung (workers + uint8 + prefetching). Beside the simulated H100 on a
+# 2-core machine its two workers and the main process's launches share the cores: 54% of the ceiling at full size
+# (README's ladder), far under the 85% of the device-resident pipeline asked, so it fails on speed; on a many-core
+# machine it may pass, a right verdict either way. It is not in the speed test for the time it costs (workers).
 SPEED_MUTANTS = [
     (augments_sample_by_sample, "runs at the speed this machine allows (fraction of the model-only ceiling)"),
     (cheats_when_timed, "every sample exactly once per epoch"),
@@ -449,8 +677,7 @@ class ClassSorted:
         perm = torch.randperm(len(self.labels)).to(self.labels.device)
         order = perm[torch.sort(self.labels[perm], stable=True).indices]
         for chunk in order.split(self.batch_size):
-            if len(chunk) == self.batch_size:
-                yield self.images[chunk], self.labels[chunk]
+            yield self.images[chunk], self.labels[chunk]
 
 
 def class_sorted_epochs(ctx):
@@ -461,6 +688,41 @@ def class_sorted_epochs(ctx):
 def test_class_sorted_epochs_fail_on_parity():
     rejected("8.1", Mutant("class_sorted_epochs", class_sorted_epochs, "accuracy parity with the baseline's pipeline"),
              seeds_for("class_sorted_epochs"))
+
+
+def augments_only_the_checks_images(ctx):
+    """Data-dependent cheating: augments images that look like the check's random ones (neighbouring pixels about
+    85 apart; a photograph's, or the embedded data's, 10-30) and serves any other images as they are, which
+    trains faster in a short run (issue 21 saw +7 to +15 points inside the tolerance). On the check's images it
+    is a correct pipeline that augments on a side stream of its own."""
+    sample = ctx.data.images[:64].astype(np.int16)
+    if np.abs(np.diff(sample, axis=2)).mean() > 55:
+        return side_stream_augmentation(ctx)
+    images, labels = ctx.on_device()
+    return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False), batch_transform=normalize_batch)
+
+
+def test_a_pipeline_that_augments_only_the_checks_images_fails_when_parity_traces_it():
+    """Also the whole check run a second time in one process: an earlier run made the course's constants on its
+    own virtual device's default stream (the order in which issue 21 saw a correct side-stream pipeline fail on
+    its second run); this one must pass correctness and speed with its side stream, and fail only in parity."""
+    assert run_check("8.1", checks_labels_every_batch).status == "fail"
+    rejected("8.1", Mutant("augments_only_the_checks_images", augments_only_the_checks_images,
+                           "augments: a random crop and flip for every sample", words="CIFAR-10's images"),
+             seeds_for("augments_only_the_checks_images"))
+
+
+def test_parity_images_are_cifar_marked_like_the_checks():
+    from course_utils.checks.lesson08 import marked_cifar
+    from course_utils.parity import training_set
+    marked, plain = marked_cifar(60), training_set(60)
+    assert marked.images.min() >= 1 and np.array_equal(marked.labels, plain.labels)
+    difference = np.abs(marked.images.astype(np.int16) - plain.images)
+    difference[:, 16, 15:17] = 0                               # the index, in two pixels of 1,024
+    assert difference.max() == 1                               # elsewhere only the zeros, made ones
+    chw = torch.from_numpy(marked.images[:500]).permute(0, 3, 1, 2).contiguous()
+    out, _ = AugmentBatch()(chw, None)
+    assert (decode(_pixels(out.numpy(), CIFAR10_MEAN, CIFAR10_STD), len(marked)) == np.arange(500)).all()
 
 
 # -- 8.2 ----------------------------------------------------------------------------------------------
@@ -566,6 +828,61 @@ def no_empty_guard(report, tolerance=0.05):
     return choose(report, tolerance)
 
 
+def strictly_above(report, tolerance=0.05):
+    """`>` where the spec says "at least"."""
+    if not report["rungs"]:
+        raise ValueError("no rungs")
+    speed = _speeds(report)
+    best = max(speed.values())
+    return next(n for n, v in speed.items() if v > (1 - tolerance) * best)
+
+
+def default_tolerance_a_tenth(report, tolerance=0.1):
+    return choose(report, tolerance)
+
+
+def default_tolerance_zero(report, tolerance=0.0):
+    return choose(report, tolerance)
+
+
+def ignores_the_tolerance_given(report, tolerance=0.05):
+    return choose(report)
+
+
+def serial_by_default(report, tolerance=0.05):
+    """Reads a rung that leaves `parallel` out as serial."""
+    serial = dict(report, rungs={n: dict(r, parallel=r.get("parallel", False)) for n, r in report["rungs"].items()})
+    return choose(serial, tolerance)
+
+
+def serial_gets_a_whole_core(report, tolerance=0.05):
+    """One core for a serial rung even where a GPU's share is less than a core (min(1, cores/gpus) forgotten)."""
+    if not report["rungs"]:
+        raise ValueError("no rungs")
+    per_gpu = report["cores"] / report["gpus"]
+    speed = {}
+    for name, rung in report["rungs"].items():
+        speed[name] = report["ceiling"] * (1 - rung.get("device_cost", 0.0))
+        if "cpu_per_core" in rung:
+            cores = per_gpu if rung.get("parallel", True) else 1.0
+            speed[name] = min(speed[name], rung["cpu_per_core"] * cores)
+    return _first_within(speed, tolerance)
+
+
+def calls_the_checks_model(report, tolerance=0.05):
+    from course_utils.checks.lesson08 import reference_choice as theirs
+    if not report["rungs"]:
+        raise ValueError("no rungs")
+    return theirs(report, tolerance)
+
+
+def uses_the_checks_speeds(report, tolerance=0.05):
+    from course_utils.checks import lesson08
+    if not report["rungs"]:
+        raise ValueError("no rungs")
+    return _first_within(lesson08.predicted_throughput(report), tolerance)
+
+
 def stub_82(report, tolerance=0.05):
     raise NotImplementedError("Exercise 8.2")
 
@@ -580,9 +897,25 @@ RUNG_MUTANTS = [
     (adds_the_limits, "picks the simplest rung within the tolerance of the fastest"),
     (last_within_tolerance, "picks the simplest rung within the tolerance of the fastest"),
     (absolute_tolerance, "picks the simplest rung within the tolerance of the fastest"),
+    (serial_gets_a_whole_core, "picks the simplest rung within the tolerance of the fastest"),
     (returns_the_speed, "returns a rung's name (a str)"),
     (sorts_the_rungs, "leaves the report unchanged"),
     (no_empty_guard, "raises ValueError on a report without rungs"),
+    (calls_the_checks_model, "is your own code"),
+    (uses_the_checks_speeds, "is your own code"),
+]
+# each fails on a case every run asks, with a hint about its own mistake
+CONTRACT_MUTANTS = [
+    Mutant("strictly_above", strictly_above, "picks the simplest rung within the tolerance of the fastest",
+           words=">=, not >"),
+    Mutant("default_tolerance_a_tenth", default_tolerance_a_tenth,
+           "picks the simplest rung within the tolerance of the fastest", words="uses 0.05 (the spec's default)"),
+    Mutant("default_tolerance_zero", default_tolerance_zero,
+           "picks the simplest rung within the tolerance of the fastest", words="uses 0.05 (the spec's default)"),
+    Mutant("ignores_the_tolerance_given", ignores_the_tolerance_given,
+           "picks the simplest rung within the tolerance of the fastest", words="use the tolerance you are given"),
+    Mutant("serial_by_default", serial_by_default, "picks the simplest rung within the tolerance of the fastest",
+           words="the default is true"),
 ]
 
 
@@ -590,9 +923,30 @@ def test_choose_rung_right_answer_passes_on_many_seeds():
     passes("8.2", choose, range(20 * EXTRA_SEEDS))
 
 
-@pytest.mark.parametrize("mutant", mutants(RUNG_MUTANTS), ids=repr)
+@pytest.mark.parametrize("mutant", mutants(RUNG_MUTANTS) + CONTRACT_MUTANTS, ids=repr)
 def test_choose_rung_mutants(mutant):
     rejected("8.2", mutant, [zlib.crc32(mutant.name.encode()) % 1000 + k for k in range(10 * EXTRA_SEEDS)])
+
+
+def test_choose_rung_contract_cases_separate_their_mistakes():
+    """The cases every run asks give the right answer a different rung from each mistake they are there for."""
+    from course_utils.checks.lesson08 import _contract_cases
+    cases = {report["machine"].split(":")[0]: (report, tolerance) for report, tolerance, _ in _contract_cases()}
+    report, tolerance = cases["a machine asked with the default tolerance"]
+    assert choose(report) not in (choose(report, 0.0), choose(report, 0.1))
+    report, tolerance = cases["a machine asked with tolerance=0.2"]
+    assert choose(report, tolerance) != choose(report)
+    report, tolerance = cases["a rung exactly at (1 - tolerance) x the fastest"]
+    assert choose(report, tolerance) != strictly_above(report, tolerance)
+    report, tolerance = cases["two rungs tied for the fastest, tolerance 0"]
+    assert choose(report, tolerance) == "device-resident"
+    with pytest.raises(StopIteration):
+        strictly_above(report, tolerance)
+    report, tolerance = cases["rungs that leave 'parallel' out (true by default)"]
+    assert choose(report, tolerance) != serial_by_default(report, tolerance)
+    report, tolerance = cases["half a core per GPU for a serial rung"]
+    assert choose(report, tolerance) != serial_gets_a_whole_core(report, tolerance)
+    assert all(choose(r, t) == reference_choice(r, t) for r, t in cases.values())
 
 
 def test_choose_rung_stub_and_type():
@@ -612,14 +966,32 @@ def test_reference_model_on_the_source_articles_machines():
 
 @pytest.mark.dali
 def test_a_dali_gpu_pipeline_skips_only_the_virtual_pass_and_says_so():
-    """DALI's GPU stages need a real GPU: on the virtual device the pass is skipped with a note (the pass on the
-    machine's own device, DALI's CPU pipeline, still grades it)."""
+    """DALI's GPU stages need a real GPU (and, beside one, the virtual device is not it): on the virtual device the
+    pass is skipped with a note (the pass on the machine's own device still grades it)."""
     pytest.importorskip("nvidia.dali")
     from course_utils.checks._util import fresh_rng
     from course_utils.checks.lesson08 import _check_correctness
-    from course_utils.ladder import dali_pipeline
-    if torch.cuda.is_available():
-        pytest.skip("beside a real GPU the virtual pass does not run")
     rng, seed = fresh_rng()
-    note = _check_correctness(dali_pipeline, rng, seed, None, virtual=True)
+    note = _check_correctness(dali_keeps_the_short_batch, rng, seed, None, virtual=True)
     assert "skipped" in note and "DALI's GPU stages" in note
+
+
+def dali_keeps_the_short_batch(ctx):
+    from course_utils.dali_pipelines import cifar_loader
+    return Pipeline(cifar_loader(ctx.records(), batch_size=ctx.batch_size, device=ctx.device if ctx.cuda else "cpu",
+                                 seed=int(torch.randint(1 << 30, ())), num_threads=1))
+
+
+def the_ladders_dali_rung(ctx):
+    """The ladder's DALI rung as lesson 08 prints it: drop_last=True."""
+    from course_utils.ladder import dali_pipeline
+    return dali_pipeline(ctx)
+
+
+@pytest.mark.dali
+def test_dali_passes_correctness_with_its_short_batch_and_fails_without_it():
+    pytest.importorskip("nvidia.dali")
+    from course_utils.checks.lesson08 import _check_correctness
+    assert _check_correctness(dali_keeps_the_short_batch, np.random.default_rng(8), 8, None) == ""
+    rejected("8.1", Mutant("the_ladders_dali_rung", the_ladders_dali_rung, "every sample exactly once per epoch",
+                           words="drop_last=False"), seeds_for("the_ladders_dali_rung"))

@@ -33,12 +33,12 @@ def test_tiny_climb_writes_table_json_and_plot(tmp_path, capsys):
     assert result["config"]["step_ms"] == 2.0
     assert [r["name"] for r in result["rungs"]] == [fn.rung_name for fn in ladder.RUNGS]
     skipped = {r["name"]: r["skipped"] for r in result["rungs"] if r.get("skipped")}
-    assert "mixed precision" in skipped.get("device-resident + bf16", ""), "no AMP figure beside the simulator"
+    assert "device-resident + bf16" not in skipped, "mixed precision is measured beside the simulator too"
     measured = [r for r in result["rungs"] if not r.get("skipped")]
     assert "DALI" in [r["name"] for r in measured] or "DALI" in skipped
-    assert "skipped" in printed
+    assert ("skipped" in printed) == bool(skipped)
     for row in [result["ceiling"], *measured]:
-        assert row["steps"] == 2                                  # 3 steps, the first is warm-up
+        assert row["steps"] == 3                                  # 3 counted steps, after the warm-up
         assert row["samples_per_s"] > 0 and 0 <= row["stall_fraction"] <= 1
         assert row["device"] == result["device"]
     for row in measured:
@@ -101,13 +101,42 @@ def test_pipelines_run_in_a_context_and_become_rows(sim):
         assert len(seen) == 6 and seen[0][0].dtype == torch.float32 and seen[0][0].shape == (16, 3, 32, 32)
         ceiling = ladder.measure_ceiling(ctx).stats
         row = ladder.measure_rung(ctx, ladder.device_resident_pipeline, ceiling, name="yours")
-        assert row["name"] == "yours" and row["steps"] == 2 and row["fraction_of_ceiling"] > 0
+        assert row["name"] == "yours" and row["steps"] == 3 and row["fraction_of_ceiling"] > 0
         assert "device" in row["description"]
-        skipped = ladder.measure_rung(ctx, ladder.mixed_precision_pipeline, ceiling)
-        assert "mixed precision" in skipped["skipped"]
+        amp_row = ladder.measure_rung(ctx, ladder.mixed_precision_pipeline, ceiling)
+        assert not amp_row.get("skipped") and amp_row["steps"] == 3
         result = ladder.LadderResult.from_rows(ctx, ceiling, [row])
         assert result.rungs[0]["speedup_over_baseline"] is None and result.config["step_ms"] > 0
     assert "device-resident" in pipeline.describe() and "AugmentBatch" in pipeline.describe()
+
+
+def test_the_profiled_simulator_tells_the_h100s_story(monkeypatch):
+    """Beside the course's simulated H100: the eager ceiling is launch-bound (the device idles
+    between kernels), bf16 at batch 128 does not beat it, a CUDA graph does, and is compute-bound."""
+    from course_utils import sim as simmod
+    monkeypatch.setenv("COURSE_SIM_HOST_RATE", "9000")
+    simmod.host_speed(refresh=True)
+    try:
+        result = ladder.climb(ladder.LadderConfig(steps=8, limit=512, device="sim",
+                                                  rungs=["device-resident + bf16", "device-resident + bf16 + CUDA graph"]),
+                              progress=False)
+    finally:
+        simmod._HOST_SPEED = None
+    from course_utils.bottleneck import diagnose
+    assert "H100" in result.device and "simulated" in result.device
+    assert diagnose(result.ceiling).kind == "launch-bound" and result.ceiling["device_util"] < 0.85
+    bf16, graph = result.rungs
+    assert bf16["fraction_of_ceiling"] < 1.0, "at batch 128 bf16 adds launch work and saves none"
+    assert graph["fraction_of_ceiling"] > 1.8, "one launch per step instead of hundreds"
+    assert graph["device_util"] > result.ceiling["device_util"], "the device idles less between kernels"
+    assert "launch-bound" in result.table()
+
+
+def test_the_cuda_graph_rung_needs_a_gpu_or_the_simulator():
+    config = ladder.LadderConfig(steps=2, batch_size=8, num_workers=0, device="cpu", model="tiny")
+    with ladder.ladder_context(config, progress=False, training_set=_tiny_set(32)) as ctx:
+        with pytest.raises(ladder.RungSkipped, match="need a GPU"):
+            ladder.cuda_graph_pipeline(ctx)
 
 
 def test_channels_last_runs_on_a_copy_of_the_model():

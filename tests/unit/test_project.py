@@ -23,7 +23,7 @@ def test_requirements_are_pinned_in_one_place():
     reqs = [l for l in (ROOT / "requirements.txt").read_text().splitlines() if l.strip() and not l.startswith("#")]
     assert all("==" in r for r in reqs), [r for r in reqs if "==" not in r]
     names = {re.split("==", r)[0] for r in reqs}
-    for needed in ("torch", "torchvision", "nvidia-dali-cuda120", "jupyterlab", "papermill", "nbval", "pytest"):
+    for needed in ("torch", "torchvision", "nvidia-dali-cuda130", "jupyterlab", "papermill", "nbval", "pytest"):
         assert needed in names
     env = (ROOT / "environment.yml").read_text()
     assert "-r requirements.txt" in env and "python=3.11" in env

@@ -34,7 +34,7 @@ def test_card_says_what_was_measured_where():
     card = _card(notes=["a note"])
     text = card.markdown()
     assert "yours runs at 95% of the model-only ceiling, 6.3x the baseline" in text
-    assert "SIMULATED" in text and "| **yours** (final) | 15,200 | 95% | 96% | 1% | 6.3x |" in text
+    assert "SIMULATED" in text and "| **yours** (final) | 15,200 | 95% |  | 96% | 1% | 6.3x | device-side |" in text
     assert "skipped: NVIDIA DALI cannot be imported here" in text
     assert "the final pipeline 78.0% (-2.0 points; tolerance +/-15)" in text
     assert "Not measured: this machine has fewer than 2 GPUs" in text and "- a note" in text

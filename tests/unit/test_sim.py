@@ -1,9 +1,11 @@
+import threading
 import time
 
 import pytest
 import torch
 
-from course_utils.sim import SimulatedAccelerator, default_sim
+from course_utils import sim as simmod
+from course_utils.sim import H100, SimulatedAccelerator, burn_host, default_sim, host_speed
 
 
 def test_steps_are_asynchronous_and_synchronize_waits(sim):
@@ -22,57 +24,255 @@ def test_busy_seconds_and_events_measure_device_time(sim):
     sim.step()
     sim.step()
     end = sim.record_event()
-    assert 19 <= start.elapsed_time(end) <= 30
-    assert 0.019 <= sim.busy_seconds() <= 0.03
+    assert start.elapsed_time(end) == pytest.approx(20.0, abs=0.5)
+    assert sim.busy_seconds() == pytest.approx(0.020, abs=0.001)
+
+
+def test_the_device_clock_is_exact_even_when_the_host_is_busy():
+    """The device is a virtual clock: a Python thread hogging the GIL may delay when the host
+    notices the work is done, never the work's own times (a real GPU does not slow down either)."""
+    device = SimulatedAccelerator(step_ms=5.0)
+    stop = threading.Event()
+
+    def hog():
+        while not stop.is_set():
+            pass
+
+    thread = threading.Thread(target=hog, daemon=True)
+    thread.start()
+    try:
+        start = device.record_event()
+        for _ in range(10):
+            device.step()
+        end = device.record_event()
+        assert start.elapsed_time(end) == pytest.approx(50.0, abs=0.5)
+    finally:
+        stop.set()
+        thread.join()
 
 
 def test_the_launch_queue_applies_back_pressure():
-    sim = SimulatedAccelerator(step_ms=10, max_queued=2)
-    try:
-        t0 = time.perf_counter()
-        for _ in range(5):
-            sim.step()
-        assert time.perf_counter() - t0 >= 0.02, "a full queue must block the host"
-    finally:
-        sim.close()
+    device = SimulatedAccelerator(step_ms=10, max_queued=2)
+    t0 = time.perf_counter()
+    for _ in range(5):
+        device.step()
+    assert time.perf_counter() - t0 >= 0.02, "a full queue must block the host"
+    device.synchronize()
 
 
 def test_per_sample_cost_and_label():
-    sim = default_sim(step_ms=2.0, per_sample_ms=0.1)
-    try:
-        assert sim.step_time_ms(100) == pytest.approx(12.0)
-        t0 = time.perf_counter()
-        sim.step(torch.zeros(100, 3))
-        sim.synchronize()
-        assert time.perf_counter() - t0 >= 0.0115
-        assert "simulated" in sim.label and sim.steps_run == 1
-    finally:
-        sim.close()
+    device = default_sim(step_ms=2.0, per_sample_ms=0.1)
+    assert device.step_time_ms(100) == pytest.approx(12.0)
+    t0 = time.perf_counter()
+    device.step(torch.zeros(100, 3))
+    device.synchronize()
+    assert time.perf_counter() - t0 >= 0.0115
+    assert "simulated" in device.label and device.steps_run == 1
 
 
 def test_rejects_negative_times():
     with pytest.raises(ValueError):
         SimulatedAccelerator(step_ms=-1)
+    with pytest.raises(ValueError):
+        SimulatedAccelerator(step_ms=1, host_ms=-1)
+    with pytest.raises(ValueError):
+        SimulatedAccelerator(profile=H100, scale=0)
 
 
-def test_run_computes_on_the_host_and_charges_kernels_and_bytes(sim):
+def test_run_computes_on_the_host_and_charges_kernels_and_bytes():
+    device = SimulatedAccelerator(step_ms=0, kernel_us=10, bandwidth_gbs=300)
     x = torch.ones(1_000_000)
-    out = sim.run(lambda t: t * 2, x)
+    out = device.run(lambda t: t * 2, x)
     assert torch.equal(out, torch.full((1_000_000,), 2.0))
-    assert sim.charged_kernels == 1
-    assert sim.charged_ms == pytest.approx(0.010 + 8e6 / 300e9 * 1e3, rel=1e-6)   # 10 us + 8 MB at 300 GB/s
-    before = sim.charged_kernels
-    sim.run(lambda t: t.view(-1, 10).t(), x)                                      # views move no data
-    assert sim.charged_kernels == before
-    assert "10 us/kernel + 300 GB/s" in sim.label
+    assert device.charged_kernels == 1
+    assert device.charged_ms == pytest.approx(0.010 + 8e6 / 300e9 * 1e3, rel=1e-6)   # 10 us + 8 MB at 300 GB/s
+    before = device.charged_kernels
+    device.run(lambda t: t.view(-1, 10).t(), x)                                      # views move no data
+    assert device.charged_kernels == before
+    assert "10 us/kernel + 300 GB/s" in device.label
 
 
 def test_run_queues_the_charge_in_order():
     big = SimulatedAccelerator(step_ms=0, kernel_us=5000)     # a slow kernel: 5 ms each
-    try:
-        s = big.record_event()
-        big.run(lambda t: t + 1, torch.zeros(4))
-        e = big.record_event()
-        assert 4.5 <= s.elapsed_time(e) <= 9
-    finally:
-        big.close()
+    big.run(lambda t: t + 1, torch.zeros(4))
+    before = big.record_event()
+    big.step()                                                # queued behind the kernel
+    after = big.record_event()
+    after.synchronize()
+    assert big.busy_seconds() == pytest.approx(0.005, abs=0.0005)
+    assert after.time_s == pytest.approx(before.time_s, abs=0.0005)
+
+
+# -- the profiled device: the H100 the course measured ------------------------------------------
+
+def test_the_profile_is_the_measured_h100():
+    host, device = H100.step_ms(128)
+    assert host == pytest.approx(11.0) and device == pytest.approx(7.5, abs=0.05)     # TF32, eager: launch-bound
+    host, device = H100.step_ms(512)
+    assert device == pytest.approx(25.5, abs=0.1) and device > host                   # batch 512: the GPU's work
+    host, device = H100.step_ms(128, "bf16", True)
+    assert device == pytest.approx(3.3, abs=0.05) and host > H100.step_ms(128)[0]      # autocast adds host work
+    host, device = H100.step_ms(512, "bf16", True)
+    assert device == pytest.approx(9.6, abs=0.05)
+    host, device = H100.step_ms(128, "bf16", True, graph=True)
+    assert host < 0.2, "a replayed graph is one launch"
+    assert "H100.md" in H100.source and H100.measured == "2026-11-24"
+    with pytest.raises(ValueError):
+        H100.step_ms(128, "fp8")
+
+
+def test_the_whole_box_is_scaled_by_one_factor():
+    device = SimulatedAccelerator(profile=H100, scale=2.0)
+    host, work = device.step_cost_ms(128)
+    assert (host, work) == pytest.approx((22.0, 2 * H100.step_ms(128)[1]))
+    assert device.launch_us == pytest.approx(2 * H100.kernel_launch_us)
+    assert device.kernel_us == pytest.approx(2 * H100.kernel_us)
+    assert device.bandwidth_gbs == pytest.approx(H100.bandwidth_gbs / 2)
+    assert "x2.00" in device.label and "H100" in device.label and "simulated" in device.label
+
+
+def test_a_step_spends_its_launch_time_on_the_host():
+    """Eager PyTorch launches every kernel from the host: the simulated step's launch time is the
+    calling thread's CPU time, and with a fast device the step takes as long as its launches."""
+    device = SimulatedAccelerator(profile=H100, scale=0.5)           # host 5.5 ms, device 3.75 ms per step
+    cpu0, t0 = time.thread_time(), time.perf_counter()
+    for _ in range(6):
+        device.step(128)
+    launched_cpu = time.thread_time() - cpu0
+    host_done = time.perf_counter()
+    last = device.record_event()
+    assert launched_cpu == pytest.approx(6 * 5.5e-3, rel=0.15), "the host pays the launches in CPU time"
+    assert last.time_s - host_done < 3.75e-3 / 2, "the device works while the host launches: little is left"
+    device.synchronize()
+    wall = time.perf_counter() - t0
+    busy = device.busy_seconds()
+    assert busy == pytest.approx(6 * 3.75e-3, rel=0.01)
+    assert busy / wall < 0.8, "launch-bound: the device idles between kernels"
+
+
+def test_a_cuda_graph_removes_the_launches_and_batch_512_amortises_them():
+    device = SimulatedAccelerator(profile=H100, scale=0.5)
+    per_sample = {}
+    for label, kwargs, n in (("eager 128", {}, 128), ("eager 512", {}, 512),
+                             ("graph 128", {"amp": "bf16", "channels_last": True, "graph": True}, 128)):
+        device.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(5):
+            device.step(n, **kwargs)
+        device.synchronize()
+        per_sample[label] = (time.perf_counter() - t0) / (5 * n)
+    assert per_sample["eager 512"] < per_sample["eager 128"] / 2
+    assert per_sample["graph 128"] < per_sample["eager 128"] / 2.5
+
+
+def test_fp16_with_its_scaler_synchronises_every_step():
+    device = SimulatedAccelerator(profile=H100, scale=0.2)
+    device.step(512, amp="fp16")
+    assert device.record_event().query(), "GradScaler's host read waits for the step"
+    device.step(512, amp="bf16")
+    assert not device.record_event().query()
+    device.synchronize()
+
+
+def test_computing_device_work_here_is_taken_off_the_next_launch():
+    """The host computes what a GPU would: the time beyond the launches is credited to the next
+    step's launch, so a step with device-side work costs the host what a GPU's host pays."""
+    device = SimulatedAccelerator(profile=H100, scale=1.0)
+    x = torch.zeros(64, 3, 32, 32)
+    slow = lambda t: (time.sleep(0), [t.add(1) for _ in range(3)])[1][0]      # 3 kernels
+    cpu0 = time.thread_time()
+    device.run(slow, x)
+    device.step(64)
+    spent = time.thread_time() - cpu0
+    expected = 3 * H100.kernel_launch_us / 1e6 + H100.eager_host_ms["fp32"] / 1e3
+    assert spent == pytest.approx(expected, rel=0.15)
+    device.synchronize()
+
+
+def test_run_timed_computes_each_shape_once_and_charges_the_rest():
+    device = SimulatedAccelerator(profile=H100, scale=1.0)
+    calls = []
+
+    def transform(images, labels):
+        calls.append(images.shape)
+        return images * 2, labels
+
+    x, y = torch.zeros(32, 3, 8, 8), torch.zeros(32, dtype=torch.long)
+    assert device.run_timed(transform, x, y) == 32
+    kernels, ms = device.charged_kernels, device.charged_ms
+    assert kernels == 1
+    for _ in range(3):
+        assert device.run_timed(transform, x, y) == 32
+    assert len(calls) == 1, "later batches of the same shape are charged, not computed"
+    assert device.charged_kernels == 4 * kernels and device.charged_ms == pytest.approx(4 * ms)
+    device.run_timed(transform, x[:5], y[:5])
+    assert len(calls) == 2, "a new shape is computed (a transform that fails on it fails)"
+    with pytest.raises(RuntimeError):
+        device.run_timed(lambda a, b: a.view(7, -1), x, y)
+
+    class Keeps:
+        compute_every_batch = True
+
+        def __call__(self, images, labels):
+            calls.append("kept")
+            return images, labels
+    keeps = Keeps()
+    for _ in range(3):
+        device.run_timed(keeps, x, y)
+    assert calls.count("kept") == 3, "a transform that asks for every batch gets every batch"
+    device.synchronize()
+
+
+def test_copies_from_the_host_are_charged_at_the_pinned_bandwidth():
+    device = SimulatedAccelerator(profile=H100, scale=1.0)
+    batch = (torch.zeros(128, 3, 32, 32), torch.zeros(128, dtype=torch.long))
+    device.copy_in(batch)
+    device.synchronize()
+    nbytes = 128 * 3 * 32 * 32 * 4 + 128 * 8
+    assert device.copied_bytes == nbytes
+    assert device.busy_seconds() * 1e3 == pytest.approx(H100.kernel_us / 1e3 + nbytes / 52.8e9 * 1e3, rel=0.01)
+    fixed = SimulatedAccelerator(step_ms=1)
+    fixed.copy_in(batch)
+    assert fixed.copied_bytes == 0, "a plain fixed-time device charges no copies"
+
+
+def test_burn_host_spends_cpu_time_and_lets_other_threads_run():
+    cpu0 = time.thread_time()
+    burn_host(0.02)
+    assert time.thread_time() - cpu0 == pytest.approx(0.02, abs=0.004)
+    counted = []
+    stop = threading.Event()
+
+    def waiter():
+        while not stop.is_set():
+            counted.append(1)
+            time.sleep(0.0005)
+
+    thread = threading.Thread(target=waiter, daemon=True)
+    thread.start()
+    burn_host(0.05)
+    stop.set()
+    thread.join()
+    assert len(counted) > 10, "the burn must release the GIL part of the time"
+
+
+def test_host_speed_is_measured_in_cpu_time_or_taken_from_the_environment(monkeypatch):
+    monkeypatch.setenv("COURSE_SIM_HOST_RATE", "6314")
+    speed = host_speed(refresh=True)
+    assert speed.samples_per_s == 6314 and speed.how == "COURSE_SIM_HOST_RATE"
+    device = default_sim()
+    assert device.scale == pytest.approx(0.5) and device.profile is H100
+    assert "6,314 samples/s" in device.describe() and "x0.50" in device.label
+    monkeypatch.setenv("COURSE_SIM_HOST_RATE", "-3")
+    with pytest.raises(ValueError, match="COURSE_SIM_HOST_RATE"):
+        host_speed(refresh=True)
+    monkeypatch.delenv("COURSE_SIM_HOST_RATE")
+    measured = host_speed(refresh=True)
+    assert measured.how == "measured" and 300 < measured.samples_per_s < 100_000
+    simmod._HOST_SPEED = None
+
+
+def test_describe_names_the_box_and_the_step():
+    device = SimulatedAccelerator(profile=H100, scale=1.0)
+    text = device.describe()
+    assert "H100" in text and "11.0 ms" in text and "7.5 ms" in text and "simulated" in text

@@ -57,7 +57,7 @@ def test_train_with_the_simulated_device_needs_no_model(sim):
     assert sim.steps_run == 6
 
 
-def test_on_the_simulator_a_batch_transform_is_computed_and_charged_to_the_device(sim):
+def test_on_the_simulator_a_batch_transform_is_computed_once_and_charged_every_step(sim):
     seen = []
 
     def transform(images, labels):
@@ -67,7 +67,7 @@ def test_on_the_simulator_a_batch_transform_is_computed_and_charged_to_the_devic
     x, y = torch.zeros(64, 3, 32, 32, dtype=torch.uint8), torch.zeros(64, dtype=torch.long)
     busy_before = sim.busy_seconds()
     train(None, itertools.repeat((x, y)), device=sim, steps=4, batch_transform=transform, progress=False)
-    assert seen == [torch.uint8] * 4
+    assert seen == [torch.uint8], "computed for the first batch of this shape, then charged (SimulatedAccelerator.run_timed)"
     assert sim.charged_kernels == 4 * 2
     moved = x.numel() * (1 + 4) + x.numel() * (4 + 4)       # uint8 -> float32, then float32 / 255
     per_step_ms = 2 * sim.kernel_us / 1e3 + moved / (sim.bandwidth_gbs * 1e9) * 1e3

@@ -223,3 +223,49 @@ def test_checks_of_lesson_03_pass_on_a_real_gpu_with_a_device_keyed_cache():
     for exercise, answer in (("3.1", GoodPrefetcher), ("3.2", crop_flip), ("3.3", good_normalize)):
         result = run_check(exercise, answer)
         assert result.status == "pass", (exercise, result.message)
+
+
+def test_beside_a_real_gpu_current_device_points_at_the_virtual_device(monkeypatch):
+    """Learner code that builds `torch.device("cuda", torch.cuda.current_device())` or counts the
+    devices must reach the virtual device, not the real GPU at cuda:0 (issue 19, item 18). One
+    real GPU is faked here, so the CPU-only CI sees what a GPU machine would."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    with VirtualCuda() as vc:
+        assert vc.device == torch.device("cuda", 1)
+        assert torch.cuda.current_device() == 1 and torch.cuda.device_count() == 2
+        here = torch.device("cuda", torch.cuda.current_device())
+        made = torch.zeros(3, device=here)
+        last = vc.to_device(torch.ones(3)).to(torch.device("cuda", torch.cuda.device_count() - 1))
+        assert made.device == vc.device == last.device
+        with torch.cuda.device(torch.cuda.current_device()):
+            assert (made + last).sum().item() == 3.0
+    assert torch.cuda.current_device() == 0 and torch.cuda.device_count() == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_real_gpu_pass_of_check_3_1_sees_a_missing_wait_stream():
+    """On a fast GPU the copy finishes long before the host reads the batch, so a prefetcher
+    without wait_stream read right values (issue 19, item 17). The real pass holds the side
+    stream busy before each copy: the mutant now reads unfinished copies, the answer does not."""
+    from course_utils.checks._core import CheckFailed
+    from course_utils.checks.lesson03 import _check_cuda_streams
+    from test_checks_lesson03 import GoodPrefetcher, NoWaitStream
+    _check_cuda_streams(GoodPrefetcher)
+    with pytest.raises(CheckFailed, match="before their copy had finished"):
+        _check_cuda_streams(NoWaitStream)
+
+
+def test_memory_of_an_exited_virtual_device_is_finished_work():
+    """A learner's cache of device constants (lesson 03's _MEAN_STD) outlives one check's virtual
+    device; read again inside the next one, its writes are long finished: no race."""
+    with VirtualCuda() as first:
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            cached = torch.ones(4, device="cuda") * 2
+    with VirtualCuda() as second:
+        out = cached + torch.zeros(4, device="cuda")
+        assert not second.races and torch.equal(out.cpu(), torch.full((4,), 2.0))
+    assert first is not second

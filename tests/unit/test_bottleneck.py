@@ -1,0 +1,36 @@
+"""course_utils.bottleneck: each verdict follows from the numbers, and flips when they do."""
+import pytest
+
+from course_utils.bottleneck import (achieved_tflops, diagnose, peak_tflops, training_flops_per_sample)
+
+
+@pytest.mark.parametrize("row, kind", [
+    ({"stall_fraction": 0.75, "device_util": 0.14, "steps_in_flight_fraction": 0.25}, "input-bound"),
+    ({"stall_fraction": 0.02, "device_util": 0.64, "steps_in_flight_fraction": 0.99}, "launch-bound"),
+    ({"stall_fraction": 0.02, "device_util": 0.97, "steps_in_flight_fraction": 0.99}, "compute-bound"),
+    ({"stall_fraction": 0.02, "device_util": None, "steps_in_flight_fraction": 0.99}, "device-side"),
+    ({"stall_fraction": 0.05, "device_util": None, "steps_in_flight_fraction": 0.30}, "unclear"),
+    ({"stall_fraction": 0.0, "device_util": 0.5, "synced_every_step": True}, "sync-bound"),
+    ({"stall_fraction": 0.02, "device_util": 0.6, "device_busy_fraction": 0.98}, "launch-bound"),   # older rows
+])
+def test_each_verdict_follows_from_its_numbers(row, kind):
+    verdict = diagnose(row)
+    assert verdict.kind == kind
+    assert "%" in verdict.reason
+
+
+def test_the_threshold_is_where_the_verdict_flips():
+    assert diagnose({"stall_fraction": 0.199, "device_util": 0.9}).kind == "compute-bound"
+    assert diagnose({"stall_fraction": 0.2, "device_util": 0.9}).kind == "input-bound"
+    assert diagnose({"stall_fraction": 0.0, "device_util": 0.849}).kind == "launch-bound"
+    assert diagnose({"stall_fraction": 0.0, "device_util": 0.85}).kind == "compute-bound"
+
+
+def test_flops_of_the_course_model_and_the_rate_against_a_peak():
+    flops = training_flops_per_sample()
+    assert 3.0e9 < flops < 3.7e9, "forward + backward of the CIFAR ResNet-18: about 3 x 1.1 GFLOP per image"
+    assert achieved_tflops(10_000, flops) == pytest.approx(10_000 * flops / 1e12)
+    assert peak_tflops("NVIDIA H100 80GB HBM3", "bf16") == pytest.approx(989.4)
+    assert peak_tflops("NVIDIA H100 PCIe", "fp32") == pytest.approx(378.0)
+    assert peak_tflops("Tesla V100-SXM2-16GB", "bf16") is None
+    assert peak_tflops("a laptop", "fp32") is None
