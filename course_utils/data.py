@@ -308,7 +308,8 @@ def prepare_cifar10(root=None, *, generate: bool = True) -> CifarInfo:
 # -- the dataset and its transforms --------------------------------------------------------
 
 def baseline_transform():
-    """The seeds' baseline training transform: pad-4 random crop, horizontal flip, ToTensor, Normalize."""
+    """The source articles' baseline training transform (lesson 00): pad-4 random crop, horizontal flip,
+    ToTensor, Normalize."""
     import torchvision.transforms as T
     return T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.ToTensor(),
                       T.Normalize(CIFAR10_MEAN, CIFAR10_STD)])

@@ -14,13 +14,14 @@ side stream busy (a spinning kernel queued on it before each copy) to make a mis
 from __future__ import annotations
 
 import itertools
+import traceback
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from ..data import CIFAR10_MEAN, CIFAR10_STD
-from ._core import CheckFailed, exercise, expect_callable, expect_class
+from ._core import CheckFailed, _learner_line, exercise, expect_callable, expect_class
 from ._util import forbids, fresh_rng, single_threaded
 from .virtual_cuda import MIXED_DEVICES, DeviceTensor, VirtualCuda
 
@@ -57,6 +58,21 @@ def _learner_error(exc: RuntimeError, what: str):
                            f"{what}: CUDA says: {text}",
                            "torch.randint(..., device=images.device, generator=generator): numbers drawn on the "
                            "host must be copied to the device for every batch")
+    frames = [f.name for f in traceback.extract_tb(exc.__traceback__)]
+    if "_index_parts" in frames:
+        return CheckFailed("never waits for the device",
+                           f"{what}: your code sliced a tensor with a device tensor as a bound{_learner_line(exc)}. A "
+                           "Python slice needs plain numbers, so on a GPU every such slice reads the value back "
+                           "to the host and waits for the device (one wait per sample in a loop)",
+                           "build index tensors for the whole batch on the device and index once (advanced "
+                           "indexing, or torch.gather): no Python loop over the samples, no slice per sample")
+    if "CUDA driver version is insufficient" in text or "no CUDA GPUs are available" in text:
+        return CheckFailed("never waits for the device",
+                           f"{what}: a call of yours{_learner_line(exc)} asked for a real GPU, which the virtual "
+                           "device does not have. That happens where a device tensor is used as a plain Python "
+                           "number (a slice bound, range(), an int in a Python loop): on a GPU each such use reads "
+                           "the value back and waits for the device",
+                           "keep whole-batch tensor operations on the device; read no value back")
     return None
 
 
@@ -131,6 +147,14 @@ def _one_pass(pf, loader, pass_index, device, what, *, on_batch=None):
         if on_batch is not None:
             on_batch(i, images, labels)
         got.append((images, labels))
+    if len(got) < len(expected) and loader.passes <= pass_index:
+        raise CheckFailed("starts a new pass over the loader each time it is iterated",
+                          f"{what}: the loader has {len(expected)} batches, yours yielded {len(got)}, and over "
+                          f"{pass_index + 1} passes it called iter(loader) {loader.passes} time"
+                          f"{'s' if loader.passes != 1 else ''}",
+                          "an iterator made once (in __init__) is used up by the first pass, and the next "
+                          "`for batch in prefetcher` finds it empty: call iter(self.loader) inside __iter__, so "
+                          "that every pass starts afresh")
     if len(got) < len(expected):
         raise CheckFailed("yields every batch", f"{what}: the loader has {len(expected)} batches, yours yielded {len(got)}",
                           "the first batch is fetched before the loop and the last one is still pending when "
@@ -353,13 +377,14 @@ def _windows(images, padding):
     return padded.as_strided((n, k, k, c, h, w), (s[0], s[2], s[3], s[1], s[2], s[3]))
 
 
-def _call_crop(fn, images, padding, generator, what, vc=None):
-    """Call the learner's function; on the virtual device, also judge what it did there."""
+def _call_crop(fn, images, padding, generator, what, vc=None, *, defaults=False):
+    """Call the learner's function (with `defaults`, as fn(images)); on the virtual device, also
+    judge what it did there."""
     before = _values(images).clone()
     if vc is not None:
         vc.reset_log()
     try:
-        out = fn(images, padding=padding, generator=generator)
+        out = fn(images) if defaults else fn(images, padding=padding, generator=generator)
     except RuntimeError as exc:
         raise _learner_error(exc, what) or exc
     if not isinstance(out, torch.Tensor):
@@ -447,10 +472,28 @@ def check_crop_flip(random_crop_flip):
             # (b) offsets and flips vary across samples, uniformly, in one call (where it runs on a device)
             if place != "cpu":
                 _crop_statistics(random_crop_flip, to_device, generator, rng, on, seed, vc)
-            # (c) reproducible under a seed; another seed gives other crops
+            # (c) every call draws anew, from a generator passed in or from torch's own; reproducible
+            # under a seed; another seed gives other crops
             s = int(rng.integers(1 << 31))
             images = to_device(torch.from_numpy(rng.integers(0, 256, (64, 3, 32, 32), dtype=np.uint8)))
             what = f"64 images on {on}, generator seeded {s}"
+            g = generator(s)
+            calls = [_values(_call_crop(random_crop_flip, images, 4, g, what + ", called twice with it", vc))
+                     for _ in range(2)]
+            torch.manual_seed(s)
+            if place == "cuda":
+                torch.cuda.manual_seed(s)
+            calls += [_values(_call_crop(random_crop_flip, images, 4, None, f"64 images on {on}, generator=None, "
+                                         "called twice", vc)) for _ in range(2)]
+            for (x, y), how in (((calls[0], calls[1]), "with the same generator"),
+                                ((calls[2], calls[3]), "with generator=None")):
+                if torch.equal(x, y):
+                    raise CheckFailed("draws new crops on every call",
+                                      f"{what}: two calls in a row {how} gave the same crops and flips: every "
+                                      "batch of an epoch would be augmented alike",
+                                      "a generator re-seeded (or made anew from a fixed seed) on every call restarts "
+                                      "from the same state: draw from the `generator` passed in, or from torch's "
+                                      "global one when it is None, and never call manual_seed inside the function")
             a = _values(_call_crop(random_crop_flip, images, 4, generator(s), what, vc))
             b = _values(_call_crop(random_crop_flip, images, 4, generator(s), what, vc))
             if not torch.equal(a, b):
@@ -485,9 +528,15 @@ class _nothing:
 def _crop_statistics(fn, to_device, generator, rng, on, seed, vc):
     n, size, p = 20_000, 12, 4
     grid = (torch.arange(size * size, dtype=torch.float32) + 1).view(1, 1, size, size).expand(n, 1, size, size)
-    what = f"one call on {n:,} one-channel images {size}x{size}, padding={p}, on {on} (seed {seed})"
-    out = _values(_call_crop(fn, to_device(grid.contiguous()), p, generator(rng.integers(1 << 31)), what, vc))
+    what = (f"one call random_crop_flip(images) with its defaults (padding 4, generator None) on {n:,} one-channel "
+            f"images {size}x{size}, on {on} (seed {seed})")
+    out = _values(_call_crop(fn, to_device(grid.contiguous()), p, None, what, vc, defaults=True))
     dy, dx, flipped = _offsets_of(out, size, p)
+    if (dy is not None and int(dy.min()) > 0 and int(dx.min()) > 0 and int(dy.min()) + int(dy.max()) == 2 * p
+            and len(torch.unique(dy)) >= 3):          # a narrower range, centred: a smaller padding
+        raise CheckFailed("pads by 4 by default", f"{what}: offsets only in {int(dy.min())}..{int(dy.max())} of the "
+                          f"image padded by 4: yours padded by less", "def random_crop_flip(images, padding=4, "
+                          "generator=None)")
     if dy is None:
         raise CheckFailed("every output is a crop of the padded input, mirrored or not",
                           f"{what}: some outputs are not crops at an offset within 0..{2 * p}")

@@ -45,14 +45,31 @@ def _blobs(rng, n, d_in, n_classes, device, centers=None):
 
 # -- 5.1 an AMP training step with a GradScaler ---------------------------------------------------
 
+class _BackwardProbe(torch.autograd.Function):
+    """Passes its input through; during backward records whether autocast was on (for the
+    device type `kind`) into `log`."""
+
+    @staticmethod
+    def forward(ctx, x, kind, log):
+        ctx.kind, ctx.log = kind, log
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.log.append(torch.is_autocast_enabled(ctx.kind))
+        return grad, None, None
+
+
 class _AutocastProbeNet(nn.Module):
-    """A small MLP that records, at every forward, whether autocast was on and to which dtype."""
+    """A small MLP that records, at every forward, whether autocast was on and to which dtype,
+    and at every backward whether autocast was (still) on."""
 
     def __init__(self, d_in, n_classes, hidden=32):
         super().__init__()
         self.fc1 = nn.Linear(d_in, hidden)
         self.fc2 = nn.Linear(hidden, n_classes)
         self.seen = []
+        self.backward_autocast = []
 
     def forward(self, x):
         kind = x.device.type
@@ -60,7 +77,21 @@ class _AutocastProbeNet(nn.Module):
         self.seen.append((enabled, torch.get_autocast_dtype(kind) if enabled else None))
         if isinstance(x, DeviceTensor):     # images that say they are on a GPU: the work stays on the host
             x = x._inner
-        return self.fc2(torch.relu(self.fc1(x)))
+        return _BackwardProbe.apply(self.fc2(torch.relu(self.fc1(x))), kind, self.backward_autocast)
+
+
+class _LossWatch(torch.overrides.TorchFunctionMode):
+    """Records, for every loss function the learner's step calls (cross_entropy, nll_loss), whether
+    autocast was on for `kind` at that moment."""
+
+    def __init__(self, kind):
+        super().__init__()
+        self.kind, self.autocast = kind, []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in ("cross_entropy", "nll_loss"):
+            self.autocast.append(torch.is_autocast_enabled(self.kind))
+        return func(*args, **(kwargs or {}))
 
 
 def _grad_norm(params):
@@ -112,8 +143,10 @@ def _amp_case(amp_step, rng, seed, device, dtype, *, use_scaler):
                 for p in model.parameters():
                     p.grad = torch.full_like(p, 1e4 * scale_before)
             model.seen.clear()
-            loss = _as_float(_call_amp(amp_step, label, model, opt, scaler, x, y, dtype=dtype, max_norm=1e9),
-                             f"amp_step ({label})")
+            model.backward_autocast.clear()
+            with _LossWatch(kind) as losses_seen:
+                loss = _as_float(_call_amp(amp_step, label, model, opt, scaler, x, y, dtype=dtype, max_norm=1e9),
+                                 f"amp_step ({label})")
             if len(model.seen) != 1:
                 raise CheckFailed("runs one forward pass per step",
                                   f"{label}: the model ran {len(model.seen)} forward passes in one call")
@@ -126,6 +159,18 @@ def _amp_case(amp_step, rng, seed, device, dtype, *, use_scaler):
             if seen_dtype != dtype:
                 raise CheckFailed("autocasts to the dtype asked for",
                                   f"{label}: yours autocast to {seen_dtype}, expected {dtype}")
+            if losses_seen.autocast and not all(losses_seen.autocast):
+                raise CheckFailed("computes the loss under autocast",
+                                  f"{label}: the forward pass ran under autocast, the cross-entropy after it, "
+                                  "with autocast off: on the low-precision logits, in low precision",
+                                  "put the loss inside the same `with torch.autocast(...)` block as the forward "
+                                  "pass: autocast runs the loss in float32 from low-precision logits")
+            if any(model.backward_autocast):
+                raise CheckFailed("runs backward outside autocast",
+                                  f"{label}: autocast was still on during the backward pass",
+                                  "end the `with torch.autocast(...)` block after the loss: backward runs each "
+                                  "operation in the precision its forward used, and under autocast PyTorch "
+                                  "does not support it (leave scaler.scale(loss).backward() outside the block)")
             if not math.isfinite(loss) or not math.isclose(loss, expected_loss, rel_tol=3e-2, abs_tol=1e-2):
                 raise CheckFailed("returns the step's loss", f"{label}: yours {loss:.4f}, the batch's loss "
                                   f"before the step is {expected_loss:.4f} (seed {seed})")
@@ -255,6 +300,34 @@ def _autocast_follows_the_images(amp_step, rng, seed):
                           "into the code is right on one machine only")
 
 
+def _defaults_case(amp_step, rng, seed):
+    """amp_step(model, optimizer, scaler, images, labels): float16, and gradients clipped to 1.0."""
+    d_in, n_classes = 12, 4
+    x, y, _ = _blobs(rng, 32, d_in, n_classes, torch.device("cpu"))
+    x = 5 * x                                   # large inputs: a gradient norm far above 1
+    torch.manual_seed(int(rng.integers(0, 2**31)))
+    model = _AutocastProbeNet(d_in, n_classes)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8, growth_interval=10**6)
+    label = "amp_step(model, optimizer, scaler, images, labels), float16 scaler on cpu"
+    with torch.autocast("cpu", dtype=torch.float16):
+        probe = F.cross_entropy(model(x), y)
+    probe.float().backward()
+    raw = _grad_norm(list(model.parameters()))
+    model.zero_grad(set_to_none=True)
+    model.seen.clear()
+    _call_amp(amp_step, label, model, opt, scaler, x, y)
+    if not model.seen or model.seen[0] != (True, torch.float16):
+        got = "off" if not model.seen or not model.seen[0][0] else f"on, to {model.seen[0][1]}"
+        raise CheckFailed("defaults to dtype=torch.float16", f"{label}: autocast was {got} (seed {seed})",
+                          "def amp_step(model, optimizer, scaler, images, labels, dtype=torch.float16, max_norm=1.0)")
+    after = _grad_norm(list(model.parameters()))
+    if raw > 2.0 and not math.isclose(after, 1.0, rel_tol=5e-2):
+        raise CheckFailed("defaults to max_norm=1.0", f"{label}: gradient norm {raw:.3g}; after yours .grad has "
+                          f"norm {after:.3g}, expected 1.0 (seed {seed})",
+                          "def amp_step(model, optimizer, scaler, images, labels, dtype=torch.float16, max_norm=1.0)")
+
+
 @exercise("5.1", "A mixed-precision training step with a GradScaler", points=2)
 @forbids("course_utils.train:train", "course_utils.train:_step")
 @single_threaded
@@ -270,6 +343,8 @@ def check_amp_step(amp_step):
         done.append("CUDA autocast for images on a virtual GPU")
     _amp_case(amp_step, rng, seed, torch.device("cpu"), torch.bfloat16, use_scaler=False)
     done.append("bfloat16 with a disabled scaler on cpu")
+    _defaults_case(amp_step, rng, seed)
+    done.append("the defaults, float16 and max_norm=1.0")
     return ("forward under autocast, loss scaled, gradients unscaled before clipping, an inf gradient "
             f"skips the step and halves the scale, the loss goes down ({'; '.join(done)}).")
 
@@ -283,10 +358,24 @@ class _RecordingMLP(nn.Module):
         super().__init__()
         self.net = nn.Sequential(nn.Linear(d_in, 16), nn.Tanh(), nn.Linear(16, d_out)).double()
         self.batch_sizes = []
+        self.backwards_before = []     # at each forward pass: how many backward passes had reached the model
+        self.backwards = 0
 
     def forward(self, x):
         self.batch_sizes.append(int(x.shape[0]))
-        return self.net(x)
+        self.backwards_before.append(self.backwards)
+        out = self.net(x)
+        if out.requires_grad:
+            out.register_hook(self._backward_seen)
+        return out
+
+    def _backward_seen(self, grad):
+        self.backwards += 1
+
+    def clear_records(self):
+        self.batch_sizes.clear()
+        self.backwards_before.clear()
+        self.backwards = 0
 
 
 def _full_batch(model, loss_fn, x, y):
@@ -295,7 +384,7 @@ def _full_batch(model, loss_fn, x, y):
     loss.backward()
     grads = [p.grad.detach().clone() for p in model.parameters()]
     model.zero_grad(set_to_none=True)
-    model.batch_sizes.clear()
+    model.clear_records()
     return float(loss.detach()), grads
 
 
@@ -355,6 +444,17 @@ def check_accumulation(accumulate_gradients):
             raise CheckFailed("gives the gradient of the full batch",
                               f"{what}: yours differs from the full-batch gradient by up to {worst:.2%} "
                               "of its largest entry", hint)
+        late = [j for j, before in enumerate(model.backwards_before) if before < j]
+        if late:
+            j = late[0]
+            raise CheckFailed("runs backward on each micro-batch before the next forward pass",
+                              f"{what}: when micro-batch {j} went forward, {model.backwards_before[j]} backward "
+                              f"pass{'es' if model.backwards_before[j] != 1 else ''} had run, not {j}: the graphs "
+                              "of the earlier micro-batches were all alive at once",
+                              "call backward() on each micro-batch's weighted loss as soon as you have it: that "
+                              "frees its graph (the saved activations) and adds its gradient to .grad. One "
+                              "backward over the summed loss gives the same gradient with the memory of the "
+                              "whole batch, which accumulation exists to avoid")
         if isinstance(result, torch.Tensor):
             raise CheckFailed("returns the loss as a Python float",
                               f"{what}: yours returned a tensor{' that still holds the graph' if result.requires_grad else ''}",
@@ -403,7 +503,7 @@ def probe_budget(answer: int) -> int:
     return 2 * math.ceil(math.log2(answer + 1)) + 2
 
 
-@exercise("5.3", "The largest batch that fits, in few probes", points=2)
+@exercise("5.3", "The largest batch that fits, in few probes", points=2, time_limit_s=30)
 def check_largest_batch(largest_batch):
     expect_callable(largest_batch, "a function largest_batch(fits, cap) -> int")
     rng, seed = fresh_rng()
@@ -549,6 +649,13 @@ def _loop_case(train_fixed, rng, seed, device):
         raise CheckFailed("memory stays flat over the steps",
                           f"{label}: the activations saved for backward grew to {max(held) / one_graph:.1f} steps' worth",
                           "do not use retain_graph=True, and keep no tensor that still has a graph")
+    if max(held[1:], default=0) > 0.5 * one_graph:
+        raise CheckFailed("frees each step's saved activations in backward",
+                          f"{label}: between steps, the activations of the previous step were still held "
+                          f"({max(held[1:]) / one_graph:.1f} steps' worth) while the next batch was fetched",
+                          "backward() frees the activations it used, unless retain_graph=True asks it to keep "
+                          "them: then they live as long as `loss` does, through the next forward pass, at the "
+                          "memory peak. Drop retain_graph (one backward per graph needs none)")
     allowed = n_logs + 1
     if syncs.count > allowed:
         names = ", ".join(f"{k} x{v}" for k, v in syncs.by_name().items()) or f"{syncs.cuda_warnings} flagged by CUDA"
@@ -571,6 +678,33 @@ def _loop_case(train_fixed, rng, seed, device):
     return syncs.count, allowed
 
 
+def _default_interval(train_fixed, rng, seed):
+    """train_fixed(model, optimizer, batches, loss_fn): log_every defaults to 10."""
+    steps = 20 + int(rng.integers(1, 10))
+    torch.manual_seed(int(rng.integers(0, 2**31)))
+    model = _SmallConvNet()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    gen = torch.Generator().manual_seed(int(rng.integers(0, 2**31)))
+    batches = [(torch.randn(4, 3, 8, 8, generator=gen), torch.randint(0, 5, (4,), generator=gen)) for _ in range(steps)]
+    recorded = []
+
+    def loss_fn(logits, labels):
+        loss = F.cross_entropy(logits, labels)
+        recorded.append(float(loss.detach()))
+        return loss
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        result = train_fixed(model, opt, batches, loss_fn)
+    expected = [float(np.mean(recorded[i * 10:(i + 1) * 10])) for i in range(steps // 10)]
+    label = f"train_fixed(model, optimizer, batches, loss_fn) over {steps} steps, log_every left at its default"
+    if not isinstance(result, (list, tuple)) or len(result) != len(expected) or not np.allclose(
+            [float(v) for v in result], expected, rtol=1e-4, atol=1e-6):
+        got = f"{len(result)} values" if isinstance(result, (list, tuple)) else type(result).__name__
+        raise CheckFailed("defaults to log_every=10", f"{label}: yours returned {got}, expected the means of "
+                          f"{len(expected)} intervals of 10 steps (seed {seed})",
+                          "def train_fixed(model, optimizer, batches, loss_fn, log_every=10)")
+
+
 @exercise("5.4", "Fix a loop that keeps graphs and syncs every step", points=2)
 @forbids("course_utils.train:train", "course_utils.train:_step")
 @single_threaded
@@ -581,6 +715,8 @@ def check_fixed_loop(train_fixed):
     for device in _devices():
         used, allowed = _loop_case(train_fixed, rng, seed, device)
         notes.append(f"{used} syncs (at most {allowed} allowed) on {device.type}")
-    return "no graph kept, flat memory, gradients freed, right means; " + "; ".join(notes) + "."
+    _default_interval(train_fixed, rng, seed)
+    return ("no graph kept, activations freed by each backward, gradients freed, right means (log_every=10 by "
+            "default); " + "; ".join(notes) + ".")
 
 from . import lesson05_graphs  # noqa: E402,F401  (exercise 5.5 lives in its own module)

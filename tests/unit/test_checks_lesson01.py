@@ -134,6 +134,27 @@ def always_ten_repeats(fn, device, warmup=3, repeats=10):
     return time_it(fn, device, warmup, 10)
 
 
+def times_the_last_warmup_call(fn, device, warmup=3, repeats=10):   # the timed loop starts one call early
+    for _ in range(warmup - 1):
+        fn()
+    times = []
+    for _ in range(repeats + 1):
+        synchronize(device)
+        t0 = time.perf_counter()
+        fn()
+        synchronize(device)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def default_warmup_of_one(fn, device, warmup=1, repeats=10):
+    return time_it(fn, device, warmup, repeats)
+
+
+def default_of_five_repeats(fn, device, warmup=3, repeats=5):
+    return time_it(fn, device, warmup, repeats)
+
+
 def wraps_benchmark(fn, device, warmup=3, repeats=10):
     from course_utils.timing import benchmark
     return benchmark(fn, device=device, warmup=warmup, repeats=repeats).median_ms
@@ -155,6 +176,10 @@ MUTANTS_11 = [
     Mutant("one repeat too many", one_repeat_too_many, "calls fn warmup + repeats times"),
     Mutant("always ten repeats", always_ten_repeats, "calls fn warmup + repeats times"),
     Mutant("wraps course_utils.timing.benchmark", wraps_benchmark, "is your own code"),
+    Mutant("the first timed call is the last warm-up call", times_the_last_warmup_call, "excludes warm-up calls",
+           words="include a warm-up call"),
+    Mutant("default warmup=1", default_warmup_of_one, "defaults to warmup=3, repeats=10"),
+    Mutant("default repeats=5", default_of_five_repeats, "defaults to warmup=3, repeats=10"),
 ]
 
 
@@ -241,6 +266,10 @@ def deletes_warmup_in_place(log, skip_first=1):
     return stall(log, 0)
 
 
+def default_skip_of_zero(log, skip_first=0):
+    return stall(log, skip_first)
+
+
 def wraps_step_stats(log, skip_first=1):
     from course_utils.timing import _wall_and_wait
     steps = log[skip_first:]
@@ -263,6 +292,7 @@ MUTANTS_12 = [
     Mutant("IndexError when empty", empty_index_error, "raises ValueError when no step is left"),
     Mutant("deletes the warm-up in place", deletes_warmup_in_place, "leaves the log unchanged"),
     Mutant("wraps the course's StepTimer arithmetic", wraps_step_stats, "is your own code"),
+    Mutant("default skip_first=0", default_skip_of_zero, "defaults to skip_first=1"),
 ]
 
 
@@ -332,6 +362,12 @@ def busy_cores_in_total(tl):                        # two whole cores busy means
     return "input-bound" if np.mean(tl.cpu_percent, axis=0).sum() / 100 >= 2 else "sync-bound"
 
 
+def half_the_cpu(tl):                              # the mean over the cores read as "how busy the CPU is"
+    if np.mean(tl.gpu_util) >= 85:
+        return "compute-bound"
+    return "input-bound" if np.mean(tl.cpu_percent) >= 50 else "sync-bound"
+
+
 def device_threshold_too_low(tl):
     if np.mean(tl.gpu_util) >= 45:
         return "compute-bound"
@@ -349,6 +385,8 @@ MUTANTS_13 = [
     Mutant("input and sync swapped", swaps_input_and_sync, "diagnoses each situation"),
     Mutant("two cores busy in total", busy_cores_in_total, "diagnoses each situation"),
     Mutant("device threshold 45%", device_threshold_too_low, "diagnoses each situation"),
+    Mutant("input-bound from half the CPU on", half_the_cpu, "diagnoses each situation, on small machines too",
+           words="one busy host thread"),
 ]
 
 
@@ -366,3 +404,12 @@ def test_stubs_are_not_implemented():
         raise NotImplementedError
     for ex in ("1.1", "1.2", "1.3"):
         assert run_check(ex, stub).status == "not_implemented"
+
+
+def test_pure_function_checks_give_up_in_seconds():
+    """An endless loop in a pure function cost 316 s before its cell failed (issue 21): the checks
+    whose references take milliseconds stop a run after 30 s (1.1, which sleeps about a second,
+    after 60 s)."""
+    from course_utils.checks._core import _lookup
+    limits = {ex: _lookup(ex).time_limit_s for ex in ("0.1", "1.1", "1.2", "1.3", "1.4", "2.1", "5.3")}
+    assert limits == {"0.1": 30, "1.1": 60, "1.2": 30, "1.3": 30, "1.4": 30, "2.1": 30, "5.3": 30}

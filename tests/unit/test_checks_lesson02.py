@@ -81,6 +81,10 @@ def strict_inequality(sweep, tolerance=0.05):           # "at least" read as "mo
     return min(w for w, s in sweep.items() if s > (1 - tolerance) * best)
 
 
+def zero_tolerance_is_default(sweep, tolerance=0.05):    # `tolerance or 0.05`: 0 is falsy
+    return choose(sweep, tolerance or 0.05)
+
+
 def divides_by_one_plus(sweep, tolerance=0.05):           # best / (1 + t): slightly off
     if not sweep:
         raise ValueError("empty sweep")
@@ -123,7 +127,10 @@ MUTANTS_21 = [
     Mutant("first in dict order", first_in_dict_order, "picks the smallest count within the tolerance of the best"),
     Mutant("stops at the first drop", stop_at_first_drop, "picks the smallest count within the tolerance of the best"),
     Mutant("absolute tolerance", absolute_tolerance, "picks the smallest count within the tolerance of the best"),
-    Mutant("> instead of >=", strict_inequality, "picks the smallest count within the tolerance of the best"),
+    Mutant("> instead of >=", strict_inequality, "picks the smallest count within the tolerance of the best",
+           words="not >"),
+    Mutant("tolerance 0 read as the default", zero_tolerance_is_default,
+           "picks the smallest count within the tolerance of the best"),
     Mutant("best / (1 + tolerance)", divides_by_one_plus, "picks the smallest count within the tolerance of the best"),
     Mutant("scans down from the best", scans_down_from_the_best,
            "picks the smallest count within the tolerance of the best"),
@@ -282,6 +289,16 @@ class NewLoaderEachEpoch:
                                num_workers=usable_cores(), persistent_workers=True))
 
 
+def _seed_every_worker_with_zero(worker_id):
+    torch.manual_seed(0)
+    np.random.seed(0)
+
+
+def workers_seeded_alike(dataset, batch_size):       # "reproducible": every worker seeded with 0
+    return DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=2, persistent_workers=True,
+                      worker_init_fn=_seed_every_worker_with_zero)
+
+
 def the_ladders_loader(dataset, batch_size):           # the course's own loader: its own dataset, not this one
     from course_utils.data import CIFAR10Binary, baseline_transform
     ds = CIFAR10Binary(train=True, transform=baseline_transform(), limit=len(dataset))
@@ -302,6 +319,8 @@ MUTANTS_22_CORRECTNESS = [
     Mutant("the course's loader (its own dataset)", the_ladders_loader, "yields the dataset's samples"),
     Mutant("workers restarted every epoch", workers_not_persistent, "keeps its worker processes alive between epochs"),
     Mutant("a new DataLoader every epoch", NewLoaderEachEpoch, "keeps its worker processes alive between epochs"),
+    Mutant("worker_init_fn seeds every worker with 0", workers_seeded_alike,
+           "different augmentations in different workers", words="worker_init_fn"),
 ]
 # These fail in the timed rounds. What they do there does not depend on the seed (a batch size,
 # a cache, the baseline's speed), so one seed each proves them.
@@ -460,6 +479,53 @@ class FreshEntropy(CropFlipBase):
         return self._g[1]
 
 
+class NumpyGlobalThrowaway(CropFlipBase):
+    """A throwaway generator per item, seeded from NumPy's global state: workers are fine (the
+    DataLoader seeds NumPy in each), but torch.manual_seed does not reach the main process's draws."""
+
+    def rng(self):
+        return np.random.default_rng(np.random.randint(2**31))
+
+
+class EntropyInTheMainProcess(WorkerSafe):
+    def rng(self):
+        if get_worker_info() is None:
+            if self._rng is None or self._seed != "entropy":
+                self._rng, self._seed = np.random.default_rng(), "entropy"
+            return self._rng
+        return super().rng()
+
+
+class GeneratorPerItemInWorkers(WorkerSafe):
+    """Right in the main process; in a worker a new generator for every item, from the worker's seed."""
+
+    def rng(self):
+        info = get_worker_info()
+        return np.random.default_rng(info.seed) if info is not None else super().rng()
+
+
+class SeedPlusIndex(CropFlipBase):
+    """A generator per item, seeded with seed + index: different items differ, repeats do not."""
+
+    def __getitem__(self, i):
+        info = get_worker_info()
+        seed = info.seed if info is not None else torch.initial_seed()
+        return crop_flip(self.images[i], self.padding, np.random.default_rng(seed + i)), self.labels[i]
+
+
+class SeedPlusIndexInWorkers(WorkerSafe):
+    def __getitem__(self, i):
+        info = get_worker_info()
+        if info is None:
+            return super().__getitem__(i)
+        return crop_flip(self.images[i], self.padding, np.random.default_rng(info.seed + i)), self.labels[i]
+
+
+class DefaultPaddingTwo(WorkerSafe):
+    def __init__(self, images, labels, padding=2):
+        super().__init__(images, labels, padding)
+
+
 class NoPadding(WorkerSafe):
     def __getitem__(self, i):
         image = self.images[i]
@@ -547,6 +613,12 @@ MUTANTS_23_WORKERS = [
     Mutant("made lazily once", LazyOnce, "different augmentations in different workers"),
     Mutant("seeded by worker id", ByWorkerId, "follows the torch seed"),
     Mutant("fresh OS entropy", FreshEntropy, "reproducible under torch.manual_seed"),
+    Mutant("NumPy's global state seeds a throwaway generator", NumpyGlobalThrowaway,
+           "reproducible under torch.manual_seed in the main process", words="NumPy's global generator"),
+    Mutant("OS entropy in the main process", EntropyInTheMainProcess,
+           "reproducible under torch.manual_seed in the main process", words="OS entropy"),
+    Mutant("a new generator per item in a worker", GeneratorPerItemInWorkers, "draws anew for every item in a worker"),
+    Mutant("seed + index in a worker", SeedPlusIndexInWorkers, "draws anew for every item in a worker"),
 ]
 MUTANTS_23 = [
     Mutant("edge padding", NoPadding, "returns a crop of the zero-padded image, flipped or not"),
@@ -557,6 +629,8 @@ MUTANTS_23 = [
     Mutant("exclusive upper bound", ExclusiveOffsets, "offsets cover 0..2*padding"),
     Mutant("triangular offsets", TriangularOffsets, "offsets are uniform over 0..2*padding"),
     Mutant("flips a third", FlipsAThird, "flips half the items"),
+    Mutant("a generator per item, seed + index", SeedPlusIndex, "draws anew on every call", words="seed + index"),
+    Mutant("default padding 2", DefaultPaddingTwo, "pads by 4 by default"),
 ]
 
 

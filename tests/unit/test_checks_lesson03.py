@@ -83,6 +83,26 @@ class OneShot:                                 # an iterator, not an iterable: e
         return images.to(self.device), labels.to(self.device)
 
 
+class IteratorMadeInInit(GoodPrefetcher):    # apex's data_prefetcher: iter(loader) and the first copy in __init__
+    def __init__(self, loader, device):
+        super().__init__(loader, device)
+        self.batches = iter(loader)
+        self.preload()
+
+    def preload(self):
+        following = next(self.batches, None)
+        if following is None or self.stream is None:
+            self.upcoming = None if following is None else tuple(t.to(self.device) for t in following)
+        else:
+            self.upcoming = self.copy(following)
+
+    def __iter__(self):
+        while self.upcoming is not None:
+            batch = self.upcoming if self.stream is None else self.hand_out(self.upcoming)
+            self.preload()
+            yield batch
+
+
 class YieldsImagesOnly(GoodPrefetcher):
     def __iter__(self):
         for images, _ in super().__iter__():
@@ -214,7 +234,9 @@ MUTANTS_31 = [
     Mutant("yields None at the end", EndsWithNone, "ends cleanly"),
     Mutant("drops the last batch", DropsTheLast, "yields every batch"),
     Mutant("lists the loader", ListsTheLoader, "reads the loader as it goes"),
-    Mutant("an iterator, not an iterable", OneShot, "yields every batch"),
+    Mutant("an iterator, not an iterable", OneShot, "starts a new pass over the loader each time it is iterated"),
+    Mutant("the loader's iterator made once, in __init__", IteratorMadeInInit,
+           "starts a new pass over the loader each time it is iterated", words="in __init__"),
     Mutant("yields images only", YieldsImagesOnly, "yields (images, labels) pairs"),
     Mutant("forgets wait_stream", NoWaitStream, "the consumer waits for the copy"),
     Mutant("forgets record_stream", NoRecordStream, "calls record_stream for the consumer's stream"),
@@ -378,6 +400,37 @@ def python_loop(images, padding=4, generator=None):            # one slice per s
     return torch.where(flip.view(-1, 1, 1, 1), out.flip(-1), out)
 
 
+def python_loop_slicing_with_device_offsets(images, padding=4, generator=None):   # dy[i] is a 0-d device tensor
+    dy, dx, flip = _draws(len(images), padding, images.device, generator)
+    padded = F.pad(images, (padding,) * 4)
+    h, w = images.shape[-2:]
+    out = torch.stack([padded[i, :, dy[i]:dy[i] + h, dx[i]:dx[i] + w] for i in range(len(images))])
+    return torch.where(flip.view(-1, 1, 1, 1), out.flip(-1), out)
+
+
+def reseeds_the_generator(images, padding=4, generator=None):    # "reproducible": every call draws alike
+    if generator is None:
+        generator = torch.Generator(device=images.device)
+    generator.manual_seed(0)
+    return crop_flip(images, padding, generator)
+
+
+def fixed_seed_when_none(images, padding=4, generator=None):     # a new generator, seed 0, on every call
+    if generator is None:
+        generator = torch.Generator(device=images.device).manual_seed(0)
+    return crop_flip(images, padding, generator)
+
+
+def reseeds_from_torch_when_none(images, padding=4, generator=None):
+    if generator is None:
+        generator = torch.Generator(device=images.device).manual_seed(torch.initial_seed())
+    return crop_flip(images, padding, generator)
+
+
+def default_padding_of_two(images, padding=2, generator=None):
+    return crop_flip(images, padding, generator)
+
+
 def round_trip_through_the_host(images, padding=4, generator=None):
     return crop_flip(images.cpu(), padding, None).to(images.device)
 
@@ -422,7 +475,14 @@ MUTANTS_32 = [
     Mutant("a Python loop over samples", python_loop, "never waits for the device"),
     Mutant("round trip through the host", round_trip_through_the_host, "makes no copy from the host"),
     Mutant("materialises every window", materialises_every_window, "uses memory in proportion to the batch"),
-    Mutant("identity on small batches", identity_on_small_batches, "uses the generator it is given"),
+    Mutant("identity on small batches", identity_on_small_batches, "draws new crops on every call"),
+    Mutant("a Python loop slicing with 0-d device tensors", python_loop_slicing_with_device_offsets,
+           "never waits for the device", words="sliced a tensor with a device tensor"),
+    Mutant("re-seeds the generator on every call", reseeds_the_generator, "draws new crops on every call"),
+    Mutant("a generator seeded 0 when none is given", fixed_seed_when_none, "draws new crops on every call"),
+    Mutant("a generator from torch.initial_seed() on every call", reseeds_from_torch_when_none,
+           "draws new crops on every call"),
+    Mutant("default padding 2", default_padding_of_two, "pads by 4 by default"),
     Mutant("wraps course_utils.device_data", wraps_the_course, "is your own code"),
 ]
 

@@ -190,7 +190,44 @@ def amp_wraps_train(model, optimizer, scaler, images, labels, dtype=torch.float1
     return result.losses[0]
 
 
+def amp_backward_under_autocast(model, optimizer, scaler, images, labels, dtype=torch.float16, max_norm=1.0):
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=images.device.type, dtype=dtype):
+        loss = F.cross_entropy(model(images), labels)
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        scaler.step(optimizer)
+        scaler.update()
+    return loss.detach()
+
+
+def amp_loss_outside_autocast(model, optimizer, scaler, images, labels, dtype=torch.float16, max_norm=1.0):
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=images.device.type, dtype=dtype):
+        logits = model(images)
+    loss = F.cross_entropy(logits, labels)
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss.detach()
+
+
+def amp_default_bfloat16(model, optimizer, scaler, images, labels, dtype=torch.bfloat16, max_norm=1.0):
+    return amp_step(model, optimizer, scaler, images, labels, dtype, max_norm)
+
+
+def amp_default_max_norm_five(model, optimizer, scaler, images, labels, dtype=torch.float16, max_norm=5.0):
+    return amp_step(model, optimizer, scaler, images, labels, dtype, max_norm)
+
+
 MUTANTS_51 = [
+    Mutant("backward under autocast", amp_backward_under_autocast, "runs backward outside autocast"),
+    Mutant("the loss outside autocast", amp_loss_outside_autocast, "computes the loss under autocast"),
+    Mutant("default dtype bfloat16", amp_default_bfloat16, "defaults to dtype=torch.float16"),
+    Mutant("default max_norm 5.0", amp_default_max_norm_five, "defaults to max_norm=1.0"),
     Mutant("no autocast", amp_no_autocast, "runs the forward pass under autocast"),
     Mutant("the wrong dtype", amp_wrong_dtype, "autocasts to the dtype asked for"),
     Mutant("unscaled backward", amp_unscaled_backward, "scales the loss before backward"),
@@ -338,7 +375,18 @@ def accumulate_always_four(model, loss_fn, images, labels, k):
     return accumulate(model, loss_fn, images, labels, 4)
 
 
+def sums_then_one_backward(model, loss_fn, images, labels, k):   # the right gradient, every graph alive at once
+    model.zero_grad(set_to_none=True)
+    total = 0
+    for xb, yb in zip(torch.tensor_split(images, k), torch.tensor_split(labels, k)):
+        total = total + loss_fn(model(xb), yb) * (len(xb) / len(images))
+    total.backward()
+    return total.item()
+
+
 MUTANTS_52 = [
+    Mutant("one backward over the summed loss", sums_then_one_backward,
+           "runs backward on each micro-batch before the next forward pass"),
     Mutant("divides by k", accumulate_divide_by_k, "gives the gradient of the full batch", words="share of the samples"),
     Mutant("no division", accumulate_no_division, "gives the gradient of the full batch", words="k times too big"),
     Mutant("no zero_grad", accumulate_no_zero, "gives the gradient of the full batch", words="zero_grad"),
@@ -775,6 +823,24 @@ def logs_the_partial_interval(model, optimizer, batches, loss_fn, log_every=10):
     return means
 
 
+def retain_graph_every_step(model, optimizer, batches, loss_fn, log_every=10):   # "in case" backward is run again
+    means, window = [], []
+    for step, (images, labels) in enumerate(batches, 1):
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(images), labels)
+        loss.backward(retain_graph=True)
+        optimizer.step()
+        window.append(loss.detach())
+        if step % log_every == 0:
+            means.append(torch.stack(window).mean().item())
+            window.clear()
+    return means
+
+
+def default_interval_of_five(model, optimizer, batches, loss_fn, log_every=5):
+    return fixed_loop(model, optimizer, batches, loss_fn, log_every)
+
+
 def wraps_train(model, optimizer, batches, loss_fn, log_every=10):
     from course_utils.train import train
     result = train(model, batches, device="cpu", optimizer=optimizer, loss_fn=loss_fn, progress=False)
@@ -783,6 +849,9 @@ def wraps_train(model, optimizer, batches, loss_fn, log_every=10):
 
 
 MUTANTS_54 = [
+    Mutant("retain_graph=True every step", retain_graph_every_step, "frees each step's saved activations in backward",
+           words="retain_graph"),
+    Mutant("default log_every=5", default_interval_of_five, "defaults to log_every=10"),
     Mutant("keeps the losses in a list", leaky_list_loop, "keeps no graph past its step"),
     Mutant("a running sum of losses", undetached_running_sum, "keeps no graph past its step"),
     Mutant("retain_graph and kept outputs", retain_graph_loop, "memory stays flat over the steps"),
