@@ -59,8 +59,7 @@ notebooks: $(STAMP)
 ## grade: grade notebooks headless, e.g. `make grade NB="submissions/*/01-*.ipynb" GRADE_FLAGS="--jobs 2"`
 ## (smoke by default; GRADE_FLAGS= for full size). Writes build/grades.json, build/gradebook.csv and
 ## the executed copies in build/graded/; fails only when the grader could not grade (exit 2 or 3) or was
-## interrupted (130, 143: run it again to resume),
-## not when a submission did not pass (exit 2, 3, or 130/143 when interrupted: rerun to resume; see INSTRUCTORS.md).
+## interrupted (130, 143: run it again to resume), not when a submission did not pass (see INSTRUCTORS.md).
 grade: $(STAMP)
 	$(PY) -m course_utils.grade $(NB) $(GRADE_FLAGS) --json build/grades.json --csv build/gradebook.csv \
 	  --output-dir build/graded; status=$$?; [ $$status -le 1 ]
