@@ -683,6 +683,14 @@ class VirtualCuda:
                 return self._h2d(x, what="indexing with a host tensor")
             return self._h2d(torch.tensor(x), what="indexing with a list")
 
+        def as_int(x):
+            """A Python int for an index or a slice bound; a device tensor's value is a read on the host."""
+            if isinstance(x, DeviceTensor):
+                self._read(x, "a device tensor used as an index or a slice bound")
+                self._sync("a device tensor used as an index or a slice bound (int())", "read")
+                return int(x._inner)
+            return int(x)
+
         specified = sum(1 for i in items if i is not None and i is not Ellipsis and not isinstance(i, bool))
         out, dim, tensors = t, 0, []
         for item in items:
@@ -698,11 +706,11 @@ class VirtualCuda:
                 raise NotImplementedError("the virtual CUDA device does not index with a Python bool")
             elif isinstance(item, int) or (isinstance(item, torch.Tensor) and item.dim() == 0
                                            and not item.is_floating_point() and item.dtype != torch.bool):
-                out = aten.select.int(out, dim, int(item))
+                out = aten.select.int(out, dim, as_int(item))
             elif isinstance(item, slice):
-                start = 0 if item.start is None else int(item.start)
-                stop = (2 ** 63 - 1) if item.stop is None else int(item.stop)
-                out = aten.slice.Tensor(out, dim, start, stop, 1 if item.step is None else int(item.step))
+                start = 0 if item.start is None else as_int(item.start)
+                stop = (2 ** 63 - 1) if item.stop is None else as_int(item.stop)
+                out = aten.slice.Tensor(out, dim, start, stop, 1 if item.step is None else as_int(item.step))
                 tensors.append(None)
                 dim += 1
             else:

@@ -477,7 +477,7 @@ MUTANTS_32 = [
     Mutant("materialises every window", materialises_every_window, "uses memory in proportion to the batch"),
     Mutant("identity on small batches", identity_on_small_batches, "draws new crops on every call"),
     Mutant("a Python loop slicing with 0-d device tensors", python_loop_slicing_with_device_offsets,
-           "never waits for the device", words="sliced a tensor with a device tensor"),
+           "never waits for the device", words="a device tensor used as an index or a slice bound"),
     Mutant("re-seeds the generator on every call", reseeds_the_generator, "draws new crops on every call"),
     Mutant("a generator seeded 0 when none is given", fixed_seed_when_none, "draws new crops on every call"),
     Mutant("a generator from torch.initial_seed() on every call", reseeds_from_torch_when_none,

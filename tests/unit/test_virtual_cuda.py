@@ -269,3 +269,12 @@ def test_memory_of_an_exited_virtual_device_is_finished_work():
         out = cached + torch.zeros(4, device="cuda")
         assert not second.races and torch.equal(out.cpu(), torch.full((4,), 2.0))
     assert first is not second
+
+
+def test_a_device_tensor_as_a_slice_bound_is_a_read_on_the_host():
+    with VirtualCuda() as vc:
+        x = torch.arange(10, device="cuda")
+        k = torch.tensor(3, device="cuda")
+        y = x[k:k + 4]
+        assert torch.equal(y.cpu(), torch.arange(3, 7))
+        assert any("slice bound" in s.what for s in vc.syncs)
