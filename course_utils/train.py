@@ -106,7 +106,7 @@ def train(model: nn.Module | None, loader, *, device, steps: int | None = None, 
     total = steps if steps is not None else _safe_len(loader, epochs)
     bar = _progress(total, desc) if progress else None
     losses, done = [], 0
-    held = device.active() if sim else contextlib.nullcontext()   # beside the simulator: its device memory's work
+    held = device.active() if sim and hasattr(device, "active") else contextlib.nullcontext()  # the sim's device memory
     try:
         with held:
             for _ in range(epochs if steps is None else 10**9):

@@ -30,7 +30,7 @@ def _call(to_image, x, what):
     return out
 
 
-@exercise("0.1", "Undo the normalisation: a normalised tensor back to a uint8 picture", time_limit_s=30)
+@exercise("0.1", "Undo the normalisation: a normalised tensor back to a uint8 picture")
 @single_threaded
 def check_to_image(to_image):
     expect_callable(to_image, "a function to_image(x) -> numpy array")

@@ -46,7 +46,7 @@ def _as_ms(value, what):
     return float(value)
 
 
-@exercise("1.1", "A timer that tells the truth: warm-up, synchronise, median of repeats", points=2, time_limit_s=60)
+@exercise("1.1", "A timer that tells the truth: warm-up, synchronise, median of repeats", points=2)
 @forbids("course_utils.timing:benchmark")
 def check_timer(time_it):
     expect_callable(time_it, "a function time_it(fn, device, warmup=3, repeats=10) -> milliseconds")
@@ -176,7 +176,7 @@ def _random_log(rng, n, *, warm_wait=0.0, gap=True):
     return log
 
 
-@exercise("1.2", "The data-stall fraction from a step log", time_limit_s=30)
+@exercise("1.2", "The data-stall fraction from a step log")
 @forbids("course_utils.timing:_wall_and_wait", "course_utils.timing:StepStats.stall_fraction")
 def check_stall_fraction(stall_fraction):
     expect_callable(stall_fraction, "a function stall_fraction(step_log, skip_first=1) -> float")
@@ -230,7 +230,7 @@ def check_stall_fraction(stall_fraction):
 
 # -- 1.3 diagnose a timeline ---------------------------------------------------------------------
 
-@exercise("1.3", "Diagnose recorded utilisation timelines", points=2, time_limit_s=30)
+@exercise("1.3", "Diagnose recorded utilisation timelines", points=2)
 def check_diagnose(diagnose):
     expect_callable(diagnose, "a function diagnose(timeline) -> 'input-bound' | 'compute-bound' | 'sync-bound'")
     rng, seed = fresh_rng()
@@ -428,7 +428,7 @@ def _same_run(run, snap) -> bool:
     return True
 
 
-@exercise("1.4", "I/O-, CPU- or device-bound? Classify recorded runs", points=2, time_limit_s=30)
+@exercise("1.4", "I/O-, CPU- or device-bound? Classify recorded runs", points=2)
 def check_classify_run(classify_run):
     expect_callable(classify_run, "a function classify_run(run) -> 'io-bound' | 'cpu-bound' | 'device-bound'")
     from ..io_probe import RUN_KINDS

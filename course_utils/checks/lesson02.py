@@ -84,7 +84,7 @@ _EDGE_CASES = [
 ]
 
 
-@exercise("2.1", "Choose num_workers from a recorded sweep", time_limit_s=30)
+@exercise("2.1", "Choose num_workers from a recorded sweep")
 def check_choose_workers(choose_num_workers):
     expect_callable(choose_num_workers, "a function choose_num_workers(sweep, tolerance=0.05) -> int")
     rng, seed = fresh_rng()
