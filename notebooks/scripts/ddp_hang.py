@@ -22,13 +22,12 @@ constructor crashes when TORCH_DISTRIBUTED_DEBUG=DETAIL is set, so this program 
 """
 import argparse
 import os
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from course_utils.launch import backend, rank_device
+from course_utils.launch import init_process_group
 
 
 def main():
@@ -36,10 +35,7 @@ def main():
     parser.add_argument("--timeout", type=float, default=1800, help="the process group's timeout, seconds")
     parser.add_argument("--batches", type=int, default=3, help="rank 1's batches (rank 0 gets one more)")
     args = parser.parse_args()
-    device = rank_device()
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group(backend(), timeout=timedelta(seconds=args.timeout))
+    device = init_process_group(timeout_s=args.timeout)     # the lesson runs it on gloo, CPU ranks
     rank = dist.get_rank()
     print(f"rank {rank}: TORCH_DISTRIBUTED_DEBUG={os.environ.get('TORCH_DISTRIBUTED_DEBUG', 'OFF')}, "
           f"collective timeout {args.timeout:g} s", flush=True)
