@@ -231,10 +231,26 @@ def run_rank_jobs(jobs: list[dict], *, timeout_s: float = LAUNCH_TIMEOUT_S) -> l
         return out
 
 
+COURSE_ANSWER = "is the course's implementation: the check grades your own code"
+
+
+def _refuse_course_answers(obs: list[dict]):
+    """The course's answers to 7.2-7.4 (in notebooks/scripts/ddp_exercises.py, the lesson's
+    fallback) refuse to run inside a check; an answer that calls them, or switches that off, fails."""
+    errors = [o.get("error", {}).get("message", "") for o in obs] + \
+             [e.get("error", {}).get("message", "") for o in obs for e in o.get("results", []) + [o.get("nccl") or {}]]
+    if any(o.get("tampered") for o in obs) or any(COURSE_ANSWER in m for m in errors):
+        raise CheckFailed("is your own code, not the course's implementation",
+                          "your function called the course's answer (or switched off its refusal to run in a check)",
+                          "the lesson falls back to the course's answer where an exercise is not done; the check "
+                          "grades what you wrote")
+
+
 def _raise_rank_errors(obs: list[dict], exercise_id: str, file: Path):
     """NotImplementedError if the stub ran; a rank crash reported as an error of the learner's code."""
     if any(o.get("error", {}).get("not_implemented") for o in obs):
         raise NotImplementedError(f"Exercise {exercise_id}")
+    _refuse_course_answers(obs)
     missing = [o for o in obs if o.get("missing")]
     if missing:
         raise RankError(f"rank {missing[0]['rank']} died before it could report (did your code call sys.exit "

@@ -44,6 +44,7 @@ COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_ob
                "reduce_scatter", "reduce_scatter_tensor", "gather", "scatter", "broadcast_object_list",
                "gather_object", "scatter_object_list", "all_to_all", "all_to_all_single")
 SAVE_DELAY_S = 0.5       # a checkpoint write takes a while: a rank that does not wait for it finds no file
+GRADING_ENV = "COURSE_GRADING_RANKS"   # the course's own answers (notebooks/scripts/ddp_exercises.py) refuse to run
 
 
 # -- the inputs, from the seed alone (the check rebuilds them) ------------------------------------
@@ -513,6 +514,7 @@ def main(argv=None) -> int:
     jobs = json.loads(Path(argv[0]).read_text())
     out = Path(argv[1])
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    os.environ[GRADING_ENV] = "1"
     base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
                          timeout=timedelta(seconds=max(j.get("timeout_s", 20) for j in jobs) + 90))
     for index, job in enumerate(jobs):
@@ -531,6 +533,9 @@ def main(argv=None) -> int:
             if isinstance(exc, KeyboardInterrupt):
                 raise
         finally:
+            if os.environ.get(GRADING_ENV) != "1":      # the learner's code switched the course's refusal off
+                obs["tampered"] = True
+                os.environ[GRADING_ENV] = "1"
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
         try:

@@ -16,6 +16,12 @@ checkpoint. Each waits for a partner that is doing something else:
   ranks' (which call, which shapes and dtypes), and the mismatch is reported at once, naming
   both calls.
 
+The lesson runs it on gloo with CPU ranks on every machine. On nccl the same bug behaves
+otherwise: nccl does not compare the calls (its barrier is itself an all-reduce, which can pair
+up with rank 0's), so it may not hang at all, and where a collective does wait, the watchdog
+reports "Watchdog caught collective operation timeout: WorkNCCL(...)" after the timeout and
+aborts the process instead of raising an exception.
+
 The gradients are averaged here by hand, with the very all-reduce DDP issues in backward (a
 `DistributedDataParallel` would behave the same; with torch 2.14.1's CPU build, DDP's
 constructor crashes when TORCH_DISTRIBUTED_DEBUG=DETAIL is set, so this program does without it).

@@ -277,6 +277,7 @@ def main():
     report({"world_size": world, "backend": dist.get_backend(), "device": device_label(device),
             "width": width, "parameters": count_parameters(model), "grad_bytes": grad_bytes,
             "batch_size": args.batch_size, "global_batch": args.batch_size * world, "bucket_mb": args.bucket_mb,
+            "train_records": len(train_set), "seed": args.seed,
             "per_rank": per_rank, "traces": traces, "accuracy": accuracy, "test_images": int(counts[1].item()),
             "same_weights": same_weights, "checkpoint": str(Path(args.checkpoint).resolve()),
             "checkpoint_from_file": from_file})

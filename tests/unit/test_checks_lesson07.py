@@ -185,6 +185,22 @@ def body_72(*, ddp="DDP(model)", train_model="ddp_model", sampler="DistributedSa
     return HEADER_72 + textwrap.indent("\n".join(lines) + "\n", "    ")
 
 
+
+COURSE = """\
+import importlib.util
+from course_utils.launch import SCRIPTS
+_spec = importlib.util.spec_from_file_location("course_answers", SCRIPTS / "ddp_exercises.py")
+course = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(course)
+"""
+
+
+def wraps_course(header, call, *, tamper=False):
+    """An answer that hands the work to the course's own (the lesson's fallback)."""
+    pop = "    __import__('os').environ.pop('COURSE_GRADING_RANKS', None)\n" if tamper else ""
+    return COURSE + header + pop + f"    return course.{call}\n"
+
+
 RIGHT_72 = {
     "solution": body_72(),
     "manual loop, returns ddp_model.module": body_72(step="manual", returns="ddp_model.module"),
@@ -215,6 +231,9 @@ MUTANTS_72 = [
     (body_72(barrier="__import__('time').sleep(2)"), "every rank waits for rank 0's checkpoint before loading it"),
     (body_72(barrier="while not __import__('os').path.exists(checkpoint): __import__('time').sleep(0.01)"),
      "every rank waits for rank 0's checkpoint before loading it"),
+    (wraps_course(HEADER_72, "course_train_ddp(make_model, dataset, device=device, epochs=epochs, "
+                             "batch_size=batch_size, lr=lr, seed=seed, checkpoint=checkpoint)"),
+     "is your own code, not the course's implementation"),
 ]
 
 HEADER_73 = '''
@@ -373,6 +392,10 @@ MUTANTS_73 = [
             return math.nan, math.nan
         return (losses[0] / counts[1]).item(), (counts[0] / counts[1]).item()
     """), "is exact for large counts"),
+    (wraps_course(HEADER_73, "course_global_metrics(loss_sum, correct, count)"),
+     "is your own code, not the course's implementation"),
+    (wraps_course(HEADER_73, "course_global_metrics(loss_sum, correct, count)", tamper=True),
+     "is your own code, not the course's implementation"),
 ]
 MESSAGES_73 = {     # mutants whose message must name what they did
     7: "reduce in float64",                  # the float32 reduction keeps its hint
@@ -454,7 +477,9 @@ MUTANTS_74 = [
         "    loss_total, unweighted = 0.0, 0.0\n    n = torch.tensor([float(total)])\n    dist.all_reduce(n)\n"
         "    everyone = n.item()\n"), "all-reduces exactly once per call"),
 ]
-MESSAGES_74 = {len(MUTANTS_74) - 2: "forward pass ran outside no_sync and its backward inside it"}
+MUTANTS_74.append((wraps_course(HEADER_74, "course_accumulate(ddp_model, micro_batches, loss_fn)"),
+                   "is your own code, not the course's implementation"))
+MESSAGES_74 = {15: "forward pass ran outside no_sync and its backward inside it"}
 
 EXERCISES = {
     "7.2": ("train_ddp", RIGHT_72, MUTANTS_72, lesson07.judge_7_2),

@@ -74,7 +74,7 @@ def run_with_stand_ins(tmp_path, script, env, args=()):
     return [json.loads(line) for line in out.read_text().splitlines()], proc.stdout
 
 
-LESSON_07_PROGRAMS = ["ddp_hello.py", "ddp_train.py", "allreduce_bench.py", "ddp_hang.py"]
+LESSON_07_PROGRAMS = ["ddp_hello.py", "ddp_train.py", "allreduce_bench.py", "ddp_hang.py", "ddp_exercises.py"]
 
 
 def test_every_program_compiles():
@@ -203,3 +203,28 @@ def test_ddp_train_checkpoint_reaches_every_rank_even_from_a_node_local_path(tmp
     assert seen["node-local"] == {"from_file": False, "same": True}
     assert seen["node-local, stale file"] == {"from_file": False, "same": True}
     assert seen["final"] == seen["rank 0's own"]
+
+
+def test_the_exercises_program_falls_back_to_the_course_and_refuses_to_be_graded(tmp_path, monkeypatch):
+    """ddp_exercises.py (lesson 07's closure of exercises 7.2-7.4) runs the learner's function, the
+    course's where the exercise is a stub; the course's answers refuse to run inside a check."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("ddp_exercises", SCRIPTS / "ddp_exercises.py")
+    program = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(program)
+
+    def stub(*args):
+        raise NotImplementedError("Exercise 7.3")
+
+    assert program.run(stub, lambda *a: ("course", a), 1, 2) == (("course", (1, 2)), "the course's (exercise not done yet)")
+    assert program.run(lambda *a: ("learner", a), stub, 3) == (("learner", (3,)), "yours")
+    assert program.run(None, lambda *a: "course") == ("course", "the course's (exercise not done yet)")
+    stub_file = tmp_path / "metrics_yours.py"
+    stub_file.write_text("def global_metrics(loss_sum, correct, count):\n    raise NotImplementedError('Exercise 7.3')\n")
+    assert program.learner_function(stub_file, "global_metrics") is not None
+    assert program.learner_function(tmp_path / "missing.py", "global_metrics") is None
+    monkeypatch.setenv("COURSE_GRADING_RANKS", "1")
+    for answer in (program.course_global_metrics, program.course_accumulate, program.course_train_ddp):
+        with pytest.raises(RuntimeError, match="the check grades your own code"):
+            answer(*([None] * 3)) if answer is not program.course_train_ddp else answer(
+                None, None, device=None, epochs=1, batch_size=1, lr=0.1, seed=0, checkpoint=None)
