@@ -163,9 +163,14 @@ def default_backend(nproc: int | None = None) -> str:
     - gloo on MIG seats: a process sees one MIG instance only, and MIG instances share no NVLink,
       peer-to-peer copy or CUDA IPC, the paths nccl is for; every byte goes through host memory.
     """
-    gpus = _cuda_count()
     nproc = default_nproc() if nproc is None else int(nproc)
-    if gpus == 0 or nproc < 2 or is_mig() or nproc > gpus:
+    return _backend_for(world=nproc, per_node=nproc)
+
+
+def _backend_for(*, world: int, per_node: int) -> str:
+    """nccl when the job has several ranks and this node a GPU for each of its ranks, else gloo."""
+    gpus = _cuda_count()
+    if gpus == 0 or world < 2 or is_mig() or per_node > gpus:
         return "gloo"
     return "nccl"
 
@@ -485,10 +490,13 @@ class RankInfo:
 
 
 def backend() -> str:
-    """The backend the launcher chose (env COURSE_BACKEND), else `default_backend()` for this job's
-    processes per node (env LOCAL_WORLD_SIZE, as torchrun sets it)."""
-    return os.environ.get(BACKEND_ENV) or default_backend(int(os.environ.get("LOCAL_WORLD_SIZE") or
-                                                              os.environ.get("WORLD_SIZE") or 1))
+    """The backend the launcher chose (env COURSE_BACKEND); under another launcher (a plain torchrun,
+    a SLURM job), `default_backend()`'s rule for this job: nccl when it has several ranks and this
+    node a GPU for each of its ranks (WORLD_SIZE, LOCAL_WORLD_SIZE as torchrun sets them)."""
+    if os.environ.get(BACKEND_ENV):
+        return os.environ[BACKEND_ENV]
+    world = int(os.environ.get("WORLD_SIZE") or 1)
+    return _backend_for(world=world, per_node=int(os.environ.get("LOCAL_WORLD_SIZE") or world))
 
 
 def rank_device():

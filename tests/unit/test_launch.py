@@ -134,6 +134,23 @@ def test_backend_and_device_of_a_launch(monkeypatch, gpus, nproc, nnodes, backen
         launch.choose_backend_and_device(2, 1, "nccl", "cpu")
 
 
+@pytest.mark.parametrize("gpus, world, per_node, expected", [
+    (4, 8, 4, ("nccl", "cuda")),      # 2 nodes x 4 GPUs (the SLURM script)
+    (1, 2, 1, ("nccl", "cuda")),      # 2 nodes x 1 GPU: several ranks, a GPU each
+    (1, 1, 1, ("gloo", "cuda")),      # one process on one GPU
+    (0, 2, 2, ("gloo", "cpu")),
+])
+def test_a_rank_under_a_plain_torchrun_picks_backend_and_device(monkeypatch, gpus, world, per_node, expected):
+    """Started without the course's launcher (sbatch, torchrun_multinode.sh), a rank decides alone."""
+    monkeypatch.setattr(launch, "_cuda_count", lambda: gpus)
+    for name in ("COURSE_BACKEND", "COURSE_RANK_DEVICE", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(per_node))
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert (launch.backend(), launch.rank_device().type) == expected
+
+
 def test_a_rank_reads_its_device_from_the_launcher(monkeypatch):
     import torch
     monkeypatch.setenv("LOCAL_RANK", "1")
