@@ -6,6 +6,10 @@
   lesson's `%%writefile` cells), and the check runs that file under torchrun with 2 processes
   on gloo (`course_utils.launch.torchrun` with `lesson07_ranks` as the program). The ranks only
   record what the learner's code did; the verdict is computed here, from every rank's record.
+  What would differ on GPUs is made visible where the learner's own tensor meets a collective:
+  7.3 runs once more as under nccl, on the virtual CUDA device (a host tensor is refused, as
+  nccl refuses it). Waiting for another rank is proven by the collectives run in between, never
+  by a clock. The course's own answers (the lesson's fallback) refuse to run inside a check.
 
 `run_rank_jobs()` runs several (file, seed) jobs in one launch; the unit tests use it to try
 many wrong answers in one launch, and judge each with the same `judge_7_N` functions the checks
