@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import tempfile
 from pathlib import Path
 
 import torch
@@ -57,7 +58,9 @@ def main(argv=None) -> int:
         print(f"  {r['bytes']:>12,d} B  {r['seconds'] * 1e3:9.3f} ms  (fit {res:+.0%})")
 
     width, batch = (64, 256) if gpu else (16, 64)
-    common = ["--epochs", 2, "--steps", args.steps, "--batch-size", batch, "--width", width, "--limit", 20_000]
+    checkpoint = Path(tempfile.mkdtemp(prefix="ddp-cpu-")) / "ddp_train.pt"     # not left in the working directory
+    common = ["--epochs", 2, "--steps", args.steps, "--batch-size", batch, "--width", width, "--limit", 20_000,
+              "--checkpoint", checkpoint]
     runs = {nproc: [], 1: []}
     others = []
     sweep = {}
