@@ -68,6 +68,7 @@ PREFIX_OPTION = "--log_line_prefix_template"
 PREFIX_TEMPLATE = "[rank${rank}]:"           # torchrun substitutes the global rank
 PREFIX_TEMPLATE_ENV = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"   # read by torchrun since torch 2.2
 SCRIPTS = Path(__file__).resolve().parent.parent / "notebooks" / "scripts"
+NODE_FAILURE_GRACE_S = 10.0     # once one node's torchrun has failed, the others get this long to notice
 _PRINT_LOCK = threading.Lock()
 _RANK_PREFIX = re.compile(r"^\[[A-Za-z_]*?(\d+)\]:")
 
@@ -256,7 +257,9 @@ def torchrun(program, *args, nproc: int | None = None, nnodes: int = 1, module: 
     `nnodes > 1` starts that many torchrun agents on this machine, each with `nproc` ranks,
     meeting through a c10d rendezvous on a local port, exactly as agents on N machines would
     (`LaunchResult.command` is the first node's command line; `.commands` all of them).
-    Otherwise one agent runs with `--standalone`.
+    When one of them fails, the others are stopped `NODE_FAILURE_GRACE_S` later (left alone, they
+    would wait for the lost node until their rendezvous timed out). Otherwise one agent runs
+    with `--standalone`.
 
     `backend` defaults to `default_backend(nproc)`. `device` ("cuda" or "cpu") is where each rank
     computes (`rank_device()`): by default its GPU whenever the launch has one GPU per rank and
@@ -317,11 +320,15 @@ def torchrun(program, *args, nproc: int | None = None, nnodes: int = 1, module: 
                                       daemon=True)
             reader.start()
             readers.append(reader)
-        deadline = t0 + timeout_s
+        deadline, failed_at = t0 + timeout_s, None
         while any(p.poll() is None for p in procs):
             if time.perf_counter() > deadline:
                 result.timed_out = True
                 break
+            if failed_at is None and any(p.poll() not in (None, 0) for p in procs):
+                failed_at = time.perf_counter()
+            if failed_at is not None and time.perf_counter() - failed_at > NODE_FAILURE_GRACE_S:
+                break       # a node failed: the others would wait for it until the rendezvous timed out
             time.sleep(0.05)
     except KeyboardInterrupt:
         result.interrupted = True

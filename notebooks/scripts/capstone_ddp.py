@@ -24,6 +24,7 @@ Rank 0 reports every rank's samples/s; the notebook divides the sum by N times w
 reached alone (the same program with N = 1): the scaling efficiency.
 """
 import argparse
+import gc
 import os
 
 import torch
@@ -115,6 +116,8 @@ def main():
             "global_batch": args.batch_size * world, "width": width, "amp": args.amp,
             "channels_last": args.channels_last, "per_rank": everyone, "ddp": world > 1,
             "samples_per_s": sum(r["samples_per_s"] for r in everyone)})
+    del ddp, model, result            # DDP freed before the group, not at interpreter exit (see ddp_train.py)
+    gc.collect()
     dist.destroy_process_group()
 
 

@@ -18,6 +18,7 @@ yet (its function raises NotImplementedError), the course's own (`course_train_d
 """
 import argparse
 import contextlib
+import gc
 import importlib.util
 import math
 import os
@@ -206,7 +207,11 @@ def main():
             "same_weights": same_weights, "test_images": len(test_labels), "per_rank_metrics": everyone,
             "micro_batches": args.micro_batches, "backwards_that_all_reduced": len(reduced_in),
             "grad_difference": difference, "grad_scale": scale, "step_loss": step_loss})
-    del ddp
+    # Free every DDP (train_ddp's own included, which may linger in a reference cycle) while Python
+    # is fully alive: left to the interpreter's exit, gloo's threads can be torn down holding work
+    # that refers to Python objects, and a run that went well ends in SIGABRT (as ddp_train.py found)
+    del ddp, model, trained
+    gc.collect()
     dist.destroy_process_group()
 
 

@@ -191,6 +191,32 @@ def test_a_rank_killed_by_a_signal_is_named_on_the_first_line(tmp_path):
     assert info.value.result.survivors == []
 
 
+def test_a_node_that_fails_does_not_leave_the_other_waiting(tmp_path, monkeypatch):
+    """Two "nodes"; rank 0 reports, then dies on its way out (as gloo's threads can abort a process
+    at exit), and node 1's torchrun stays alive after its rank has finished, as an agent waits at
+    the exit barrier for a node that is gone (a stand-in torchrun does that every time). The
+    launcher stops it soon after the failure instead of at the launch's timeout, names the
+    failure, and keeps rank 0's report."""
+    monkeypatch.setenv("COURSE_TORCHRUN_MODULE", "torchrun_lingering")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE)] + ([os.environ["PYTHONPATH"]]
+                                                                     if os.environ.get("PYTHONPATH") else [])))
+    monkeypatch.syspath_prepend(str(HERE))
+    prog = program(tmp_path, """
+        import os
+        from course_utils.launch import report
+        report({"rank": int(os.environ["RANK"])})
+        if os.environ["RANK"] == "0":
+            os.abort()
+    """)
+    t0 = time.perf_counter()
+    with pytest.raises(LaunchError) as info:
+        torchrun(prog, nnodes=2, nproc=1, backend="gloo", timeout_s=300, echo=False)
+    assert time.perf_counter() - t0 < 120, "the launch waited for the lost node"
+    assert not info.value.result.timed_out
+    assert "rank 0 was killed by SIGABRT" in str(info.value).splitlines()[0], str(info.value)
+    assert info.value.result.result == {"rank": 0} and info.value.result.survivors == []
+
+
 def test_bad_arguments_are_refused():
     with pytest.raises(ValueError):
         torchrun("ddp_hello.py", timeout_s=0)
