@@ -17,7 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import tempfile
 from pathlib import Path
+
+import torch
 
 from course_utils import allreduce
 from course_utils.env import env_report, usable_cores
@@ -36,8 +39,9 @@ def main(argv=None) -> int:
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
 
-    nproc, backend = default_nproc(), default_backend()
-    gpu = backend == "nccl"
+    nproc = default_nproc()
+    backend = default_backend(nproc)      # the 1-process runs below use the same backend, for a fair ratio
+    gpu = backend == "nccl" or (nproc == 1 and torch.cuda.is_available())
     report = env_report()
     hardware = (", ".join(g["name"] for g in report.gpus) if gpu else
                 f"{report.cpu}, {usable_cores()} cores") + f"; torch {report.torch}, {backend}"
@@ -45,8 +49,8 @@ def main(argv=None) -> int:
 
     sizes = [4096 * 4 ** i for i in range(9)]          # 4 KiB .. 256 MiB
     with CpuUse() as cpu:
-        bench = torchrun("allreduce_bench.py", "--sizes", *sizes, "--repeats", 9, nproc=nproc, timeout_s=900,
-                         echo=False).result
+        bench = torchrun("allreduce_bench.py", "--sizes", *sizes, "--repeats", 9, nproc=max(nproc, 2),
+                         backend=backend if nproc >= 2 else "gloo", timeout_s=900, echo=False).result
     fit = allreduce.fit_ring([r["bytes"] for r in bench["results"]], [r["seconds"] for r in bench["results"]],
                              bench["world_size"], label=hardware)
     print(f"all-reduce: {fit}   ({cpu})")
@@ -54,7 +58,9 @@ def main(argv=None) -> int:
         print(f"  {r['bytes']:>12,d} B  {r['seconds'] * 1e3:9.3f} ms  (fit {res:+.0%})")
 
     width, batch = (64, 256) if gpu else (16, 64)
-    common = ["--epochs", 2, "--steps", args.steps, "--batch-size", batch, "--width", width, "--limit", 20_000]
+    checkpoint = Path(tempfile.mkdtemp(prefix="ddp-cpu-")) / "ddp_train.pt"     # not left in the working directory
+    common = ["--epochs", 2, "--steps", args.steps, "--batch-size", batch, "--width", width, "--limit", 20_000,
+              "--checkpoint", checkpoint]
     runs = {nproc: [], 1: []}
     others = []
     sweep = {}
@@ -62,7 +68,8 @@ def main(argv=None) -> int:
         for n in (nproc, 1):
             extra = ["--thread-sweep", *sorted({threads_per_rank(nproc), usable_cores()})] if n == nproc else []
             with CpuUse() as cpu:
-                result = torchrun("ddp_train.py", *common, *extra, nproc=n, timeout_s=1800, echo=False).result
+                result = torchrun("ddp_train.py", *common, *extra, nproc=n, backend=backend, device="cuda" if gpu else "cpu",
+                                  timeout_s=1800, echo=False).result
             others.append(cpu.others_cores)
             runs[n].append(job_samples_per_s(result))
             for rank in result["per_rank"]:

@@ -12,8 +12,14 @@ from functions defined in a notebook (`mp.spawn` pickles functions by name, and 
 
 What `torchrun()` guarantees:
 - `nproc` processes (default: one per GPU, or 2 on a machine without one) on the backend that
-  fits the machine: nccl on GPUs, gloo on the CPU. The program reads it from env
-  `COURSE_BACKEND` (`backend()` below), and its device from `rank_device()`.
+  fits the launch: nccl where each of several ranks has a GPU of its own, gloo otherwise
+  (`default_backend()` says why). The program reads it from env `COURSE_BACKEND` (`backend()`
+  below), and its device from `rank_device()` (env `COURSE_RANK_DEVICE`): a rank computes on
+  its GPU even when it talks through gloo.
+- Any torchrun the machine has: options that only newer versions accept (the prefix of each
+  output line) are passed only when the installed torchrun's argument parser accepts them
+  (`torchrun_accepts()`); torch 2.11's torchrun, for one, has no `--log-line-prefix-template`
+  and gets the same prefix through the environment variable it reads instead.
 - `OMP_NUM_THREADS` per rank = the usable cores divided among the ranks (`threads_per_rank()`),
   so N ranks do not each start one thread per core and fight over them.
 - Output is streamed live, each line prefixed by the rank that printed it.
@@ -30,6 +36,8 @@ use it to show that none is left).
 """
 from __future__ import annotations
 
+import functools
+import importlib
 import json
 import os
 import re
@@ -47,13 +55,20 @@ from pathlib import Path
 __all__ = [
     "torchrun", "LaunchResult", "LaunchError", "LaunchTimeout", "default_nproc", "default_backend",
     "threads_per_rank", "launched_processes", "stop_processes", "report", "backend", "rank_device",
-    "rank_info", "RankInfo", "LAUNCH_ID_ENV", "SCRIPTS",
+    "rank_info", "RankInfo", "LAUNCH_ID_ENV", "SCRIPTS", "torchrun_accepts", "torchrun_module", "is_mig",
+    "init_process_group", "choose_backend_and_device",
 ]
 
 LAUNCH_ID_ENV = "COURSE_LAUNCH_ID"
 RESULT_ENV = "COURSE_RESULT_FILE"
 BACKEND_ENV = "COURSE_BACKEND"
+DEVICE_ENV = "COURSE_RANK_DEVICE"            # "cuda" or "cpu": where each rank computes
+TORCHRUN_MODULE_ENV = "COURSE_TORCHRUN_MODULE"   # another torchrun module (the tests use an older one)
+PREFIX_OPTION = "--log_line_prefix_template"
+PREFIX_TEMPLATE = "[rank${rank}]:"           # torchrun substitutes the global rank
+PREFIX_TEMPLATE_ENV = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"   # read by torchrun since torch 2.2
 SCRIPTS = Path(__file__).resolve().parent.parent / "notebooks" / "scripts"
+NODE_FAILURE_GRACE_S = 10.0     # once one node's torchrun has failed, the others get this long to notice
 _PRINT_LOCK = threading.Lock()
 _RANK_PREFIX = re.compile(r"^\[[A-Za-z_]*?(\d+)\]:")
 
@@ -85,6 +100,7 @@ class LaunchResult:
     interrupted: bool = False
     survivors: list[int] = field(default_factory=list)   # pids still alive after cleanup (should be [])
     commands: list[list[str]] = field(default_factory=list)  # one per node (torchrun agent)
+    device: str = "cpu"            # where each rank computed: "cuda" (its own GPU) or "cpu"
 
     @property
     def ok(self) -> bool:
@@ -104,7 +120,8 @@ class LaunchResult:
     def __str__(self) -> str:
         state = ("timed out" if self.timed_out else "interrupted" if self.interrupted
                  else f"exit status {self.returncode}")
-        return (f"torchrun: {self.nproc} process(es) on {self.backend}, {self.threads_per_rank} thread(s) "
+        ranks = "a GPU each" if self.device == "cuda" else "CPU ranks"
+        return (f"torchrun: {self.nproc} process(es) on {self.backend} ({ranks}), {self.threads_per_rank} thread(s) "
                 f"each: {state} after {self.seconds:.1f} s")
 
 
@@ -128,9 +145,35 @@ def default_nproc() -> int:
     return _cuda_count() or 2
 
 
-def default_backend() -> str:
-    """nccl where there are GPUs, gloo on the CPU (or with COURSE_DEVICE=cpu / sim)."""
-    return "nccl" if _cuda_count() else "gloo"
+def is_mig() -> bool:
+    """True when the visible GPUs are MIG instances (slices of one GPU), as CUDA_VISIBLE_DEVICES
+    names them (`MIG-<uuid>`). Read from the environment: no CUDA call."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    return any(item.strip().startswith("MIG-") for item in visible.split(","))
+
+
+def default_backend(nproc: int | None = None) -> str:
+    """The backend a launch of `nproc` processes (default `default_nproc()`) should use:
+
+    - nccl when there are GPUs and at least two processes, each with a GPU of its own: NCCL moves
+      the gradients GPU to GPU (NVLink, PCIe peer-to-peer, InfiniBand) without the host;
+    - gloo without a GPU (or with COURSE_DEVICE=cpu / sim): the CPU's backend;
+    - gloo for ONE process, even on a GPU: it has nobody to talk to, and nccl would still build a
+      communicator (seconds of start-up and GPU memory) for collectives among one rank. The rank
+      still computes on its GPU (`rank_device()`);
+    - gloo on MIG seats: a process sees one MIG instance only, and MIG instances share no NVLink,
+      peer-to-peer copy or CUDA IPC, the paths nccl is for; every byte goes through host memory.
+    """
+    nproc = default_nproc() if nproc is None else int(nproc)
+    return _backend_for(world=nproc, per_node=nproc)
+
+
+def _backend_for(*, world: int, per_node: int) -> str:
+    """nccl when the job has several ranks and this node a GPU for each of its ranks, else gloo."""
+    gpus = _cuda_count()
+    if gpus == 0 or world < 2 or is_mig() or per_node > gpus:
+        return "gloo"
+    return "nccl"
 
 
 def threads_per_rank(nproc: int) -> int:
@@ -156,8 +199,50 @@ def _parent_death_signal():
     return lambda: prctl(1, signal.SIGTERM)          # 1 = PR_SET_PDEATHSIG
 
 
+def choose_backend_and_device(nproc: int, nnodes: int = 1, backend: str | None = None,
+                               device: str | None = None) -> tuple[str, str]:
+    """The backend and the ranks' device ("cuda" or "cpu") of a launch, from what was asked:
+    an explicit backend="gloo" means CPU ranks, nccl means GPU ranks; neither given, the ranks
+    take a GPU each when there are enough, on `default_backend(nproc)`. Several "nodes" on
+    this one machine meet on gloo with CPU ranks: their local ranks would all pick GPU 0."""
+    if nnodes > 1 and backend is None:
+        backend = "gloo"
+    if device is None:
+        device = "cuda" if backend == "nccl" or (backend is None and 0 < nproc <= _cuda_count()) else "cpu"
+    if device not in ("cuda", "cpu"):
+        raise ValueError(f"device must be 'cuda' or 'cpu'; got {device!r}")
+    backend = backend or default_backend(nproc)
+    if backend == "nccl" and device != "cuda":
+        raise ValueError("nccl carries CUDA tensors only: its ranks need device='cuda'")
+    return backend, device
+
+
+def torchrun_module() -> str:
+    """The torchrun the launcher runs (`python -m MODULE`): torch's own, `torch.distributed.run`,
+    unless env COURSE_TORCHRUN_MODULE names another (the tests use one that lacks newer options)."""
+    return (os.environ.get(TORCHRUN_MODULE_ENV) or "torch.distributed.run").strip()
+
+
+@functools.lru_cache(maxsize=None)
+def _torchrun_options(module: str) -> frozenset:
+    """Every option string the torchrun module's argument parser accepts (empty if it cannot be asked)."""
+    try:
+        parser = importlib.import_module(module).get_args_parser()
+        return frozenset(option for action in parser._actions for option in action.option_strings)
+    except Exception:
+        return frozenset()
+
+
+def torchrun_accepts(option: str) -> bool:
+    """Whether the installed torchrun accepts `option` (e.g. "--log_line_prefix_template"), asked
+    of its own argument parser, not guessed from a version number: clusters run the torch their
+    admins installed, and torch 2.11's torchrun, for one, rejects that option."""
+    return option in _torchrun_options(torchrun_module())
+
+
 def torchrun(program, *args, nproc: int | None = None, nnodes: int = 1, module: bool = False,
-             timeout_s: float = 120, backend: str | None = None, threads: int | None = None,
+             timeout_s: float = 120, backend: str | None = None, device: str | None = None,
+             threads: int | None = None,
              env: dict | None = None, echo: bool = True, check: bool = True, cwd=None, torchrun_args=(),
              grace_s: float = 3.0) -> LaunchResult:
     """Run `torchrun --nproc_per_node=N program args...` and wait for it (lesson 07).
@@ -172,14 +257,20 @@ def torchrun(program, *args, nproc: int | None = None, nnodes: int = 1, module: 
     `nnodes > 1` starts that many torchrun agents on this machine, each with `nproc` ranks,
     meeting through a c10d rendezvous on a local port, exactly as agents on N machines would
     (`LaunchResult.command` is the first node's command line; `.commands` all of them).
-    Otherwise one agent runs with `--standalone`.
+    When one of them fails, the others are stopped `NODE_FAILURE_GRACE_S` later (left alone, they
+    would wait for the lost node until their rendezvous timed out). Otherwise one agent runs
+    with `--standalone`.
+
+    `backend` defaults to `default_backend(nproc)`. `device` ("cuda" or "cpu") is where each rank
+    computes (`rank_device()`): by default its GPU whenever the launch has one GPU per rank and
+    the backend was not chosen for CPU ranks (an explicit `backend="gloo"` means CPU ranks).
     """
     if timeout_s is None or not timeout_s > 0:
         raise ValueError("every launch needs a positive timeout_s")
     nproc, nnodes = int(nproc or default_nproc()), int(nnodes)
     if nproc < 1 or nnodes < 1:
         raise ValueError(f"nproc and nnodes must be >= 1; got {nproc} and {nnodes}")
-    backend = backend or default_backend()
+    backend, device = choose_backend_and_device(nproc, nnodes, backend, device)
     threads = int(threads or threads_per_rank(nproc * nnodes))
     target = str(program) if module else str(_find_program(program))
     workdir = Path(tempfile.mkdtemp(prefix="course-launch-"))
@@ -187,7 +278,7 @@ def torchrun(program, *args, nproc: int | None = None, nnodes: int = 1, module: 
     result_file = workdir / "result.json"
     run_env = dict(os.environ)
     run_env.update({
-        LAUNCH_ID_ENV: launch_id, RESULT_ENV: str(result_file), BACKEND_ENV: backend,
+        LAUNCH_ID_ENV: launch_id, RESULT_ENV: str(result_file), BACKEND_ENV: backend, DEVICE_ENV: device,
         "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
         "PYTHONPATH": os.pathsep.join([str(SCRIPTS.parent.parent)] +
                                       ([run_env["PYTHONPATH"]] if run_env.get("PYTHONPATH") else [])),
@@ -202,14 +293,18 @@ def torchrun(program, *args, nproc: int | None = None, nnodes: int = 1, module: 
         endpoint = f"127.0.0.1:{_free_port()}"
         rendezvous = [[f"--nnodes={nnodes}", f"--node_rank={i}", "--rdzv_backend=c10d",
                        f"--rdzv_endpoint={endpoint}", f"--rdzv_id={launch_id}"] for i in range(nnodes)]
+    # each output line prefixed by its global rank: an option in newer torchruns, an environment
+    # variable in older ones (torch 2.11's parser rejects the option: "unrecognized arguments")
+    prefix = [f"{PREFIX_OPTION}={PREFIX_TEMPLATE}"] if torchrun_accepts(PREFIX_OPTION) else []
+    if not prefix:
+        run_env[PREFIX_TEMPLATE_ENV] = PREFIX_TEMPLATE
     commands = []
     for i, rdzv in enumerate(rendezvous):
-        command = [sys.executable, "-m", "torch.distributed.run", *rdzv, f"--nproc_per_node={nproc}",
-                   "--tee=3", f"--log_dir={workdir / f'logs-{i}'}", "--log_line_prefix_template=[rank${rank}]:",
-                   *map(str, torchrun_args)]
+        command = [sys.executable, "-m", torchrun_module(), *rdzv, f"--nproc_per_node={nproc}",
+                   "--tee=3", f"--log_dir={workdir / f'logs-{i}'}", *prefix, *map(str, torchrun_args)]
         commands.append(command + (["-m", target] if module else [target]) + [str(a) for a in args])
 
-    result = LaunchResult(commands[0], nproc * nnodes, backend, threads, None, 0.0)
+    result = LaunchResult(commands[0], nproc * nnodes, backend, threads, None, 0.0, device=device)
     result.commands = commands
     lines: list[str] = []
     procs, readers = [], []
@@ -225,11 +320,15 @@ def torchrun(program, *args, nproc: int | None = None, nnodes: int = 1, module: 
                                       daemon=True)
             reader.start()
             readers.append(reader)
-        deadline = t0 + timeout_s
+        deadline, failed_at = t0 + timeout_s, None
         while any(p.poll() is None for p in procs):
             if time.perf_counter() > deadline:
                 result.timed_out = True
                 break
+            if failed_at is None and any(p.poll() not in (None, 0) for p in procs):
+                failed_at = time.perf_counter()
+            if failed_at is not None and time.perf_counter() - failed_at > NODE_FAILURE_GRACE_S:
+                break       # a node failed: the others would wait for it until the rendezvous timed out
             time.sleep(0.05)
     except KeyboardInterrupt:
         result.interrupted = True
@@ -394,20 +493,48 @@ class RankInfo:
     local_rank: int    # 0 .. nproc_per_node-1 on this node: which GPU to use
     world_size: int
     backend: str
-    device: object     # torch.device: cuda:<local_rank> with nccl, cpu with gloo
+    device: object     # torch.device: cuda:<local_rank> when the ranks have GPUs, else cpu
 
 
 def backend() -> str:
-    """The backend the launcher chose (env COURSE_BACKEND), else nccl with GPUs and gloo without."""
-    return os.environ.get(BACKEND_ENV) or default_backend()
+    """The backend the launcher chose (env COURSE_BACKEND); under another launcher (a plain torchrun,
+    a SLURM job), `default_backend()`'s rule for this job: nccl when it has several ranks and this
+    node a GPU for each of its ranks (WORLD_SIZE, LOCAL_WORLD_SIZE as torchrun sets them)."""
+    if os.environ.get(BACKEND_ENV):
+        return os.environ[BACKEND_ENV]
+    world = int(os.environ.get("WORLD_SIZE") or 1)
+    return _backend_for(world=world, per_node=int(os.environ.get("LOCAL_WORLD_SIZE") or world))
 
 
 def rank_device():
-    """This rank's device: `cuda:LOCAL_RANK` when the backend is nccl, else the CPU."""
+    """This rank's device: `cuda:LOCAL_RANK` when the launcher gave the ranks GPUs (env
+    COURSE_RANK_DEVICE=cuda, always with nccl; also a single process on gloo), else the CPU.
+    Started by another launcher (a plain torchrun), a rank uses its GPU when there is one per rank."""
     import torch
-    if backend() == "nccl":
+    chosen = os.environ.get(DEVICE_ENV)
+    if chosen is None:
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE") or 1)
+        chosen = "cuda" if backend() == "nccl" or 0 < local_world <= _cuda_count() else "cpu"
+    if chosen == "cuda":
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
     return torch.device("cpu")
+
+
+def init_process_group(timeout_s: float = 120):
+    """Join the job's process group on this rank's backend and return the rank's device
+    (`rank_device()`), made current on a GPU. With nccl the group is bound to that device
+    (`device_id=`): the first barrier then knows which GPU to use, instead of guessing from the
+    rank and warning. Every lesson-07 program starts with it."""
+    from datetime import timedelta
+    import torch
+    import torch.distributed as dist
+    device = rank_device()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    chosen = backend()
+    options = {"device_id": device} if chosen == "nccl" else {}
+    dist.init_process_group(chosen, timeout=timedelta(seconds=timeout_s), **options)
+    return device
 
 
 def rank_info() -> RankInfo:

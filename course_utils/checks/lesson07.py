@@ -6,6 +6,10 @@
   lesson's `%%writefile` cells), and the check runs that file under torchrun with 2 processes
   on gloo (`course_utils.launch.torchrun` with `lesson07_ranks` as the program). The ranks only
   record what the learner's code did; the verdict is computed here, from every rank's record.
+  What would differ on GPUs is made visible where the learner's own tensor meets a collective:
+  7.3 runs once more as under nccl, on the virtual CUDA device (a host tensor is refused, as
+  nccl refuses it). Waiting for another rank is proven by the collectives run in between, never
+  by a clock. The course's own answers (the lesson's fallback) refuse to run inside a check.
 
 `run_rank_jobs()` runs several (file, seed) jobs in one launch; the unit tests use it to try
 many wrong answers in one launch, and judge each with the same `judge_7_N` functions the checks
@@ -24,7 +28,7 @@ import torch
 
 from ._core import CheckFailed, WrongType, exercise, expect_callable
 from ._util import fresh_rng
-from .lesson07_ranks import MLP, case_72, case_74, cases_73
+from .lesson07_ranks import MLP, NCCL_CASE_73, case_72, case_74, cases_73
 
 WORLD = 2                       # ranks the checks run with (gloo on the CPU, on any machine)
 JOB_TIMEOUT_S = 20              # a collective that waits longer than this is a hang
@@ -231,10 +235,26 @@ def run_rank_jobs(jobs: list[dict], *, timeout_s: float = LAUNCH_TIMEOUT_S) -> l
         return out
 
 
+COURSE_ANSWER = "is the course's implementation: the check grades your own code"
+
+
+def _refuse_course_answers(obs: list[dict]):
+    """The course's answers to 7.2-7.4 (in notebooks/scripts/ddp_exercises.py, the lesson's
+    fallback) refuse to run inside a check; an answer that calls them, or switches that off, fails."""
+    errors = [o.get("error", {}).get("message", "") for o in obs] + \
+             [e.get("error", {}).get("message", "") for o in obs for e in o.get("results", []) + [o.get("nccl") or {}]]
+    if any(o.get("tampered") for o in obs) or any(COURSE_ANSWER in m for m in errors):
+        raise CheckFailed("is your own code, not the course's implementation",
+                          "your function called the course's answer (or switched off its refusal to run in a check)",
+                          "the lesson falls back to the course's answer where an exercise is not done; the check "
+                          "grades what you wrote")
+
+
 def _raise_rank_errors(obs: list[dict], exercise_id: str, file: Path):
     """NotImplementedError if the stub ran; a rank crash reported as an error of the learner's code."""
     if any(o.get("error", {}).get("not_implemented") for o in obs):
         raise NotImplementedError(f"Exercise {exercise_id}")
+    _refuse_course_answers(obs)
     missing = [o for o in obs if o.get("missing")]
     if missing:
         raise RankError(f"rank {missing[0]['rank']} died before it could report (did your code call sys.exit "
@@ -357,6 +377,13 @@ def judge_7_2(obs: list[dict], seed: int, file) -> str:
     if any(f is None for f in finals):
         raise CheckFailed("returns the trained model", f"train_ddp returned {obs[0].get('returned')}",
                           "return the model (the module inside DDP)")
+    if any(o.get("returned_ddp") for o in obs):
+        raise CheckFailed("returns the model make_model() built, not the DDP wrapper",
+                          f"rank {next(o['rank'] for o in obs if o.get('returned_ddp'))} returned the "
+                          "DistributedDataParallel wrapper",
+                          "return `model` (the wrapper's `.module`): the caller evaluates, saves and exports the plain "
+                          "model; the wrapper's state_dict keys start with 'module.', and its forward and backward "
+                          "take part in collectives that only make sense while every rank trains")
     trained = [o["trained"] for o in obs]         # after training, before the checkpoint was read back
     for r in range(1, world):
         if not _states_close(trained[0], trained[r], rtol=0, atol=1e-12):
@@ -396,6 +423,16 @@ def judge_7_2(obs: list[dict], seed: int, file) -> str:
         if not loads:
             raise CheckFailed("every rank loads the checkpoint",
                               f"rank {o['rank']} never read it back (a resumed job reads it on every rank)")
+        first = min(loads, key=lambda ld: ld["time"])
+        if o["rank"] != 0 and first.get("collectives_before", 0) <= saved.get("collectives_before_end", -1):
+            raise CheckFailed("every rank waits for rank 0's checkpoint before loading it",
+                              f"rank {o['rank']} read the checkpoint without a collective between rank 0's save and "
+                              f"its load (it had run {first.get('collectives_before')} collectives, rank 0 "
+                              f"{saved.get('collectives_before_end')} when its save ended): nothing made it wait for "
+                              "rank 0, it got there first or by luck",
+                              "only a collective that rank 0 joins after saving orders the ranks: dist.barrier() on "
+                              "every rank after the save. A sleep is a guess that a slow disk outlasts, and a file "
+                              "exists before it is completely written")
         if min(ld["time"] for ld in loads) < saved["end"]:
             raise CheckFailed("every rank waits for rank 0's checkpoint before loading it",
                               f"rank {o['rank']} read the checkpoint before rank 0 had finished writing it",
@@ -444,7 +481,51 @@ def check_7_3(path, *, seed=None):
 
 
 _CASE_73 = ["equal sample counts", "ranks with different sample counts", "a rank with no samples",
-            "counts beyond 2**24"]       # the order of cases_73()
+            "counts beyond 2**24", "no samples on any rank"]       # the order of cases_73()
+_EXACT = ("is exact for large counts",
+          "float32 holds integers exactly only up to 2**24 = 16,777,216: reduce in float64")
+
+
+def _f32(x):
+    return np.float32(x)
+
+
+def _float32_division(case) -> tuple[float, float]:
+    """What exact int64 sums give when divided as torch divides two int64 tensors (in float32)."""
+    loss = sum(c[0] for c in case)
+    correct, count = sum(c[1] for c in case), sum(c[2] for c in case)
+    return float(_f32(_f32(loss) / _f32(count))), float(_f32(_f32(correct) / _f32(count)))
+
+
+def _float32_sums(case) -> tuple[float, float]:
+    """What sums reduced in float32 give, divided afterwards."""
+    def total(values):
+        out = _f32(0.0)
+        for v in values:
+            out = _f32(out + _f32(v))
+        return float(out)
+    loss, correct, count = (total(c[i] for c in case) for i in range(3))
+    return loss / count, correct / count
+
+
+def _same(got, want, rtol) -> bool:
+    if isinstance(want, float) and math.isnan(want):
+        return got == "nan"
+    return isinstance(got, float) and math.isclose(got, want, rel_tol=rtol, abs_tol=1e-15)
+
+
+def _hint_73(i, case, got, expected, default_hint):
+    """The message for a wrong value: what the answer did, where the numbers say so."""
+    if i == 3:
+        for name, cand in (("division", _float32_division(case)), ("sums", _float32_sums(case))):
+            if any(isinstance(g, float) and g != x and math.isclose(g, c, rel_tol=1e-13)
+                   for g, c, x in zip(got, cand, expected)):     # the same float32 roundings, to the bit
+                if name == "sums":
+                    return default_hint
+                return ("your sums look exact, but the division ran in float32: torch divides two integer tensors "
+                        "in its default dtype, float32 (about 7 digits). Divide Python numbers (after .tolist()) "
+                        "or float64 tensors")
+    return default_hint
 
 
 def judge_7_3(obs: list[dict], seed: int, file) -> str:
@@ -458,8 +539,10 @@ def judge_7_3(obs: list[dict], seed: int, file) -> str:
                  "sum the loss sums, the correct counts and the sample counts over the ranks, then divide: "
                  "averaging each rank's mean gives a rank with 3 samples as much say as one with 3,000", 1e-6),
              2: ("works when a rank has no samples", "divide only the global sums, never a rank's own", 1e-6),
-             3: ("is exact for large counts",
-                 "float32 holds integers exactly only up to 2**24 = 16,777,216: reduce in float64", 1e-12)}
+             3: (*_EXACT, 1e-12),
+             4: ("returns (nan, nan) when no rank has a sample",
+                 "the mean of no samples is undefined: return float('nan') twice, the same on every rank; a rank "
+                 "that raises while others carry on leaves them waiting at their next collective", 0.0)}
     for i in range(len(cases)):   # the plainest mistakes fail on the first case already
         prop, hint, rtol = props[i]
         entries = [o["results"][i] if i < len(o["results"]) else None for o in obs]
@@ -474,32 +557,47 @@ def judge_7_3(obs: list[dict], seed: int, file) -> str:
                                   f"({e['message'][:100]})",
                                   "a collective is a meeting: every rank must call it, in the same order; "
                                   "never inside `if rank == 0:`")
-            if i == 2:
+            if _mentions_cuda(e):
+                raise CheckFailed("puts the tensor it reduces on collective_device()",
+                                  f"under gloo, on CPU ranks, your function raised {e['type']}: {e['message'][:160]}",
+                                  "create the tensor on collective_device(): the GPU with nccl, the CPU with gloo")
+            if i in (2, 4):
                 raise CheckFailed(prop, f"with {_CASE_73[i]} your function raised {e['type']}: {e['message'][:100]}",
                                   hint)
             raise RankError(_error_sentence({"rank": o["rank"], "error": e}, file))
         if any(entry is None for entry in entries):
             raise RankError(f"a rank stopped before the case with {_CASE_73[i]}")
+        for o, entry in zip(obs, entries):
+            elsewhere = [d for d in entry.get("collective_devices", []) if not d.startswith("cpu")]
+            if elsewhere:
+                raise CheckFailed("puts the tensor it reduces on collective_device()",
+                                  f"under gloo, on CPU ranks, rank {o['rank']} reduced a tensor on {elsewhere[0]}",
+                                  "create the tensor on collective_device(): the GPU with nccl, the CPU with gloo")
         loss_sum = sum(c[0] for c in cases[i])
         correct = sum(c[1] for c in cases[i])
         count = sum(c[2] for c in cases[i])
-        expected = [loss_sum / count, correct / count]
+        expected = [loss_sum / count, correct / count] if count else [math.nan, math.nan]
         values = [entry["value"] for entry in entries]
         for r, v in enumerate(values):
             if not isinstance(v, list) or len(v) != 2:
                 raise CheckFailed("returns (mean_loss, accuracy) as two numbers",
                                   f"rank {r} returned {v.get('bad') if isinstance(v, dict) else v}")
+        for r, entry in enumerate(entries):
+            if entry.get("types") != ["float", "float"]:
+                raise CheckFailed("returns two Python floats",
+                                  f"rank {r} returned ({', '.join(entry.get('types') or ['?'])})",
+                                  "read the numbers out of the tensor (.tolist() or .item()): a tensor, on a GPU, "
+                                  "keeps device memory alive and makes every later use of it wait for the GPU")
         if any(v != values[0] for v in values[1:]):
             raise CheckFailed("every rank gets the same result",
                               f"with {_CASE_73[i]}, the ranks returned {values}",
                               "all_reduce gives every rank the total; dist.reduce only rank 0; a rank that "
                               "does not reduce at all returns its own numbers")
         got = values[0]
-        if not all(isinstance(g, float) and math.isclose(g, x, rel_tol=rtol, abs_tol=1e-15)
-                   for g, x in zip(got, expected)):
+        if not all(_same(g, x, rtol) for g, x in zip(got, expected)):
             counts = ", ".join(f"rank {r}: {c[2]:,} samples" for r, c in enumerate(cases[i]))
             raise CheckFailed(prop, f"with {_CASE_73[i]} ({counts}) yours ({got[0]!r}, {got[1]!r}), expected "
-                              f"({expected[0]!r}, {expected[1]!r})", hint)
+                              f"({expected[0]!r}, {expected[1]!r})", _hint_73(i, cases[i], got, expected, hint))
     for o in obs:
         for entry in o["results"]:
             if entry["collectives"] != 1:
@@ -510,7 +608,45 @@ def judge_7_3(obs: list[dict], seed: int, file) -> str:
                                   "every collective is a round trip between all ranks (all_gather_object makes "
                                   "two, and pickles): put the three numbers in one float64 tensor and all_reduce "
                                   "it once")
-    return "the same exact global mean loss and accuracy on every rank, with one all-reduce."
+    _judge_73_nccl(obs, cases[NCCL_CASE_73], file)
+    return ("the same exact global mean loss and accuracy on every rank, with one all-reduce, its tensor on the "
+            "collective's device (gloo: the CPU; as under nccl: the GPU).")
+
+
+def _mentions_cuda(error: dict) -> bool:
+    text = error.get("message", "")
+    return any(word in text for word in ("NVIDIA driver", "CUDA", "cuda"))
+
+
+def _judge_73_nccl(obs, case, file):
+    """The second pass, as under nccl: the tensor must be on the (virtual) GPU, the answer the same."""
+    from .lesson07_ranks import NCCL_CPU_TENSOR
+    entries = [o.get("nccl") for o in obs]
+    if any(entry is None for entry in entries):
+        raise RankError("a rank stopped before the pass that runs your function as under nccl")
+    for o, entry in zip(obs, entries):
+        if "error" in entry:
+            e = entry["error"]
+            if NCCL_CPU_TENSOR in e["message"]:
+                raise CheckFailed("puts the tensor it reduces on collective_device()",
+                                  f"run as under nccl (on a virtual GPU), rank {o['rank']} handed a tensor in host "
+                                  f"memory to a collective, and nccl raised \"{NCCL_CPU_TENSOR}\"; gloo accepts it, "
+                                  "which is why it worked on the CPU",
+                                  "create the tensor with device=collective_device(): nccl moves GPU memory only")
+            raise RankError("run as under nccl (on a virtual GPU), " + _error_sentence({"rank": o["rank"], "error": e},
+                                                                                          file))
+    expected = [sum(c[0] for c in case) / sum(c[2] for c in case), sum(c[1] for c in case) / sum(c[2] for c in case)]
+    for o, entry in zip(obs, entries):
+        got = entry["value"]
+        if entry.get("types") != ["float", "float"] or not isinstance(got, list) or \
+                not all(_same(g, x, 1e-9) for g, x in zip(got, expected)):
+            raise CheckFailed("gives the same answer under nccl",
+                              f"run as under nccl, rank {o['rank']} returned {got} "
+                              f"({', '.join(entry.get('types') or ['?'])}), expected {expected}",
+                              "nothing in the computation may depend on the backend but the tensor's device")
+        if entry["collectives"] != 1:
+            raise CheckFailed("makes exactly one collective call",
+                              f"run as under nccl, rank {o['rank']}'s group ran {entry['collectives']} collectives")
 
 
 # -- 7.4 gradient accumulation with no_sync ---------------------------------------------------------
@@ -563,13 +699,24 @@ def judge_7_4(obs: list[dict], seed: int, file) -> str:
                 raise CheckFailed("starts from cleared gradients",
                                   f"k={k}: .grad still holds the previous step's gradients plus the new ones",
                                   "ddp_model.zero_grad(set_to_none=True) first: backward adds to .grad")
+            split = _forward_outside_backward_inside(res.get("synced", []))
+            if res["all_reduces"] != 1 and split is not None:
+                raise CheckFailed("all-reduces exactly once per call",
+                                  f"k={k}: DDP all-reduced the gradients {res['all_reduces']:g} time(s): micro-batch "
+                                  f"{split + 1}'s forward pass ran outside no_sync and its backward inside it",
+                                  "DDP decides in forward whether the coming backward all-reduces (forward prepares "
+                                  "the reducer); no_sync around backward alone comes too late. Run the forward pass "
+                                  "of every micro-batch but the last inside the block too")
             if res["all_reduces"] != 1 or res["own_collectives"]:
                 extra = f" and {res['own_collectives']} collective(s) of your own" if res["own_collectives"] else ""
+                hint = ("run backward inside `with ddp_model.no_sync():` for all but the last micro-batch, "
+                        "and let the last backward (outside it) all-reduce the sum once")
+                if res["all_reduces"] == 1:
+                    hint = ("DDP's one all-reduce is all it takes: it averages the gradients over the ranks itself, so "
+                            "no rank needs another's numbers (each collective is a round trip between all ranks)")
                 raise CheckFailed("all-reduces exactly once per call",
                                   f"k={k}: DDP all-reduced the gradients {res['all_reduces']:g} time(s){extra} "
-                                  f"for {k} micro-batch(es)",
-                                  "run backward inside `with ddp_model.no_sync():` for all but the last micro-batch, "
-                                  "and let the last backward (outside it) all-reduce the sum once")
+                                  f"for {k} micro-batch(es)", hint)
             if res["events"] != "FB" * k:
                 raise CheckFailed("runs backward on each micro-batch before the next forward",
                                   f"k={k}: forward (F) and backward (B) passes came as {res['events'] or 'nothing'}, "
@@ -579,12 +726,16 @@ def judge_7_4(obs: list[dict], seed: int, file) -> str:
                                   "what accumulation is there to avoid")
             if not all(_close(g, x, rtol=1e-8, atol=1e-11) for g, x in zip(grads, expected[i]["grads"])):
                 worst = max(float(np.max(np.abs(d))) for d in diff)
+                local = call["local"][o["rank"]]
+                counts = ", ".join(f"rank {r}: {n}" for r, n in enumerate(call["local"]))
+                what = ("the gradient of the mean loss over all ranks' samples" if call["equal_counts"] else
+                        f"the average over the ranks of each rank's mean-loss gradient (the ranks hold different "
+                        f"numbers of samples, {counts}: DDP gives each rank's mean the same weight)")
                 raise CheckFailed("leaves the big batch's gradient, averaged over the ranks",
-                                  f"k={k}, micro-batches of {[len(t) for t in np.array_split(np.arange(call['local']), k)]} "
-                                  f"samples: .grad differs from the gradient of the mean loss over all ranks' "
-                                  f"samples by up to {worst:.3g} (rank {o['rank']})",
-                                  "weight each micro-batch's mean loss by its share of this rank's samples "
-                                  "(len(micro) / total) before backward; DDP divides by the world size itself")
+                                  f"k={k}, micro-batches of {[len(t) for t in np.array_split(np.arange(local), k)]} "
+                                  f"samples: .grad differs from {what} by up to {worst:.3g} (rank {o['rank']})",
+                                  "weight each micro-batch's mean loss by its share of this rank's samples before "
+                                  "backward, and nothing else: DDP averages over the ranks itself")
             value = res["returned"]
             mine = expected[i]["losses"][o["rank"]]
             if not (isinstance(value, list) and len(value) == 1 and isinstance(value[0], float)
@@ -592,7 +743,24 @@ def judge_7_4(obs: list[dict], seed: int, file) -> str:
                 raise CheckFailed("returns this rank's loss over its whole batch",
                                   f"k={k}, rank {o['rank']}: yours {value[0] if isinstance(value, list) else value!r}, "
                                   f"expected {mine!r}", "return the sum of the weighted micro-batch losses as a float")
+            if res.get("returned_type") != "float":
+                raise CheckFailed("returns a Python float",
+                                  f"k={k}, rank {o['rank']} returned a {res.get('returned_type')}",
+                                  "read the number out (.item()): a tensor that still holds the graph keeps every "
+                                  "micro-batch's activations alive, and on a GPU each later use of it waits for the GPU")
             if res["weights_changed"]:
                 raise CheckFailed("takes no optimizer step", f"k={k}: the weights changed",
                                   "only accumulate gradients; the training loop steps the optimizer")
-    return "one all-reduce per call, and the big batch's gradient on every rank, for every k."
+    return ("one all-reduce per call, and DDP's average of the ranks' gradients on every rank (the big batch's when "
+            "the ranks hold equal counts), for every k.")
+
+
+def _forward_outside_backward_inside(synced) -> int | None:
+    """The first micro-batch whose forward ran with DDP's sync on and whose backward ran inside
+    no_sync (the passes come as F, B, F, B, ...), or None."""
+    forwards = [on for kind, on in synced if kind == "F"]
+    backwards = [on for kind, on in synced if kind == "B"]
+    for i, (f, b) in enumerate(zip(forwards, backwards)):
+        if f and not b:
+            return i
+    return None

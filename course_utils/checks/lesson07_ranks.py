@@ -14,10 +14,17 @@ exception is recorded, never raised, so every rank always reaches the next job.
 
 The inputs of each job (`case_72`, `cases_73`, `case_74`) are functions of the seed alone, so
 the check recomputes them to build the expected answers.
+
+The ranks always run gloo on the CPU. What would differ under nccl is made visible where the
+learner's own tensors meet a collective (7.3): a second pass runs the learner's function as if
+the group were nccl, on the virtual CUDA device (`virtual_cuda.VirtualCuda`): `dist.get_backend()`
+answers "nccl", and a collective handed a tensor that is not on the (virtual) GPU raises what
+nccl raises, while one on it is reduced for real, through gloo, on its host values.
 """
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib.util
 import json
 import math
@@ -38,6 +45,7 @@ COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_ob
                "reduce_scatter", "reduce_scatter_tensor", "gather", "scatter", "broadcast_object_list",
                "gather_object", "scatter_object_list", "all_to_all", "all_to_all_single")
 SAVE_DELAY_S = 0.5       # a checkpoint write takes a while: a rank that does not wait for it finds no file
+GRADING_ENV = "COURSE_GRADING_RANKS"   # the course's own answers (notebooks/scripts/ddp_exercises.py) refuse to run
 
 
 # -- the inputs, from the seed alone (the check rebuilds them) ------------------------------------
@@ -63,7 +71,8 @@ def case_72(seed: int, world: int) -> dict:
 
 def cases_73(seed: int, world: int) -> list[list[tuple[float, int, int]]]:
     """Exercise 7.3's inputs: per case, per rank, (loss_sum, correct, count). Always, in this
-    order: equal counts, unequal counts, a rank with no samples, counts too large for float32."""
+    order: equal counts, unequal counts, a rank with no samples, counts too large for float32,
+    no samples on any rank."""
     rng = np.random.default_rng([73, seed])
 
     def rank_values(count):
@@ -85,23 +94,31 @@ def cases_73(seed: int, world: int) -> list[list[tuple[float, int, int]]]:
         correct = count - 2 * int(rng.integers(1, 2 ** 18))              # odd too
         big.append((float(count * rng.uniform(0.3, 1.9)) + 0.123456789, correct, count))
     cases.append(big)
+    cases.append([(0.0, 0, 0) for _ in range(world)])                         # nobody has a sample
     return cases
+
+
+NCCL_CASE_73 = 1          # the case (unequal counts) run a second time as under nccl
 
 
 def case_74(seed: int, world: int) -> dict:
     """Exercise 7.4's inputs: a float64 MLP, and for each call a local batch per rank split into
-    k micro-batches (k = 1, and sizes that do not divide the batch)."""
+    k micro-batches (k = 1, and sizes that do not divide the batch). The ranks hold the same
+    number of samples in every call but the last, where their counts differ (`local` per rank)."""
     rng = np.random.default_rng([74, seed])
     d_in, classes = 6, 4
     calls = []
-    for k in (int(rng.integers(3, 6)), 1, int(rng.integers(2, 5))):
+    ks = (int(rng.integers(3, 6)), 1, int(rng.integers(2, 5)), int(rng.integers(2, 4)))
+    for i, k in enumerate(ks):
+        unequal = i == len(ks) - 1
         while True:
-            local = int(rng.integers(7, 19))
-            if k == 1 or local % k:
+            local = [int(rng.integers(7, 19))] * world if not unequal else \
+                [int(rng.integers(5, 10)) if r % 2 == 0 else int(rng.integers(14, 24)) for r in range(world)]
+            if k == 1 or all(n % k for n in local):
                 break
-        xs = [rng.normal(size=(local, d_in)) for _ in range(world)]
-        ys = [rng.integers(0, classes, size=local) for _ in range(world)]
-        calls.append({"k": k, "local": local, "x": xs, "y": ys})
+        xs = [rng.normal(size=(local[r], d_in)) for r in range(world)]
+        ys = [rng.integers(0, classes, size=local[r]) for r in range(world)]
+        calls.append({"k": k, "local": local, "x": xs, "y": ys, "equal_counts": not unequal})
     return {"d_in": d_in, "hidden": 10, "classes": classes, "init_seed": int(rng.integers(0, 2**31)),
             "stale": float(rng.uniform(3.0, 9.0)), "calls": calls}
 
@@ -155,6 +172,7 @@ class CollectiveCounter:
 
     def __init__(self):
         self.calls: list[str] = []
+        self.devices: list[str] = []      # the device of each tensor the learner handed to a collective
         self.count = 0
         self._depth = 0
         self._saved = {}
@@ -173,6 +191,7 @@ class CollectiveCounter:
         def counted(*args, **kwargs):
             if self._depth == 0 and not _INSIDE_DDP_HOOK[0]:
                 self.calls.append(name)
+                self.devices += [str(t.device) for t in _tensor_args(args, kwargs)]
             self._depth += 1
             try:
                 return fn(*args, **kwargs)
@@ -188,8 +207,9 @@ class CollectiveCounter:
 
 @contextlib.contextmanager
 def watch_checkpoint_io(saves: list, loads: list, rank: int, snapshot=None):
-    """Record torch.save / torch.load calls (what, where, when); a save takes SAVE_DELAY_S.
-    `snapshot()`, if given, is called at each load: the model's weights just before it."""
+    """Record torch.save / torch.load calls (what, where, when, and how many collectives this rank
+    had run by then: waiting for another rank takes a collective, never a clock); a save takes
+    SAVE_DELAY_S. `snapshot()`, if given, is called at each load: the model's weights just before it."""
     real_save, real_load = torch.save, torch.load
 
     def save(obj, f, *args, **kwargs):
@@ -203,12 +223,14 @@ def watch_checkpoint_io(saves: list, loads: list, rank: int, snapshot=None):
         time.sleep(SAVE_DELAY_S)
         real_save(obj, f, *args, **kwargs)
         entry["end"] = time.monotonic()
+        entry["collectives_before_end"] = _sequence_number()
         saves.append(entry)
 
     def load(f, *args, **kwargs):
         map_location = kwargs.get("map_location", args[0] if args else None)
         loads.append({"path": str(getattr(f, "name", f)), "time": time.monotonic(), "map_location": None if map_location is None
-                      else str(map_location), "rank": rank, "weights_before": snapshot() if snapshot else None})
+                      else str(map_location), "rank": rank, "weights_before": snapshot() if snapshot else None,
+                      "collectives_before": _sequence_number()})
         return real_load(f, *args, **kwargs)
 
     torch.save, torch.load = save, load
@@ -287,9 +309,8 @@ def run_72(fn, job, rank, world, workdir, obs) -> None:
         if made:
             obs["initial"] = made[0]["initial"]
             obs["seen"] = made[0]["model"].seen
-    if isinstance(returned, nn.parallel.DistributedDataParallel):
-        returned = returned.module
     obs["returned"] = type(returned).__name__
+    obs["returned_ddp"] = isinstance(returned, nn.parallel.DistributedDataParallel)
     if isinstance(returned, nn.Module):
         obs["final"] = state_lists(returned)
         obs["returned_is_made"] = any(returned is m["model"] for m in made)
@@ -299,27 +320,100 @@ def run_72(fn, job, rank, world, workdir, obs) -> None:
 
 def run_73(fn, job, rank, world, workdir, obs) -> None:
     results = obs.setdefault("results", [])
-    for case in cases_73(job["seed"], world):
-        loss_sum, correct, count = case[rank]
-        entry = {}
-        with CollectiveCounter() as counter:
-            try:
-                value = fn(loss_sum, correct, count)
-            except Exception as exc:
-                if isinstance(exc, NotImplementedError):
-                    raise
-                entry["error"] = describe_error(exc, job["file"])
-                value = None
-        entry["collectives"] = counter.count
-        entry["collective_names"] = counter.calls
-        entry["value"] = _numbers(value)
+    cases = cases_73(job["seed"], world)
+    for case in cases:
+        entry = _call_73(fn, case[rank], job)
         results.append(entry)
         if "error" in entry:
-            break            # the ranks' collectives may be out of step now: stop here
+            return           # the ranks' collectives may be out of step now: stop here
+    # the same learner code once more, as it would run under nccl (the learner's file loaded anew,
+    # so that names it imported from torch.distributed are the nccl-like ones)
+    from .virtual_cuda import VirtualCuda
+    with VirtualCuda() as vc, as_if_nccl(vc):
+        fn_nccl = load_learner(job["file"], job["function"], f"{job['index']}-nccl")
+        entry = _call_73(fn_nccl, cases[NCCL_CASE_73][rank], job)
+    obs["nccl"] = entry
+
+
+def _call_73(fn, args, job) -> dict:
+    loss_sum, correct, count = args
+    entry = {}
+    with CollectiveCounter() as counter:
+        try:
+            value = fn(loss_sum, correct, count)
+        except Exception as exc:
+            if isinstance(exc, NotImplementedError):
+                raise
+            entry["error"] = describe_error(exc, job["file"])
+            value = None
+    entry["collectives"] = counter.count
+    entry["collective_names"] = counter.calls
+    entry["collective_devices"] = counter.devices
+    entry["value"] = _numbers(value)
+    entry["types"] = _types(value)
+    return entry
+
+
+NCCL_CPU_TENSOR = "Tensors must be CUDA and dense"      # what ProcessGroupNCCL raises for a host tensor
+
+
+@contextlib.contextmanager
+def as_if_nccl(vc):
+    """Inside: `dist.get_backend()` says "nccl", and every collective does what nccl would with
+    its tensors: a tensor on the (virtual) GPU is reduced, for real, through the gloo group on
+    its host values; a tensor in host memory raises nccl's error."""
+    import torch.distributed.distributed_c10d as c10d
+    from .virtual_cuda import DeviceTensor
+    saved = {}
+
+    def patch(module, name, value):
+        saved[(module, name)] = getattr(module, name)
+        setattr(module, name, value)
+
+    def on_device(name, real):
+        def collective(*args, **kwargs):
+            tensors = [t for t in _tensor_args(args, kwargs)]
+            host = [t for t in tensors if not isinstance(t, DeviceTensor)]
+            if host:
+                raise ValueError(f"ProcessGroupNCCL::{name}: {NCCL_CPU_TENSOR} (a tensor on {host[0].device} was "
+                                 "handed to a collective of an nccl group)")
+            inner = [t._inner for t in tensors]
+            swap = dict(zip(map(id, tensors), inner))
+            args = [swap.get(id(a), a) if isinstance(a, torch.Tensor) else
+                    [swap.get(id(x), x) for x in a] if isinstance(a, list) else a for a in args]
+            kwargs = {k: swap.get(id(v), v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+            out = real(*args, **kwargs)
+            stream = vc.current_stream()
+            for t in tensors:                       # the device memory was written, on this stream
+                stream.seq += 1
+                t._alloc.write = (stream.id, stream.seq)
+            return out
+        return collective
+
+    patch(dist, "get_backend", lambda group=None: "nccl")
+    patch(c10d, "get_backend", lambda group=None: "nccl")
+    for name in COLLECTIVES:
+        if name.endswith("_object") or name.endswith("_object_list") or getattr(dist, name, None) is None:
+            continue
+        patch(dist, name, on_device(name, getattr(dist, name)))
+    try:
+        yield
+    finally:
+        for (module, name), value in saved.items():
+            setattr(module, name, value)
+
+
+def _tensor_args(args, kwargs):
+    for a in list(args) + list(kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            yield from (x for x in a if isinstance(x, torch.Tensor))
 
 
 def _numbers(value):
-    """The learner's (mean_loss, accuracy) as floats, or a description of what it was."""
+    """The learner's (mean_loss, accuracy) as floats (a tensor of one element read out: `_types`
+    says what it was), or a description of what it was."""
     if value is None:
         return None
     if not isinstance(value, (tuple, list)):
@@ -335,6 +429,13 @@ def _numbers(value):
     return out
 
 
+def _types(value) -> list[str] | None:
+    """What the learner returned, item by item: 'float' for a Python float, else the type's name."""
+    if not isinstance(value, (tuple, list)):
+        return None
+    return ["float" if isinstance(v, float) else type(v).__name__ for v in value]
+
+
 def run_74(fn, job, rank, world, workdir, obs) -> None:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel
@@ -342,12 +443,18 @@ def run_74(fn, job, rank, world, workdir, obs) -> None:
     case = case_74(job["seed"], world)
     torch.manual_seed(case["init_seed"] + rank)          # DDP broadcasts rank 0's weights anyway
     model = MLP(case["d_in"], case["hidden"], case["classes"])
-    events = []                                           # "F" per forward with autograd on, "B" per backward
+    events = []                  # "F" per forward with autograd on, "B" per backward
+    synced = []                  # for each pass: was DDP's gradient sync on (outside no_sync) at that moment?
 
     def on_forward(module, inputs, output):
         if torch.is_grad_enabled() and output.requires_grad:
             events.append("F")
-            output.register_hook(lambda grad: events.append("B"))
+            synced.append(("F", ddp.require_backward_grad_sync))
+            output.register_hook(on_backward)
+
+    def on_backward(grad):
+        events.append("B")
+        synced.append(("B", ddp.require_backward_grad_sync))
 
     model.register_forward_hook(on_forward)
     ddp = DistributedDataParallel(model)
@@ -377,11 +484,13 @@ def run_74(fn, job, rank, world, workdir, obs) -> None:
             p.grad = torch.full_like(p, case["stale"])    # last step's gradients: the call must clear them
         hooks["n"] = 0
         events.clear()
+        synced.clear()
         with CollectiveCounter() as counter:
             returned = fn(ddp, micro, F.cross_entropy)
         results.append({"k": call["k"], "all_reduces": hooks["n"] / max(buckets, 1),
                         "own_collectives": counter.count - hooks["n"], "collective_names": counter.calls,
-                        "events": "".join(events),
+                        "events": "".join(events), "synced": synced[:],
+                        "returned_type": "float" if isinstance(returned, float) else type(returned).__name__,
                         "grads": [None if p.grad is None else p.grad.detach().double().tolist()
                                   for p in model.parameters()],
                         "returned": _numbers([returned]) if returned is not None else None,
@@ -406,6 +515,7 @@ def main(argv=None) -> int:
     jobs = json.loads(Path(argv[0]).read_text())
     out = Path(argv[1])
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    os.environ[GRADING_ENV] = "1"
     base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
                          timeout=timedelta(seconds=max(j.get("timeout_s", 20) for j in jobs) + 90))
     for index, job in enumerate(jobs):
@@ -424,6 +534,10 @@ def main(argv=None) -> int:
             if isinstance(exc, KeyboardInterrupt):
                 raise
         finally:
+            if os.environ.get(GRADING_ENV) != "1":      # the learner's code switched the course's refusal off
+                obs["tampered"] = True
+                os.environ[GRADING_ENV] = "1"
+            gc.collect()             # the job's DDP, freed before its group (gloo's threads, at exit, abort)
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
         try:

@@ -10,12 +10,11 @@ longest time any rank saw (an all_reduce with MAX). Rank 0 reports the times in 
 import argparse
 import statistics
 import time
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from course_utils.launch import backend, rank_device, report
+from course_utils.launch import init_process_group, report
 
 
 def time_all_reduce(numel, repeats, warmup, device):
@@ -44,10 +43,7 @@ def main():
     parser.add_argument("--warmup", type=int, default=2)
     args = parser.parse_args()
 
-    device = rank_device()
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group(backend(), timeout=timedelta(seconds=120))
+    device = init_process_group(timeout_s=120)      # this rank's device, the group bound to it on nccl
     results = []
     for size in args.sizes:
         seconds = time_all_reduce(max(1, size // 4), args.repeats, args.warmup, device)

@@ -16,19 +16,24 @@ checkpoint. Each waits for a partner that is doing something else:
   ranks' (which call, which shapes and dtypes), and the mismatch is reported at once, naming
   both calls.
 
+The lesson runs it on gloo with CPU ranks on every machine. On nccl the same bug behaves
+otherwise: nccl does not compare the calls (its barrier is itself an all-reduce, which can pair
+up with rank 0's), so it may not hang at all, and where a collective does wait, the watchdog
+reports "Watchdog caught collective operation timeout: WorkNCCL(...)" after the timeout and
+aborts the process instead of raising an exception.
+
 The gradients are averaged here by hand, with the very all-reduce DDP issues in backward (a
 `DistributedDataParallel` would behave the same; with torch 2.14.1's CPU build, DDP's
 constructor crashes when TORCH_DISTRIBUTED_DEBUG=DETAIL is set, so this program does without it).
 """
 import argparse
 import os
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from course_utils.launch import backend, rank_device
+from course_utils.launch import init_process_group
 
 
 def main():
@@ -36,10 +41,7 @@ def main():
     parser.add_argument("--timeout", type=float, default=1800, help="the process group's timeout, seconds")
     parser.add_argument("--batches", type=int, default=3, help="rank 1's batches (rank 0 gets one more)")
     args = parser.parse_args()
-    device = rank_device()
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group(backend(), timeout=timedelta(seconds=args.timeout))
+    device = init_process_group(timeout_s=args.timeout)     # the lesson runs it on gloo, CPU ranks
     rank = dist.get_rank()
     print(f"rank {rank}: TORCH_DISTRIBUTED_DEBUG={os.environ.get('TORCH_DISTRIBUTED_DEBUG', 'OFF')}, "
           f"collective timeout {args.timeout:g} s", flush=True)

@@ -21,10 +21,12 @@ def main():
     rank = int(os.environ["RANK"])               # which process this is, 0 .. WORLD_SIZE-1
     local_rank = int(os.environ["LOCAL_RANK"])   # which process on *this machine*: the GPU index
     world_size = int(os.environ["WORLD_SIZE"])
-    device = rank_device()                       # cuda:LOCAL_RANK with nccl, the CPU with gloo
+    device = rank_device()                       # cuda:LOCAL_RANK when the ranks have GPUs, else the CPU
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend(), timeout=timedelta(seconds=60))
+    # with nccl, bind the group to this rank's GPU (device_id): its first barrier then uses it
+    dist.init_process_group(backend(), timeout=timedelta(seconds=60),
+                            device_id=device if backend() == "nccl" else None)
     print(f"rank {rank} of {world_size} (local rank {local_rank}) on {socket.gethostname()}, "
           f"pid {os.getpid()}, backend {dist.get_backend()}, device {device}, "
           f"{torch.get_num_threads()} thread(s)")

@@ -11,7 +11,10 @@ Every rank runs this whole file. What makes it data-parallel:
    every `backward()`, all-reduces (averages) the gradients bucket by bucket while the backward
    pass is still running, so every rank takes the same optimizer step.
 4. Rank-0 I/O: one rank writes the checkpoint, the others wait at a barrier, then every rank
-   reads it onto its own device (`map_location`).
+   reads it onto its own device (`map_location`). On several machines the checkpoint must be
+   on a filesystem every node sees (`--checkpoint`; by default the directory the job was
+   started from, which a cluster's nodes share); where it is not, rank 0 sends its weights
+   by broadcast instead, and says so.
 5. Metrics are counted on each rank's share and all-reduced.
 
 The training itself is the course's one loop, `course_utils.train.train` (a DDP-wrapped model
@@ -21,9 +24,8 @@ import argparse
 import gc
 import os
 import statistics
-import tempfile
 import time
-from datetime import timedelta
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -36,7 +38,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from course_utils.data import prepare_cifar10
 from course_utils.device_data import AugmentBatch, cifar10_on_device, normalize_batch
 from course_utils.env import device_label
-from course_utils.launch import backend, rank_device, report
+from course_utils.launch import init_process_group, report
 from course_utils.models import count_parameters, resnet18_cifar
 from course_utils.train import train
 
@@ -53,7 +55,9 @@ def parse_args():
     p.add_argument("--workers", type=int, default=0, help="DataLoader workers per rank")
     p.add_argument("--bucket-mb", type=float, default=25.0, help="DDP's bucket_cap_mb")
     p.add_argument("--trace-steps", type=int, default=3, help="extra steps whose all-reduces are timed")
-    p.add_argument("--checkpoint", default=None, help="where rank 0 writes the checkpoint")
+    p.add_argument("--checkpoint", default="ddp_train_checkpoint.pt",
+                   help="where rank 0 writes the checkpoint: a path every node sees (default: in the directory "
+                        "the job started from, which SLURM's nodes share)")
     p.add_argument("--thread-sweep", type=int, nargs="*", default=[],
                    help="after training, time a few steps with each of these CPU thread counts per rank")
     p.add_argument("--sweep-steps", type=int, default=3, help="steps per thread count (the first is warm-up)")
@@ -62,34 +66,70 @@ def parse_args():
 
 class CommLog:
     """A DDP communication hook that does DDP's usual all-reduce (average the bucket over the
-    ranks) and records, for each bucket, when it was launched and when it finished."""
+    ranks) and notes, for each bucket, the step it belongs to and, while `timing` is on, when
+    its all-reduce was handed over and when it finished.
 
-    def __init__(self):
-        self.records = []
+    Which clock: with gloo (CPU tensors) the host's. Gloo runs the all-reduce on its own threads
+    and completes the bucket's future when the numbers are there. With nccl the host's clock says
+    nothing: the future completes as soon as the all-reduce is *queued* on NCCL's stream, long
+    before it ran. There the times are CUDA events: one recorded on the compute stream when the
+    bucket is handed over (the all-reduce cannot start before that point of the stream), one
+    recorded in the future's callback, which runs on a stream made to wait for the all-reduce:
+    the moment it finished on the GPU. `resolve()` turns them into seconds after a reference."""
+
+    def __init__(self, device):
+        self.records, self.step, self.timing = [], 0, False
+        self.cuda = device.type == "cuda"
+
+    def new_step(self, *_):
+        """A forward pre-hook on the DDP model: each forward pass starts a step."""
+        self.step += 1
+
+    def stamp(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
 
     def hook(self, state, bucket):
-        start = time.perf_counter()
-        index, nbytes = bucket.index(), bucket.buffer().numel() * bucket.buffer().element_size()
+        start = self.stamp() if self.timing else None
+        index, nbytes, step = bucket.index(), bucket.buffer().numel() * bucket.buffer().element_size(), self.step
         future = default_hooks.allreduce_hook(state, bucket)
 
         def finished(fut):
-            self.records.append({"bucket": index, "bytes": nbytes, "start": start, "end": time.perf_counter()})
+            self.records.append({"bucket": index, "bytes": nbytes, "step": step, "start": start,
+                                 "end": self.stamp() if self.timing else None})
             return fut.value()
 
         return future.then(finished)
 
+    def per_step(self) -> list[int]:
+        """All-reduces in each step recorded so far, in step order."""
+        counts = Counter(r["step"] for r in self.records)
+        return [counts[s] for s in sorted(counts)]
 
-def last_grad_clock(model):
-    """Record when backward writes each parameter's gradient (the compute's end is the last one)."""
+
+def seconds_since(t0, stamp) -> float:
+    """Seconds from `t0` to `stamp`: host clock readings, or CUDA events (after a synchronize)."""
+    if isinstance(stamp, float):
+        return stamp - t0
+    return t0.elapsed_time(stamp) / 1e3
+
+
+def last_grad_clock(model, comm):
+    """Record when backward writes each parameter's gradient (the compute's end is the last one),
+    on the same clock as `comm`: an event on the stream that computed it, on a GPU."""
     stamps = {}
     for name, p in model.named_parameters():
-        p.register_post_accumulate_grad_hook(lambda p, name=name: stamps.__setitem__(name, time.perf_counter()))
+        p.register_post_accumulate_grad_hook(lambda p, name=name: stamps.__setitem__(name, comm.stamp()))
     return stamps
 
 
 def traced_steps(ddp, comm, stamps, loader_iter, transform, optimizer, device, steps):
     """A few steps written out by hand, to time where the all-reduces fall inside backward."""
     traces = []
+    comm.timing = True
     for _ in range(steps):
         images, labels = next(loader_iter)
         images, labels = transform(images.to(device, non_blocking=True), labels.to(device, non_blocking=True))
@@ -99,23 +139,57 @@ def traced_steps(ddp, comm, stamps, loader_iter, transform, optimizer, device, s
         stamps.clear()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        loss.backward()                 # returns once every bucket's all-reduce has finished
+        t0 = comm.stamp()
+        loss.backward()     # gloo: returns once every bucket's all-reduce has finished; nccl: once they are queued
+        t1 = comm.stamp()   # nccl: on the stream, which DDP made wait for the all-reduces
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        t1 = time.perf_counter()
         optimizer.step()
-        traces.append({"backward_s": t1 - t0, "last_grad_s": max(stamps.values()) - t0,
-                       "buckets": [{**r, "start": r["start"] - t0, "end": r["end"] - t0} for r in comm.records]})
+        traces.append({"backward_s": seconds_since(t0, t1),
+                       "last_grad_s": max(seconds_since(t0, t) for t in stamps.values()),
+                       "clock": "CUDA events" if comm.cuda else "host clock",
+                       "buckets": [{**r, "start": seconds_since(t0, r["start"]), "end": seconds_since(t0, r["end"])}
+                                   for r in comm.records]})
+    comm.timing = False
     return traces
+
+
+def same_file_everywhere(path: Path, device) -> bool:
+    """Whether every rank sees the very file rank 0 wrote (the same size and modification time,
+    rank 0's sent to all): false on a node-local path such as /tmp, on a multi-node job, even
+    where an older file of that name happens to exist."""
+    stat = path.stat() if path.exists() else None
+    mine = torch.tensor([stat.st_size, stat.st_mtime_ns] if stat else [-1, -1], dtype=torch.int64, device=device)
+    rank0 = mine.clone()
+    dist.broadcast(rank0, src=0)
+    same = torch.tensor([int(torch.equal(mine, rank0))], dtype=torch.int64, device=device)
+    dist.all_reduce(same, op=dist.ReduceOp.MIN)      # one answer for all ranks: they must take the same path
+    return bool(same.item())
+
+
+def share_checkpoint(model, checkpoint: Path, device) -> bool:
+    """Rank-0 I/O: rank 0 writes the plain model's state_dict, everyone waits, every rank reads it
+    onto its own device. Where some rank cannot see rank 0's file (a node-local path on a
+    multi-node job), rank 0's weights go to every rank by broadcast instead. True if read from the file."""
+    if dist.get_rank() == 0:
+        checkpoint.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(model.state_dict(), checkpoint)   # the plain model's state_dict: no "module." prefix
+    dist.barrier()                                   # nobody reads before rank 0 has finished writing
+    if same_file_everywhere(checkpoint, device):
+        model.load_state_dict(torch.load(checkpoint, map_location=device))
+        return True
+    if dist.get_rank() == 0:
+        print(f"not every rank sees {checkpoint}: on several machines put the checkpoint on a filesystem "
+              "they share (--checkpoint); sending rank 0's weights by broadcast instead", flush=True)
+    with torch.no_grad():
+        for tensor in model.state_dict().values():   # the model's own storage: broadcast fills it in place
+            dist.broadcast(tensor, src=0)
+    return False
 
 
 def main():
     args = parse_args()
-    device = rank_device()
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group(backend(), timeout=timedelta(seconds=120))
+    device = init_process_group(timeout_s=120)   # cuda:LOCAL_RANK or the CPU; nccl bound to that GPU
     rank, world = dist.get_rank(), dist.get_world_size()
     width = args.width or (64 if device.type == "cuda" else 16)
 
@@ -134,8 +208,9 @@ def main():
     torch.manual_seed(args.seed + rank)          # different on purpose: DDP's broadcast fixes it
     model = resnet18_cifar(width=width).to(device)
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, bucket_cap_mb=args.bucket_mb)
-    comm = CommLog()
+    comm = CommLog(device)
     ddp.register_comm_hook(None, comm.hook)
+    ddp.register_forward_pre_hook(comm.new_step)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9, nesterov=True, weight_decay=5e-4)
 
     epochs, first_batches = [], []
@@ -150,14 +225,15 @@ def main():
         epochs.append({"epoch": epoch, "steps": steps, "samples_per_s": result.stats.samples_per_s,
                        "step_ms": result.stats.step_time_ms, "data_wait_ms": result.stats.data_wait_median_ms,
                        "loss": statistics.fmean(result.losses[-5:]) if result.losses else None,
-                       "all_reduces": len(comm.records), "all_reduce_bytes": sum(r["bytes"] for r in comm.records)})
+                       "all_reduces": len(comm.records), "all_reduce_bytes": sum(r["bytes"] for r in comm.records),
+                       "all_reduces_per_step": comm.per_step()})
         if rank == 0:
             e = epochs[-1]
             print(f"epoch {epoch}: {steps} steps, {e['samples_per_s']:,.0f} samples/s on this rank, "
-                  f"loss {e['loss']:.3f}, {e['all_reduces'] / max(steps, 1):.1f} all-reduces per step")
+                  f"loss {e['loss']:.3f}, all-reduces per step {e['all_reduces_per_step']}")
 
     # -- one step dissected: when does each bucket's all-reduce start, against the backward pass?
-    stamps = last_grad_clock(model)
+    stamps = last_grad_clock(model, comm)
     traces = traced_steps(ddp, comm, stamps, iter(loader), AugmentBatch(), optimizer, device, args.trace_steps)
 
     # -- cores per rank: the same steps with other numbers of CPU threads in every rank
@@ -192,15 +268,7 @@ def main():
     accuracy = (counts[0] / counts[1]).item()
 
     # -- rank-0 I/O: one writer, a barrier, then everyone reads onto its own device
-    checkpoint = Path(args.checkpoint or Path(tempfile.gettempdir()) / f"ddp-{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}.pt")
-    if rank == 0:
-        torch.save(model.state_dict(), checkpoint)   # the plain model's state_dict: no "module." prefix
-    dist.barrier()                                   # nobody reads before rank 0 has finished writing
-    state = torch.load(checkpoint, map_location=device)
-    model.load_state_dict(state)
-    dist.barrier()
-    if rank == 0 and args.checkpoint is None:
-        checkpoint.unlink()
+    from_file = share_checkpoint(model, Path(args.checkpoint).resolve(), device)
 
     per_rank = [None] * world
     dist.all_gather_object(per_rank, {"rank": rank, "pid": os.getpid(), "epochs": epochs, "thread_sweep": sweep,
@@ -209,8 +277,10 @@ def main():
     report({"world_size": world, "backend": dist.get_backend(), "device": device_label(device),
             "width": width, "parameters": count_parameters(model), "grad_bytes": grad_bytes,
             "batch_size": args.batch_size, "global_batch": args.batch_size * world, "bucket_mb": args.bucket_mb,
+            "train_records": len(train_set), "seed": args.seed,
             "per_rank": per_rank, "traces": traces, "accuracy": accuracy, "test_images": int(counts[1].item()),
-            "same_weights": same_weights, "checkpoint": str(checkpoint)})
+            "same_weights": same_weights, "checkpoint": str(Path(args.checkpoint).resolve()),
+            "checkpoint_from_file": from_file})
     # Free DDP (its reducer holds the process group and the comm hook's Python callbacks) while
     # Python is still fully alive. Left to the interpreter's exit, gloo's threads can be torn down
     # holding work that refers to Python objects, and a run that went well ends in SIGABRT

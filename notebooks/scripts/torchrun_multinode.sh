@@ -13,9 +13,11 @@
 set -euo pipefail
 : "${HEAD:?set HEAD to the address of the first node}"
 : "${NNODES:?set NNODES to the number of nodes}"
-NPROC=${NPROC:-$(nvidia-smi --list-gpus 2>/dev/null | wc -l)}
-NPROC=${NPROC:-1}
-if [ "$NPROC" -lt 1 ]; then NPROC=1; fi
+# one process per GPU this node's processes can use, counted by torch itself: it honours
+# CUDA_VISIBLE_DEVICES and sees one device per MIG instance it may use (nvidia-smi --list-gpus
+# lists every GPU and MIG instance of the machine, visible or not)
+NPROC=${NPROC:-$("${PYTHON:-python}" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)}
+if [ "$NPROC" -lt 1 ]; then NPROC=1; fi      # no GPU: one CPU process (gloo)
 PORT=${PORT:-29500}
 JOB_ID=${JOB_ID:-feed-the-gpu}
 SCRIPT=${SCRIPT:-notebooks/scripts/ddp_train.py}

@@ -2,8 +2,9 @@
 every seed, stubs are 'not implemented'.
 
 7.1 runs in this process. 7.2-7.4 are files run under torchrun with 2 gloo processes: every
-mutant x seed of the three is one job of ONE launch (`run_rank_jobs`), judged by the same
-`judge_7_N` functions the checks use; one test per exercise also goes through `check()` itself.
+mutant x seed of the three is one job of ONE launch (`run_rank_jobs`, through a torchrun as old
+as torch 2.11's), judged by the same `judge_7_N` functions the checks use; one test per exercise
+also goes through `check()` itself.
 """
 import math
 import textwrap
@@ -11,7 +12,9 @@ import textwrap
 import pytest
 import torch
 
+from course_utils import launch
 from course_utils.checks import lesson07, run_check
+from test_launch import use_old_torchrun
 
 SEEDS_71 = [11, 202, 3003, 40004, 500005, 6, 77, 888]
 SEEDS_RANKS = [5, 1234]          # per mutant of 7.2-7.4 (each seed draws new sizes, k, counts)
@@ -182,9 +185,25 @@ def body_72(*, ddp="DDP(model)", train_model="ddp_model", sampler="DistributedSa
     return HEADER_72 + textwrap.indent("\n".join(lines) + "\n", "    ")
 
 
+
+COURSE = """\
+import importlib.util
+from course_utils.launch import SCRIPTS
+_spec = importlib.util.spec_from_file_location("course_answers", SCRIPTS / "ddp_exercises.py")
+course = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(course)
+"""
+
+
+def wraps_course(header, call, *, tamper=False):
+    """An answer that hands the work to the course's own (the lesson's fallback)."""
+    pop = "    __import__('os').environ.pop('COURSE_GRADING_RANKS', None)\n" if tamper else ""
+    return COURSE + header + pop + f"    return course.{call}\n"
+
+
 RIGHT_72 = {
     "solution": body_72(),
-    "manual loop, returns the DDP wrapper": body_72(step="manual", returns="ddp_model"),
+    "manual loop, returns ddp_model.module": body_72(step="manual", returns="ddp_model.module"),
 }
 MUTANTS_72 = [
     (body_72(ddp="model", train_model="model"), "wraps the model in DistributedDataParallel"),        # right with 1 rank
@@ -206,11 +225,32 @@ MUTANTS_72 = [
     (body_72(barrier_in_if=True), "every rank waits for rank 0's checkpoint before loading it"),
     (body_72(save_obj="ddp_model.state_dict()", load_into="ddp_model"), "saves the plain model's state_dict"),
     (body_72(load="torch.load(checkpoint)"), "loads with map_location"),
+    # the spec's "not the DDP wrapper" (the check used to unwrap it itself)
+    (body_72(step="manual", returns="ddp_model"), "returns the model make_model() built, not the DDP wrapper"),
+    # waiting by luck: a clock, or a file that exists before it is complete
+    (body_72(barrier="__import__('time').sleep(2)"), "every rank waits for rank 0's checkpoint before loading it"),
+    (body_72(barrier="while not __import__('os').path.exists(checkpoint): __import__('time').sleep(0.01)"),
+     "every rank waits for rank 0's checkpoint before loading it"),
+    (wraps_course(HEADER_72, "course_train_ddp(make_model, dataset, device=device, epochs=epochs, "
+                             "batch_size=batch_size, lr=lr, seed=seed, checkpoint=checkpoint)"),
+     "is your own code, not the course's implementation"),
 ]
 
 HEADER_73 = '''
+import math
+
 import torch
 import torch.distributed as dist
+
+
+def collective_device():
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def finish(loss_sum, correct, count):
+    return (math.nan, math.nan) if count == 0 else (loss_sum / count, correct / count)
 
 
 def global_metrics(loss_sum, correct, count):
@@ -222,92 +262,146 @@ def file_73(body):
 
 
 SOLUTION_73 = file_73("""\
-    totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64)
+    totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=collective_device())
     dist.all_reduce(totals)
     loss_sum, correct, count = totals.tolist()
+    if count == 0:
+        return math.nan, math.nan
     return loss_sum / count, correct / count
 """)
 RIGHT_73 = {
     "solution": SOLUTION_73,
-    "imported all_reduce, 0-d tensors": file_73("""\
+    "imported all_reduce, divided on the device": file_73("""\
         from torch.distributed import all_reduce
-        totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64)
+        totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=collective_device())
         all_reduce(totals)
-        return totals[0] / totals[2], totals[1] / totals[2]
+        return (totals[0] / totals[2]).item(), (totals[1] / totals[2]).item()      # 0 / 0 is nan in float64
     """),
 }
 MUTANTS_73 = [
     (file_73("""\
-        means = torch.tensor([loss_sum / max(count, 1), correct / max(count, 1)], dtype=torch.float64)
+        means = torch.tensor([loss_sum / max(count, 1), correct / max(count, 1)], dtype=torch.float64,
+                             device=collective_device())
         dist.all_reduce(means)
-        return (means / dist.get_world_size()).tolist()
+        return tuple((means / dist.get_world_size()).tolist())
     """), "weights each rank by its number of samples"),
     (file_73("""\
-        return loss_sum / count, correct / count
+        return finish(loss_sum, correct, count)
     """), "every rank gets the same result"),                                               # right with 1 rank
     (file_73("""\
-        totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64)
+        totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=collective_device())
         dist.reduce(totals, dst=0)
-        loss_sum, correct, count = totals.tolist()
-        return loss_sum / count, correct / count
+        return finish(*totals.tolist())
     """), "every rank gets the same result"),
     (file_73("""\
-        totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64)
+        totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=collective_device())
         if dist.get_rank() == 0:
             dist.all_reduce(totals)
-        loss_sum, correct, count = totals.tolist()
-        return loss_sum / count, correct / count
+        return finish(*totals.tolist())
     """), "every rank makes the same collective calls"),
     (file_73("""\
-        values = [torch.tensor([float(v)], dtype=torch.float64) for v in (loss_sum, correct, count)]
+        values = [torch.tensor([float(v)], dtype=torch.float64, device=collective_device())
+                  for v in (loss_sum, correct, count)]
         for v in values:
             dist.all_reduce(v)
-        loss_sum, correct, count = (v.item() for v in values)
-        return loss_sum / count, correct / count
+        return finish(*(v.item() for v in values))
     """), "makes exactly one collective call"),
     (file_73("""\
         from torch.distributed import all_reduce          # a name imported: the check still counts
-        values = [torch.tensor([float(v)], dtype=torch.float64) for v in (loss_sum, correct, count)]
+        values = [torch.tensor([float(v)], dtype=torch.float64, device=collective_device())
+                  for v in (loss_sum, correct, count)]
         for v in values:
             all_reduce(v)
-        loss_sum, correct, count = (v.item() for v in values)
-        return loss_sum / count, correct / count
+        return finish(*(v.item() for v in values))
     """), "makes exactly one collective call"),
     (file_73("""\
         parts = [None] * dist.get_world_size()            # right values, two collectives and pickling
         dist.all_gather_object(parts, (loss_sum, correct, count))
-        total = sum(p[2] for p in parts)
-        return sum(p[0] for p in parts) / total, sum(p[1] for p in parts) / total
+        return finish(*(sum(p[i] for p in parts) for i in range(3)))
     """), "makes exactly one collective call"),
     (file_73("""\
-        totals = torch.tensor([loss_sum, correct, count], dtype=torch.float32)
+        totals = torch.tensor([loss_sum, correct, count], dtype=torch.float32, device=collective_device())
         dist.all_reduce(totals)
-        loss_sum, correct, count = totals.tolist()
-        return loss_sum / count, correct / count
+        return finish(*totals.tolist())
     """), "is exact for large counts"),
     (file_73("""\
-        totals = torch.tensor([loss_sum / count * count, correct / count * count, count], dtype=torch.float64)
+        totals = torch.tensor([loss_sum / max(count, 1) * count, correct / max(count, 1) * count, count],
+                              dtype=torch.float64, device=collective_device())
         dist.all_reduce(totals)
         loss_sum, correct, count = totals.tolist()
         return loss_sum / count, correct / count
-    """), "works when a rank has no samples"),
+    """).replace("max(count, 1)", "count"), "works when a rank has no samples"),
     (file_73("""\
-        totals = torch.tensor([loss_sum, correct], dtype=torch.float64)
+        totals = torch.tensor([loss_sum, correct], dtype=torch.float64, device=collective_device())
         dist.all_reduce(totals)
-        return (totals / (count * dist.get_world_size())).tolist()
+        return tuple((totals / (max(count, 1) * dist.get_world_size())).tolist())
     """), "every rank gets the same result"),
     (file_73("""\
-        totals = torch.tensor([loss_sum, correct, count], dtype=torch.int64)
+        totals = torch.tensor([loss_sum, correct, count], dtype=torch.int64, device=collective_device())
+        dist.all_reduce(totals)
+        return finish(*totals.tolist())
+    """), "returns the global mean loss and accuracy"),
+    (file_73("""\
+        totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=collective_device())
+        dist.all_reduce(totals)
+        loss_sum, correct, count = totals.tolist()
+        return finish(loss_sum / dist.get_world_size(), correct, count)
+    """), "returns the global mean loss and accuracy"),
+    # the spec's "Python floats": 0-d tensors are not
+    (file_73("""\
+        totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=collective_device())
+        dist.all_reduce(totals)
+        return totals[0] / totals[2], totals[1] / totals[2]
+    """), "returns two Python floats"),
+    # the spec's hole, now stated: nobody has a sample
+    (file_73("""\
+        totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=collective_device())
         dist.all_reduce(totals)
         loss_sum, correct, count = totals.tolist()
         return loss_sum / count, correct / count
-    """), "returns the global mean loss and accuracy"),
+    """), "returns (nan, nan) when no rank has a sample"),
+    (file_73("""\
+        totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=collective_device())
+        dist.all_reduce(totals)
+        loss_sum, correct, count = totals.tolist()
+        return (0.0, 0.0) if count == 0 else (loss_sum / count, correct / count)
+    """), "returns (nan, nan) when no rank has a sample"),
+    # right on gloo's CPU ranks, wrong under nccl: the tensor left in host memory
     (file_73("""\
         totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64)
         dist.all_reduce(totals)
-        return (totals[0] / dist.get_world_size()).item(), (totals[1] / totals[2]).item()
-    """), "returns the global mean loss and accuracy"),
+        return finish(*totals.tolist())
+    """), "puts the tensor it reduces on collective_device()"),
+    (file_73("""\
+        totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device="cpu")
+        dist.all_reduce(totals)
+        return finish(*totals.tolist())
+    """), "puts the tensor it reduces on collective_device()"),
+    (file_73("""\
+        totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device="cuda")
+        dist.all_reduce(totals)
+        return finish(*totals.tolist())
+    """), "puts the tensor it reduces on collective_device()"),
+    # counts summed exactly in int64, then divided in torch (in float32): told so, not "reduce in float64"
+    (file_73("""\
+        losses = torch.tensor([loss_sum], dtype=torch.float64, device=collective_device())
+        counts = torch.tensor([correct, count], dtype=torch.int64, device=collective_device())
+        dist.all_reduce(losses)
+        dist.all_reduce(counts)
+        if counts[1] == 0:
+            return math.nan, math.nan
+        return (losses[0] / counts[1]).item(), (counts[0] / counts[1]).item()
+    """), "is exact for large counts"),
+    (wraps_course(HEADER_73, "course_global_metrics(loss_sum, correct, count)"),
+     "is your own code, not the course's implementation"),
+    (wraps_course(HEADER_73, "course_global_metrics(loss_sum, correct, count)", tamper=True),
+     "is your own code, not the course's implementation"),
 ]
+MESSAGES_73 = {     # mutants whose message must name what they did
+    7: "reduce in float64",                  # the float32 reduction keeps its hint
+    15: "nccl raised",
+    18: "the division ran in float32",       # ... and the exact int64 sums divided in float32 get their own
+}
 
 HEADER_74 = '''
 import contextlib
@@ -341,8 +435,7 @@ def body_74(*, zero=True, quiet="i < len(micro_batches) - 1", weight="len(x) / t
     return HEADER_74 + textwrap.indent("\n".join(lines) + "\n", "    ")
 
 
-RIGHT_74 = {"solution": body_74(),
-            "returns a tensor": body_74(returned="torch.tensor(loss_total, dtype=torch.float64)")}
+RIGHT_74 = {"solution": body_74()}
 MUTANTS_74 = [
     (body_74(quiet="False"), "all-reduces exactly once per call"),
     (body_74(quiet="True"), "all-reduces exactly once per call"),
@@ -363,7 +456,30 @@ MUTANTS_74 = [
         loss.backward()                       # one backward, one all-reduce, every activation kept
         return loss.item()
     """), "    "), "runs backward on each micro-batch before the next forward"),
+    # the spec's "a float": a tensor is not
+    (body_74(returned="torch.tensor(loss_total, dtype=torch.float64)"), "returns a Python float"),
+    (body_74(returned="loss * 0 + loss_total"), "returns a Python float"),
+    # forward outside no_sync, backward inside: DDP has decided in forward
+    (HEADER_74 + textwrap.indent(textwrap.dedent("""\
+        ddp_model.zero_grad(set_to_none=True)
+        total = sum(len(x) for x, _ in micro_batches)
+        loss_total = 0.0
+        for i, (x, y) in enumerate(micro_batches):
+            loss = loss_fn(ddp_model(x), y) * (len(x) / total)
+            with ddp_model.no_sync() if i < len(micro_batches) - 1 else contextlib.nullcontext():
+                loss.backward()
+            loss_total += loss.item()
+        return loss_total
+    """), "    "), "all-reduces exactly once per call"),
+    # the global mean, by counting every rank's samples: a collective too many (and not what DDP averages)
+    (body_74(weight="len(x) * dist.get_world_size() / everyone").replace(
+        "    loss_total, unweighted = 0.0, 0.0\n",
+        "    loss_total, unweighted = 0.0, 0.0\n    n = torch.tensor([float(total)])\n    dist.all_reduce(n)\n"
+        "    everyone = n.item()\n"), "all-reduces exactly once per call"),
 ]
+MUTANTS_74.append((wraps_course(HEADER_74, "course_accumulate(ddp_model, micro_batches, loss_fn)"),
+                   "is your own code, not the course's implementation"))
+MESSAGES_74 = {15: "forward pass ran outside no_sync and its backward inside it"}
 
 EXERCISES = {
     "7.2": ("train_ddp", RIGHT_72, MUTANTS_72, lesson07.judge_7_2),
@@ -375,7 +491,9 @@ EXERCISES = {
 @pytest.fixture(scope="module")
 def verdicts(tmp_path_factory):
     """Every right answer and mutant of 7.2-7.4, on every seed, in ONE torchrun launch; returns
-    {(exercise, name, seed): CheckResult-like (status, message)}."""
+    {(exercise, name, seed): CheckResult-like (status, message)}. The launch goes through a
+    torchrun without --log-line-prefix-template, as torch 2.11's (the GPU box's) is: the checks
+    graded 1 of 4 there while the launcher passed that option."""
     folder = tmp_path_factory.mktemp("lesson07-files")
     jobs, keys = [], []
     for ex, (function, right, mutants, _) in EXERCISES.items():
@@ -386,7 +504,10 @@ def verdicts(tmp_path_factory):
             for seed in SEEDS_RANKS:
                 jobs.append({"exercise": ex, "file": str(path), "function": function, "seed": seed, "timeout_s": 10})
                 keys.append((ex, name, seed, path))
-    observations = lesson07.run_rank_jobs(jobs, timeout_s=600)
+    with pytest.MonkeyPatch.context() as mp:
+        use_old_torchrun(mp)
+        assert not launch.torchrun_accepts("--log_line_prefix_template")
+        observations = lesson07.run_rank_jobs(jobs, timeout_s=600)
     out = {}
     for (ex, name, seed, path), obs in zip(keys, observations):
         judge = EXERCISES[ex][3]
@@ -415,10 +536,13 @@ def test_right_answers_pass_on_every_seed(verdicts, ex, name):
 
 @pytest.mark.parametrize("ex, name, prop", MUTANT_CASES, ids=[f"{e}-{n}" for e, n, _ in MUTANT_CASES])
 def test_mutants_fail_on_the_right_property_on_every_seed(verdicts, ex, name, prop):
+    said = {"7.3": MESSAGES_73, "7.4": MESSAGES_74}.get(ex, {}).get(int(name.removeprefix("mutant")))
     for seed in SEEDS_RANKS:
         status, message = verdicts[(ex, name, seed)]
         assert status == "fail", f"seed {seed}: {status}: {message}"
         assert f"'{prop}'" in message, f"seed {seed}: {message}"
+        if said:
+            assert said in message, f"seed {seed}: the message should say {said!r}: {message}"
 
 
 def test_at_least_eight_mutants_per_exercise():

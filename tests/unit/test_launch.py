@@ -15,9 +15,20 @@ from pathlib import Path
 import psutil
 import pytest
 
+from course_utils import launch
 from course_utils.launch import LaunchError, LaunchTimeout, report, threads_per_rank, torchrun
 
 ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+OLD_TORCHRUN = "torchrun_without_prefix"      # tests/unit/torchrun_without_prefix.py: torch 2.11's options
+
+
+def use_old_torchrun(monkeypatch):
+    """Launch through a torchrun whose parser lacks --log-line-prefix-template, as torch 2.11's."""
+    monkeypatch.setenv("COURSE_TORCHRUN_MODULE", OLD_TORCHRUN)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE)] + ([os.environ["PYTHONPATH"]]
+                                                                     if os.environ.get("PYTHONPATH") else [])))
+    monkeypatch.syspath_prepend(str(HERE))
 
 
 def program(tmp_path, body, name="prog.py"):
@@ -48,10 +59,15 @@ def wait_until_gone(key, value, seconds):
     return [(p.pid, " ".join(p.cmdline())[:120]) for p in marked(key, value)]
 
 
-def test_result_output_threads_backend_and_two_nodes(tmp_path):
+@pytest.mark.parametrize("which", ["installed", "without the prefix option"])
+def test_result_output_threads_backend_and_two_nodes(tmp_path, monkeypatch, which):
     """Two torchrun agents ("nodes") of one process each, meeting through a c10d rendezvous: rank
     0's report comes back, every line is prefixed by its global rank, the backend and the threads
-    per rank are set, extra variables reach the ranks, nothing is left behind."""
+    per rank are set, extra variables reach the ranks, nothing is left behind. The same through a
+    torchrun without --log-line-prefix-template (torch 2.11's), which gets the prefix from the
+    environment instead: the option is passed only where the parser accepts it."""
+    if which != "installed":
+        use_old_torchrun(monkeypatch)
     prog = program(tmp_path, """
         import os
         from course_utils.launch import report
@@ -69,6 +85,80 @@ def test_result_output_threads_backend_and_two_nodes(tmp_path):
     assert "[rank 1] hello from 1" in result.output.splitlines()
     assert len(result.commands) == 2 and all("--rdzv_backend=c10d" in c for c in result.commands)
     assert result.survivors == []
+    passed = any(a.startswith("--log_line_prefix_template") for a in result.command)
+    assert passed == (which == "installed") == launch.torchrun_accepts("--log_line_prefix_template")
+    assert result.command[2] == ("torch.distributed.run" if which == "installed" else OLD_TORCHRUN)
+
+
+def test_the_stand_in_torchrun_rejects_the_option_as_torch_2_11_does(monkeypatch):
+    """The stand-in must fail as torch 2.11's torchrun failed on the GPU box, or the test above proves nothing."""
+    use_old_torchrun(monkeypatch)
+    proc = subprocess.run([sys.executable, "-m", OLD_TORCHRUN, "--standalone", "--nproc_per_node=1",
+                           "--log_line_prefix_template=[rank${rank}]:", "prog.py"], capture_output=True, text=True,
+                          env=dict(os.environ), timeout=120)
+    assert proc.returncode == 2 and "unrecognized arguments: --log_line_prefix_template" in proc.stderr, proc.stderr
+    assert not launch.torchrun_accepts("--log_line_prefix_template")
+    assert launch.torchrun_accepts("--nproc_per_node") and launch.torchrun_accepts("--tee")
+
+
+@pytest.mark.parametrize("gpus, nproc, mig, expected", [
+    (0, 2, False, "gloo"),      # the CPU
+    (1, 1, False, "gloo"),      # one process: nobody to talk to
+    (8, 1, False, "gloo"),
+    (1, 1, True, "gloo"),       # a MIG seat
+    (2, 2, False, "nccl"),      # a GPU per rank
+    (8, 8, False, "nccl"),
+    (1, 2, False, "gloo"),      # more ranks than GPUs: nccl would put two on one GPU
+    (2, 2, True, "gloo"),
+])
+def test_default_backend(monkeypatch, gpus, nproc, mig, expected):
+    monkeypatch.setattr(launch, "_cuda_count", lambda: gpus)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-5c1e9f0a-aaaa" if mig else ",".join(map(str, range(gpus))))
+    assert launch.default_backend(nproc) == expected
+    assert launch.is_mig() == mig
+
+
+@pytest.mark.parametrize("gpus, nproc, nnodes, backend, device, expected", [
+    (0, 2, 1, None, None, ("gloo", "cpu")),
+    (1, 1, 1, None, None, ("gloo", "cuda")),      # one GPU: one rank computes on it, through gloo
+    (2, 2, 1, None, None, ("nccl", "cuda")),
+    (2, 2, 1, "gloo", None, ("gloo", "cpu")),     # an explicit gloo: CPU ranks (the hang demo, the checks)
+    (2, 1, 2, None, None, ("gloo", "cpu")),       # two "nodes" on one machine
+    (2, 2, 1, "nccl", None, ("nccl", "cuda")),
+])
+def test_backend_and_device_of_a_launch(monkeypatch, gpus, nproc, nnodes, backend, device, expected):
+    monkeypatch.setattr(launch, "_cuda_count", lambda: gpus)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert launch.choose_backend_and_device(nproc, nnodes, backend, device) == expected
+    with pytest.raises(ValueError):
+        launch.choose_backend_and_device(2, 1, "nccl", "cpu")
+
+
+@pytest.mark.parametrize("gpus, world, per_node, expected", [
+    (4, 8, 4, ("nccl", "cuda")),      # 2 nodes x 4 GPUs (the SLURM script)
+    (1, 2, 1, ("nccl", "cuda")),      # 2 nodes x 1 GPU: several ranks, a GPU each
+    (1, 1, 1, ("gloo", "cuda")),      # one process on one GPU
+    (0, 2, 2, ("gloo", "cpu")),
+])
+def test_a_rank_under_a_plain_torchrun_picks_backend_and_device(monkeypatch, gpus, world, per_node, expected):
+    """Started without the course's launcher (sbatch, torchrun_multinode.sh), a rank decides alone."""
+    monkeypatch.setattr(launch, "_cuda_count", lambda: gpus)
+    for name in ("COURSE_BACKEND", "COURSE_RANK_DEVICE", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(per_node))
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert (launch.backend(), launch.rank_device().type) == expected
+
+
+def test_a_rank_reads_its_device_from_the_launcher(monkeypatch):
+    import torch
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("COURSE_BACKEND", "gloo")
+    monkeypatch.setenv("COURSE_RANK_DEVICE", "cuda")
+    assert launch.rank_device() == torch.device("cuda", 1) and launch.backend() == "gloo"
+    monkeypatch.setenv("COURSE_RANK_DEVICE", "cpu")
+    assert launch.rank_device() == torch.device("cpu")
 
 
 def test_a_failing_rank_is_named_with_its_error(tmp_path):
@@ -99,6 +189,32 @@ def test_a_rank_killed_by_a_signal_is_named_on_the_first_line(tmp_path):
     first = str(info.value).splitlines()[0]
     assert "rank 1 was killed by SIGABRT (terminate called without an active exception)" in first, first
     assert info.value.result.survivors == []
+
+
+def test_a_node_that_fails_does_not_leave_the_other_waiting(tmp_path, monkeypatch):
+    """Two "nodes"; rank 0 reports, then dies on its way out (as gloo's threads can abort a process
+    at exit), and node 1's torchrun stays alive after its rank has finished, as an agent waits at
+    the exit barrier for a node that is gone (a stand-in torchrun does that every time). The
+    launcher stops it soon after the failure instead of at the launch's timeout, names the
+    failure, and keeps rank 0's report."""
+    monkeypatch.setenv("COURSE_TORCHRUN_MODULE", "torchrun_lingering")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE)] + ([os.environ["PYTHONPATH"]]
+                                                                     if os.environ.get("PYTHONPATH") else [])))
+    monkeypatch.syspath_prepend(str(HERE))
+    prog = program(tmp_path, """
+        import os
+        from course_utils.launch import report
+        report({"rank": int(os.environ["RANK"])})
+        if os.environ["RANK"] == "0":
+            os.abort()
+    """)
+    t0 = time.perf_counter()
+    with pytest.raises(LaunchError) as info:
+        torchrun(prog, nnodes=2, nproc=1, backend="gloo", timeout_s=300, echo=False)
+    assert time.perf_counter() - t0 < 120, "the launch waited for the lost node"
+    assert not info.value.result.timed_out
+    assert "rank 0 was killed by SIGABRT" in str(info.value).splitlines()[0], str(info.value)
+    assert info.value.result.result == {"rank": 0} and info.value.result.survivors == []
 
 
 def test_bad_arguments_are_refused():

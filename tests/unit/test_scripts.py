@@ -51,9 +51,14 @@ def stand_ins(tmp_path):
     (bin_dir / "torchrun").write_text(f"#!{sys.executable}\n" + FAKE_TORCHRUN.format(root=str(ROOT)))
     (bin_dir / "scontrol").write_text("#!/bin/sh\n"
                                       '[ "$1 $2" = "show hostnames" ] && printf "gpu-node-07\\ngpu-node-08\\n"\n')
-    # srun: drop its own options, run the command (once: it stands for one node)
-    (bin_dir / "srun").write_text("#!/bin/bash\nwhile [[ $1 == -* ]]; do shift; done\nexec \"$@\"\n")
-    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\nprintf 'GPU 0\\nGPU 1\\nGPU 2\\n'\n")
+    # srun: note its own options, run the command (once: it stands for one node)
+    (bin_dir / "srun").write_text('#!/bin/bash\nwhile [[ $1 == -* ]]; do echo "$1" >> "$FAKE_OUT.srun"; shift; done\n'
+                                  'exec "$@"\n')
+    # nvidia-smi lists every GPU of the machine, visible or not: the scripts must not count with it
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\nprintf 'GPU 0\\nGPU 1\\nGPU 2\\nGPU 3\\nGPU 4\\n'\n")
+    # python: answers torch.cuda.device_count() with 3 (the GPUs this process may use), and says it was asked
+    (bin_dir / "python").write_text('#!/bin/bash\nif [[ "$*" == *"torch.cuda.device_count()"* ]]; then '
+                                    'echo asked >> "$FAKE_OUT.python"; echo 3; else exec ' + sys.executable + ' "$@"; fi\n')
     for f in bin_dir.iterdir():
         f.chmod(0o755)
     return bin_dir
@@ -69,7 +74,7 @@ def run_with_stand_ins(tmp_path, script, env, args=()):
     return [json.loads(line) for line in out.read_text().splitlines()], proc.stdout
 
 
-LESSON_07_PROGRAMS = ["ddp_hello.py", "ddp_train.py", "allreduce_bench.py", "ddp_hang.py"]
+LESSON_07_PROGRAMS = ["ddp_hello.py", "ddp_train.py", "allreduce_bench.py", "ddp_hang.py", "ddp_exercises.py"]
 
 
 def test_every_program_compiles():
@@ -111,8 +116,11 @@ def test_sbatch_directives_are_well_formed():
 @pytest.mark.skipif(BASH is None, reason="needs bash")
 def test_sbatch_template_runs_a_torchrun_that_torchrun_accepts(tmp_path):
     slurm = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu-node-[07-08]", "SLURM_NNODES": "2",
-             "SLURM_CPUS_PER_TASK": "32", "SLURM_GPUS_ON_NODE": "4"}
+             "SLURM_CPUS_PER_TASK": "32", "SLURM_GPUS_ON_NODE": "4", "SLURM_SUBMIT_DIR": "/shared/home/me/course"}
     calls, stdout = run_with_stand_ins(tmp_path, SCRIPTS / "ddp_train.sbatch", slurm)
+    srun_options = (tmp_path / "calls.jsonl.srun").read_text().split()
+    # srun >= 22.05 does not inherit sbatch's --cpus-per-task: without it the node's ranks share one core
+    assert "--cpus-per-task=32" in srun_options and "--ntasks-per-node=1" in srun_options, srun_options
     assert len(calls) == 1, calls
     call = calls[0]
     t = call["torchrun"]
@@ -121,6 +129,8 @@ def test_sbatch_template_runs_a_torchrun_that_torchrun_accepts(tmp_path):
     assert t["standalone"] is False and t["max_restarts"] == 0
     assert call["script"] == "notebooks/scripts/ddp_train.py"
     assert call["script_args"]["epochs"] == 30 and call["script_args"]["batch_size"] == 256
+    # the checkpoint on the submit directory, which every node of a cluster sees (not node-local /tmp)
+    assert call["script_args"]["checkpoint"] == "/shared/home/me/course/checkpoints/ddp_train-4242.pt"
     assert call["omp"] == "8", "32 cores per node shared by 4 ranks"
     assert "rendezvous at gpu-node-07:29500" in stdout
 
@@ -131,7 +141,9 @@ def test_multinode_script_runs_a_torchrun_that_torchrun_accepts(tmp_path, mode):
     env = {"HEAD": "10.1.2.3", "NNODES": "2", "NODE_RANK": "1", "RDZV": mode}
     calls, _ = run_with_stand_ins(tmp_path, SCRIPTS / "torchrun_multinode.sh", env, args=["--epochs", "5"])
     t = calls[0]["torchrun"]
-    assert t["nnodes"] == "2" and t["nproc_per_node"] == "3"        # the stand-in nvidia-smi lists 3 GPUs
+    # counted by torch (3, as CUDA_VISIBLE_DEVICES and MIG leave them), not by nvidia-smi's list (5)
+    assert t["nnodes"] == "2" and t["nproc_per_node"] == "3"
+    assert (tmp_path / "calls.jsonl.python").read_text().split() == ["asked"]
     if mode == "c10d":
         assert t["rdzv_backend"] == "c10d" and t["rdzv_endpoint"] == "10.1.2.3:29500"
     else:
@@ -144,3 +156,75 @@ def test_multinode_script_says_what_is_missing(tmp_path):
     proc = subprocess.run([BASH, str(SCRIPTS / "torchrun_multinode.sh")], cwd=ROOT, capture_output=True, text=True,
                           env={"PATH": os.environ["PATH"]})
     assert proc.returncode != 0 and "set HEAD" in proc.stderr
+
+
+CHECKPOINT_RANKS = """
+import importlib.util, json, os, sys
+from pathlib import Path
+import torch, torch.distributed as dist
+spec = importlib.util.spec_from_file_location("ddp_train", sys.argv[1])
+ddp_train = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ddp_train)
+dist.init_process_group("gloo")
+rank, out = dist.get_rank(), Path(sys.argv[2])
+seen = {}
+for case in ("shared", "node-local", "node-local, stale file"):
+    torch.manual_seed(100 + rank)                  # each rank its own weights: rank 0's must reach everyone
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    folder = out / case.replace(" ", "").replace(",", "") / ("shared" if case == "shared" else f"node{rank}")
+    folder.mkdir(parents=True, exist_ok=True)
+    if case.endswith("stale file") and rank == 1:
+        torch.save({k: torch.zeros_like(v) for k, v in model.state_dict().items()}, folder / "ckpt.pt")
+    from_file = ddp_train.share_checkpoint(model, folder / "ckpt.pt", torch.device("cpu"))
+    state = {k: v.tolist() for k, v in model.state_dict().items()}
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, state)
+    seen[case] = {"from_file": from_file, "same": all(s == everyone[0] for s in everyone)}
+if rank == 0:
+    torch.manual_seed(100)
+    seen["rank 0's own"] = {k: v.tolist() for k, v in
+                            torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4)).state_dict().items()}
+    seen["final"] = everyone[0]
+    (out / "seen.json").write_text(json.dumps(seen))
+dist.destroy_process_group()
+"""
+
+
+def test_ddp_train_checkpoint_reaches_every_rank_even_from_a_node_local_path(tmp_path):
+    """ddp_train.py's rank-0 I/O: on a path every rank sees, each reads the file; on a node-local
+    one (each "node" its own folder here, as /tmp is on a cluster), the ranks notice, even where
+    an older file of that name lies on the other node, and rank 0's weights arrive by broadcast."""
+    from course_utils.launch import torchrun
+    program = tmp_path / "ranks.py"
+    program.write_text(CHECKPOINT_RANKS)
+    torchrun(program, SCRIPTS / "ddp_train.py", tmp_path, nproc=2, backend="gloo", timeout_s=180, echo=False)
+    seen = json.loads((tmp_path / "seen.json").read_text())
+    assert seen["shared"] == {"from_file": True, "same": True}
+    assert seen["node-local"] == {"from_file": False, "same": True}
+    assert seen["node-local, stale file"] == {"from_file": False, "same": True}
+    assert seen["final"] == seen["rank 0's own"]
+
+
+def test_the_exercises_program_falls_back_to_the_course_and_refuses_to_be_graded(tmp_path, monkeypatch):
+    """ddp_exercises.py (lesson 07's closure of exercises 7.2-7.4) runs the learner's function, the
+    course's where the exercise is a stub; the course's answers refuse to run inside a check."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("ddp_exercises", SCRIPTS / "ddp_exercises.py")
+    program = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(program)
+
+    def stub(*args):
+        raise NotImplementedError("Exercise 7.3")
+
+    assert program.run(stub, lambda *a: ("course", a), 1, 2) == (("course", (1, 2)), "the course's (exercise not done yet)")
+    assert program.run(lambda *a: ("learner", a), stub, 3) == (("learner", (3,)), "yours")
+    assert program.run(None, lambda *a: "course") == ("course", "the course's (exercise not done yet)")
+    stub_file = tmp_path / "metrics_yours.py"
+    stub_file.write_text("def global_metrics(loss_sum, correct, count):\n    raise NotImplementedError('Exercise 7.3')\n")
+    assert program.learner_function(stub_file, "global_metrics") is not None
+    assert program.learner_function(tmp_path / "missing.py", "global_metrics") is None
+    monkeypatch.setenv("COURSE_GRADING_RANKS", "1")
+    for answer in (program.course_global_metrics, program.course_accumulate, program.course_train_ddp):
+        with pytest.raises(RuntimeError, match="the check grades your own code"):
+            answer(*([None] * 3)) if answer is not program.course_train_ddp else answer(
+                None, None, device=None, epochs=1, batch_size=1, lr=0.1, seed=0, checkpoint=None)
