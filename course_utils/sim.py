@@ -527,14 +527,7 @@ class SimulatedAccelerator:
                 result = fn(*args, **kwargs)
         finally:
             _ACTIVE.pop()
-        computed_s = time.thread_time() - t0
-        launch_s = cost.kernels * self.launch_us / 1e6
-        self._burn(launch_s - computed_s)
-        self._credit_s += max(0.0, computed_s - launch_s)
-        ms = cost.kernels * self.kernel_us / 1e3 + cost.bytes / (self.bandwidth_gbs * 1e9) * 1e3
-        self.charged_ms += ms
-        self.charged_kernels += cost.kernels
-        self.launch(ms, units=max(cost.kernels, 1) if self.profile else 1)
+        self._charge(cost.kernels, cost.bytes, time.thread_time() - t0)
         return result
 
     def run_timed(self, fn, *args) -> int:
@@ -572,15 +565,20 @@ class SimulatedAccelerator:
         with cost, torch._C.DisableTorchFunctionSubclass():
             out = func(*args, **kwargs)
         if cost.kernels:
-            computed_s = time.thread_time() - t0
-            launch_s = cost.kernels * self.launch_us / 1e6
-            self._burn(launch_s - computed_s)
-            self._credit_s += max(0.0, computed_s - launch_s)
-            ms = cost.kernels * self.kernel_us / 1e3 + cost.bytes / (self.bandwidth_gbs * 1e9) * 1e3
-            self.charged_ms += ms
-            self.charged_kernels += cost.kernels
-            self.launch(ms, units=max(cost.kernels, 1) if self.profile else 1)
+            self._charge(cost.kernels, cost.bytes, time.thread_time() - t0)
         return _on_device(out)
+
+    def _charge(self, kernels: int, nbytes: int, computed_s: float) -> None:
+        """Charge `kernels` operations moving `nbytes`, whose results took the host `computed_s` to
+        compute here: the host pays their launches (what computing them took counts as paid, the
+        rest of it is taken off the next step's launch), the device their kernels and bytes."""
+        launch_s = kernels * self.launch_us / 1e6
+        self._burn(launch_s - computed_s)
+        self._credit_s += max(0.0, computed_s - launch_s)
+        ms = kernels * self.kernel_us / 1e3 + nbytes / (self.bandwidth_gbs * 1e9) * 1e3
+        self.charged_ms += ms
+        self.charged_kernels += kernels
+        self.launch(ms, units=max(kernels, 1) if self.profile else 1)
 
     def active(self):
         """While this block runs, operations on `SimDeviceTensor`s are this device's work (the
