@@ -36,13 +36,18 @@ GPU, a busy host slows the launches (as it would) but never the device's own wor
 device's busy time (`busy_seconds`, what NVML reports) is exact.
 
 Work a real GPU would do *on the device* besides the model step (normalising or augmenting a
-batch there, lesson 03) goes through `run(fn, ...)`: it is computed on the host, so its results
-are real, and charged as a GPU stream would run it: each tensor operation costs the host one
-launch and the device `kernel_us` plus its bytes at `bandwidth_gbs` (an estimate for H100-class
-memory; the course has not measured its own small kernels on a GPU yet). The time the host spends
-computing those results here counts towards their launch time. Batches that a GPU would have to
-copy from host memory (anything not already "on the device") are charged the copy at the
-measured pinned host-to-device bandwidth.
+batch there, lesson 03) is charged as a GPU stream would run it: each tensor operation costs the
+host one launch and the device `kernel_us` plus its bytes at `bandwidth_gbs` (an estimate for
+H100-class memory; the course has not measured its own small kernels on a GPU yet). It is
+computed on the host, so its results are real; computing them here takes the host longer than
+launching them would on a GPU's host, and the difference is taken off the next step's launch
+time, so that the host spends what a GPU's host spends. It reaches the device three ways:
+`run(fn, ...)` (computed and charged; returns the result); `run_timed(fn, ...)` (the training
+loop's `batch_transform`: computed for the first batch of each shape, charged for every batch);
+and *simulated device memory* (`SimDeviceTensor`, what `TrainingSet.on_device(sim)` gives):
+while a training loop runs on this device, every operation on such tensors, in a loader or in
+the loop, is device work. Batches that a GPU would have to copy from host memory (anything not
+in simulated device memory) are charged the copy at the measured pinned bandwidth.
 
 `SimulatedAccelerator(step_ms=...)` without a profile is a plain fixed-time device (no launch
 cost), for tests and for lessons that study one effect in isolation.
