@@ -142,17 +142,22 @@ class _CourseProcesses:
 
     Each read takes the CPU times of the processes already known (some microseconds each).
     The process tree is rescanned every `rescan_s`: on Linux through /proc/PID/task/*/children
-    (our own threads' children only: a fraction of a millisecond), elsewhere (or where the kernel
-    lacks that file) through psutil, which reads every process on the machine (milliseconds on
-    a busy one), so less often. A new child is found up to `rescan_s` late: the CPU time it used
-    before it was found is handed back as *late* time, to be spread over the samples since the
-    scan before. A child that came and went between two scans is counted when it is reaped
-    (`os.times()`), spread over the last `rescan_s`."""
+    (our own threads' children only: some tens of microseconds, so at every sample), elsewhere
+    (or where the kernel lacks that file) through psutil, which reads every process on the machine
+    (milliseconds on a busy one), so every 2 s. A new child is found up to `rescan_s` late (a
+    sweep of DataLoader workers starts new ones at every point): the CPU time it used
+    before it was found is handed back as *late* time, to be spread over the samples since it
+    was born (on Linux, read from /proc; elsewhere, since the scan before: a child born just
+    before it was found then looks busy for longer and less busy than it was, and the rest of
+    its time shows as other processes'). A child that came and went between two scans is
+    counted when it is reaped (`os.times()`): the time a known child used after its last read
+    is spread over the samples since that read, a child that no scan found over the last
+    `rescan_s`."""
 
     def __init__(self, rescan_s: float | None = None):
         self.me = psutil.Process()
         self.fast = _children_of(self.me.pid) is not None
-        self.rescan_s = rescan_s if rescan_s is not None else (0.5 if self.fast else 2.0)
+        self.rescan_s = rescan_s if rescan_s is not None else (0.05 if self.fast else 2.0)
 
     def start(self) -> None:
         self._scanned_at = 0.0
@@ -164,6 +169,7 @@ class _CourseProcesses:
         self._gone: dict[int, float] = {}     # children that ended: their last reading
         self._late: list[tuple[float, float]] = []
         self._next_scan = 0.0
+        self._read_at = 0.0                   # seconds after start of the last read
         self._scan(first=True)
 
     def _scan(self, first: bool = False) -> None:
@@ -184,8 +190,10 @@ class _CourseProcesses:
                 continue
             self._procs[pid] = child
             self._last[pid] = seconds
-            if not first:
-                self._late.append((previous, seconds))        # its life so far, counted now
+            if not first:                                     # its life so far, counted now
+                born = _age_s(pid)
+                since = previous if born is None else max(previous, self._scanned_at - born)
+                self._late.append((since, seconds))
 
     def rescan_now(self) -> None:
         """Look for new children at the next read, whatever the rescan interval."""
@@ -213,10 +221,15 @@ class _CourseProcesses:
         reaped = _reaped_seconds()
         unseen = reaped - self._reaped_last - sum(self._gone.values())
         self._reaped_last = reaped
+        now = time.perf_counter() - self._start_perf
+        # known children that ended used it since the last read; a child no scan found, since
+        # it was born, at most `rescan_s` ago
+        since = self._read_at if self._gone else max(now - self.rescan_s, 0.0)
         self._gone.clear()
+        self._read_at = now
         late, self._late = self._late, []
         if unseen > 0.005:
-            late.append((max(time.perf_counter() - self._start_perf - self.rescan_s, 0.0), unseen))
+            late.append((since, unseen))
         return max(delta, 0.0), late
 
 
@@ -239,6 +252,19 @@ def _children_of(pid: int) -> list[int] | None:
         except OSError:
             continue
     return children
+
+
+def _age_s(pid: int) -> float | None:
+    """How many seconds ago process `pid` started (Linux: its start time in /proc/PID/stat against
+    /proc/uptime, to about 10 ms), or None where that cannot be read."""
+    try:
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return max(uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"), 0.0)   # field 22: starttime
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
 
 
 def _descendants(pid: int) -> list[int]:

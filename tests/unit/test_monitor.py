@@ -209,3 +209,39 @@ def test_timeline_summary_by_hand():
     s = tl.summary()
     assert s["cpu_mean_percent"] == 50 and s["cpu_busiest_core_percent"] == 100
     assert s["device_util_mean_percent"] == 20
+
+
+def test_a_child_found_late_is_counted_from_its_birth():
+    """A child found by a later scan (a DataLoader worker started between two scans) hands back
+    the CPU time it used before it was found: spread from its birth, not from the scan before (a
+    sweep of workers showed their first tenths of a second as other processes' time)."""
+    if monitor_module._age_s(os.getpid()) is None:
+        pytest.skip("needs /proc/PID/stat and /proc/uptime (Linux)")
+    course = monitor_module._CourseProcesses(rescan_s=0.6)
+    course.start()
+    course.read()
+    time.sleep(0.3)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2)"])
+    born = time.perf_counter() - course._start_perf
+    try:
+        time.sleep(0.5)
+        course.rescan_now()
+        _, late = course.read()
+    finally:
+        child.kill()
+        child.wait()
+    since = [s for s, seconds in late if seconds > 0]
+    assert since and since[0] == pytest.approx(born, abs=0.05), (late, born)
+
+
+def test_the_age_of_a_process():
+    if monitor_module._age_s(os.getpid()) is None:
+        pytest.skip("needs /proc/PID/stat and /proc/uptime (Linux)")
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2)"])
+    try:
+        time.sleep(0.5)
+        assert monitor_module._age_s(child.pid) == pytest.approx(0.5, abs=0.1)
+    finally:
+        child.kill()
+        child.wait()
+    assert monitor_module._age_s(2**22 + 12345) is None          # no such process
