@@ -7,7 +7,8 @@ quote.
     .venv/bin/python benchmarks/check_bars.py 8.1 --runs 10 --json build/bars-81.json
 
 2.2: the reference loader (a worker per usable core, persistent) against the unchanged
-num_workers=0 baseline. 8.1: the reference pipeline (device-resident) against the course's
+num_workers=0 baseline, and 4 workers per core (oversubscribed: it passes, and should gain no more than
+the reference). 8.1: the reference pipeline (device-resident) against the course's
 baseline pipeline and a per-sample augmentation loop. `--quiet` reports no other process to the
 check (as tests/unit/test_checks_lesson02.py does), so that its bar is the quiet machine's while
 other jobs share this one.
@@ -32,7 +33,8 @@ from course_utils.checks import run_check  # noqa: E402
 def _answers(exercise: str) -> dict:
     if exercise == "2.2":
         import test_checks_lesson02 as m
-        return {"reference": (m.fast_loader, "pass"), "num_workers=0 baseline": (m.baseline_loader, "fail")}
+        return {"reference": (m.fast_loader, "pass"), "num_workers=0 baseline": (m.baseline_loader, "fail"),
+                "4 workers per core": (m.oversubscribed, "pass")}
     if exercise == "8.1":
         import test_checks_lesson08 as m
         return {"reference": (m.right, "pass"), "the course's baseline": (m.course_baseline, "fail"),

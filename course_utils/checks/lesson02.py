@@ -341,6 +341,10 @@ class _Verified:
                               "repeats the same augmentation forever")
 
 
+# The share of the ideal gain 2.2 asks for (see required_speedup).
+GAIN_ASKED = 0.35
+
+
 def required_speedup(baseline, others_cores: float) -> float:
     """The throughput ratio 2.2 asks for, fitted to the device and to the CPU this run had.
 
@@ -350,13 +354,16 @@ def required_speedup(baseline, others_cores: float) -> float:
     reports it, else the step's span on the device: an upper bound). All of it is CPU work but the
     device's, so with a worker per free core a step takes at least the longest of
     `(t_load + t_host) / free cores`, `t_host` and `t_device`; against the baseline's
-    `t_load + t_host`, that is the ideal gain. The check asks for 35% of it (at least 1.05x).
+    `t_load + t_host`, that is the ideal gain. The check asks for `GAIN_ASKED` (35%) of it, at
+    least 1.05x.
 
     Why 35%, on the simulated H100 (lesson 01) and a 2-core host, quiet (2026-11-25,
-    `benchmarks/check_bars.py 2.2 --runs 10 --quiet`, the host's other jobs held off with real-time
-    priority): the ideal is about 2.0x and the bar 1.35x; the right loader (one worker per core,
-    persistent, pinned on a GPU) measured 1.55x-1.86x and passed 10 runs of 10, the unchanged
-    num_workers=0 baseline 0.90x-1.08x and failed 10 of 10: 0.2 and 0.27 from the bar.
+    `benchmarks/check_bars.py 2.2 --runs 6 --quiet`, the host's other jobs held off with real-time
+    priority), timing the steady state (the whole training set, so that no timed batch was
+    prepared during the warm-up): the ideal is about 2.0x and the bar 1.35x; the right loader (one
+    worker per core, persistent) measured 1.66x-1.76x and passed 6 runs of 6, the unchanged
+    num_workers=0 baseline 0.90x-1.11x and failed 6 of 6: 0.31 and 0.24 from the bar. Four workers
+    per core measured 1.43x-1.75x, no faster than one per core, as lesson 02 says.
     `others_cores`, what other processes used meanwhile, is taken from the free cores: where they
     left too little for workers to gain, the bar falls to 1.05x and the verdict says the grade
     of speed was not a fair one."""
@@ -368,7 +375,7 @@ def required_speedup(baseline, others_cores: float) -> float:
     util = getattr(baseline, "device_util", None)
     t_device = util * step if util is not None else (baseline.device_median_ms or 0.0)
     ideal = (t_load + t_host) / max((t_load + t_host) / free, t_host, t_device, 1e-6)
-    return max(1.05, 1.0 + 0.35 * (ideal - 1.0))
+    return max(1.05, 1.0 + GAIN_ASKED * (ideal - 1.0))
 
 
 def _timing_target():
@@ -404,11 +411,16 @@ def check_fast_loader(make_fast_loader):
     small_n = small_bs * int(rng.integers(3, 6)) + int(rng.integers(1, small_bs))
     batch_size = int(rng.choice([64, 128]))
     steps = 24           # timed steps per round: fewer, and scheduler jitter decides the ratio
-    # enough samples that the warm-up (up to 8 batches in flight per worker) and the timed steps
-    # fit in one epoch of the big dataset, even with many cores
-    big_n = min(50_000, max(4096, batch_size * (2 + 8 * usable_cores() + steps + 2)))
-    pool, pool_labels = load_cifar10_arrays(limit=max(8192, big_n))
-    start = int(rng.integers(0, len(pool) - big_n + 1))
+    # The timed dataset is the whole training set: a round's timed steps must end well inside an
+    # epoch. A loader's workers run ahead by the batches they hold in flight; where an epoch ends
+    # soon after the timed steps, that work was done during the untimed warm-up and never has to
+    # be done again inside the timed window, so a loader holding many batches in flight (many
+    # workers, a deep prefetch) looked faster than it is (8 workers on 2 cores: 2.0x the baseline
+    # in 44-batch epochs, 1.5x in the steady state). With 390 batches an epoch the workers keep
+    # working ahead through every timed step, as in training.
+    pool, pool_labels = load_cifar10_arrays()
+    big_n = len(pool)
+    start = 0
     small, decode = _index_dataset(pool[rng.choice(len(pool), small_n, replace=False)], rng)
 
     # correctness: two epochs over a small dataset, every sample exactly once each, reshuffled
@@ -468,8 +480,10 @@ def check_fast_loader(make_fast_loader):
         while True:
             baseline_loader = _Verified(DataLoader(big, batch_size=batch_size, shuffle=True, num_workers=0),
                                         big_decode, classes, batch_size, "the baseline", fingerprint)
+            base = measure_loader(baseline_loader, device, steps, model=model, warmup=1)
+            # what other processes took while yours ran: the baseline loads on one core and leaves
+            # the others idle, for any process to use without taking anything from it
             with loaders.CpuUse() as cpu:
-                base = measure_loader(baseline_loader, device, steps, model=model, warmup=1)
                 yours = measure_loader(yours_loader, device, steps, model=model, warmup=warmup)
             del baseline_loader
             rounds.append((yours.samples_per_s / base.samples_per_s, base, yours, cpu.others_cores))
@@ -491,15 +505,16 @@ def check_fast_loader(make_fast_loader):
               "quieter machine)") if others > 0.5 else ""
     if ratio < required:
         detail = (f"in the same run, yours loaded {yours.samples_per_s:,.0f} samples/s and the num_workers=0 baseline "
-                  f"{base.samples_per_s:,.0f}: {ratio:.2f}x the baseline (the median of {len(rounds)} rounds). "
+                  f"{base.samples_per_s:,.0f}: {ratio:.2f}x the baseline (the median of {len(rounds)} rounds of "
+                  f"{steps} steps, batches of {batch_size}). "
                   f"The bar here is {required:.2f}x, set from the baseline's own steps on this device and "
                   f"these {usable_cores()} cores{loaded}. The device: {base.device}.{where}")
         raise CheckFailed("is faster than the baseline loader on this machine", detail.rstrip("."),
                           "use worker processes (about one per usable core), keep them alive between "
                           "epochs, and pin memory only when there is a GPU")
     return (f"every sample once per epoch, reshuffled, freshly augmented, in the timed rounds too; {ratio:.2f}x "
-            f"the baseline's throughput (at least {required:.2f}x asked; median of {len(rounds)} rounds) on "
-            f"{base.device}{loaded}.{where}")
+            f"the baseline's throughput (at least {required:.2f}x asked; median of {len(rounds)} rounds, batches of "
+            f"{batch_size}) on {base.device}{loaded}.{where}")
 
 
 def _in_flight(loader) -> int:
