@@ -240,11 +240,13 @@ class ShardStream(IterableDataset):
 
 class ShardReader(IterableDataset):
     """Reads the batches a stream deals (by default the course's `ShardStream`) from the shards'
-    tar files: yields `(images, labels)`, uint8 (B, 32, 32, 3) and int64 (B,). Each worker keeps
+    tar files: yields `(images, labels)`, uint8 (B, 32, 32, 3) and int64 (B,) (with `keys=True` also
+    each sample's number, its `__key__`, to count who read what). Each worker keeps
     one shard open and reads it front to back; a batch that starts further on skips forward."""
 
-    def __init__(self, shards: ShardSet, batch_size, *, seed=0, rank=None, world_size=None, stream=None):
-        self.shards = shards
+    def __init__(self, shards: ShardSet, batch_size, *, seed=0, rank=None, world_size=None, stream=None,
+                 keys: bool = False):
+        self.shards, self.keys = shards, keys
         self.stream = stream if stream is not None else ShardStream(shards.sizes, batch_size, seed=seed, rank=rank,
                                                                     world_size=world_size)
 
@@ -257,7 +259,7 @@ class ShardReader(IterableDataset):
     def __iter__(self):
         current, position, samples = None, 0, None
         for batch in self.stream:
-            images, labels = [], []
+            images, labels, keys = [], [], []
             for shard, index in batch:
                 shard, index = int(shard), int(index)
                 if shard != current or index < position:
@@ -266,11 +268,14 @@ class ShardReader(IterableDataset):
                     for _ in range(index - position):
                         next(samples)
                     position = index
-                image, label = decode_sample(next(samples))
+                sample = next(samples)
+                image, label = decode_sample(sample)
+                keys.append(int(sample["__key__"]))
                 position += 1
                 images.append(image)
                 labels.append(label)
-            yield torch.from_numpy(np.stack(images)), torch.tensor(labels, dtype=torch.int64)
+            out = torch.from_numpy(np.stack(images)), torch.tensor(labels, dtype=torch.int64)
+            yield (*out, torch.tensor(keys, dtype=torch.int64)) if self.keys else out
 
 
 def library_split(shards: ShardSet, *, rank: int, world_size: int, num_workers: int, batch_size: int):
@@ -391,13 +396,14 @@ def _epoch_per_s(loader, count: int) -> float:
 
 def measure_sources(sources: dict, *, batch_size: int = 256, num_workers: int = 2, epochs: int = 3,
                     cold: bool = True) -> list[SourceResult]:
-    """Time one epoch of each source (`{name: (dataset, files)}`; map-style datasets get a
+    """Time one epoch of each source (`{name: (dataset, files)}`, or `(dataset, files, bytes)` when
+    the files hold more than the images read: the bytes those images occupy; map-style datasets get a
     DataLoader with `batch_size`, a `ShardReader` yields its own batches) with `num_workers`
     workers: first cold (its files dropped from the page cache, where the system allows), then
     `epochs` warm epochs (the median is kept). All in one run, so the ratios compare like with like."""
     from .io_probe import evict
     out = []
-    for name, (dataset, files) in sources.items():
+    for name, (dataset, files, *nbytes) in sources.items():
         if isinstance(dataset, IterableDataset):
             loader = DataLoader(dataset, batch_size=None, num_workers=num_workers)
         else:
@@ -407,7 +413,7 @@ def measure_sources(sources: dict, *, batch_size: int = 256, num_workers: int = 
         if cold and evict(files):
             cold_rate = _epoch_per_s(loader, count)
         warm = [_epoch_per_s(loader, count) for _ in range(epochs)]
-        size = sum(Path(f).stat().st_size for f in files)
+        size = nbytes[0] if nbytes else sum(Path(f).stat().st_size for f in files)
         out.append(SourceResult(name, len(files), size, count, statistics.median(warm), cold_rate))
     return out
 
