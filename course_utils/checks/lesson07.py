@@ -2,14 +2,15 @@
 
 - 7.1 `shard_indices(...)`: compared, case by case, with torch's own `DistributedSampler` on
   fresh random sizes (in this process: sharding needs no other process).
-- 7.2, 7.3, 7.4 are code that runs in *every rank*: the learner writes it into a file (the
+- 7.2, 7.3, 7.4, 7.5 are code that runs in *every rank*: the learner writes it into a file (the
   lesson's `%%writefile` cells), and the check runs that file under torchrun with 2 processes
   on gloo (`course_utils.launch.torchrun` with `lesson07_ranks` as the program). The ranks only
   record what the learner's code did; the verdict is computed here, from every rank's record.
   What would differ on GPUs is made visible where the learner's own tensor meets a collective:
   7.3 runs once more as under nccl, on the virtual CUDA device (a host tensor is refused, as
   nccl refuses it). Waiting for another rank is proven by the collectives run in between, never
-  by a clock. The course's own answers (the lesson's fallback) refuse to run inside a check.
+  by a clock. 7.5 (an IterableDataset over shards) runs in each rank under a DataLoader with 2 worker
+  processes and without. The course's own answers (the lesson's fallback) refuse to run inside a check.
 
 `run_rank_jobs()` runs several (file, seed) jobs in one launch; the unit tests use it to try
 many wrong answers in one launch, and judge each with the same `judge_7_N` functions the checks

@@ -1,4 +1,4 @@
-"""The rank side of checks 7.2-7.4 (lesson 07): what runs inside each process torchrun starts.
+"""The rank side of checks 7.2-7.5 (lesson 07): what runs inside each process torchrun starts.
 
     python -m torch.distributed.run --standalone --nproc_per_node=2 \\
         -m course_utils.checks.lesson07_ranks JOBS.json OUTDIR
@@ -12,7 +12,7 @@ and writes what it saw to `OUTDIR/<job>-rank<r>.json`. It judges nothing: the ch
 notebook's process reads every rank's observations and decides (`lesson07.py`). A learner's
 exception is recorded, never raised, so every rank always reaches the next job.
 
-The inputs of each job (`case_72`, `cases_73`, `case_74`) are functions of the seed alone, so
+The inputs of each job (`case_72`, `cases_73`, `case_74`, `cases_75`) are functions of the seed alone, so
 the check recomputes them to build the expected answers.
 
 The ranks always run gloo on the CPU. What would differ under nccl is made visible where the
