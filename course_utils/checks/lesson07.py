@@ -881,10 +881,15 @@ def judge_7_5(obs: list[dict], seed: int, file) -> str:
             said = (f"{len(missing)} of the {len(everything)} samples never came" if missing else "") + \
                    (", and " if missing and twice else "") + \
                    (f"{len(twice)} came more than once{within}" if twice else "")
-            hint = ("each DataLoader worker runs its own copy of the dataset: split the rank's batches between "
-                    "its workers too (get_worker_info())" if within else
-                    "every rank must compute the same order from (seed, epoch) alone (a seeded generator, not "
-                    "the global one) and take its own contiguous part of it; no padding, no dropping")
+            if missing and twice:      # the ranks' or workers' orders disagree
+                hint = ("every rank and every worker must compute the same order from (seed, epoch) alone: a "
+                        "generator seeded with them, not the global one (each DataLoader worker has its own seed)")
+            elif within:
+                hint = ("each DataLoader worker runs its own copy of the dataset: split the rank's batches between "
+                        "its workers too (get_worker_info())")
+            else:
+                hint = ("take each rank's own contiguous part of one order all ranks share, and every sample of it "
+                        "once: no padding, no dropping")
             raise CheckFailed("every sample exactly once per epoch", f"with {_describe_75(case)}, in {what}: {said}",
                               hint)
     # 4. the same number of batches on every rank
