@@ -129,3 +129,17 @@ def test_dali_reads_the_shards(shard_set, data):
     first = int(np.ceil(230 / 2))            # DALI's shard 1 starts half way through the samples
     assert np.array_equal(got, images[first:first + 50])
     assert np.array(out[1].as_tensor()).ravel().tolist() == labels[first:first + 50].tolist()
+
+
+def test_library_split_is_what_webdataset_itself_deals(shard_set, monkeypatch):
+    """`library_split` models webdataset's split_by_node + split_by_worker: the library, run for
+    real (rank and world from the environment, as under torchrun), yields those batch counts."""
+    import webdataset as wds
+    for rank in range(4):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "4")
+        dataset = wds.WebDataset(shard_set.urls, nodesplitter=wds.split_by_node, shardshuffle=False,
+                                 empty_check=False).to_tuple("rgb", "cls").batched(16, partial=True)
+        batches = list(DataLoader(dataset, batch_size=None, num_workers=2))
+        assert len(batches) == sum(shards.library_split(shard_set, rank=rank, world_size=4, num_workers=2,
+                                                        batch_size=16))
