@@ -2,14 +2,15 @@
 
 - 7.1 `shard_indices(...)`: compared, case by case, with torch's own `DistributedSampler` on
   fresh random sizes (in this process: sharding needs no other process).
-- 7.2, 7.3, 7.4 are code that runs in *every rank*: the learner writes it into a file (the
+- 7.2, 7.3, 7.4, 7.5 are code that runs in *every rank*: the learner writes it into a file (the
   lesson's `%%writefile` cells), and the check runs that file under torchrun with 2 processes
   on gloo (`course_utils.launch.torchrun` with `lesson07_ranks` as the program). The ranks only
   record what the learner's code did; the verdict is computed here, from every rank's record.
   What would differ on GPUs is made visible where the learner's own tensor meets a collective:
   7.3 runs once more as under nccl, on the virtual CUDA device (a host tensor is refused, as
   nccl refuses it). Waiting for another rank is proven by the collectives run in between, never
-  by a clock. The course's own answers (the lesson's fallback) refuse to run inside a check.
+  by a clock. 7.5 (an IterableDataset over shards) runs in each rank under a DataLoader with 2 worker
+  processes and without. The course's own answers (the lesson's fallback) refuse to run inside a check.
 
 `run_rank_jobs()` runs several (file, seed) jobs in one launch; the unit tests use it to try
 many wrong answers in one launch, and judge each with the same `judge_7_N` functions the checks
@@ -28,7 +29,7 @@ import torch
 
 from ._core import CheckFailed, WrongType, exercise, expect_callable
 from ._util import fresh_rng
-from .lesson07_ranks import MLP, NCCL_CASE_73, case_72, case_74, cases_73
+from .lesson07_ranks import MLP, NCCL_CASE_73, case_72, case_74, cases_73, cases_75
 
 WORLD = 2                       # ranks the checks run with (gloo on the CPU, on any machine)
 JOB_TIMEOUT_S = 20              # a collective that waits longer than this is a hang
@@ -764,3 +765,187 @@ def _forward_outside_backward_inside(synced) -> int | None:
         if f and not b:
             return i
     return None
+
+
+# -- 7.5 shards for every rank and worker ------------------------------------------------------------
+
+def _learner_class_file(path, cls: str, method: str, exercise_id: str) -> Path:
+    """`_learner_file` for an exercise that is a class: the stub is its `method` raising NotImplementedError."""
+    if not isinstance(path, (str, Path)):
+        raise WrongType("type", f"expected the path of your exercise file (the `%%writefile` cell's file), but "
+                        f"got {type(path).__name__}: {path!r:.60}")
+    path = Path(path)
+    if not path.is_file():
+        raise WrongType("type", f"there is no file {path}: run the exercise's `%%writefile` cell first")
+    try:
+        tree = ast.parse(path.read_text(), filename=str(path))
+    except SyntaxError as exc:
+        raise RankError(f"{path.name} has a syntax error at line {exc.lineno}: {exc.msg}") from None
+    classes = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == cls]
+    if not classes:
+        raise CheckFailed(f"defines {cls}", f"{path.name} has no top-level class {cls}",
+                          "keep the class's name and its methods' signatures as the exercise gives them")
+    methods = [n for n in classes[-1].body if isinstance(n, ast.FunctionDef) and n.name == method]
+    if methods:
+        body = [s for s in methods[-1].body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+        if len(body) == 1 and isinstance(body[0], ast.Raise) and "NotImplementedError" in ast.unparse(body[0]):
+            raise NotImplementedError(f"Exercise {exercise_id}")
+    return path
+
+
+@exercise("7.5", "shards for every rank and worker", time_limit_s=LAUNCH_TIMEOUT_S + 30)
+def check_7_5(path, *, seed=None):
+    file = _learner_class_file(path, "ShardStream", "__iter__", "7.5")
+    seed = _seed_for(seed)
+    obs = run_rank_jobs([{"exercise": "7.5", "file": str(file), "function": "ShardStream", "seed": seed,
+                          "timeout_s": JOB_TIMEOUT_S}])[0]
+    return judge_7_5(obs, seed, file)
+
+
+_CASE_75 = ["shards of unequal sizes, 2 workers per rank", "3 shards, an odd number of samples, no workers",
+            "a single shard, 2 workers per rank"]          # the order of cases_75()
+
+
+def _describe_75(case) -> str:
+    return (f"{len(case['sizes'])} shard(s) of {case['sizes'] if len(case['sizes']) <= 4 else str(case['sizes'][:4])[:-1] + ', ...]'} "
+            f"samples, batch_size={case['batch_size']}, {case['workers']} DataLoader worker(s) per rank")
+
+
+def _samples(batches) -> list[tuple[int, int]]:
+    return [tuple(p) for _, pairs in batches for p in pairs]
+
+
+def judge_7_5(obs: list[dict], seed: int, file) -> str:
+    from collections import Counter
+
+    world = len(obs)
+    _raise_rank_errors(obs, "7.5", file)
+    cases = cases_75(seed, world)
+    for o in obs:
+        for i, entry in enumerate(o.get("results", [])):
+            if "error" in entry:
+                raise RankError(f"with {_describe_75(cases[i])}: " + _error_sentence({"rank": o["rank"],
+                                                                                      "error": entry["error"]}, file))
+    runs = []          # (case index, what, {rank: [[worker, pairs], ...]})
+    for i, case in enumerate(cases):
+        for epoch in case["epochs"]:
+            runs.append((i, f"epoch {epoch}", {o["rank"]: o["results"][i]["epochs"][str(epoch)] for o in obs}))
+    # 1. what a batch is
+    for i, what, per_rank in runs:
+        case = cases[i]
+        for rank, batches in per_rank.items():
+            for worker, pairs in batches:
+                if pairs == "endless":
+                    raise CheckFailed("ends every epoch", f"with {_describe_75(case)}, rank {rank} yielded more than "
+                                      "5,000 batches in one epoch", "yield this epoch's batches once, then return")
+                if not isinstance(pairs, list):
+                    raise CheckFailed("yields batches of (shard, index) pairs",
+                                      f"rank {rank} yielded {pairs.get('bad')}",
+                                      "yield each batch as a list of (shard, index) tuples")
+                bad = [p for p in pairs if not (0 <= p[0] < len(case["sizes"]) and 0 <= p[1] < case["sizes"][p[0]])]
+                if bad:
+                    raise CheckFailed("yields batches of (shard, index) pairs",
+                                      f"with {_describe_75(case)}, rank {rank} yielded {tuple(bad[0])}, which is no "
+                                      "sample", "shard s holds the samples (s, 0) .. (s, shard_sizes[s] - 1)")
+                if not 1 <= len(pairs) <= case["batch_size"]:
+                    raise CheckFailed("yields batches of 1 to batch_size samples",
+                                      f"with {_describe_75(case)}, rank {rank} yielded a batch of {len(pairs)}",
+                                      "no batch may be empty (a step on nothing) or larger than batch_size")
+    # 2. nobody idle
+    for i, what, per_rank in runs:
+        case = cases[i]
+        for rank, batches in sorted(per_rank.items()):
+            if not batches:
+                raise CheckFailed("every rank and every worker gets samples",
+                                  f"with {_describe_75(case)}, rank {rank} yielded no batch in {what}",
+                                  "with fewer shards than ranks, whole shards cannot go round: a rank with none "
+                                  "stops at the first collective the others call, and the job hangs. Deal samples, "
+                                  "not shards")
+            idle = sorted(set(range(case["workers"])) - {w for w, _ in batches})
+            if case["workers"] and idle:
+                raise CheckFailed("every rank and every worker gets samples",
+                                  f"with {_describe_75(case)}, rank {rank}'s worker {idle[0]} yielded nothing in "
+                                  f"{what}", "deal each rank's batches between its workers (get_worker_info()), not "
+                                  "its shards: a rank may have fewer shards than workers")
+    # 3. every sample once
+    for i, what, per_rank in runs:
+        case = cases[i]
+        counts = Counter(s for batches in per_rank.values() for s in _samples(batches))
+        everything = {(s, j) for s, size in enumerate(case["sizes"]) for j in range(size)}
+        missing = everything - set(counts)
+        twice = [s for s, c in counts.items() if c > 1]
+        if missing or twice:
+            within = next((f"; rank {r} yielded {tuple(s)} from {len({w for w, pairs in b if list(s) in pairs})} "
+                           "of its workers" for s in twice for r, b in per_rank.items()
+                           if len({w for w, pairs in b if list(s) in pairs}) > 1), "")
+            said = (f"{len(missing)} of the {len(everything)} samples never came" if missing else "") + \
+                   (", and " if missing and twice else "") + \
+                   (f"{len(twice)} came more than once{within}" if twice else "")
+            if missing and twice:      # the ranks' or workers' orders disagree
+                hint = ("every rank and every worker must compute the same order from (seed, epoch) alone: a "
+                        "generator seeded with them, not the global one (each DataLoader worker has its own seed)")
+            elif within:
+                hint = ("each DataLoader worker runs its own copy of the dataset: split the rank's batches between "
+                        "its workers too (get_worker_info())")
+            else:
+                hint = ("take each rank's own contiguous part of one order all ranks share, and every sample of it "
+                        "once: no padding, no dropping")
+            raise CheckFailed("every sample exactly once per epoch", f"with {_describe_75(case)}, in {what}: {said}",
+                              hint)
+    # 4. the same number of batches on every rank
+    for i, what, per_rank in runs:
+        case = cases[i]
+        n = sum(case["sizes"])
+        k = math.ceil(n / (world * case["batch_size"]))
+        counts = {r: len(b) for r, b in sorted(per_rank.items())}
+        if any(c != k for c in counts.values()):
+            shares = ", ".join(f"rank {r}: {c} batches of {len(_samples(per_rank[r]))} samples"
+                               for r, c in counts.items())
+            raise CheckFailed("every rank yields the same number of batches",
+                              f"with {n} samples, batch_size={case['batch_size']}, {world} ranks ({what}): {shares}; "
+                              f"expected {k} each, ceil(N / (world_size * batch_size))",
+                              "a rank with one batch more waits forever at that batch's all-reduce. Give each rank "
+                              "an equal share (sizes differing by at most one) and cut it into exactly that many "
+                              "batches, some a sample shorter")
+    # 5. a rank reads its part of the shards only
+    for i, what, per_rank in runs:
+        case = cases[i]
+        n, sizes = sum(case["sizes"]), case["sizes"]
+        allowed = math.ceil(n / world) + 2 * max(sizes)
+        for rank, batches in sorted(per_rank.items()):
+            touched = sorted({s for s, _ in _samples(batches)})
+            if sum(sizes[s] for s in touched) > allowed:
+                raise CheckFailed("each rank reads only its part of the shards",
+                                  f"with {_describe_75(case)}, rank {rank} read from {len(touched)} of the "
+                                  f"{len(sizes)} shards in {what} ({sum(sizes[s] for s in touched)} samples' worth "
+                                  f"of tar files for a share of {math.ceil(n / world)})",
+                                  "a tar shard is read front to back: shuffle the order of the shards, not the "
+                                  "samples, and give each rank a contiguous part of that stream")
+    # 6. a new split every epoch
+    case = cases[0]
+    e0, e1 = (str(e) for e in case["epochs"])
+    for o in obs:
+        if set(_samples(o["results"][0]["epochs"][e0])) == set(_samples(o["results"][0]["epochs"][e1])):
+            raise CheckFailed("a different split every epoch",
+                              f"with {_describe_75(case)}, rank {o['rank']} read the same samples in epochs {e0} "
+                              f"and {e1}", "draw the shards' order from (seed, epoch) (set_epoch stores the epoch)")
+    # 7. resuming
+    for i, case in enumerate(cases):
+        if not case["resume"]:
+            continue
+        epoch, start = case["resume"]
+        for o in obs:
+            full = [pairs for _, pairs in o["results"][i]["epochs"][str(epoch)]]
+            resumed = [pairs for _, pairs in o["results"][i]["resume"]]
+            if resumed != full[start:]:
+                first = resumed[0][:3] if resumed else "nothing"
+                raise CheckFailed("resumes where it stopped",
+                                  f"with {_describe_75(case)}: after set_epoch({epoch}, start={start}), rank "
+                                  f"{o['rank']} yielded {len(resumed)} batches starting with {first}; the epoch's "
+                                  f"batches after its first {start} are {len(full) - start}, starting with "
+                                  f"{full[start][:3]}",
+                                  "skip the rank's first `start` batches before dealing the rest between the "
+                                  "workers (the DataLoader takes one batch from each worker in turn)")
+    return ("every sample exactly once per epoch, the same number of batches on every rank, every worker busy, "
+            "each rank reading its part of the shards, a new split every epoch, and a resumed epoch that "
+            "continues where it stopped.")

@@ -1,4 +1,4 @@
-"""The rank side of checks 7.2-7.4 (lesson 07): what runs inside each process torchrun starts.
+"""The rank side of checks 7.2-7.5 (lesson 07): what runs inside each process torchrun starts.
 
     python -m torch.distributed.run --standalone --nproc_per_node=2 \\
         -m course_utils.checks.lesson07_ranks JOBS.json OUTDIR
@@ -12,7 +12,7 @@ and writes what it saw to `OUTDIR/<job>-rank<r>.json`. It judges nothing: the ch
 notebook's process reads every rank's observations and decides (`lesson07.py`). A learner's
 exception is recorded, never raised, so every rank always reaches the next job.
 
-The inputs of each job (`case_72`, `cases_73`, `case_74`) are functions of the seed alone, so
+The inputs of each job (`case_72`, `cases_73`, `case_74`, `cases_75`) are functions of the seed alone, so
 the check recomputes them to build the expected answers.
 
 The ranks always run gloo on the CPU. What would differ under nccl is made visible where the
@@ -497,7 +497,98 @@ def run_74(fn, job, rank, world, workdir, obs) -> None:
                         "weights_changed": state_lists(model) != initial})
 
 
-HARNESSES = {"7.2": run_72, "7.3": run_73, "7.4": run_74}
+# -- 7.5 shards for every rank and worker ---------------------------------------------------------------
+
+def cases_75(seed: int, world: int) -> list[dict]:
+    """Exercise 7.5's inputs, always in this order: (0) many shards of unequal sizes, two workers
+    per rank, two epochs and a resumed epoch; (1) an odd number of samples whose share per rank is
+    a whole number of batches (a rank with one batch more, unless the split evens it out), read
+    without workers; (2) a single shard, two workers per rank."""
+    rng = np.random.default_rng([75, seed])
+    cases = []
+    sizes = [int(v) for v in rng.integers(30, 51, size=int(rng.integers(8, 13)))]
+    batch = int(rng.integers(4, 10))
+    k = math.ceil(sum(sizes) / (world * batch))
+    cases.append({"sizes": sizes, "batch_size": batch, "seed": int(rng.integers(0, 10_000)), "workers": 2,
+                  "epochs": [0, 1], "resume": [1, int(rng.integers(2, k - 2))]})
+    batch = int(rng.integers(3, 7))
+    n = world * batch * int(rng.integers(5, 9)) + 1
+    cuts = sorted(int(c) for c in rng.choice(np.arange(1, n), size=2, replace=False))
+    cases.append({"sizes": [cuts[0], cuts[1] - cuts[0], n - cuts[1]], "batch_size": batch,
+                  "seed": int(rng.integers(0, 10_000)), "workers": 0, "epochs": [int(rng.integers(0, 5))],
+                  "resume": None})
+    n, batch = int(rng.integers(40, 81)), int(rng.integers(3, 7))
+    cases.append({"sizes": [n], "batch_size": batch, "seed": int(rng.integers(0, 10_000)), "workers": 2,
+                  "epochs": [0], "resume": [0, 1]})
+    return cases
+
+
+MAX_BATCHES_75 = 5000        # a stream that yields more than this is endless
+
+
+def _pairs(batch):
+    """A batch as [[shard, index], ...], or None when it is not a sequence of pairs of integers."""
+    try:
+        if hasattr(batch, "tolist"):
+            batch = batch.tolist()
+        out = []
+        for item in batch:
+            if hasattr(item, "tolist"):
+                item = item.tolist()
+            shard, index = item
+            if int(shard) != shard or int(index) != index:
+                return None
+            out.append([int(shard), int(index)])
+        return out
+    except (TypeError, ValueError):
+        return None
+
+
+class _TaggedStream(torch.utils.data.IterableDataset):
+    """The learner's stream, each batch tagged with the DataLoader worker that yielded it."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        worker = info.id if info is not None else 0
+        for i, batch in enumerate(self.inner):
+            if i >= MAX_BATCHES_75:
+                yield worker, "endless"
+                return
+            pairs = _pairs(batch)
+            yield worker, pairs if pairs is not None else {"bad": repr(batch)[:80]}
+
+
+def _read_stream(stream, workers: int, timeout_s: float) -> list:
+    loader = torch.utils.data.DataLoader(_TaggedStream(stream), batch_size=None, num_workers=workers,
+                                         timeout=timeout_s if workers else 0)
+    return [[worker, pairs] for worker, pairs in loader]
+
+
+def run_75(cls, job, rank, world, workdir, obs) -> None:
+    results = obs.setdefault("results", [])
+    for case in cases_75(job["seed"], world):
+        entry = {"epochs": {}, "resume": None}
+        results.append(entry)
+        try:
+            stream = cls(list(case["sizes"]), case["batch_size"], seed=case["seed"])
+            for epoch in case["epochs"]:
+                stream.set_epoch(epoch)
+                entry["epochs"][str(epoch)] = _read_stream(stream, case["workers"], job.get("timeout_s", 20))
+            if case["resume"]:
+                epoch, start = case["resume"]
+                again = cls(list(case["sizes"]), case["batch_size"], seed=case["seed"])   # as a restarted job
+                again.set_epoch(epoch, start=start)
+                entry["resume"] = _read_stream(again, case["workers"], job.get("timeout_s", 20))
+        except Exception as exc:
+            if isinstance(exc, NotImplementedError) or "NotImplementedError" in str(exc).split("\n", 1)[0]:
+                raise NotImplementedError("Exercise 7.5") from None
+            entry["error"] = describe_error(exc, job["file"])
+
+
+HARNESSES = {"7.2": run_72, "7.3": run_73, "7.4": run_74, "7.5": run_75}
 
 
 def store_barrier(store, key: str, world: int, *, timeout_s: float) -> None:
