@@ -342,7 +342,7 @@ class _Verified:
 
 
 # The share of the ideal gain 2.2 asks for (see required_speedup).
-GAIN_ASKED = 0.35
+GAIN_ASKED = 0.2
 
 
 def required_speedup(baseline, others_cores: float) -> float:
@@ -354,16 +354,18 @@ def required_speedup(baseline, others_cores: float) -> float:
     reports it, else the step's span on the device: an upper bound). All of it is CPU work but the
     device's, so with a worker per free core a step takes at least the longest of
     `(t_load + t_host) / free cores`, `t_host` and `t_device`; against the baseline's
-    `t_load + t_host`, that is the ideal gain. The check asks for `GAIN_ASKED` (35%) of it, at
+    `t_load + t_host`, that is the ideal gain. The check asks for `GAIN_ASKED` (20%) of it, at
     least 1.05x.
 
-    Why 35%, on the simulated H100 (lesson 01) and a 2-core host, quiet (2026-11-25,
-    `benchmarks/check_bars.py 2.2 --runs 6 --quiet`, the host's other jobs held off with real-time
-    priority), timing the steady state (the whole training set, so that no timed batch was
-    prepared during the warm-up): the ideal is about 2.0x and the bar 1.35x; the right loader (one
-    worker per core, persistent) measured 1.66x-1.76x and passed 6 runs of 6, the unchanged
-    num_workers=0 baseline 0.90x-1.11x and failed 6 of 6: 0.31 and 0.24 from the bar. Four workers
-    per core measured 1.43x-1.75x, no faster than one per core, as lesson 02 says.
+    Why 20%, on the simulated H100 (lesson 01) and a 2-core host, quiet (2026-11-25,
+    `benchmarks/check_bars.py 2.2 --runs N --quiet`), timing the steady state (the whole training
+    set, so that no timed batch was prepared during the warm-up); the ideal is about 2.0x, the bar
+    1.2x. At normal priority with nothing else running: the right loader (one worker per core,
+    persistent) 1.31x-1.62x (5 runs), 1.36x-1.63x with COURSE_DEVICE=cpu (4 runs; CI once saw
+    1.31x there), the unchanged num_workers=0 baseline 0.99x-1.01x; with the host's other jobs held
+    off by real-time priority (6 runs): right 1.66x-1.76x, baseline 0.90x-1.11x. The bar sits 0.11
+    below the slowest right loader and 0.09 above the fastest baseline. Four workers per core:
+    1.32x-1.75x, no faster than one per core, as lesson 02 says.
     `others_cores`, what other processes used meanwhile, is taken from the free cores: where they
     left too little for workers to gain, the bar falls to 1.05x and the verdict says the grade
     of speed was not a fair one."""
