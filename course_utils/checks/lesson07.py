@@ -188,8 +188,8 @@ def check_7_1(shard_indices):
 # 7.2-7.4: the learner's file, run under torchrun
 # ================================================================================================
 
-def _learner_file(path, function: str, exercise_id: str) -> Path:
-    """Check the object handed to the check is the exercise's file, and stop early on a stub."""
+def _parsed_file(path) -> tuple[Path, ast.Module]:
+    """The exercise's file, parsed: a clear error for a wrong object, a missing file or a syntax error."""
     if not isinstance(path, (str, Path)):
         raise WrongType("type", f"expected the path of your exercise file (the `%%writefile` cell's file), but "
                         f"got {type(path).__name__}: {path!r:.60}")
@@ -197,16 +197,26 @@ def _learner_file(path, function: str, exercise_id: str) -> Path:
     if not path.is_file():
         raise WrongType("type", f"there is no file {path}: run the exercise's `%%writefile` cell first")
     try:
-        tree = ast.parse(path.read_text(), filename=str(path))
+        return path, ast.parse(path.read_text(), filename=str(path))
     except SyntaxError as exc:
         raise RankError(f"{path.name} has a syntax error at line {exc.lineno}: {exc.msg}") from None
+
+
+def _stop_on_stub(function: ast.FunctionDef, exercise_id: str) -> None:
+    """A body that only raises NotImplementedError (a docstring aside) is the unsolved stub."""
+    body = [s for s in function.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    if len(body) == 1 and isinstance(body[0], ast.Raise) and "NotImplementedError" in ast.unparse(body[0]):
+        raise NotImplementedError(f"Exercise {exercise_id}")
+
+
+def _learner_file(path, function: str, exercise_id: str) -> Path:
+    """Check the object handed to the check is the exercise's file, and stop early on a stub."""
+    path, tree = _parsed_file(path)
     defs = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == function]
     if not defs:
         raise CheckFailed(f"defines {function}()", f"{path.name} has no top-level function {function}()",
                           "keep the function's name and signature as the exercise gives them")
-    body = [s for s in defs[-1].body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
-    if len(body) == 1 and isinstance(body[0], ast.Raise) and "NotImplementedError" in ast.unparse(body[0]):
-        raise NotImplementedError(f"Exercise {exercise_id}")
+    _stop_on_stub(defs[-1], exercise_id)
     return path
 
 
@@ -771,25 +781,14 @@ def _forward_outside_backward_inside(synced) -> int | None:
 
 def _learner_class_file(path, cls: str, method: str, exercise_id: str) -> Path:
     """`_learner_file` for an exercise that is a class: the stub is its `method` raising NotImplementedError."""
-    if not isinstance(path, (str, Path)):
-        raise WrongType("type", f"expected the path of your exercise file (the `%%writefile` cell's file), but "
-                        f"got {type(path).__name__}: {path!r:.60}")
-    path = Path(path)
-    if not path.is_file():
-        raise WrongType("type", f"there is no file {path}: run the exercise's `%%writefile` cell first")
-    try:
-        tree = ast.parse(path.read_text(), filename=str(path))
-    except SyntaxError as exc:
-        raise RankError(f"{path.name} has a syntax error at line {exc.lineno}: {exc.msg}") from None
+    path, tree = _parsed_file(path)
     classes = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == cls]
     if not classes:
         raise CheckFailed(f"defines {cls}", f"{path.name} has no top-level class {cls}",
                           "keep the class's name and its methods' signatures as the exercise gives them")
     methods = [n for n in classes[-1].body if isinstance(n, ast.FunctionDef) and n.name == method]
     if methods:
-        body = [s for s in methods[-1].body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
-        if len(body) == 1 and isinstance(body[0], ast.Raise) and "NotImplementedError" in ast.unparse(body[0]):
-            raise NotImplementedError(f"Exercise {exercise_id}")
+        _stop_on_stub(methods[-1], exercise_id)
     return path
 
 
