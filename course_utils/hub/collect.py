@@ -48,15 +48,22 @@ def read_own_notebook(home: str, name: str, uid: int | None) -> bytes:
     """`home/feed-the-gpu/name`, opened without following links; with `uid`, only a regular file
     that account owns, of at most MAX_BYTES. FileNotFoundError when there is none; PermissionError
     (with a sentence) when it is not theirs to hand in."""
+    import errno
     flags = os.O_RDONLY | os.O_NOFOLLOW
     fds = []
     try:
         fds.append(os.open(home, flags | os.O_DIRECTORY))
-        fds.append(os.open(COURSE_FOLDER, flags | os.O_DIRECTORY, dir_fd=fds[-1]))
+        try:
+            fds.append(os.open(COURSE_FOLDER, flags | os.O_DIRECTORY, dir_fd=fds[-1]))
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):   # a link (or a file) where the folder should be
+                raise PermissionError(f"{home}/{COURSE_FOLDER} is a link or a file, not the learner's own "
+                                      "folder") from None
+            raise
         try:
             fds.append(os.open(name, flags | os.O_NONBLOCK, dir_fd=fds[-1]))
         except OSError as exc:
-            if exc.errno == 40:   # ELOOP: a link
+            if exc.errno == errno.ELOOP:
                 raise PermissionError(f"{COURSE_FOLDER}/{name} is a link, not the learner's own notebook") from None
             raise
         st = os.fstat(fds[-1])
@@ -70,8 +77,8 @@ def read_own_notebook(home: str, name: str, uid: int | None) -> bytes:
         with os.fdopen(os.dup(fds[-1]), "rb") as f:
             return f.read(MAX_BYTES + 1)
     except OSError as exc:
-        if exc.errno == 40:
-            raise PermissionError(f"{home}/{COURSE_FOLDER} is a link, not the learner's own folder") from None
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise PermissionError(f"{home} is a link or a file, not the learner's own home") from None
         raise
     finally:
         for fd in fds:
