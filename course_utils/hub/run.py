@@ -46,16 +46,18 @@ def _say(text: str) -> None:
 
 
 def proxy_command() -> str:
-    """configurable-http-proxy as `make hub-deps` installed it (npm, into .venv/hub-proxy)."""
-    if not PROXY.exists():
-        raise HubError(f"configurable-http-proxy is not installed ({PROXY}): `make hub-deps` installs it with npm "
-                       "(Node.js 20 or newer)")
+    """configurable-http-proxy: HUB_PROXY when set, else as `make hub-deps` installed it (npm, into
+    .venv/hub-proxy), else one on PATH (`npm install -g`)."""
+    proxy = os.environ.get("HUB_PROXY") or (str(PROXY) if PROXY.exists() else shutil.which("configurable-http-proxy"))
+    if not proxy or not os.access(proxy, os.X_OK):
+        raise HubError(f"configurable-http-proxy is not installed ({proxy or PROXY}): `make hub-deps` installs it "
+                       "with npm (Node.js 20 or newer)")
     node = shutil.which("node")
     version = subprocess.run([node, "--version"], capture_output=True, text=True).stdout.strip() if node else ""
     if not version or int(version.lstrip("v").split(".")[0]) < 20:
         raise HubError(f"configurable-http-proxy 5 needs Node.js 20 or newer (found {version or 'none'}): install "
                        "it (Debian 13's nodejs, or NodeSource's for Debian 12)")
-    return str(PROXY)
+    return proxy
 
 
 def _free_port() -> int:
