@@ -26,10 +26,17 @@ c.JupyterHub.db_url = f"sqlite:///{state / 'jupyterhub.sqlite'}"
 c.JupyterHub.cookie_secret_file = str(state / "jupyterhub_cookie_secret")
 c.JupyterHub.pid_file = str(state / "jupyterhub.pid")
 
-# who logs in: the learners with the workshop's shared password, the instructor as the admin
+# who logs in: the learners with the workshop's shared password (or each with their own: HUB_PASSWORDS=each,
+# course_utils.hub.auth), the instructor as the admin with the admin's password
 c.JupyterHub.authenticator_class = "shared-password"
 c.SharedPasswordAuthenticator.user_password = os.environ.pop("COURSE_HUB_PASSWORD")
 c.SharedPasswordAuthenticator.admin_password = os.environ.pop("COURSE_HUB_ADMIN_PASSWORD")
+each = os.environ.pop("COURSE_HUB_LEARNER_PASSWORDS", None)
+if each:
+    c.JupyterHub.authenticator_class = "course_utils.hub.auth.LearnerPasswordAuthenticator"
+    c.LearnerPasswordAuthenticator.learner_passwords = json.loads(each)
+    c.LearnerPasswordAuthenticator.admin_password = c.SharedPasswordAuthenticator.admin_password
+    c.SharedPasswordAuthenticator.user_password = None
 c.Authenticator.allowed_users = set(plan["learners"])
 c.Authenticator.admin_users = {plan["admin"]} if plan.get("admin") else set()
 

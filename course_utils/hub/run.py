@@ -29,7 +29,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from .settings import ROOT, HubError, Settings, from_env, passwords
+from .settings import ROOT, HubError, Settings, from_env, learner_passwords, passwords
 
 __all__ = ["main", "proxy_command", "plan", "clean", "NOT_ROOT"]
 
@@ -110,7 +110,8 @@ def plan(settings: Settings, hub_id: str, *, python: str, course: str, data: str
     }
 
 
-def _describe(p: dict, learner_password: str, generated: bool, created: list[str]) -> str:
+def _describe(p: dict, learner_password: str, generated: bool, created: list[str],
+              each: dict | None = None, new: list[str] = ()) -> str:
     shared_cores = len(set(c for s in p["seats"].values() for c in s["cores"])) < sum(
         len(s["cores"]) for s in p["seats"].values())
     lines = ["", "Feed the GPU: the workshop hub", ""]
@@ -119,7 +120,11 @@ def _describe(p: dict, learner_password: str, generated: bool, created: list[str
     host = p["ip"] if p["ip"] not in ("0.0.0.0", "") else socket.gethostname()
     lines.append(f"  address    http://{host}:{p['port']}/   ({where})")
     lines.append(f"  learners   {', '.join(p['learners'])} ({len(p['learners'])}), each logs in with their name")
-    if generated:
+    if each is not None:
+        lines.append(f"  passwords  one per learner (HUB_PASSWORDS=each), kept in {p['state']}/learner-passwords.json"
+                     + ("; the new ones, shown once:" if new else ""))
+        lines += [f"               {name:<12s} {each[name]}" for name in new]
+    elif generated:
         lines.append(f"  password   {learner_password}   (generated now, shown once; kept in {p['state']}/passwords.json)")
     else:
         lines.append(f"  password   the workshop's (HUB_PASSWORD, or the one shown when this hub first started: "
@@ -241,6 +246,7 @@ def main(argv=None) -> int:
         settings.state.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(settings.state, 0o700)
         learner_password, admin_password, generated = passwords(settings.state)
+        each, new = learner_passwords(settings.state, settings.learners) if settings.each_password else (None, [])
         hub_id = secrets.token_hex(4)
         p, created, _ = _prepare(settings, hub_id)
     except HubError as exc:
@@ -252,6 +258,8 @@ def main(argv=None) -> int:
         json.dump(p, f, indent=1)
     env = dict(os.environ, COURSE_HUB_PLAN=str(plan_file), COURSE_HUB_PASSWORD=learner_password,
                COURSE_HUB_ADMIN_PASSWORD=admin_password, PYTHONUNBUFFERED="1")
+    if each is not None:
+        env["COURSE_HUB_LEARNER_PASSWORDS"] = json.dumps(each)
     from .procs import MARK, sweep
     env[MARK] = f"{hub_id}/:hub"
     config = Path(__file__).with_name("jupyterhub_config.py")
@@ -279,7 +287,7 @@ def main(argv=None) -> int:
                 break
             time.sleep(0.3)
         if hub.poll() is None and not stopping:
-            _say(_describe(p, learner_password, generated, created))
+            _say(_describe(p, learner_password, generated, created, each, new))
             _say(f"  Feed the GPU workshop hub open at http://{p['ip']}:{p['port']}/\n")
         while True:
             try:

@@ -6,6 +6,8 @@
                    printed once when unset, then kept in the state folder)
     HUB_ADMIN_PASSWORD  the admin's password (32+ characters, as JupyterHub asks; generated when
                    unset and kept in the state folder, never printed)
+    HUB_PASSWORDS=each  a password per learner instead (generated once, printed, kept in the state
+                   folder): with a shared one, anyone who has it can log in as any learner
     HUB_PORT       the port the room connects to (8000); HUB_IP the address (127.0.0.1: this
                    machine only; 0.0.0.0 opens it to the room)
     HUB_STATE      the hub's state: database, cookie secret, passwords, plan (.hub/ in the course)
@@ -22,8 +24,8 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["HubError", "Settings", "read_learners", "from_env", "parse_memory", "passwords", "ROOT",
-           "MIN_PASSWORD", "MIN_ADMIN_PASSWORD"]
+__all__ = ["HubError", "Settings", "read_learners", "from_env", "parse_memory", "passwords", "learner_passwords",
+           "ROOT", "MIN_PASSWORD", "MIN_ADMIN_PASSWORD"]
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = re.compile(r"^[a-z][a-z0-9_-]{0,30}$")
@@ -45,6 +47,7 @@ class Settings:
     memory_bytes: int | None = None      # None: 90% of RAM shared out; 0: no cap
     single_user: bool = False
     grader_user: str = "ftg-grader"
+    each_password: bool = False          # HUB_PASSWORDS=each: a password per learner
     extra: dict = field(default_factory=dict)
 
     @property
@@ -120,9 +123,13 @@ def from_env(environ=None) -> Settings:
     shared = Path(env.get("HUB_SHARED") or (state / "shared" if single else "/srv/feed-the-gpu")).expanduser().absolute()
     grader = env.get("HUB_GRADER_USER", "ftg-grader").strip()
     _check_name(grader, "HUB_GRADER_USER")
+    each = env.get("HUB_PASSWORDS", "").strip().lower()
+    if each not in ("", "shared", "each"):
+        raise HubError(f"HUB_PASSWORDS={each!r}: leave it unset (one password for the workshop) or set it to `each` "
+                       "(a password per learner)")
     return Settings(learners=learners, admin=admin, port=port, ip=env.get("HUB_IP", "127.0.0.1").strip() or "127.0.0.1",
                     state=state, shared=shared, memory_bytes=parse_memory(env.get("HUB_MEMORY")), single_user=single,
-                    grader_user=grader)
+                    grader_user=grader, each_password=each == "each")
 
 
 def passwords(state: Path, environ=None) -> tuple[str, str, bool]:
@@ -159,3 +166,22 @@ def passwords(state: Path, environ=None) -> tuple[str, str, bool]:
         with os.fdopen(fd, "w") as f:
             json.dump(keep, f)
     return learners, admin, generated
+
+
+def learner_passwords(state: Path, learners: list[str]) -> tuple[dict[str, str], list[str]]:
+    """HUB_PASSWORDS=each: every learner's own password, generated once per learner and kept in
+    state/learner-passwords.json (root only). Returns (all of them, the learners given one just now)."""
+    path = state / "learner-passwords.json"
+    try:
+        stored = json.loads(path.read_text())
+    except (OSError, ValueError):
+        stored = {}
+    new = [name for name in learners if name not in stored]
+    for name in new:
+        stored[name] = secrets.token_urlsafe(9)
+    if new:
+        state.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(stored, f)
+    return {name: stored[name] for name in learners}, new

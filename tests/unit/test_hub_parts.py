@@ -217,3 +217,33 @@ def test_hub_clean_removes_the_state_only(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HUB_STATE", str(state))
     assert run.main(["--clean"]) == 0 and not state.exists()
     assert "kept: the learners' accounts and homes" in capsys.readouterr().out
+
+
+# -- a password per learner (HUB_PASSWORDS=each) ---------------------------------------------------
+
+def test_the_shared_password_opens_any_learners_account_a_password_each_does_not(tmp_path):
+    """Why HUB_PASSWORDS=each exists: JupyterHub's SharedPasswordAuthenticator lets whoever has the
+    workshop's password in as ANY learner; with a password each, alice's opens alice's account only."""
+    import asyncio
+
+    from jupyterhub.authenticators.shared import SharedPasswordAuthenticator
+
+    from course_utils.hub.auth import LearnerPasswordAuthenticator
+    admin_pw = "A" * 40
+    shared = SharedPasswordAuthenticator(user_password="workshop-pw", admin_password=admin_pw, admin_users={"teacher"})
+    assert asyncio.run(shared.authenticate(None, {"username": "bob", "password": "workshop-pw"}))["name"] == "bob"
+    each, new = settings.learner_passwords(tmp_path, ["alice", "bob"])
+    assert new == ["alice", "bob"] and each["alice"] != each["bob"]
+    assert settings.learner_passwords(tmp_path, ["alice", "bob", "carol"])[1] == ["carol"]   # kept; carol's is new
+    auth = LearnerPasswordAuthenticator(learner_passwords=each, admin_password=admin_pw, admin_users={"teacher"})
+
+    def login(name, password):
+        return asyncio.run(auth.authenticate(None, {"username": name, "password": password}))
+    assert login("alice", each["alice"]) == {"name": "alice", "admin": False, "groups": []}
+    assert login("bob", each["alice"]) is None                  # alice's password does not open bob's account
+    assert login("alice", "workshop-pw") is None
+    assert login("teacher", admin_pw)["admin"] is True
+    assert login("teacher", each["alice"]) is None
+    assert settings.from_env({"HUB_LEARNERS": "alice", "HUB_PASSWORDS": "each"}).each_password
+    with pytest.raises(HubError, match="HUB_PASSWORDS"):
+        settings.from_env({"HUB_LEARNERS": "alice", "HUB_PASSWORDS": "mine"})
