@@ -247,3 +247,20 @@ def test_the_shared_password_opens_any_learners_account_a_password_each_does_not
     assert settings.from_env({"HUB_LEARNERS": "alice", "HUB_PASSWORDS": "each"}).each_password
     with pytest.raises(HubError, match="HUB_PASSWORDS"):
         settings.from_env({"HUB_LEARNERS": "alice", "HUB_PASSWORDS": "mine"})
+
+
+def test_make_targets_and_pins():
+    """`make hub`, `make collect` and `make hub-clean` run the course's modules; the hub's packages
+    and its proxy are pinned (hub/requirements.txt, hub/proxy/package-lock.json)."""
+    def dry(*args):
+        return subprocess.run(["make", "-n", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert "-m course_utils.hub" in dry("hub")
+    assert "-m course_utils.hub --clean" in dry("hub-clean")
+    assert "-m course_utils.hub.collect --lesson 02 --submissions submissions --smoke" in dry("collect", "LESSON=02")
+    reqs = [line.split("#")[0].strip() for line in (ROOT / "hub" / "requirements.txt").read_text().splitlines()]
+    reqs = [r for r in reqs if r]
+    assert reqs and all("==" in r for r in reqs) and any(r.startswith("jupyterhub==6.") for r in reqs)
+    package = json.loads((ROOT / "hub" / "proxy" / "package.json").read_text())
+    lock = json.loads((ROOT / "hub" / "proxy" / "package-lock.json").read_text())
+    pinned = package["dependencies"]["configurable-http-proxy"]
+    assert pinned[0].isdigit() and lock["packages"]["node_modules/configurable-http-proxy"]["version"] == pinned
