@@ -226,12 +226,15 @@ def prepare_data(dest: Path, python: Path, say) -> Path:
     return dest
 
 
-def verify(python: Path, env_extra: dict | None = None, user: str = "nobody") -> None:
+def verify(python: Path, env_extra: dict | None = None, user: str = "nobody", *, full: bool = True) -> None:
     """Run the learners' environment as `user` (root only; as yourself otherwise): it must import
-    torch, course_utils (from the snapshot), JupyterLab and JupyterHub's single-user server."""
-    probe = ("import torch, jupyterlab, jupyterhub.singleuser, course_utils, course_utils.checks; "
-             "from course_utils.data import prepare_cifar10; import sys; "
+    torch, course_utils (from the snapshot), JupyterLab and JupyterHub's single-user server, and
+    find the data (`full=False`: the course's code and the data only, for an environment that
+    passed the full check when it was built)."""
+    probe = ("import course_utils, course_utils.checks; from course_utils.data import prepare_cifar10; "
              "print(course_utils.__file__, prepare_cifar10(generate=False).root)")
+    if full:
+        probe = "import torch, jupyterlab, jupyterhub.singleuser; " + probe
     kwargs = {}
     if os.geteuid() == 0:
         import pwd
@@ -271,7 +274,8 @@ def build(shared: Path, venv: Path, *, grader_group: str | None = None, say=prin
             how = built.get("how")
     except (OSError, ValueError):
         pass
-    if how is None:
+    fresh = how is None
+    if fresh:
         say(f"building the learners' Python environment in {env_dir} from {python} and the course's packages ...")
         how = _build_env(venv, python, version, env_dir, course, say)
         fixed = _no_writable_by_others(env_dir)
@@ -283,7 +287,7 @@ def build(shared: Path, venv: Path, *, grader_group: str | None = None, say=prin
     learner_python = env_dir / "bin" / "python"
     data = prepare_data(shared / "data" / "cifar", learner_python, say)
     os.chmod(shared / "data", 0o755)
-    verify(learner_python, {"COURSE_DATA": str(data)})
+    verify(learner_python, {"COURSE_DATA": str(data)}, full=fresh)
     say(f"learners' environment ready in {time.monotonic() - t0:.0f} s ({how} of the course's packages, "
         f"Python {python})")
     return LearnerEnv(python=learner_python, course=course, data=data, how=how)

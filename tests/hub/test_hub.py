@@ -19,8 +19,9 @@ Playwright as tests/browser/test_lab.py drives `make lab`:
    process of the hub's or of the learners' is left, nor their memory cgroups.
 
 Skipped with a sentence when not root, without Chromium, Playwright or the hub's proxy (Node.js
-20+, `make hub-deps`). Every wait has a deadline; the accounts, state and shared folder made here
-are removed at the end. Screenshots go to build/hub-test/.
+20+, `make hub-deps`). Every wait has a deadline; the accounts and the state made here are removed
+at the end; the learners' environment is kept for the next run (build/hub-test/shared, else
+/var/tmp). Screenshots and logs go to build/hub-test/.
 """
 from __future__ import annotations
 
@@ -73,6 +74,26 @@ def _skip_unless_ready():
         pytest.skip("no useradd to make the learners' accounts")
 
 
+def _others_can_enter(folder: Path) -> bool:
+    return all(f.stat().st_mode & 0o001 for f in [folder, *folder.parents] if f.exists())
+
+
+def _shared_folder() -> Path:
+    """Where the learners' environment is built for the test: a folder every user can enter, on the
+    .venv's filesystem (the environment is then hard links, made in a second), kept between runs
+    (a second run reuses it; removing 45,000 links costs more than making them): build/hub-test/shared
+    in the course when others can enter the course's folder, else /var/tmp or /tmp."""
+    venv_dev = (ROOT / ".venv").stat().st_dev
+    for folder in (OUT / "shared", Path("/var/tmp/feed-the-gpu-hub-test"), Path("/tmp/feed-the-gpu-hub-test")):
+        parent = folder.parent
+        parent.mkdir(parents=True, exist_ok=True)
+        if _others_can_enter(parent) and parent.stat().st_dev == venv_dev:
+            return folder
+    pytest.skip("no folder that every user can enter on the filesystem of .venv (the course is inside a private "
+                "folder such as /root, and /var/tmp and /tmp are other filesystems): the learners' environment "
+                "would be a full copy of the course's packages (6 GB)")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -101,9 +122,9 @@ def workshop():
     names = {"a": f"ftg{tag}a", "b": f"ftg{tag}b", "c": f"ftg{tag}c", "admin": f"ftg{tag}t", "grader": f"ftg{tag}g"}
     for name in names.values():
         assert subprocess.run(["id", name], capture_output=True).returncode != 0, f"{name} exists already"
-    base = Path(tempfile.mkdtemp(prefix="feed-the-gpu-hub-test-", dir="/tmp"))
-    os.chmod(base, 0o755)                        # the learners must reach the shared folder inside it
-    state, shared = base / "state", base / "shared"
+    base = Path(tempfile.mkdtemp(prefix="feed-the-gpu-hub-test-"))      # the state, submissions, gradebook
+    shared = _shared_folder()
+    state = base / "state"
     port = _free_port()
     env = dict(os.environ, HUB_LEARNERS=f"{names['a']},{names['b']},{names['c']}", HUB_ADMIN=names["admin"],
                HUB_STATE=str(state), HUB_SHARED=str(shared), HUB_PORT=str(port), HUB_GRADER_USER=names["grader"],
@@ -158,6 +179,7 @@ def workshop():
             subprocess.run(["userdel", "--remove", name], capture_output=True)
             subprocess.run(["groupdel", name], capture_output=True)
         shutil.rmtree(base, ignore_errors=True)
+        shutil.rmtree(shared / "grading", ignore_errors=True)     # the grader's staging: this run's learners
 
 
 def _login(browser, hub_url: str, name: str, password: str):
@@ -364,7 +386,7 @@ def test_a_workshop_of_two_learners_through_a_browser(workshop):
     t_collect = time.monotonic()
     subs, out = workshop["base"] / "submissions", workshop["base"] / "gradebook"
     collected = subprocess.run(["make", "--no-print-directory", "collect", "LESSON=00", f"SUBMISSIONS={subs}",
-                                f"GRADE_FLAGS=--smoke --output {out}"], cwd=ROOT, env=workshop["env"],
+                                f"GRADE_FLAGS=--smoke --jobs 2 --output {out}"], cwd=ROOT, env=workshop["env"],
                                capture_output=True, text=True, timeout=600)
     (OUT / "collect.log").write_text(collected.stdout + collected.stderr)
     assert collected.returncode == 0, collected.stdout[-3000:] + collected.stderr[-2000:]
