@@ -32,7 +32,7 @@ lab: $(STAMP)
 
 ## test: unit tests, `make lab` driven in headless Chromium, then every notebook headless in
 ## smoke mode (solutions pass, students fail).
-test: $(STAMP) browser-deps $(HUB_STAMP)
+test: $(STAMP) browser-deps hub-deps
 	COURSE_SMOKE=1 $(PY) -m pytest tests/unit -q
 	COURSE_SMOKE=1 COURSE_CHROMIUM=$(CHROMIUM) $(PY) -m pytest tests/browser tests/hub -q
 	COURSE_SMOKE=1 $(PY) -m pytest tests/notebooks -q
@@ -93,23 +93,25 @@ student: $(STAMP)
 ## file) with the shared HUB_PASSWORD (generated and printed once when unset), HUB_ADMIN the admin; as root an
 ## account, cores, a memory cap and a GPU per learner. State in .hub/ (HUB_STATE). Ctrl-C stops it all.
 ## e.g. `sudo make hub HUB_LEARNERS=alice,bob HUB_ADMIN=teacher`
-hub: $(HUB_STAMP)
+hub: hub-deps
 	$(PY) -m course_utils.hub
 
 ## hub-deps: the hub's packages (hub/requirements.txt: JupyterHub, batchspawner) into .venv, and its proxy
 ## (configurable-http-proxy, pinned in hub/proxy/package-lock.json) from npm into .venv/hub-proxy. Without
 ## Node.js 20+ the proxy is left out: `make hub` says so and the hub test is skipped.
-hub-deps: $(HUB_STAMP)
-$(HUB_STAMP): $(STAMP) hub/requirements.txt hub/proxy/package.json hub/proxy/package-lock.json
+HUB_PROXY_STAMP := $(VENV)/hub-proxy/.installed
+hub-deps: $(HUB_STAMP) $(HUB_PROXY_STAMP)
+$(HUB_STAMP): $(STAMP) hub/requirements.txt
 	$(PY) -m pip install -q -r hub/requirements.txt
+	touch $@
+$(HUB_PROXY_STAMP): hub/proxy/package.json hub/proxy/package-lock.json
 	@if command -v npm >/dev/null 2>&1 && [ "$$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)" -ge 20 ]; then \
 	  rm -rf $(VENV)/hub-proxy && mkdir -p $(VENV)/hub-proxy && \
 	  cp hub/proxy/package.json hub/proxy/package-lock.json $(VENV)/hub-proxy/ && \
-	  (cd $(VENV)/hub-proxy && npm ci --no-audit --no-fund --loglevel=error); \
+	  (cd $(VENV)/hub-proxy && npm ci --no-audit --no-fund --loglevel=error) && touch $@; \
 	else \
 	  echo "No Node.js 20+ with npm: the hub's proxy (configurable-http-proxy) is not installed; make hub needs it."; \
 	fi
-	touch $@
 
 ## hub-clean: remove the hub's state (.hub/: database, cookie secret, passwords); learners' homes are kept.
 hub-clean:

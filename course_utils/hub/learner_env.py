@@ -137,12 +137,13 @@ def _build_env(venv: Path, python: Path, version: str, dest: Path, course: Path,
     (site / "_feed_the_gpu_course.pth").write_text(f"{course}\n")
     old = dest.with_name(dest.name + ".old")
     if dest.exists():
-        shutil.rmtree(old, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)      # one a previous hub stopped before it was removed
         os.rename(dest, old)
     os.rename(tmp, dest)
-    if old.exists():
-        say(f"removing the previous learners' environment ({old})")
-        shutil.rmtree(old, ignore_errors=True)
+    if old.exists():                                # its links go while the hub starts (tens of thousands)
+        import threading
+        threading.Thread(target=shutil.rmtree, args=(old,), kwargs={"ignore_errors": True}, daemon=True,
+                         name="remove the previous learners' environment").start()
     return how
 
 
