@@ -30,8 +30,8 @@ $(STAMP): requirements.txt pyproject.toml
 lab: $(STAMP)
 	$(PY) -m course_utils.lab --port $(PORT) $(LAB_ARGS)
 
-## test: unit tests, `make lab` driven in headless Chromium, then every notebook headless in
-## smoke mode (solutions pass, students fail).
+## test: unit tests, `make lab` driven in headless Chromium, `make hub` with two learners in it (as root;
+## tests/hub), then every notebook headless in smoke mode (solutions pass, students fail).
 test: $(STAMP) browser-deps hub-deps
 	COURSE_SMOKE=1 $(PY) -m pytest tests/unit -q
 	COURSE_SMOKE=1 COURSE_CHROMIUM=$(CHROMIUM) $(PY) -m pytest tests/browser tests/hub -q

@@ -11,6 +11,8 @@ learner, the instructor as the hub's admin, and the class's gradebook at the end
 - `spawner`: the spawner that starts each learner's server with those;
 - `jupyterhub_config.py`: the hub's configuration, read from the plan `run` writes;
 - `run`: `python -m course_utils.hub`, what `make hub` runs; `procs`: nothing left running;
+- `auth`: a password per learner (HUB_PASSWORDS=each), where the shared one would let learners log
+  in as each other;
 - `collect`: `make collect LESSON=NN`, each learner's notebook into submissions/, then graded.
 
 INSTRUCTORS.md ("A workshop on JupyterHub") says how to run a room with it, and when to use the
