@@ -3,11 +3,13 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+HUB_STAMP := $(VENV)/.hub-installed
 PORT   ?= 8888
 NB     ?= notebooks/*.ipynb
 GRADE_FLAGS ?= --smoke
 
-.PHONY: lab test unit browser browser-deps notebooks grade ladder course gpu-check student venv clean
+.PHONY: lab test unit browser browser-deps notebooks grade ladder course gpu-check student venv clean \
+        hub hub-deps hub-clean collect
 
 venv: $(STAMP)
 
@@ -28,11 +30,11 @@ $(STAMP): requirements.txt pyproject.toml
 lab: $(STAMP)
 	$(PY) -m course_utils.lab --port $(PORT) $(LAB_ARGS)
 
-## test: unit tests, `make lab` driven in headless Chromium, then every notebook headless in
-## smoke mode (solutions pass, students fail).
-test: $(STAMP) browser-deps
+## test: unit tests, `make lab` driven in headless Chromium, `make hub` with two learners in it (as root;
+## tests/hub), then every notebook headless in smoke mode (solutions pass, students fail).
+test: $(STAMP) browser-deps hub-deps
 	COURSE_SMOKE=1 $(PY) -m pytest tests/unit -q
-	COURSE_SMOKE=1 COURSE_CHROMIUM=$(CHROMIUM) $(PY) -m pytest tests/browser -q
+	COURSE_SMOKE=1 COURSE_CHROMIUM=$(CHROMIUM) $(PY) -m pytest tests/browser tests/hub -q
 	COURSE_SMOKE=1 $(PY) -m pytest tests/notebooks -q
 
 unit: $(STAMP)
@@ -85,6 +87,44 @@ gpu-check:
 ## student: regenerate notebooks/ from solutions/ (never edit notebooks/ by hand).
 student: $(STAMP)
 	$(PY) -m course_utils.authoring student
+
+## hub: the workshop on JupyterHub (course_utils/hub, INSTRUCTORS.md "A workshop on JupyterHub"): one address
+## for the room (127.0.0.1:$(HUB_PORT), HUB_IP=0.0.0.0 opens it), the learners of HUB_LEARNERS (names or a
+## file) with the shared HUB_PASSWORD (generated and printed once when unset), HUB_ADMIN the admin; as root an
+## account, cores, a memory cap and a GPU per learner. State in .hub/ (HUB_STATE). Ctrl-C stops it all.
+## e.g. `sudo make hub HUB_LEARNERS=alice,bob HUB_ADMIN=teacher`
+hub: hub-deps
+	$(PY) -m course_utils.hub
+
+## hub-deps: the hub's packages (hub/requirements.txt: JupyterHub, batchspawner) into .venv, and its proxy
+## (configurable-http-proxy, pinned in hub/proxy/package-lock.json) from npm into .venv/hub-proxy. Without
+## Node.js 20+ the proxy is left out: `make hub` says so and the hub test is skipped.
+HUB_PROXY_STAMP := $(VENV)/hub-proxy/.installed
+hub-deps: $(HUB_STAMP) $(HUB_PROXY_STAMP)
+$(HUB_STAMP): $(STAMP) hub/requirements.txt
+	$(PY) -m pip install -q -r hub/requirements.txt
+	touch $@
+$(HUB_PROXY_STAMP): hub/proxy/package.json hub/proxy/package-lock.json
+	@if command -v npm >/dev/null 2>&1 && [ "$$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)" -ge 20 ]; then \
+	  rm -rf $(VENV)/hub-proxy && mkdir -p $(VENV)/hub-proxy && \
+	  cp hub/proxy/package.json hub/proxy/package-lock.json $(VENV)/hub-proxy/ && \
+	  (cd $(VENV)/hub-proxy && npm ci --no-audit --no-fund --loglevel=error) && touch $@; \
+	else \
+	  echo "No Node.js 20+ with npm: the hub's proxy (configurable-http-proxy) is not installed; make hub needs it."; \
+	fi
+
+## hub-clean: remove the hub's state (.hub/: database, cookie secret, passwords); learners' homes are kept.
+hub-clean:
+	$(if $(wildcard $(PY)),$(PY),$(PYTHON)) -m course_utils.hub --clean
+
+## collect: `make collect LESSON=02`: each learner's copy of lesson 02 into submissions/<learner>/ (those
+## with none are named and skipped), then graded (as the grader's own account when root), smoke by default
+## (GRADE_FLAGS= for full size): build/grades-02.json, build/gradebook-02.csv, build/graded-02/.
+SUBMISSIONS ?= submissions
+collect: $(STAMP)
+	@test -n "$(LESSON)" || { echo "say which lesson: make collect LESSON=02"; exit 2; }
+	$(PY) -m course_utils.hub.collect --lesson $(LESSON) --submissions $(SUBMISSIONS) $(GRADE_FLAGS); \
+	  status=$$?; [ $$status -le 1 ]
 
 clean:
 	rm -rf build .pytest_cache

@@ -22,7 +22,7 @@ import torch
 __all__ = [
     "EnvReport", "env_report", "print_env", "pick_device", "require", "device_label",
     "has_dali", "has_nvml", "cpu_name", "smoke_mode", "usable_cores", "local_cuda_index",
-    "course_device_choice", "CORES_ENV", "workers_for", "batches_needed", "bf16_native", "fast_amp",
+    "course_device_choice", "CORES_ENV", "cpu_quota_cores", "workers_for", "batches_needed", "bf16_native", "fast_amp",
     "dali_import_error", "dali_wheel", "dali_advice", "dali_gpu_check", "DALI_VERSION",
 ]
 
@@ -211,6 +211,7 @@ class EnvReport:
     cpu_cores_logical: int = 1
     cpu_cores_physical: int | None = None
     usable_cores: int = 1
+    cpu_quota: float | None = None      # cores' worth of CPU time a cgroup quota allows (None: no quota)
     ram_gib: float = 0.0
     dali: str | None = None
     dali_advice: str | None = None
@@ -235,7 +236,8 @@ class EnvReport:
                        "(labelled 'simulated') or are skipped with a sentence")
         out += [
             f"CPU          {self.cpu}: {self.usable_cores} usable cores "
-            f"({self.cpu_cores_logical} logical, {self.cpu_cores_physical or '?'} physical)",
+            f"({self.cpu_cores_logical} logical, {self.cpu_cores_physical or '?'} physical"
+            + (f"; a CPU quota of {self.cpu_quota:g} cores" if self.cpu_quota is not None else "") + ")",
             f"RAM          {self.ram_gib:.1f} GiB",
             f"DALI         {self.dali or 'not installed (lesson 04 explains and skips)'}",
             *([f"             {self.dali_advice}"] if self.dali_advice else []),
@@ -246,7 +248,10 @@ class EnvReport:
 
 
 def usable_cores() -> int:
-    """Cores this process may run on (the affinity mask), which is what DataLoader workers share.
+    """Cores this process may run on, which is what DataLoader workers share: the affinity mask,
+    and no more than a CPU-time quota allows (cgroup v2 `cpu.max`, as Kubernetes, `docker run
+    --cpus` and systemd's CPUQuota set it; cgroup v1's CFS quota), rounded up: a quota of 1.5
+    cores lets two processes run three quarters of the time each (`cpu_quota_cores`).
 
     Env COURSE_CORES=N (1-1024) replaces the count: the tests run smoke sizes as a 16- or
     64-core machine would choose them, on any host; a learner may also leave cores to other
@@ -257,9 +262,84 @@ def usable_cores() -> int:
             raise ValueError(f"{CORES_ENV}={value!r}: give the number of cores to use, 1 to 1024, or unset it")
         return int(value)
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
         return os.cpu_count() or 1
+    quota = cpu_quota_cores()
+    if quota is not None:
+        import math
+        cores = min(cores, max(1, math.ceil(quota - 1e-6)))
+    return cores
+
+
+def _cgroup_dirs(proc_self: str, want_v1: str) -> list[tuple[str, str]]:
+    """(version, folder) of this process's own cgroup in each hierarchy that can hold a CPU quota:
+    the cgroup2 one, and the cgroup v1 one that carries the `want_v1` controller. The path in
+    /proc/self/cgroup is taken relative to the root the hierarchy is mounted from (a container
+    sees its own cgroup mounted as the root)."""
+    try:
+        with open(f"{proc_self}/cgroup") as f:
+            memberships = [line.rstrip("\n").split(":", 2) for line in f if line.count(":") >= 2]
+        with open(f"{proc_self}/mountinfo") as f:
+            mounts = [line.split() for line in f]
+    except OSError:
+        return []
+    found = []
+    for fields in mounts:
+        if "-" not in fields:
+            continue
+        dash = fields.index("-")
+        root, point, fstype = fields[3], fields[4], fields[dash + 1]
+        options = set(fields[dash + 3].split(",")) if len(fields) > dash + 3 else set()
+        for hid, controllers, path in memberships:
+            if fstype == "cgroup2" and hid == "0" and controllers == "":
+                version = "v2"
+            elif fstype == "cgroup" and want_v1 in controllers.split(",") and want_v1 in options:
+                version = "v1"
+            else:
+                continue
+            if root != "/" and (path == root or path.startswith(root.rstrip("/") + "/")):
+                path = path[len(root.rstrip("/")):] or "/"
+            folder = point.rstrip("/") + ("" if path == "/" else path)
+            if os.path.isdir(folder):
+                found.append((version, folder))
+    return found
+
+
+def _quota_here(version: str, folder: str) -> float | None:
+    try:
+        if version == "v2":
+            with open(os.path.join(folder, "cpu.max")) as f:
+                quota, period = (f.read().split() + ["100000"])[:2]
+            if quota == "max":
+                return None
+            return int(quota) / int(period)
+        with open(os.path.join(folder, "cpu.cfs_quota_us")) as f:
+            quota = int(f.read())
+        with open(os.path.join(folder, "cpu.cfs_period_us")) as f:
+            period = int(f.read())
+        return None if quota < 0 or period <= 0 else quota / period
+    except (OSError, ValueError):
+        return None
+
+
+def cpu_quota_cores(proc_self: str = "/proc/self") -> float | None:
+    """The CPU time this process's cgroups allow, in cores (2.5 for `cpu.max` = "250000 100000"),
+    or None when no quota applies (or none can be read: not Linux, no cgroups mounted). The
+    smallest quota on the way from this process's cgroup up to the hierarchy's root counts, as
+    the kernel enforces every level. Read by `usable_cores()` (lesson 02 sizes its worker sweep
+    with it) and shown by `print_env()`."""
+    quotas = []
+    for version, folder in _cgroup_dirs(proc_self, "cpu"):
+        while True:
+            quota = _quota_here(version, folder)
+            if quota is not None:
+                quotas.append(quota)
+            parent = os.path.dirname(folder)
+            if parent == folder or not os.path.exists(os.path.join(parent, "cgroup.procs")):
+                break
+            folder = parent
+    return min(quotas) if quotas else None
 
 
 def batches_needed(workers: int, timed: int, *, prefetch_factor: int = 2) -> int:
@@ -307,6 +387,7 @@ def env_report() -> EnvReport:
         cpu_cores_logical=psutil.cpu_count(logical=True) or 1,
         cpu_cores_physical=psutil.cpu_count(logical=False),
         usable_cores=usable_cores(),
+        cpu_quota=cpu_quota_cores(),
         ram_gib=psutil.virtual_memory().total / 2**30,
         dali=_module_version("nvidia.dali"),
         dali_advice=dali_advice(),

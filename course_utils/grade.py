@@ -19,10 +19,14 @@ With `--json FILE` the results are written after every submission (a kill at any
 a valid file with every submission graded so far) and running the same command again grades only
 what is missing (`course_utils.grading.results`); SIGINT and SIGTERM stop it cleanly.
 
+A speed-graded check that found the machine too busy to judge speed ("not graded: the machine was
+busy", status `busy`) is run again once every submission has been checked and the machine is
+quieter (`--busy-retries`, `--busy-wait`; `course_utils.grading.busy`).
+
 Exit status: 0 every exercise of every submission passed; 1 not; 2 bad arguments; 3 the
 grader itself could not grade everything (a kernel that would not start, results that could not
-be written, the course's own files changed during grading); 128 + N interrupted by signal N
-(130 Ctrl-C, 143 SIGTERM). See INSTRUCTORS.md.
+be written, the course's own files changed during grading, a check the machine stayed too busy
+for); 128 + N interrupted by signal N (130 Ctrl-C, 143 SIGTERM). See INSTRUCTORS.md.
 """
 from __future__ import annotations
 
@@ -84,6 +88,8 @@ class GradeOptions:
     csv: Path | None = None            # the CSV gradebook, rebuilt from the results after every submission
     regrade: bool = False              # grade every submission again, also those whose results are kept
     run_id: str = ""                   # this run's process marker (course_utils.grading.reap), set by grade()
+    busy_retries: int = 2              # tries again for a check that found the machine too busy (grading.busy)
+    busy_wait_s: float = 120.0         # how long each of those tries waits for a quiet machine
 
 
 @dataclass
@@ -450,11 +456,18 @@ def _limit_sentence(exercise_id: str) -> str | None:
     return _core.limit_sentence(spec) if spec is not None else None
 
 
+def _check_task(sub: _Sub, e, opts: GradeOptions, seed: int) -> dict:
+    """What the checker needs to run exercise `e`'s check on what `sub` handed in."""
+    return {"exercise": e.id, "payload": str(sub.work / "handin" / f"{e.id}.pkl"), "cwd": str(sub.work / "cwd"),
+            "env": _checker_env(opts, sub, e.id), "seed": _exercise_seed(seed, e.id),
+            "limit_s": e.time_limit_s + _grace(e.time_limit_s), "limit_sentence": _limit_sentence(e.id),
+            "log": str(sub.work / f"check-{e.id}.log")}
+
+
 def _check_one(sub: _Sub, checker: _Checker, opts: GradeOptions, seed: int) -> None:
     from course_utils.grading.review import pickle_flags
     prep, x = sub.prepared, sub.execution
     handin = sub.work / "handin"
-    cwd = sub.work / "cwd"
     for e in sub.lesson.exercises:
         record = {"exercise": e.id, "title": e.title, "status": "missing", "points": 0, "max_points": e.points,
                   "message": "", "seconds": 0.0, "seed": None}
@@ -472,10 +485,7 @@ def _check_one(sub: _Sub, checker: _Checker, opts: GradeOptions, seed: int) -> N
                     "it was not graded")
             else:
                 seed_e = _exercise_seed(seed, e.id)
-                task = {"exercise": e.id, "payload": str(payload), "cwd": str(cwd), "env": _checker_env(opts, sub, e.id),
-                        "seed": seed_e, "limit_s": e.time_limit_s + _grace(e.time_limit_s),
-                        "limit_sentence": _limit_sentence(e.id),
-                        "log": str(sub.work / f"check-{e.id}.log")}
+                task = _check_task(sub, e, opts, seed)
                 try:
                     answer = checker.run(task)
                 except Exception as exc:
@@ -516,6 +526,41 @@ def _check_one(sub: _Sub, checker: _Checker, opts: GradeOptions, seed: int) -> N
                 record["message"] = f"{context}; {record['message']}"
         record["points"] = e.points if record["status"] == "pass" else 0
         sub.records.append(record)
+
+
+def _recheck_busy(subs: list[_Sub], checker: _Checker, opts: GradeOptions, seed: int, saved) -> None:
+    """Run again, once the machine is quieter, every check that found it too busy to judge speed
+    (`course_utils.grading.busy`); `saved(sub)` writes a submission's row again after its checks."""
+    from course_utils.grading import busy
+    for attempt in range(1, opts.busy_retries + 1):
+        pending = [(sub, r) for sub in subs if sub.status == "graded" for r in sub.records if r["status"] == "busy"]
+        if not pending:
+            return
+        quiet, others = busy.wait_until_quiet(opts.busy_wait_s, say=lambda text: _say(opts, text))
+        _say(opts, f"running {len(pending)} check(s) again that found the machine busy (try {attempt} of "
+                   f"{opts.busy_retries}" + ("" if quiet else f"; still busy: other programs use {others:.1f} cores")
+                   + ") ...")
+        for sub, record in pending:
+            e = next(x for x in sub.lesson.exercises if x.id == record["exercise"])
+            try:
+                answer = checker.run(_check_task(sub, e, opts, seed))
+            except Exception:
+                if checker.dead:
+                    checker.restart()
+                continue          # it stays "not graded"
+            if answer["status"] == "grader_error":
+                continue
+            record.update(status=answer["status"], message=answer["message"], seconds=answer["seconds"],
+                          points=e.points if answer["status"] == "pass" else 0)
+            if answer["status"] != "busy":
+                record["message"] += f" (graded on try {attempt + 1}: the machine was busy before)"
+            sub.review += [f"exercise {e.id}: the object handed in {r}" for r in answer.get("review", [])]
+        for sub in {id(s): s for s, _ in pending}.values():
+            left = busy.busy_exercises(sub.records)
+            if left and attempt == opts.busy_retries:
+                sub.notes.append(f"not graded: exercise(s) {', '.join(left)} found the machine too busy to judge speed "
+                                 f"{opts.busy_retries + 1} times; run the same command again when it is quieter")
+            saved(sub)
 
 
 def _problems(sub: _Sub) -> None:
@@ -633,6 +678,8 @@ def _keep(sub: _Sub, stored: dict | None, opts: GradeOptions) -> bool:
     """Is `stored` (this submission's row in the results file) still its result?"""
     from course_utils.grading.results import KEY_FIELDS
     if opts.regrade or not stored or stored.get("status") != "graded" or sub.key is None:
+        return False
+    if any(r.get("status") == "busy" for r in stored.get("exercises", [])):   # not graded yet: the machine was busy
         return False
     grading = stored.get("grading") or {}
     if any(grading.get(k) != sub.key[k] for k in KEY_FIELDS):
@@ -819,6 +866,17 @@ def grade(paths, options: GradeOptions | None = None) -> tuple[int, dict, list[d
                     _finish(sub, checker, opts, seed, run, len(to_grade))
                     book[sub.abspath] = row_of(sub)
                     save()
+            if checker is not None:   # the checks that found the machine too busy, once it is quieter
+
+                def saved(sub: _Sub) -> None:
+                    if opts.output_dir:
+                        try:
+                            _executed_copy(sub, opts, run)
+                        except Exception as exc:
+                            sub.notes.append(f"its executed copy could not be written: {type(exc).__name__}: {exc}")
+                    book[sub.abspath] = row_of(sub)
+                    save()
+                _recheck_busy(to_grade, checker, opts, seed, saved)
         except KeyboardInterrupt as exc:
             interrupted = getattr(exc, "signum", _signal.SIGINT)
         except _CannotSave as exc:
@@ -838,7 +896,8 @@ def grade(paths, options: GradeOptions | None = None) -> tuple[int, dict, list[d
             mine = [book[a] for a in named]
             code = 128 + int(interrupted)
             run["interrupted"] = _signal_name(interrupted)
-        elif cannot_save or any(r["status"] in ("grader_error", "pending") for r in mine):
+        elif cannot_save or any(r["status"] in ("grader_error", "pending") for r in mine) or \
+                any(e["status"] == "busy" for r in mine for e in r["exercises"]):   # not graded: the machine was busy
             code = EXIT_GRADER
         elif mine and all(r["status"] == "graded" and r["exercises"] and all(e["status"] == "pass" for e in r["exercises"])
                           for r in mine):
@@ -933,6 +992,11 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=_seed, metavar="S", help="the checks' seed (default: the --json file's, "
                         "else a new one; recorded)")
     parser.add_argument("--lesson", metavar="NN", help="the lesson every submission must be (default: from file names)")
+    parser.add_argument("--busy-retries", type=int, default=2, metavar="N",
+                        help="how many more times a speed-graded check that found the machine too busy to judge "
+                             "speed runs, once the machine is quieter (default 2)")
+    parser.add_argument("--busy-wait", type=_positive_seconds, default=120.0, metavar="S",
+                        help="seconds each of those tries waits for the machine to be quiet (default 120)")
     parser.add_argument("--released", metavar="DIR", help="the released lessons to grade against "
                         "(default: this course's solutions/)")
     args = parser.parse_args(argv)
@@ -954,7 +1018,7 @@ def main(argv=None) -> int:
                         jobs=args.jobs, seed=args.seed, output_dir=Path(args.output_dir) if args.output_dir else None,
                         lesson=args.lesson, solutions=Path(args.released) if args.released else None, gpus=gpus,
                         json=Path(args.json) if args.json else None, csv=Path(args.csv) if args.csv else None,
-                        regrade=args.regrade)
+                        regrade=args.regrade, busy_retries=max(0, args.busy_retries), busy_wait_s=args.busy_wait)
     from course_utils.grading import report
     code, run, subs = EXIT_GRADER, {"seed": args.seed}, []
     fired: list[int] = []
@@ -1004,6 +1068,10 @@ def main(argv=None) -> int:
         verdict += f": {earned}/{possible} points over {len(subs)} notebook(s)"
     if kept:
         verdict += f" ({kept} kept from {args.json}, {run.get('graded_now', 0)} graded now)"
+    busy = sum(e["status"] == "busy" for s in subs for e in s["exercises"])
+    if busy:
+        verdict += (f"; {busy} check(s) not graded: the machine was too busy to judge speed, even after "
+                    f"{args.busy_retries} more tries: run the same command again when it is quieter")
     print(f"\n{verdict}; seed {run.get('seed')} (regrade with --seed {run.get('seed')})")
     return code
 

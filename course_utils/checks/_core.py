@@ -2,12 +2,14 @@
 
 A check function tests *properties* of what the learner wrote on fresh, seeded inputs and
 raises `CheckFailed(property, detail, hint)` at the first property that does not hold. This
-module turns that into one of four outcomes:
+module turns that into one of these outcomes:
 
     pass             every property held
     fail             a property did not hold (or the object has the wrong type)
     not_implemented  the learner's code still raises NotImplementedError (the stub)
     error            the learner's code raised something else (its message and line are shown)
+    busy             not graded: a speed-graded check measured while other programs took too much
+                     of the machine to judge speed (`MachineBusy`); the grader runs it again later
 
 Each outcome is printed as one readable sentence, appended as a JSON line to the file named by
 env `COURSE_RESULTS` (when set), and with `COURSE_STRICT=1` anything but a pass raises.
@@ -35,8 +37,11 @@ import types
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ._busy import MachineBusy
+
 __all__ = ["CheckFailed", "WrongType", "CheckError", "CheckResult", "exercise", "check", "run_check",
-           "expect_callable", "expect_class", "close", "list_exercises", "Tripwire", "TIME_LIMITS_S"]
+           "expect_callable", "expect_class", "close", "list_exercises", "Tripwire", "TIME_LIMITS_S",
+           "MachineBusy"]
 
 _REGISTRY: dict[str, "_Exercise"] = {}
 DEFAULT_TIME_LIMIT_S = 300
@@ -92,7 +97,7 @@ class CheckError(AssertionError):
 @dataclass
 class CheckResult:
     exercise: str
-    status: str            # pass | fail | not_implemented | error
+    status: str            # pass | fail | not_implemented | error | busy (not graded: the machine was busy)
     points: int
     max_points: int
     message: str
@@ -104,7 +109,7 @@ class CheckResult:
         return self.status == "pass"
 
     def line(self) -> str:
-        icon = {"pass": "PASS", "fail": "FAIL", "not_implemented": "TODO", "error": "ERROR"}[self.status]
+        icon = {"pass": "PASS", "fail": "FAIL", "not_implemented": "TODO", "error": "ERROR", "busy": "BUSY"}[self.status]
         return f"[{icon}] Exercise {self.exercise} ({self.points}/{self.max_points} points): {self.message}"
 
 
@@ -225,6 +230,12 @@ def _learner_line(exc: BaseException) -> str:
     return ""
 
 
+def _raised_by_course(exc: BaseException) -> bool:
+    """True when `exc` was raised by the course's own code (a check), not by code it called."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return bool(frames) and str(Path(frames[-1].filename).resolve()).startswith(_COURSE_DIR)
+
+
 def run_check(exercise_id: str, obj, **kwargs) -> CheckResult:
     """Run a check and return its result (records it, but prints nothing)."""
     spec = _lookup(exercise_id)
@@ -240,6 +251,12 @@ def run_check(exercise_id: str, obj, **kwargs) -> CheckResult:
                    "with your code, run that cell, then run this one again.")
     except CheckFailed as exc:
         status, message = "fail", exc.sentence()
+    except MachineBusy as exc:   # too busy to judge speed: neither a pass nor a fail (the grader runs it again)
+        if _raised_by_course(exc):
+            status, message = "busy", exc.sentence()
+        else:                    # the learner's code raised it: that is no measurement of the machine
+            status = "error"
+            message = f"your code raised MachineBusy, which only a check may raise{_learner_line(exc)}"
     except TimeoutError as exc:
         status, message = "error", f"{exc}: does your code loop forever or wait on something that never comes?"
     except Exception as exc:  # the learner's code broke

@@ -55,6 +55,7 @@ import torch
 from .. import data
 from ..crop_match import match_crops
 from ..env import smoke_mode, usable_cores
+from ._busy import MachineBusy, OthersCpu, busy_limit
 from ._core import Tripwire, CheckFailed, WrongType, exercise, expect_callable
 from ._util import fresh_rng
 from .virtual_cuda import DeviceTensor, VirtualCuda
@@ -669,8 +670,9 @@ def _check_speed(make_pipeline, rng, seed: int, device: str | None, smoke: bool)
             if rng.random() < 0.5:
                 pair.reverse()
             plan = [("ceiling", None)] + pair if rng.random() < 0.5 else pair + [("ceiling", None)]
-            for name, pipeline in plan:
-                runs[name] = measure_ceiling(ctx).stats if pipeline is None else ctx.run(pipeline, desc=name).stats
+            with OthersCpu() as others:     # what other programs took from this process's cores meanwhile
+                for name, pipeline in plan:
+                    runs[name] = measure_ceiling(ctx).stats if pipeline is None else ctx.run(pipeline, desc=name).stats
             del kept_reference, pair, plan
             for i, params in _verify_timed(kept, workload, n, batch_size, probe,
                                            f"the timed steps of round {len(rounds) + 1} (seed {seed})").items():
@@ -678,10 +680,11 @@ def _check_speed(make_pipeline, rng, seed: int, device: str | None, smoke: bool)
             del kept
             ceiling = runs["ceiling"].samples_per_s
             rounds.append((runs["yours"].samples_per_s / ceiling,
-                           runs["yours"].samples_per_s / runs["reference"].samples_per_s, runs))
+                           runs["yours"].samples_per_s / runs["reference"].samples_per_s, runs, others.others_cores))
             if len(rounds) >= MIN_ROUNDS:
                 passed, sure = speed_verdict(ctx.kind, [r[:2] for r in rounds])
-                if sure:
+                busy = statistics.median(r[3] for r in rounds) >= busy_limit(usable_cores())
+                if sure or (busy and not passed):
                     break
         label, kind = ctx.label, ctx.kind
     del yours, reference
@@ -695,7 +698,8 @@ def _check_speed(make_pipeline, rng, seed: int, device: str | None, smoke: bool)
     share = statistics.median(r[1] for r in rounds)
     capacity = statistics.median(r[2]["reference"].samples_per_s / r[2]["ceiling"].samples_per_s for r in rounds)
     median_round = sorted(rounds, key=lambda r: r[0])[len(rounds) // 2][2]
-    return passed, fraction, share, capacity, len(rounds), label, kind, median_round
+    others = statistics.median(r[3] for r in rounds)
+    return passed, fraction, share, capacity, len(rounds), label, kind, median_round, others
 
 
 # -- (c) parity, traced ----------------------------------------------------------------------------
@@ -808,12 +812,16 @@ def check_pipeline(make_pipeline):
     virtual_note = _check_correctness(make_pipeline, rng, seed, None, virtual=True)
     # (a) speed against the ceiling; with COURSE_DEVICE=cpu, beside the simulated device
     speed_device = "sim" if kind == "cpu" else device
-    passed, fraction, share, capacity, n_rounds, label, speed_kind, runs = _check_speed(make_pipeline, rng, seed,
-                                                                                       speed_device, smoke)
+    passed, fraction, share, capacity, n_rounds, label, speed_kind, runs, others = _check_speed(
+        make_pipeline, rng, seed, speed_device, smoke)
     measured = (f"{fraction:.0%} of the ceiling and {share:.0%} of what the course's device-resident pipeline "
                 f"reached next to it, which was {capacity:.0%} of the ceiling (medians of {n_rounds} rounds)")
     bar = (f"at least {SIM_SHARE:.0%} of the device-resident pipeline's throughput asked (what this machine can "
            f"feed), or {GPU_BAR:.0%} of the ceiling")
+    if not passed and others >= busy_limit(usable_cores()):
+        # other programs took the cores the pipelines needed: not a fair grade of speed either way (yours and
+        # the reference ran next to each other, so a pass under load stands; a miss is graded again later)
+        raise MachineBusy(others, usable_cores(), f"while the pipelines were timed; yours reached {measured}")
     if not passed:
         raise CheckFailed("runs at the speed this machine allows (fraction of the model-only ceiling)",
                           f"yours reached {measured}; {bar}; on {label} (in the median round yours "

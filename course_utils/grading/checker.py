@@ -41,7 +41,7 @@ import sys
 import time
 from pathlib import Path
 
-STATUSES = ("pass", "fail", "not_implemented", "error")
+STATUSES = ("pass", "fail", "not_implemented", "error", "busy")
 MAX_RESULT_BYTES = 1 << 16
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,7 +9,8 @@ from .results import FORMAT, atomic_write
 
 __all__ = ["table", "write_json", "write_csv", "csv_text", "exercise_columns", "verdict_line"]
 
-ICONS = {"pass": "PASS", "fail": "FAIL", "not_implemented": "TODO", "error": "ERROR", "missing": "MISSING"}
+ICONS = {"pass": "PASS", "fail": "FAIL", "not_implemented": "TODO", "error": "ERROR", "missing": "MISSING",
+         "busy": "BUSY"}
 
 
 def verdict_line(record: dict) -> str:

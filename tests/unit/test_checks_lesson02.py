@@ -339,8 +339,9 @@ MUTANTS_22_TIMED = [
 
 
 class QuietMachine:
-    """Stands in for CpuUse: reports that no other process used the CPU, so the check keeps the
-    bar of a quiet machine even while other jobs share this one (the verdict stays deterministic)."""
+    """Stands in for the check's OthersCpu: reports that no other program used the CPU, so the check
+    judges as on a quiet machine even while other jobs share this one (the verdict stays deterministic;
+    tests/unit/test_busy_machine.py loads the machine for real)."""
     others_cores = 0.0
 
     def __enter__(self):
@@ -360,7 +361,7 @@ def test_fast_loader_mutants_rejected(mutant):
 
 @pytest.mark.parametrize("mutant", MUTANTS_22_TIMED, ids=repr)
 def test_fast_loader_mutants_rejected_in_the_timed_rounds(mutant, monkeypatch):
-    monkeypatch.setattr("course_utils.loaders.CpuUse", QuietMachine)
+    monkeypatch.setattr("course_utils.checks.lesson02.OthersCpu", QuietMachine)
     rejected("2.2", mutant, range(1))
 
 
@@ -384,9 +385,9 @@ def test_fast_loader_passes_and_under_course_device_cpu_trains_the_real_model(mo
             trained.append(kwargs["device"])
         return real_train(model, loader, **kwargs)
     monkeypatch.setattr(train_module, "train", spy)
-    for _ in range(3):            # the check grades speed fairly only when other processes leave the cores
+    for _ in range(3):            # the check grades speed only when other programs leave the cores
         result = run_check("2.2", fast_loader)
-        if result.status == "pass" or "too much for a fair grade" not in result.message:
+        if result.status != "busy":
             break
     else:
         pytest.skip(f"other processes kept this machine too busy for a fair grade of speed, three times: {result.message}")
@@ -696,7 +697,7 @@ def test_fast_loader_on_a_gpu_trains_the_model_on_class_labels(monkeypatch):
     """On CUDA the timed rounds train the real ResNet-18: with the secret codes as labels that was
     a device-side assert for every learner; the rounds now train on the samples' classes."""
     monkeypatch.delenv("COURSE_DEVICE", raising=False)
-    monkeypatch.setattr("course_utils.loaders.CpuUse", QuietMachine)
+    monkeypatch.setattr("course_utils.checks.lesson02.OthersCpu", QuietMachine)
     result = run_check("2.2", fast_loader)
     assert result.status == "pass", result.message
     assert "CUDA" in result.message or "cuda" in result.message
