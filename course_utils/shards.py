@@ -542,11 +542,13 @@ class ShardReader(IterableDataset):
                     pair = (int(shard), int(index))
                     if reads is None:
                         sample = files.read(*pair)
-                    else:
+                    else:                      # read ahead until it is in (padding may read a sample twice)
                         while pair not in cache:
                             nxt = next(reads)
-                            cache[nxt] = files.read(*nxt)
-                        sample = cache.pop(pair)
+                            cache.setdefault(nxt, []).append(files.read(*nxt))
+                        sample = cache[pair].pop()
+                        if not cache[pair]:
+                            del cache[pair]
                     image, label = decode_sample(sample)
                     images.append(image)
                     labels.append(label)
@@ -613,15 +615,12 @@ def library_split(shards: ShardSet, *, rank: int, world_size: int, num_workers: 
 
 
 def neighbour_recurrence(epoch_a, epoch_b) -> float:
-    """Of the pairs of samples that shared a batch in `epoch_a` (lists of batches of sample keys),
-    the fraction that share a batch again in `epoch_b`: 1.0 when only the shards' order was
-    shuffled, near batch_size / dataset size for a full shuffle (lesson 04)."""
+    """Of the neighbours of `epoch_a` (two samples next to each other in a batch; batches given as
+    lists of sample keys), the fraction that are neighbours in a batch of `epoch_b` again: near 1.0
+    when only the shards' order was shuffled (a batch is a stretch of one shard, read in the same
+    order every epoch), near 0 with a shuffle buffer (lesson 04)."""
     def pairs(batches):
-        out = set()
-        for batch in batches:
-            keys = sorted(int(k) for k in batch)
-            out.update((a, b) for i, a in enumerate(keys) for b in keys[i + 1:])
-        return out
+        return {frozenset((int(a), int(b))) for batch in batches for a, b in zip(list(batch), list(batch)[1:])}
     first = pairs(epoch_a)
     return len(first & pairs(epoch_b)) / max(1, len(first))
 
