@@ -38,7 +38,9 @@ them these functions raise an ImportError that says what to install.
 """
 from __future__ import annotations
 
+import collections
 import hashlib
+import importlib.util
 import io
 import json
 import math
@@ -47,6 +49,7 @@ import shutil
 import statistics
 import tarfile
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,7 +61,7 @@ __all__ = ["MISSING", "have_webdataset", "ShardSet", "write_shards", "open_shard
            "epoch_batches", "worker_runs", "resume_skips", "shuffle_order", "ShardStream", "ShardReader",
            "iter_shard", "decode_sample", "cache_shards", "SourceResult", "measure_sources", "write_jpeg_files",
            "library_split", "neighbour_recurrence", "write_dali_indexes", "dali_webdataset_pipeline",
-           "resolve_rank", "GRADING_ENV", "POLICIES"]
+           "resolve_rank", "compare_splits", "SplitResult", "GRADING_ENV", "POLICIES"]
 
 MISSING = ("this part needs the `webdataset` package (and `torchdata` to resume a loader mid-epoch): "
            "pip install webdataset==1.0.2 torchdata==0.11.0 (both are in the course's requirements.txt)")
@@ -67,6 +70,7 @@ IMAGE_SHAPE = (32, 32, 3)
 MANIFEST = "manifest.json"
 POLICIES = ("drop", "pad", "exact")
 SHUFFLE_BUFFER, SHUFFLE_INITIAL = 1000, 250       # samples per worker (webdataset's .shuffle(1000, initial=...))
+WIDS_CACHE = ".wids-cache"                         # where compare_splits lets wids copy the shards
 
 
 def have_webdataset() -> bool:
@@ -623,6 +627,170 @@ def neighbour_recurrence(epoch_a, epoch_b) -> float:
         return {frozenset((int(a), int(b))) for batch in batches for a, b in zip(list(batch), list(batch)[1:])}
     first = pairs(epoch_a)
     return len(first & pairs(epoch_b)) / max(1, len(first))
+
+
+# -- the libraries' own answers, measured on the same shards (lesson 04) ----------------------------------
+
+@dataclass
+class SplitResult:
+    """How one way of dealing shards did on one epoch of every rank (lesson 04's table)."""
+    name: str
+    batches_per_rank: list[int]
+    batch_sizes: list[int]              # the distinct batch sizes seen
+    samples: int                        # yielded by all ranks together in epoch 0
+    distinct: int
+    repeated: int
+    missing: int
+    same_shards: bool                   # did rank 1 read the very same shards in both epochs?
+    recurrence: float                   # neighbours of epoch 0 that are neighbours again in epoch 1
+    read_ratio: float | None            # rank 1's workers' bytes read / bytes of the shards it touched
+    per_s: float                        # rank 1's samples per second in epoch 0
+    note: str = ""
+
+
+def _proc_rchar(pid) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+            if line.startswith("rchar:"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _keys_of(batch):
+    """The sample numbers of one batch, whatever the loader's batch looks like."""
+    if isinstance(batch, dict):
+        keys = batch["__key__"]
+    elif isinstance(batch, (list, tuple)) and len(batch) == 3 and isinstance(batch[2], torch.Tensor):
+        keys = batch[2]
+    elif isinstance(batch, (list, tuple)) and len(batch) == 1:
+        keys = batch[0]
+    else:
+        keys = batch
+    if isinstance(keys, torch.Tensor):
+        return [int(k) for k in keys.tolist()]
+    return [int(k) for k in keys]
+
+
+def _one_epoch(loader, workers, measure_bytes):
+    it = iter(loader)
+    pids = [w.pid for w in getattr(it, "_workers", [])] if workers else []
+    before = {pid: _proc_rchar(pid) for pid in pids} if measure_bytes else {}
+    t0 = time.perf_counter()
+    batches = [_keys_of(b) for b in it]
+    seconds = time.perf_counter() - t0
+    read = None
+    if measure_bytes and pids and all(v is not None for v in before.values()):
+        after = {pid: _proc_rchar(pid) for pid in pids}
+        if all(v is not None for v in after.values()):
+            read = sum(after[p] - before[p] for p in pids)
+    del it
+    return batches, read, seconds
+
+
+def _wds_loader(shards, batch_size, rank, world, workers, epoch, *, resampled):
+    wds = _wds()
+    os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(world)     # what webdataset reads
+    if resampled:         # every worker draws shards with replacement; with_epoch fixes its count
+        per_worker = shards.count // (world * max(1, workers) * batch_size)
+        dataset = (wds.WebDataset(shards.urls, resampled=True, seed=epoch, nodesplitter=None, empty_check=False)
+                   .shuffle(SHUFFLE_BUFFER, initial=SHUFFLE_INITIAL).to_tuple("__key__")
+                   .batched(batch_size, partial=False).with_epoch(per_worker))
+    else:
+        dataset = (wds.WebDataset(shards.urls, nodesplitter=wds.split_by_node, shardshuffle=len(shards.urls),
+                                  seed=epoch, empty_check=False)
+                   .shuffle(SHUFFLE_BUFFER, initial=SHUFFLE_INITIAL).to_tuple("__key__")
+                   .batched(batch_size, partial=True))
+    return DataLoader(dataset, batch_size=None, num_workers=workers, persistent_workers=bool(workers))
+
+
+def _wids_loader(shards, batch_size, rank, world, workers, epoch):
+    import contextlib
+    import wids
+    with contextlib.redirect_stderr(io.StringIO()):         # it prints a line for every dataset made
+        dataset = wids.ShardListDataset([{"url": str(f), "nsamples": n} for f, n in zip(shards.files, shards.sizes)],
+                                        transformations=[], cache_dir=str(Path(shards.root) / WIDS_CACHE),
+                                        lru_size=len(shards.files))
+    # wids.DistributedChunkedSampler's own arithmetic (it takes the rank from torch.distributed only:
+    # without a process group it falls back to rank 0 of 1, whatever rank= says)
+    chunk = (len(dataset) + world - 1) // world
+    lo, hi = rank * chunk, min(rank * chunk + chunk, len(dataset))
+    sampler = wids.ChunkedSampler(dataset, num_samples=(lo, hi), chunksize=1000, seed=0, shuffle=True)
+    sampler.set_epoch(epoch)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
+                      collate_fn=lambda samples: [int(s["__key__"]) for s in samples],
+                      persistent_workers=bool(workers))
+
+
+def compare_splits(shards: ShardSet, batch_size: int, *, world: int = 2, workers: int = 2,
+                   names=None) -> list[SplitResult]:
+    """Deal the shards to `world` ranks x `workers` DataLoader workers with each approach (computed
+    rank by rank in this process; the libraries read the rank from RANK/WORLD_SIZE, as under
+    torchrun), two epochs, and measure from outside: batches per rank and their sizes, samples
+    repeated or missing, whether rank 1 read the same shards both epochs, neighbours that recur,
+    the bytes rank 1's workers read (the kernel's count of read() calls, /proc/PID/io) against
+    the bytes of the shards it touched, and its samples per second (lesson 04)."""
+    key_shard = np.repeat(np.arange(len(shards.sizes)), shards.sizes)     # keys are 0..N-1 in shard order
+    approaches = {
+        "webdataset: split_by_node + split_by_worker": lambda r, e: _wds_loader(shards, batch_size, r, world, workers,
+                                                                              e, resampled=False),
+        "webdataset: resampled + with_epoch": lambda r, e: _wds_loader(shards, batch_size, r, world, workers, e,
+                                                                     resampled=True),
+        "wids: indexed, DistributedChunkedSampler": lambda r, e: _wids_loader(shards, batch_size, r, world, workers, e),
+        "course ShardReader (drop)": lambda r, e: _course_loader(shards, batch_size, r, world, workers, e, "drop"),
+        "course ShardReader (exact, for evaluation)": lambda r, e: _course_loader(shards, batch_size, r, world,
+                                                                                 workers, e, "exact"),
+    }
+    saved = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE")}
+    out = []
+    try:
+        for name, make in approaches.items():
+            if names is not None and name not in names:
+                continue
+            if name.startswith("wids"):
+                if importlib.util.find_spec("wids") is None:
+                    continue
+                shutil.rmtree(Path(shards.root) / WIDS_CACHE, ignore_errors=True)    # its cache starts empty
+            epochs, read, seconds = {0: {}, 1: {}}, None, 0.0
+            for epoch in (0, 1):
+                for rank in range(world):
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        batches, nbytes, s = _one_epoch(make(rank, epoch), workers, rank == world - 1 and epoch == 0)
+                    epochs[epoch][rank] = batches
+                    if rank == world - 1 and epoch == 0:
+                        read, seconds = nbytes, s
+            first = [k for r in range(world) for b in epochs[0][r] for k in b]
+            counts = collections.Counter(first)
+            last = world - 1
+            touched = {int(key_shard[k]) for b in epochs[0][last] for k in b}
+            touched_bytes = sum(shards.nbytes[s] for s in touched) if shards.nbytes else None
+            mine = sum(len(b) for b in epochs[0][last])
+            out.append(SplitResult(
+                name, [len(epochs[0][r]) for r in range(world)],
+                sorted({len(b) for r in range(world) for b in epochs[0][r]}), len(first), len(counts),
+                len(first) - len(counts), shards.count - len(counts),
+                touched == {int(key_shard[k]) for b in epochs[1][last] for k in b},
+                neighbour_recurrence([b for r in range(world) for b in epochs[0][r]],
+                                     [b for r in range(world) for b in epochs[1][r]]),
+                read / touched_bytes if read is not None and touched_bytes else None,
+                mine / seconds if seconds else 0.0,
+                "copies each shard it needs into its cache directory, then memory-maps the copy" if name.startswith("wids")
+                else ""))
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return out
+
+
+def _course_loader(shards, batch_size, rank, world, workers, epoch, last):
+    reader = ShardReader(shards, batch_size, rank=rank, world_size=world, keys=True, last=last)
+    reader.set_epoch(epoch)
+    return DataLoader(reader, batch_size=None, num_workers=workers, persistent_workers=bool(workers))
 
 
 # -- a node-local cache ---------------------------------------------------------------------------------
