@@ -694,6 +694,8 @@ def _wds_loader(shards, batch_size, rank, world, workers, epoch, *, resampled):
     os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(world)     # what webdataset reads
     if resampled:         # every worker draws shards with replacement; with_epoch fixes its count
         per_worker = shards.count // (world * max(1, workers) * batch_size)
+        if per_worker < 1:
+            raise ValueError(f"{shards.count} samples are too few for {world} ranks x {workers} workers x batches of {batch_size}")
         dataset = (wds.WebDataset(shards.urls, resampled=True, seed=epoch, nodesplitter=None, empty_check=False)
                    .shuffle(SHUFFLE_BUFFER, initial=SHUFFLE_INITIAL).to_tuple("__key__")
                    .batched(batch_size, partial=False).with_epoch(per_worker))
