@@ -844,6 +844,16 @@ def _stretch_overlap(batches, repeated):
     return None
 
 
+def _rank_reads_too_much(batches, sizes):
+    """(samples' worth of the shards a rank touches, the most allowed) when it touches more than its
+    distinct samples plus two of the largest shard (one partial shard at each end of its stretch;
+    four with padding, whose wrap-around is a second stretch); else None."""
+    mine = _samples(batches)
+    allowed = len(set(mine)) + (4 if len(mine) > len(set(mine)) else 2) * max(sizes)
+    touched = sum(sizes[s] for s in {s for s, _ in mine})
+    return (touched, allowed) if touched > allowed else None
+
+
 def judge_7_5(obs: list[dict], seed: int, file) -> str:
     from collections import Counter
 
@@ -978,15 +988,14 @@ def judge_7_5(obs: list[dict], seed: int, file) -> str:
         case = cases[i]
         sizes = case["sizes"]
         for rank, batches in sorted(per_rank.items()):
-            mine = _samples(batches)
-            repeats = len(mine) > len(set(mine))
-            allowed = len(set(mine)) + (4 if repeats else 2) * max(sizes)
-            touched = sorted({s for s, _ in mine})
-            if sum(sizes[s] for s in touched) > allowed:
+            too_much = _rank_reads_too_much(batches, sizes)
+            if too_much:
+                mine = _samples(batches)
+                touched = sorted({s for s, _ in mine})
                 raise CheckFailed("each rank reads only its part of the shards",
                                   f"with {_describe_75(case)}, rank {rank} read from {len(touched)} of the "
-                                  f"{len(sizes)} shards in {what} ({sum(sizes[s] for s in touched)} samples' worth "
-                                  f"of tar files for {len(set(mine))} samples)",
+                                  f"{len(sizes)} shards in {what} ({too_much[0]} samples' worth of tar files for "
+                                  f"{len(set(mine))} samples; at most {too_much[1]}: its samples and two shards' worth)",
                                   "a tar shard is read front to back: shuffle the order of the shards, not the "
                                   "samples, and give each rank a contiguous part of that stream")
     # 6. each worker reads its own stretch of the rank's shards

@@ -191,3 +191,110 @@ def test_check_itself_passes_the_solution(tmp_path, monkeypatch):
     path.write_text(RIGHT["solution"])
     result = run_check("7.5", path)
     assert result.status == "pass", result.message
+
+
+# -- near misses, judged in this process on observations made without torchrun ----------------------------
+
+def _observe(source, seed, world=2, edit=None):
+    """What the rank harness records for `source`, computed in this process: each rank's stream
+    with its rank set, each worker's batches (get_worker_info patched), delivered in the
+    DataLoader's turns. `edit(case_index, rank, epoch, batches)` may change a rank's record."""
+    import types
+    from course_utils.checks.lesson07_ranks import cases_75
+    module = types.ModuleType("answer75")
+    exec(compile(source, "answer75.py", "exec"), module.__dict__)
+
+    def read(stream, workers):
+        outs = []
+        for w in range(max(1, workers)):
+            module.get_worker_info = (lambda w=w: types.SimpleNamespace(id=w, num_workers=workers)) if workers \
+                else (lambda: None)
+            outs.append([[list(p) for p in b] for b in stream])
+        delivered, j = [], 0
+        while any(j < len(o) for o in outs):
+            delivered += [[w, o[j]] for w, o in enumerate(outs) if j < len(o)]
+            j += 1
+        return delivered
+
+    obs = []
+    for rank in range(world):
+        results = []
+        for i, case in enumerate(cases_75(seed, world)):
+            stream = module.ShardStream(list(case["sizes"]), case["batch_size"], seed=case["seed"])
+            stream.rank, stream.world_size = rank, world
+            entry = {"epochs": {}, "resume": None}
+            for epoch in case["epochs"]:
+                stream.set_epoch(epoch)
+                batches = read(stream, case["workers"])
+                entry["epochs"][str(epoch)] = edit(i, rank, epoch, batches) if edit else batches
+            if case["resume"]:
+                again = module.ShardStream(list(case["sizes"]), case["batch_size"], seed=case["seed"])
+                again.rank, again.world_size = rank, world
+                again.set_epoch(case["resume"][0], start=case["resume"][1])
+                entry["resume"] = read(again, case["workers"])
+            results.append(entry)
+        obs.append({"rank": rank, "world": world, "results": results})
+    return obs
+
+
+def _verdict(obs, seed):
+    try:
+        return "pass", lesson07.judge_7_5(obs, seed, "answer75.py")
+    except lesson07.CheckFailed as exc:
+        return "fail", exc.sentence()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_in_process_observations_agree_with_the_launch(verdicts, seed):
+    """The simulator below gives the verdicts the real launch gave (so the near misses are judged
+    on what the harness would record)."""
+    for name, source in list(RIGHT.items())[:2] + [(f"mutant{i}", MUTANTS[i][0]) for i in (0, 8, 9, 12, 16)]:
+        assert _verdict(_observe(source, seed), seed)[0] == verdicts[(name, seed)][0], name
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_batch_size_edges(seed):
+    """A batch one sample short fails, one sample too many fails, exactly batch_size passes."""
+    for delta, status in ((-1, "fail"), (+1, "fail"), (0, "pass")):
+        def edit(i, rank, epoch, batches, delta=delta):
+            if i == 0 and rank == 1 and epoch == 0 and delta:
+                w, pairs = batches[2]
+                spare = batches[-1][1][-1]
+                batches[2] = [w, pairs[:-1] if delta < 0 else pairs + [spare]]
+            return batches
+        verdict, message = _verdict(_observe(RIGHT["solution"], seed, edit=edit), seed)
+        assert verdict == status, (delta, message)
+        if status == "fail":
+            assert "'every batch holds batch_size samples'" in message
+
+
+def test_a_ranks_part_at_the_edge_of_what_it_may_touch():
+    """The rank-read allowance (its distinct samples plus two of the largest shard; four with
+    padding, whose wrap-around is a second stretch): on the edge passes, one sample past fails."""
+    sizes = [10, 10, 10, 10, 10, 10]
+    def batches(pairs):
+        return [[0, pairs]]
+    inside = [(1, i) for i in range(10)] + [(2, 0), (2, 1)]                  # 12 samples, 2 shards: 20 <= 32
+    assert lesson07._rank_reads_too_much(batches(inside), sizes) is None
+    spread = inside + [(0, 9), (3, 0)]                     # 14 samples touching 4 shards: 40 > 14 + 20 = 34
+    assert lesson07._rank_reads_too_much(batches(spread), sizes) == (40, 34)
+    on = [(1, i) for i in range(10)] + [(2, i) for i in range(10)] + [(0, 9), (3, 0)]    # 22 + 20 = 42 >= 40
+    assert lesson07._rank_reads_too_much(batches(on), sizes) is None
+    one_short = [(1, i) for i in range(10)] + [(2, i) for i in range(9)] + [(0, 9), (3, 0)]   # 21 + 20 = 41 >= 40
+    assert lesson07._rank_reads_too_much(batches(one_short), sizes) is None
+    two_short = [(1, i) for i in range(10)] + [(2, i) for i in range(8)] + [(0, 9), (3, 0)]   # 20 + 20 = 40: on it
+    assert lesson07._rank_reads_too_much(batches(two_short), sizes) is None
+    three_short = [(1, i) for i in range(10)] + [(2, i) for i in range(7)] + [(0, 9), (3, 0)]   # 39 < 40
+    assert lesson07._rank_reads_too_much(batches(three_short), sizes) == (40, 39)
+    padded = three_short + [(1, 0)]                        # a repeat: padding, two more shards allowed
+    assert lesson07._rank_reads_too_much(batches(padded), sizes) is None
+
+
+def test_worker_stretches_that_touch_but_do_not_overlap():
+    """Two workers' stretches of a shard meeting at a boundary (9 | 10) do not overlap; sharing one
+    sample's position does."""
+    apart = [[0, [[0, i] for i in range(10)]], [1, [[0, i] for i in range(10, 20)]]]
+    assert lesson07._stretch_overlap(apart, set()) is None
+    across = [[0, [[0, i] for i in range(10)] + [[0, 15]]], [1, [[0, i] for i in range(10, 15)]]]
+    assert lesson07._stretch_overlap(across, set()) == (0, 1, 0, 10, 14)
+    assert lesson07._stretch_overlap(across, {(0, 15)}) is None            # a padded repeat does not count
