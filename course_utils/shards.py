@@ -228,20 +228,25 @@ def iter_shard(url, start: int = 0):
             yield sample
 
 
-def _parse_members(blob: bytes, key_hint=None) -> dict:
-    """One sample's tar members (header + data, padded to 512 bytes each) as a webdataset-style
-    dict: {"__key__": ..., "cls": b"3", "rgb": b"..."}."""
+def _parse_members(blob: bytes) -> dict:
+    """One sample's tar members (a 512-byte header, then the data padded to 512 bytes, each) as a
+    webdataset-style dict: {"__key__": ..., "cls": b"3", "rgb": b"..."}. Only the fields a ustar
+    header needs are read (name, size, type); pax extended headers (which Python's tarfile writes
+    before members) are skipped."""
     sample, pos = {}, 0
     while pos + 512 <= len(blob):
         header = blob[pos:pos + 512]
-        if header.count(0) == 512:          # the end-of-archive blocks
+        if not header.strip(b"\0"):                  # the end-of-archive blocks
             break
-        info = tarfile.TarInfo.frombuf(header, tarfile.ENCODING, "surrogateescape")
-        data = blob[pos + 512:pos + 512 + info.size]
-        stem, ext = info.name.split(".", 1)
-        sample["__key__"] = stem
-        sample[ext] = data
-        pos += 512 + ((info.size + 511) // 512) * 512
+        size = int(header[124:136].strip(b"\0 ") or b"0", 8)
+        kind = header[156:157]
+        if kind in (b"0", b"\0"):                     # a regular file
+            name = header[:100].split(b"\0", 1)[0].decode()
+            prefix = header[345:500].split(b"\0", 1)[0].decode() if header[257:262] == b"ustar" else ""
+            stem, ext = (prefix + "/" + name if prefix else name).split(".", 1)
+            sample["__key__"] = stem
+            sample[ext] = blob[pos + 512:pos + 512 + size]
+        pos += 512 + ((size + 511) // 512) * 512
     return sample
 
 
@@ -642,6 +647,7 @@ class SplitResult:
     repeated: int
     missing: int
     same_shards: bool                   # did rank 1 read the very same shards in both epochs?
+    missing_changed: bool               # were other samples missing in epoch 1 than in epoch 0?
     recurrence: float                   # neighbours of epoch 0 that are neighbours again in epoch 1
     read_ratio: float | None            # rank 1's workers' bytes read / bytes of the shards it touched
     per_s: float                        # rank 1's samples per second in epoch 0
@@ -741,6 +747,8 @@ def compare_splits(shards: ShardSet, batch_size: int, *, world: int = 2, workers
                                                                      resampled=True),
         "wids: indexed, DistributedChunkedSampler": lambda r, e: _wids_loader(shards, batch_size, r, world, workers, e),
         "course ShardReader (drop)": lambda r, e: _course_loader(shards, batch_size, r, world, workers, e, "drop"),
+        "course ShardReader (drop, no shuffle buffer)": lambda r, e: _course_loader(shards, batch_size, r, world,
+                                                                                   workers, e, "drop", buffer=0),
         "course ShardReader (exact, for evaluation)": lambda r, e: _course_loader(shards, batch_size, r, world,
                                                                                  workers, e, "exact"),
     }
@@ -774,6 +782,8 @@ def compare_splits(shards: ShardSet, batch_size: int, *, world: int = 2, workers
                 sorted({len(b) for r in range(world) for b in epochs[0][r]}), len(first), len(counts),
                 len(first) - len(counts), shards.count - len(counts),
                 touched == {int(key_shard[k]) for b in epochs[1][last] for k in b},
+                set(range(shards.count)) - set(counts) != set(range(shards.count)) - {k for r in range(world)
+                                                                                    for b in epochs[1][r] for k in b},
                 neighbour_recurrence([b for r in range(world) for b in epochs[0][r]],
                                      [b for r in range(world) for b in epochs[1][r]]),
                 read / touched_bytes if read is not None and touched_bytes else None,
@@ -789,8 +799,8 @@ def compare_splits(shards: ShardSet, batch_size: int, *, world: int = 2, workers
     return out
 
 
-def _course_loader(shards, batch_size, rank, world, workers, epoch, last):
-    reader = ShardReader(shards, batch_size, rank=rank, world_size=world, keys=True, last=last)
+def _course_loader(shards, batch_size, rank, world, workers, epoch, last, buffer=SHUFFLE_BUFFER):
+    reader = ShardReader(shards, batch_size, rank=rank, world_size=world, keys=True, last=last, shuffle_buffer=buffer)
     reader.set_epoch(epoch)
     return DataLoader(reader, batch_size=None, num_workers=workers, persistent_workers=bool(workers))
 
