@@ -1015,7 +1015,8 @@ def judge_7_5(obs: list[dict], seed: int, file) -> str:
                                   "file (and all of it before), so the rank reads those bytes twice",
                                   "give each worker a contiguous run of the rank's batches (worker w: batches "
                                   "w*K//W to (w+1)*K//W, or so), not every W-th batch")
-    # 7. a new split every epoch, and (dropping) other samples left out
+    # 7. a new split every epoch, the same whichever process iterates the object (nothing kept from an
+    #    earlier call), and (dropping) other samples left out
     case = cases[0]
     e0, e1 = (str(e) for e in case["epochs"])
     for o in obs:
@@ -1023,6 +1024,17 @@ def judge_7_5(obs: list[dict], seed: int, file) -> str:
             raise CheckFailed("a different split every epoch",
                               f"with {_describe_75(case)}, rank {o['rank']} read the same samples in epochs {e0} "
                               f"and {e1}", "draw the shards' order from (seed, epoch) (set_epoch stores the epoch)")
+        for e in (e0, e1):
+            here = o["results"][0].get("in_process", {}).get(e)
+            if here is not None and set(_samples(here)) != set(_samples(o["results"][0]["epochs"][e])):
+                raise CheckFailed("a different split every epoch",
+                                  f"with {_describe_75(case)}: the same object, iterated without workers after "
+                                  f"set_epoch({e}), gave rank {o['rank']} other samples than its workers read in "
+                                  f"epoch {e}", "compute the epoch's plan from (seed, epoch) every time __iter__ runs: "
+                                  "a plan kept from an earlier call repeats that epoch (without workers, or with "
+                                  "persistent ones, the same object is iterated again)")
+    case = cases[0]
+    e0, e1 = (str(e) for e in case["epochs"])
     dropped = [left_out.get((0, f"epoch {e}")) for e in (e0, e1)]
     if dropped[0] is not None and dropped[1] is not None and dropped[0] == dropped[1]:
         raise CheckFailed("drops other samples every epoch",

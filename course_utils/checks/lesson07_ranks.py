@@ -501,7 +501,8 @@ def run_74(fn, job, rank, world, workdir, obs) -> None:
 
 def cases_75(seed: int, world: int) -> list[dict]:
     """Exercise 7.5's inputs, always in this order: (0) many shards of unequal sizes, two workers
-    per rank, two epochs and a resumed epoch; (1) an odd number of samples, world x batch x m + 1
+    per rank, two epochs (then both again in this process, on the same object: nothing may be kept
+    from an earlier call) and a resumed epoch; (1) an odd number of samples, world x batch x m + 1
     (one sample too many for m full batches per rank, one too few for m + 1), read without
     workers; (2) a single shard, two workers per rank, resumed after an odd number of batches.
     No case divides into full batches, so dropping and padding give different epochs."""
@@ -620,6 +621,11 @@ def run_75(cls, job, rank, world, workdir, obs) -> None:
                 stream.set_epoch(epoch)
                 spawn = bool(job.get("spawn")) and i == 0 and epoch == case["epochs"][0]
                 entry["epochs"][str(epoch)] = _read_stream(stream, case["workers"], timeout, spawn)
+            if i == 0:           # the same object, iterated here: each epoch's plan from (seed, epoch) again
+                entry["in_process"] = {}
+                for epoch in case["epochs"]:
+                    stream.set_epoch(epoch)
+                    entry["in_process"][str(epoch)] = _read_stream(stream, 0, timeout)
             if case["resume"]:
                 epoch, start = case["resume"]
                 again = cls(list(case["sizes"]), case["batch_size"], seed=case["seed"])   # as a restarted job

@@ -105,6 +105,14 @@ MUTANTS = [
     (answer(rank_part="whole_shards"), "every rank and every worker gets samples"),          # one shard, two ranks
     (answer(workers="whole_shards"), "every rank and every worker gets samples"),            # one shard, two workers
     (answer(epoch_used=False), "a different split every epoch"),
+    (answer().replace("        rank, world = self.rank, self.world_size\n",
+                      "        rank, world = self.rank, self.world_size\n"
+                      "        if getattr(self, '_kept', None) is not None:\n"
+                      "            yield from self._kept\n"
+                      "            return\n", 1)
+     .replace("        yield from batches[lo + done:lo + counts[role]]\n",
+              "        self._kept = batches[lo + done:lo + counts[role]]\n"
+              "        yield from self._kept\n"), "a different split every epoch"),    # state kept between calls
     (answer(last="drop_more"), "drops fewer than world_size x batch_size samples"),
     (answer(last="pad_more"), "pads fewer than world_size x batch_size samples"),
     (answer(last="drop_fixed"), "drops other samples every epoch"),
@@ -171,7 +179,7 @@ def test_mutants_fail_on_the_right_property_on_every_seed(verdicts, i, prop):
 
 
 def test_at_least_eight_mutants():
-    assert len(MUTANTS) >= 15
+    assert len(MUTANTS) >= 18
 
 
 def test_stub_and_wrong_objects_need_no_launch(tmp_path):
@@ -232,6 +240,11 @@ def _observe(source, seed, world=2, edit=None):
                 again.rank, again.world_size = rank, world
                 again.set_epoch(case["resume"][0], start=case["resume"][1])
                 entry["resume"] = read(again, case["workers"])
+            if i == 0:
+                entry["in_process"] = {}
+                for epoch in case["epochs"]:
+                    stream.set_epoch(epoch)
+                    entry["in_process"][str(epoch)] = read(stream, 0)
             results.append(entry)
         obs.append({"rank": rank, "world": world, "results": results})
     return obs
