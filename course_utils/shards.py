@@ -679,19 +679,37 @@ def _keys_of(batch):
     return [int(k) for k in keys]
 
 
+RCHAR_DIR = "COURSE_RCHAR_DIR"        # where each worker notes its read counter once it is ready
+
+
+def _note_rchar(worker_id):
+    """worker_init_fn: note this worker's count of bytes read so far, after its start-up (a
+    spawned worker has imported torch by then: those reads are not the data's)."""
+    folder = os.environ.get(RCHAR_DIR)
+    value = _proc_rchar(os.getpid())
+    if folder and value is not None:
+        Path(folder, str(os.getpid())).write_text(str(value))
+
+
 def _one_epoch(loader, workers, measure_bytes):
-    it = iter(loader)
-    pids = [w.pid for w in getattr(it, "_workers", [])] if workers else []
-    before = {pid: _proc_rchar(pid) for pid in pids} if measure_bytes else {}
-    t0 = time.perf_counter()
-    batches = [_keys_of(b) for b in it]
-    seconds = time.perf_counter() - t0
-    read = None
-    if measure_bytes and pids and all(v is not None for v in before.values()):
-        after = {pid: _proc_rchar(pid) for pid in pids}
-        if all(v is not None for v in after.values()):
-            read = sum(after[p] - before[p] for p in pids)
-    del it
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="rchar-") as folder:
+        os.environ[RCHAR_DIR] = folder
+        try:
+            it = iter(loader)
+            pids = [w.pid for w in getattr(it, "_workers", [])] if workers else []
+            t0 = time.perf_counter()
+            batches = [_keys_of(b) for b in it]
+            seconds = time.perf_counter() - t0
+            read = None
+            if measure_bytes and pids:
+                before = {pid: Path(folder, str(pid)) for pid in pids}
+                after = {pid: _proc_rchar(pid) for pid in pids}
+                if all(f.exists() for f in before.values()) and all(v is not None for v in after.values()):
+                    read = sum(after[p] - int(before[p].read_text()) for p in pids)
+            del it
+        finally:
+            os.environ.pop(RCHAR_DIR, None)
     return batches, read, seconds
 
 
@@ -710,7 +728,13 @@ def _wds_loader(shards, batch_size, rank, world, workers, epoch, *, resampled):
                                   seed=epoch, empty_check=False)
                    .shuffle(SHUFFLE_BUFFER, initial=SHUFFLE_INITIAL).to_tuple("__key__")
                    .batched(batch_size, partial=True))
-    return DataLoader(dataset, batch_size=None, num_workers=workers, persistent_workers=bool(workers))
+    return DataLoader(dataset, batch_size=None, num_workers=workers, persistent_workers=bool(workers),
+                      worker_init_fn=_note_rchar)
+
+
+def _wids_keys(samples):
+    """wids' samples as their numbers (a module-level function: spawned workers unpickle it)."""
+    return [int(s["__key__"]) for s in samples]
 
 
 def _wids_loader(shards, batch_size, rank, world, workers, epoch):
@@ -727,8 +751,7 @@ def _wids_loader(shards, batch_size, rank, world, workers, epoch):
     sampler = wids.ChunkedSampler(dataset, num_samples=(lo, hi), chunksize=1000, seed=0, shuffle=True)
     sampler.set_epoch(epoch)
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
-                      collate_fn=lambda samples: [int(s["__key__"]) for s in samples],
-                      persistent_workers=bool(workers))
+                      collate_fn=_wids_keys, persistent_workers=bool(workers), worker_init_fn=_note_rchar)
 
 
 def compare_splits(shards: ShardSet, batch_size: int, *, world: int = 2, workers: int = 2,
@@ -802,7 +825,8 @@ def compare_splits(shards: ShardSet, batch_size: int, *, world: int = 2, workers
 def _course_loader(shards, batch_size, rank, world, workers, epoch, last, buffer=SHUFFLE_BUFFER):
     reader = ShardReader(shards, batch_size, rank=rank, world_size=world, keys=True, last=last, shuffle_buffer=buffer)
     reader.set_epoch(epoch)
-    return DataLoader(reader, batch_size=None, num_workers=workers, persistent_workers=bool(workers))
+    return DataLoader(reader, batch_size=None, num_workers=workers, persistent_workers=bool(workers),
+                      worker_init_fn=_note_rchar)
 
 
 # -- a node-local cache ---------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 - COURSE_DEVICE=cpu: every solution notebook runs with the real (narrow) model training on the
   CPU through the code a GPU runs (course_utils.target): dtype, shape and label bugs in the GPU
   branches fail here, not on a learner's GPU. Every check must pass in this mode too.
-- COURSE_MP_START=spawn: the lessons that start DataLoader workers (02, 03, 04) make that run with
+- COURSE_MP_START=spawn: the lessons that start DataLoader workers (02, 03) make that run with
   the `spawn` start method (macOS's and Windows' default), where workers cannot inherit what a
   notebook defined.
 """
@@ -20,9 +20,8 @@ from course_utils.grade import check_cells
 
 ROOT = Path(__file__).resolve().parents[2]
 SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
-# the lessons whose own cells start DataLoader workers (04: its shard readers, whose rank must reach
-# spawned workers from the main process)
-WORKER_LESSONS = [p for p in SOLUTIONS if p.name.startswith(("02-", "03-", "04-"))]
+# the lessons whose own cells start DataLoader workers
+WORKER_LESSONS = [p for p in SOLUTIONS if p.name.startswith(("02-", "03-"))]
 
 pytestmark = pytest.mark.notebook
 

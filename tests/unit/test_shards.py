@@ -373,3 +373,23 @@ def test_library_split_is_what_webdataset_itself_deals(shard_set, monkeypatch):
         batches = list(DataLoader(dataset, batch_size=None, num_workers=2))
         assert len(batches) == sum(shards.library_split(shard_set, rank=rank, world_size=4, num_workers=2,
                                                         batch_size=16))
+
+
+def test_the_split_comparison_measures_every_approach_and_reaches_spawned_workers(shard_set):
+    """compare_splits on a small set (forked workers here); what a spawned worker would unpickle
+    (dataset, sampler, collate and init functions) pickles."""
+    import pickle
+    pytest.importorskip("wids")
+    for make in (lambda: shards._wds_loader(shard_set, 16, 1, 2, 2, 0, resampled=False),
+                 lambda: shards._wds_loader(shard_set, 16, 1, 2, 2, 0, resampled=True),
+                 lambda: shards._wids_loader(shard_set, 16, 1, 2, 2, 0),
+                 lambda: shards._course_loader(shard_set, 16, 1, 2, 2, 0, "drop")):
+        loader = make()
+        pickle.dumps((loader.dataset, loader.sampler, loader.collate_fn, loader.worker_init_fn))
+    rows = {r.name: r for r in shards.compare_splits(shard_set, 16, world=2, workers=2)}
+    course = rows["course ShardReader (drop)"]
+    assert course.batches_per_rank == [230 // 32] * 2 and course.batch_sizes == [16] and course.repeated == 0
+    assert course.read_ratio is not None and course.read_ratio < 1.5
+    assert rows["course ShardReader (drop, no shuffle buffer)"].recurrence > 0.5 > course.recurrence
+    assert rows["webdataset: split_by_node + split_by_worker"].same_shards
+    assert rows["webdataset: resampled + with_epoch"].repeated > 0
