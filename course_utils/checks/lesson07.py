@@ -814,12 +814,62 @@ def _samples(batches) -> list[tuple[int, int]]:
     return [tuple(p) for _, pairs in batches for p in pairs]
 
 
+def _policy_75(per_rank, case, world) -> str:
+    """'pad' when some sample came twice in the epoch, else 'drop' (what the learner chose)."""
+    from collections import Counter
+    counts = Counter(s for batches in per_rank.values() for s in _samples(batches))
+    return "pad" if any(c > 1 for c in counts.values()) else "drop"
+
+
+def _stretch_overlap(batches, repeated):
+    """(worker a, worker b, shard, lo, hi) where two workers' stretches of one shard (from the first
+    sample each reads there to the last) overlap, leaving out the samples the epoch yields twice
+    (padding, which wraps around to the stream's start)."""
+    spans = {}
+    for worker, pairs in batches:
+        for s, i in pairs:
+            if (s, i) in repeated:
+                continue
+            lo, hi = spans.get((worker, s), (i, i))
+            spans[(worker, s)] = (min(lo, i), max(hi, i))
+    keys = sorted(spans)
+    for a in range(len(keys)):
+        for b in range(a + 1, len(keys)):
+            (wa, sa), (wb, sb) = keys[a], keys[b]
+            if sa == sb and wa != wb:
+                lo = max(spans[keys[a]][0], spans[keys[b]][0])
+                hi = min(spans[keys[a]][1], spans[keys[b]][1])
+                if lo <= hi:
+                    return wa, wb, sa, lo, hi
+    return None
+
+
+def _rank_reads_too_much(batches, sizes):
+    """(samples' worth of the shards a rank touches, the most allowed) when it touches more than its
+    distinct samples plus two of the largest shard (one partial shard at each end of its stretch;
+    four with padding, whose wrap-around is a second stretch); else None."""
+    mine = _samples(batches)
+    allowed = len(set(mine)) + (4 if len(mine) > len(set(mine)) else 2) * max(sizes)
+    touched = sum(sizes[s] for s in {s for s, _ in mine})
+    return (touched, allowed) if touched > allowed else None
+
+
 def judge_7_5(obs: list[dict], seed: int, file) -> str:
     from collections import Counter
 
     world = len(obs)
-    _raise_rank_errors(obs, "7.5", file)
     cases = cases_75(seed, world)
+    for o in obs:
+        for i, entry in enumerate(o.get("results", [])):
+            e = entry.get("error") or {}
+            if e.get("no_group_in_worker"):
+                raise CheckFailed("reads the rank and world size in the main process",
+                                  f"with {_describe_75(cases[i])}, rank {o['rank']}'s DataLoader worker raised "
+                                  f"{e['type']}: the default process group is not initialised there",
+                                  "__iter__ runs in the DataLoader's workers; started by spawn or forkserver (macOS, "
+                                  "Python 3.14 on Linux) they have no process group. Use self.rank and "
+                                  "self.world_size, which __init__ read in the main process")
+    _raise_rank_errors(obs, "7.5", file)
     for o in obs:
         for i, entry in enumerate(o.get("results", [])):
             if "error" in entry:
@@ -846,11 +896,25 @@ def judge_7_5(obs: list[dict], seed: int, file) -> str:
                     raise CheckFailed("yields batches of (shard, index) pairs",
                                       f"with {_describe_75(case)}, rank {rank} yielded {tuple(bad[0])}, which is no "
                                       "sample", "shard s holds the samples (s, 0) .. (s, shard_sizes[s] - 1)")
-                if not 1 <= len(pairs) <= case["batch_size"]:
-                    raise CheckFailed("yields batches of 1 to batch_size samples",
+                if len(pairs) != case["batch_size"]:
+                    raise CheckFailed("every batch holds batch_size samples",
                                       f"with {_describe_75(case)}, rank {rank} yielded a batch of {len(pairs)}",
-                                      "no batch may be empty (a step on nothing) or larger than batch_size")
-    # 2. nobody idle
+                                      "a batch of another size changes the effective batch (learning rate, "
+                                      "batch-norm statistics) and the shapes a compiled or graphed step sees: "
+                                      "drop the remainder, or pad it with repeated samples")
+    # 2. the workers run in processes of their own, without a process group (the ranks differ where
+    #    the stream is read in the main process, and not where workers read it)
+    differ_in_main = any(cases[i]["workers"] == 0 and any(per_rank[r] != per_rank[0] for r in per_rank)
+                         for i, _, per_rank in runs)
+    for i, what, per_rank in runs:
+        case = cases[i]
+        if differ_in_main and case["workers"] and world > 1 and all(per_rank[r] == per_rank[0] for r in per_rank):
+            raise CheckFailed("reads the rank and world size in the main process",
+                              f"with {_describe_75(case)}, every rank yielded the same batches in {what}: inside "
+                              "their DataLoader workers each took itself for rank 0 of 1",
+                              "torch.distributed is not initialised in a worker started by spawn or forkserver: use "
+                              "self.rank and self.world_size, which __init__ read in the main process")
+    # 3. nobody idle
     for i, what, per_rank in runs:
         case = cases[i]
         for rank, batches in sorted(per_rank.items()):
@@ -866,61 +930,93 @@ def judge_7_5(obs: list[dict], seed: int, file) -> str:
                                   f"with {_describe_75(case)}, rank {rank}'s worker {idle[0]} yielded nothing in "
                                   f"{what}", "deal each rank's batches between its workers (get_worker_info()), not "
                                   "its shards: a rank may have fewer shards than workers")
-    # 3. every sample once
+    # 4. the same number of batches on every rank, and what happens to the remainder
+    left_out = {}
     for i, what, per_rank in runs:
         case = cases[i]
-        counts = Counter(s for batches in per_rank.values() for s in _samples(batches))
+        n, b = sum(case["sizes"]), case["batch_size"]
+        policy = _policy_75(per_rank, case, world)
+        k = n // (world * b) if policy == "drop" else math.ceil(n / (world * b))
+        counts = {r: len(x) for r, x in sorted(per_rank.items())}
+        seen = Counter(s for batches in per_rank.values() for s in _samples(batches))
         everything = {(s, j) for s, size in enumerate(case["sizes"]) for j in range(size)}
-        missing = everything - set(counts)
-        twice = [s for s, c in counts.items() if c > 1]
-        if missing or twice:
-            within = next((f"; rank {r} yielded {tuple(s)} from {len({w for w, pairs in b if list(s) in pairs})} "
-                           "of its workers" for s in twice for r, b in per_rank.items()
-                           if len({w for w, pairs in b if list(s) in pairs}) > 1), "")
-            said = (f"{len(missing)} of the {len(everything)} samples never came" if missing else "") + \
-                   (", and " if missing and twice else "") + \
-                   (f"{len(twice)} came more than once{within}" if twice else "")
-            if missing and twice:      # the ranks' or workers' orders disagree
-                hint = ("every rank and every worker must compute the same order from (seed, epoch) alone: a "
-                        "generator seeded with them, not the global one (each DataLoader worker has its own seed)")
-            elif within:
-                hint = ("each DataLoader worker runs its own copy of the dataset: split the rank's batches between "
-                        "its workers too (get_worker_info())")
-            else:
-                hint = ("take each rank's own contiguous part of one order all ranks share, and every sample of it "
-                        "once: no padding, no dropping")
-            raise CheckFailed("every sample exactly once per epoch", f"with {_describe_75(case)}, in {what}: {said}",
-                              hint)
-    # 4. the same number of batches on every rank
-    for i, what, per_rank in runs:
-        case = cases[i]
-        n = sum(case["sizes"])
-        k = math.ceil(n / (world * case["batch_size"]))
-        counts = {r: len(b) for r, b in sorted(per_rank.items())}
-        if any(c != k for c in counts.values()):
-            shares = ", ".join(f"rank {r}: {c} batches of {len(_samples(per_rank[r]))} samples"
-                               for r, c in counts.items())
+        if len(set(counts.values())) > 1:
+            shares = ", ".join(f"rank {r}: {c} batches" for r, c in counts.items())
             raise CheckFailed("every rank yields the same number of batches",
-                              f"with {n} samples, batch_size={case['batch_size']}, {world} ranks ({what}): {shares}; "
-                              f"expected {k} each, ceil(N / (world_size * batch_size))",
-                              "a rank with one batch more waits forever at that batch's all-reduce. Give each rank "
-                              "an equal share (sizes differing by at most one) and cut it into exactly that many "
-                              "batches, some a sample shorter")
+                              f"with {n} samples, batch_size={b}, {world} ranks ({what}): {shares}",
+                              "a rank with one batch more waits forever at that batch's all-reduce: give every rank "
+                              "the same number of samples, a multiple of batch_size")
+        within = next(((r, s) for r, x in per_rank.items() for s, c in Counter(_samples(x)).items()
+                       if c > 1 and len({w for w, pairs in x if list(s) in pairs}) > 1), None)
+        never = everything - set(seen)
+        across = any(len({r for r, x in per_rank.items() if s in set(_samples(x))}) > 1 for s in seen if seen[s] > 1)
+        if within and case["workers"] and not across:
+            r, s = within
+            raise CheckFailed("every sample exactly once per epoch, but for the padding",
+                              f"with {_describe_75(case)}, in {what}: rank {r} yielded {s} from more than one of its "
+                              "workers", "each DataLoader worker runs its own copy of the dataset: split the rank's "
+                              "batches between its workers too (get_worker_info())")
+        if policy == "drop":
+            never = everything - set(seen)
+            if counts[0] != k:
+                raise CheckFailed("drops fewer than world_size x batch_size samples",
+                                  f"with {n} samples, batch_size={b}, {world} ranks ({what}): {counts[0]} batches per "
+                                  f"rank, {len(never)} samples never came; {k} full batches each leave out only "
+                                  f"{n - k * world * b}",
+                                  "every rank can run N // (world_size x batch_size) full batches: drop only what "
+                                  "is left over")
+            left_out[(i, what)] = never
+        else:
+            never = everything - set(seen)
+            extra = sum(seen.values()) - len(seen)
+            if never:
+                raise CheckFailed("every sample at least once per epoch",
+                                  f"with {_describe_75(case)}, in {what}: {len(never)} of the {n} samples never came, "
+                                  f"while {extra} came twice",
+                                  "give each rank its own contiguous part of one order that every rank and worker "
+                                  "computes from (seed, epoch) alone (a generator seeded with them, not the global "
+                                  "one: each process draws its own); pad by repeating samples, never by leaving "
+                                  "others out")
+            if counts[0] != k:
+                raise CheckFailed("pads fewer than world_size x batch_size samples",
+                                  f"with {n} samples, batch_size={b}, {world} ranks ({what}): {counts[0]} batches per "
+                                  f"rank, {extra} samples repeated; {k} batches each repeat only {k * world * b - n}",
+                                  "ceil(N / (world_size x batch_size)) full batches per rank need fewer than "
+                                  "world_size x batch_size repeats")
     # 5. a rank reads its part of the shards only
     for i, what, per_rank in runs:
         case = cases[i]
-        n, sizes = sum(case["sizes"]), case["sizes"]
-        allowed = math.ceil(n / world) + 2 * max(sizes)
+        sizes = case["sizes"]
         for rank, batches in sorted(per_rank.items()):
-            touched = sorted({s for s, _ in _samples(batches)})
-            if sum(sizes[s] for s in touched) > allowed:
+            too_much = _rank_reads_too_much(batches, sizes)
+            if too_much:
+                mine = _samples(batches)
+                touched = sorted({s for s, _ in mine})
                 raise CheckFailed("each rank reads only its part of the shards",
                                   f"with {_describe_75(case)}, rank {rank} read from {len(touched)} of the "
-                                  f"{len(sizes)} shards in {what} ({sum(sizes[s] for s in touched)} samples' worth "
-                                  f"of tar files for a share of {math.ceil(n / world)})",
+                                  f"{len(sizes)} shards in {what} ({too_much[0]} samples' worth of tar files for "
+                                  f"{len(set(mine))} samples; at most {too_much[1]}: its samples and two shards' worth)",
                                   "a tar shard is read front to back: shuffle the order of the shards, not the "
                                   "samples, and give each rank a contiguous part of that stream")
-    # 6. a new split every epoch
+    # 6. each worker reads its own stretch of the rank's shards
+    for i, what, per_rank in runs:
+        case = cases[i]
+        if case["workers"] < 2:
+            continue
+        everywhere = Counter(s for batches in per_rank.values() for s in _samples(batches))
+        repeated = {s for s, c in everywhere.items() if c > 1}          # the padding: read again on purpose
+        for rank, batches in sorted(per_rank.items()):
+            clash = _stretch_overlap(batches, repeated)
+            if clash:
+                wa, wb, shard, lo, hi = clash
+                raise CheckFailed("each worker reads its own stretch of the rank's shards",
+                                  f"with {_describe_75(case)}, in {what}: rank {rank}'s workers {wa} and {wb} both "
+                                  f"need shard {shard} from sample {lo} to {hi}: each reads that stretch of the tar "
+                                  "file (and all of it before), so the rank reads those bytes twice",
+                                  "give each worker a contiguous run of the rank's batches (worker w: batches "
+                                  "w*K//W to (w+1)*K//W, or so), not every W-th batch")
+    # 7. a new split every epoch, the same whichever process iterates the object (nothing kept from an
+    #    earlier call), and (dropping) other samples left out
     case = cases[0]
     e0, e1 = (str(e) for e in case["epochs"])
     for o in obs:
@@ -928,7 +1024,24 @@ def judge_7_5(obs: list[dict], seed: int, file) -> str:
             raise CheckFailed("a different split every epoch",
                               f"with {_describe_75(case)}, rank {o['rank']} read the same samples in epochs {e0} "
                               f"and {e1}", "draw the shards' order from (seed, epoch) (set_epoch stores the epoch)")
-    # 7. resuming
+        for e in (e0, e1):
+            here = o["results"][0].get("in_process", {}).get(e)
+            if here is not None and set(_samples(here)) != set(_samples(o["results"][0]["epochs"][e])):
+                raise CheckFailed("a different split every epoch",
+                                  f"with {_describe_75(case)}: the same object, iterated without workers after "
+                                  f"set_epoch({e}), gave rank {o['rank']} other samples than its workers read in "
+                                  f"epoch {e}", "compute the epoch's plan from (seed, epoch) every time __iter__ runs: "
+                                  "a plan kept from an earlier call repeats that epoch (without workers, or with "
+                                  "persistent ones, the same object is iterated again)")
+    case = cases[0]
+    e0, e1 = (str(e) for e in case["epochs"])
+    dropped = [left_out.get((0, f"epoch {e}")) for e in (e0, e1)]
+    if dropped[0] is not None and dropped[1] is not None and dropped[0] == dropped[1]:
+        raise CheckFailed("drops other samples every epoch",
+                          f"with {_describe_75(case)}, the same {len(dropped[0])} samples never came in epochs {e0} "
+                          f"and {e1}", "leave out what is left at the end of each epoch's own order (it changes "
+                          "with the epoch), not a fixed tail of the dataset: those samples would never be trained on")
+    # 8. resuming
     for i, case in enumerate(cases):
         if not case["resume"]:
             continue
@@ -942,9 +1055,10 @@ def judge_7_5(obs: list[dict], seed: int, file) -> str:
                                   f"with {_describe_75(case)}: after set_epoch({epoch}, start={start}), rank "
                                   f"{o['rank']} yielded {len(resumed)} batches starting with {first}; the epoch's "
                                   f"batches after its first {start} are {len(full) - start}, starting with "
-                                  f"{full[start][:3]}",
-                                  "skip the rank's first `start` batches before dealing the rest between the "
-                                  "workers (the DataLoader takes one batch from each worker in turn)")
-    return ("every sample exactly once per epoch, the same number of batches on every rank, every worker busy, "
-            "each rank reading its part of the shards, a new split every epoch, and a resumed epoch that "
-            "continues where it stopped.")
+                                  f"{full[start][:3] if start < len(full) else 'nothing'}",
+                                  "the DataLoader takes one batch from each worker in turn, starting with worker 0, "
+                                  "in a resumed epoch too: work out how many batches each worker had delivered, and "
+                                  "which worker's batch comes next")
+    return ("full batches, the same number on every rank, the remainder dropped or padded (fewer than world_size x "
+            "batch_size), every worker busy reading its own stretch of its rank's part of the shards, the rank read in "
+            "the main process, a new split every epoch, and a resumed epoch that continues where it stopped.")

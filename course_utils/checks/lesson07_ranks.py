@@ -501,14 +501,19 @@ def run_74(fn, job, rank, world, workdir, obs) -> None:
 
 def cases_75(seed: int, world: int) -> list[dict]:
     """Exercise 7.5's inputs, always in this order: (0) many shards of unequal sizes, two workers
-    per rank, two epochs and a resumed epoch; (1) an odd number of samples whose share per rank is
-    a whole number of batches (a rank with one batch more, unless the split evens it out), read
-    without workers; (2) a single shard, two workers per rank."""
+    per rank, two epochs (then both again in this process, on the same object: nothing may be kept
+    from an earlier call) and a resumed epoch; (1) an odd number of samples, world x batch x m + 1
+    (one sample too many for m full batches per rank, one too few for m + 1), read without
+    workers; (2) a single shard, two workers per rank, resumed after an odd number of batches.
+    No case divides into full batches, so dropping and padding give different epochs."""
     rng = np.random.default_rng([75, seed])
     cases = []
-    sizes = [int(v) for v in rng.integers(30, 51, size=int(rng.integers(8, 13)))]
-    batch = int(rng.integers(4, 10))
-    k = math.ceil(sum(sizes) / (world * batch))
+    while True:
+        sizes = [int(v) for v in rng.integers(30, 51, size=int(rng.integers(8, 13)))]
+        batch = int(rng.integers(4, 10))
+        if sum(sizes) % (world * batch):
+            break
+    k = sum(sizes) // (world * batch)
     cases.append({"sizes": sizes, "batch_size": batch, "seed": int(rng.integers(0, 10_000)), "workers": 2,
                   "epochs": [0, 1], "resume": [1, int(rng.integers(2, k - 2))]})
     batch = int(rng.integers(3, 7))
@@ -517,13 +522,18 @@ def cases_75(seed: int, world: int) -> list[dict]:
     cases.append({"sizes": [cuts[0], cuts[1] - cuts[0], n - cuts[1]], "batch_size": batch,
                   "seed": int(rng.integers(0, 10_000)), "workers": 0, "epochs": [int(rng.integers(0, 5))],
                   "resume": None})
-    n, batch = int(rng.integers(40, 81)), int(rng.integers(3, 7))
+    while True:
+        n, batch = int(rng.integers(40, 81)), int(rng.integers(3, 7))
+        if n % (world * batch) and n // (world * batch) >= 4:
+            break
     cases.append({"sizes": [n], "batch_size": batch, "seed": int(rng.integers(0, 10_000)), "workers": 2,
-                  "epochs": [0], "resume": [0, 1]})
+                  "epochs": [0], "resume": [0, 1 + 2 * int(rng.integers(0, (n // (world * batch) - 1) // 2))]})
     return cases
 
 
 MAX_BATCHES_75 = 5000        # a stream that yields more than this is endless
+NO_GROUP = ("Default process group has not been initialized, please make sure to call init_process_group. "
+            "(inside a DataLoader worker started by spawn)")
 
 
 def _pairs(batch):
@@ -561,31 +571,72 @@ class _TaggedStream(torch.utils.data.IterableDataset):
             yield worker, pairs if pairs is not None else {"bad": repr(batch)[:80]}
 
 
-def _read_stream(stream, workers: int, timeout_s: float) -> list:
+def _as_if_spawned(worker_id):
+    """A DataLoader worker as the spawn or forkserver start method makes it (macOS, Python 3.14's
+    default on Linux): torch.distributed is not initialised there. (The check's workers are forked,
+    which is quicker; this takes away what a fork would have copied.)"""
+    def no_group(*args, **kwargs):
+        raise ValueError(NO_GROUP)
+
+    dist.is_initialized = lambda: False
+    for name in ("get_rank", "get_world_size", "get_backend", "barrier", "all_reduce", "broadcast"):
+        setattr(dist, name, no_group)
+    dist.distributed_c10d._get_default_group = no_group
+
+
+def _read_stream(stream, workers: int, timeout_s: float, spawn: bool = False) -> list:
+    extra = {"multiprocessing_context": "spawn"} if spawn else {"worker_init_fn": _as_if_spawned} if workers else {}
     loader = torch.utils.data.DataLoader(_TaggedStream(stream), batch_size=None, num_workers=workers,
-                                         timeout=timeout_s if workers else 0)
+                                         timeout=(timeout_s + (60 if spawn else 0)) if workers else 0, **extra)
     return [[worker, pairs] for worker, pairs in loader]
 
 
+def load_importable(path: str, function: str, tag: str):
+    """The learner's class from a copy of its file that a spawned worker can import by name (a
+    module loaded from a path under another name cannot be unpickled there)."""
+    import importlib
+    import shutil
+    import tempfile
+    folder = Path(tempfile.mkdtemp(prefix="learner75-"))
+    name = f"learner_75_{tag}_{os.getpid()}"
+    shutil.copyfile(path, folder / f"{name}.py")
+    sys.path.insert(0, str(folder))
+    module = importlib.import_module(name)
+    obj = getattr(module, function, None)
+    if obj is None:
+        raise AttributeError(f"{Path(path).name} defines no {function}")
+    return obj
+
+
 def run_75(cls, job, rank, world, workdir, obs) -> None:
+    cls = load_importable(job["file"], job["function"], str(job["index"]))
     results = obs.setdefault("results", [])
-    for case in cases_75(job["seed"], world):
+    timeout = job.get("timeout_s", 20)
+    for i, case in enumerate(cases_75(job["seed"], world)):
         entry = {"epochs": {}, "resume": None}
         results.append(entry)
         try:
             stream = cls(list(case["sizes"]), case["batch_size"], seed=case["seed"])
             for epoch in case["epochs"]:
                 stream.set_epoch(epoch)
-                entry["epochs"][str(epoch)] = _read_stream(stream, case["workers"], job.get("timeout_s", 20))
+                spawn = bool(job.get("spawn")) and i == 0 and epoch == case["epochs"][0]
+                entry["epochs"][str(epoch)] = _read_stream(stream, case["workers"], timeout, spawn)
+            if i == 0:           # the same object, iterated here: each epoch's plan from (seed, epoch) again
+                entry["in_process"] = {}
+                for epoch in case["epochs"]:
+                    stream.set_epoch(epoch)
+                    entry["in_process"][str(epoch)] = _read_stream(stream, 0, timeout)
             if case["resume"]:
                 epoch, start = case["resume"]
                 again = cls(list(case["sizes"]), case["batch_size"], seed=case["seed"])   # as a restarted job
                 again.set_epoch(epoch, start=start)
-                entry["resume"] = _read_stream(again, case["workers"], job.get("timeout_s", 20))
+                entry["resume"] = _read_stream(again, case["workers"], timeout)
         except Exception as exc:
             if isinstance(exc, NotImplementedError) or "NotImplementedError" in str(exc).split("\n", 1)[0]:
                 raise NotImplementedError("Exercise 7.5") from None
-            entry["error"] = describe_error(exc, job["file"])
+            entry["error"] = describe_error(exc, sys.modules[cls.__module__].__file__)
+            entry["error"]["no_group_in_worker"] = "Default process group has not been initialized" in str(exc) \
+                and case["workers"] > 0
 
 
 HARNESSES = {"7.2": run_72, "7.3": run_73, "7.4": run_74, "7.5": run_75}

@@ -4,16 +4,21 @@
 
 Each rank builds a DataLoader with 2 workers over `ShardReader` (course_utils.shards), which reads
 the batches your `ShardStream` deals from the WebDataset tar files. Every step all-reduces one
-number, as DDP's backward would: a rank with a batch more waits there, and the short collective
-timeout turns that into an error instead of a hang. Then it checks, across the ranks, that every
-sample came exactly once, and that an epoch resumed after `--resume-at` batches (a fresh
-stream, `set_epoch(epoch, start=k)`) continues where the full epoch went on. Where your
-`ShardStream` is not written yet (NotImplementedError), the course's stands in, and the report
-says so.
+number, as DDP's backward would, on the rank's device (its GPU under nccl, which refuses host
+memory): a rank with a batch more waits there, and the short collective timeout turns that into an
+error instead of a hang. Then it counts, across the ranks, how often each sample came, the batch
+sizes, and whether an epoch resumed after `--resume-at` batches (a fresh stream,
+`set_epoch(epoch, start=k)`) continues where the full epoch went on. `--start-method spawn` (or env
+COURSE_MP_START) starts the DataLoader's workers with spawn, as macOS and Python 3.14 do. Where your
+`ShardStream` is not written yet (NotImplementedError), the course's stands in, and the report says so.
 """
 import argparse
-import importlib.util
+import collections
+import importlib
+import os
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -24,12 +29,12 @@ from course_utils.shards import ShardReader, ShardStream, open_shards
 
 
 def load_stream(path):
+    """Your ShardStream, imported by its module's name (its folder put on sys.path, which spawned
+    workers inherit), so that a worker started by spawn can unpickle it."""
     if not path:
         return ShardStream, "the course's ShardStream"
-    spec = importlib.util.spec_from_file_location("shards_yours", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    cls = module.ShardStream
+    sys.path.insert(0, str(Path(path).resolve().parent))
+    cls = importlib.import_module(Path(path).stem).ShardStream
     try:
         probe = cls([4, 4], 2, seed=0)
         probe.set_epoch(0)
@@ -39,14 +44,21 @@ def load_stream(path):
     return cls, "your ShardStream"
 
 
-def epoch(reader, workers, epoch_no, start=0):
+def step_collective(device):
+    """The step's gradient all-reduce, in miniature, on the rank's device: under nccl a host tensor
+    would be refused ("Tensors must be CUDA and dense")."""
+    dist.all_reduce(torch.ones(1, device=device))
+
+
+def epoch(reader, workers, epoch_no, device, start=0, start_method=None):
     reader.set_epoch(epoch_no, start)
-    keys, batches = [], 0
-    for _, labels, k in DataLoader(reader, batch_size=None, num_workers=workers):
-        dist.all_reduce(torch.ones(1))           # the step's gradient all-reduce, in miniature
+    keys, sizes = [], collections.Counter()
+    context = {"multiprocessing_context": start_method} if start_method and workers else {}
+    for _, labels, k in DataLoader(reader, batch_size=None, num_workers=workers, **context):
+        step_collective(device)
         keys.append(k.tolist())
-        batches += 1
-    return batches, keys
+        sizes[len(labels)] += 1
+    return keys, sizes
 
 
 def main():
@@ -57,8 +69,10 @@ def main():
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--resume-at", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--start-method", default=os.environ.get("COURSE_MP_START") or None,
+                        help="how DataLoader workers start: fork, spawn, forkserver (default: the platform's)")
     args = parser.parse_args()
-    init_process_group(timeout_s=20)
+    device = init_process_group(timeout_s=20)
     rank, world = dist.get_rank(), dist.get_world_size()
     cls, used = load_stream(args.stream)
     shards = open_shards(args.shards)
@@ -66,13 +80,14 @@ def main():
     t0 = time.perf_counter()
     out = {"rank": rank}
     try:
-        out["batches"], keys = epoch(reader, args.workers, 0)
+        keys, sizes = epoch(reader, args.workers, 0, device, start_method=args.start_method)
+        out["batches"], out["batch_sizes"] = len(keys), {str(b): c for b, c in sorted(sizes.items())}
         out["seconds"] = time.perf_counter() - t0
         out["keys0"] = [k for batch in keys for k in batch]
-        _, full = epoch(reader, args.workers, 1)
+        full, _ = epoch(reader, args.workers, 1, device, start_method=args.start_method)
         resumed = ShardReader(shards, args.batch_size, stream=cls(shards.sizes, args.batch_size, seed=args.seed),
                               keys=True)
-        _, tail = epoch(resumed, args.workers, 1, start=args.resume_at)
+        tail, _ = epoch(resumed, args.workers, 1, device, start=args.resume_at, start_method=args.start_method)
         out["resumed_ok"] = tail == full[args.resume_at:]
         out["keys1"] = [k for batch in full for k in batch]
     except Exception as exc:             # a rank with a batch more: its all-reduce times out
@@ -87,9 +102,11 @@ def main():
         summary = {"used": used, "world": world, "workers": args.workers, "samples": total,
                    "shards": len(shards.files), "batch_size": args.batch_size, "resume_at": args.resume_at,
                    "per_rank": [{k: v for k, v in g.items() if not k.startswith("keys")} for g in gathered if g]}
+        summary["start_method"] = args.start_method or "the platform's default"
         for e in (0, 1):
             got = [k for g in gathered if g for k in g.get(f"keys{e}", [])]
-            summary[f"epoch{e}"] = {"read": len(got), "distinct": len(set(got)), "missing": total - len(set(got))}
+            summary[f"epoch{e}"] = {"read": len(got), "distinct": len(set(got)), "missing": total - len(set(got)),
+                                    "repeated": len(got) - len(set(got))}
         summary["rank0_changed"] = set(gathered[0].get("keys0", [])) != set(gathered[0].get("keys1", []))
         report(summary)
     dist.destroy_process_group()

@@ -12,6 +12,9 @@ command to run where it can, and what to look for.
          Reproduced in a private mount namespace with a tiny /dev/shm (`unshare`), where allowed.
 - fr:    PyTorch's Flight Recorder: each rank's last collectives, dumped when one times out;
          run here on two gloo ranks with one collective too many on rank 0.
+- spy:   `py-spy dump` of every rank of the course's own hang (ddp_hang.py), while it hangs: the
+         Python stack of each process, the collective it waits in.
+- mb:    `dist.monitored_barrier`: rank 0 names the rank that never arrived, at the call.
 - nccl:  NCCL's peer-to-peer path (the `NCCL_P2P_DISABLE=1` test) and nccl-tests'
          `all_reduce_perf` against the bandwidth lesson 07 fitted.
 - cores: cores and NUMA nodes per rank, `nvidia-smi topo -m`, and torchrun's `--numa-binding`.
@@ -19,6 +22,7 @@ command to run where it can, and what to look for.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -176,6 +180,108 @@ def check_fr():
           "torch.distributed.flight_recorder.fr_trace) lines the ranks up and names the first one that differs")
 
 
+# -- py-spy -------------------------------------------------------------------------------------------
+
+def _py_spy():
+    here = Path(PY).with_name("py-spy")
+    return str(here) if here.exists() else shutil.which("py-spy")
+
+
+def check_spy():
+    _say("spy: py-spy dump of every rank, while the job hangs")
+    import signal
+    import time
+
+    import psutil
+    spy = _py_spy()
+    if spy is None:
+        print("py-spy is not installed here (pip install py-spy): on a hung job run `py-spy dump --pid PID` "
+              "for each rank's pid (`pgrep -f train.py`); with --native it shows the C++ frames (NCCL) too")
+        return
+    program = SCRIPT.with_name("ddp_hang.py")
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(SCRIPT.parents[2]), os.environ.get("PYTHONPATH")]))}
+    for leftover in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
+        env.pop(leftover, None)
+    job = subprocess.Popen([PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(program),
+                            "--timeout", "90"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                           start_new_session=True)
+    stacks, deadline = {}, time.monotonic() + 75
+    try:
+        while time.monotonic() < deadline and len(stacks) < 2:
+            time.sleep(2)
+            try:
+                ranks = [p for p in psutil.Process(job.pid).children(recursive=True)
+                         if any("ddp_hang.py" in part for part in p.cmdline())]
+            except psutil.Error:
+                break
+            for proc in ranks:
+                code, out = _run([spy, "dump", "--pid", str(proc.pid)], timeout=20)
+                waiting = [line.strip() for line in out.splitlines()
+                           if re.search(r"\b(all_reduce|barrier|wait)\b", line) and "(" in line]
+                rank = next((v for k, v in proc.environ().items() if k == "RANK"), "?")
+                if code == 0 and waiting:
+                    frames = [line.strip() for line in out.splitlines() if re.match(r"^\s+\w.* \(.*:\d+\)$", line)]
+                    stacks[rank] = (proc.pid, frames)
+        for rank, (pid, frames) in sorted(stacks.items()):
+            print(f"rank {rank} (pid {pid}), innermost frame first:")
+            for line in frames[:4]:
+                print(f"    {line}")
+        if len(stacks) == 2:
+            where = {rank: next((f.split(" (")[0] for f in frames if re.search(r"all_reduce|barrier", f)), "?")
+                     for rank, (_, frames) in stacks.items()}
+            print("the two ranks wait in different collectives: " + ", ".join(f"rank {r} in {w}"
+                                                                          for r, w in sorted(where.items()))
+                  + (" (the program's bug: rank 0 took one step more)" if len(set(where.values())) > 1 else ""))
+        elif not stacks:
+            print("py-spy could not read the ranks here (it needs ptrace: in a container, --cap-add SYS_PTRACE)")
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(job.pid, signal.SIGKILL)
+        job.wait(timeout=30)
+    print("on a cluster: `py-spy dump --pid PID` on every rank of every node (`srun --overlap` into the job's "
+          "nodes), `--native` for the C++ frames; the rank whose stack differs is the one to read")
+
+
+# -- monitored_barrier ---------------------------------------------------------------------------------
+
+def child_mb():
+    """Two ranks; rank 1 never reaches the barrier (it stopped, or took another path)."""
+    import datetime
+    import time
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
+    rank = dist.get_rank()
+    if rank == 0:
+        t0 = time.monotonic()
+        try:
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=3))
+            print("rank 0: MB PASSED")
+        except RuntimeError as exc:
+            first = str(exc).splitlines()[0]
+            print(f"rank 0: MB RAISED after {time.monotonic() - t0:.1f} s: {first[:200]}")
+    else:
+        time.sleep(6)                           # never calls the barrier in time
+    os._exit(0)
+
+
+def check_mb():
+    _say("mb: monitored_barrier names the rank that did not arrive")
+    sys.path.insert(0, str(SCRIPT.parents[2]))
+    from course_utils.launch import LaunchError, torchrun
+    try:
+        run = torchrun(SCRIPT, "--child-mb", nproc=2, backend="gloo", timeout_s=90, echo=False, check=False)
+        said = [line.split(": ", 1)[-1] for line in run.output.splitlines() if "MB " in line]
+    except LaunchError as exc:
+        said = [str(exc).splitlines()[0]]
+    print(said[0] if said else "monitored_barrier printed nothing here")
+    print("dist.monitored_barrier(timeout=...) (gloo, or a gloo group beside nccl) waits for every rank and names "
+          "the ones that did not come; TORCH_DISTRIBUTED_DEBUG=DETAIL names the mismatched collective (lesson 07's "
+          "hang); neither waits for nccl's 10-minute watchdog")
+
+
 # -- NCCL ---------------------------------------------------------------------------------------------
 
 def check_nccl(fitted_gbps=None, nproc=None):
@@ -269,26 +375,29 @@ def check_cores(nproc=None):
               "--cpunodebind=N --membind=N` (or taskset) in a wrapper per local rank")
 
 
-CHECKS = ("shm", "fr", "nccl", "cores")
+CHECKS = ("shm", "fr", "spy", "mb", "nccl", "cores")
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checks", nargs="*", help="shm, fr, nccl, cores (default: all four)")
+    parser.add_argument("checks", nargs="*", help="shm, fr, spy, mb, nccl, cores (default: all)")
     parser.add_argument("--fitted-gbps", type=float, default=None, help="lesson 07's fitted bus bandwidth, GB/s")
     parser.add_argument("--nproc", type=int, default=None, help="ranks per node to plan for")
     parser.add_argument("--child-shm", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--child-fr", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--child-mb", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child_shm:
         return child_shm()
     if args.child_fr:
         return child_fr(args.child_fr)
+    if args.child_mb:
+        return child_mb()
     unknown = [c for c in args.checks if c not in CHECKS]
     if unknown:
         parser.error(f"unknown check(s) {unknown}: choose from {', '.join(CHECKS)}")
     for name in args.checks or CHECKS:
-        {"shm": check_shm, "fr": check_fr, "nccl": lambda: check_nccl(args.fitted_gbps, args.nproc),
+        {"shm": check_shm, "fr": check_fr, "spy": check_spy, "mb": check_mb, "nccl": lambda: check_nccl(args.fitted_gbps, args.nproc),
          "cores": lambda: check_cores(args.nproc)}[name]()
     return 0
 

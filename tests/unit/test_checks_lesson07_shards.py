@@ -23,6 +23,7 @@ class ShardStream(IterableDataset):
         self.batch_size = int(batch_size)
         self.seed = seed
         self.epoch, self.start = 0, 0
+        self.rank, self.world_size = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
 
     def set_epoch(self, epoch, start=0):
         self.epoch, self.start = epoch, start
@@ -31,79 +32,98 @@ class ShardStream(IterableDataset):
 '''
 
 
-def answer(*, order="seeded", rank_part="contiguous", cut="even_k", workers="strided", resume="before",
-           epoch_used=True, worker_info=True):
+def answer(*, order="seeded", rank_part="contiguous", last="drop", workers="runs", resume="rotated",
+           epoch_used=True, rank_from="init", batch=None):
     """The ShardStream source with one knob per mistake (the defaults are right)."""
     e = "self.epoch" if epoch_used else "0"
-    lines = ["rank, world = dist.get_rank(), dist.get_world_size()",
-             "info = get_worker_info()" if worker_info else "info = None",
+    b = batch or "self.batch_size"
+    rank = {"init": "self.rank, self.world_size",
+            "iter": "dist.get_rank(), dist.get_world_size()",
+            "iter_or_0": "(dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)"}[rank_from]
+    lines = [f"rank, world = {rank}",
+             "info = get_worker_info()",
              "worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)",
              "n = sum(self.shard_sizes)",
-             "k = math.ceil(n / (world * self.batch_size))"]
-    if order == "seeded":
-        lines.append(f"order = np.random.default_rng([self.seed, {e}]).permutation(len(self.shard_sizes)).tolist()")
+             f"rng = np.random.default_rng([self.seed, {e}])"]
+    if order in ("seeded", "samples"):
+        lines.append("order = rng.permutation(len(self.shard_sizes)).tolist()")
     elif order == "global":
         lines.append("order = torch.randperm(len(self.shard_sizes)).tolist()")
-    if order == "samples":     # every sample shuffled: each rank then reads from every shard
-        lines += ["stream = [(s, i) for s in range(len(self.shard_sizes)) for i in range(self.shard_sizes[s])]",
-                  f"stream = [stream[j] for j in np.random.default_rng([self.seed, {e}]).permutation(n)]"]
-    else:
-        lines.append("stream = [(int(s), i) for s in order for i in range(self.shard_sizes[s])]")
-    if rank_part == "contiguous":
-        lines.append("mine = stream[rank * n // world:(rank + 1) * n // world]")
-    elif rank_part == "rest_on_last":
-        lines += ["per = n // world", "mine = stream[rank * per:(rank + 1) * per if rank < world - 1 else n]"]
-    elif rank_part == "none":
-        lines.append("mine = stream")
-    elif rank_part == "whole_shards":
-        lines.append("mine = [(s, i) for s in order[rank::world] for i in range(self.shard_sizes[s])]")
-    if cut == "even_k":
-        lines.append("batches = [mine[j * len(mine) // k:(j + 1) * len(mine) // k] for j in range(k)]")
-    elif cut == "full":
-        lines.append("batches = [mine[j:j + self.batch_size] for j in range(0, len(mine), self.batch_size)]")
-    elif cut == "drop_last":
-        lines.append("batches = [mine[j:j + self.batch_size] for j in range(0, len(mine) - self.batch_size + 1, "
-                     "self.batch_size)]")
-    elif cut == "pad":
-        lines += ["need = k * self.batch_size",
-                  "mine = (mine * (need // max(1, len(mine)) + 1))[:need]",
-                  "batches = [mine[j:j + self.batch_size] for j in range(0, need, self.batch_size)]"]
-    if workers == "strided":
-        pick = "batches[self.start:][worker::workers]" if resume == "before" else \
-            "batches[worker::workers]" if resume == "ignored" else "batches[worker::workers][self.start:]"
+    lines.append("stream = [(int(s), i) for s in order for i in range(self.shard_sizes[s])]")
+    if order == "samples":       # every sample shuffled: each rank then reads from every shard
+        lines.append("stream = [stream[j] for j in rng.permutation(n)]")
+    if last in ("drop", "drop_more", "drop_fixed"):
+        k = {"drop": f"n // (world * {b})", "drop_more": f"n // (world * {b}) - 1",
+             "drop_fixed": f"n // (world * {b})"}[last]
+        lines.append(f"k = {k}")
+        if last == "drop_fixed":        # the same samples left out every epoch: the dataset's last ones
+            lines += [f"keep = set(sorted((s, i) for s in range(len(self.shard_sizes)) "
+                      f"for i in range(self.shard_sizes[s]))[:k * world * {b}])",
+                      "stream = [p for p in stream if p in keep]", "offset = 0"]
+        else:
+            lines.append(f"offset = int(rng.integers(0, n - k * world * {b} + 1))")
+        if rank_part == "contiguous":
+            lines.append(f"mine = stream[offset + rank * k * {b}:offset + (rank + 1) * k * {b}]")
+        elif rank_part == "none":
+            lines.append(f"mine = stream[offset:offset + k * {b}]")
+        elif rank_part == "whole_shards":
+            lines += ["mine = [(s, i) for s in order[rank::world] for i in range(self.shard_sizes[s])]",
+                      f"k = len(mine) // {b}"]
+    else:                               # pad: wrap around the stream
+        k = f"math.ceil(n / (world * {b}))" + (" + 1" if last == "pad_more" else "")
+        lines += [f"k = {k}", f"mine = [stream[j % n] for j in range(rank * k * {b}, (rank + 1) * k * {b})]"]
+    lines.append(f"batches = [mine[j * {b}:(j + 1) * {b}] for j in range(k)]")
+    if workers == "runs":
+        lines += ["counts = [k // workers + (w < k % workers) for w in range(workers)]",
+                  "role = (worker + self.start) % workers" if resume == "rotated" else "role = worker",
+                  "lo = sum(counts[:role])",
+                  "done = min(counts[role], max(0, -(-(self.start - role) // workers)))"
+                  if resume != "ignored" else "done = 0",
+                  "yield from batches[lo + done:lo + counts[role]]"]
+    elif workers == "strided":
+        lines.append("yield from batches[self.start:][worker::workers]")
     elif workers == "none":
-        pick = "batches[self.start:]"
+        lines.append("yield from batches[self.start:]")
     elif workers == "whole_shards":      # the rank's shards dealt to its workers
         lines += ["shards = sorted({s for s, _ in mine}, key=[s for s, _ in mine].index)[worker::workers]",
-                  "batches = [b for b in batches if b and b[0][0] in shards]"]
-        pick = "batches[self.start:]"
-    lines.append(f"yield from {pick}")
+                  "yield from [x for x in batches[self.start:] if x and x[0][0] in shards]"]
     return HEADER + "".join(f"        {line}\n" for line in lines)
 
 
 RIGHT = {"solution": answer(),
-         "tensor batches": answer().replace("yield from batches[self.start:][worker::workers]",
-                                            "for b in batches[self.start:][worker::workers]:\n"
-                                            "            yield torch.tensor(b)")}
+         "padding": answer(last="pad"),
+         "tensor batches": answer().replace("yield from batches[lo + done:lo + counts[role]]",
+                                            "for x in batches[lo + done:lo + counts[role]]:\n"
+                                            "            yield torch.tensor(x)")}
 
 MUTANTS = [
-    (answer(workers="none"), "every sample exactly once per epoch"),               # split by rank only: workers repeat
-    (answer(rank_part="none", cut="full"), "every sample exactly once per epoch"),  # every rank reads everything
-    (answer(rank_part="whole_shards", cut="full"), "every rank and every worker gets samples"),  # one shard, two ranks
-    (answer(workers="whole_shards"), "every rank and every worker gets samples"),    # one shard, two workers
+    (answer(workers="strided"), "each worker reads its own stretch of the rank's shards"),   # the issue's 3.4x
+    (answer(rank_from="iter"), "reads the rank and world size in the main process"),        # raises under spawn
+    (answer(rank_from="iter_or_0"), "reads the rank and world size in the main process"),   # rank 0 of 1 there
+    (answer(workers="none"), "every sample exactly once per epoch, but for the padding"),   # workers repeat
+    (answer(rank_part="none"), "every sample at least once per epoch"),                      # ranks read the same
+    (answer(rank_part="whole_shards"), "every rank and every worker gets samples"),          # one shard, two ranks
+    (answer(workers="whole_shards"), "every rank and every worker gets samples"),            # one shard, two workers
     (answer(epoch_used=False), "a different split every epoch"),
-    (answer(rank_part="rest_on_last", cut="full"), "every rank yields the same number of batches"),
-    (answer(cut="full"), "every rank yields the same number of batches"),           # ceil(share / B) per rank
-    (answer(resume="ignored"), "resumes where it stopped"),                          # restarts the epoch
-    (answer(resume="per_worker"), "resumes where it stopped"),                       # skips start per worker
-    (answer(cut="drop_last"), "every sample exactly once per epoch"),
-    (answer(cut="pad"), "every sample exactly once per epoch"),                      # DistributedSampler's padding
-    (answer(order="global"), "every sample exactly once per epoch"),                 # unseeded: ranks disagree
+    (answer().replace("        rank, world = self.rank, self.world_size\n",
+                      "        rank, world = self.rank, self.world_size\n"
+                      "        if getattr(self, '_kept', None) is not None:\n"
+                      "            yield from self._kept\n"
+                      "            return\n", 1)
+     .replace("        yield from batches[lo + done:lo + counts[role]]\n",
+              "        self._kept = batches[lo + done:lo + counts[role]]\n"
+              "        yield from self._kept\n"), "a different split every epoch"),    # state kept between calls
+    (answer(last="drop_more"), "drops fewer than world_size x batch_size samples"),
+    (answer(last="pad_more"), "pads fewer than world_size x batch_size samples"),
+    (answer(last="drop_fixed"), "drops other samples every epoch"),
+    (answer(resume="ignored"), "resumes where it stopped"),                                  # restarts the epoch
+    (answer(resume="unrotated"), "resumes where it stopped"),                                # worker 0 first again
+    (answer(order="global"), "every sample at least once per epoch"),                        # unseeded: ranks disagree
     (answer(order="samples"), "each rank reads only its part of the shards"),
-    (answer().replace("k = math.ceil(n / (world * self.batch_size))", "k = math.ceil(n / (world * self.batch_size)) + 1"),
-     "every rank yields the same number of batches"),                                # equal, but not the number asked
-    (answer().replace("(j + 1) * len(mine) // k]", "(j + 1) * len(mine) // k] * 2"),
-     "yields batches of 1 to batch_size samples"),
+    (answer(batch="(self.batch_size - 1)"), "every batch holds batch_size samples"),
+    (answer().replace("yield from batches[lo + done:lo + counts[role]]",
+                      "yield from [x[:-1] if j == 0 else x for j, x in enumerate(batches[lo + done:lo + counts[role]])]"),
+     "every batch holds batch_size samples"),                                               # one batch short
 ]
 
 
@@ -118,6 +138,10 @@ def verdicts(tmp_path_factory):
             jobs.append({"exercise": "7.5", "file": str(path), "function": "ShardStream", "seed": seed,
                          "timeout_s": 20})
             keys.append((name, seed, path))
+    path = folder / "7_5_solution.py"                 # once more, its first epoch read by spawned workers
+    jobs.append({"exercise": "7.5", "file": str(path), "function": "ShardStream", "seed": SEEDS[0],
+                 "timeout_s": 20, "spawn": True})
+    keys.append(("solution, spawned workers", SEEDS[0], path))
     observations = lesson07.run_rank_jobs(jobs, timeout_s=600)
     out = {}
     for (name, seed, path), obs in zip(keys, observations):
@@ -139,6 +163,13 @@ def test_right_answers_pass_on_every_seed(verdicts, name):
         assert status == "pass", f"seed {seed}: {message}"
 
 
+def test_the_solution_passes_with_spawned_workers(verdicts):
+    """The learner's class, loaded from a file, reaches workers started by spawn (it is imported
+    there by name), and a rank read in __init__ travels with it."""
+    status, message = verdicts[("solution, spawned workers", SEEDS[0])]
+    assert status == "pass", message
+
+
 @pytest.mark.parametrize("i, prop", list(enumerate(p for _, p in MUTANTS)), ids=[f"mutant{i}" for i in range(len(MUTANTS))])
 def test_mutants_fail_on_the_right_property_on_every_seed(verdicts, i, prop):
     for seed in SEEDS:
@@ -148,7 +179,7 @@ def test_mutants_fail_on_the_right_property_on_every_seed(verdicts, i, prop):
 
 
 def test_at_least_eight_mutants():
-    assert len(MUTANTS) >= 8
+    assert len(MUTANTS) >= 18
 
 
 def test_stub_and_wrong_objects_need_no_launch(tmp_path):
@@ -168,3 +199,115 @@ def test_check_itself_passes_the_solution(tmp_path, monkeypatch):
     path.write_text(RIGHT["solution"])
     result = run_check("7.5", path)
     assert result.status == "pass", result.message
+
+
+# -- near misses, judged in this process on observations made without torchrun ----------------------------
+
+def _observe(source, seed, world=2, edit=None):
+    """What the rank harness records for `source`, computed in this process: each rank's stream
+    with its rank set, each worker's batches (get_worker_info patched), delivered in the
+    DataLoader's turns. `edit(case_index, rank, epoch, batches)` may change a rank's record."""
+    import types
+    from course_utils.checks.lesson07_ranks import cases_75
+    module = types.ModuleType("answer75")
+    exec(compile(source, "answer75.py", "exec"), module.__dict__)
+
+    def read(stream, workers):
+        outs = []
+        for w in range(max(1, workers)):
+            module.get_worker_info = (lambda w=w: types.SimpleNamespace(id=w, num_workers=workers)) if workers \
+                else (lambda: None)
+            outs.append([[list(p) for p in b] for b in stream])
+        delivered, j = [], 0
+        while any(j < len(o) for o in outs):
+            delivered += [[w, o[j]] for w, o in enumerate(outs) if j < len(o)]
+            j += 1
+        return delivered
+
+    obs = []
+    for rank in range(world):
+        results = []
+        for i, case in enumerate(cases_75(seed, world)):
+            stream = module.ShardStream(list(case["sizes"]), case["batch_size"], seed=case["seed"])
+            stream.rank, stream.world_size = rank, world
+            entry = {"epochs": {}, "resume": None}
+            for epoch in case["epochs"]:
+                stream.set_epoch(epoch)
+                batches = read(stream, case["workers"])
+                entry["epochs"][str(epoch)] = edit(i, rank, epoch, batches) if edit else batches
+            if case["resume"]:
+                again = module.ShardStream(list(case["sizes"]), case["batch_size"], seed=case["seed"])
+                again.rank, again.world_size = rank, world
+                again.set_epoch(case["resume"][0], start=case["resume"][1])
+                entry["resume"] = read(again, case["workers"])
+            if i == 0:
+                entry["in_process"] = {}
+                for epoch in case["epochs"]:
+                    stream.set_epoch(epoch)
+                    entry["in_process"][str(epoch)] = read(stream, 0)
+            results.append(entry)
+        obs.append({"rank": rank, "world": world, "results": results})
+    return obs
+
+
+def _verdict(obs, seed):
+    try:
+        return "pass", lesson07.judge_7_5(obs, seed, "answer75.py")
+    except lesson07.CheckFailed as exc:
+        return "fail", exc.sentence()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_in_process_observations_agree_with_the_launch(verdicts, seed):
+    """The simulator below gives the verdicts the real launch gave (so the near misses are judged
+    on what the harness would record)."""
+    for name, source in list(RIGHT.items())[:2] + [(f"mutant{i}", MUTANTS[i][0]) for i in (0, 8, 9, 12, 16)]:
+        assert _verdict(_observe(source, seed), seed)[0] == verdicts[(name, seed)][0], name
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_batch_size_edges(seed):
+    """A batch one sample short fails, one sample too many fails, exactly batch_size passes."""
+    for delta, status in ((-1, "fail"), (+1, "fail"), (0, "pass")):
+        def edit(i, rank, epoch, batches, delta=delta):
+            if i == 0 and rank == 1 and epoch == 0 and delta:
+                w, pairs = batches[2]
+                spare = batches[-1][1][-1]
+                batches[2] = [w, pairs[:-1] if delta < 0 else pairs + [spare]]
+            return batches
+        verdict, message = _verdict(_observe(RIGHT["solution"], seed, edit=edit), seed)
+        assert verdict == status, (delta, message)
+        if status == "fail":
+            assert "'every batch holds batch_size samples'" in message
+
+
+def test_a_ranks_part_at_the_edge_of_what_it_may_touch():
+    """The rank-read allowance (its distinct samples plus two of the largest shard; four with
+    padding, whose wrap-around is a second stretch): on the edge passes, one sample past fails."""
+    sizes = [10, 10, 10, 10, 10, 10]
+    def batches(pairs):
+        return [[0, pairs]]
+    inside = [(1, i) for i in range(10)] + [(2, 0), (2, 1)]                  # 12 samples, 2 shards: 20 <= 32
+    assert lesson07._rank_reads_too_much(batches(inside), sizes) is None
+    spread = inside + [(0, 9), (3, 0)]                     # 14 samples touching 4 shards: 40 > 14 + 20 = 34
+    assert lesson07._rank_reads_too_much(batches(spread), sizes) == (40, 34)
+    on = [(1, i) for i in range(10)] + [(2, i) for i in range(10)] + [(0, 9), (3, 0)]    # 22 + 20 = 42 >= 40
+    assert lesson07._rank_reads_too_much(batches(on), sizes) is None
+    one_short = [(1, i) for i in range(10)] + [(2, i) for i in range(9)] + [(0, 9), (3, 0)]   # 21 + 20 = 41 >= 40
+    assert lesson07._rank_reads_too_much(batches(one_short), sizes) is None
+    two_short = [(1, i) for i in range(10)] + [(2, i) for i in range(8)] + [(0, 9), (3, 0)]   # 20 + 20 = 40: on it
+    assert lesson07._rank_reads_too_much(batches(two_short), sizes) is None
+    three_short = [(1, i) for i in range(10)] + [(2, i) for i in range(7)] + [(0, 9), (3, 0)]   # 39 < 40
+    assert lesson07._rank_reads_too_much(batches(three_short), sizes) == (40, 39)
+    padded = three_short + [(1, 0)]                        # a repeat: padding, two more shards allowed
+    assert lesson07._rank_reads_too_much(batches(padded), sizes) is None
+
+
+def test_worker_stretches_that_touch_but_do_not_overlap():
+    """Two workers' stretches of a shard meeting at a boundary (9 | 10) do not overlap; sharing one
+    sample's position does."""
+    apart = [[0, [[0, i] for i in range(10)]], [1, [[0, i] for i in range(10, 20)]]]
+    assert lesson07._stretch_overlap(apart, set()) is None
+    across = [[0, [[0, i] for i in range(10)] + [[0, 15]]], [1, [[0, i] for i in range(10, 15)]]]
+    assert lesson07._stretch_overlap(across, set()) == (0, 1, 0, 10, 14)
+    assert lesson07._stretch_overlap(across, {(0, 15)}) is None            # a padded repeat does not count
