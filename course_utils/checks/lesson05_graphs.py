@@ -100,6 +100,29 @@ class Verdict:
     message: str
 
 
+@dataclass
+class _Run:
+    """One scenario's state, for the verdicts after the steps."""
+    what: str
+    step: object
+    yours: nn.Module
+    opt: torch.optim.Optimizer
+    watch: "_Watch"
+    warmup: int
+    steps: int
+    made: int
+    steps_after_capture: int
+    batches: list
+    refused: list
+    example: tuple
+    example_before: list
+    losses: list
+    waits: list
+    ref_losses: list
+    ref_state: list
+    tol: float
+
+
 class _Watch:
     """What happened around the capture: the model's calls, the optimizer's steps, gradients and state
     at the moment the capture began, make_graphed_callables used."""
@@ -135,6 +158,28 @@ class _Watch:
             yield
         finally:
             torch.cuda.make_graphed_callables = original
+
+
+@contextlib.contextmanager
+def _waits_on_events(counter: SyncCounter):
+    """On a GPU: event.synchronize(), event.elapsed_time() and stream.synchronize() make the host wait
+    too (SyncCounter and CUDA's sync debug mode see neither)."""
+    patched = []
+    for cls, names in ((torch.cuda.Event, ("synchronize", "elapsed_time", "query")),
+                       (torch.cuda.Stream, ("synchronize", "query"))):
+        for name in names:
+            original = getattr(cls, name)
+
+            def counted(self, *args, _original=original, _name=f"{cls.__name__.lower()}.{name}", **kwargs):
+                counter._record(_name)
+                return _original(self, *args, **kwargs)
+            setattr(cls, name, counted)
+            patched.append((cls, name, original))
+    try:
+        yield
+    finally:
+        for cls, name, original in patched:
+            setattr(cls, name, original)
 
 
 class _RealCapture:
@@ -255,20 +300,22 @@ def _scenario(make_graphed_step, rng, device, *, optimizer: str, use_default_war
                 losses.append(step(*given))
                 waits.extend(vc.syncs[before:])
             else:
-                with SyncCounter() as counter:
+                with SyncCounter() as counter, _waits_on_events(counter):
                     losses.append(step(*given))
                 waits.extend(f"{name} at {where}" for name, where in zip(counter.calls, counter.where))
                 waits.extend(["a synchronising operation flagged by CUDA"] * max(0, counter.cuda_warnings -
                                                                                    len(counter.calls)))
+        run = _Run(what, step, yours, opt, watch, warmup, steps, made, steps_after_capture, batches, refused,
+                   example, example_before, losses, waits, ref_losses, ref_state, tol)
         with quiet():
-            _after_steps(locals(), emulate, vc)
+            _after_steps(run, emulate, vc)
             return steps, warmup
 
 
-def _after_steps(s, emulate, vc):
+def _after_steps(s: _Run, emulate, vc):
     """The verdicts on the steps themselves (kept apart to keep the scenario readable)."""
-    what, steps, yours, made, watch = s["what"], s["steps"], s["yours"], s["made"], s["watch"]
-    losses, waits, tol = s["losses"], s["waits"], s["tol"]
+    what, steps, yours, made, watch = s.what, s.steps, s.yours, s.made, s.watch
+    losses, waits, tol = s.losses, s.waits, s.tol
     if waits:
         shown = [f"{w.what} at {_short(w.where)}" if hasattr(w, "what") else str(w) for w in waits]
         raise CheckFailed("returns without waiting for the device",
@@ -284,7 +331,7 @@ def _after_steps(s, emulate, vc):
                           f"{what}: step() ran the model {yours.calls - made} times in Python for {steps} batches",
                           "copy the batch into the captured input tensors and call graph.replay(): the graph holds "
                           "the whole step")
-    if watch.optimizer_steps != s["steps_after_capture"]:
+    if watch.optimizer_steps != s.steps_after_capture:
         raise CheckFailed("replays the whole step: no optimizer.step() in Python per call",
                           f"{what}: {watch.optimizer_steps - s['steps_after_capture']} optimizer steps ran in "
                           f"Python during {steps} calls of step()",
@@ -306,7 +353,7 @@ def _after_steps(s, emulate, vc):
             raise CheckFailed("returns each step's loss as a tensor", f"{what}: step {i + 1} returned a tensor of "
                               f"shape {tuple(loss.shape)}, expected a single value")
         values.append(float(loss.detach().double().cpu()))
-    ref_losses = s["ref_losses"]
+    ref_losses = s.ref_losses
     if steps > 1 and len(set(values)) == 1 and len(set(round(v, 9) for v in ref_losses)) > 1:
         raise CheckFailed("returns each step's own loss",
                           f"{what}: every step's returned loss reads {values[0]:.5f} once the steps are done",
@@ -316,14 +363,14 @@ def _after_steps(s, emulate, vc):
         prop, hint = _why_different(s, emulate, vc)
         raise CheckFailed(prop, f"{what}: the losses of the graphed steps differ from ordinary steps' ({diff}, ...)",
                           hint)
-    if not _same(_state(yours, s["opt"]), s["ref_state"], tol):
+    if not _same(_state(yours, s.opt), s.ref_state, tol):
         prop, hint = _why_different(s, emulate, vc)
         if prop == "trains exactly as ordinary steps would":
             hint = ("everything the step writes (weights, optimizer state, running statistics) must be what the "
                     "captured step writes: do not change it between replays")
         raise CheckFailed(prop, f"{what}: the same losses, but the weights, optimizer state or batch-norm "
                           "statistics after the graphed steps differ from ordinary steps'", hint)
-    if not all(torch.equal(a, b) for a, b in zip(s["example"], s["example_before"])):
+    if not all(torch.equal(a, b) for a, b in zip(s.example, s.example_before)):
         raise CheckFailed("leaves the example batch unchanged",
                           f"{what}: after the steps, the example batch the caller passed to make_graphed_step "
                           "holds other values",
@@ -332,9 +379,9 @@ def _after_steps(s, emulate, vc):
     _refuses_other_shapes(s, emulate, vc)
 
 
-def _refuses_other_shapes(s, emulate, vc):
-    what, step, yours, opt = s["what"], s["step"], s["yours"], s["opt"]
-    for told, (images, labels) in s["refused"]:
+def _refuses_other_shapes(s: _Run, emulate, vc):
+    what, step, yours, opt = s.what, s.step, s.yours, s.opt
+    for told, (images, labels) in s.refused:
         before = _state(yours, opt)
         replays = sum(g.replays for g in vc.graphs.graphs) if emulate else None
         try:
@@ -366,6 +413,12 @@ def _short(where: str) -> str:
 def _explain_capture_failure(exc: BaseException, what: str) -> None:
     """make_graphed_step raised: say which rule of capture it broke, when the error tells."""
     text = _chain(exc)
+    if "same device" in text or "should be the same" in text or "Input type" in text:
+        raise CheckFailed("keeps the graph's inputs on the device",
+                          f"{what}: capturing raised: {text[:220]}",
+                          "make the static inputs where the example batch lives: example_images.clone() (or "
+                          "torch.empty_like(example_images)); torch.empty(shape) without device= is host memory") \
+            from None
     if CAPTURE_ERROR in text or "operation failed due to a previous error during capture" in text:
         raise CheckFailed("reads nothing on the host while capturing",
                           f"{what}: capturing raised: {text[:260]}",
@@ -376,17 +429,11 @@ def _explain_capture_failure(exc: BaseException, what: str) -> None:
         raise CheckFailed("reads nothing on the host while capturing", f"{what}: capturing raised: {text[:200]}",
                           ".numpy() needs the value on the host: keep the loss a tensor, read it after replay()") \
             from None
-    if "same device" in text or "should be the same" in text or "Input type" in text:
-        raise CheckFailed("keeps the graph's inputs on the device",
-                          f"{what}: capturing raised: {text[:220]}",
-                          "make the static inputs where the example batch lives: example_images.clone() (or "
-                          "torch.empty_like(example_images)); torch.empty(shape) without device= is host memory") \
-            from None
 
 
-def _why_different(s, emulate, vc) -> tuple[str, str]:
+def _why_different(s: _Run, emulate, vc) -> tuple[str, str]:
     """Which rule of capture made the graphed steps train differently, where it can be seen."""
-    watch, warmup = s["watch"], s["warmup"]
+    watch, warmup = s.watch, s.warmup
     capture = watch.captures[0]
     before_warmup = ("captures after the warm-up",
                      "the capture began before the warm-up steps had created the optimizer's state (momentum or "
@@ -418,12 +465,12 @@ def _why_different(s, emulate, vc) -> tuple[str, str]:
             "warm-up; an extra replay, or none, per step")
 
 
-def _batches_never_reached_the_graph(s, vc) -> bool:
+def _batches_never_reached_the_graph(s: _Run, vc) -> bool:
     """Replays the last batch and asks whether any tensor the graph reads holds it."""
     graph = next((g for g in vc.graphs.graphs if g._ops), None)
     if graph is None:
         return False
-    images = s["batches"][-1][0]
+    images = s.batches[-1][0]
     for _, args, kwargs, _ in graph._ops:
         for leaf in torch.utils._pytree.tree_leaves((args, kwargs)):
             if isinstance(leaf, torch.Tensor) and leaf.shape == images.shape and torch.equal(leaf, images):
