@@ -197,3 +197,34 @@ def test_pinning_during_a_capture_fails_in_global_mode_only():
 def test_the_rules_say_what_a_gpu_does_and_what_the_emulation_does():
     assert len(RULES) >= 10 and all(r.rule and r.gpu and r.emulation for r in RULES)
     assert any("storage" in r.emulation for r in RULES) and any("capturable" in r.gpu for r in RULES)
+
+
+def test_the_courses_graphed_step_captures_beside_a_pinning_thread():
+    """train(cuda_graph=True) captures mid-loop, while a loader's pinning thread may allocate pinned
+    memory: on the warm-up's stream, in capture_error_mode='thread_local', it trains as eager steps do."""
+    from course_utils.train import GRAPH_WARMUP, train
+    torch.manual_seed(0)
+    eager = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 3)).double()
+    graphed = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 3)).double()
+    graphed.load_state_dict(eager.state_dict())
+    batches = [(torch.randn(5, 3, 8, 8, dtype=torch.float64), torch.randint(0, 3, (5,))) for _ in range(7)]
+    expected = train(eager, batches, device="cpu", progress=False).losses
+    stop = threading.Event()
+
+    def pinning():
+        while not stop.is_set():
+            torch.empty(16).pin_memory()
+    with VirtualCudaTraining() as vc:
+        vc.put_module(graphed)
+        for b in batches:
+            vc.put(b[0]), vc.put(b[1])
+        worker = threading.Thread(target=pinning)
+        worker.start()
+        try:
+            losses = train(graphed, batches, device="cuda", progress=False, cuda_graph=True).losses
+        finally:
+            stop.set()
+            worker.join(10)
+        (graph,) = vc.graphs.graphs
+    assert graph.capture_error_mode == "thread_local" and graph.replays == len(batches) - GRAPH_WARMUP
+    assert losses == pytest.approx(expected, rel=1e-9)
