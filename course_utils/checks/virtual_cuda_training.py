@@ -170,9 +170,12 @@ class _Where(TorchFunctionMode):
         if on_device and name in _READS:
             vc._host_read(f"Tensor.{name}" if name.startswith("__") or name in ("item", "tolist") else f"torch.{name}")
             return func(*args, **kwargs)
-        if name == "__getitem__" and on_device and any(
-                i.dtype == torch.bool for i in tensors_in(args[1:])):
-            vc._host_read("indexing with a boolean mask")
+        if name == "__getitem__" and on_device:
+            index = tensors_in(args[1:])
+            if any(i.dtype == torch.bool for i in index):
+                vc._host_read("indexing with a boolean mask")
+            elif any(_tag(i) == _HOST for i in index):
+                vc._host_read("indexing with a host tensor (a blocking copy of the index)")
         if name == "is_pinned" and isinstance(first, torch.Tensor):
             return vc.is_pinned(first)
         device = kwargs.get("device")
