@@ -419,6 +419,16 @@ def graphed_callables(model, optimizer, example_images, example_labels, warmup=3
     return step
 
 
+_CACHED: dict = {}
+
+
+def caches_the_graph(model, optimizer, example_images, example_labels, warmup=3):
+    """State kept between calls: the first graph captured is handed out again, for another model."""
+    if "step" not in _CACHED:
+        _CACHED["step"] = right(model, optimizer, example_images, example_labels, warmup)
+    return _CACHED["step"]
+
+
 def course_graph(model, optimizer, example_images, example_labels, warmup=3):
     from course_utils.train import _GraphedStep
     graphed = _GraphedStep(model, optimizer, torch.nn.CrossEntropyLoss(), None, False, example_images.device)
@@ -487,6 +497,8 @@ CASES = [
     Case("replays twice", replays_twice, "fail", "one replay per step"),
     Case("make_graphed_callables", graphed_callables, "fail", "captures the whole step as one graph",
          why="a partial capture: valid GPU code, not this exercise (the optimizer step stays eager)"),
+    Case("the first graph cached for every call", caches_the_graph, "fail",
+         "warms up `warmup` ordinary steps, then captures one"),
     Case("the course's _GraphedStep", course_graph, "fail", "is your own code"),
 ]
 
