@@ -1,168 +1,618 @@
 """CUDA graphs without a GPU: torch.cuda's capture API emulated on the CPU (lesson 05).
 
 A CUDA graph records the kernels one training step launches, once, and replays them with a
-single launch: the host no longer launches ~390 kernels a step (lesson 01's launch-bound
-ceiling). Replaying is *not* running the Python again, and that is where capture goes wrong:
+single launch: the host no longer spends its time per kernel (lesson 01's launch-bound ceiling).
+Replaying is *not* running the Python again, and that is where capture goes wrong. `RULES` lists
+what a real capture does, rule by rule, beside what this emulation does with it; the short
+version:
 
-- the replay uses the very tensors the capture used: a batch must be copied *into* the captured
-  input buffers (`static.copy_(batch)`); a new tensor is never seen by the graph;
-- nothing may read the device on the host while capturing (`.item()`, `print(loss)`, a Python
-  `if` on a device value): CUDA refuses ("operation not permitted when stream is capturing");
+- a replay reads and writes the memory the capture used: a batch must be copied *into* the
+  captured input buffers (`static.copy_(batch)`); a tensor rebound (`static = batch`,
+  `static.data = batch`, `static.set_(batch)`) is never seen by the graph;
+- nothing may make the host wait for the device while capturing (`.item()`, `print(loss)`,
+  `.cpu()`, `.tolist()`, a Python `if` on a device value, `torch.cuda.synchronize()`,
+  `event.synchronize()`): CUDA refuses ("operation not permitted when stream is capturing");
 - whatever the Python decided during the capture is frozen: a learning rate kept in a Python
-  float, a branch taken, a tensor's shape. A batch of another shape needs another graph;
+  float, a branch taken, a tensor's shape, numbers drawn on the host;
 - the state the step creates on its first run (the optimizer's momentum buffers) must exist
-  before the capture: capture after a few ordinary warm-up steps (on a side stream, as
-  `torch.cuda.graph` requires).
+  before the capture: capture after a few ordinary warm-up steps.
 
-`EmulatedGraphs` makes `torch.cuda.CUDAGraph`, `torch.cuda.graph`, `torch.cuda.Stream`,
-`torch.cuda.stream`, `torch.cuda.current_stream` and `torch.cuda.synchronize` work on the CPU,
-with the same rules: inside `with torch.cuda.graph(g):` every tensor operation is recorded
-(through a `TorchDispatchMode`) and its effects are undone when the capture ends (a real capture
-runs nothing); a host read raises CUDA's error; `g.replay()` runs the recorded operations again on
-the same tensors, writing each result into the tensor the capture produced, with no autograd and
-no Python in between. Code written for a GPU runs unchanged, so a check (exercise 5.5) and
-`COURSE_DEVICE=cpu` can test it where there is none. Values are the CPU's; nothing is timed.
+`EmulatedGraphs` makes `torch.cuda.CUDAGraph`, `torch.cuda.graph` (with its `pool`, `stream` and
+`capture_error_mode` arguments), `torch.cuda.graph_pool_handle`,
+`torch.cuda.is_current_stream_capturing`, `torch.cuda.make_graphed_callables` (torch's own,
+running on the emulation), streams, events and `torch.cuda.synchronize` work on the CPU, with
+the same rules: inside a capture every tensor operation is recorded (a `TorchDispatchMode`), on
+the very memory it used, and its effects are undone when the capture ends (a real capture runs
+nothing: the tensors it made hold NaN until the first replay); a host read raises CUDA's error;
+an optimizer that is not capturable refuses, as torch refuses it on a GPU; `g.replay()` runs the
+recorded operations again on that memory, with no autograd and no Python in between. Code
+written for a GPU runs unchanged, so a check (exercise 5.5) and `COURSE_DEVICE=cpu` can test it
+where there is none. Values are the CPU's; nothing is timed. With the course's virtual CUDA
+device for training steps (`course_utils.checks.virtual_cuda_training`) tensors also say which
+device they are on, so host tensors in a captured step fail as on a GPU, and every wait of the
+host for the device is logged.
 """
 from __future__ import annotations
 
 import contextlib
+import itertools
+import threading
+from dataclasses import dataclass
 
 import torch
-import torch.utils._pytree as pytree
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["EmulatedGraphs", "EmulatedGraph", "CAPTURE_ERROR", "use_graphs"]
+__all__ = ["EmulatedGraphs", "EmulatedGraph", "CAPTURE_ERROR", "CAPTURE_MODES", "RULES", "Rule", "use_graphs",
+           "not_capturable_message"]
 
 CAPTURE_ERROR = "CUDA error: operation not permitted when stream is capturing"
-_HOST_READS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default,
-               torch.ops.aten.equal.default}
+CAPTURE_MODES = ("global", "thread_local", "relaxed")
+DEFAULT_STREAM = ("CUDA graphs must be captured on a non-default stream. (However, after capture, it's ok to "
+                  "replay them on the default stream.)")
+
+
+def not_capturable_message(optimizer_name: str) -> str:
+    """What torch raises when a non-capturable optimizer steps inside a capture."""
+    return (f"Attempting CUDA graph capture of step() for an instance of {optimizer_name} but param_groups' "
+            "capturable is False.")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One rule of CUDA graph capture: what a GPU does, and what the emulation does."""
+    rule: str
+    gpu: str
+    emulation: str
+
+
+RULES = [
+    Rule("a replay reads the memory that was captured",
+         "kernels are recorded with their pointers; a replay reads and writes those addresses, whatever Python "
+         "names point to now",
+         "each recorded operation keeps an alias of the storage it used at capture; `.data =`, `set_()` or a "
+         "rebound name leave the graph on the old storage"),
+    Rule("a capture runs nothing",
+         "kernels are recorded, not run: the capture's outputs hold garbage until the first replay",
+         "the operations run to be recorded, then every tensor that existed before is restored and every "
+         "tensor the capture made is filled with NaN (integers with -1) until the first replay"),
+    Rule("no host reads while capturing",
+         "a sync (.item(), print, .cpu(), .tolist(), an `if` on a tensor, nonzero, a boolean mask, "
+         "torch.cuda.synchronize, event/stream.synchronize, a blocking copy from pageable memory) raises "
+         f"'{CAPTURE_ERROR}' and invalidates the capture (capture_end then reports 'operation failed due to a "
+         "previous error during capture')",
+         "the same reads raise the same message at once; the original error is the one raised"),
+    Rule("host work is not captured",
+         "CPU work inside the capture (numbers drawn or computed on the host, a Python branch) runs once and is "
+         "frozen into the graph's arguments",
+         "with the virtual CUDA device for training steps, operations on host tensors run once and are not "
+         "recorded; on plain CPU tensors every tensor stands for a device tensor"),
+    Rule("capture on a side stream",
+         "capture_begin on the default (legacy) stream raises; torch.cuda.graph uses its own side stream or "
+         "`stream=`; warm-up belongs on the stream that will capture (per-stream library state, cuBLAS "
+         "workspaces, DDP's own warm-up)",
+         "capture_begin on the default stream raises the same error; streams are tokens (the CPU runs in order), "
+         "so which stream the warm-up ran on is not checked"),
+    Rule("capture_error_mode",
+         "'global' (default): a potentially unsafe CUDA call from any thread (cudaMalloc, cudaHostAlloc of a "
+         "pinning thread) fails the capture; 'thread_local': only this thread's; 'relaxed': none",
+         "any other value raises as torch does; Tensor.pin_memory() from any thread during a 'global' capture, "
+         "and from the capturing thread during a 'thread_local' one, raises (the virtual device for training "
+         "steps); other threads' CUDA work is not seen"),
+    Rule("one capture at a time",
+         "a second capture while one is underway fails", "raises"),
+    Rule("optimizers",
+         "an optimizer that keeps its step count on the host (Adam, AdamW... default capturable=False) refuses "
+         "to step inside a capture; capturable=True keeps it on the device; SGD needs no flag",
+         "the same check, with torch's message"),
+    Rule("random numbers",
+         "the default CUDA generator is graph-safe: its seed and offset live on the device and each replay "
+         "advances them, so every replay draws new numbers (different from an eager run's); another "
+         "torch.Generator must be registered with graph.register_generator_state(generator)",
+         "replays draw again from the CPU's generator (new numbers each replay, as on a GPU); "
+         "register_generator_state is accepted and not needed"),
+    Rule("memory pool",
+         "a graph allocates from a private pool, held until the graph is freed; outputs and .grad tensors made "
+         "during capture live there and each replay overwrites them; graphs that share a pool "
+         "(graph_pool_handle(), pool=) must replay in capture order or overwrite each other's memory; a capture "
+         "can run out of memory where eager did not",
+         "outputs are overwritten by each replay as on a GPU; every graph has memory of its own, so replaying "
+         "shared-pool graphs out of order does not corrupt anything here, and nothing runs out of memory"),
+    Rule("shapes and Python decisions",
+         "a graph replays the shapes, dtypes and branches it captured; a batch of another shape needs another "
+         "graph (or drop_last=True)",
+         "the same: recorded operations keep their shapes; copying a batch of another shape into a buffer raises "
+         "copy_'s error"),
+]
+
+# aten operations that need a device value on the host (a sync): refused while capturing
+_HOST_READ_OPS = frozenset({"_local_scalar_dense", "is_nonzero", "equal", "nonzero", "nonzero_static", "masked_select",
+                            "_unique", "_unique2", "unique_dim", "unique_consecutive", "item"})
+# Tensor methods and functions that read a device tensor on the host (seen before they reach aten)
+_PYTHON_READS = frozenset({"item", "__float__", "__int__", "__bool__", "__index__", "__complex__", "tolist", "numpy",
+                           "__array__", "__repr__", "__str__", "__format__", "cpu"})
+_POISON_INT = -1
+
+
+def tensors_in(obj, out: list | None = None) -> list:
+    """The tensors in `obj` (nested tuples, lists and dicts): a fast `pytree.tree_leaves` for the
+    arguments of an operation."""
+    out = [] if out is None else out
+    if isinstance(obj, torch.Tensor):
+        out.append(obj)
+    elif isinstance(obj, (list, tuple)):
+        for item in obj:
+            tensors_in(item, out)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            tensors_in(item, out)
+    return out
+
+
+def _map_tensors(fn, obj):
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, tuple):
+        return tuple(_map_tensors(fn, item) for item in obj)
+    if isinstance(obj, list):
+        return [_map_tensors(fn, item) for item in obj]
+    if isinstance(obj, dict):
+        return {key: _map_tensors(fn, item) for key, item in obj.items()}
+    return obj
+
+
+def _storage_key(t: torch.Tensor):
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+def _alias(t: torch.Tensor) -> torch.Tensor:
+    """A second tensor on the same memory: it keeps that memory even if `t` is rebound later."""
+    return torch.ops.aten.alias.default(t)
+
+
+def _to_host(args, kwargs) -> bool:
+    """Whether a Tensor.to(...) call moves to the CPU."""
+    for a in list(args) + [kwargs.get("device")]:
+        if isinstance(a, (str, torch.device)):
+            try:
+                return torch.device(a).type == "cpu"
+            except RuntimeError:
+                return False
+    return False
 
 
 class _Recorder(TorchDispatchMode):
-    """Records every operation, and keeps a copy of every tensor that existed before the capture
-    the first time an operation touches it (some operations write arguments their schema does not
-    mark as written: batch norm's running statistics), so that the capture's effects can be undone."""
+    """Records every operation of a capture on aliases of the memory it used, and keeps the values of
+    every tensor that existed before the capture (to undo the capture's writes: some operations
+    write arguments their schema does not mark as written, batch norm's running statistics)."""
 
-    def __init__(self):
+    def __init__(self, owner: "EmulatedGraphs"):
         super().__init__()
+        self.owner = owner
         self.ops: list = []
         self.saved: dict = {}          # id(tensor) -> (tensor, its values before the capture)
         self._made: set = set()        # ids of the tensors the capture's operations produced
+        self.made: list = []           # the tensors the capture's operations produced (kept alive: ids stay unique)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in _HOST_READS or func.__name__.startswith("_local_scalar_dense"):
-            raise RuntimeError(f"{CAPTURE_ERROR} (a host read of a device value, {func.__name__}, inside "
-                               "torch.cuda.graph: .item(), float(), print() or an `if` on a tensor)")
-        for leaf in pytree.tree_leaves((args, kwargs)):
-            if isinstance(leaf, torch.Tensor) and id(leaf) not in self._made and id(leaf) not in self.saved:
+        owner = self.owner
+        name = func.overloadpacket.__name__
+        leaves = tensors_in((args, kwargs))
+        host_only = bool(leaves) and all(owner.is_host(t) for t in leaves)
+        if owner.unrecorded_depth or host_only:     # host work: runs once, not recorded (a GPU does not capture it)
+            return func(*args, **kwargs)
+        bool_index = name in ("index", "index_put_", "_index_put_impl_", "index_put") and any(
+            i.dtype == torch.bool for i in tensors_in(args[1:2]))
+        if name in _HOST_READ_OPS or bool_index:
+            owner.host_read(f"aten.{name}" + (" (a boolean mask)" if bool_index else ""))
+        for leaf in leaves:
+            if id(leaf) not in self._made and id(leaf) not in self.saved:
                 self.saved[id(leaf)] = (leaf, leaf.detach().clone())
         out = func(*args, **kwargs)
-        for leaf in pytree.tree_leaves(out):
+        outs = []
+        for leaf in (out if isinstance(out, (tuple, list)) else (out,)):
             if isinstance(leaf, torch.Tensor):
-                self._made.add(id(leaf))
-        self.ops.append((func, args, kwargs, out))
+                if id(leaf) not in self.saved and id(leaf) not in self._made:
+                    self._made.add(id(leaf))
+                    self.made.append(leaf)
+                outs.append(_alias(leaf))
+            else:
+                outs.append(None)
+        rec_args, rec_kwargs = _map_tensors(_alias, (args, kwargs))
+        self.ops.append((func, rec_args, rec_kwargs, outs))
         return out
+
+
+class _PythonReads(TorchFunctionMode):
+    """While capturing on plain CPU tensors (each stands for a device tensor): host reads that never
+    reach an aten operation on the CPU (.cpu(), .tolist(), .numpy(), print) raise CUDA's error."""
+
+    def __init__(self, owner: "EmulatedGraphs"):
+        super().__init__()
+        self.owner = owner
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        first = args[0] if args else None
+        if isinstance(first, torch.Tensor) and (name in _PYTHON_READS or (name == "to" and _to_host(args[1:], kwargs))):
+            self.owner.host_read(f"Tensor.{name}")
+        return func(*args, **kwargs)
 
 
 class EmulatedGraph:
     """Stands in for `torch.cuda.CUDAGraph` (see the module docstring)."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, owner: "EmulatedGraphs", keep_graph: bool = False):
+        self._owner = owner
         self._ops: list | None = None
+        self._recorder: _Recorder | None = None
         self.replays = 0
+        self.capture_error_mode: str | None = None
+        self.capture_stream = None
+        self.pool_token = None
+        self.generators: list = []
+        self._pool = next(owner._pool_ids)
 
-    def capture_begin(self, *args, **kwargs):
+    # -- capture -------------------------------------------------------------------------------
+    def capture_begin(self, pool=None, capture_error_mode: str = "global", **kwargs):
+        owner = self._owner
+        if capture_error_mode not in CAPTURE_MODES:
+            raise RuntimeError("Unknown capture error mode. Expected `global`, `thread_local`, or `relaxed`, got "
+                               f"{capture_error_mode}")
         if self._ops is not None:
-            raise RuntimeError("this CUDA graph was already captured")
-        self._recorder = _Recorder()
+            raise RuntimeError("This CUDAGraph instance was already captured: call reset() before capturing again")
+        if owner.capturing is not None:
+            raise RuntimeError("a CUDA graph capture is already underway: only one capture at a time")
+        stream = owner.current_stream()
+        if stream is owner.default_stream:
+            raise RuntimeError(DEFAULT_STREAM)
+        self.capture_error_mode, self.capture_stream = capture_error_mode, stream
+        self.pool_token = pool
+        for listener in owner.listeners:
+            listener("begin", self)
+        owner._start_capture(self)
+        self._recorder = _Recorder(owner)
         self._recorder.__enter__()
 
     def capture_end(self):
-        recorder = self._recorder
+        owner, recorder = self._owner, self._recorder
+        if recorder is None:
+            raise RuntimeError("capture_end() without capture_begin()")
         recorder.__exit__(None, None, None)
+        owner._stop_capture(self)
+        self._recorder = None
+        keep = {_storage_key(t) for t, _ in recorder.saved.values()}
+        # through .data: the values change, not the version counters autograd keeps (as on a GPU, where the
+        # capture's in-place operations count as done for autograd and wrote nothing)
         with torch.no_grad():
             for tensor, before in recorder.saved.values():    # a capture runs nothing: undo its writes
-                tensor.copy_(before)
+                if not owner.is_host(tensor):
+                    tensor.data.copy_(before)
+            for made in recorder.made:                          # ... and leaves what it made unwritten
+                if _storage_key(made) in keep or owner.is_host(made) or made.numel() == 0:
+                    continue
+                if made.is_floating_point() or made.is_complex():
+                    made.data.fill_(float("nan"))
+                elif made.dtype != torch.bool:
+                    made.data.fill_(_POISON_INT)
         self._ops = recorder.ops
-        del self._recorder
+        for listener in owner.listeners:
+            listener("end", self)
 
+    # -- replay --------------------------------------------------------------------------------
     def replay(self):
         if self._ops is None:
             raise RuntimeError("replay() before the graph was captured")
-        with torch._C._AutoDispatchBelowADInplaceOrView():
-            for func, args, kwargs, out in self._ops:
+        owner = self._owner
+        with torch._C._AutoDispatchBelowADInplaceOrView(), owner.unrecorded():
+            for func, args, kwargs, outs in self._ops:
                 new = func(*args, **kwargs)
-                for old, fresh in zip(pytree.tree_leaves(out), pytree.tree_leaves(new)):
-                    if isinstance(old, torch.Tensor) and isinstance(fresh, torch.Tensor) and old is not fresh:
-                        if old.data_ptr() != fresh.data_ptr():
-                            old.copy_(fresh)
+                for old, fresh in zip(outs, new if isinstance(new, (tuple, list)) else (new,)):
+                    if old is None or not isinstance(fresh, torch.Tensor) or old is fresh:
+                        continue
+                    if old.data_ptr() != fresh.data_ptr():
+                        old.copy_(fresh)
         self.replays += 1
+        for listener in owner.listeners:
+            listener("replay", self)
+
+    def instantiate(self):
+        return None
 
     def reset(self):
         self._ops = None
 
     def pool(self):
+        return ("emulated graph pool", self._pool)
+
+    def register_generator_state(self, generator):
+        self.generators.append(generator)
+
+    def enable_debug_mode(self):
         return None
+
+    def debug_dump(self, path):
+        raise RuntimeError("the emulated CUDA graph has nothing to dump: it records PyTorch operations, not kernels")
 
 
 class _Stream:
-    """Stands in for `torch.cuda.Stream`: the CPU runs everything in order."""
+    """Stands in for `torch.cuda.Stream`: the CPU runs everything in order, so a stream is a token."""
 
-    def __init__(self, *args, **kwargs):
-        pass
+    def __init__(self, owner: "EmulatedGraphs", device=None, priority: int = 0, **kwargs):
+        self._owner = owner
+        self.id = next(owner._stream_ids)
+        self.priority = priority
+        self.device = owner.device
+
+    @property
+    def cuda_stream(self) -> int:
+        return self.id
 
     def wait_stream(self, other):
-        pass
-
-    def synchronize(self):
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
         return None
 
+    def wait_event(self, event):
+        return None
 
-@contextlib.contextmanager
-def _graph_context(graph, pool=None, stream=None, capture_error_mode=None):
-    graph.capture_begin()
-    try:
-        yield graph
-    finally:
-        graph.capture_end()
+    def record_event(self, event=None):
+        event = event or _Event(self._owner)
+        event.record(self)
+        return event
+
+    def synchronize(self):
+        self._owner.host_read("stream.synchronize")
+
+    def query(self) -> bool:
+        self._owner.host_read("stream.query")
+        return True
+
+    def is_capturing(self) -> bool:
+        return self._owner.capturing is not None and self._owner.capturing.capture_stream is self
+
+    def __enter__(self):
+        self._ctx = self._owner.stream(self)
+        return self._ctx.__enter__()
+
+    def __exit__(self, *exc):
+        return self._ctx.__exit__(*exc)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _Stream) and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(("emulated stream", self.id))
+
+    def __repr__(self) -> str:
+        return f"<emulated CUDA stream {self.id}{' (default)' if self.id == 0 else ''}>"
+
+
+class _Event:
+    """Stands in for `torch.cuda.Event`: recording and waiting are free (and allowed while capturing,
+    as on a GPU); `synchronize()`, `query()` and `elapsed_time()` wait for the device: a host read."""
+
+    def __init__(self, owner: "EmulatedGraphs", enable_timing: bool = False, blocking: bool = False,
+                 interprocess: bool = False):
+        self._owner = owner
+        self.enable_timing = enable_timing
+        self._time = None
+
+    def record(self, stream=None):
+        import time
+        self._time = time.perf_counter()
+
+    def wait(self, stream=None):
+        return None
+
+    def synchronize(self):
+        self._owner.host_read("event.synchronize")
+
+    def query(self) -> bool:
+        self._owner.host_read("event.query")
+        return True
+
+    def elapsed_time(self, end) -> float:
+        if not (self.enable_timing and end.enable_timing):
+            raise ValueError("Both events must be created with argument 'enable_timing=True'.")
+        self._owner.host_read("event.elapsed_time")
+        if self._time is None or end._time is None:
+            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+        return (end._time - self._time) * 1e3
+
+
+class _GraphContext:
+    """Stands in for `torch.cuda.graph` (same arguments; those of newer torch versions are accepted)."""
+
+    _NEWER = frozenset({"enable_annotations", "check_input_liveness", "annotation_config"})
+
+    def __init__(self, owner: "EmulatedGraphs", cuda_graph, pool=None, stream=None, capture_error_mode="global",
+                 **newer):
+        unknown = sorted(set(newer) - self._NEWER)
+        if unknown:
+            raise TypeError(f"graph.__init__() got an unexpected keyword argument '{unknown[0]}'")
+        if not isinstance(cuda_graph, EmulatedGraph):
+            raise TypeError(f"torch.cuda.graph expects a torch.cuda.CUDAGraph, got {type(cuda_graph).__name__}")
+        if stream is not None and not isinstance(stream, _Stream):
+            raise TypeError(f"stream must be a torch.cuda.Stream, got {type(stream).__name__}")
+        self._owner = owner
+        self.cuda_graph = cuda_graph
+        self.pool = () if pool is None else (pool,)
+        self.capture_stream = stream if stream is not None else owner.capture_stream
+        self.capture_error_mode = capture_error_mode
+
+    def __enter__(self):
+        self._owner.synchronize()                 # torch.cuda.graph synchronizes before it captures
+        self._stream_ctx = self._owner.stream(self.capture_stream)
+        self._stream_ctx.__enter__()
+        try:
+            self.cuda_graph.capture_begin(*self.pool, capture_error_mode=self.capture_error_mode)
+        except BaseException:
+            self._stream_ctx.__exit__(None, None, None)
+            raise
+        return None
+
+    def __exit__(self, *exc):
+        try:
+            self.cuda_graph.capture_end()
+        finally:
+            self._stream_ctx.__exit__(*exc)
+        return None
 
 
 class EmulatedGraphs:
-    """Inside this block, torch.cuda's graph and stream calls work on the CPU (see the module
-    docstring). `graphs` lists every graph made inside it (a check counts their replays)."""
+    """Inside this block, torch.cuda's graph, stream and event calls work on the CPU (see the module
+    docstring). `graphs` lists every graph made inside it (a check counts their replays);
+    `listeners` are called with ("begin" | "end" | "replay", graph).
 
-    _NAMES = ("CUDAGraph", "graph", "Stream", "stream", "current_stream", "synchronize")
+    `is_host(tensor)` says whether a tensor is host memory (the virtual CUDA device for training
+    steps tells); by default every tensor stands for a device tensor. `on_sync(what)` is called for
+    every wait of the host for the device outside a capture; inside one, such a wait raises."""
 
-    def __init__(self):
+    _CUDA_NAMES = ("CUDAGraph", "graph", "graph_pool_handle", "is_current_stream_capturing", "Stream", "stream",
+                   "current_stream", "default_stream", "synchronize", "Event")
+
+    def __init__(self, *, is_host=None, on_sync=None, python_reads: bool = True, device=None):
         self.graphs: list[EmulatedGraph] = []
-        self._saved: dict = {}
+        self.listeners: list = []
+        self.is_host = is_host or (lambda t: False)
+        self.on_sync = on_sync or (lambda what: None)
+        self.device = torch.device(device) if device is not None else torch.device("cuda", 0)
+        self.capturing: EmulatedGraph | None = None
+        self.capture_thread: int | None = None
+        self.unrecorded_depth = 0
+        self._python_reads = python_reads
+        self._reads_mode: _PythonReads | None = None
+        self._stream_ids = itertools.count()
+        self._pool_ids = itertools.count(1)
+        self.default_stream = _Stream(self)
+        self.capture_stream = _Stream(self)     # torch.cuda.graph's own side stream
+        self._current: list[_Stream] = [self.default_stream]
+        self._stack: contextlib.ExitStack | None = None
 
-    def _new_graph(self, *args, **kwargs):
-        graph = EmulatedGraph()
+    # -- what the emulated API calls -------------------------------------------------------------
+    def current_stream(self, device=None) -> _Stream:
+        return self._current[-1]
+
+    @contextlib.contextmanager
+    def stream(self, stream):
+        if stream is None:
+            yield
+            return
+        if not isinstance(stream, _Stream):
+            raise TypeError(f"expected a torch.cuda.Stream, got {type(stream).__name__}")
+        self._current.append(stream)
+        try:
+            yield stream
+        finally:
+            self._current.pop()
+
+    def synchronize(self, device=None) -> None:
+        self.host_read("torch.cuda.synchronize")
+
+    def host_read(self, what: str) -> None:
+        """The host waits for the device (or reads a value from it): CUDA's error while capturing."""
+        if self.capturing is not None:
+            raise RuntimeError(f"{CAPTURE_ERROR} (the host waited for the device inside the capture: {what}; "
+                               "a captured step cannot read a value or synchronize: read after replay())")
+        self.on_sync(what)
+
+    def unsafe_call(self, what: str) -> None:
+        """A CUDA call that is unsafe while a capture is underway (an allocation of pinned memory)."""
+        graph = self.capturing
+        if graph is None or graph.capture_error_mode == "relaxed":
+            return
+        if graph.capture_error_mode == "global" or threading.get_ident() == self.capture_thread:
+            where = "this thread" if threading.get_ident() == self.capture_thread else "another thread"
+            raise RuntimeError(f"{CAPTURE_ERROR} ({what} in {where} during a capture in "
+                               f"capture_error_mode={graph.capture_error_mode!r})")
+
+    @contextlib.contextmanager
+    def unrecorded(self):
+        """Operations in this block are not recorded by a capture (host work; a replay itself)."""
+        self.unrecorded_depth += 1
+        try:
+            yield
+        finally:
+            self.unrecorded_depth -= 1
+
+    def _start_capture(self, graph: EmulatedGraph) -> None:
+        self.capturing, self.capture_thread = graph, threading.get_ident()
+        if self._python_reads:
+            self._reads_mode = _PythonReads(self)
+            self._reads_mode.__enter__()
+
+    def _stop_capture(self, graph: EmulatedGraph) -> None:
+        if self._reads_mode is not None:
+            self._reads_mode.__exit__(None, None, None)
+            self._reads_mode = None
+        self.capturing, self.capture_thread = None, None
+
+    def _new_graph(self, keep_graph: bool = False):
+        graph = EmulatedGraph(self, keep_graph)
         self.graphs.append(graph)
         return graph
 
+    def _graph_pool_handle(self):
+        return ("emulated graph pool", next(self._pool_ids))
+
+    # -- entering and leaving ----------------------------------------------------------------
     def __enter__(self):
-        self._saved = {name: getattr(torch.cuda, name) for name in self._NAMES}
-        torch.cuda.CUDAGraph = self._new_graph
-        torch.cuda.graph = _graph_context
-        torch.cuda.Stream = _Stream
-        torch.cuda.stream = lambda stream=None: contextlib.nullcontext(stream)
-        torch.cuda.current_stream = lambda device=None: _Stream()
-        torch.cuda.synchronize = lambda device=None: None
+        stack = contextlib.ExitStack()
+        owner = self
+
+        def patch(module, name, value):
+            if hasattr(module, name):
+                stack.callback(setattr, module, name, getattr(module, name))
+            else:
+                stack.callback(delattr, module, name)
+            setattr(module, name, value)
+
+        import torch.cuda.graphs as graphs_module
+        values = {
+            "CUDAGraph": self._new_graph,
+            "graph": lambda cuda_graph, *args, **kwargs: _GraphContext(owner, cuda_graph, *args, **kwargs),
+            "graph_pool_handle": self._graph_pool_handle,
+            "is_current_stream_capturing": lambda: owner.capturing is not None,
+            "Stream": lambda *args, **kwargs: _Stream(owner, *args, **kwargs),
+            "stream": self.stream,
+            "current_stream": self.current_stream,
+            "default_stream": lambda device=None: owner.default_stream,
+            "synchronize": self.synchronize,
+            "Event": lambda *args, **kwargs: _Event(owner, *args, **kwargs),
+        }
+        for name in self._CUDA_NAMES:
+            patch(torch.cuda, name, values[name])
+        # torch.cuda.make_graphed_callables (torch's own) calls these by their module names
+        for name in ("graph_pool_handle", "is_current_stream_capturing"):
+            patch(graphs_module, name, values[name])
+        # an optimizer that is not capturable refuses to step in a capture, as on a GPU
+        for name in ("_accelerator_graph_capture_health_check", "_cuda_graph_capture_health_check"):
+            if name in vars(torch.optim.Optimizer):
+                patch(torch.optim.Optimizer, name, _health_check(owner))
+        self._stack = stack
         return self
 
     def __exit__(self, *exc):
-        for name, value in self._saved.items():
-            setattr(torch.cuda, name, value)
+        if self.capturing is not None:          # an exception escaped a capture begun by hand
+            recorder = self.capturing._recorder
+            if recorder is not None:
+                recorder.__exit__(None, None, None)
+                self.capturing._recorder = None
+            self._stop_capture(self.capturing)
+        stack, self._stack = self._stack, None
+        stack.__exit__(*exc)
         return None
+
+
+def _health_check(owner: EmulatedGraphs):
+    def check(optimizer) -> None:
+        if owner.capturing is not None and not all(g.get("capturable", False) for g in optimizer.param_groups):
+            raise RuntimeError(not_capturable_message(type(optimizer).__name__))
+    return check
 
 
 def use_graphs(device) -> contextlib.AbstractContextManager:

@@ -19,8 +19,9 @@
 - `cuda_graph=True` (lesson 05): the whole step (forward, backward, optimizer) is captured once
   as a CUDA graph and replayed: one launch per step instead of ~390, which is what a fast GPU fed
   small batches needs (the eager step is launch-bound). The first `GRAPH_WARMUP` steps run
-  eagerly on a side stream (autotuning, the optimizer's state), then each batch is copied into
-  static buffers and the graph replayed. Every batch must have the first one's shape
+  eagerly on a side stream (autotuning, the optimizer's state), then the step is captured on that
+  stream (`capture_error_mode="thread_local"`, so that a loader's pinning thread may allocate while
+  this thread captures) and each batch is copied into static buffers and the graph replayed. Every batch must have the first one's shape
   (`drop_last=True`), the learning rate must not change (no `scheduler`), and fp16's GradScaler,
   which reads the host every step, is refused: use bf16. Beside the simulator, the measured
   graph step is charged instead; on the CPU there is no graph: a clear error.
@@ -212,7 +213,10 @@ class _GraphedStep:
             self.static_labels.copy_(labels)
             self.optimizer.zero_grad(set_to_none=True)
             self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
+            # on the warm-up's stream (its per-stream library state is ready), and "thread_local": the loader's
+            # pinning thread may allocate pinned memory while this thread captures (in "global" mode that fails
+            # the capture)
+            with torch.cuda.graph(self.graph, stream=self.side, capture_error_mode="thread_local"):
                 self.static_loss = self._forward_backward(self.static_images, self.static_labels).detach()
         else:
             if images.shape != self.static_images.shape or labels.shape != self.static_labels.shape:

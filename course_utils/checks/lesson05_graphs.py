@@ -1,26 +1,40 @@
-"""Check 5.5 (lesson 05): a training step captured as a CUDA graph, graded without a GPU too.
+"""Check 5.5 (lesson 05): a training step captured as a CUDA graph, graded as a GPU would grade it.
 
-On a machine without a GPU, torch.cuda's graph API is emulated on the CPU
-(`course_utils.graph_capture`): a capture records the step's operations and undoes their effects,
-a host read while capturing raises CUDA's error, a replay re-runs the recorded operations on the
-same tensors and nothing else. So the learner's code, written for a GPU, is held to a GPU's rules.
-On a GPU it runs for real as well.
+Without a GPU the learner's code runs on the course's virtual CUDA device for training steps
+(`virtual_cuda_training`): tensors say they live on "cuda", a host tensor mixed into the step fails
+as on a GPU, and every wait of the host for the device is logged. torch.cuda's graph API is emulated
+(`course_utils.graph_capture`, whose `RULES` list each rule beside what a GPU does): a capture
+records the step's operations on the memory they used and runs none of them, a host read while
+capturing raises CUDA's error, a non-capturable optimizer refuses, a replay re-runs the recorded
+operations on that memory and nothing else. So the learner's code, written for a GPU, is held to a
+GPU's rules. On a GPU it also runs for real.
+
+`grade_scenario` runs one scenario on one device and returns the verdict: the check runs it four
+times, and tests/unit/graph_step_cases.py (the right and wrong answers, as data) runs it on the CPU
+and, on a GPU, through the real torch.cuda.graph.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import math
+from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..graph_capture import CAPTURE_ERROR, EmulatedGraphs
+from ..graph_capture import CAPTURE_ERROR
+from ..syncs import SyncCounter
 from ._core import CheckFailed, exercise, expect_callable
-from ._util import forbids, fresh_rng
+from ._util import forbids, fresh_rng, one_thread, single_threaded
+from .virtual_cuda_training import NUMPY_ERROR, VirtualCudaTraining
+
+__all__ = ["grade_scenario", "Verdict", "OPTIMIZERS"]
 
 _COURSE_CODE = ["course_utils.train:_GraphedStep.__init__", "course_utils.train:_GraphedStep.__call__",
                 "course_utils.train:train"]
+OPTIMIZERS = ("sgd", "adam", "adam-not-capturable")
 
 
 class _Net(nn.Module):
@@ -38,8 +52,10 @@ class _Net(nn.Module):
         return self.body(x)
 
 
-def _optimizer(model, lr):
-    return torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True, weight_decay=5e-4)
+def _optimizer(kind, model, lr):
+    if kind == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True, weight_decay=5e-4)
+    return torch.optim.Adam(model.parameters(), lr=lr / 20, weight_decay=5e-4, capturable=kind == "adam")
 
 
 def _eager(model, optimizer, images, labels):
@@ -50,142 +66,448 @@ def _eager(model, optimizer, images, labels):
     return loss.detach()
 
 
-def _state(model):
-    return [t.detach().clone() for t in list(model.parameters()) + list(model.buffers())]
+def _state(model, optimizer):
+    tensors = [t.detach().clone() for t in list(model.parameters()) + list(model.buffers())]
+    for p in model.parameters():
+        for value in optimizer.state.get(p, {}).values():
+            if isinstance(value, torch.Tensor):
+                tensors.append(value.detach().clone().double())
+    return tensors
 
 
 def _same(a, b, tol):
-    return all(x.shape == y.shape and torch.allclose(x.double(), y.double(), atol=tol, rtol=tol) for x, y in zip(a, b))
+    return len(a) == len(b) and all(
+        x.shape == y.shape and torch.allclose(x.double().cpu(), y.double().cpu(), atol=tol, rtol=tol)
+        for x, y in zip(a, b))
 
 
-def _scenario(make_graphed_step, rng, device, *, use_default_warmup: bool):
-    dtype = torch.float64
+def _chain(exc: BaseException) -> str:
+    """The message of an exception and of those it happened during (a GPU's capture_end reports its own
+    error over the first one)."""
+    texts, seen = [], set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        texts.append(f"{type(exc).__name__}: {exc}")
+        exc = exc.__cause__ or exc.__context__
+    return " <- ".join(texts)
+
+
+@dataclass
+class Verdict:
+    """What one scenario concluded: "pass", "fail" (with the property), or "error" (the learner's code raised)."""
+    status: str
+    prop: str
+    message: str
+
+
+@dataclass
+class _Run:
+    """One scenario's state, for the verdicts after the steps."""
+    what: str
+    step: object
+    yours: nn.Module
+    opt: torch.optim.Optimizer
+    watch: "_Watch"
+    warmup: int
+    steps: int
+    made: int
+    steps_after_capture: int
+    batches: list
+    refused: list
+    example: tuple
+    example_before: list
+    losses: list
+    waits: list
+    ref_losses: list
+    ref_state: list
+    tol: float
+
+
+class _Watch:
+    """What happened around the capture: the model's calls, the optimizer's steps, gradients and state
+    at the moment the capture began, make_graphed_callables used."""
+
+    def __init__(self, model, optimizer):
+        self.model, self.optimizer = model, optimizer
+        self.optimizer_steps = 0
+        self.captures: list[dict] = []
+        self.graphed_callables = 0
+        optimizer.register_step_post_hook(lambda *_: self._stepped())
+
+    def _stepped(self):
+        self.optimizer_steps += 1
+
+    def capture_began(self):
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.captures.append({
+            "calls": self.model.calls, "optimizer_steps": self.optimizer_steps,
+            "stale_grads": sum(p.grad is not None for p in params),
+            "no_state": sum(not self.optimizer.state.get(p) for p in params)})
+
+    @contextlib.contextmanager
+    def spying(self):
+        """torch.cuda.make_graphed_callables, counted (the real one, or the emulation's)."""
+        original = torch.cuda.make_graphed_callables
+        watch = self
+
+        def counted(*args, **kwargs):
+            watch.graphed_callables += 1
+            return original(*args, **kwargs)
+        torch.cuda.make_graphed_callables = counted
+        try:
+            yield
+        finally:
+            torch.cuda.make_graphed_callables = original
+
+
+@contextlib.contextmanager
+def _waits_on_events(counter: SyncCounter):
+    """On a GPU: event.synchronize(), event.elapsed_time() and stream.synchronize() make the host wait
+    too (SyncCounter and CUDA's sync debug mode see neither)."""
+    patched = []
+    for cls, names in ((torch.cuda.Event, ("synchronize", "elapsed_time", "query")),
+                       (torch.cuda.Stream, ("synchronize", "query"))):
+        for name in names:
+            original = getattr(cls, name)
+
+            def counted(self, *args, _original=original, _name=f"{cls.__name__.lower()}.{name}", **kwargs):
+                counter._record(_name)
+                return _original(self, *args, **kwargs)
+            setattr(cls, name, counted)
+            patched.append((cls, name, original))
+    try:
+        yield
+    finally:
+        for cls, name, original in patched:
+            setattr(cls, name, original)
+
+
+class _RealCapture:
+    """On a GPU: torch.cuda.graph's capture_begin, watched (the moment each capture begins)."""
+
+    def __init__(self, watch: _Watch):
+        self.watch = watch
+
+    def __enter__(self):
+        cls, watch = torch.cuda.CUDAGraph, self.watch
+        self._original = cls.capture_begin
+
+        def capture_begin(graph, *args, **kwargs):
+            watch.capture_began()
+            return self._original(graph, *args, **kwargs)
+        cls.capture_begin = capture_begin
+        return self
+
+    def __exit__(self, *exc):
+        torch.cuda.CUDAGraph.capture_begin = self._original
+
+
+def _scenario(make_graphed_step, rng, device, *, optimizer: str, use_default_warmup: bool):
+    emulate = device.type != "cuda"
+    dtype = torch.float64 if emulate else torch.float32
     batch = int(rng.integers(9, 30))
     width = int(rng.integers(4, 9))
     warmup = 3 if use_default_warmup else int(rng.choice([2, 4, 5]))
     steps = int(rng.integers(4, 7))
     lr = float(rng.uniform(0.02, 0.1))
+    side = int(rng.choice([12, 16]))
     torch.manual_seed(int(rng.integers(1 << 30)))
-    reference = _Net(width).to(device, dtype)
+    reference = _Net(width).to(dtype)
     yours = copy.deepcopy(reference)
 
-    def draw(n):
-        return (torch.from_numpy(rng.standard_normal((n, 3, 16, 16))).to(device, dtype),
-                torch.from_numpy(rng.integers(0, 10, n)).to(device))
+    def draw(n, size=side):
+        return (torch.from_numpy(rng.standard_normal((n, 3, size, size))).to(dtype),
+                torch.from_numpy(rng.integers(0, 10, n)))
     example = draw(batch)
     batches = [draw(batch) for _ in range(steps)]
-    what = (f"a small CNN with batch norm, batch {batch}, SGD (momentum, weight decay), "
-            f"warmup={'its default' if use_default_warmup else warmup}, then {steps} batches, on {device.type}")
+    shorter, longer = int(rng.integers(1, batch)), batch + int(rng.integers(1, 5))
+    refused = [("a last batch of {} samples".format(shorter), draw(shorter)),
+               (f"a batch of {longer} samples", draw(longer)),
+               (f"a batch of {batch} images of {side + 4}x{side + 4} pixels (the graph's are {side}x{side})",
+                draw(batch, side + 4))]
+    optimizer_name = {"sgd": "SGD (Nesterov momentum, weight decay)", "adam": "Adam(capturable=True)",
+                      "adam-not-capturable": "Adam (not capturable)"}[optimizer]
+    what = (f"a small CNN with batch norm, batch {batch} of {side}x{side} images, {optimizer_name}, "
+            f"warmup={'its default' if use_default_warmup else warmup}, then {steps} batches, on "
+            f"{'the virtual CUDA device' if emulate else device}")
+    tol = 1e-9 if emulate else 1e-4
 
-    ref_opt = _optimizer(reference, lr)
-    for _ in range(warmup):
-        _eager(reference, ref_opt, *example)
-    ref_losses = [float(_eager(reference, ref_opt, *b)) for b in batches]
-    ref_state = _state(reference)
+    vc = VirtualCudaTraining() if emulate else None
+    with vc or contextlib.nullcontext():
+        if emulate:
+            for t in [*example, *(t for b in batches for t in b), *(t for _, b in refused for t in b)]:
+                vc.put(t)
+            vc.put_module(reference)
+            vc.put_module(yours)
+        else:
+            reference.to(device), yours.to(device)
+            example = tuple(t.to(device) for t in example)
+            batches = [tuple(t.to(device) for t in b) for b in batches]
+            refused = [(w, tuple(t.to(device) for t in b)) for w, b in refused]
+        quiet = vc.quiet if emulate else contextlib.nullcontext
 
-    emulate = device.type != "cuda"
-    graphs = EmulatedGraphs() if emulate else None
-    opt = _optimizer(yours, lr)
-    kwargs = {} if use_default_warmup else {"warmup": warmup}
-    with (graphs or _nothing()):
-        try:
-            step = make_graphed_step(yours, opt, example[0].clone(), example[1].clone(), **kwargs)
-        except RuntimeError as exc:
-            if CAPTURE_ERROR in str(exc) or "capturing" in str(exc):
-                raise CheckFailed("reads nothing on the host while capturing",
-                                  f"{what}: capturing raised: {str(exc)[:200]}",
-                                  "a value read on the host (.item(), float(loss), print(loss), an `if` on a "
-                                  "tensor) cannot be part of a graph: keep the loss a tensor, read it after replay")
-            raise
+        # the reference: ordinary steps, the same optimizer (capturable Adam's arithmetic included)
+        ref_opt = _optimizer("adam" if optimizer != "sgd" else "sgd", reference, lr)
+        with quiet():
+            for _ in range(warmup):
+                _eager(reference, ref_opt, *example)
+            ref_losses = [float(_eager(reference, ref_opt, *b)) for b in batches]
+            ref_state = _state(reference, ref_opt)
+
+        opt = _optimizer(optimizer, yours, lr)
+        watch = _Watch(yours, opt)
+        if emulate:
+            vc.graphs.listeners.append(lambda event, graph: watch.capture_began() if event == "begin" else None)
+        kwargs = {} if use_default_warmup else {"warmup": warmup}
+        example_before = [t.clone() for t in example]
+        with watch.spying(), (contextlib.nullcontext() if emulate else _RealCapture(watch)):
+            try:
+                step = make_graphed_step(yours, opt, *example, **kwargs)
+            except (RuntimeError, TypeError) as exc:
+                _explain_capture_failure(exc, what)
+                raise
+        if watch.graphed_callables:
+            raise CheckFailed("captures the whole step as one graph",
+                              f"{what}: make_graphed_step used torch.cuda.make_graphed_callables, which graphs the "
+                              "forward and backward passes only: the optimizer step stays eager, a few launches per "
+                              "parameter every step, and its own warm-up passes update batch norm's statistics",
+                              "make_graphed_callables is the tool when part of a step cannot be captured; here the "
+                              "whole step can: capture forward, loss, backward and optimizer.step() inside one "
+                              "`with torch.cuda.graph(graph):`")
         if not callable(step):
             raise CheckFailed("returns step(images, labels)", f"{what}: make_graphed_step returned "
                               f"{type(step).__name__}")
         made = yours.calls
-        if made != warmup + 1:
+        captures = watch.captures
+        if not captures:
             raise CheckFailed("warms up `warmup` ordinary steps, then captures one",
-                              f"{what}: the model ran {made} times inside make_graphed_step, expected "
-                              f"{warmup} warm-up steps and 1 capture",
+                              f"{what}: make_graphed_step captured no graph",
+                              "capture the step inside `with torch.cuda.graph(graph):`")
+        if len(captures) > 1 or made != warmup + 1:
+            raise CheckFailed("warms up `warmup` ordinary steps, then captures one",
+                              f"{what}: the model ran {made} times inside make_graphed_step, in {len(captures)} "
+                              f"capture(s); expected {warmup} warm-up steps and 1 capture",
                               "before the capture, run `warmup` ordinary steps on the example batch (the "
-                              "optimizer's momentum buffers and cuDNN's choices must exist), then capture once")
-        losses = []
+                              "optimizer's state and cuDNN's choices must exist), then capture once")
+        steps_after_capture = watch.optimizer_steps
+
+        losses, waits = [], []
         for images, labels in batches:
-            losses.append(step(images.clone(), labels.clone()))
-        replays = sum(g.replays for g in graphs.graphs) if emulate else None
-        if yours.calls != made:
-            raise CheckFailed("replays the graph: no Python model call per step",
-                              f"{what}: step() ran the model {yours.calls - made} times in Python for "
-                              f"{steps} batches",
-                              "copy the batch into the captured input tensors and call graph.replay(): the "
-                              "graph holds the whole step")
-        if emulate and replays != steps:
+            with quiet():
+                given = (images.clone(), labels.clone())
+            if emulate:
+                before = len(vc.syncs)
+                losses.append(step(*given))
+                waits.extend(vc.syncs[before:])
+            else:
+                with SyncCounter() as counter, _waits_on_events(counter):
+                    losses.append(step(*given))
+                waits.extend(f"{name} at {where}" for name, where in zip(counter.calls, counter.where))
+                waits.extend(["a synchronising operation flagged by CUDA"] * max(0, counter.cuda_warnings -
+                                                                                   len(counter.calls)))
+        run = _Run(what, step, yours, opt, watch, warmup, steps, made, steps_after_capture, batches, refused,
+                   example, example_before, losses, waits, ref_losses, ref_state, tol)
+        with quiet():
+            _after_steps(run, emulate, vc)
+            return steps, warmup
+
+
+def _after_steps(s: _Run, emulate, vc):
+    """The verdicts on the steps themselves (kept apart to keep the scenario readable)."""
+    what, steps, yours, made, watch = s.what, s.steps, s.yours, s.made, s.watch
+    losses, waits, tol = s.losses, s.waits, s.tol
+    if waits:
+        shown = [f"{w.what} at {_short(w.where)}" if hasattr(w, "what") else str(w) for w in waits]
+        raise CheckFailed("returns without waiting for the device",
+                          f"{what}: {steps} calls of step() made the host wait {len(waits)} time(s): "
+                          f"{'; '.join(dict.fromkeys(shown))}",
+                          "a replay is one launch, and the host should go on to the next batch while the device "
+                          "runs it: return the loss as a tensor (static_loss.detach().clone()) and read it when "
+                          "you log, once per interval. float(loss), .item(), an `if` on a tensor (an isfinite "
+                          "guard), print(loss) or torch.cuda.synchronize() after replay() each stop the host "
+                          "until the device is done (check 5.4 refuses the same habits)")
+    if yours.calls != made:
+        raise CheckFailed("replays the graph: no Python model call per step",
+                          f"{what}: step() ran the model {yours.calls - made} times in Python for {steps} batches",
+                          "copy the batch into the captured input tensors and call graph.replay(): the graph holds "
+                          "the whole step")
+    if watch.optimizer_steps != s.steps_after_capture:
+        raise CheckFailed("replays the whole step: no optimizer.step() in Python per call",
+                          f"{what}: {watch.optimizer_steps - s['steps_after_capture']} optimizer steps ran in "
+                          f"Python during {steps} calls of step()",
+                          "capture optimizer.step() inside the graph with the forward and backward passes: the "
+                          "replay updates the weights")
+    if emulate:
+        replays = sum(g.replays for g in vc.graphs.graphs)
+        if replays != steps:
             raise CheckFailed("one replay per step", f"{what}: {replays} replays for {steps} calls of step()",
                               "each call of step() trains on its batch exactly once: one graph.replay()")
-        values = []
-        for i, loss in enumerate(losses):
-            if isinstance(loss, torch.Tensor):
-                if loss.numel() != 1:
-                    raise CheckFailed("returns each step's loss", f"{what}: step {i + 1} returned a tensor of shape "
-                                      f"{tuple(loss.shape)}")
-                values.append(float(loss.detach().double().cpu()))
-            elif isinstance(loss, (float, int)) and not isinstance(loss, bool):
-                values.append(float(loss))
-            else:
-                raise CheckFailed("returns each step's loss", f"{what}: step {i + 1} returned {type(loss).__name__}")
-        if steps > 1 and len(set(values)) == 1 and len(set(round(v, 9) for v in ref_losses)) > 1:
-            raise CheckFailed("returns each step's own loss",
-                              f"{what}: every step's returned loss reads {values[0]:.5f} once the steps are done",
-                              "the captured loss tensor is overwritten by the next replay: return a copy (clone())")
-        tol = 1e-9 if emulate else 1e-6
-        if not np.allclose(values, ref_losses, rtol=tol, atol=tol):
-            diff = ", ".join(f"{a:.5f} vs {b:.5f}" for a, b in list(zip(values, ref_losses))[:3])
-            raise CheckFailed("trains exactly as ordinary steps would", f"{what}: the losses of the graphed steps "
-                              f"differ from ordinary steps' ({diff}, ...)", _why_different(values, ref_losses))
-        if not _same(_state(yours), ref_state, tol):
-            raise CheckFailed("trains exactly as ordinary steps would",
-                              f"{what}: the same losses, but the weights or batch-norm statistics after the "
-                              "graphed steps differ from ordinary steps'",
-                              "everything the step writes (weights, optimizer state, running statistics) must be "
-                              "what the captured step writes: do not change it between replays")
-        shorter = int(rng.integers(1, batch))
-        before = _state(yours)
+    values = []
+    for i, loss in enumerate(losses):
+        if not isinstance(loss, torch.Tensor):
+            raise CheckFailed("returns each step's loss as a tensor",
+                              f"{what}: step {i + 1} returned {type(loss).__name__}",
+                              "return the loss as a tensor on the device (static_loss.detach().clone()): reading "
+                              "it as a number is a wait for the device on every step")
+        if loss.numel() != 1:
+            raise CheckFailed("returns each step's loss as a tensor", f"{what}: step {i + 1} returned a tensor of "
+                              f"shape {tuple(loss.shape)}, expected a single value")
+        values.append(float(loss.detach().double().cpu()))
+    ref_losses = s.ref_losses
+    if steps > 1 and len(set(values)) == 1 and len(set(round(v, 9) for v in ref_losses)) > 1:
+        raise CheckFailed("returns each step's own loss",
+                          f"{what}: every step's returned loss reads {values[0]:.5f} once the steps are done",
+                          "the captured loss tensor is overwritten by the next replay: return a copy (clone())")
+    if not all(math.isclose(a, b, rel_tol=tol, abs_tol=tol) for a, b in zip(values, ref_losses)):
+        diff = ", ".join(f"{a:.5f} vs {b:.5f}" for a, b in list(zip(values, ref_losses))[:3])
+        prop, hint = _why_different(s, emulate, vc)
+        raise CheckFailed(prop, f"{what}: the losses of the graphed steps differ from ordinary steps' ({diff}, ...)",
+                          hint)
+    if not _same(_state(yours, s.opt), s.ref_state, tol):
+        prop, hint = _why_different(s, emulate, vc)
+        if prop == "trains exactly as ordinary steps would":
+            hint = ("everything the step writes (weights, optimizer state, running statistics) must be what the "
+                    "captured step writes: do not change it between replays")
+        raise CheckFailed(prop, f"{what}: the same losses, but the weights, optimizer state or batch-norm "
+                          "statistics after the graphed steps differ from ordinary steps'", hint)
+    if not all(torch.equal(a, b) for a, b in zip(s.example, s.example_before)):
+        raise CheckFailed("leaves the example batch unchanged",
+                          f"{what}: after the steps, the example batch the caller passed to make_graphed_step "
+                          "holds other values",
+                          "capture on copies of the example (example_images.clone()): a graph that reads the "
+                          "caller's tensors overwrites them with every batch copied in")
+    _refuses_other_shapes(s, emulate, vc)
+
+
+def _refuses_other_shapes(s: _Run, emulate, vc):
+    what, step, yours, opt = s.what, s.step, s.yours, s.opt
+    for told, (images, labels) in s.refused:
+        before = _state(yours, opt)
+        replays = sum(g.replays for g in vc.graphs.graphs) if emulate else None
         try:
-            step(*draw(shorter))
+            step(images.clone(), labels.clone())
         except ValueError:
             pass
         except Exception as exc:       # noqa: BLE001 (an error, but not the one the contract names)
             raise CheckFailed("a batch of another shape raises ValueError",
-                              f"{what}: a last batch of {shorter} samples raised {type(exc).__name__}: "
-                              f"{str(exc)[:120]}",
-                              "check the shapes first and raise ValueError saying a graph replays the shapes it "
-                              "captured (drop_last=True)")
+                              f"{what}: {told} raised {type(exc).__name__}: {str(exc)[:120]}",
+                              "compare the whole shape of the images and of the labels with the captured ones "
+                              "(not only the batch size), and raise ValueError saying a graph replays the shapes "
+                              "it captured (drop_last=True)") from None
         else:
-            raise CheckFailed("a batch of another shape raises ValueError",
-                              f"{what}: a last batch of {shorter} samples was accepted",
+            raise CheckFailed("a batch of another shape raises ValueError", f"{what}: {told} was accepted",
                               "a replay reads the captured buffers whole: a short batch would train on stale "
                               "samples; raise ValueError (drop_last=True avoids it)")
-        if not _same(_state(yours), before, 0.0):
+        if not _same(_state(yours, opt), before, 0.0) or (
+                emulate and sum(g.replays for g in vc.graphs.graphs) != replays):
             raise CheckFailed("a batch of another shape raises ValueError",
-                              f"{what}: the refused batch still changed the model", "check before you copy or replay")
-    return steps, warmup
+                              f"{what}: {told} was refused, but the model or the graph still ran",
+                              "check the shapes before you copy or replay")
 
 
-def _why_different(values, reference) -> str:
-    return ("the usual causes: the batch rebound to a new tensor instead of copied into the captured one "
-            "(static.copy_(images)): the replay reads the captured tensors only; gradients left from the warm-up "
-            "when capturing (optimizer.zero_grad(set_to_none=True) just before it); a capture before the warm-up "
-            "steps (the optimizer's state must exist); an extra replay, or none, per step")
+def _short(where: str) -> str:
+    path, _, line = where.rpartition(":")
+    return f"{path.rsplit('/', 1)[-1]}:{line}"
 
 
-class _nothing:
-    def __enter__(self):
-        return self
+def _explain_capture_failure(exc: BaseException, what: str) -> None:
+    """make_graphed_step raised: say which rule of capture it broke, when the error tells."""
+    text = _chain(exc)
+    if "same device" in text or "should be the same" in text or "Input type" in text:
+        raise CheckFailed("keeps the graph's inputs on the device",
+                          f"{what}: capturing raised: {text[:220]}",
+                          "make the static inputs where the example batch lives: example_images.clone() (or "
+                          "torch.empty_like(example_images)); torch.empty(shape) without device= is host memory") \
+            from None
+    if CAPTURE_ERROR in text or "operation failed due to a previous error during capture" in text:
+        raise CheckFailed("reads nothing on the host while capturing",
+                          f"{what}: capturing raised: {text[:260]}",
+                          "a value read on the host (.item(), float(loss), print(loss), .cpu(), .tolist(), an `if` "
+                          "on a tensor) or a wait (torch.cuda.synchronize(), event.synchronize()) cannot be part of "
+                          "a graph: keep the loss a tensor, read it after replay()") from None
+    if NUMPY_ERROR.split("{}")[0] in text:
+        raise CheckFailed("reads nothing on the host while capturing", f"{what}: capturing raised: {text[:200]}",
+                          ".numpy() needs the value on the host: keep the loss a tensor, read it after replay()") \
+            from None
 
-    def __exit__(self, *exc):
-        return None
+
+def _why_different(s: _Run, emulate, vc) -> tuple[str, str]:
+    """Which rule of capture made the graphed steps train differently, where it can be seen."""
+    watch, warmup = s.watch, s.warmup
+    capture = watch.captures[0]
+    before_warmup = ("captures after the warm-up",
+                     "the capture began before the warm-up steps had created the optimizer's state (momentum or "
+                     "Adam's moments): the graph recorded a first step, and replays it forever. Warm up first, then "
+                     "capture")
+    if capture["calls"] == 0:
+        return before_warmup
+    if capture["optimizer_steps"] != warmup:
+        return ("warms up `warmup` ordinary steps, then captures one",
+                f"your warm-up ran {capture['optimizer_steps']} optimizer steps before the capture, expected "
+                f"{warmup}: each warm-up step is a training step (forward, loss, backward, optimizer.step()), "
+                "which also creates the optimizer's state the graph must capture")
+    if capture["no_state"]:
+        return before_warmup
+    if capture["stale_grads"]:
+        return ("clears the gradients before the capture",
+                f"{capture['stale_grads']} parameters still had a .grad from the warm-up when the capture began: "
+                "backward inside the graph then adds to them, on every replay. Call "
+                "optimizer.zero_grad(set_to_none=True) just before the capture, so that backward writes them")
+    if emulate and _batches_never_reached_the_graph(s, vc):
+        return ("copies each batch into the captured inputs",
+                "no tensor the graph read held the batch given to step(): a replay reads the memory it captured, "
+                "so rebinding a name (`static_images = images`, `static_images.data = images`, "
+                "`static_images.set_(images)`) leaves the graph training on the capture's batch. Copy into it: "
+                "static_images.copy_(images)")
+    return ("trains exactly as ordinary steps would",
+            "the usual causes: the batch rebound instead of copied into the captured tensors "
+            "(static.copy_(images)); gradients left from the warm-up when capturing; a capture before the "
+            "warm-up; an extra replay, or none, per step")
+
+
+def _batches_never_reached_the_graph(s: _Run, vc) -> bool:
+    """Replays the last batch and asks whether any tensor the graph reads holds it."""
+    graph = next((g for g in vc.graphs.graphs if g._ops), None)
+    if graph is None:
+        return False
+    images = s.batches[-1][0]
+    for _, args, kwargs, _ in graph._ops:
+        for leaf in torch.utils._pytree.tree_leaves((args, kwargs)):
+            if isinstance(leaf, torch.Tensor) and leaf.shape == images.shape and torch.equal(leaf, images):
+                return False
+    return True
+
+
+def grade_scenario(make_graphed_step, device="cpu", *, seed: int = 0, optimizer: str = "sgd",
+                   default_warmup: bool = False) -> Verdict:
+    """One scenario of check 5.5 on `device` ("cpu": the emulation on the virtual CUDA device;
+    "cuda": the real torch.cuda.graph), and its verdict. Used by the check, and by the cases of
+    tests/unit/graph_step_cases.py (on a GPU, beside the emulation's verdict)."""
+    import numpy as np
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer is one of {OPTIMIZERS}")
+    rng = np.random.default_rng(seed)
+    try:
+        with _forbidden(), one_thread():
+            _scenario(make_graphed_step, rng, torch.device(device), optimizer=optimizer,
+                      use_default_warmup=default_warmup)
+    except CheckFailed as failed:
+        return Verdict("fail", failed.prop, failed.sentence())
+    except NotImplementedError as exc:
+        return Verdict("not_implemented", "", str(exc))
+    except Exception as exc:       # noqa: BLE001 (the learner's code raised: what a GPU run would show)
+        return Verdict("error", type(exc).__name__, _chain(exc)[:400])
+    return Verdict("pass", "", "")
+
+
+def _forbidden():
+    from ._util import course_code_forbidden
+    return course_code_forbidden(_COURSE_CODE)
 
 
 @exercise("5.5", "A training step captured as a CUDA graph", points=3, time_limit_s=120)
 @forbids(*_COURSE_CODE)
+@single_threaded
 def check_graphed_step(make_graphed_step):
     expect_callable(make_graphed_step, "a function make_graphed_step(model, optimizer, example_images, "
                                        "example_labels, warmup=3) -> step(images, labels)")
@@ -193,12 +515,15 @@ def check_graphed_step(make_graphed_step):
     devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
     told, warmups = [], []
     for device in devices:
-        for default in (False, True):
-            steps, warmup = _scenario(make_graphed_step, rng, device, use_default_warmup=default)
+        for optimizer, default in (("sgd", False), ("adam", True)):
+            steps, warmup = _scenario(make_graphed_step, rng, device, optimizer=optimizer,
+                                      use_default_warmup=default)
             if not default:
                 warmups.append(warmup)
         told.append(device.type if device.type == "cuda" else
-                    "the CPU, with torch.cuda's capture emulated (course_utils.graph_capture)")
-    return (f"captures after the warm-up steps (warmup={', '.join(map(str, warmups))} and the default), replays once per step with no "
-            f"model call in Python, the same losses, weights and batch-norm statistics as ordinary steps, a fresh "
-            f"loss per step, and ValueError for a batch of another shape; on {' and '.join(told)} (seed {seed}).")
+                    "the virtual CUDA device, with torch.cuda's capture emulated (course_utils.graph_capture)")
+    return (f"captures after the warm-up steps (warmup={', '.join(map(str, warmups))} and the default), replays "
+            "once per step with no model call or optimizer step in Python and no wait for the device, the same "
+            "losses, weights, optimizer state and batch-norm statistics as ordinary steps (SGD and capturable "
+            "Adam), a fresh loss tensor per step, the example batch left alone, and ValueError for a batch of "
+            f"another shape; on {' and '.join(told)} (seed {seed}).")

@@ -42,7 +42,9 @@ beside real GPUs, which `torch.cuda.current_device()` then names and `device_cou
 cannot move there: the checks run tensor work on it, not training steps), and tensors created
 in other threads are plain host tensors (the mode is per-thread, like the current stream).
 Values are exactly the CPU's. Outside the `with` block, `DeviceTensor`s still work (`.cpu()`
-gives the values) but nothing is logged. The checks of lessons 03 and 05 use it.
+gives the values) but nothing is logged. The checks of lessons 03 and 05 use it; check 5.5, which
+trains, uses `virtual_cuda_training` (tensors that stay ordinary CPU tensors, with their device as
+a tag: autograd asks the CUDA runtime about a tensor whose device is CUDA, and aborts without one).
 """
 from __future__ import annotations
 

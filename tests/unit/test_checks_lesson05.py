@@ -223,7 +223,78 @@ def amp_default_max_norm_five(model, optimizer, scaler, images, labels, dtype=to
     return amp_step(model, optimizer, scaler, images, labels, dtype, max_norm)
 
 
+def amp_clips_scaled_by_the_scale(model, optimizer, scaler, images, labels, dtype=torch.float16, max_norm=1.0):
+    """The clip in scaled units: the same numbers, and a read of the scale on the host every step."""
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=images.device.type, dtype=dtype):
+        loss = F.cross_entropy(model(images), labels)
+    scaler.scale(loss).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm * scaler.get_scale())
+    scaler.step(optimizer)
+    scaler.update()
+    return loss.detach()
+
+
+def amp_zero_grad_at_the_end(model, optimizer, scaler, images, labels, dtype=torch.float16, max_norm=1.0):
+    with torch.autocast(device_type=images.device.type, dtype=dtype):
+        loss = F.cross_entropy(model(images), labels)
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+def amp_update_before_step(model, optimizer, scaler, images, labels, dtype=torch.float16, max_norm=1.0):
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=images.device.type, dtype=dtype):
+        loss = F.cross_entropy(model(images), labels)
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.update()
+    scaler.step(optimizer)
+    return loss.detach()
+
+
+def amp_new_scaler_every_call(model, optimizer, scaler, images, labels, dtype=torch.float16, max_norm=1.0):
+    scaler = torch.amp.GradScaler(images.device.type, enabled=dtype == torch.float16)
+    return amp_step(model, optimizer, scaler, images, labels, dtype, max_norm)
+
+
+def amp_clips_the_largest_entry(model, optimizer, scaler, images, labels, dtype=torch.float16, max_norm=1.0):
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=images.device.type, dtype=dtype):
+        loss = F.cross_entropy(model(images), labels)
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, norm_type=float("inf"))
+    scaler.step(optimizer)
+    scaler.update()
+    return loss.detach()
+
+
+def amp_item_every_step(model, optimizer, scaler, images, labels, dtype=torch.float16, max_norm=1.0):
+    """Logs the loss every step: a second read of the device per step (the float return is the first)."""
+    loss = amp_step(model, optimizer, scaler, images, labels, dtype, max_norm)
+    if not torch.isfinite(loss):
+        raise RuntimeError("the loss diverged")
+    return loss.item()
+
+
 MUTANTS_51 = [
+    Mutant("clips scaled gradients at max_norm x get_scale()", amp_clips_scaled_by_the_scale,
+           "reads nothing on the host besides the scaler's own check", words="get_scale"),
+    Mutant("a divergence guard every step", amp_item_every_step,
+           "reads nothing on the host besides the scaler's own check"),
+    Mutant("zero_grad at the end", amp_zero_grad_at_the_end, "leaves this step's gradients in .grad",
+           words="at the start"),
+    Mutant("update() before step()", amp_update_before_step, "calls scaler.update() after scaler.step()"),
+    Mutant("a new GradScaler every call", amp_new_scaler_every_call, "uses the scaler it is given"),
+    Mutant("clips the largest entry (norm_type=inf)", amp_clips_the_largest_entry,
+           "clips the unscaled gradients to max_norm"),
     Mutant("backward under autocast", amp_backward_under_autocast, "runs backward outside autocast"),
     Mutant("the loss outside autocast", amp_loss_outside_autocast, "computes the loss under autocast"),
     Mutant("default dtype bfloat16", amp_default_bfloat16, "defaults to dtype=torch.float16"),
@@ -384,13 +455,63 @@ def sums_then_one_backward(model, loss_fn, images, labels, k):   # the right gra
     return total.item()
 
 
+def accumulate_undetached_sum(model, loss_fn, images, labels, k):   # every micro-batch's graph kept by the sum
+    model.zero_grad(set_to_none=True)
+    total = 0.0
+    for xb, yb in zip(torch.tensor_split(images, k), torch.tensor_split(labels, k)):
+        loss = loss_fn(model(xb), yb) * (len(xb) / len(images))
+        loss.backward()
+        total = total + loss
+    return total.item()
+
+
+def accumulate_keeps_the_losses(model, loss_fn, images, labels, k):
+    model.zero_grad(set_to_none=True)
+    losses = []
+    for xb, yb in zip(torch.tensor_split(images, k), torch.tensor_split(labels, k)):
+        loss = loss_fn(model(xb), yb) * (len(xb) / len(images))
+        loss.backward()
+        losses.append(loss)
+    return torch.stack(losses).sum().item()
+
+
+def accumulate_retain_graph(model, loss_fn, images, labels, k):
+    model.zero_grad(set_to_none=True)
+    total = torch.zeros((), dtype=torch.float64)
+    for xb, yb in zip(torch.tensor_split(images, k), torch.tensor_split(labels, k)):
+        loss = loss_fn(model(xb), yb) * (len(xb) / len(images))
+        loss.backward(retain_graph=True)
+        total += loss.detach()
+    return total.item()
+
+
+def accumulate_reads_twice(model, loss_fn, images, labels, k):   # one read over the limit: a guard, then the value
+    model.zero_grad(set_to_none=True)
+    total = torch.zeros((), dtype=torch.float64)
+    for xb, yb in zip(torch.tensor_split(images, k), torch.tensor_split(labels, k)):
+        loss = loss_fn(model(xb), yb) * (len(xb) / len(images))
+        loss.backward()
+        total += loss.detach()
+    if not torch.isfinite(total):
+        raise RuntimeError("the loss diverged")
+    return total.item()
+
+
 MUTANTS_52 = [
+    Mutant("a guard, then the value: two reads", accumulate_reads_twice, "reads the loss from the device once"),
+    Mutant("a running sum of undetached losses", accumulate_undetached_sum,
+           "keeps no micro-batch's graph after its backward", words="detach"),
+    Mutant("the losses kept in a list", accumulate_keeps_the_losses,
+           "keeps no micro-batch's graph after its backward"),
+    Mutant("retain_graph=True", accumulate_retain_graph, "frees each micro-batch's activations in its backward",
+           words="retain_graph"),
     Mutant("one backward over the summed loss", sums_then_one_backward,
            "runs backward on each micro-batch before the next forward pass"),
     Mutant("divides by k", accumulate_divide_by_k, "gives the gradient of the full batch", words="share of the samples"),
     Mutant("no division", accumulate_no_division, "gives the gradient of the full batch", words="k times too big"),
     Mutant("no zero_grad", accumulate_no_zero, "gives the gradient of the full batch", words="zero_grad"),
-    Mutant("zero_grad inside the loop", accumulate_zero_grad_inside, "gives the gradient of the full batch"),
+    Mutant("zero_grad inside the loop", accumulate_zero_grad_inside, "gives the gradient of the full batch",
+           words="only the last micro-batch"),
     Mutant("one big batch", accumulate_one_batch, "runs k micro-batches"),
     Mutant("torch.chunk", accumulate_chunk, "runs k micro-batches"),
     Mutant("always four", accumulate_always_four, "runs k micro-batches"),
@@ -549,7 +670,28 @@ def largest_returns_float(fits, cap):
     return float(largest(fits, cap))
 
 
+def _padded(extra):
+    """The right search, then as many more probes as make its count the budget plus `extra`."""
+    def search(fits, cap):
+        calls = []
+
+        def counted(b):
+            calls.append(b)
+            return fits(b)
+        answer = largest(counted, cap)
+        while len(calls) < probe_budget(answer) + extra:
+            counted(1)
+        return answer
+    return search
+
+
+largest_at_the_budget, largest_one_over_the_budget = _padded(0), _padded(1)
+
+
 MUTANTS_53 = [
+    Mutant("returns the first size that failed", largest_returns_bad, "finds the largest batch that fits",
+           words="one more than"),
+    Mutant("one probe over the budget", largest_one_over_the_budget, "uses few probes"),
     Mutant("a linear scan", largest_linear, "uses few probes"),
     Mutant("plain bisection over 1..cap", largest_plain_bisection, "uses few probes"),
     Mutant("downward from cap", largest_downward_from_cap, "uses few probes"),
@@ -567,6 +709,7 @@ MUTANTS_53 = [
 
 def test_largest_batch_passes():
     passes("5.3", largest, range(20))
+    passes("5.3", largest_at_the_budget, range(3))      # on the edge: exactly the budget
 
 
 @pytest.mark.parametrize("mutant", MUTANTS_53, ids=repr)
@@ -618,6 +761,7 @@ def running_sum_loop(model, optimizer, batches, loss_fn, log_every=10):
         running = running + loss.detach()
         if step % log_every == 0:
             means.append(float(running) / log_every)
+            print(f"{step:5d} {means[-1]:.3e}")
             running = 0.0
     return means
 
@@ -848,7 +992,67 @@ def wraps_train(model, optimizer, batches, loss_fn, log_every=10):
     return [sum(losses[i:i + log_every]) / log_every for i in range(0, len(losses) - log_every + 1, log_every)]
 
 
+def never_prints(model, optimizer, batches, loss_fn, log_every=10):
+    means, window = [], []
+    for step, (images, labels) in enumerate(batches, 1):
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        window.append(loss.detach())
+        if step % log_every == 0:
+            means.append(torch.stack(window).mean().item())
+            window.clear()
+    return means
+
+
+def prints_the_last_loss(model, optimizer, batches, loss_fn, log_every=10):
+    means, window = [], []
+    for step, (images, labels) in enumerate(batches, 1):
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        window.append(loss.detach())
+        if step % log_every == 0:
+            values = torch.stack(window).tolist()
+            print(f"step {step}: loss {values[-1]:.4f}")
+            means.append(sum(values) / len(values))
+            window.clear()
+    return means
+
+
+def one_more_read_at_the_end(model, optimizer, batches, loss_fn, log_every=10):
+    means = fixed_loop(model, optimizer, batches, loss_fn, log_every)
+    for p in model.parameters():            # "check the weights are finite" once, after the loop
+        if not torch.isfinite(p).all():
+            raise RuntimeError("the weights diverged")
+        break
+    return means
+
+
+def two_reads_per_interval(model, optimizer, batches, loss_fn, log_every=10):
+    means, window = [], []
+    for step, (images, labels) in enumerate(batches, 1):
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        window.append(loss.detach())
+        if step % log_every == 0:
+            stacked = torch.stack(window)
+            mean = stacked.mean().item()
+            print(f"step {step}: mean loss {mean:.4f} (last {stacked[-1].item():.4f})")
+            means.append(mean)
+            window.clear()
+    return means
+
+
 MUTANTS_54 = [
+    Mutant("never prints the means", never_prints, "prints each interval's mean"),
+    Mutant("prints the last loss, not the mean", prints_the_last_loss, "prints each interval's mean"),
+    Mutant("one more read after the loop", one_more_read_at_the_end, "synchronises at most once per logging interval"),
+    Mutant("two reads per interval", two_reads_per_interval, "synchronises at most once per logging interval"),
     Mutant("retain_graph=True every step", retain_graph_every_step, "frees each step's saved activations in backward",
            words="retain_graph"),
     Mutant("default log_every=5", default_interval_of_five, "defaults to log_every=10"),

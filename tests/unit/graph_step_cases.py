@@ -1,0 +1,538 @@
+"""Exercise 5.5's right and wrong answers, as data: each case is a make_graphed_step written the way a
+learner might, with the verdict a real GPU capture gives it and the property check 5.5 names.
+
+One importable place for every use:
+- tests/unit/test_checks_lesson05_graphs.py grades each through check 5.5 on the CPU (the emulated
+  capture on the virtual CUDA device), on several seeds;
+- on a GPU (issue 38), `python tests/unit/graph_step_cases.py --device cuda` grades each case through
+  the real torch.cuda.graph and prints its verdict beside the emulation's (`compare()`).
+
+`Case.expected` is "pass", "fail" (then `prop` is the property check 5.5 names) or "error" (the
+learner's code raises, as it raises on a GPU; `words` must be in the message). `optimizer` picks the
+optimizer a scenario hands over: "sgd" and "adam" (capturable) are the check's own; a case with
+"adam-not-capturable" is graded by `grade_scenario` only (the check never hands one out).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class Case:
+    name: str
+    answer: object
+    expected: str                 # "pass", "fail" or "error"
+    prop: str = ""                # the property check 5.5 names ("fail")
+    words: str = ""               # more words the message must hold
+    optimizer: str = "sgd"        # what grade_scenario hands over: "sgd", "adam", "adam-not-capturable"
+    why: str = ""                 # what a GPU does with it
+
+    def __repr__(self) -> str:   # pytest ids
+        return self.name
+
+
+# -- the pieces answers are made of -----------------------------------------------------------------
+
+def _warm(model, optimizer, images, labels, warmup):
+    for _ in range(warmup):
+        optimizer.zero_grad(set_to_none=True)
+        F.cross_entropy(model(images), labels).backward()
+        optimizer.step()
+
+
+def _warm_on_side_stream(model, optimizer, images, labels, warmup, side=None):
+    side = side or torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        _warm(model, optimizer, images, labels, warmup)
+    torch.cuda.current_stream().wait_stream(side)
+    return side
+
+
+def _capture(model, optimizer, images, labels, *, during=None, zero_grad=True, **graph_kwargs):
+    graph = torch.cuda.CUDAGraph()
+    if zero_grad:
+        optimizer.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph, **graph_kwargs):
+        loss = F.cross_entropy(model(images), labels)
+        if during is not None:
+            during(loss)
+        loss.backward()
+        optimizer.step()
+    return graph, loss
+
+
+def _stepper(graph, images, labels, loss, *, after=None, returns=None):
+    def step(batch_images, batch_labels):
+        if batch_images.shape != images.shape or batch_labels.shape != labels.shape:
+            raise ValueError(f"the graph replays {tuple(images.shape)}; got {tuple(batch_images.shape)}")
+        images.copy_(batch_images)
+        labels.copy_(batch_labels)
+        graph.replay()
+        out = loss.detach().clone()
+        if after is not None:
+            after(out)
+        return returns(out) if returns is not None else out
+    return step
+
+
+# -- right answers ------------------------------------------------------------------------------------
+
+def right(model, optimizer, example_images, example_labels, warmup=3):
+    _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+    images, labels = example_images.clone(), example_labels.clone()
+    graph, loss = _capture(model, optimizer, images, labels)
+    return _stepper(graph, images, labels, loss)
+
+
+def right_empty_like(model, optimizer, example_images, example_labels, warmup=3):
+    _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+    images, labels = torch.empty_like(example_images), torch.empty_like(example_labels)
+    images.copy_(example_images)
+    labels.copy_(example_labels)
+    graph, loss = _capture(model, optimizer, images, labels)
+    return _stepper(graph, images, labels, loss)
+
+
+def right_pool_stream_thread_local(model, optimizer, example_images, example_labels, warmup=3):
+    """torch.cuda.graph's documented arguments: a pool handle, the warm-up's stream, thread_local."""
+    side = _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+    images, labels = example_images.clone(), example_labels.clone()
+    graph, loss = _capture(model, optimizer, images, labels, pool=torch.cuda.graph_pool_handle(), stream=side,
+                           capture_error_mode="thread_local")
+    return _stepper(graph, images, labels, loss)
+
+
+def right_relaxed(model, optimizer, example_images, example_labels, warmup=3):
+    _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+    images, labels = example_images.clone(), example_labels.clone()
+    graph, loss = _capture(model, optimizer, images, labels, capture_error_mode="relaxed")
+    return _stepper(graph, images, labels, loss)
+
+
+def right_records_an_event(model, optimizer, example_images, example_labels, warmup=3):
+    """A CUDA event recorded after each replay (to time it later): no wait for the device."""
+    _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+    images, labels = example_images.clone(), example_labels.clone()
+    graph, loss = _capture(model, optimizer, images, labels)
+    events = []
+
+    def record(_):
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        events.append(event)
+    return _stepper(graph, images, labels, loss, after=record)
+
+
+def right_zero_grad_inside(model, optimizer, example_images, example_labels, warmup=3):
+    """zero_grad(set_to_none=True) as the captured step's first line: the gradients are None at once."""
+    _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+    images, labels = example_images.clone(), example_labels.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(images), labels)
+        loss.backward()
+        optimizer.step()
+    return _stepper(graph, images, labels, loss)
+
+
+def right_by_hand_capture_begin(model, optimizer, example_images, example_labels, warmup=3):
+    """capture_begin/capture_end on a side stream, without the context manager."""
+    side = _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+    images, labels = example_images.clone(), example_labels.clone()
+    graph = torch.cuda.CUDAGraph()
+    optimizer.zero_grad(set_to_none=True)
+    with torch.cuda.stream(side):
+        graph.capture_begin()
+        loss = F.cross_entropy(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        graph.capture_end()
+    torch.cuda.current_stream().wait_stream(side)
+    return _stepper(graph, images, labels, loss)
+
+
+# -- host reads inside the capture --------------------------------------------------------------------
+
+def _reads_while_capturing(read):
+    def answer(model, optimizer, example_images, example_labels, warmup=3):
+        _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+        images, labels = example_images.clone(), example_labels.clone()
+        graph, loss = _capture(model, optimizer, images, labels, during=read)
+        return _stepper(graph, images, labels, loss)
+    return answer
+
+
+def _print(loss):
+    print(loss)
+
+
+item_while_capturing = _reads_while_capturing(lambda loss: loss.item())
+print_while_capturing = _reads_while_capturing(_print)
+cpu_while_capturing = _reads_while_capturing(lambda loss: loss.cpu())
+tolist_while_capturing = _reads_while_capturing(lambda loss: loss.tolist())
+numpy_while_capturing = _reads_while_capturing(lambda loss: loss.detach().numpy())
+synchronize_while_capturing = _reads_while_capturing(lambda loss: torch.cuda.synchronize())
+event_synchronize_while_capturing = _reads_while_capturing(
+    lambda loss: torch.cuda.current_stream().record_event().synchronize())
+guard_while_capturing = _reads_while_capturing(lambda loss: bool(torch.isfinite(loss)) or None)
+
+
+# -- static inputs ------------------------------------------------------------------------------------
+
+def host_static_inputs(model, optimizer, example_images, example_labels, warmup=3):
+    """torch.empty(shape, dtype=...) without device=: host memory, a GPU's model cannot read it."""
+    _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+    images = torch.empty(example_images.shape, dtype=example_images.dtype)
+    labels = torch.empty(example_labels.shape, dtype=example_labels.dtype)
+    images.copy_(example_images)
+    labels.copy_(example_labels)
+    graph, loss = _capture(model, optimizer, images, labels)
+    return _stepper(graph, images, labels, loss)
+
+
+def _rebinds(rebind):
+    def answer(model, optimizer, example_images, example_labels, warmup=3):
+        _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+        images, labels = example_images.clone(), example_labels.clone()
+        graph, loss = _capture(model, optimizer, images, labels)
+
+        def step(batch_images, batch_labels):
+            if batch_images.shape != images.shape or batch_labels.shape != labels.shape:
+                raise ValueError("another shape")
+            rebind(images, batch_images)
+            rebind(labels, batch_labels)
+            graph.replay()
+            return loss.detach().clone()
+        return step
+    return answer
+
+
+def _set_data(static, batch):
+    static.data = batch
+
+
+rebinds_with_data = _rebinds(_set_data)
+rebinds_with_set_ = _rebinds(lambda static, batch: static.set_(batch))
+
+
+def rebinds_the_name(model, optimizer, example_images, example_labels, warmup=3):
+    _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+    images, labels = example_images.clone(), example_labels.clone()
+    graph, loss = _capture(model, optimizer, images, labels)
+    state = {"images": images, "labels": labels}
+
+    def step(batch_images, batch_labels):
+        if batch_images.shape != images.shape:
+            raise ValueError("another shape")
+        state["images"], state["labels"] = batch_images, batch_labels     # new tensors: the graph never sees them
+        graph.replay()
+        return loss.detach().clone()
+    return step
+
+
+def example_batch_as_inputs(model, optimizer, example_images, example_labels, warmup=3):
+    """The caller's example tensors captured as the inputs: every batch is copied over them."""
+    _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+    graph, loss = _capture(model, optimizer, example_images, example_labels)
+    return _stepper(graph, example_images, example_labels, loss)
+
+
+def checks_the_batch_size_only(model, optimizer, example_images, example_labels, warmup=3):
+    _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+    images, labels = example_images.clone(), example_labels.clone()
+    graph, loss = _capture(model, optimizer, images, labels)
+
+    def step(batch_images, batch_labels):
+        if len(batch_images) != len(images):
+            raise ValueError("another batch size")
+        images.copy_(batch_images)
+        labels.copy_(batch_labels)
+        graph.replay()
+        return loss.detach().clone()
+    return step
+
+
+def refuses_short_batches_only(model, optimizer, example_images, example_labels, warmup=3):
+    _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+    images, labels = example_images.clone(), example_labels.clone()
+    graph, loss = _capture(model, optimizer, images, labels)
+
+    def step(batch_images, batch_labels):
+        if len(batch_images) < len(images) or batch_images.shape[1:] != images.shape[1:]:
+            raise ValueError("a short batch")
+        images.copy_(batch_images[:len(images)])
+        labels.copy_(batch_labels[:len(labels)])
+        graph.replay()
+        return loss.detach().clone()
+    return step
+
+
+def short_batch_into_the_buffers(model, optimizer, example_images, example_labels, warmup=3):
+    _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+    images, labels = example_images.clone(), example_labels.clone()
+    graph, loss = _capture(model, optimizer, images, labels)
+
+    def step(batch_images, batch_labels):
+        images[:len(batch_images)].copy_(batch_images)       # the rest: stale samples from the previous batch
+        labels[:len(batch_labels)].copy_(batch_labels)
+        graph.replay()
+        return loss.detach().clone()
+    return step
+
+
+# -- a wait for the device every step -----------------------------------------------------------------
+
+def _waits(after=None, returns=None):
+    def answer(model, optimizer, example_images, example_labels, warmup=3):
+        _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+        images, labels = example_images.clone(), example_labels.clone()
+        graph, loss = _capture(model, optimizer, images, labels)
+        return _stepper(graph, images, labels, loss, after=after, returns=returns)
+    return answer
+
+
+def _guard(loss):
+    if not torch.isfinite(loss):
+        raise RuntimeError("the loss diverged")
+
+
+def _event_synchronize(loss):
+    event = torch.cuda.Event()
+    event.record()
+    event.synchronize()
+
+
+returns_a_float = _waits(returns=float)
+returns_item = _waits(returns=lambda loss: loss.item())
+isfinite_guard_every_step = _waits(after=_guard)
+synchronize_after_replay = _waits(after=lambda loss: torch.cuda.synchronize())
+event_synchronize_every_step = _waits(after=_event_synchronize)
+prints_every_step = _waits(after=_print)
+copies_to_the_host = _waits(returns=lambda loss: loss.cpu())
+
+
+# -- capture order and gradients ----------------------------------------------------------------------
+
+def captured_before_warmup(model, optimizer, example_images, example_labels, warmup=3):
+    images, labels = example_images.clone(), example_labels.clone()
+    graph, loss = _capture(model, optimizer, images, labels)
+    _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+    return _stepper(graph, images, labels, loss)
+
+
+def stale_gradients(model, optimizer, example_images, example_labels, warmup=3):
+    _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+    images, labels = example_images.clone(), example_labels.clone()
+    graph, loss = _capture(model, optimizer, images, labels, zero_grad=False)
+    return _stepper(graph, images, labels, loss)
+
+
+def zeroed_not_freed_gradients(model, optimizer, example_images, example_labels, warmup=3):
+    """zero_grad(set_to_none=False) before the capture: backward inside the graph adds into .grad."""
+    _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+    images, labels = example_images.clone(), example_labels.clone()
+    optimizer.zero_grad(set_to_none=False)
+    graph, loss = _capture(model, optimizer, images, labels, zero_grad=False)
+    return _stepper(graph, images, labels, loss)
+
+
+def warmup_without_optimizer_steps(model, optimizer, example_images, example_labels, warmup=3):
+    for _ in range(warmup):
+        F.cross_entropy(model(example_images), example_labels).backward()
+    images, labels = example_images.clone(), example_labels.clone()
+    graph, loss = _capture(model, optimizer, images, labels)
+    return _stepper(graph, images, labels, loss)
+
+
+def fixed_warmup(model, optimizer, example_images, example_labels, warmup=3):
+    return right(model, optimizer, example_images, example_labels, warmup=3)
+
+
+# -- replays ------------------------------------------------------------------------------------------
+
+def returns_the_captured_loss(model, optimizer, example_images, example_labels, warmup=3):
+    _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+    images, labels = example_images.clone(), example_labels.clone()
+    graph, loss = _capture(model, optimizer, images, labels)
+
+    def step(batch_images, batch_labels):
+        if batch_images.shape != images.shape or batch_labels.shape != labels.shape:
+            raise ValueError("another shape")
+        images.copy_(batch_images)
+        labels.copy_(batch_labels)
+        graph.replay()
+        return loss                             # overwritten by the next replay
+    return step
+
+
+def eager_every_step(model, optimizer, example_images, example_labels, warmup=3):
+    right(model, optimizer, example_images, example_labels, warmup)
+
+    def step(batch_images, batch_labels):
+        if batch_images.shape != example_images.shape or batch_labels.shape != example_labels.shape:
+            raise ValueError("another shape")
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(batch_images), batch_labels)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+    return step
+
+
+def replays_twice(model, optimizer, example_images, example_labels, warmup=3):
+    _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+    images, labels = example_images.clone(), example_labels.clone()
+    graph, loss = _capture(model, optimizer, images, labels)
+
+    def step(batch_images, batch_labels):
+        if batch_images.shape != images.shape or batch_labels.shape != labels.shape:
+            raise ValueError("another shape")
+        images.copy_(batch_images)
+        labels.copy_(batch_labels)
+        graph.replay()
+        graph.replay()
+        return loss.detach().clone()
+    return step
+
+
+def graphed_callables(model, optimizer, example_images, example_labels, warmup=3):
+    """torch.cuda.make_graphed_callables: forward and backward graphed, the optimizer step eager."""
+    _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+    graphed = torch.cuda.make_graphed_callables(model, (example_images.clone(),))
+
+    def step(batch_images, batch_labels):
+        if batch_images.shape != example_images.shape or batch_labels.shape != example_labels.shape:
+            raise ValueError("another shape")
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(graphed(batch_images), batch_labels)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+    return step
+
+
+_CACHED: dict = {}
+
+
+def caches_the_graph(model, optimizer, example_images, example_labels, warmup=3):
+    """State kept between calls: the first graph captured is handed out again, for another model."""
+    if "step" not in _CACHED:
+        _CACHED["step"] = right(model, optimizer, example_images, example_labels, warmup)
+    return _CACHED["step"]
+
+
+def course_graph(model, optimizer, example_images, example_labels, warmup=3):
+    from course_utils.train import _GraphedStep
+    graphed = _GraphedStep(model, optimizer, torch.nn.CrossEntropyLoss(), None, False, example_images.device)
+    return lambda x, y: graphed(x, y, None, False)
+
+
+CAPTURE_READ = "reads nothing on the host while capturing"
+WAITS = "returns without waiting for the device"
+SHAPES = "a batch of another shape raises ValueError"
+
+CASES = [
+    # right answers: a GPU captures and trains them exactly as ordinary steps
+    Case("right", right, "pass", why="the lesson's answer"),
+    Case("right, torch.empty_like inputs", right_empty_like, "pass"),
+    Case("right, pool + stream + thread_local", right_pool_stream_thread_local, "pass",
+         why="torch.cuda.graph(g, pool=graph_pool_handle(), stream=side, capture_error_mode='thread_local')"),
+    Case("right, capture_error_mode relaxed", right_relaxed, "pass"),
+    Case("right, records a CUDA event per step", right_records_an_event, "pass",
+         why="event.record() queues a marker; nothing waits"),
+    Case("right, zero_grad inside the capture", right_zero_grad_inside, "pass",
+         why="set_to_none inside the capture: backward makes the gradients in the graph's pool"),
+    Case("right, capture_begin by hand on a side stream", right_by_hand_capture_begin, "pass"),
+    Case("right, capturable Adam", right, "pass", optimizer="adam"),
+    Case("right, Adam not capturable", right, "error", words="capturable is False", optimizer="adam-not-capturable",
+         why="torch refuses: 'Attempting CUDA graph capture of step() for an instance of Adam but param_groups' "
+             "capturable is False.'"),
+    # host reads while capturing: CUDA refuses each
+    Case("item() while capturing", item_while_capturing, "fail", CAPTURE_READ),
+    Case("print(loss) while capturing", print_while_capturing, "fail", CAPTURE_READ),
+    Case("loss.cpu() while capturing", cpu_while_capturing, "fail", CAPTURE_READ),
+    Case("loss.tolist() while capturing", tolist_while_capturing, "fail", CAPTURE_READ),
+    Case("loss.numpy() while capturing", numpy_while_capturing, "fail", CAPTURE_READ,
+         why="a CUDA tensor has no numpy(): TypeError, as on a GPU"),
+    Case("torch.cuda.synchronize() while capturing", synchronize_while_capturing, "fail", CAPTURE_READ),
+    Case("event.synchronize() while capturing", event_synchronize_while_capturing, "fail", CAPTURE_READ),
+    Case("an isfinite guard while capturing", guard_while_capturing, "fail", CAPTURE_READ),
+    # static inputs
+    Case("static inputs made on the host", host_static_inputs, "fail", "keeps the graph's inputs on the device"),
+    Case("static.data = batch", rebinds_with_data, "fail", "copies each batch into the captured inputs",
+         why="a replay reads the captured storage: the graph trains on the first batch forever"),
+    Case("static.set_(batch)", rebinds_with_set_, "fail", "copies each batch into the captured inputs"),
+    Case("the name rebound", rebinds_the_name, "fail", "copies each batch into the captured inputs"),
+    Case("the example batch as the inputs", example_batch_as_inputs, "fail", "leaves the example batch unchanged"),
+    Case("checks the batch size only", checks_the_batch_size_only, "fail", SHAPES, words="RuntimeError"),
+    Case("refuses short batches only", refuses_short_batches_only, "fail", SHAPES, words="was accepted"),
+    Case("a short batch into the buffers", short_batch_into_the_buffers, "fail", SHAPES),
+    # a wait every step
+    Case("returns float(loss)", returns_a_float, "fail", WAITS, words="__float__"),
+    Case("returns loss.item()", returns_item, "fail", WAITS, words="item"),
+    Case("an isfinite guard every step", isfinite_guard_every_step, "fail", WAITS, words="__bool__"),
+    Case("torch.cuda.synchronize() after replay", synchronize_after_replay, "fail", WAITS, words="synchronize"),
+    Case("event.synchronize() every step", event_synchronize_every_step, "fail", WAITS, words="event.synchronize"),
+    Case("print(loss) every step", prints_every_step, "fail", WAITS),
+    Case("returns loss.cpu()", copies_to_the_host, "fail", WAITS, words="copy to the host"),
+    # capture order, gradients, warm-up
+    Case("captured before the warm-up", captured_before_warmup, "fail", "captures after the warm-up"),
+    Case("stale gradients at the capture", stale_gradients, "fail", "clears the gradients before the capture"),
+    Case("zero_grad(set_to_none=False) before the capture", zeroed_not_freed_gradients, "fail",
+         "clears the gradients before the capture"),
+    Case("warm-up without optimizer steps", warmup_without_optimizer_steps, "fail",
+         "warms up `warmup` ordinary steps, then captures one"),
+    Case("warmup fixed at 3", fixed_warmup, "fail", "warms up `warmup` ordinary steps, then captures one"),
+    # replays
+    Case("returns the captured loss", returns_the_captured_loss, "fail", "returns each step's own loss"),
+    Case("eager every step", eager_every_step, "fail", "replays the graph: no Python model call per step"),
+    Case("replays twice", replays_twice, "fail", "one replay per step"),
+    Case("make_graphed_callables", graphed_callables, "fail", "captures the whole step as one graph",
+         why="a partial capture: valid GPU code, not this exercise (the optimizer step stays eager)"),
+    Case("the first graph cached for every call", caches_the_graph, "fail",
+         "warms up `warmup` ordinary steps, then captures one"),
+    Case("the course's _GraphedStep", course_graph, "fail", "is your own code"),
+]
+
+
+def compare(devices=("cpu", "cuda"), seeds=(0,)) -> list[dict]:
+    """Each case through `grade_scenario` on each device: the verdicts side by side (issue 38)."""
+    from course_utils.checks.lesson05_graphs import grade_scenario
+    rows = []
+    for case in CASES:
+        row = {"case": case.name, "expected": case.expected + (f": {case.prop}" if case.prop else "")}
+        for device in devices:
+            verdicts = [grade_scenario(case.answer, device, seed=seed, optimizer=case.optimizer) for seed in seeds]
+            row[device] = "; ".join(sorted({v.status + (f": {v.prop}" if v.prop else "") for v in verdicts}))
+            row[f"{device} message"] = verdicts[0].message[:300]
+        rows.append(row)
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", action="append", help="cpu (the emulation) and/or cuda (the real capture)")
+    parser.add_argument("--seeds", type=int, default=1)
+    parser.add_argument("--json", help="write the rows here")
+    args = parser.parse_args(argv)
+    devices = args.device or (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
+    rows = compare(devices, range(args.seeds))
+    for row in rows:
+        print(f"{row['case']:48s} expected {row['expected']:60s} " + " | ".join(f"{d}: {row[d]}" for d in devices))
+    if args.json:
+        import json
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    sys.exit(main())
