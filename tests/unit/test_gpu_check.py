@@ -122,3 +122,58 @@ def test_notebook_text_keeps_printed_output(tmp_path):
     (tmp_path / "n.ipynb").write_text(json.dumps(nb))
     text = gpu_check.notebook_text(tmp_path / "n.ipynb")
     assert "--- cell a\n42 samples/s" in text and "E: v" in text and "cell b" not in text
+
+
+def test_graph_verdicts_name_every_disagreement():
+    rows = [{"case": "a", "expected": "pass", "cpu": "pass", "cuda": "pass"},
+            {"case": "b", "expected": "fail: x", "cpu": "fail: x", "cuda": "pass"},
+            {"case": "c", "expected": "error", "cpu": "error", "cuda": "fail: y"}]
+    both = gpu_check.graph_verdicts(rows, ["cpu", "cuda"])
+    assert both["disagreements"] == ["b: cpu: fail: x | cuda: pass", "c: cpu: error | cuda: fail: y"]
+    assert "3 cases on cpu and cuda: 2 disagree" in both["summary"]
+    assert gpu_check.graph_verdicts(rows[:1], ["cpu", "cuda"])["summary"].endswith("every verdict agrees")
+    alone = gpu_check.graph_verdicts(rows, ["cpu"])
+    assert alone["disagreements"] == [] and "cpu only" in alone["summary"]
+
+
+def test_the_plan_puts_the_issue_38_stages_first():
+    names = [s.name for s in gpu_check.STAGES]
+    assert names[:4] == ["setup", "graphs", "ladder", "check-8.1"]
+    assert names.index("tests") < names.index("lesson-05") < names.index("lesson-03") < names.index("lesson-08")
+    assert names.index("lesson-08") < names.index("lesson-04"), "DALI only after (a)-(c)"
+    first = gpu_check.plan(480)[0]
+    assert [s.name for s in first][:5] == names[:5] and sum(s.estimate_s for s in first) <= 480
+
+
+def test_a_stage_skipped_for_want_of_dali_runs_again_with_pending(tmp_path, monkeypatch):
+    ran = []
+
+    def fake_stage(run, stage):
+        ran.append(stage.name)
+        return {"status": "skipped", "retry": True, "summary": "no DALI", "seconds": 0.0, "dry_run": True}
+    monkeypatch.setattr(gpu_check, "run_stage", fake_stage)
+    args = ["--dry-run", "--out", str(tmp_path), "--stage", "lesson-04", "--pending"]
+    assert gpu_check.main(args) == 0 and gpu_check.main(args) == 0
+    assert ran == ["lesson-04", "lesson-04"]
+
+
+def test_the_gpu_call_script_runs_the_pending_stages_into_out(tmp_path):
+    """benchmarks/gpu_call.sh, the one prepared GPU call, as a dry run of the graphs stage: its report
+    lands in $OUT/gpu-check and is kept for the warm machine's next call."""
+    keep = Path("/tmp/gpu-check")
+    kept = keep.exists()
+    env = dict(os.environ, OUT=str(tmp_path), BUDGET="300", GPU_CALL_NO_KERNEL="1",
+               PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    env.pop("COURSE_DEVICE", None)
+    try:
+        done = subprocess.run(["bash", "benchmarks/gpu_call.sh", "--dry-run", "--stage", "graphs"], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        report = json.loads((tmp_path / "gpu-check" / "report.json").read_text())
+        assert report["stages"]["graphs"]["status"] == "passed"
+        assert report["stages"]["graphs"]["cases"] >= 40 and (tmp_path / "gpu-check" / "graphs.json").exists()
+        assert (keep / "report.json").exists() and "gpu_check gets" in done.stdout
+    finally:
+        if not kept:
+            import shutil
+            shutil.rmtree(keep, ignore_errors=True)
