@@ -45,6 +45,18 @@ def _say(text: str) -> None:
     print(text, flush=True)
 
 
+def _die_with_parent() -> None:
+    """In the hub's process, before it starts (Linux): SIGTERM it when `make hub`'s process dies, even by
+    SIGKILL, which no handler sees (a hub left behind once held its port and spun its proxy for an hour).
+    The hub's own SIGTERM handling then stops every learner's server and the proxy."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)     # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+
+
 def proxy_command() -> str:
     """configurable-http-proxy: HUB_PROXY when set, else as `make hub-deps` installed it (npm, into
     .venv/hub-proxy), else one on PATH (`npm install -g`)."""
@@ -264,7 +276,7 @@ def main(argv=None) -> int:
     env[MARK] = f"{hub_id}/:hub"
     config = Path(__file__).with_name("jupyterhub_config.py")
     hub = subprocess.Popen([sys.executable, "-m", "jupyterhub", "-f", str(config)], env=env, cwd=str(settings.state),
-                           start_new_session=True)
+                           start_new_session=True, preexec_fn=_die_with_parent)
     stopping: list[int] = []
 
     def forward(signum, frame):

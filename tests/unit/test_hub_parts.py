@@ -264,3 +264,30 @@ def test_make_targets_and_pins():
     lock = json.loads((ROOT / "hub" / "proxy" / "package-lock.json").read_text())
     pinned = package["dependencies"]["configurable-http-proxy"]
     assert pinned[0].isdigit() and lock["packages"]["node_modules/configurable-http-proxy"]["version"] == pinned
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_the_hub_dies_with_make_hub_even_when_it_is_killed(tmp_path):
+    """`make hub`'s process SIGKILLed (no handler runs): the hub it started gets SIGTERM, as its own
+    Ctrl-C would give it, instead of living on with its port and proxy."""
+    import signal
+    import subprocess
+    import time
+
+    import psutil
+    pid_file = tmp_path / "child"
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import subprocess, sys, time; from course_utils.hub.run import _die_with_parent; "
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], start_new_session=True, "
+        f"preexec_fn=_die_with_parent); open({str(pid_file)!r}, 'w').write(str(c.pid)); time.sleep(120)")])
+    try:
+        deadline = time.monotonic() + 60
+        while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        child = psutil.Process(int(pid_file.read_text()))
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        gone, alive = psutil.wait_procs([child], timeout=10)
+        assert not alive, "the hub's process outlived make hub's"
+    finally:
+        parent.kill()
