@@ -127,13 +127,30 @@ def test_notebook_text_keeps_printed_output(tmp_path):
 def test_graph_verdicts_name_every_disagreement():
     rows = [{"case": "a", "expected": "pass", "cpu": "pass", "cuda": "pass"},
             {"case": "b", "expected": "fail: x", "cpu": "fail: x", "cuda": "pass"},
-            {"case": "c", "expected": "error", "cpu": "error", "cuda": "fail: y"}]
+            {"case": "c", "expected": "error", "cpu": "error", "cuda": "fail: y"},
+            {"case": "d", "expected": "fail: x", "cpu": "fail: x", "cuda": "fail: trains differently"},
+            {"case": "_processes", "expected": "", "cuda": "3 processes"}]
     both = gpu_check.graph_verdicts(rows, ["cpu", "cuda"])
     assert both["disagreements"] == ["b: cpu: fail: x | cuda: pass", "c: cpu: error | cuda: fail: y"]
-    assert "3 cases on cpu and cuda: 2 disagree" in both["summary"]
-    assert gpu_check.graph_verdicts(rows[:1], ["cpu", "cuda"])["summary"].endswith("every verdict agrees")
+    assert both["notes"] == ["d: cpu: fail: x | cuda: fail: trains differently"], "the same status is no disagreement"
+    assert both["cases"] == 4 and "4 cases on cpu and cuda (3 processes on cuda): 2 disagree" in both["summary"]
+    assert gpu_check.graph_verdicts(rows[:1], ["cpu", "cuda"])["summary"].endswith("every status agrees")
     alone = gpu_check.graph_verdicts(rows, ["cpu"])
     assert alone["disagreements"] == [] and "cpu only" in alone["summary"]
+
+
+def test_the_real_device_grades_in_a_fresh_process_after_a_case_that_broke_capturing():
+    """graph_step_cases._isolated, as on a GPU whose torch cannot capture after a failed capture (here
+    the CPU can never capture, so every case that did not pass ends its process): the verdicts are
+    those of one process, and the cases after a break are graded in a fresh one."""
+    sys.path.insert(0, str(ROOT / "tests" / "unit"))
+    import graph_step_cases as cases
+    names = ["right", "item() while capturing", "returns float(loss)"]
+    rows = cases._isolated("cpu", [0], names)
+    assert rows.pop("_restarts") == 1      # right + item() in the first process, float(loss) in a second
+    by_name = {c.name: c for c in cases.CASES}
+    for name in names:
+        assert rows[name]["cpu"] == cases._verdict(by_name[name], "cpu", [0])["cpu"], name
 
 
 def test_the_plan_puts_the_issue_38_stages_first():
