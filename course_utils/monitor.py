@@ -586,14 +586,18 @@ def _nvml_name(handle) -> str:
 
 
 def synthetic_timeline(kind: str, *, cores: int = 8, seconds: float = 10.0, interval_s: float = 0.1,
-                       rng: np.random.Generator | None = None) -> Timeline:
-    """An illustrative (made-up, labelled simulated) timeline of one of three situations:
+                       rng: np.random.Generator | None = None, others: float = 0.0) -> Timeline:
+    """An illustrative (made-up, labelled simulated) timeline of one of three situations, with the
+    split a `UtilizationMonitor` records: the cores the course's own processes kept busy
+    (`ours_cores`) and every other program's (`others_cores`):
 
-    - "input-bound": every CPU core saturated by loader workers, the device idle between batches;
+    - "input-bound": the loader's workers saturate every CPU core, the device idles between batches;
     - "compute-bound": the device busy nearly all the time, the CPU with room to spare;
     - "sync-bound": device and host take turns: the device idles while one host thread works
-      (a `.item()` or a copy every step), and the other cores are idle too.
-    Lesson 01's diagnosis exercise reads these.
+      (a `.item()` or a copy every step, or all the loading in the main process), and the course
+      keeps about one core busy.
+    `others`: cores' worth of other programs' work on the machine (a shared machine), on top of a
+    little background. Lesson 01's diagnosis exercise reads these.
     """
     if kind not in TIMELINE_KINDS:
         raise ValueError(f"kind must be one of {TIMELINE_KINDS}, got {kind!r}")
@@ -606,17 +610,24 @@ def synthetic_timeline(kind: str, *, cores: int = 8, seconds: float = 10.0, inte
 
     if kind == "compute-bound":
         gpu = busy(rng.uniform(93, 99), 2.0, n)
-        cpu = busy(rng.uniform(15, 60), 10, (n, cores))
+        ours = busy(rng.uniform(15, 60), 10, (n, cores))
     else:
         period = rng.integers(3, 8)       # samples per step: a saw-tooth of busy and idle
-        duty = rng.uniform(0.3, 0.6)
+        duty = rng.uniform(0.25, 0.45)   # busy less than half the samples: the median reads idle
         phase = (np.arange(n) + rng.integers(0, period)) % period
-        gpu = np.where(phase < duty * period, busy(92, 5, n), busy(5, 4, n))
+        gpu = np.where(phase < max(1, int(duty * period)), busy(92, 5, n), busy(5, 4, n))
         if kind == "input-bound":
-            cpu = busy(rng.uniform(90, 98), 3, (n, cores))
+            ours = busy(rng.uniform(90, 98), 3, (n, cores))
         else:
-            cpu = busy(rng.uniform(3, 12), 4, (n, cores))
+            ours = busy(rng.uniform(0, 4), 2, (n, cores))       # the kernel's other threads, a little
             main = rng.integers(cores)
-            cpu[:, main] = busy(rng.uniform(80, 98), 5, n)
+            ours[:, main] = busy(rng.uniform(80, 98), 5, n)
+    background = busy(rng.uniform(1, 5), 2, (n, cores))
+    if others:
+        room = 100 - ours - background
+        background = background + room * min(1.0, others * 100 / max(room.sum(axis=1).mean(), 1e-9))
+    cpu = np.clip(ours + background, 0, 100)
+    ours_cores = ours.sum(axis=1) / 100
     return Timeline(t_s=t, cpu_percent=cpu, gpu_util=gpu, device=f"synthetic example ({kind}), simulated",
-                    host=f"synthetic example, {cores} cores", simulated=True)
+                    host=f"synthetic example, {cores} cores", simulated=True, ours_cores=ours_cores,
+                    others_cores=np.maximum(cpu.sum(axis=1) / 100 - ours_cores, 0.0))
