@@ -48,3 +48,24 @@ def test_every_exercise_has_hints_a_check_and_a_use(lesson, folder):
         uses = [c for c in nb.cells[check + 1:] if c.cell_type == "code"
                 and re.search(rf"\b{name}\b", c.source) and "NotImplementedError" in c.source]
         assert uses, f"{lesson} {ex}: `{name}` is not used after its check (with a fallback for the stub)"
+
+
+# Every cell that runs a learner's answer after its check is bounded by that check's time limit
+# (issue 35: a stall_fraction that loops forever failed 1.2 in seconds, then hung its use cell for
+# the grader's 15 minutes). Lessons 04, 05 and 07 belong to other issues and are listed until they
+# are bounded too.
+NOT_BOUNDED_YET = {"4.1", "4.2", "4.3", "5.1", "5.2", "5.3", "5.4", "5.5", "7.1", "7.2", "7.3", "7.4", "7.5"}
+
+
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_every_use_of_an_answer_after_its_check_is_bounded_by_the_checks_limit(lesson):
+    nb = nbformat.read(ROOT / "solutions" / f"{lesson}.ipynb", as_version=4)
+    for ex, (_, check, name) in _exercises(nb).items():
+        if ex in NOT_BOUNDED_YET:
+            continue
+        uses = [c for c in nb.cells[check + 1:] if c.cell_type == "code" and re.search(rf"\b{name}\(", c.source)
+                and not c.source.lstrip().startswith("check(")]
+        for cell in uses:
+            assert re.search(rf"""within_check_limit\(\s*["']{re.escape(ex)}["']""", cell.source), \
+                f"{lesson} {ex}: cell {cell.get('id')} runs `{name}` without within_check_limit(\"{ex}\", ...)"
+            assert "OverCheckLimit" in cell.source, f"{lesson} {ex}: cell {cell.get('id')} does not say when it stops"
