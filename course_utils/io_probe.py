@@ -467,8 +467,11 @@ class IoTimeline:
             if self.ours_wanted_cores is not None:
                 cpu_ax.plot(self.t_s, self.ours_wanted_cores * scale, color="black", lw=1, ls="--",
                             label="our processes: used + waited for")
-        cpu_ax.set_ylim(0, 150)                                   # the data below 100, the legend above it
-        cpu_ax.set_yticks([0, 25, 50, 75, 100])
+        # the data below its peak (our processes may want more cores than the machine has), the legend above it
+        peak = max([100.0] + [float(np.nanmax(v)) * 100 / self.cores for v in (self.ours_cores, self.ours_wanted_cores)
+                              if v is not None and len(v)])
+        cpu_ax.set_ylim(0, peak * (1.45 if legend else 1.05))
+        cpu_ax.set_yticks([v for v in (0, 25, 50, 75, 100, 150, 200, 300, 400) if v <= peak])
         cpu_ax.set_ylabel("% of all cores")
         if legend:
             cpu_ax.legend(fontsize=7, loc="upper left", ncol=2, frameon=False)

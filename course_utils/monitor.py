@@ -104,6 +104,7 @@ class Timeline:
         else:
             dev_ax.text(0.5, 0.5, "no device readings (no GPU, no simulated accelerator)",
                         ha="center", va="center", transform=dev_ax.transAxes)
+            dev_ax.set_yticks([])
         if own_figure:
             dev_ax.set_title(textwrap.fill(f"device: {self.device or 'none'}", 110), fontsize=9, loc="left")
         else:

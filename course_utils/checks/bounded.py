@@ -19,6 +19,8 @@ So every such cell runs the learner's code inside `within_check_limit`:
 
 `OverCheckLimit` derives from BaseException (as KeyboardInterrupt does), so an `except Exception`
 in the learner's code does not swallow it; until the block ends it is raised again every second.
+Course work the learner's code calls does not count: `with within_check_limit("1.1", "your time_it")
+as bound: time_it(bound.excluded(step), device)` stops the countdown while `step` runs.
 `call_within_check_limit("1.2", fn, *args, **kwargs)` is the same for one call. The limit is the
 check's own (`check_time_limit("1.2")`), so a cell stops an answer exactly when its check would.
 
@@ -38,7 +40,7 @@ import time
 
 from ._core import _lookup
 
-__all__ = ["OverCheckLimit", "within_check_limit", "call_within_check_limit", "check_time_limit"]
+__all__ = ["OverCheckLimit", "CheckLimit", "within_check_limit", "call_within_check_limit", "check_time_limit"]
 
 
 class OverCheckLimit(BaseException):
@@ -60,31 +62,56 @@ def _usable() -> bool:
     return hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
 
 
+class CheckLimit:
+    """What `within_check_limit` yields: `limit_s`, and `excluded(fn)`, a wrapper of a function of
+    the course's that the learner's code calls (the training step a timer times): while it runs, the
+    countdown stands still, so that the limit bounds the learner's own code, as in its check, and
+    not the course's work around it (a CPU step that takes seconds on a busy machine)."""
+
+    def __init__(self, limit_s: float, armed: bool):
+        self.limit_s, self._armed = limit_s, armed
+
+    def excluded(self, fn):
+        if not self._armed:
+            return fn
+
+        def course_work(*args, **kwargs):
+            left, interval = signal.getitimer(signal.ITIMER_REAL)
+            if not left:
+                return fn(*args, **kwargs)
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, left, interval)
+        course_work.__wrapped__ = fn
+        return course_work
+
+
 @contextlib.contextmanager
 def within_check_limit(exercise_id: str, what: str = "your code", *, limit_s: float | None = None):
     """The block may run for as long as exercise `exercise_id`'s check may (`limit_s` overrides it,
-    for tests); past that, `OverCheckLimit` is raised in it, and again every second until it ends."""
+    for tests); past that, `OverCheckLimit` is raised in it, and again every second until it ends.
+    Yields a `CheckLimit` (its `excluded(fn)` keeps the course's own work out of the count)."""
     limit = float(limit_s) if limit_s is not None else check_time_limit(exercise_id)
     if not _usable() or limit <= 0:
-        yield limit
+        yield CheckLimit(limit, False)
         return
     stop = OverCheckLimit(exercise_id, limit, what)
     outer_left, outer_interval = signal.getitimer(signal.ITIMER_REAL)
     started = time.monotonic()
-    fired = []
 
     def on_alarm(signum, frame):
         if outer_left and time.monotonic() - started >= outer_left - 1e-3 and previous not in (None, signal.SIG_DFL,
                                                                                               signal.SIG_IGN):
             previous(signum, frame)            # the enclosing limit is the one that ran out
-        fired.append(True)
         raise stop
 
     previous = signal.signal(signal.SIGALRM, on_alarm)
     first = min(limit, outer_left) if outer_left else limit
     signal.setitimer(signal.ITIMER_REAL, first, 1.0)
     try:
-        yield limit
+        yield CheckLimit(limit, True)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)

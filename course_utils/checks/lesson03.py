@@ -546,6 +546,16 @@ def _crop_statistics(fn, to_device, generator, rng, on, seed, vc):
     if not 0.485 <= share <= 0.515:      # 4.2 standard deviations of a fair coin over 20,000 samples
         raise CheckFailed("flips half the samples", f"{what}: yours flipped {share:.1%}",
                           "draw one flip per sample with probability 1/2, e.g. torch.rand(n) < 0.5")
+    # each sample independently: half of every part of the batch too, not half of the whole by
+    # position (every other sample, the first half) (issue 35: a subset gives another answer)
+    half = n // 2
+    for part, name in ((flipped[0::2], "the even positions"), (flipped[1::2], "the odd positions"),
+                       (flipped[:half], "the first half"), (flipped[half:], "the second half")):
+        part_share = float(part.float().mean())
+        if not 0.479 <= part_share <= 0.521:     # 4.2 standard deviations over 10,000 samples
+            raise CheckFailed("flips each sample independently, with probability 1/2",
+                              f"{what}: yours flipped {share:.1%} of the batch, but {part_share:.1%} of {name}",
+                              "a flip drawn at random for each sample (torch.rand(n) < 0.5), not by its position")
     same = float((dy == dx).float().mean())
     if not 0.09 <= same <= 0.135:        # independent offsets agree 1/9 of the time
         raise CheckFailed("draws the two offsets independently", f"{what}: dy == dx for {same:.1%} of samples "

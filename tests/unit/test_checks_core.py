@@ -426,3 +426,24 @@ def test_an_enclosing_alarm_is_kept():
         left, _ = signal.getitimer(signal.ITIMER_REAL)
         assert 1.0 < left <= 2.0                              # re-armed with what was left of it
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def test_the_courses_own_work_inside_the_block_does_not_count():
+    """A timer times the course's training step: on a busy CPU six steps took 32 s, past check 1.1's
+    30 s. `excluded(fn)` stops the countdown while the course's function runs."""
+    import time as _time
+    from course_utils.checks import OverCheckLimit, within_check_limit
+
+    def step():
+        _time.sleep(0.15)
+
+    def time_it(fn):
+        for _ in range(4):
+            fn()
+        return "timed"
+    with within_check_limit("1.1", limit_s=0.3) as bound:
+        assert time_it(bound.excluded(step)) == "timed"            # 0.6 s of steps, within 0.3 s
+    with pytest.raises(OverCheckLimit):
+        with within_check_limit("1.1", limit_s=0.3):
+            time_it(step)
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
