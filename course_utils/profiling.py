@@ -172,8 +172,9 @@ def kineto_sentence(lines: list[str]) -> str:
 @contextlib.contextmanager
 def quiet_kineto(report=print):
     """Inside the block, what Kineto writes to the process's stderr (file descriptor 2, below Python)
-    is held back; when the block ends, lines that are not Kineto's go to stderr as usual, and
-    `report` (print) gets one sentence saying what was held back. Python's own warnings are not
+    is held back; when the block ends, its start/stop markers and its "no GPU" error are dropped,
+    every other line goes to stderr as usual, and `report` (print) gets one sentence saying what
+    was dropped. Python's own warnings are not
     touched (they go through sys.stderr). Lesson 01's profiler cells use it."""
     try:
         sys.stderr.flush()
@@ -190,8 +191,10 @@ def quiet_kineto(report=print):
             os.close(saved)
             held.seek(0)
             lines = held.read().decode(errors="replace").splitlines()
-            kineto = [x for x in lines if _KINETO_LINE.match(x)]
-            rest = [x for x in lines if not _KINETO_LINE.match(x)]
+            # held back: the start/stop markers and stages, and "no GPU" where there is none; any other
+            # line of Kineto's (a CUPTI error on a GPU, say) may matter, and goes through
+            kineto = [x for x in lines if _KINETO_LINE.match(x) and (x.startswith(("USDT", "STAGE")) or _NO_GPU.search(x))]
+            rest = [x for x in lines if x not in kineto]
             if rest:
                 sys.stderr.write("\n".join(rest) + "\n")
             if kineto and report is not None:

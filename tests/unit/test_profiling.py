@@ -100,3 +100,15 @@ def test_quiet_kineto_holds_back_kinetos_lines_and_says_what_they_were(capfd):
     with quiet_kineto(report=said.append):
         pass
     assert len(said) == 1                                         # nothing held back: nothing said
+
+
+def test_quiet_kineto_lets_other_kineto_errors_through(capfd):
+    import os
+    from course_utils.profiling import quiet_kineto
+    said = []
+    with quiet_kineto(report=said.append):
+        os.write(2, b"STAGE:2026-11-27 05:49:49 26749:26749 SyncActivityProfilerHandler.cpp:38] Completed Stage: Warm Up\n")
+        os.write(2, b"ERROR:2026-11-27 05:49:49 26749:26749 CuptiActivityApi.cpp:12] CUPTI_ERROR_INSUFFICIENT_PRIVILEGES\n")
+    err = capfd.readouterr().err
+    assert "CUPTI_ERROR_INSUFFICIENT_PRIVILEGES" in err and "Warm Up" not in err
+    assert len(said) == 1 and "found none" not in said[0]
