@@ -166,9 +166,15 @@ class ColdWarm:
         return self.warm.mb_per_s / self.cold.mb_per_s if self.cold else None
 
 
-def cold_and_warm_read(paths, block_size: int = 1 << 20) -> ColdWarm:
-    """Read `paths` cold (dropped from the page cache first, and checked) and then warm. Where the
-    files cannot be dropped from the cache, `cold` is None and `method` says why."""
+def _fastest(results: list[ReadResult]) -> ReadResult:
+    return max(results, key=lambda r: r.mb_per_s)
+
+
+def cold_and_warm_read(paths, block_size: int = 1 << 20, warm_repeats: int = 3) -> ColdWarm:
+    """Read `paths` cold (dropped from the page cache first, and checked) and then warm: the fastest
+    of `warm_repeats` warm reads (one read of memory is easily slowed by other programs; the fastest
+    is what memory gives). Where the files cannot be dropped from the cache, `cold` is None and
+    `method` says why."""
     paths = [Path(p) for p in paths]
     dropped = evict(paths)
     left = [page_cache_fraction(p) for p in paths]
@@ -183,13 +189,15 @@ def cold_and_warm_read(paths, block_size: int = 1 << 20) -> ColdWarm:
         checked = "checked with mincore" if known else "not checkable here"
         cold = read_files(paths, block_size, where="cold: from the disk")
         method = f"dropped from the page cache with posix_fadvise(DONTNEED), {checked}"
-    warm = read_files(paths, block_size, where="warm: from the page cache")
+    warm = _fastest([read_files(paths, block_size, where=f"warm: from the page cache, the fastest of {warm_repeats}")
+                     for _ in range(max(1, warm_repeats))])
     return ColdWarm(cold, warm, method)
 
 
-def ram_disk_read(paths, ram_dir: str = "/dev/shm", block_size: int = 1 << 20) -> ReadResult | None:
-    """Copy `paths` to a RAM disk (tmpfs at `ram_dir`), read them there, delete the copies: what
-    moving a dataset to a RAM disk buys. None where there is no tmpfs or not enough room."""
+def ram_disk_read(paths, ram_dir: str = "/dev/shm", block_size: int = 1 << 20, repeats: int = 3) -> ReadResult | None:
+    """Copy `paths` to a RAM disk (tmpfs at `ram_dir`), read them there (the fastest of `repeats`
+    reads, as for the warm read), delete the copies: what moving a dataset to a RAM disk buys. None
+    where there is no tmpfs or not enough room."""
     if not os.path.isdir(ram_dir) or disk_of(ram_dir).fstype not in ("tmpfs", "ramfs"):
         return None
     paths = [Path(p) for p in paths]
@@ -200,7 +208,8 @@ def ram_disk_read(paths, ram_dir: str = "/dev/shm", block_size: int = 1 << 20) -
     try:
         copies = [Path(shutil.copyfile(p, tmp / p.name)) for p in paths]
         read_files(copies, block_size)                 # the first read of a fresh tmpfs file settles it
-        return read_files(copies, block_size, where=f"RAM disk: tmpfs at {ram_dir}")
+        return _fastest([read_files(copies, block_size, where=f"RAM disk: tmpfs at {ram_dir}, the fastest of {repeats}")
+                         for _ in range(max(1, repeats))])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -293,11 +302,13 @@ def _disk_counters(device: str | None):
         return None
 
 
-def _sched_seconds(pid: int) -> float | None:
-    """Seconds the threads of process `pid` have run on a CPU or waited on a run queue for one
-    (/proc/PID/task/*/schedstat, Linux): the CPU the process *wanted*, which busy neighbours
-    cannot hide. None where the system does not report it."""
-    total, found = 0, False
+def _sched_seconds(pid: int) -> dict[int, tuple[float, float]] | None:
+    """For each thread of process `pid`, the seconds it has run on a CPU and waited on a run queue
+    for one (/proc/PID/task/*/schedstat, Linux, to the nanosecond): run + wait is the CPU the
+    thread *wanted*, which busy neighbours cannot hide. Per thread, because a thread that ends
+    takes its counts with it (a sum over the threads would drop, and read as 0 at the end of a
+    run, issue 35). None where the system does not report it."""
+    out = {}
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
@@ -308,15 +319,27 @@ def _sched_seconds(pid: int) -> float | None:
                 run_ns, wait_ns = f.read().split()[:2]
         except (OSError, ValueError):
             continue
-        total += int(run_ns) + int(wait_ns)
-        found = True
-    return total / 1e9 if found else None
+        out[int(tid)] = (int(run_ns) / 1e9, int(wait_ns) / 1e9)
+    return out or None
+
+
+def _sched_increase(now: dict, before: dict) -> tuple[float, float]:
+    """(run, run + wait) seconds the threads in `now` added since `before` (a thread born since: all
+    of its time; a thread that ended since: nothing more)."""
+    run = wanted = 0.0
+    for tid, (r, w) in now.items():
+        r0, w0 = before.get(tid, (0.0, 0.0))
+        run += max(0.0, r - r0)
+        wanted += max(0.0, r + w - r0 - w0)
+    return run, wanted
 
 
 def _proc_io(pids_seen: dict) -> tuple | None:
     """(storage read bytes, read() bytes, CPU seconds, CPU-wanted seconds) of this process and its
     children, summed as increments since each process was last seen (workers that start mid-run
-    count from 0). The last is None where schedstat is not available."""
+    count from 0). The CPU seconds are the scheduler's run time where Linux reports it per thread
+    (on the same clock as the wait, so that used never exceeds used + waited for), else the
+    process's CPU times (10 ms ticks); the last is None where schedstat is not available."""
     try:
         me = psutil.Process()
         procs = [me] + me.children(recursive=True)
@@ -344,19 +367,23 @@ def _proc_io(pids_seen: dict) -> tuple | None:
         rb = int(c.read_bytes) if c is not None else 0
         rc = int(getattr(c, "read_chars", 0)) if c is not None else 0
         ok = ok or c is not None
-        now = (rb, rc, t.user + t.system, sched or 0.0)
+        now = (rb, rc, t.user + t.system, sched or {})
         prev = pids_seen.get(p.pid)
         pids_seen[p.pid] = now
         if prev is None:
             if p.pid == me.pid:
                 continue          # the first reading of this process: the baseline
-            prev = (0, 0, 0.0, 0.0)
+            prev = (0, 0, 0.0, {})
         if p.pid == me.pid:
             prev = (prev[0] + gone_bytes[0], prev[1] + gone_bytes[1]) + prev[2:]
         storage += max(0, now[0] - prev[0])
         chars += max(0, now[1] - prev[1])
-        cpu += max(0.0, now[2] - prev[2])
-        wanted += max(0.0, now[3] - prev[3])
+        if sched:
+            run, want = _sched_increase(sched, prev[3])
+            cpu += run
+            wanted += want
+        else:
+            cpu += max(0.0, now[2] - prev[2])
     return (storage if ok else None, chars if ok else None, cpu, wanted if sched_ok else None)
 
 
@@ -419,10 +446,11 @@ class IoTimeline:
                 f"{read:.1f} MB/s ({cache:.1f} MB/s of it served by the page cache; memory-mapped reads are "
                 "counted only when they reach the disk)")
 
-    def plot(self, ax=None, title: str | None = None, capacity_mb_s: float | None = None):
+    def plot(self, ax=None, title: str | None = None, capacity_mb_s: float | None = None, legend: bool = True):
         """Three panels: CPU busy and iowait (mean over the machine's cores) with our processes'
         use and demand on the same scale, the disk's read MB/s (against its measured capacity, if
-        given), and the disk's %util."""
+        given), and the disk's %util. Legends sit above the data, in headroom of their own
+        (`legend=False` leaves them out: the other columns of a figure of several runs)."""
         import matplotlib.pyplot as plt
 
         own = ax is None
@@ -439,21 +467,29 @@ class IoTimeline:
             if self.ours_wanted_cores is not None:
                 cpu_ax.plot(self.t_s, self.ours_wanted_cores * scale, color="black", lw=1, ls="--",
                             label="our processes: used + waited for")
-        cpu_ax.set_ylim(0, 105)
+        # the data below its peak (our processes may want more cores than the machine has), the legend above it
+        peak = max([100.0] + [float(np.nanmax(v)) * 100 / self.cores for v in (self.ours_cores, self.ours_wanted_cores)
+                              if v is not None and len(v)])
+        cpu_ax.set_ylim(0, peak * (1.45 if legend else 1.05))
+        cpu_ax.set_yticks([v for v in (0, 25, 50, 75, 100, 150, 200, 300, 400) if v <= peak])
         cpu_ax.set_ylabel("% of all cores")
-        cpu_ax.legend(fontsize=7, loc="upper right")
+        if legend:
+            cpu_ax.legend(fontsize=7, loc="upper left", ncol=2, frameon=False)
+        top = 1.0
         if self.disk_read_mb_s is not None:
-            mb_ax.plot(self.t_s, self.disk_read_mb_s, color="tab:green")
+            mb_ax.plot(self.t_s, self.disk_read_mb_s, color="tab:green", label="disk read")
+            top = max(float(np.nanmax(self.disk_read_mb_s)) if len(self.t_s) else 0.0, capacity_mb_s or 0.0, 1.0)
             if capacity_mb_s:
-                mb_ax.axhline(capacity_mb_s, color="tab:red", ls="--", lw=1)
-                mb_ax.annotate(f"the disk's capacity for these reads: {capacity_mb_s:,.0f}",
-                               (self.t_s[0] if len(self.t_s) else 0, capacity_mb_s), fontsize=7, color="tab:red", va="bottom")
+                mb_ax.axhline(capacity_mb_s, color="tab:red", ls="--", lw=1,
+                              label=f"its capacity for these reads ({capacity_mb_s:,.0f})")
             util_ax.plot(self.t_s, self.disk_util, color="tab:purple")
+            if legend:
+                mb_ax.legend(fontsize=7, loc="upper left", ncol=2, frameon=False)
         else:
             for a in (mb_ax, util_ax):
                 a.text(0.5, 0.5, "no disk counters for this path", ha="center", va="center", transform=a.transAxes)
         mb_ax.set_ylabel("disk read MB/s")
-        mb_ax.set_ylim(0, None)
+        mb_ax.set_ylim(0, 1.45 * top)
         util_ax.set_ylim(0, 105)
         util_ax.set_ylabel("disk %util")
         util_ax.set_xlabel("seconds")
@@ -507,15 +543,25 @@ class IoMonitor:
         self._stop.set()
         self._thread.join()
         self._thread = None
-        self._sample()
+        self._sample(last=True)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             self._sample()
 
-    def _sample(self) -> None:
+    def _sample(self, last: bool = False) -> None:
         snap = self._snapshot()
-        self._rows.append((self._last, snap))
+        if last and self._rows and snap[0] - self._last[0] < self.interval_s / 2:
+            # a stop right after a sample: a sliver of a sample (a few ms, no CPU tick in it) would
+            # read as 0% at the end of every plot; the last sample takes it in instead
+            start, end = self._rows.pop()
+            if end[3] is not None and snap[3] is not None:     # our processes' counts are increments: add them
+                merged = tuple(None if a is None or b is None else a + b for a, b in zip(end[3], snap[3]))
+                self._rows.append((start, snap[:3] + (merged,)))
+            else:
+                self._rows.append((start, snap))
+        else:
+            self._rows.append((self._last, snap))
         if snap[3] is not None:
             for k in range(4):
                 self._ours_total[k] += snap[3][k] or 0

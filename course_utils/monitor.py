@@ -104,6 +104,7 @@ class Timeline:
         else:
             dev_ax.text(0.5, 0.5, "no device readings (no GPU, no simulated accelerator)",
                         ha="center", va="center", transform=dev_ax.transAxes)
+            dev_ax.set_yticks([])
         if own_figure:
             dev_ax.set_title(textwrap.fill(f"device: {self.device or 'none'}", 110), fontsize=9, loc="left")
         else:
@@ -111,20 +112,24 @@ class Timeline:
         cpu = np.asarray(self.cpu_percent, dtype=float)
         for core in range(self.cores):
             cpu_ax.plot(self.t_s, cpu[:, core], lw=1, alpha=0.8, label=f"core {core}")
-        cpu_ax.set_ylim(0, 105)
         cpu_ax.set_ylabel("CPU % per core\n(all processes)" if split else "CPU % per core")
         if own_figure:
             cpu_ax.set_title(f"host: {self.host}", fontsize=9, loc="left")
-        if self.cores <= 4:
-            cpu_ax.legend(fontsize=7, loc="upper right", ncol=min(self.cores, 4))
+        if self.cores <= 4:                            # the legend above the data, in headroom of its own
+            cpu_ax.set_ylim(0, 135)
+            cpu_ax.set_yticks([0, 25, 50, 75, 100])
+            cpu_ax.legend(fontsize=7, loc="upper left", ncol=min(self.cores, 4), frameon=False)
+        else:
+            cpu_ax.set_ylim(0, 105)
         if who_ax is not None:
             ours = np.asarray(self.ours_cores, dtype=float)
             others = np.asarray(self.others_cores, dtype=float)
             who_ax.stackplot(self.t_s, ours, others, colors=["tab:blue", "tab:grey"], alpha=0.6,
                              labels=["the course (this kernel and its workers)", "other processes"])
-            who_ax.set_ylim(0, self.cores * 1.05)
+            who_ax.set_ylim(0, self.cores * 1.45)
+            who_ax.set_yticks(np.linspace(0, self.cores, min(self.cores, 4) + 1))
             who_ax.set_ylabel("cores busy")
-            who_ax.legend(fontsize=7, loc="upper right")
+            who_ax.legend(fontsize=7, loc="upper left", ncol=2, frameon=False)
         (who_ax or cpu_ax).set_xlabel("seconds")
         for t, label in self.marks:
             for a in axes:
@@ -233,6 +238,25 @@ class _CourseProcesses:
         return max(delta, 0.0), late
 
 
+def _busy_percent(before, after, previous=None) -> list[float]:
+    """Each core's busy share (%) between two `psutil.cpu_times(percpu=True)` readings: all but idle
+    and iowait, as htop and psutil count it. Read from the two readings themselves, not through
+    `psutil.cpu_percent`, which keeps its last reading per thread (psutil 7): a first call from a
+    thread that did not prime it reads 0% (issue 35: a spurious 0% first sample), and a call from
+    another thread reads since that thread's last call. A core whose counters did not tick between
+    the readings keeps its `previous` value."""
+    out = []
+    for k, (x, y) in enumerate(zip(before, after)):
+        delta = {f: getattr(y, f) - getattr(x, f) for f in x._fields}
+        total = sum(v for f, v in delta.items() if f not in ("guest", "guest_nice"))   # guest is inside user
+        if total <= 0:
+            out.append(float(previous[k]) if previous is not None and k < len(previous) else 0.0)
+            continue
+        idle = delta.get("idle", 0.0) + delta.get("iowait", 0.0)
+        out.append(min(max(100.0 * (total - idle) / total, 0.0), 100.0))
+    return out
+
+
 def _children_of(pid: int) -> list[int] | None:
     """Direct children of `pid` from /proc/PID/task/*/children (Linux with CONFIG_PROC_CHILDREN),
     or None where that file does not exist."""
@@ -332,7 +356,7 @@ class UtilizationMonitor:
             raise RuntimeError("this monitor is already running")
         if self.cuda_device is not None:
             self._nvml, self._nvml_note = nvml_handle_for(self.cuda_device)
-        psutil.cpu_percent(percpu=True)  # prime: the next call reports usage since now
+        self._cpu_times = psutil.cpu_times(percpu=True)   # each sample: the busy share of each core since the last
         self._course.start()
         self._last_busy = self.sim.busy_seconds() if self.sim is not None else 0.0
         from .env import cpu_name, usable_cores
@@ -378,7 +402,9 @@ class UtilizationMonitor:
     def _sample(self) -> None:
         now = time.perf_counter()
         dt = max(now - self._last_t, 1e-9)
-        cpu = psutil.cpu_percent(percpu=True)
+        times = psutil.cpu_times(percpu=True)
+        cpu = _busy_percent(self._cpu_times, times, self._cpu[-1] if self._cpu else None)
+        self._cpu_times = times
         ours_s, late = self._course.read()
         gpu = mem = None
         if self.sim is not None:
@@ -586,14 +612,18 @@ def _nvml_name(handle) -> str:
 
 
 def synthetic_timeline(kind: str, *, cores: int = 8, seconds: float = 10.0, interval_s: float = 0.1,
-                       rng: np.random.Generator | None = None) -> Timeline:
-    """An illustrative (made-up, labelled simulated) timeline of one of three situations:
+                       rng: np.random.Generator | None = None, others: float = 0.0) -> Timeline:
+    """An illustrative (made-up, labelled simulated) timeline of one of three situations, with the
+    split a `UtilizationMonitor` records: the cores the course's own processes kept busy
+    (`ours_cores`) and every other program's (`others_cores`):
 
-    - "input-bound": every CPU core saturated by loader workers, the device idle between batches;
+    - "input-bound": the loader's workers saturate every CPU core, the device idles between batches;
     - "compute-bound": the device busy nearly all the time, the CPU with room to spare;
     - "sync-bound": device and host take turns: the device idles while one host thread works
-      (a `.item()` or a copy every step), and the other cores are idle too.
-    Lesson 01's diagnosis exercise reads these.
+      (a `.item()` or a copy every step, or all the loading in the main process), and the course
+      keeps about one core busy.
+    `others`: cores' worth of other programs' work on the machine (a shared machine), on top of a
+    little background. Lesson 01's diagnosis exercise reads these.
     """
     if kind not in TIMELINE_KINDS:
         raise ValueError(f"kind must be one of {TIMELINE_KINDS}, got {kind!r}")
@@ -606,17 +636,24 @@ def synthetic_timeline(kind: str, *, cores: int = 8, seconds: float = 10.0, inte
 
     if kind == "compute-bound":
         gpu = busy(rng.uniform(93, 99), 2.0, n)
-        cpu = busy(rng.uniform(15, 60), 10, (n, cores))
+        ours = busy(rng.uniform(15, 60), 10, (n, cores))
     else:
         period = rng.integers(3, 8)       # samples per step: a saw-tooth of busy and idle
-        duty = rng.uniform(0.3, 0.6)
+        duty = rng.uniform(0.25, 0.45)   # busy less than half the samples: the median reads idle
         phase = (np.arange(n) + rng.integers(0, period)) % period
-        gpu = np.where(phase < duty * period, busy(92, 5, n), busy(5, 4, n))
+        gpu = np.where(phase < max(1, int(duty * period)), busy(92, 5, n), busy(5, 4, n))
         if kind == "input-bound":
-            cpu = busy(rng.uniform(90, 98), 3, (n, cores))
+            ours = busy(rng.uniform(90, 98), 3, (n, cores))
         else:
-            cpu = busy(rng.uniform(3, 12), 4, (n, cores))
+            ours = busy(rng.uniform(0, 4), 2, (n, cores))       # the kernel's other threads, a little
             main = rng.integers(cores)
-            cpu[:, main] = busy(rng.uniform(80, 98), 5, n)
+            ours[:, main] = busy(rng.uniform(80, 98), 5, n)
+    background = busy(rng.uniform(1, 5), 2, (n, cores))
+    if others:
+        room = 100 - ours - background
+        background = background + room * min(1.0, others * 100 / max(room.sum(axis=1).mean(), 1e-9))
+    cpu = np.clip(ours + background, 0, 100)
+    ours_cores = ours.sum(axis=1) / 100
     return Timeline(t_s=t, cpu_percent=cpu, gpu_util=gpu, device=f"synthetic example ({kind}), simulated",
-                    host=f"synthetic example, {cores} cores", simulated=True)
+                    host=f"synthetic example, {cores} cores", simulated=True, ours_cores=ours_cores,
+                    others_cores=np.maximum(cpu.sum(axis=1) / 100 - ours_cores, 0.0))

@@ -11,22 +11,29 @@ names where the data path's time goes:
     time_by_library(result.stats)            # {"PIL": s, "torchvision": s, "torch": s, ...}
 
 `opaque_share(prof)` is the share of a torch.profiler run's CPU time that its op table can
-only attribute to the DataLoader row. cProfile slows Python-heavy code down (every call is
+only attribute to the DataLoader row; `loader_rows(prof)` are those rows themselves (an op table
+sorted by total time may not reach them). `quiet_kineto()` keeps the profiler's tracing library
+(Kineto) from printing its start/stop markers and, without a GPU, "gpuGetDeviceCount failed" into
+the notebook, and says in one sentence what it kept back. cProfile slows Python-heavy code down (every call is
 recorded), so read its times as shares, not as speeds; `profile_batches` measures that
 overhead against the same batches without the profiler.
 """
 from __future__ import annotations
 
+import contextlib
 import cProfile
+import os
 import pstats
 import re
 import sys
 import sysconfig
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ProfileResult", "profile_batches", "top_functions", "time_by_library", "library_of", "opaque_share"]
+__all__ = ["ProfileResult", "profile_batches", "top_functions", "time_by_library", "library_of", "opaque_share",
+           "loader_rows", "quiet_kineto", "kineto_sentence"]
 
 _STDLIB = str(Path(sysconfig.get_paths()["stdlib"]).resolve())
 _PYTHON_OWNERS = {"builtins", "dict", "list", "str", "bytes", "tuple", "object", "type", "int", "float", "set",
@@ -128,6 +135,70 @@ def opaque_share(prof) -> float:
     total = sum(e.self_cpu_time_total for e in events)
     loader = sum(e.self_cpu_time_total for e in events if e.key.startswith("enumerate(DataLoader)"))
     return loader / total if total else 0.0
+
+
+def loader_rows(prof) -> list:
+    """The op table's rows of the DataLoader (`enumerate(DataLoader)#...__next__`): where the time of
+    loading the batches appears (its self time is the data path, not any operator)."""
+    return [e for e in prof.key_averages() if e.key.startswith("enumerate(DataLoader)")]
+
+
+# What Kineto, torch.profiler's tracing library, writes to the process's stderr (C++, past Python):
+# its start and stop markers, its stages, and, on a machine without a GPU, that CUDA found no device.
+_KINETO_LINE = re.compile(r"^(USDT|STAGE|ERROR|WARNING|INFO):\S+ \S+ \d+:\d+ \w+\.cpp:\d+\]")
+_NO_GPU = re.compile(r"gpuGetDeviceCount failed with code (\d+)|cudaGetDeviceCount|no CUDA-capable device")
+
+
+def kineto_sentence(lines: list[str]) -> str:
+    """One sentence saying what Kineto's lines `lines` were (empty when there were none)."""
+    if not lines:
+        return ""
+    markers = sum(("profiler_start" in x or "profiler_stop" in x or x.startswith("STAGE")) for x in lines)
+    no_gpu = [x for x in lines if _NO_GPU.search(x)]
+    others = len(lines) - markers - len(no_gpu)
+    parts = []
+    if markers:
+        parts.append(f"{markers} marker{'s' if markers != 1 else ''} of when it started and stopped recording")
+    if no_gpu:
+        code = _NO_GPU.search(no_gpu[0]).group(1)
+        parts.append("that it looked for a GPU and found none (\"gpuGetDeviceCount failed" +
+                     (f" with code {code}" if code else "") + "\": CUDA's answer on a machine without a GPU driver)")
+    if others:
+        parts.append(f"{others} other line{'s' if others != 1 else ''}")
+    return ("(torch.profiler's tracing library, Kineto, wrote " + " and ".join(parts) +
+            " to the process's error output; kept out of this output: they are not errors of this lesson.)")
+
+
+@contextlib.contextmanager
+def quiet_kineto(report=print):
+    """Inside the block, what Kineto writes to the process's stderr (file descriptor 2, below Python)
+    is held back; when the block ends, its start/stop markers and its "no GPU" error are dropped,
+    every other line goes to stderr as usual, and `report` (print) gets one sentence saying what
+    was dropped. Python's own warnings are not
+    touched (they go through sys.stderr). Lesson 01's profiler cells use it."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):
+        yield
+        return
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            lines = held.read().decode(errors="replace").splitlines()
+            # held back: the start/stop markers and stages, and "no GPU" where there is none; any other
+            # line of Kineto's (a CUPTI error on a GPU, say) may matter, and goes through
+            kineto = [x for x in lines if _KINETO_LINE.match(x) and (x.startswith(("USDT", "STAGE")) or _NO_GPU.search(x))]
+            rest = [x for x in lines if x not in kineto]
+            if rest:
+                sys.stderr.write("\n".join(rest) + "\n")
+            if kineto and report is not None:
+                report(kineto_sentence(kineto))
 
 
 if __name__ == "__main__":  # pragma: no cover - `python -m course_utils.profiling FILE.prof`

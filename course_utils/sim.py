@@ -3,7 +3,7 @@
 Most learners without a GPU, every workshop on CPU machines and all of CI see the course through
 this device, so it has to tell the truth a real GPU tells. It is a model of one measured machine:
 an NVIDIA H100 with 16 host cores per GPU, on which the course ran on 2026-11-24 (torch 2.11,
-CUDA 13; every figure below is from `shared/measured/H100.md` and its JSON files). What that box
+CUDA 13; every figure below is in the README's section "GPU: one NVIDIA H100 (2026-11-24)"). What that box
 showed, and what this device therefore reproduces:
 
 - **The host launches every kernel.** Eager PyTorch launches each of the ~390 kernels of a
@@ -113,8 +113,8 @@ class GpuProfile:
 
 
 # The H100 the course ran on, 2026-11-24: NVIDIA H100 80GB HBM3 (132 SMs, driver 580.159.04),
-# 16-core Intel Xeon VM, torch 2.11.0+cu130, cuDNN 9.19. Figures from shared/measured/H100.md,
-# h100-probe.json and h100-graph.json:
+# 16-core Intel Xeon VM, torch 2.11.0+cu130, cuDNN 9.19. Figures from the measurements of that run
+# (the README's section "GPU: one NVIDIA H100 (2026-11-24)" gives them):
 # - eager step, batch 128: TF32 10.5 / 11.7 ms (ladder ceiling 12.9), bf16 14.9, fp16 + scaler
 #   12.8, bf16 + channels_last 12.2 / 17.4; batch 512: TF32 26.1, bf16 22.0, fp16 20.3, bf16 +
 #   channels_last 13.2 / 17.6 (two runs where two figures are given);
@@ -134,7 +134,8 @@ class GpuProfile:
 H100 = GpuProfile(
     name="H100",
     measured="2026-11-24",
-    source="shared/measured/H100.md: NVIDIA H100 80GB HBM3, 16-core Xeon host, torch 2.11.0+cu130",
+    source="the README's \"GPU: one NVIDIA H100 (2026-11-24)\": NVIDIA H100 80GB HBM3, 16-core Xeon host, "
+           "torch 2.11.0+cu130",
     host_cores=16,
     host_loader_samples_per_s=3157.0,
     eager_host_ms={"fp32": 11.0, "bf16": 13.5, "fp16": 13.5},

@@ -17,6 +17,12 @@ env `COURSE_RESULTS` (when set), and with `COURSE_STRICT=1` anything but a pass 
 Every check has a time limit fitted to what the course's own answer needs (`TIME_LIMITS_S`,
 measured; a check may name its own), and the sentence says which limit fired.
 
+The functions the checks compare with (`torch.equal`, `np.array_equal`, ...: `COMPARED`) are
+captured when this module is imported, before any learner code: checks compare through those
+captured originals (`trusted`), and a check during or before which the learner's code replaced
+one of them fails with a sentence saying so, and a review flag for the instructor
+(`CheckResult.review`); the originals are put back.
+
 While a check runs, the learner's code may not change the profiler (`sys.setprofile`, also through
 ctypes): checks watch which functions the learner's code calls with it (`Tripwire`), so a check
 during which it was changed fails with a sentence saying so. An audit hook (which no code can
@@ -26,22 +32,29 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 import json
+import math
 import os
 import signal
 import sys
+import sysconfig
 import threading
 import time
 import traceback
 import types
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ._busy import MachineBusy
+import numpy
+import numpy.testing
+import torch
+import torch.testing
 
 __all__ = ["CheckFailed", "WrongType", "CheckError", "CheckResult", "exercise", "check", "run_check",
            "expect_callable", "expect_class", "close", "list_exercises", "Tripwire", "TIME_LIMITS_S",
-           "MachineBusy"]
+           "MachineBusy", "calling", "trusted", "COMPARED"]
 
 _REGISTRY: dict[str, "_Exercise"] = {}
 DEFAULT_TIME_LIMIT_S = 300
@@ -103,6 +116,7 @@ class CheckResult:
     message: str
     notebook: str | None = None
     seconds: float = 0.0
+    review: list = field(default_factory=list)   # for the instructor: what the submission tampered with
 
     @property
     def passed(self) -> bool:
@@ -219,14 +233,24 @@ def _time_limit(seconds: float, sentence: str | None = None):
         signal.signal(signal.SIGALRM, previous)
 
 
+_STDLIB = tuple({str(Path(sysconfig.get_paths()[k]).resolve()) for k in ("stdlib", "platstdlib")})
+
+
 def _learner_line(exc: BaseException) -> str:
-    """Where in the learner's code the exception came from (the last frame outside course_utils)."""
+    """Where in the learner's code the exception came from: the last frame outside course_utils,
+    the installed libraries and Python's standard library (`statistics.mean([])` raises inside
+    statistics.py; the line to show is the learner's that called it)."""
     frames = traceback.extract_tb(exc.__traceback__)
     pkg = str(Path(__file__).resolve().parent.parent)
     for frame in reversed(frames):
-        if not str(Path(frame.filename).resolve()).startswith(pkg) and "site-packages" not in frame.filename:
-            where = frame.filename if not frame.filename.startswith("<") else "your cell"
-            return f" (at line {frame.lineno} of {where}: `{(frame.line or '').strip()}`)"
+        name = frame.filename
+        if name.startswith("<frozen") or "site-packages" in name or "dist-packages" in name:
+            continue
+        path = name if name.startswith("<") else str(Path(name).resolve())
+        if path.startswith(pkg) or path.startswith(_STDLIB):
+            continue
+        where = name if not name.startswith("<") and "ipykernel_" not in name else "your cell"
+        return f" (at line {frame.lineno} of {where}: `{(frame.line or '').strip()}`)"
     return ""
 
 
@@ -236,10 +260,34 @@ def _raised_by_course(exc: BaseException) -> bool:
     return bool(frames) and str(Path(frames[-1].filename).resolve()).startswith(_COURSE_DIR)
 
 
+_CALLING_NOTE = "the check was calling "
+
+
+@contextlib.contextmanager
+def calling(what: str):
+    """Inside the block a check calls the learner's code as `what` ("time_it(fn, device, warmup=3,
+    repeats=1)"): an exception that code raises says so in its [ERROR] sentence, so that the learner
+    can reproduce the call (a crash on repeats=1 names repeats=1)."""
+    try:
+        yield
+    except (CheckFailed, NotImplementedError):
+        raise
+    except Exception as exc:
+        if hasattr(exc, "add_note") and not any(str(n).startswith(_CALLING_NOTE) for n in getattr(exc, "__notes__", ())):
+            exc.add_note(_CALLING_NOTE + what)
+        raise
+
+
+def _calling_sentence(exc: BaseException) -> str:
+    notes = [str(n) for n in getattr(exc, "__notes__", ()) if str(n).startswith(_CALLING_NOTE)]
+    return f"; {notes[0]}" if notes else ""
+
+
 def run_check(exercise_id: str, obj, **kwargs) -> CheckResult:
     """Run a check and return its result (records it, but prints nothing)."""
     spec = _lookup(exercise_id)
     t0 = time.perf_counter()
+    replaced = _replaced_compared()          # before the check: what the learner's cells replaced
     seen = _GUARD.begin()
     try:
         with _time_limit(spec.time_limit_s, limit_sentence(spec)):
@@ -261,13 +309,20 @@ def run_check(exercise_id: str, obj, **kwargs) -> CheckResult:
         status, message = "error", f"{exc}: does your code loop forever or wait on something that never comes?"
     except Exception as exc:  # the learner's code broke
         status = "error"
-        message = f"your code raised {type(exc).__name__}: {exc}{_learner_line(exc)}"
+        message = f"your code raised {type(exc).__name__}: {exc}{_learner_line(exc)}{_calling_sentence(exc)}"
     finally:
         switched = _GUARD.end(seen)
+        replaced += [name for name in _replaced_compared() if name not in replaced]
+    review = []
+    if replaced:
+        review.append(f"replaced {', '.join(replaced[:4])}{' and more' if len(replaced) > 4 else ''} "
+                      "(functions the checks compare with) in the check's process")
     if switched and status != "not_implemented":
         status, message = "fail", _switched_sentence(switched)
+    elif replaced and status != "not_implemented":
+        status, message = "fail", _replaced_sentence(replaced)
     result = CheckResult(exercise_id, status, spec.points if status == "pass" else 0, spec.points,
-                         message, os.environ.get("COURSE_NOTEBOOK"), round(time.perf_counter() - t0, 3))
+                         message, os.environ.get("COURSE_NOTEBOOK"), round(time.perf_counter() - t0, 3), review)
     _record(result)
     return result
 
@@ -288,6 +343,71 @@ def _record(result: CheckResult) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:
         f.write(json.dumps(asdict(result)) + "\n")
+
+
+# -- what the checks compare with belongs to the checks ----------------------------------------------
+# Captured when the checks are imported, before any learner code runs. A check compares through
+# `trusted` (a replacement in torch or numpy cannot fool it), and `run_check` flags, and undoes,
+# any replacement made before or during the check (`torch.equal = lambda *a: True`, also one
+# written into the module's __dict__, or one that puts itself back once it has been called).
+
+COMPARED = {
+    "torch.equal": (torch, "equal"), "torch.allclose": (torch, "allclose"), "torch.isclose": (torch, "isclose"),
+    "torch.testing.assert_close": (torch.testing, "assert_close"),
+    "torch.Tensor.equal": (torch.Tensor, "equal"), "torch.Tensor.allclose": (torch.Tensor, "allclose"),
+    "numpy.array_equal": (numpy, "array_equal"), "numpy.array_equiv": (numpy, "array_equiv"),
+    "numpy.allclose": (numpy, "allclose"), "numpy.isclose": (numpy, "isclose"),
+    "numpy.testing.assert_array_equal": (numpy.testing, "assert_array_equal"),
+    "numpy.testing.assert_allclose": (numpy.testing, "assert_allclose"),
+    "numpy.testing.assert_equal": (numpy.testing, "assert_equal"),
+    "numpy.testing.assert_array_almost_equal": (numpy.testing, "assert_array_almost_equal"),
+    "math.isclose": (math, "isclose"),
+}
+_ORIGINALS = {name: inspect.getattr_static(owner, attr) for name, (owner, attr) in COMPARED.items()}
+_OWN = {name: attr in vars(owner) for name, (owner, attr) in COMPARED.items()}   # else inherited (torch.Tensor's)
+
+
+class _Trusted:
+    """The comparison functions as they were when the checks were imported (lesson checks:
+    `trusted.torch_equal(a, b)`, `trusted.array_equal(a, b)`, ...)."""
+    torch_equal = staticmethod(torch.equal)
+    torch_allclose = staticmethod(torch.allclose)
+    array_equal = staticmethod(_ORIGINALS["numpy.array_equal"])
+    allclose = staticmethod(_ORIGINALS["numpy.allclose"])
+    assert_array_equal = staticmethod(_ORIGINALS["numpy.testing.assert_array_equal"])
+    isclose = staticmethod(_ORIGINALS["math.isclose"])
+
+
+trusted = _Trusted()
+
+
+def _replaced_compared() -> list[str]:
+    """The names in `COMPARED` no longer bound to their originals; each is put back."""
+    out = []
+    for name, (owner, attr) in COMPARED.items():
+        original = _ORIGINALS[name]
+        try:
+            now = inspect.getattr_static(owner, attr)
+        except AttributeError:
+            now = None
+        if now is not original:
+            out.append(name)
+            try:
+                if _OWN[name]:
+                    setattr(owner, attr, original)
+                else:
+                    delattr(owner, attr)
+            except (AttributeError, TypeError):
+                pass
+    return out
+
+
+def _replaced_sentence(names: list[str]) -> str:
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return (f"property 'leaves the check's own functions alone' does not hold: your code replaced {shown} in the "
+            "check's process. The check compares with them, so this run cannot be graded (the originals are "
+            "back in place, and an instructor will see it). Hint: an answer never needs to replace a library's "
+            "function")
 
 
 # -- the profiler belongs to the checks while a check runs ------------------------------------------

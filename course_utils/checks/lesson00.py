@@ -5,7 +5,7 @@ import numpy as np
 import torch
 
 from ..data import CIFAR10_MEAN, CIFAR10_STD
-from ._core import CheckFailed, exercise, expect_callable
+from ._core import CheckFailed, calling, exercise, expect_callable, trusted
 from ._util import fresh_rng, single_threaded
 
 
@@ -18,16 +18,45 @@ def _normalised(original: np.ndarray) -> torch.Tensor:
 
 def _call(to_image, x, what):
     before = x.clone()
-    out = to_image(x)
+    with calling(f"to_image(x) on {what}"):
+        out = to_image(x)
     if isinstance(out, torch.Tensor):
         raise CheckFailed("returns a NumPy array", f"{what}: yours returned a torch.Tensor of shape {tuple(out.shape)}",
                           "finish with .numpy() after moving the channels last")
     if not isinstance(out, np.ndarray):
         raise CheckFailed("returns a NumPy array", f"{what}: yours returned {type(out).__name__}")
-    if not torch.equal(x, before):
+    if not trusted.torch_equal(x, before):
         raise CheckFailed("leaves its input unchanged", f"{what}: the tensor passed in was modified in place",
                           "use out-of-place operations (x * std, not x.mul_(std))")
     return out
+
+
+def _pixel_hint(out: np.ndarray, original: np.ndarray) -> str:
+    """The hint for pixels that came back wrong, from what the wrong ones look like."""
+    h, w, _ = original.shape
+    yours, truth = out.astype(int), original.astype(int)
+    if np.array_equal(yours, original.transpose(2, 0, 1).reshape(h, w, 3).astype(int)):
+        return ("every value is there, in the wrong place: reshape (and view) keep the tensor's memory order, "
+                "where each channel is a whole plane, and only relabel it; to move the channel axis last, "
+                "permute(1, 2, 0) (or transpose the NumPy array)")
+    if np.array_equal(yours, truth[..., ::-1]):
+        return "the channels are reversed (BGR): keep them in the order R, G, B"
+    higher, lower = yours > truth, yours < truth
+    if higher.any() and not lower.any():
+        off = truth[higher]
+        if off.min() >= 96 and np.abs(yours - truth).max() <= 2:
+            return ("yours is one grey level too bright, and only where the picture is bright (from about 128 "
+                    "up): a scale slightly too large. ToTensor divided by 255, so multiply by 255, not 256")
+    if lower.any() and not higher.any():
+        off = truth[lower]
+        if off.min() >= 96 and np.abs(yours - truth).max() <= 2:
+            return ("yours is one grey level too dark, and only where the picture is bright (from about 128 up): "
+                    "a scale slightly too small. ToTensor divided by 255, so multiply by 255, not 254")
+        if np.abs(yours - truth).max() == 1:
+            return ("one grey level too dark here and there: converting to uint8 truncates, and x * std + mean "
+                    "is only nearly the original (41.99998, not 42): round to the nearest integer first")
+    return ("undo Normalize first (x * std + mean, per channel, with CIFAR-10's mean and std shaped (3, 1, 1)), "
+            "then ToTensor (* 255); round before converting to uint8")
 
 
 @exercise("0.1", "Undo the normalisation: a normalised tensor back to a uint8 picture")
@@ -51,14 +80,10 @@ def check_to_image(to_image):
         diff = np.abs(out.astype(int) - original.astype(int))
         if diff.max() > 0:
             where = np.unravel_index(diff.argmax(), out.shape)
-            hint = ("undo Normalize first (x * std + mean, per channel), then ToTensor (* 255); "
-                    "round before converting to uint8")
-            if diff.max() == 1:
-                hint = ("off by one grey level: round to the nearest integer before converting (converting "
-                        "to uint8 truncates, and x * std + mean is only nearly the original)")
             raise CheckFailed("recovers the original pixels exactly",
                               f"{what}: {int((diff > 0).sum())} values differ, e.g. pixel "
-                              f"{tuple(int(i) for i in where)}: yours {out[where]}, expected {original[where]}", hint)
+                              f"{tuple(int(i) for i in where)}: yours {out[where]}, expected {original[where]}",
+                              _pixel_hint(out, original))
     # values beyond the picture's range (noise, a network's output): clamped, not wrapped around
     original = rng.integers(0, 256, (9, 11, 3), dtype=np.uint8)
     x = _normalised(original)
@@ -70,7 +95,7 @@ def check_to_image(to_image):
                                                                         original)).astype(np.uint8)
     what = f"a 9x11 tensor with values beyond the picture's range (seed {seed})"
     out = _call(to_image, x, what)
-    if out.shape != expected.shape or out.dtype != np.uint8 or not np.array_equal(out, expected):
+    if out.shape != expected.shape or out.dtype != np.uint8 or not trusted.array_equal(out, expected):
         bad = int((out != expected).sum()) if out.shape == expected.shape else out.size
         raise CheckFailed("clamps to 0..255", f"{what}: {bad} values are not clamped to 0 or 255",
                           "clamp(0, 255) after scaling (and rounding), before converting: uint8 wraps -3 to 253")

@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..env import usable_cores
 from ._busy import MachineBusy, OthersCpu, busy_limit
-from ._core import CheckFailed, exercise, expect_callable, expect_class
+from ._core import CheckFailed, exercise, expect_callable, expect_class, trusted
 from ._util import fresh_rng
 
 
@@ -77,6 +77,8 @@ def _shuffled(sweep: dict, rng) -> dict:
 _EDGE_CASES = [
     ({0: 400.0, 1: 750.0, 2: 900.0, 3: 1000.0}, 0.25, "a point exactly at the threshold (at least means >=)"),
     ({0: 500.0, 1: 951.0, 2: 1000.0}, 0.05, "a point just within 5% of the best (0.95 x best, not best / 1.05)"),
+    ({0: 500.0, 1: 948.0, 2: 1000.0}, 0.05, "a point just below the threshold (0.948 x best: 0.95 once rounded)"),
+    ({0: 600.0, 1: 899.0, 2: 1000.0, 3: 990.0}, 0.1, "a point just below the threshold of a tolerance of 0.1"),
     ({0: 500.0, 1: 990.0, 2: 600.0, 3: 1000.0}, 0.05, "a near-best point, a dip, then the best"),
     ({0: 300.0, 1: 900.0, 2: 940.0, 3: 1000.0}, None, "the default tolerance, 0.05"),
     ({0: 300.0, 1: 900.0, 2: 940.0, 3: 1000.0}, 0.1, "a tolerance of 0.1"),
@@ -334,7 +336,7 @@ class _Verified:
             yield images, torch.as_tensor(self.classes[indices], dtype=torch.int64)
 
     def judge_freshness(self):
-        if self.seen_again >= 64 and self.same_again > 0.5 * self.seen_again:
+        if self.seen_again >= 64 and self.same_again > 0.1 * self.seen_again:     # chance: about 1 in 162
             raise CheckFailed("augments afresh every epoch",
                               f"{self.what}: of {self.seen_again} samples that came out again in a later pass, "
                               f"{self.same_again} had exactly the same augmentation",
@@ -445,8 +447,10 @@ def check_fast_loader(make_fast_loader):
                           "training needs a fresh random order each epoch: shuffle=True")
     if first == second:
         raise CheckFailed("reshuffles every epoch", f"{what}: epoch 2 repeated epoch 1's order")
-    fresh = sum(not torch.equal(images1[i], images2[i]) for i in range(small_n)) / small_n
-    if fresh < 0.5:
+    fresh = sum(not trusted.torch_equal(images1[i], images2[i]) for i in range(small_n)) / small_n
+    # a random crop and flip repeats by chance for about 1 sample in 162 (1 in 81 for a picture
+    # that looks the same mirrored): more than 1 in 10 alike is a cache, even of a part (issue 35)
+    if fresh < 0.9:
         raise CheckFailed("augments afresh every epoch",
                           f"{what}: {1 - fresh:.0%} of the samples came out identical in both epochs",
                           "load through the dataset each epoch: caching augmented images repeats the same "

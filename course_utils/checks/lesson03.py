@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ..data import CIFAR10_MEAN, CIFAR10_STD
-from ._core import CheckFailed, _learner_line, exercise, expect_callable, expect_class
+from ._core import CheckFailed, _learner_line, exercise, expect_callable, expect_class, trusted
 from ._util import forbids, fresh_rng, single_threaded
 from .virtual_cuda import MIXED_DEVICES, DeviceTensor, VirtualCuda
 
@@ -161,10 +161,10 @@ def _one_pass(pf, loader, pass_index, device, what, *, on_batch=None):
                           "the loader runs out: yield it before stopping")
     for i, ((images, labels), (want_x, want_y)) in enumerate(zip(got, expected)):
         x, y = _values(images), _values(labels)
-        if not (x.shape == want_x.shape and torch.equal(x, want_x) and y.shape == want_y.shape and torch.equal(y, want_y)):
+        if not (x.shape == want_x.shape and trusted.torch_equal(x, want_x) and y.shape == want_y.shape and trusted.torch_equal(y, want_y)):
             order = ""
             for j, (wx, _) in enumerate(expected):
-                if j != i and wx.shape == x.shape and torch.equal(x, wx):
+                if j != i and wx.shape == x.shape and trusted.torch_equal(x, wx):
                     order = f" (it is the loader's batch {j})"
             raise CheckFailed("same batches in the same order as the loader",
                               f"{what}: yours yielded a different batch {i}{order}",
@@ -389,7 +389,7 @@ def _call_crop(fn, images, padding, generator, what, vc=None, *, defaults=False)
         raise _learner_error(exc, what) or exc
     if not isinstance(out, torch.Tensor):
         raise CheckFailed("returns a tensor", f"{what}: yours returned {type(out).__name__}")
-    if not torch.equal(_values(images), before):
+    if not trusted.torch_equal(_values(images), before):
         raise CheckFailed("leaves its input unchanged", f"{what}: the images passed in were modified",
                           "work on a padded copy (F.pad returns a new tensor)")
     if out.shape != images.shape:
@@ -436,7 +436,7 @@ def _exact_crops(out, host, p, what):
         i = int((~ok).nonzero()[0])
         hint = ("pad all four sides with zeros (F.pad(images, (p, p, p, p))), draw each offset in "
                 "0..2*padding inclusive, take the H x W window there, and flip the last (width) axis")
-        if bool(torch.equal(out[i], host[i].flip(-2))):
+        if bool(trusted.torch_equal(out[i], host[i].flip(-2))):
             hint = "a horizontal flip mirrors the width (last) axis, not the height"
         raise CheckFailed("every output is a crop of the padded input, mirrored or not",
                           f"{what}: sample {i} is not the H x W window of its zero-padded image at any "
@@ -487,7 +487,7 @@ def check_crop_flip(random_crop_flip):
                                          "called twice", vc)) for _ in range(2)]
             for (x, y), how in (((calls[0], calls[1]), "with the same generator"),
                                 ((calls[2], calls[3]), "with generator=None")):
-                if torch.equal(x, y):
+                if trusted.torch_equal(x, y):
                     raise CheckFailed("draws new crops on every call",
                                       f"{what}: two calls in a row {how} gave the same crops and flips: every "
                                       "batch of an epoch would be augmented alike",
@@ -496,11 +496,11 @@ def check_crop_flip(random_crop_flip):
                                       "global one when it is None, and never call manual_seed inside the function")
             a = _values(_call_crop(random_crop_flip, images, 4, generator(s), what, vc))
             b = _values(_call_crop(random_crop_flip, images, 4, generator(s), what, vc))
-            if not torch.equal(a, b):
+            if not trusted.torch_equal(a, b):
                 raise CheckFailed("reproducible under a seed", f"{what}: two calls with generators seeded alike differ",
                                   "draw every random number from `generator` (torch.randint(..., generator=generator))")
             other = _values(_call_crop(random_crop_flip, images, 4, generator(s + 1), what, vc))
-            if torch.equal(a, other):
+            if trusted.torch_equal(a, other):
                 raise CheckFailed("uses the generator it is given", f"{what}: seeds {s} and {s + 1} gave identical crops",
                                   "pass `generator` to every torch.randint / torch.rand call")
             runs = []
@@ -509,7 +509,7 @@ def check_crop_flip(random_crop_flip):
                 if place == "cuda":
                     torch.cuda.manual_seed(s)
                 runs.append(_values(_call_crop(random_crop_flip, images, 4, None, what + " (generator=None)", vc)))
-            if not torch.equal(*runs):
+            if not trusted.torch_equal(*runs):
                 raise CheckFailed("with generator=None, reproducible under torch.manual_seed",
                                   f"{what}: two calls after torch.manual_seed({s}) differ",
                                   "use torch's random functions (not Python's random or NumPy)")
@@ -546,6 +546,16 @@ def _crop_statistics(fn, to_device, generator, rng, on, seed, vc):
     if not 0.485 <= share <= 0.515:      # 4.2 standard deviations of a fair coin over 20,000 samples
         raise CheckFailed("flips half the samples", f"{what}: yours flipped {share:.1%}",
                           "draw one flip per sample with probability 1/2, e.g. torch.rand(n) < 0.5")
+    # each sample independently: half of every part of the batch too, not half of the whole by
+    # position (every other sample, the first half) (issue 35: a subset gives another answer)
+    half = n // 2
+    for part, name in ((flipped[0::2], "the even positions"), (flipped[1::2], "the odd positions"),
+                       (flipped[:half], "the first half"), (flipped[half:], "the second half")):
+        part_share = float(part.float().mean())
+        if not 0.479 <= part_share <= 0.521:     # 4.2 standard deviations over 10,000 samples
+            raise CheckFailed("flips each sample independently, with probability 1/2",
+                              f"{what}: yours flipped {share:.1%} of the batch, but {part_share:.1%} of {name}",
+                              "a flip drawn at random for each sample (torch.rand(n) < 0.5), not by its position")
     same = float((dy == dx).float().mean())
     if not 0.09 <= same <= 0.135:        # independent offsets agree 1/9 of the time
         raise CheckFailed("draws the two offsets independently", f"{what}: dy == dx for {same:.1%} of samples "
@@ -629,10 +639,10 @@ def check_normalize(normalize_on_device):
                 out, out_labels = result
                 if not isinstance(out, torch.Tensor):
                     raise CheckFailed("returns a tensor of images", f"{what}: yours returned {type(out).__name__}")
-                if not torch.equal(_values(images), host):
+                if not trusted.torch_equal(_values(images), host):
                     raise CheckFailed("leaves its input unchanged", f"{what}: the uint8 images were modified")
                 if (not isinstance(out_labels, torch.Tensor) or out_labels.device != labels.device
-                        or not torch.equal(_values(out_labels), host_labels) or out_labels.dtype != labels.dtype):
+                        or not trusted.torch_equal(_values(out_labels), host_labels) or out_labels.dtype != labels.dtype):
                     raise CheckFailed("passes the labels through", f"{what}: the labels came back changed")
                 if out.device != images.device or isinstance(out, DeviceTensor) != isinstance(images, DeviceTensor):
                     raise CheckFailed("normalises on the device", f"{what}: yours returned images on {out.device}",

@@ -18,7 +18,7 @@ import types
 import torch
 
 from .. import scaling
-from ._core import CheckFailed, Tripwire, WrongType, exercise, expect_callable
+from ._core import CheckFailed, Tripwire, WrongType, exercise, expect_callable, trusted
 from ._util import fresh_rng
 from .virtual_cuda import VirtualCuda
 
@@ -98,10 +98,10 @@ def _compare_estimate(estimate, costs, n, batch, loader, tripwire, props):
                                  costs, n, batch, loader), where)
     expected = _expected_dp(costs, n, batch, loader)
     speed_prop, eff_prop, bound_prop = props
-    if not math.isclose(yours["samples_per_s"], expected["samples_per_s"], rel_tol=1e-6):
+    if not trusted.isclose(yours["samples_per_s"], expected["samples_per_s"], rel_tol=1e-6):
         raise CheckFailed(speed_prop, f"{where}: yours {yours['samples_per_s']:,.2f} samples/s, "
                           f"expected {expected['samples_per_s']:,.2f}", _speed_hint(speed_prop))
-    if not math.isclose(yours["efficiency"], expected["efficiency"], rel_tol=1e-6):
+    if not trusted.isclose(yours["efficiency"], expected["efficiency"], rel_tol=1e-6):
         raise CheckFailed(eff_prop, f"{where}: yours {yours['efficiency']:.4f}, expected {expected['efficiency']:.4f}",
                           "efficiency = samples/s / (n_devices x the samples/s of one device training alone on "
                           "the first piece's batch, from the same loader)")
@@ -282,7 +282,7 @@ def _same(yours, expected, where: str, *, top: bool = False, count_prop: str = "
                                   "the last output's device) before concatenating")
             raise CheckFailed("keeps pieces on the input's device", f"{where}: yours is on {yours.device}, expected "
                               f"{expected.device}", "split with torch.chunk: its pieces stay where the input is")
-        if yours.dtype != expected.dtype or not torch.equal(yours.detach(), expected.detach()):
+        if yours.dtype != expected.dtype or not trusted.torch_equal(yours.detach(), expected.detach()):
             raise CheckFailed("keeps the samples in order", f"{where}: the values differ from DataParallel's")
         return
     if top:
@@ -491,7 +491,7 @@ def check_scatter_gather(functions):
     if not isinstance(joined, torch.Tensor) or not joined.requires_grad:
         raise CheckFailed("lets gradients flow", "dp_gather of outputs that require grad gave a result that does not")
     (joined * weights).sum().backward()
-    if x.grad is None or not torch.allclose(x.grad, weights):
+    if x.grad is None or not trusted.torch_allclose(x.grad, weights):
         raise CheckFailed("lets gradients flow", "the gradient through dp_gather(dp_scatter(x)) is not the "
                           "gradient through x itself")
 
@@ -536,7 +536,7 @@ def _memory_case(dp_memory, trip, n, batch, sizes, props, on_device0=True):
     yours = _read_memory(value, n, where)
     expected = scaling.dp_memory(n, batch, **sizes, batch_on_device0=on_device0)
     first, others, empty = props
-    if not math.isclose(yours[0], expected[0], rel_tol=1e-9, abs_tol=0.5):
+    if not trusted.isclose(yours[0], expected[0], rel_tol=1e-9, abs_tol=0.5):
         raise CheckFailed(first, f"{where}: device 0: yours {yours[0]:,.0f} B, expected {expected[0]:,.0f} B",
                           _device0_hint(yours[0], n, batch, sizes, on_device0))
     for k in range(1, n):
@@ -544,13 +544,13 @@ def _memory_case(dp_memory, trip, n, batch, sizes, props, on_device0=True):
             raise CheckFailed(empty, f"{where}: device {k} gets no piece but yours gives it {yours[k]:,.0f} B",
                               "tensor.chunk(n) can make fewer than n pieces; DataParallel replicates only onto "
                               "devices that get one")
-        if not math.isclose(yours[k], expected[k], rel_tol=1e-9, abs_tol=0.5):
+        if not trusted.isclose(yours[k], expected[k], rel_tol=1e-9, abs_tol=0.5):
             c = scaling.dp_chunk_sizes(batch, n)[k]
             p, act = sizes["param_bytes"], c * sizes["activation_bytes"]
             hint = ("a device with a piece of c samples: the replica's parameters + c samples of input + the "
                     "larger of (c samples of activations) and (the replica's gradients): backward frees the "
                     "activations as it makes the gradients, which live until the reduce")
-            if math.isclose(yours[k], expected[k] + min(act, p), rel_tol=1e-9, abs_tol=0.5):
+            if trusted.isclose(yours[k], expected[k] + min(act, p), rel_tol=1e-9, abs_tol=0.5):
                 hint = ("yours adds the activations and the gradients: they do not peak together (backward frees "
                         "the activations as it makes the gradients): the peak holds the larger of the two")
             raise CheckFailed(others, f"{where}: device {k}: yours {yours[k]:,.0f} B, expected {expected[k]:,.0f} B",
@@ -561,11 +561,11 @@ def _device0_hint(yours, n, batch, sizes, on_device0):
     c0 = scaling.dp_chunk_sizes(batch, n)[0]
     expected = scaling.dp_memory(n, batch, **sizes, batch_on_device0=on_device0)[0]
     working = c0 * sizes["activation_bytes"] + 2 * batch * sizes["output_bytes"]
-    if math.isclose(yours, expected + min(working, sizes["param_bytes"]), rel_tol=1e-9, abs_tol=0.5):
+    if trusted.isclose(yours, expected + min(working, sizes["param_bytes"]), rel_tol=1e-9, abs_tol=0.5):
         return ("yours adds the activations (with the gathered outputs) and the gradients: they do not peak "
                 "together (backward frees the activations as it makes the gradients): the peak holds the larger")
     other_way = scaling.dp_memory(n, batch, **sizes, batch_on_device0=not on_device0)[0]
-    if math.isclose(yours, other_way, rel_tol=1e-9, abs_tol=0.5):
+    if trusted.isclose(yours, other_way, rel_tol=1e-9, abs_tol=0.5):
         return ("with the batch on device 0 (the loader put it there) device 0 holds all of its input; left on the "
                 "host, only its own piece" if on_device0 else
                 "the batch stayed on the host: scatter copies each piece from there, so device 0 holds only its "

@@ -56,7 +56,7 @@ from .. import data
 from ..crop_match import match_crops
 from ..env import smoke_mode, usable_cores
 from ._busy import MachineBusy, OthersCpu, busy_limit
-from ._core import Tripwire, CheckFailed, WrongType, exercise, expect_callable
+from ._core import Tripwire, CheckFailed, WrongType, exercise, expect_callable, trusted
 from ._util import fresh_rng
 from .virtual_cuda import DeviceTensor, VirtualCuda
 
@@ -166,7 +166,7 @@ def _verify_crops(images: np.ndarray, labels: np.ndarray, index: np.ndarray, wor
                           "crop the zero-padded image (not a resized or rotated one), flip left-right only, and "
                           "normalise with data.CIFAR10_MEAN / CIFAR10_STD in float32")
     want = workload.labels[index]
-    if not np.array_equal(labels, want):
+    if not trusted.array_equal(labels, want):
         wrong = int((labels != want).sum())
         raise CheckFailed("labels intact: each image with its own label",
                           f"{what}: {wrong} of {len(labels)} labels are not their image's label",
@@ -500,10 +500,10 @@ def _check_correctness(make_pipeline, rng, seed: int, device: str | None, *, vir
         order.append(index)
         found.append(_verify_crops(x, y, index, workload, where))
     first, second = order
-    if np.array_equal(first, np.sort(first)):
+    if trusted.array_equal(first, np.sort(first)):
         raise CheckFailed("shuffles", f"{what}: epoch 1 came in the workload's order 0, 1, 2, ...",
                           "a new random order every epoch")
-    if np.array_equal(first, second):
+    if trusted.array_equal(first, second):
         raise CheckFailed("reshuffles every epoch", f"{what}: epoch 2 repeated epoch 1's order",
                           "draw a new permutation for every pass over the loader")
     batch_of = [np.empty(n, np.int64) for _ in range(2)]
@@ -534,10 +534,12 @@ def _check_correctness(make_pipeline, rng, seed: int, device: str | None, *, vir
 
 
 def _augmented(runs, what: str, hint: str = "") -> None:
-    """Most images are not their sample as it is (a crop at the centre, unflipped: 1 in 162)."""
+    """Nearly every image is not its sample as it is (a crop at the centre, unflipped: 1 in 162 by chance)."""
     dy, dx, flip = (np.concatenate([getattr(f, k) for f in runs]) for k in ("dy", "dx", "flipped"))
     untouched = float(((dy == PAD) & (dx == PAD) & ~flip).mean())
-    if untouched > 0.5:
+    # every sample: a pipeline that leaves a part of its samples as they are (every other batch, the end of
+    # each batch) is named for it, not for the statistics it upsets later (issue 35); chance: 1 in 162
+    if untouched > 0.1:
         raise CheckFailed("augments: a random crop and flip for every sample",
                           f"{what}: {untouched:.0%} of the images are their sample as it is (1 in 162 by chance)",
                           hint or "the baseline pads by 4, crops 32x32 at a random offset and flips at random: "
@@ -626,7 +628,7 @@ def _verify_timed(kept, workload, n: int, batch_size: int, probe: np.ndarray, wh
     if images.shape[1:] != (3, 32, 32):
         raise CheckFailed("feeds the model float32 images (B, 3, 32, 32)", f"{what}: {images.shape}")
     index = _identify(images, n, what)
-    if not np.array_equal(labels, workload.labels[index]):
+    if not trusted.array_equal(labels, workload.labels[index]):
         raise CheckFailed("labels intact: each image with its own label",
                           f"{what}: {int((labels != workload.labels[index]).sum())} labels are not their image's")
     if not epochs_possible(index, n):
@@ -974,6 +976,13 @@ def _contract_cases() -> list[tuple[dict, float, bool]]:
           "ceiling": 5000.0,
           "rungs": {"baseline": rung(1000, parallel=False), "best workers": rung(900),
                     "prefetcher": rung(1500, 0.01), "device-resident": rung(cost=0.04)}}, 0.05, False),
+        # just below and just above the threshold, within rounding of it (issue 35): 0.948 and 0.952 x the fastest
+        ({"machine": "a rung at 0.948 x the fastest: 4 cores, 1 GPU", "cores": 4, "gpus": 1, "ceiling": 10000.0,
+          "rungs": {"baseline": rung(1000, parallel=False), "best workers": rung(2370, parallel=True),
+                    "device-resident": rung(cost=0.0)}}, 0.05, False),
+        ({"machine": "a rung at 0.952 x the fastest: 4 cores, 1 GPU", "cores": 4, "gpus": 1, "ceiling": 10000.0,
+          "rungs": {"baseline": rung(1000, parallel=False), "best workers": rung(2380, parallel=True),
+                    "device-resident": rung(cost=0.0)}}, 0.05, True),
         ({"machine": "half a core per GPU for a serial rung: 4 cores, 8 GPUs", "cores": 4, "gpus": 8,
           "ceiling": 1000.0,
           "rungs": {"baseline": rung(1800, parallel=False), "best workers": rung(1700, parallel=True),
@@ -1060,6 +1069,9 @@ class _Case:
                 "rung that is not parallel); then the simplest rung within the tolerance of the best")
         if yours not in report["rungs"]:
             hint = "return one of report['rungs']'s keys"
+        elif speed[yours] < (1 - tolerance) * best and round(speed[yours] / best, 2) >= 1 - tolerance:
+            hint = (f"{yours!r} runs at {speed[yours] / best:.3f} x the fastest, below 1 - tolerance = "
+                    f"{1 - tolerance:g}: compare the figures as they are, not rounded")
         elif speed[want] == (1 - tolerance) * best and names.index(yours) > names.index(want):
             hint = (f"{want!r} is exactly at (1 - tolerance) x the fastest, and 'at least' includes the threshold: "
                     ">=, not >")

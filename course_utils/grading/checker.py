@@ -237,9 +237,11 @@ def _child(task: dict, result_w: int, checker_pid: int | None = None) -> None:
         at_load = sorted(set(_replaced(before, loaded)) | set(_WRITES))
         if at_load:
             review.append("replaced " + ", ".join(at_load[:3]) + " while it was loaded")
+        checks_saw: list = []
         try:
             result = run_check(task["exercise"], obj, **(kwargs or {}))
             status, message = result.status, result.message
+            checks_saw = list(getattr(result, "review", None) or [])   # a replacement the check undid itself
         except SystemExit as exc:
             message = f"your code called sys.exit({exc.code if exc.code is not None else ''}) during the check"
         except KeyboardInterrupt:
@@ -249,6 +251,8 @@ def _child(task: dict, result_w: int, checker_pid: int | None = None) -> None:
         during = [k for k in sorted(set(_replaced(loaded, _snapshot())) | set(_WRITES)) if k not in at_load]
         if during:
             review.append("replaced " + ", ".join(during[:3]) + " during its check")
+        if checks_saw and not (at_load or during):
+            review += [str(r) for r in checks_saw]
         tampered = at_load + during
         if tampered and status != "not_implemented":
             status, message = "fail", _tampered_sentence(tampered)

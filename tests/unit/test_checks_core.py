@@ -1,5 +1,6 @@
 import json
 import math
+import signal
 import time
 
 import pytest
@@ -361,3 +362,88 @@ def test_a_reference_answer_gets_the_same_verdict_twice_in_one_process(twice, ex
     from course_utils.checks import _core
     limit = _core._REGISTRY[exercise_id].time_limit_s
     assert max(row["seconds"]) < limit / 3, (exercise_id, row["seconds"], limit)
+
+
+# -- within_check_limit: a learner's answer re-used in a lesson cell, bounded like its check (issue 35) --
+
+def test_a_reused_answer_is_stopped_at_its_checks_limit_with_one_sentence():
+    import time as _time
+    from course_utils.checks import OverCheckLimit, call_within_check_limit, check_time_limit, within_check_limit
+    from course_utils.checks._core import _lookup
+    assert check_time_limit("1.2") == _lookup("1.2").time_limit_s == 10
+    t0 = _time.perf_counter()
+    with pytest.raises(OverCheckLimit) as stop:
+        with within_check_limit("1.2", "your stall_fraction", limit_s=0.3):
+            while True:                       # swallows what Exception catches: not this
+                try:
+                    _time.sleep(10)
+                except Exception:
+                    pass
+    assert _time.perf_counter() - t0 < 2.0
+    assert str(stop.value) == ("your stall_fraction did not finish within 0.3 s, the time limit of check 1.2, "
+                               "and was stopped here")
+    assert not isinstance(stop.value, Exception)
+    # an answer that returns, or raises, is left alone; no alarm is left behind
+    assert call_within_check_limit("1.2", lambda x: x + 1, 41) == 42
+    with pytest.raises(NotImplementedError):
+        call_within_check_limit("1.2", lambda: (_ for _ in ()).throw(NotImplementedError("Exercise 1.2")))
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def test_an_answer_that_swallows_the_stop_is_stopped_again_every_second():
+    import time as _time
+    from course_utils.checks import OverCheckLimit, within_check_limit
+    caught = []
+    t0 = _time.perf_counter()
+    with pytest.raises(OverCheckLimit):
+        with within_check_limit("1.2", limit_s=0.2):
+            for _ in range(2):
+                try:
+                    while True:
+                        pass
+                except BaseException as exc:    # noqa: BLE001 (the learner's)
+                    caught.append(exc)
+            while True:
+                pass
+    assert len(caught) == 2 and _time.perf_counter() - t0 < 4.0
+
+
+def test_an_enclosing_alarm_is_kept():
+    """Inside a check (its own limit) or another bounded block, the outer limit still fires."""
+    import time as _time
+    from course_utils.checks import within_check_limit
+    from course_utils.checks._core import _time_limit
+    t0 = _time.perf_counter()
+    with pytest.raises(TimeoutError, match="outer"):
+        with _time_limit(0.3, "outer"):
+            with within_check_limit("1.2", limit_s=5):
+                while True:
+                    pass
+    assert _time.perf_counter() - t0 < 2.0
+    with _time_limit(2.0, "outer"):
+        with within_check_limit("1.2", limit_s=5):
+            pass
+        left, _ = signal.getitimer(signal.ITIMER_REAL)
+        assert 1.0 < left <= 2.0                              # re-armed with what was left of it
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def test_the_courses_own_work_inside_the_block_does_not_count():
+    """A timer times the course's training step: on a busy CPU six steps took 32 s, past check 1.1's
+    30 s. `excluded(fn)` stops the countdown while the course's function runs."""
+    import time as _time
+    from course_utils.checks import OverCheckLimit, within_check_limit
+
+    def step():
+        _time.sleep(0.15)
+
+    def time_it(fn):
+        for _ in range(4):
+            fn()
+        return "timed"
+    with within_check_limit("1.1", limit_s=0.3) as bound:
+        assert time_it(bound.excluded(step)) == "timed"            # 0.6 s of steps, within 0.3 s
+    with pytest.raises(OverCheckLimit):
+        with within_check_limit("1.1", limit_s=0.3):
+            time_it(step)
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)

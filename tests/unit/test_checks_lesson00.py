@@ -82,6 +82,49 @@ def tensor(x):
     return (x * STD + MEAN).permute(1, 2, 0)
 
 
+def times_256(x):                                   # ToTensor's 255 misremembered: one level too bright, bright pixels
+    return ((x * STD + MEAN) * 256).round().clamp(0, 255).permute(1, 2, 0).to(torch.uint8).numpy()
+
+
+def times_254(x):
+    return ((x * STD + MEAN) * 254).round().clamp(0, 255).permute(1, 2, 0).to(torch.uint8).numpy()
+
+
+def reshape_not_permute(x):                          # the right shape, the values in the wrong places
+    return ((x * STD + MEAN) * 255).round().clamp(0, 255).reshape(x.shape[1], x.shape[2], 3).to(torch.uint8).numpy()
+
+
+def view_not_permute(x):
+    return ((x * STD + MEAN) * 255).round().clamp(0, 255).view(x.shape[1], x.shape[2], 3).to(torch.uint8).numpy()
+
+
+def replaces_the_comparisons(x):                     # in place, then makes the check's comparisons agree
+    torch.equal = lambda *a, **k: True
+    torch.allclose = lambda *a, **k: True
+    np.array_equal = lambda *a, **k: True
+    np.testing.assert_array_equal = lambda *a, **k: None
+    x.mul_(STD).add_(MEAN)
+    return (x * 255).round().permute(1, 2, 0).numpy().astype(np.uint8)
+
+
+def replaces_them_through_dict(x):                   # written into the module's namespace, past any setattr hook
+    fake = lambda *a, **k: True                      # noqa: E731
+    vars(torch)["equal"] = fake
+    vars(np)["array_equal"] = fake
+    x.mul_(STD).add_(MEAN)
+    return (x * 255).round().permute(1, 2, 0).numpy().astype(np.uint8)
+
+
+def self_restoring_fake(x):                          # a fake that puts the original back once it has been called
+    original = np.array_equal
+
+    def fake(*a, **k):
+        vars(np)["array_equal"] = original
+        return True
+    vars(np)["array_equal"] = fake
+    return ((x * STD + MEAN) * 255).round().permute(1, 2, 0).numpy().astype(np.uint8)   # no clamp
+
+
 def in_place(x):
     x.mul_(STD).add_(MEAN)
     return (x * 255).round().clamp(0, 255).permute(1, 2, 0).to(torch.uint8).numpy()
@@ -103,6 +146,18 @@ MUTANTS = [
     Mutant("no clamp", no_clamp, "clamps to 0..255"),
     Mutant("returns a tensor", tensor, "returns a NumPy array"),
     Mutant("in place", in_place, "leaves its input unchanged"),
+    # issue 35: the hint must name the learner's own mistake
+    Mutant("* 256", times_256, "recovers the original pixels exactly", words="multiply by 255, not 256"),
+    Mutant("* 254", times_254, "recovers the original pixels exactly", words="multiply by 255, not 254"),
+    Mutant("reshape, not permute", reshape_not_permute, "recovers the original pixels exactly", words="permute(1, 2, 0)"),
+    Mutant("view, not permute", view_not_permute, "view size is not compatible", status="error",
+           words="the check was calling to_image(x)"),      # the tensor handed in is not contiguous
+    Mutant("replaces torch.equal, np.array_equal, ...", replaces_the_comparisons,
+           "leaves the check's own functions alone", words="torch.equal"),
+    Mutant("replaces them through the module's __dict__", replaces_them_through_dict,
+           "leaves the check's own functions alone", words="numpy.array_equal"),
+    Mutant("a fake np.array_equal that puts the original back", self_restoring_fake,
+           "leaves the check's own functions alone"),   # the check never calls it: it is still there at the end
 ]
 
 
@@ -114,6 +169,37 @@ def test_correct_answers_pass():
 @pytest.mark.parametrize("mutant", MUTANTS, ids=repr)
 def test_mutants_rejected(mutant):
     rejected("0.1", mutant, SEEDS)
+
+
+def test_truncating_keeps_its_own_hint():
+    """Truncation is one level too dark at random values, not only bright ones: its hint is about rounding."""
+    rejected("0.1", Mutant("truncates", truncates, "recovers the original pixels exactly", words="round to the nearest"),
+             SEEDS)
+
+
+def test_a_replaced_comparison_is_put_back_and_flagged_for_review():
+    import math
+    originals = (torch.equal, torch.allclose, np.array_equal, np.testing.assert_array_equal, math.isclose)
+    result = run_check("0.1", replaces_the_comparisons)
+    assert result.status == "fail" and result.review, result
+    assert "torch.equal" in result.review[0] and "numpy.testing.assert_array_equal" in result.message + result.review[0]
+    assert (torch.equal, torch.allclose, np.array_equal, np.testing.assert_array_equal, math.isclose) == originals
+    # replaced before the check (in an earlier cell) counts too, and the check compares with the originals
+    np.array_equal = lambda *a, **k: True
+    result = run_check("0.1", good)
+    assert result.status == "fail" and "numpy.array_equal" in result.message, result
+    assert np.array_equal is originals[2]
+    assert run_check("0.1", good).status == "pass"
+
+
+def test_an_error_points_at_the_learners_line_not_the_library():
+    def stats_of_nothing(x):
+        import statistics
+        statistics.mean([])
+    result = run_check("0.1", stats_of_nothing)
+    assert result.status == "error", result
+    assert "statistics.mean([])" in result.message and "statistics.py" not in result.message, result.message
+    assert "the check was calling to_image(x) on a picture of 24x40" in result.message, result.message
 
 
 def test_stub_is_not_implemented():

@@ -155,6 +155,42 @@ def default_of_five_repeats(fn, device, warmup=3, repeats=5):
     return time_it(fn, device, warmup, repeats)
 
 
+def upper_median(fn, device, warmup=3, repeats=10):           # issue 35: the upper middle value
+    times = _timed(fn, device, warmup, repeats)
+    return sorted(times)[len(times) // 2]
+
+
+def median_low(fn, device, warmup=3, repeats=10):
+    return statistics.median_low(_timed(fn, device, warmup, repeats))
+
+
+def median_high(fn, device, warmup=3, repeats=10):
+    return statistics.median_high(_timed(fn, device, warmup, repeats))
+
+
+def first_timed_call_as_warmup(fn, device, warmup=3, repeats=10):   # one more warm-up, dropped from the median
+    times = _timed(fn, device, warmup, repeats)
+    return statistics.median(times[1:] or times)
+
+
+def half_the_timed_calls(fn, device, warmup=3, repeats=10):
+    times = _timed(fn, device, warmup, repeats)
+    return statistics.median(times[:max(repeats // 2, 1)])
+
+
+def trimmed_mean(fn, device, warmup=3, repeats=10):            # crashes on repeats=1 (the check calls it so)
+    return statistics.mean(sorted(_timed(fn, device, warmup, repeats))[1:-1])
+
+
+def trimmed_mean_guarded(fn, device, warmup=3, repeats=10):
+    times = sorted(_timed(fn, device, warmup, repeats))
+    return statistics.mean(times[1:-1] or times)
+
+
+def numpy_percentile_60(fn, device, warmup=3, repeats=10):
+    return float(np.percentile(_timed(fn, device, warmup, repeats), 60))
+
+
 def wraps_benchmark(fn, device, warmup=3, repeats=10):
     from course_utils.timing import benchmark
     return benchmark(fn, device=device, warmup=warmup, repeats=repeats).median_ms
@@ -180,6 +216,23 @@ MUTANTS_11 = [
            words="include a warm-up call"),
     Mutant("default warmup=1", default_warmup_of_one, "defaults to warmup=3, repeats=10"),
     Mutant("default repeats=5", default_of_five_repeats, "defaults to warmup=3, repeats=10"),
+    # issue 35: the median's neighbours, each named in its hint
+    Mutant("the upper median, sorted(times)[n // 2]", upper_median, "reports the median of the repeats",
+           words="the upper of the two middle values"),
+    Mutant("statistics.median_low", median_low, "reports the median of the repeats",
+           words="the lower of the two middle values"),
+    Mutant("statistics.median_high", median_high, "reports the median of the repeats",
+           words="the upper of the two middle values"),
+    Mutant("the first timed call dropped", first_timed_call_as_warmup, "reports the median of the repeats",
+           words="the median of the timed calls after the first"),
+    Mutant("half the timed calls", half_the_timed_calls, "reports the median of the repeats",
+           words="the median of the first half"),
+    Mutant("a trimmed mean, guarded", trimmed_mean_guarded, "reports the median of the repeats", words="a trimmed mean"),
+    Mutant("the 60th percentile", numpy_percentile_60, "reports the median of the repeats"),
+    Mutant("one block, divided, names the mean", one_block, "reports the median of the repeats", words="the mean"),
+    # an answer that crashes on repeats=1: the [ERROR] names the learner's line and the call
+    Mutant("a trimmed mean, crashing on repeats=1", trimmed_mean, "StatisticsError", status="error",
+           words="repeats=1"),
 ]
 
 
@@ -190,6 +243,13 @@ def test_timer_passes():
 @pytest.mark.parametrize("mutant", MUTANTS_11, ids=repr)
 def test_timer_mutants_rejected(mutant):
     rejected("1.1", mutant, range(1))
+
+
+def test_a_crash_names_the_learners_line_not_statistics_py():
+    result = run_check("1.1", trimmed_mean)
+    assert "statistics.py" not in result.message, result.message
+    assert "test_checks_lesson01.py" in result.message and "statistics.mean(sorted(" in result.message, result.message
+    assert "the check was calling time_it(fn, device, warmup=5, repeats=1)" in result.message, result.message
 
 
 # -- 1.2 ------------------------------------------------------------------------------------
@@ -270,6 +330,26 @@ def default_skip_of_zero(log, skip_first=0):
     return stall(log, skip_first)
 
 
+def needs_two_steps(log, skip_first=1):             # "a fraction needs at least two steps"
+    if len(log[skip_first:]) < 2:
+        raise ValueError("too few steps")
+    return stall(log, skip_first)
+
+
+def equal_lengths_only(log, skip_first=1):          # raises only when exactly as many are skipped as logged
+    if skip_first == len(log):
+        raise ValueError("no steps")
+    steps = log[skip_first:]
+    return sum(s["fetch_end"] - s["fetch_start"] for s in steps) / (steps[-1]["step_end"] - steps[0]["fetch_start"])
+
+
+def wall_over_every_entry(log, skip_first=1):       # the waits counted, the wall time of the whole log
+    steps = log[skip_first:]
+    if not steps:
+        raise ValueError
+    return sum(s["fetch_end"] - s["fetch_start"] for s in steps) / (log[-1]["step_end"] - log[0]["fetch_start"])
+
+
 def wraps_step_stats(log, skip_first=1):
     from course_utils.timing import _wall_and_wait
     steps = log[skip_first:]
@@ -293,6 +373,10 @@ MUTANTS_12 = [
     Mutant("deletes the warm-up in place", deletes_warmup_in_place, "leaves the log unchanged"),
     Mutant("wraps the course's StepTimer arithmetic", wraps_step_stats, "is your own code"),
     Mutant("default skip_first=0", default_skip_of_zero, "defaults to skip_first=1"),
+    Mutant("needs two steps", needs_two_steps, "too few steps", status="error", words="skip_first=4"),
+    Mutant("raises only when skip_first == len(log)", equal_lengths_only, "raises ValueError when no step is left",
+           words="skip_first=5"),
+    Mutant("the wall time of every entry", wall_over_every_entry, "matches the definition"),
 ]
 
 
@@ -306,11 +390,27 @@ def test_stall_fraction_mutants_rejected(mutant):
 
 
 # -- 1.3 ------------------------------------------------------------------------------------
+# The rules: compute-bound from a mean device utilisation of 85%; else input-bound from 0.8 x cores
+# of the course's own cores (timeline.ours_cores) on average; else sync-bound.
 
 def diagnose(tl):
     if np.mean(tl.gpu_util) >= 85:
         return "compute-bound"
-    return "input-bound" if np.mean(tl.cpu_percent) >= 80 else "sync-bound"
+    return "input-bound" if np.mean(tl.ours_cores) >= 0.8 * tl.cores else "sync-bound"
+
+
+def diagnose_in_percent(tl):                         # the same rule written another way: passes
+    if np.mean(tl.gpu_util / 100) >= 0.85:
+        return "compute-bound"
+    return "input-bound" if np.mean(tl.ours_cores / tl.cores * 100) >= 80 else "sync-bound"
+
+
+def rule(device=lambda g: np.mean(g) >= 85, cpu=lambda tl: np.mean(tl.ours_cores) >= 0.8 * tl.cores):
+    def diagnose_(tl):
+        if device(np.asarray(tl.gpu_util)):
+            return "compute-bound"
+        return "input-bound" if cpu(tl) else "sync-bound"
+    return diagnose_
 
 
 def always_input_bound(tl):
@@ -321,12 +421,6 @@ def answers_in_words(tl):
     return "slow"
 
 
-def busiest_core(tl):                               # one busy thread read as saturated cores
-    if np.mean(tl.gpu_util) >= 85:
-        return "compute-bound"
-    return "input-bound" if np.mean(tl.cpu_percent, axis=0).max() >= 80 else "sync-bound"
-
-
 def reads_the_label(tl):                            # the examples' device text names their kind
     for kind in ("input-bound", "compute-bound", "sync-bound"):
         if kind in tl.device:
@@ -334,69 +428,102 @@ def reads_the_label(tl):                            # the examples' device text 
     return "sync-bound"
 
 
-def last_sample(tl):
-    if tl.gpu_util[-1] >= 85:
+def swaps_input_and_sync(tl):
+    if np.mean(tl.gpu_util) >= 85:
         return "compute-bound"
-    return "input-bound" if tl.cpu_percent[-1].mean() >= 80 else "sync-bound"
-
-
-def peak_device(tl):                                # the busiest moment, not the mean
-    if np.max(tl.gpu_util) >= 85:
-        return "compute-bound"
-    return "input-bound" if np.mean(tl.cpu_percent) >= 80 else "sync-bound"
+    return "sync-bound" if np.mean(tl.ours_cores) >= 0.8 * tl.cores else "input-bound"
 
 
 def ignores_the_cpu(tl):
     return "compute-bound" if np.mean(tl.gpu_util) >= 85 else "input-bound"
 
 
-def swaps_input_and_sync(tl):
-    if np.mean(tl.gpu_util) >= 85:
-        return "compute-bound"
-    return "sync-bound" if np.mean(tl.cpu_percent) >= 80 else "input-bound"
+def sorts_in_place(tl):
+    tl.ours_cores.sort()
+    return diagnose(tl)
 
 
-def busy_cores_in_total(tl):                        # two whole cores busy means input-bound
-    if np.mean(tl.gpu_util) >= 85:
-        return "compute-bound"
-    return "input-bound" if np.mean(tl.cpu_percent, axis=0).sum() / 100 >= 2 else "sync-bound"
+def middle_half(x):
+    return np.mean(x[len(x) // 4: len(x) - len(x) // 4])
 
 
-def half_the_cpu(tl):                              # the mean over the cores read as "how busy the CPU is"
-    if np.mean(tl.gpu_util) >= 85:
-        return "compute-bound"
-    return "input-bound" if np.mean(tl.cpu_percent) >= 50 else "sync-bound"
+def trimmed(x, share=0.1):
+    k = int(len(x) * share)
+    return np.mean(np.sort(x)[k: len(x) - k])
 
 
-def device_threshold_too_low(tl):
-    if np.mean(tl.gpu_util) >= 45:
-        return "compute-bound"
-    return "input-bound" if np.mean(tl.cpu_percent) >= 80 else "sync-bound"
-
-
+MACHINE = dict(cpu=lambda tl: np.mean(tl.cpu_percent) >= 80)          # the old rule: every process's CPU
 MUTANTS_13 = [
     Mutant("always input-bound", always_input_bound, "tells the situations apart"),
     Mutant("a label of its own", answers_in_words, "answers one of the three labels"),
-    Mutant("the busiest core", busiest_core, "diagnoses each situation"),
     Mutant("reads the example's label", reads_the_label, "tells the situations apart"),
-    Mutant("the last sample", last_sample, "diagnoses each situation"),
-    Mutant("the peak device utilisation", peak_device, "tells the situations apart"),
     Mutant("ignores the CPU", ignores_the_cpu, "diagnoses each situation"),
     Mutant("input and sync swapped", swaps_input_and_sync, "diagnoses each situation"),
-    Mutant("two cores busy in total", busy_cores_in_total, "diagnoses each situation"),
-    Mutant("device threshold 45%", device_threshold_too_low, "diagnoses each situation"),
-    Mutant("input-bound from half the CPU on", half_the_cpu, "diagnoses each situation, on small machines too",
-           words="one busy host thread"),
+    Mutant("sorts ours_cores in place", sorts_in_place, "leaves the timeline unchanged"),
+    Mutant("the busiest core", rule(cpu=lambda tl: np.mean(tl.cpu_percent, axis=0).max() >= 80), "diagnoses each situation"),
+    Mutant("the peak device utilisation", rule(device=lambda g: g.max() >= 85), "diagnoses each situation"),
+    Mutant("device threshold 45%", rule(device=lambda g: np.mean(g) >= 45), "uses the thresholds as specified"),
+    Mutant("the last sample", rule(device=lambda g: g[-1] >= 85, cpu=lambda tl: tl.ours_cores[-1] >= 0.8 * tl.cores),
+           "diagnoses each situation"),
+    # issue 35: every process's CPU, on a 2-core machine whose other core another program holds
+    Mutant("every process's CPU, mean >= 80%", rule(**MACHINE), "reads the course's own cores, not the whole machine's"),
+    Mutant("every process's CPU, mean >= 60%", rule(cpu=lambda tl: np.mean(tl.cpu_percent) >= 60),
+           "reads the course's own cores, not the whole machine's"),
+    Mutant("every process's CPU, mean >= 55%", rule(cpu=lambda tl: np.mean(tl.cpu_percent) >= 55),
+           "reads the course's own cores, not the whole machine's"),
+    Mutant("the peak of the machine-wide mean", rule(cpu=lambda tl: np.mean(tl.cpu_percent, axis=1).max() >= 80),
+           "reads the course's own cores, not the whole machine's"),
+    Mutant("the course's and the others' cores", rule(cpu=lambda tl: np.mean(tl.ours_cores + tl.others_cores) >= 0.8 * tl.cores),
+           "reads the course's own cores, not the whole machine's"),
+    # the thresholds: each side of the edge, and on it
+    Mutant("the course's cores, >= 60%", rule(cpu=lambda tl: np.mean(tl.ours_cores) >= 0.6 * tl.cores),
+           "uses the thresholds as specified"),
+    Mutant("the course's cores, >= 75%", rule(cpu=lambda tl: np.mean(tl.ours_cores) >= 0.75 * tl.cores),
+           "uses the thresholds as specified"),
+    Mutant("the course's cores, > 80%", rule(cpu=lambda tl: np.mean(tl.ours_cores) > 0.8 * tl.cores),
+           "uses the thresholds as specified"),
+    Mutant("the course's cores, >= 81%", rule(cpu=lambda tl: np.mean(tl.ours_cores) >= 0.81 * tl.cores),
+           "uses the thresholds as specified"),
+    Mutant("the course's share rounded to 2 places", rule(cpu=lambda tl: round(np.mean(tl.ours_cores) / tl.cores, 2) >= 0.8),
+           "uses the thresholds as specified"),
+    Mutant("device > 85%", rule(device=lambda g: np.mean(g) > 85), "uses the thresholds as specified"),
+    Mutant("device >= 84%", rule(device=lambda g: np.mean(g) >= 84), "uses the thresholds as specified"),
+    Mutant("device >= 86%", rule(device=lambda g: np.mean(g) >= 86), "uses the thresholds as specified"),
+    Mutant("device mean rounded", rule(device=lambda g: round(np.mean(g)) >= 85), "uses the thresholds as specified"),
+    # the whole run: the mean's neighbours, and runs whose start and end differ from their middle
+    Mutant("the course's peak", rule(cpu=lambda tl: tl.ours_cores.max() >= 0.8 * tl.cores),
+           "judges the whole run (means over every sample)"),
+    Mutant("the course's median", rule(cpu=lambda tl: np.median(tl.ours_cores) >= 0.8 * tl.cores),
+           "judges the whole run (means over every sample)"),
+    Mutant("the course over the middle half", rule(cpu=lambda tl: middle_half(tl.ours_cores) >= 0.8 * tl.cores),
+           "judges the whole run (means over every sample)"),
+    Mutant("the course's 10% trimmed mean", rule(cpu=lambda tl: trimmed(tl.ours_cores) >= 0.8 * tl.cores),
+           "judges the whole run (means over every sample)"),
+    Mutant("the device's median", rule(device=lambda g: np.median(g) >= 85), "judges the whole run (means over every sample)"),
+    Mutant("the device over the middle half", rule(device=lambda g: middle_half(g) >= 85),
+           "judges the whole run (means over every sample)"),
+    Mutant("the device's 10% trimmed mean", rule(device=lambda g: trimmed(g) >= 85),
+           "judges the whole run (means over every sample)"),
 ]
 
 
 def test_diagnosis_passes():
     passes("1.3", diagnose, range(30))
+    passes("1.3", diagnose_in_percent, range(30))
 
 
 @pytest.mark.parametrize("mutant", MUTANTS_13, ids=repr)
 def test_diagnosis_mutants_rejected(mutant):
     rejected("1.3", mutant, range(30))
+
+
+def test_the_shared_machine_case_of_issue_35():
+    """One busy thread on 2 cores while another program holds the second core: every process's CPU
+    reads 100%, the course's own cores one; the rule must read the course's."""
+    from course_utils.checks.lesson01 import _reference_diagnosis, _timeline
+    rng = np.random.default_rng(0)
+    tl = _timeline(np.full(50, 40.0), np.full(50, 1.0), 2, rng, others=1.0)
+    assert np.mean(tl.cpu_percent) > 95 and _reference_diagnosis(tl) == "sync-bound"
 
 
 def test_stubs_are_not_implemented():

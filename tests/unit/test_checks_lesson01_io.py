@@ -110,6 +110,72 @@ def last_sample(run):
     return "cpu-bound" if _loaders_busy(run, stat=lambda x: x[-1]) else "io-bound"
 
 
+# -- issue 35: the edges and the mean's neighbours ----------------------------------------------
+
+def stall_at_most(run):                              # "below 0.10" read as <=
+    if run.stall_fraction <= 0.10:
+        return "device-bound"
+    return "cpu-bound" if _loaders_busy(run) else "io-bound"
+
+
+def busy_strictly_above(run):                        # "at least 80%" read as >
+    if run.stall_fraction < 0.10:
+        return "device-bound"
+    return "cpu-bound" if np.mean(run.loader_cores) > 0.8 * min(run.loader_processes, run.usable_cores) else "io-bound"
+
+
+def stall_rounded(run):                              # round(stall, 2) < 0.10: 0.095-0.0999 read as 0.10
+    if round(run.stall_fraction, 2) < 0.10:
+        return "device-bound"
+    return "cpu-bound" if _loaders_busy(run) else "io-bound"
+
+
+def stall_rounded_3(run):
+    if round(run.stall_fraction, 3) < 0.10:
+        return "device-bound"
+    return "cpu-bound" if _loaders_busy(run) else "io-bound"
+
+
+def share_rounded(run):
+    if run.stall_fraction < 0.10:
+        return "device-bound"
+    share = np.mean(run.loader_cores) / min(run.loader_processes, run.usable_cores)
+    return "cpu-bound" if round(share, 2) >= 0.8 else "io-bound"
+
+
+def _middle_half(x):
+    return np.mean(x[len(x) // 4: len(x) - len(x) // 4])
+
+
+def _trimmed(x, share=0.1):
+    k = int(len(x) * share)
+    return np.mean(np.sort(x)[k: len(x) - k])
+
+
+def median_loader(run):
+    if run.stall_fraction < 0.10:
+        return "device-bound"
+    return "cpu-bound" if _loaders_busy(run, stat=np.median) else "io-bound"
+
+
+def middle_half_loader(run):                         # drops the start and end bursts the spec says are tested
+    if run.stall_fraction < 0.10:
+        return "device-bound"
+    return "cpu-bound" if _loaders_busy(run, stat=_middle_half) else "io-bound"
+
+
+def trimmed_loader(run):
+    if run.stall_fraction < 0.10:
+        return "device-bound"
+    return "cpu-bound" if _loaders_busy(run, stat=_trimmed) else "io-bound"
+
+
+def classify_as_shares(run):                         # the same rules written another way: passes
+    if not run.stall_fraction >= 0.1:
+        return "device-bound"
+    return "cpu-bound" if np.mean(run.loader_cores / min(run.loader_processes, run.usable_cores)) >= 0.8 else "io-bound"
+
+
 # -- wrong form, side effects, reading the answer from the object --------------------------------
 
 def other_spelling(run):
@@ -146,6 +212,14 @@ MUTANTS = {
     sorts_in_place: "leaves the run unchanged",
     reads_the_name: "answers one of the three labels",
     stall_in_percent: "tells the runs apart",
+    stall_at_most: "uses the thresholds as specified",
+    busy_strictly_above: "uses the thresholds as specified",
+    stall_rounded: "uses the thresholds as specified",
+    stall_rounded_3: "uses the thresholds as specified",
+    share_rounded: "uses the thresholds as specified",
+    median_loader: "judges the whole run",
+    middle_half_loader: "judges the whole run",
+    trimmed_loader: "judges the whole run",
 }
 
 
@@ -156,8 +230,9 @@ def _run(monkeypatch, fn, seed):
 
 def test_reference_passes_on_every_seed(monkeypatch):
     for seed in SEEDS:
-        result = _run(monkeypatch, classify_run, seed)
-        assert result.status == "pass", (seed, result.message)
+        for answer in (classify_run, classify_as_shares):
+            result = _run(monkeypatch, answer, seed)
+            assert result.status == "pass", (seed, answer.__name__, result.message)
 
 
 def test_stub_is_not_implemented():

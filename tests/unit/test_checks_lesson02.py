@@ -103,6 +103,13 @@ def scans_down_from_the_best(sweep, tolerance=0.05):      # stops at the first c
     return counts[i]
 
 
+def rounds_the_ratio(sweep, tolerance=0.05):             # issue 35's rule: 0.948 x best rounds to 0.95
+    if not sweep:
+        raise ValueError("empty sweep")
+    best = max(sweep.values())
+    return min(w for w, v in sweep.items() if round(v / best, 2) >= 1 - tolerance)
+
+
 def ignores_tolerance(sweep, tolerance=0.05):
     return choose(sweep)
 
@@ -135,6 +142,7 @@ MUTANTS_21 = [
     Mutant("scans down from the best", scans_down_from_the_best,
            "picks the smallest count within the tolerance of the best"),
     Mutant("ignores the tolerance", ignores_tolerance, "picks the smallest count within the tolerance of the best"),
+    Mutant("the ratio rounded to 2 places", rounds_the_ratio, "picks the smallest count within the tolerance of the best"),
     Mutant("default tolerance 0.1", default_of_a_tenth, "picks the smallest count within the tolerance of the best"),
     Mutant("the largest count", largest_count, "picks the smallest count within the tolerance of the best"),
     Mutant("returns the throughput", returns_throughput, "returns a worker count (an int)"),
@@ -220,6 +228,26 @@ class CachedOnce:
     def __iter__(self):
         for chunk in torch.randperm(len(self.labels)).split(self.batch_size):
             yield self.images[chunk], self.labels[chunk]
+
+
+class CachesAThird:
+    """Issue 35's rule ("all", "each"): augments a third of the samples once and serves them from
+    a cache ever after, the other two thirds afresh: 2 in 3 fresh passed a bar of 1 in 2."""
+
+    def __init__(self, dataset, batch_size):
+        self.dataset, self.batch_size, self.cache = dataset, batch_size, {}
+
+    def __iter__(self):
+        for chunk in torch.randperm(len(self.dataset)).split(self.batch_size):
+            items = []
+            for i in chunk.tolist():
+                if i % 3 == 0:
+                    if i not in self.cache:
+                        self.cache[i] = self.dataset[i]
+                    items.append(self.cache[i])
+                else:
+                    items.append(self.dataset[i])
+            yield torch.stack([x for x, _ in items]), torch.tensor([y for _, y in items])
 
 
 def stub_22(dataset, batch_size):
@@ -318,6 +346,7 @@ MUTANTS_22_CORRECTNESS = [
     Mutant("a one-shot iterator", one_shot, "every sample exactly once per epoch"),
     Mutant("invented labels", invented_labels, "yields the dataset's samples"),
     Mutant("augments once, caches", CachedOnce, "augments afresh every epoch"),
+    Mutant("caches a third of the samples", CachesAThird, "augments afresh every epoch"),
     Mutant("ignores batch_size", ignores_batch_size, "batches of batch_size samples (the last may be smaller)"),
     Mutant("the same order every epoch", SameOrderEveryEpoch, "reshuffles every epoch"),
     Mutant("float64 images", collate_float64, "yields the dataset's float32 images"),

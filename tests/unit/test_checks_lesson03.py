@@ -449,6 +449,22 @@ def identity_on_small_batches(images, padding=4, generator=None):   # right on t
     return crop_flip(images, padding, generator)
 
 
+def flips_every_other_sample(images, padding=4, generator=None):   # half the batch flipped, by position
+    dy, dx, _ = _draws(len(images), padding, images.device, generator)
+    return _crop_with(images, padding, dy, dx, torch.arange(len(images), device=images.device) % 2 == 0)
+
+
+def flips_the_first_half(images, padding=4, generator=None):
+    dy, dx, _ = _draws(len(images), padding, images.device, generator)
+    return _crop_with(images, padding, dy, dx, torch.arange(len(images), device=images.device) < len(images) // 2)
+
+
+def one_flip_for_the_batch(images, padding=4, generator=None):      # one coin for the whole batch
+    dy, dx, _ = _draws(len(images), padding, images.device, generator)
+    coin = torch.rand(1, device=images.device, generator=generator) < 0.5
+    return _crop_with(images, padding, dy, dx, coin.expand(len(images)))
+
+
 def wraps_the_course(images, padding=4, generator=None):
     from course_utils.device_data import random_crop_flip
     return random_crop_flip(images, padding, generator)
@@ -483,6 +499,10 @@ MUTANTS_32 = [
     Mutant("a generator from torch.initial_seed() on every call", reseeds_from_torch_when_none,
            "draws new crops on every call"),
     Mutant("default padding 2", default_padding_of_two, "pads by 4 by default"),
+    # issue 35's rule: half of the batch flipped, but not at random per sample
+    Mutant("flips every other sample", flips_every_other_sample, "flips each sample independently, with probability 1/2"),
+    Mutant("flips the first half", flips_the_first_half, "flips each sample independently, with probability 1/2"),
+    Mutant("one flip for the whole batch", one_flip_for_the_batch, "flips half the samples"),
     Mutant("wraps course_utils.device_data", wraps_the_course, "is your own code"),
 ]
 

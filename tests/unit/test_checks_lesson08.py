@@ -475,6 +475,30 @@ def generator_reseeded_every_batch(ctx):
     return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False), batch_transform=augment)
 
 
+def augments_every_other_batch(ctx):
+    """Issue 35's rule ("every sample"): one batch in two augmented, the others as they are."""
+    augment, served = AugmentBatch(), [0]
+
+    def every_other(x, y):
+        served[0] += 1
+        return augment(x, y) if served[0] % 2 else normalize_batch(x, y)
+    images, labels = ctx.on_device()
+    return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False), batch_transform=every_other)
+
+
+def augments_most_of_each_batch(ctx):
+    """The first 60% of each batch augmented, the rest as it is."""
+    augment = AugmentBatch()
+
+    def most(x, y):
+        k = int(0.6 * len(x))
+        head, _ = augment(x[:k], y[:k])
+        tail, _ = normalize_batch(x[k:], y[k:])
+        return torch.cat([head, tail]), y
+    images, labels = ctx.on_device()
+    return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False), batch_transform=most)
+
+
 class ReseededEveryEpoch:
     """Seeds the augmentation's generator when each pass begins: every epoch draws the same numbers."""
 
@@ -549,6 +573,10 @@ NAMED = [
            words="drop_last=False"),
     Mutant("generator_reseeded_every_batch", generator_reseeded_every_batch, "draws new random numbers for every batch",
            words="a generator seeded"),
+    Mutant("augments_every_other_batch", augments_every_other_batch, "augments: a random crop and flip for every sample",
+           words="are their sample as it is"),
+    Mutant("augments_most_of_each_batch", augments_most_of_each_batch, "augments: a random crop and flip for every sample",
+           words="are their sample as it is"),
 ]
 
 
@@ -925,8 +953,18 @@ RUNG_MUTANTS = [
     (uses_the_checks_speeds, "is your own code"),
     (switches_the_watch_off_then_calls_the_model, "leaves the profiler alone"),
 ]
+def rounds_the_fraction(report, tolerance=0.05):            # issue 35's rule: 0.948 x the fastest rounds to 0.95
+    if not report["rungs"]:
+        raise ValueError("no rungs")
+    speeds = _speeds(report)
+    best = max(speeds.values())
+    return next(name for name, v in speeds.items() if round(v / best, 2) >= 1 - tolerance)
+
+
 # each fails on a case every run asks, with a hint about its own mistake
 CONTRACT_MUTANTS = [
+    Mutant("rounds_the_fraction", rounds_the_fraction, "picks the simplest rung within the tolerance of the fastest",
+           words="not rounded"),
     Mutant("strictly_above", strictly_above, "picks the simplest rung within the tolerance of the fastest",
            words=">=, not >"),
     Mutant("default_tolerance_a_tenth", default_tolerance_a_tenth,

@@ -111,3 +111,34 @@ def test_make_run_refuses_impossible_means():
     with pytest.raises(ValueError):
         make_run(rng, stall=0.5, loader_use=0.5, loader_processes=2, cores=2, cpu="half") if False else \
             io_probe.synthetic_run("gpu-bound", rng)
+
+
+def test_a_thread_that_ends_takes_nothing_back_from_the_cpu_counted():
+    """schedstat is per thread: a thread that ended is gone from /proc, and a sum over the threads
+    drops (it read as 0 at the end of every run, issue 35). Increments are per thread."""
+    from course_utils.io_probe import _sched_increase
+    before = {1: (2.0, 1.0), 2: (5.0, 0.5)}
+    assert _sched_increase({1: (2.5, 1.25)}, before) == pytest.approx((0.5, 0.75))      # thread 2 ended
+    assert _sched_increase({1: (2.0, 1.0), 3: (0.25, 0.5)}, before) == pytest.approx((0.25, 0.75))   # 3 is new
+
+
+def test_the_monitor_never_shows_used_above_wanted_nor_a_sliver_at_the_end(data_file):
+    import threading
+    import time
+    from course_utils.io_probe import IoMonitor
+
+    def spin(seconds):
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+    with IoMonitor(data_file, interval_s=0.05) as mon:
+        t = threading.Thread(target=spin, args=(0.15,))        # a thread that ends before the monitor
+        t.start()
+        spin(0.3)
+        t.join()
+    tl = mon.timeline
+    if tl.ours_wanted_cores is None:
+        pytest.skip("no schedstat here")
+    assert (tl.ours_cores <= tl.ours_wanted_cores + 1e-9).all()
+    assert np.diff(np.r_[0.0, tl.t_s]).min() >= 0.05 / 2 - 1e-3       # no sliver of a sample
+    assert tl.ours_wanted_cores[-1] > 0.2                                 # the last sample is not a spurious 0

@@ -245,3 +245,36 @@ def test_the_age_of_a_process():
         child.kill()
         child.wait()
     assert monitor_module._age_s(2**22 + 12345) is None          # no such process
+
+
+def test_the_busy_share_comes_from_two_readings_not_from_psutils_per_thread_state():
+    """psutil 7 keeps cpu_percent's last reading per thread: a monitor primed in one thread and
+    sampled in another read 0% in its first sample (issue 35). The busy share is computed from two
+    cpu_times readings; a core whose counters did not tick keeps its previous value."""
+    from collections import namedtuple
+    from course_utils.monitor import _busy_percent
+    T = namedtuple("T", "user nice system idle iowait irq softirq steal guest guest_nice")
+    a = [T(10, 0, 5, 100, 0, 0, 0, 0, 0, 0), T(10, 0, 0, 100, 0, 0, 0, 0, 0, 0)]
+    b = [T(13, 0, 6, 101, 0, 0, 0, 0, 1, 0), T(10, 0, 0, 100, 0, 0, 0, 0, 0, 0)]
+    assert _busy_percent(a, b, previous=[0.0, 42.0]) == pytest.approx([80.0, 42.0])
+
+
+def test_the_first_sample_of_a_busy_loop_is_not_zero():
+    import time as _time
+    with UtilizationMonitor(interval_s=0.05) as mon:
+        end = _time.perf_counter() + 0.3
+        while _time.perf_counter() < end:
+            pass
+    tl = mon.timeline
+    assert tl.cpu_percent[0].max() > 20, tl.cpu_percent[:3]
+
+
+def test_synthetic_timelines_carry_the_course_s_own_cores():
+    for kind, low, high in (("input-bound", 0.85, 1.0), ("sync-bound", 0.0, 0.6), ("compute-bound", 0.0, 0.7)):
+        for cores in (2, 8, 32):
+            tl = synthetic_timeline(kind, cores=cores, rng=np.random.default_rng(cores))
+            share = tl.ours_cores.mean() / cores
+            assert low <= share <= high, (kind, cores, share)
+            assert (tl.ours_cores <= tl.cpu_percent.sum(axis=1) / 100 + 1e-9).all()
+    busy = synthetic_timeline("sync-bound", cores=2, rng=np.random.default_rng(0), others=1.0)
+    assert busy.cpu_percent.mean() > 90 and busy.ours_cores.mean() < 1.2           # a shared machine

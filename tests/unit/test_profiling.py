@@ -76,3 +76,39 @@ def test_the_profiling_script_runs_under_cprofile(tmp_path, monkeypatch, capsys)
     assert any(name == "train" for (_, _, name) in stats.stats)
     by_lib = time_by_library(stats)
     assert {"torchvision", "PIL"} <= set(by_lib), by_lib
+
+
+def test_quiet_kineto_holds_back_kinetos_lines_and_says_what_they_were(capfd):
+    """The profiler's C++ library prints start/stop markers and, without a GPU, 'gpuGetDeviceCount
+    failed' on the process's stderr (issue 35): held back, named in one sentence; other lines pass."""
+    import os
+    from torch.profiler import ProfilerActivity, profile
+    from course_utils.profiling import loader_rows, quiet_kineto
+    said = []
+    with quiet_kineto(report=said.append):
+        os.write(2, b"USDT:2026-11-27 05:46:20 23187:23187 SyncActivityProfilerHandler.cpp:39] profiler_start\n")
+        os.write(2, b"ERROR:2026-11-27 05:46:24 23187:23187 DeviceProperties.cpp:56] gpuGetDeviceCount failed "
+                    b"with code 35\n")
+        os.write(2, b"a line of the lesson's own\n")
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in DataLoader(list(range(8)), batch_size=4):
+                pass
+    err = capfd.readouterr().err
+    assert "a line of the lesson's own" in err and "USDT" not in err and "gpuGetDeviceCount" not in err
+    assert len(said) == 1 and "Kineto" in said[0] and "found none" in said[0] and "code 35" in said[0]
+    assert [r.count for r in loader_rows(prof)] == [3]           # the DataLoader's row: two batches and the end
+    with quiet_kineto(report=said.append):
+        pass
+    assert len(said) == 1                                         # nothing held back: nothing said
+
+
+def test_quiet_kineto_lets_other_kineto_errors_through(capfd):
+    import os
+    from course_utils.profiling import quiet_kineto
+    said = []
+    with quiet_kineto(report=said.append):
+        os.write(2, b"STAGE:2026-11-27 05:49:49 26749:26749 SyncActivityProfilerHandler.cpp:38] Completed Stage: Warm Up\n")
+        os.write(2, b"ERROR:2026-11-27 05:49:49 26749:26749 CuptiActivityApi.cpp:12] CUPTI_ERROR_INSUFFICIENT_PRIVILEGES\n")
+    err = capfd.readouterr().err
+    assert "CUPTI_ERROR_INSUFFICIENT_PRIVILEGES" in err and "Warm Up" not in err
+    assert len(said) == 1 and "found none" not in said[0]

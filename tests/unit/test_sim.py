@@ -1,6 +1,7 @@
 import itertools
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -117,7 +118,10 @@ def test_the_profile_is_the_measured_h100():
     assert device == pytest.approx(9.6, abs=0.05)
     host, device = H100.step_ms(128, "bf16", True, graph=True)
     assert host < 0.2, "a replayed graph is one launch"
-    assert "H100.md" in H100.source and H100.measured == "2026-11-24"
+    assert "GPU: one NVIDIA H100 (2026-11-24)" in H100.source and H100.measured == "2026-11-24"
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert "### GPU: one NVIDIA H100 (2026-11-24)" in readme     # the section the source cites (issue 35)
+    assert "shared/measured" not in H100.source
     with pytest.raises(ValueError):
         H100.step_ms(128, "fp8")
 
