@@ -527,7 +527,15 @@ class IoMonitor:
         self.stop()
 
     def _snapshot(self):
-        return (time.perf_counter(), psutil.cpu_times(percpu=True), _disk_counters(self.device), _proc_io(self._pids))
+        # Reading every thread's counters takes a while, longer when a busy Python thread holds the
+        # GIL (tens of ms): the snapshot's time is the middle of its readings, not their start (a
+        # time taken before them put the counts of one sample into the next, and the last sample
+        # of a run could read as 0, issue 35's CI flake).
+        start = time.perf_counter()
+        cpu = psutil.cpu_times(percpu=True)
+        disk = _disk_counters(self.device)
+        ours = _proc_io(self._pids)
+        return ((start + time.perf_counter()) / 2, cpu, disk, ours)
 
     def start(self) -> None:
         if self._thread is not None:

@@ -127,10 +127,16 @@ def test_the_monitor_never_shows_used_above_wanted_nor_a_sliver_at_the_end(data_
     import time
     from course_utils.io_probe import IoMonitor
 
+    import hashlib
+    buf = bytes(1 << 20)
+
     def spin(seconds):
+        # busy in C with the GIL released, as a training step is: a pure-Python spin starves the
+        # monitor's thread of the GIL on a loaded machine (two samples in 0.3 s), which is not
+        # what this test is about
         end = time.perf_counter() + seconds
         while time.perf_counter() < end:
-            pass
+            hashlib.sha256(buf)
     with IoMonitor(data_file, interval_s=0.05) as mon:
         t = threading.Thread(target=spin, args=(0.15,))        # a thread that ends before the monitor
         t.start()
