@@ -333,7 +333,7 @@ def _after_steps(s: _Run, emulate, vc):
                           "the whole step")
     if watch.optimizer_steps != s.steps_after_capture:
         raise CheckFailed("replays the whole step: no optimizer.step() in Python per call",
-                          f"{what}: {watch.optimizer_steps - s['steps_after_capture']} optimizer steps ran in "
+                          f"{what}: {watch.optimizer_steps - s.steps_after_capture} optimizer steps ran in "
                           f"Python during {steps} calls of step()",
                           "capture optimizer.step() inside the graph with the forward and backward passes: the "
                           "replay updates the weights")

@@ -419,6 +419,26 @@ def graphed_callables(model, optimizer, example_images, example_labels, warmup=3
     return step
 
 
+def optimizer_outside_the_graph(model, optimizer, example_images, example_labels, warmup=3):
+    """Forward and backward captured, optimizer.step() eager after each replay (walk w2-05)."""
+    _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+    images, labels = example_images.clone(), example_labels.clone()
+    graph = torch.cuda.CUDAGraph()
+    optimizer.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        loss = F.cross_entropy(model(images), labels)
+        loss.backward()
+    return _stepper(graph, images, labels, loss, after=lambda _: optimizer.step())
+
+
+def extra_optimizer_step(model, optimizer, example_images, example_labels, warmup=3):
+    """The whole step captured, and one more optimizer.step() in Python after each replay (walk w2-05)."""
+    _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+    images, labels = example_images.clone(), example_labels.clone()
+    graph, loss = _capture(model, optimizer, images, labels)
+    return _stepper(graph, images, labels, loss, after=lambda _: optimizer.step())
+
+
 _CACHED: dict = {}
 
 
@@ -495,6 +515,10 @@ CASES = [
     Case("returns the captured loss", returns_the_captured_loss, "fail", "returns each step's own loss"),
     Case("eager every step", eager_every_step, "fail", "replays the graph: no Python model call per step"),
     Case("replays twice", replays_twice, "fail", "one replay per step"),
+    Case("optimizer.step() in Python after the replay", optimizer_outside_the_graph, "fail",
+         "replays the whole step: no optimizer.step() in Python per call", words="optimizer steps ran in Python"),
+    Case("an extra optimizer.step() after the replay", extra_optimizer_step, "fail",
+         "replays the whole step: no optimizer.step() in Python per call", words="optimizer steps ran in Python"),
     Case("make_graphed_callables", graphed_callables, "fail", "captures the whole step as one graph",
          why="a partial capture: valid GPU code, not this exercise (the optimizer step stays eager)"),
     Case("the first graph cached for every call", caches_the_graph, "fail",
