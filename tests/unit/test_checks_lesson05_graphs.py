@@ -111,7 +111,7 @@ def test_capture_arguments_and_refusals_as_torch_gives_them():
             with pytest.raises(RuntimeError, match="already underway"):
                 torch.cuda.CUDAGraph().capture_begin()
         assert g.capture_error_mode == "relaxed" and g.pool_token == pool and not torch.cuda.is_current_stream_capturing()
-        with pytest.raises(RuntimeError, match="already captured"):
+        with pytest.raises(RuntimeError, match="already owns a captured graph"):
             with torch.cuda.graph(g):
                 pass
 
