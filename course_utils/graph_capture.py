@@ -264,6 +264,17 @@ def _on_meta(func, args, kwargs):
     return func(*margs, **mkwargs)
 
 
+def _same_generator(a, b) -> bool:
+    """Whether two generator objects are one generator (a dispatch hands over a new Python object)."""
+    if a is b:
+        return True
+    try:
+        return a.device == b.device and a.initial_seed() == b.initial_seed() and bool(
+            torch.equal(a.get_state(), b.get_state()))
+    except (RuntimeError, AttributeError):
+        return False
+
+
 def _caller() -> str:
     for frame in reversed(traceback.extract_stack()[:-1]):
         path = frame.filename.replace("\\", "/")
@@ -300,7 +311,7 @@ class _Recorder(TorchDispatchMode):
         if name in _HOST_READ_OPS or bool_index:
             owner.host_read(f"aten.{name}" + (" (a boolean mask)" if bool_index else ""))
         generator = kwargs.get("generator")
-        if generator is not None and not any(generator is g for g in self.graph.generators):
+        if generator is not None and not any(_same_generator(generator, g) for g in self.graph.generators):
             raise RuntimeError(NOT_CAPTURING)
         for leaf in leaves:
             if id(leaf) not in self.saved and id(leaf) not in self._made:
@@ -656,18 +667,28 @@ class _GraphContext:
 
 
 class _StreamType(type):
-    """torch.Stream / torch.Event while emulating: CUDA (or no device named) gets the emulated one,
-    isinstance sees both."""
+    """torch.cuda.Stream / Event (and torch.Stream / Event) while emulating: a call makes the emulated one
+    (for torch.Stream / Event: when CUDA, the CPU or no device is named), and isinstance sees both."""
 
     def __instancecheck__(cls, obj):
         return isinstance(obj, (cls._emulated, cls._real))
 
+    def __subclasscheck__(cls, sub):
+        return issubclass(sub, (cls._emulated, cls._real))
+
     def __call__(cls, *args, **kwargs):
+        if not cls._agnostic:
+            return cls._make(*args, **kwargs)
         device = kwargs.get("device", args[0] if args and not isinstance(args[0], bool) else None)
         if device is None or _device_type(device) in ("cuda", "cpu"):
             rest = {k: v for k, v in kwargs.items() if k != "device"}
             return cls._make(*args[1:], **rest)
         return cls._real(*args, **kwargs)
+
+
+def _emulated_type(name, real, make, emulated, agnostic: bool):
+    return _StreamType(name, (), {"_real": real, "_make": staticmethod(make), "_emulated": emulated,
+                                  "_agnostic": agnostic})
 
 
 def _device_type(device) -> str | None:
@@ -802,19 +823,19 @@ class EmulatedGraphs:
             _merge(clock, self._host_clock)        # the host launched it after what it had waited for
         clock[stream.id] = now = clock.get(stream.id, 0) + 1
         written, read = writes, reads
-        for key, t in list(read.items()) + list(written.items()):
+        for key, t in {**read, **written}.items():        # at most one race per memory per operation
             if not key:
                 continue
+            did = "overwrote" if key in written else "read"
             last = self._writes.get(key)
             if last is not None and last[0] != stream.id and last[1] > clock.get(last[0], 0):
-                self._race(what, "read" if key not in written else "overwrote", t, last[2], "wrote", last[0],
-                           stream.id)
-        for key, t in written.items():
-            if not key:
+                self._race(what, did, t, last[2], "wrote", last[0], stream.id)
                 continue
-            for other, (when, by) in self._reads.get(key, {}).items():
-                if other != stream.id and when > clock.get(other, 0):
-                    self._race(what, "overwrote", t, by, "read", other, stream.id)
+            if key in written:
+                unseen = [(other, by) for other, (when, by) in self._reads.get(key, {}).items()
+                          if other != stream.id and when > clock.get(other, 0)]
+                if unseen:
+                    self._race(what, did, t, unseen[0][1], "read", unseen[0][0], stream.id)
         for key in written:
             if key:
                 self._writes[key] = (stream.id, now, what)
@@ -876,12 +897,14 @@ class EmulatedGraphs:
             "graph": lambda cuda_graph, *args, **kwargs: _GraphContext(owner, cuda_graph, *args, **kwargs),
             "graph_pool_handle": self._graph_pool_handle,
             "is_current_stream_capturing": lambda: owner.capturing is not None,
-            "Stream": lambda *args, **kwargs: _Stream(owner, *args, **kwargs),
+            "Stream": _emulated_type("Stream", torch.cuda.Stream, lambda *a, **k: _Stream(owner, *a, **k), _Stream,
+                                     agnostic=False),
             "stream": self.stream,
             "current_stream": self.current_stream,
             "default_stream": lambda device=None: owner.default_stream,
             "synchronize": self.synchronize,
-            "Event": lambda *args, **kwargs: _Event(owner, *args, **kwargs),
+            "Event": _emulated_type("Event", torch.cuda.Event, lambda *a, **k: _Event(owner, *a, **k), _Event,
+                                    agnostic=False),
             "manual_seed": self._seeding(torch.cuda.manual_seed),
             "manual_seed_all": self._seeding(torch.cuda.manual_seed_all),
         }
@@ -893,10 +916,9 @@ class EmulatedGraphs:
         for name in ("Stream", "Event"):
             patch(streams_module, name, values[name])
         # the device-agnostic names (torch 2.6+): torch.Stream, torch.Event, torch.accelerator.*
-        for name, make in (("Stream", values["Stream"]), ("Event", values["Event"])):
-            real = getattr(torch, name)
-            patch(torch, name, _StreamType(name, (), {"_real": real, "_make": staticmethod(make),
-                                                      "_emulated": _Stream if name == "Stream" else _Event}))
+        for name, emulated in (("Stream", _Stream), ("Event", _Event)):
+            patch(torch, name, _emulated_type(name, getattr(torch, name), values[name]._make, emulated,
+                                              agnostic=True))
         accelerator = getattr(torch, "accelerator", None)
         if accelerator is not None:
             patch(accelerator, "current_stream", self.current_stream)

@@ -100,28 +100,48 @@ def _uses_its_scaler(watched: _ScalerCalls, returned, label, *, scaled: bool) ->
     read nothing else on the host."""
     calls = watched.calls
     if "scale" not in calls and scaled:
-        raise CheckFailed("uses the scaler it is given",
-                          f"{label}: the scaler passed to amp_step was not used (its scale() was never called)",
-                          "use the `scaler` argument: a new GradScaler every call starts from its initial scale each "
-                          "step and forgets what it learned (the backoff after an overflow, the growth after clean "
-                          "steps)")
+        raise CheckFailed("uses the scaler it is given", f"{label}: {_UNUSED_SCALER}", _UNUSED_SCALER_HINT)
     if "update" in calls and "step" in calls and calls.index("update") < calls.index("step"):
         raise CheckFailed("calls scaler.update() after scaler.step()",
                           f"{label}: yours called the scaler's {', '.join(calls)}, in that order",
                           "scaler.step(optimizer) first (it skips the step after an overflow), then scaler.update(), "
                           "which adjusts the scale from what step() found")
-    allowed = 0 if isinstance(returned, torch.Tensor) else 1      # a float returned is one read
     reads = watched.reads
-    if reads.count > allowed:
+    if reads.count:
         where = ", ".join(f"{name} at line {w.rpartition(':')[2]}" for name, w in zip(reads.calls, reads.where))
         got_scale = "get_scale" in calls
         raise CheckFailed("reads nothing on the host besides the scaler's own check",
                           f"{label}: one call read {reads.count} value(s) from the device besides the scaler's check "
-                          f"for inf ({where}){'; returning a float is one' if allowed else ''}",
+                          f"for inf ({where})",
                           ("get_scale() reads the scale from the device every step: clip after "
                            "scaler.unscale_(optimizer) instead of scaling max_norm by it. " if got_scale else "")
                           + "On a GPU each read makes the host wait for the device: return the loss as a tensor and "
                           "let the caller read it when it logs")
+
+
+_UNUSED_SCALER = "the scaler passed to amp_step in this call was not used (its scale() was never called)"
+_UNUSED_SCALER_HINT = ("use the `scaler` argument, every call: a new GradScaler made in the step starts from its initial "
+                       "scale each step and forgets what it learned (the backoff after an overflow, the growth after "
+                       "clean steps), and one kept from an earlier call (a global, a default argument) is another "
+                       "caller's")
+
+
+def _returned_loss(returned, label):
+    """The loss a step returned: a detached tensor of one value (a float is a read of the device)."""
+    if isinstance(returned, torch.Tensor):
+        if returned.requires_grad or returned.grad_fn is not None:
+            raise CheckFailed("returns the loss as a detached tensor",
+                              f"{label}: the returned loss still holds its autograd graph (grad_fn "
+                              f"{type(returned.grad_fn).__name__})",
+                              "return loss.detach(): a caller that keeps the losses (to log them later) would keep "
+                              "every step's graph alive, the habit exercise 5.4 fixes")
+        return returned
+    if isinstance(returned, (float, int, np.floating, np.integer)) and not isinstance(returned, bool):
+        raise CheckFailed("returns the loss as a detached tensor",
+                          f"{label}: amp_step returned a {type(returned).__name__}: reading the loss as a number is "
+                          "a wait for the device on every step, besides the scaler's own",
+                          "return loss.detach() and let the caller read it when it logs (once per interval)")
+    return returned
 
 
 def _grad_norm(params):
@@ -210,6 +230,7 @@ def _amp_case(amp_step, rng, seed, device, dtype, *, use_scaler):
             model.backward_autocast.clear()
             with _LossWatch(kind) as losses_seen, watched.one_call():
                 returned = _call_amp(amp_step, label, model, opt, scaler, x, y, dtype=dtype, max_norm=1e9)
+            returned = _returned_loss(returned, label)
             loss = _as_float(returned, f"amp_step ({label})")
             if len(model.seen) != 1:
                 raise CheckFailed("runs one forward pass per step",
@@ -233,8 +254,9 @@ def _amp_case(amp_step, rng, seed, device, dtype, *, use_scaler):
                 raise CheckFailed("runs backward outside autocast",
                                   f"{label}: autocast was still on during the backward pass",
                                   "end the `with torch.autocast(...)` block after the loss: backward runs each "
-                                  "operation in the precision its forward used, and under autocast PyTorch "
-                                  "does not support it (leave scaler.scale(loss).backward() outside the block)")
+                                  "operation in the precision its forward used, and PyTorch's AMP notes say "
+                                  "backward under autocast is not recommended (leave scaler.scale(loss).backward() "
+                                  "outside the block)")
             if not math.isfinite(loss) or not math.isclose(loss, expected_loss, rel_tol=3e-2, abs_tol=1e-2):
                 raise CheckFailed("returns the step's loss", f"{label}: yours {loss:.4f}, the batch's loss "
                                   f"before the step is {expected_loss:.4f} (seed {seed})")
@@ -335,12 +357,19 @@ def _amp_case(amp_step, rng, seed, device, dtype, *, use_scaler):
     model = _AutocastProbeNet(d_in, n_classes).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     scaler = torch.amp.GradScaler(kind, growth_interval=5, enabled=use_scaler)
+    fresh = _ScalerCalls(scaler)
     scales, losses = [], []
     for _ in range(40):
         xb, yb, _ = _blobs(rng, 32, d_in, n_classes, device, centers)
-        losses.append(_as_float(_call_amp(amp_step, label, model, opt, scaler, xb, yb, dtype=dtype, max_norm=5.0),
-                                f"amp_step ({label})"))
-        scales.append(scaler.get_scale() if use_scaler else 1.0)
+        fresh.calls.clear()
+        losses.append(_call_amp(amp_step, label, model, opt, scaler, xb, yb, dtype=dtype, max_norm=5.0))
+        if use_scaler and "scale" not in fresh.calls:     # a scaler kept from an earlier call, say
+            raise CheckFailed("uses the scaler it is given", f"{label}, a new model and a new scaler: "
+                              f"{_UNUSED_SCALER}", _UNUSED_SCALER_HINT)
+        with fresh.reads.paused():
+            scales.append(scaler.get_scale() if use_scaler else 1.0)
+    with fresh.reads.paused():
+        losses = [_as_float(v, f"amp_step ({label})") for v in losses]
     first, last = float(np.mean(losses[:5])), float(np.mean(losses[-5:]))
     if not last < 0.7 * first:
         raise CheckFailed("trains: the loss goes down", f"{label}: mean loss over the first 5 steps {first:.3f}, "

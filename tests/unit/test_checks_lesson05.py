@@ -277,11 +277,37 @@ def amp_clips_the_largest_entry(model, optimizer, scaler, images, labels, dtype=
 
 
 def amp_item_every_step(model, optimizer, scaler, images, labels, dtype=torch.float16, max_norm=1.0):
-    """Logs the loss every step: a second read of the device per step (the float return is the first)."""
+    """A divergence guard every step: a read of the device per step besides the scaler's."""
     loss = amp_step(model, optimizer, scaler, images, labels, dtype, max_norm)
     if not torch.isfinite(loss):
         raise RuntimeError("the loss diverged")
-    return loss.item()
+    return loss
+
+
+def amp_returns_a_float(model, optimizer, scaler, images, labels, dtype=torch.float16, max_norm=1.0):
+    """`return loss.item()`: a read of the device every step (walk w2-05)."""
+    return amp_step(model, optimizer, scaler, images, labels, dtype, max_norm).item()
+
+
+def amp_returns_the_graph(model, optimizer, scaler, images, labels, dtype=torch.float16, max_norm=1.0):
+    """`return loss`, not detached: a caller keeping the losses keeps every graph (walk w2-05, x-05 F13)."""
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=images.device.type, dtype=dtype):
+        loss = F.cross_entropy(model(images), labels)
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss
+
+
+_KEPT = {}
+
+
+def amp_keeps_the_first_scaler(model, optimizer, scaler, images, labels, dtype=torch.float16, max_norm=1.0):
+    """The first scaler it was handed kept in a global, used by every later call (walk w2-05)."""
+    return amp_step(model, optimizer, _KEPT.setdefault("scaler", scaler), images, labels, dtype, max_norm)
 
 
 MUTANTS_51 = [
@@ -293,6 +319,11 @@ MUTANTS_51 = [
            words="at the start"),
     Mutant("update() before step()", amp_update_before_step, "calls scaler.update() after scaler.step()"),
     Mutant("a new GradScaler every call", amp_new_scaler_every_call, "uses the scaler it is given"),
+    Mutant("returns loss.item()", amp_returns_a_float, "returns the loss as a detached tensor", words="a float"),
+    Mutant("returns the loss with its graph", amp_returns_the_graph, "returns the loss as a detached tensor",
+           words="autograd graph"),
+    Mutant("keeps the first scaler in a global", amp_keeps_the_first_scaler, "uses the scaler it is given",
+           words="kept from an earlier call"),
     Mutant("clips the largest entry (norm_type=inf)", amp_clips_the_largest_entry,
            "clips the unscaled gradients to max_norm"),
     Mutant("backward under autocast", amp_backward_under_autocast, "runs backward outside autocast"),
@@ -321,10 +352,20 @@ def test_amp_step_passes():
     passes("5.1", amp_step, range(2))
 
 
-def test_amp_step_also_passes_returning_a_float():
-    def as_float(*args, **kwargs):
-        return amp_step(*args, **kwargs).item()
-    assert run_check("5.1", as_float).status == "pass"
+def test_amp_step_passes_with_the_walks_valid_variants():
+    """zero_grad(set_to_none=False), clipping twice, foreach=False (walk w2-05): right answers."""
+    def zeroed(model, optimizer, scaler, images, labels, dtype=torch.float16, max_norm=1.0):
+        optimizer.zero_grad(set_to_none=False)
+        with torch.autocast(device_type=images.device.type, dtype=dtype):
+            loss = F.cross_entropy(model(images), labels)
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, foreach=False)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        scaler.step(optimizer)
+        scaler.update()
+        return loss.detach()
+    passes("5.1", zeroed, range(1))
 
 
 # Check 5.1 draws its data at random, but what each mutant does wrong does not depend on it (a
