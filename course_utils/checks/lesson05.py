@@ -14,7 +14,7 @@ from torch import nn
 
 from ..memory import GraphWatch, SavedTensorMeter, StepReadings
 from ..syncs import SyncCounter, _CountingMode, _to_host
-from ._core import CheckFailed, exercise, expect_callable
+from ._core import CheckFailed, exercise, expect_callable, trusted
 from ._util import forbids, fresh_rng, single_threaded
 from .virtual_cuda import DeviceTensor, VirtualCuda
 
@@ -549,7 +549,7 @@ def check_accumulation(accumulate_gradients):
         with SavedTensorMeter(exclude=model.parameters()) as meter:
             model.watch, model.meter = watch, meter
             try:
-                with SyncCounter(host_reads=True) as syncs:
+                with _SyncAndCopyCounter(host_reads=True) as syncs:     # a copy to the host counts, as on a GPU
                     result = accumulate_gradients(model, watch.wrap(loss_fn), x, y, k)
             finally:
                 model.watch = model.meter = None
@@ -559,7 +559,12 @@ def check_accumulation(accumulate_gradients):
             raise CheckFailed("runs k micro-batches", f"{what}: yours ran forward passes on batches of {seen}; "
                               f"expected {k} micro-batches of at most {math.ceil(n / k)} samples covering all {n}",
                               "torch.tensor_split(images, k) and torch.tensor_split(labels, k)")
-        if not all(torch.equal(a, p.detach()) for a, p in zip(params_before, model.parameters())):
+        expected_sizes = [len(part) for part in torch.tensor_split(x, k)]
+        if seen != expected_sizes:
+            raise CheckFailed("runs k micro-batches", f"{what}: yours ran forward passes on batches of {seen}; "
+                              f"torch.tensor_split gives {expected_sizes} (the first ones get one sample more)",
+                              "torch.tensor_split(images, k) and torch.tensor_split(labels, k), in their order")
+        if not all(trusted.torch_equal(a, p.detach()) for a, p in zip(params_before, model.parameters())):
             raise CheckFailed("only computes gradients", f"{what}: the parameters changed; the optimizer step "
                               "is not part of this function")
         grads = [p.grad for p in model.parameters()]
@@ -622,10 +627,55 @@ def check_accumulation(accumulate_gradients):
             raise CheckFailed("reads the loss from the device once", f"{what}: yours made {syncs.count} synchronising "
                               f"calls ({', '.join(f'{n} x{c}' for n, c in syncs.by_name().items())}); one is enough",
                               "keep the running total as a detached tensor (total = total + loss.detach()) and "
-                              "read it with one .item() at the end: on a GPU each .item() waits for the device")
+                              "read it with one .item() at the end: on a GPU each .item(), float(), .cpu() or "
+                              ".to('cpu') waits for the device")
+    _accumulation_on_a_device(accumulate_gradients, rng, seed)
     return (f"equal to the full-batch gradient and loss for {len(sizes)} (batch, k) pairs, uneven splits included; "
             "each micro-batch's graph and activations freed by its backward before the next went forward; the loss "
-            "read once.")
+            "read once, also on a (virtual) CUDA device.")
+
+
+def _accumulation_on_a_device(accumulate_gradients, rng, seed):
+    """The same work with the model and the batch on the virtual CUDA device for training steps: what
+    lives on the host fails as on a GPU, and every wait of the host for the device is counted."""
+    from .virtual_cuda_training import VirtualCudaTraining
+    n, k, d_in, n_cls = 13, 4, 6, 3
+    torch.manual_seed(int(rng.integers(0, 2**31)))
+    model = _RecordingMLP(d_in, n_cls)
+    x = torch.tensor(rng.normal(size=(n, d_in)))
+    y = torch.tensor(rng.integers(0, n_cls, size=n))
+    what = f"batch of {n}, k={k}, cross-entropy, on a (virtual) CUDA device (seed {seed})"
+    loss_fn = lambda out, target: F.cross_entropy(out, target)     # noqa: E731
+    full_loss, full_grads = _full_batch(model, loss_fn, x, y)
+    with VirtualCudaTraining() as vc:
+        vc.put_module(model)
+        vc.put(x), vc.put(y)
+        try:
+            result = accumulate_gradients(model, loss_fn, x, y, k)
+        except RuntimeError as exc:
+            if "same device" not in str(exc):
+                raise
+            raise CheckFailed("keeps its running total on the device",
+                              f"{what}: yours raised: {str(exc)[:200]}",
+                              "make the total where the batch lives: torch.zeros((), dtype=torch.float64, "
+                              "device=images.device); a tensor made without device= is in host memory, and a GPU's "
+                              "loss cannot be added into it") from None
+        syncs = list(vc.syncs)
+        with vc.quiet():
+            grads = [p.grad for p in model.parameters()]
+            ok = not any(g is None for g in grads) and _close_grads(grads, full_grads)
+            loss = None if isinstance(result, torch.Tensor) else result
+    if len(syncs) > 1:
+        raise CheckFailed("reads the loss from the device once",
+                          f"{what}: yours waited for the device {len(syncs)} times "
+                          f"({'; '.join(dict.fromkeys(f'{s.what} at line {s.where.rpartition(chr(58))[2]}' for s in syncs))})",
+                          "keep the running total as a detached tensor on the device (total += loss.detach()) and "
+                          "read it with one .item() at the end: a .cpu() or .item() per micro-batch waits for the "
+                          "device each time")
+    if not ok or loss is None or not math.isclose(_as_float(loss, f"accumulate_gradients ({what})"), full_loss,
+                                                  rel_tol=1e-6, abs_tol=1e-9):
+        raise CheckFailed("gives the gradient of the full batch", f"{what}: the gradient or the loss differs from "
+                          "the full batch's on the device, though they matched on the CPU")
 
 
 # -- 5.3 the largest batch that fits -------------------------------------------------------------

@@ -538,7 +538,60 @@ def accumulate_reads_twice(model, loss_fn, images, labels, k):   # one read over
     return total.item()
 
 
+def accumulate_total_on_the_host(model, loss_fn, images, labels, k):
+    """The running total made without device=: host memory; on a GPU `total += loss` raises (walk w2-05)."""
+    model.zero_grad(set_to_none=True)
+    total = torch.zeros((), dtype=torch.float64)
+    for xb, yb in zip(torch.tensor_split(images, k), torch.tensor_split(labels, k)):
+        loss = loss_fn(model(xb), yb) * (len(xb) / len(images))
+        loss.backward()
+        total += loss.detach()
+    return total.item()
+
+
+def accumulate_copies_each_loss_to_the_host(model, loss_fn, images, labels, k):
+    """Each micro-batch's loss copied to the host: a wait for the device per micro-batch (walk w2-05)."""
+    model.zero_grad(set_to_none=True)
+    parts = []
+    for xb, yb in zip(torch.tensor_split(images, k), torch.tensor_split(labels, k)):
+        loss = loss_fn(model(xb), yb) * (len(xb) / len(images))
+        loss.backward()
+        parts.append(loss.detach().to("cpu"))
+    return torch.stack(parts).sum().item()
+
+
+def accumulate_host_total_by_cpu(model, loss_fn, images, labels, k):
+    model.zero_grad(set_to_none=True)
+    total = torch.zeros((), dtype=torch.float64)
+    for xb, yb in zip(torch.tensor_split(images, k), torch.tensor_split(labels, k)):
+        loss = loss_fn(model(xb), yb) * (len(xb) / len(images))
+        loss.backward()
+        total += loss.detach().cpu()
+    return total.item()
+
+
+def accumulate_last_ones_larger(model, loss_fn, images, labels, k):
+    """An uneven split with the last micro-batches one sample larger (walk w2-05)."""
+    model.zero_grad(set_to_none=True)
+    total = torch.zeros((), dtype=torch.float64, device=images.device)
+    xs = [p.flip(0) for p in torch.tensor_split(images.flip(0), k)][::-1]
+    ys = [p.flip(0) for p in torch.tensor_split(labels.flip(0), k)][::-1]
+    for xb, yb in zip(xs, ys):
+        loss = loss_fn(model(xb), yb) * (len(xb) / len(images))
+        loss.backward()
+        total += loss.detach()
+    return total.item()
+
+
 MUTANTS_52 = [
+    Mutant("the total made on the host", accumulate_total_on_the_host, "keeps its running total on the device",
+           words="device=images.device"),
+    Mutant("each loss copied to the host", accumulate_copies_each_loss_to_the_host,
+           "reads the loss from the device once", words="to x"),
+    Mutant("a host total fed by .cpu()", accumulate_host_total_by_cpu, "reads the loss from the device once",
+           words="cpu x"),
+    Mutant("the last micro-batches larger", accumulate_last_ones_larger, "runs k micro-batches",
+           words="the first ones get one sample more"),
     Mutant("a guard, then the value: two reads", accumulate_reads_twice, "reads the loss from the device once"),
     Mutant("a running sum of undetached losses", accumulate_undetached_sum,
            "keeps no micro-batch's graph after its backward", words="detach"),
@@ -565,6 +618,19 @@ MUTANTS_52 = [
 
 def test_accumulation_passes():
     passes("5.2", accumulate, range(10))
+
+
+def test_accumulation_passes_with_the_walks_valid_variants():
+    """zero_grad(set_to_none=False) and a float32 running total (walk w2-05): right answers."""
+    def variant(model, loss_fn, images, labels, k):
+        model.zero_grad(set_to_none=False)
+        total = torch.zeros((), dtype=torch.float32, device=images.device)
+        for xb, yb in zip(torch.tensor_split(images, k), torch.tensor_split(labels, k)):
+            loss = loss_fn(model(xb), yb) * (len(xb) / len(images))
+            loss.backward()
+            total += loss.detach()
+        return total.item()
+    passes("5.2", variant, range(2))
 
 
 @pytest.mark.parametrize("mutant", MUTANTS_52, ids=repr)
