@@ -731,6 +731,20 @@ def check_largest_batch(largest_batch):
             raise CheckFailed("probes only valid batch sizes", f"{label}: yours called {exc}") from None
         if isinstance(answer, bool) or not isinstance(answer, (int, np.integer)):
             raise CheckFailed("returns a whole number", f"{label}: yours returned {answer!r:.40}")
+        if not calls:
+            raise CheckFailed("finds the answer with its own probes",
+                              f"{label}: yours returned {int(answer)} without calling fits once",
+                              "every call searches with the fits it is handed, from fits(1) on (batch 1 may not fit "
+                              "either); an answer kept from an earlier call (a cache keyed by cap, a default "
+                              "argument) is another model's, or another memory's")
+        unasked = [b for b in (int(answer), int(answer) + 1) if 1 <= b <= cap and b not in calls]
+        if int(answer) != threshold and int(answer) in unasked:
+            raise CheckFailed("finds the largest batch that fits",
+                              f"{label}: yours {int(answer)}, expected {threshold}: yours returned {int(answer)} "
+                              f"without asking fits({int(answer)})",
+                              "return only a size fits() said yes to (and 0 when fits(1) says no): "
+                              + ("batch 1 may not fit either" if int(answer) == 1 else "a size never probed is a "
+                                 "guess"))
         if int(answer) != threshold:
             hint = ("yours is one more than the answer: the first size that did not fit (or cap + 1); return the "
                     "last size that fit" if int(answer) == threshold + 1 else
@@ -738,6 +752,12 @@ def check_largest_batch(largest_batch):
                     "the answer may be cap itself: make sure the search can reach it" if threshold == cap else
                     "keep the invariant fits(good) and not fits(bad), and stop when bad == good + 1")
             raise CheckFailed("finds the largest batch that fits", f"{label}: yours {int(answer)}, expected {threshold}", hint)
+        if unasked:
+            raise CheckFailed("finds the answer with its own probes",
+                              f"{label}: yours returned the right size, {threshold}, but never asked "
+                              f"{' nor '.join(f'fits({b})' for b in unasked)}: nothing this call probed shows it",
+                              "the answer is the size that fits with the next one that does not (or cap): probe "
+                              "both; an answer kept from an earlier call (a cache keyed by cap) is another model's")
         budget = probe_budget(threshold)
         worst = max(worst, len(calls) / budget)
         if len(calls) > budget:
@@ -746,7 +766,16 @@ def check_largest_batch(largest_batch):
                               f"the budget is 2*ceil(log2({threshold}+1))+2 = {budget}",
                               "double the batch size from 1 until it stops fitting (or passes cap), then "
                               "binary-search between the last size that fit and the first that did not")
-    return f"right on {len(cases)} monotone probes, edges included, using at most {worst:.0%} of the probe budget."
+        too_big = [b for b in calls if b > 4 * (threshold + 1)]
+        if too_big:
+            raise CheckFailed("probes no size far above the answer",
+                              f"{label}: yours probed {too_big[0]}, more than 4 x (answer + 1) = {4 * (threshold + 1)} "
+                              f"(probes: {', '.join(map(str, calls[:12]))}{', ...' if len(calls) > 12 else ''})",
+                              "start small and grow (1, 2, 4, ...): a probe that does not fit is a step that ran out "
+                              "of memory, and the bigger it is the more it allocated first; probing cap first is "
+                              "the most expensive failure there is")
+    return (f"right on {len(cases)} monotone probes, edges included, each answer shown by its own probes, none far "
+            f"above the answer, using at most {worst:.0%} of the probe budget.")
 
 
 # -- 5.4 fix a loop that keeps graphs and syncs every step ---------------------------------------

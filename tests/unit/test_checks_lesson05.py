@@ -795,7 +795,39 @@ def _padded(extra):
 largest_at_the_budget, largest_one_over_the_budget = _padded(0), _padded(1)
 
 
+def largest_probes_cap_first(fits, cap):
+    """'Everything fits' as a shortcut: the biggest, likeliest to run out of memory, probed first (walk w2-05)."""
+    if fits(cap):
+        return cap
+    return largest(fits, cap)
+
+
+def largest_cached_by_cap(fits, cap, _seen={}):                          # noqa: B006 (the mistake itself)
+    """Answers kept across calls, keyed by cap (walk w2-05)."""
+    if cap not in _seen:
+        _seen[cap] = largest(fits, cap)
+    return _seen[cap]
+
+
+def largest_x4_growth(fits, cap):
+    """Growing 4 times at a time, then bisecting: a right answer."""
+    if not fits(1):
+        return 0
+    good, candidate = 1, 4
+    while candidate <= cap and fits(candidate):
+        good, candidate = candidate, candidate * 4
+    bad = min(candidate, cap + 1)
+    while bad - good > 1:
+        mid = (good + bad + 1) // 2
+        good, bad = (mid, bad) if fits(mid) else (good, mid)
+    return good
+
+
 MUTANTS_53 = [
+    Mutant("probes cap first", largest_probes_cap_first, "probes no size far above the answer",
+           words="4 x (answer + 1)"),
+    Mutant("answers cached by cap", largest_cached_by_cap, "finds the answer with its own probes",
+           words="earlier call"),
     Mutant("returns the first size that failed", largest_returns_bad, "finds the largest batch that fits",
            words="one more than"),
     Mutant("one probe over the budget", largest_one_over_the_budget, "uses few probes"),
@@ -805,7 +837,8 @@ MUTANTS_53 = [
     Mutant("never reaches cap", largest_never_reaches_cap, "finds the largest batch that fits"),
     Mutant("powers of two only", largest_powers_of_two, "finds the largest batch that fits"),
     Mutant("probes past cap", largest_probes_past_cap, "probes only valid batch sizes"),
-    Mutant("assumes 1 fits", largest_assumes_one_fits, "finds the largest batch that fits"),
+    Mutant("assumes 1 fits", largest_assumes_one_fits, "finds the answer with its own probes",
+           words="batch 1 may not fit"),
     Mutant("a float probe", largest_float_probe, "probes only valid batch sizes"),
     Mutant("(good + bad) / 2", largest_true_division, "probes only valid batch sizes"),
     Mutant("returns a float", largest_returns_float, "returns a whole number"),
@@ -817,6 +850,7 @@ MUTANTS_53 = [
 def test_largest_batch_passes():
     passes("5.3", largest, range(20))
     passes("5.3", largest_at_the_budget, range(3))      # on the edge: exactly the budget
+    passes("5.3", largest_x4_growth, range(3))          # on the other edge: no probe above 4 x (answer + 1)
 
 
 @pytest.mark.parametrize("mutant", MUTANTS_53, ids=repr)
