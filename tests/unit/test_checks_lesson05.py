@@ -1189,7 +1189,47 @@ def two_reads_per_interval(model, optimizer, batches, loss_fn, log_every=10):
     return means
 
 
+def window_as_a_default_argument(model, optimizer, batches, loss_fn, log_every=10, _window=[]):   # noqa: B006
+    """The window as a mutable default: one call's partial interval leaks into the next (walk w2-05)."""
+    means = []
+    for step, (images, labels) in enumerate(batches, 1):
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        _window.append(loss.detach())
+        if step % log_every == 0:
+            mean = torch.stack(_window).mean().item()
+            print(f"step {step}: mean loss {mean:.4f}")
+            means.append(mean)
+            _window.clear()
+    return means
+
+
+def synchronize_when_a_gpu_is_there(model, optimizer, batches, loss_fn, log_every=10):
+    """`if torch.cuda.is_available(): torch.cuda.synchronize()` every step: right on a CPU only (walk w2-05)."""
+    means, window = [], []
+    for step, (images, labels) in enumerate(batches, 1):
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        window.append(loss.detach())
+        if step % log_every == 0:
+            mean = torch.stack(window).mean().item()
+            print(f"step {step}: mean loss {mean:.4f}")
+            means.append(mean)
+            window.clear()
+    return means
+
+
 MUTANTS_54 = [
+    Mutant("the window as a default argument", window_as_a_default_argument, "logs the mean loss of each interval",
+           words="kept between calls"),
+    Mutant("synchronize when a GPU is there", synchronize_when_a_gpu_is_there,
+           "synchronises at most once per logging interval", words="torch.cuda.synchronize x"),
     Mutant("never prints the means", never_prints, "prints each interval's mean"),
     Mutant("prints the last loss, not the mean", prints_the_last_loss, "prints each interval's mean"),
     Mutant("one more read after the loop", one_more_read_at_the_end, "synchronises at most once per logging interval"),
@@ -1219,6 +1259,28 @@ MUTANTS_54 = [
 def test_fixed_loop_passes():
     passes("5.4", fixed_loop, range(2))
     passes("5.4", running_sum_loop, range(1))
+
+
+def test_fixed_loop_passes_with_the_walks_valid_variants():
+    """zero_grad at the end of the step, `del loss`, a divergence guard on the interval's mean (walk w2-05)."""
+    def variant(model, optimizer, batches, loss_fn, log_every=10):
+        means, window = [], []
+        for step, (images, labels) in enumerate(batches, 1):
+            loss = loss_fn(model(images), labels)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            window.append(loss.detach())
+            del loss
+            if step % log_every == 0:
+                mean = torch.stack(window).mean().item()
+                if not math.isfinite(mean):
+                    raise RuntimeError("the loss diverged")
+                print(f"step {step}: mean loss {mean:.4f}")
+                means.append(mean)
+                window.clear()
+        return means
+    passes("5.4", variant, range(1))
 
 
 # Check 5.4's draws (steps, interval, data) change the numbers, not what a mutant does wrong,
