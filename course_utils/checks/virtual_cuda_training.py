@@ -37,6 +37,7 @@ tags only), and the tags are kept on the Python tensor objects. Values are exact
 from __future__ import annotations
 
 import contextlib
+import sys
 import traceback
 from dataclasses import dataclass
 
@@ -89,6 +90,22 @@ def _where() -> str:
             continue
         return f"{frame.filename}:{frame.lineno}"
     return "?"
+
+
+def _from_torch_internals() -> bool:
+    """Whether the Tensor.to being handled was called by torch's optimizers or AMP, which take the device
+    from C++ (where the virtual device's tensors are CPU tensors), not from Tensor.device."""
+    frame = sys._getframe(2)
+    for _ in range(8):
+        if frame is None:
+            return False
+        path = frame.f_code.co_filename.replace("\\", "/")
+        if "/torch/optim/" in path or "/torch/amp/" in path:
+            return True
+        if "/torch/" not in path and not path.endswith("checks/virtual_cuda_training.py"):
+            return False
+        frame = frame.f_back
+    return False
 
 
 def _tag(t) -> str | None:
@@ -274,6 +291,10 @@ class _Where(TorchFunctionMode):
             with torch.no_grad():
                 out.copy_(t)
             return out
+        if target == "cpu" and _from_torch_internals():
+            # torch's own code groups tensors by their real device (the CPU here) and moves a scale or a flag
+            # "to" it (a fused optimizer's grad_scale.to(device)): on a GPU that device is the GPU, no copy
+            return t if dtype is None or dtype == t.dtype else _set_tag(t.to(dtype), here)
         if target == "cpu":                        # device -> host: the host waits for the copy
             vc._host_read(f"Tensor.{name} (a copy to the host)")
             return _set_tag(t.to(dtype=dtype or t.dtype, copy=True), _HOST)

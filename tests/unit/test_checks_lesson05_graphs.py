@@ -358,3 +358,32 @@ def test_the_device_agnostic_and_module_names_are_emulated():
         if hasattr(torch.accelerator, "Graph"):
             with pytest.raises(RuntimeError, match="only torch.cuda's graph API is"):
                 torch.accelerator.Graph()
+
+
+def test_the_courses_graphed_step_captures_fp16_with_a_fused_optimizer_only():
+    """x-05 F11: a fused optimizer takes GradScaler's scale and inf flag as device tensors, so the scaler is
+    captured with the step; any other optimizer reads the flag on the host every step: refused."""
+    import warnings
+
+    from course_utils.train import train
+    torch.manual_seed(0)
+    eager = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 3))
+    graphed = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 3))
+    graphed.load_state_dict(eager.state_dict())
+    batches = [(torch.randn(5, 3, 8, 8), torch.randint(0, 3, (5,))) for _ in range(6)]
+    runs = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")            # CUDA autocast on the virtual device's CPU tensors: a no-op
+        for model, cuda_graph in ((eager, False), (graphed, True)):
+            with VirtualCudaTraining() as vc:
+                vc.put_module(model)
+                for b in batches:
+                    vc.put(b[0]), vc.put(b[1])
+                opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=True)
+                runs.append(train(model, batches, device="cuda", progress=False, amp="fp16", optimizer=opt,
+                                  cuda_graph=cuda_graph).losses)
+                assert not vc.graphs.races
+        assert runs[1] == pytest.approx(runs[0], rel=1e-6)
+        with pytest.raises(ValueError, match="fused optimizer only"):
+            train(graphed, batches, device="cuda", progress=False, amp="fp16", cuda_graph=True,
+                  optimizer=torch.optim.SGD(graphed.parameters(), lr=0.1))
