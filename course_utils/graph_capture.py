@@ -20,12 +20,16 @@ version:
 `EmulatedGraphs` makes `torch.cuda.CUDAGraph`, `torch.cuda.graph` (with its `pool`, `stream` and
 `capture_error_mode` arguments), `torch.cuda.graph_pool_handle`,
 `torch.cuda.is_current_stream_capturing`, `torch.cuda.make_graphed_callables` (torch's own,
-running on the emulation), streams, events and `torch.cuda.synchronize` work on the CPU, with
-the same rules: inside a capture every tensor operation is recorded (a `TorchDispatchMode`), on
+running on the emulation), streams, events and `torch.cuda.synchronize` (also by the paths
+`torch.cuda.graphs.*`, `torch.cuda.streams.*`, `torch.Stream`, `torch.Event` and
+`torch.accelerator.current_stream/set_stream/synchronize`) work on the CPU, with the same rules: inside a capture every tensor operation is recorded (a `TorchDispatchMode`), on
 the very memory it used, and its effects are undone when the capture ends (a real capture runs
 nothing: the tensors it made hold NaN until the first replay); a host read raises CUDA's error;
 an optimizer that is not capturable refuses, as torch refuses it on a GPU; `g.replay()` runs the
-recorded operations again on that memory, with no autograd and no Python in between. Code
+recorded operations again on that memory, with no autograd and no Python in between, queued on
+the current stream. Streams keep vector clocks: an operation or a replay that uses memory another
+stream wrote (or read) before its own stream waited for that work (`wait_stream`, an event, a
+synchronize) is logged in `races`, the race a GPU would run. Code
 written for a GPU runs unchanged, so a check (exercise 5.5) and `COURSE_DEVICE=cpu` can test it
 where there is none. Values are the CPU's; nothing is timed. With the course's virtual CUDA
 device for training steps (`course_utils.checks.virtual_cuda_training`) tensors also say which
