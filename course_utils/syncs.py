@@ -3,7 +3,8 @@
 CUDA work is asynchronous, so the host normally runs ahead, queueing the next step while the
 GPU computes. Any call that needs a *value* from the GPU (`loss.item()`, `print(loss)`,
 `float(loss)`, `if loss > x:`, `.cpu()`, `.tolist()`) or waits on purpose
-(`torch.cuda.synchronize()`, and `torch.cuda.empty_cache()`, whose frees wait for the device)
+(`torch.cuda.synchronize()`, `torch.accelerator.synchronize()`, and `torch.cuda.empty_cache()`, whose
+frees wait for the device)
 stops it: the queue drains and the GPU idles while the host catches up.
 
 `SyncCounter` counts those calls on any device, a CPU included (where they cost nothing but
@@ -145,7 +146,7 @@ class SyncCounter:
         def wrapper(*args, **kwargs):
             if not self._paused:
                 self._record(name)
-            if name == "torch.cuda.synchronize" and not torch.cuda.is_available():
+            if name.endswith(".synchronize") and not torch.cuda.is_available():
                 return None   # a CPU-only machine: nothing to wait for (the call still counts)
             return original(*args, **kwargs)
         wrapper.__wrapped__ = original
@@ -153,10 +154,13 @@ class SyncCounter:
 
     def __enter__(self) -> "SyncCounter":
         stack = contextlib.ExitStack()
-        for attr in ("synchronize", "empty_cache"):
-            original = getattr(torch.cuda, attr)
-            setattr(torch.cuda, attr, self._wrap(f"torch.cuda.{attr}", original))
-            stack.callback(setattr, torch.cuda, attr, original)
+        targets = [(torch.cuda, "torch.cuda", "synchronize"), (torch.cuda, "torch.cuda", "empty_cache")]
+        if hasattr(getattr(torch, "accelerator", None), "synchronize"):     # torch 2.6+: the device-agnostic one
+            targets.append((torch.accelerator, "torch.accelerator", "synchronize"))
+        for module, prefix, attr in targets:
+            original = getattr(module, attr)
+            setattr(module, attr, self._wrap(f"{prefix}.{attr}", original))
+            stack.callback(setattr, module, attr, original)
         if self._cuda_debug:
             previous = torch.cuda.get_sync_debug_mode()
             caught = stack.enter_context(warnings.catch_warnings(record=True))

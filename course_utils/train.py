@@ -22,9 +22,11 @@
   eagerly on a side stream (autotuning, the optimizer's state), then the step is captured on that
   stream (`capture_error_mode="thread_local"`, so that a loader's pinning thread may allocate while
   this thread captures) and each batch is copied into static buffers and the graph replayed. Every batch must have the first one's shape
-  (`drop_last=True`), the learning rate must not change (no `scheduler`), and fp16's GradScaler,
-  which reads the host every step, is refused: use bf16. Beside the simulator, the measured
-  graph step is charged instead; on the CPU there is no graph: a clear error.
+  (`drop_last=True`) and the learning rate must not change (no `scheduler`). fp16's GradScaler is
+  captured with a fused optimizer only (`fused=True`: it takes the scale and the inf flag as
+  device tensors); with any other, `scaler.step` reads on the host whether a gradient overflowed,
+  every step, and the capture is refused: use a fused optimizer, or bf16. Beside the simulator, the
+  measured graph step is charged instead; on the CPU there is no graph: a clear error.
 - Every step is timed by a `StepTimer` (data-wait vs the step), which does not synchronise
   per step: the host runs ahead as far as the device's queue allows, and the loop synchronises
   once at the end. Losses are kept as device tensors and read once at the end, so logging
@@ -82,9 +84,10 @@ def train(model: nn.Module | None, loader, *, device, steps: int | None = None, 
         if scheduler is not None:
             raise ValueError("cuda_graph=True replays the captured learning rate: a scheduler's changes would be "
                              "ignored (make the learning rate a device tensor updated in place to schedule it)")
-        if amp == "fp16":
-            raise ValueError("cuda_graph=True cannot capture fp16's GradScaler (it reads on the host whether a "
-                             "gradient overflowed, every step): use amp='bf16'")
+        if amp == "fp16" and not (optimizer is not None and all(g.get("fused") for g in optimizer.param_groups)):
+            raise ValueError("cuda_graph=True captures fp16's GradScaler with a fused optimizer only: with another, "
+                             "scaler.step reads on the host whether a gradient overflowed, every step. Pass a fused "
+                             "optimizer (torch.optim.SGD(..., fused=True)), or use amp='bf16'")
         if not sim and torch.device(device).type != "cuda":
             raise ValueError(f"cuda_graph=True needs a CUDA device; this run trains on {device}")
     if sim and batches_on_device is None:
@@ -102,7 +105,8 @@ def train(model: nn.Module | None, loader, *, device, steps: int | None = None, 
         amp_dtype = AMP_DTYPES[amp]
         if amp == "fp16" and scaler is None:
             scaler = torch.amp.GradScaler(device.type)
-        graphed = _GraphedStep(model, optimizer, loss_fn, amp_dtype, channels_last, device) if cuda_graph else None
+        graphed = _GraphedStep(model, optimizer, loss_fn, amp_dtype, channels_last, device, scaler) if cuda_graph \
+            else None
     timer = timer or StepTimer(device)
     total = steps if steps is not None else _safe_len(loader, epochs)
     bar = _progress(total, desc) if progress else None
@@ -175,8 +179,8 @@ GRAPH_WARMUP = 3     # eager steps on a side stream before the capture (cuDNN au
 class _GraphedStep:
     """One training step captured as a CUDA graph (see `train(cuda_graph=True)`)."""
 
-    def __init__(self, model, optimizer, loss_fn, amp_dtype, channels_last, device):
-        self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
+    def __init__(self, model, optimizer, loss_fn, amp_dtype, channels_last, device, scaler=None):
+        self.model, self.optimizer, self.loss_fn, self.scaler = model, optimizer, loss_fn, scaler
         self.amp_dtype, self.channels_last, self.device = amp_dtype, channels_last, device
         self.side = torch.cuda.Stream(device)
         self.warmup_left = GRAPH_WARMUP
@@ -186,8 +190,13 @@ class _GraphedStep:
     def _forward_backward(self, images, labels):
         with torch.autocast(device_type="cuda", dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
             loss = self.loss_fn(self.model(images), labels)
-        loss.backward()
-        self.optimizer.step()
+        if self.scaler is not None:       # a fused optimizer: the scale and the inf flag stay on the device
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            loss.backward()
+            self.optimizer.step()
         return loss
 
     def __call__(self, images, labels, batch_transform, non_blocking):

@@ -24,9 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..graph_capture import CAPTURE_ERROR
+from ..graph_capture import CAPTURE_ERROR, OTHER_STREAM
 from ..syncs import SyncCounter
-from ._core import CheckFailed, exercise, expect_callable
+from ._core import CheckFailed, exercise, expect_callable, trusted
 from ._util import forbids, fresh_rng, one_thread, single_threaded
 from .virtual_cuda_training import NUMPY_ERROR, VirtualCudaTraining
 
@@ -77,7 +77,7 @@ def _state(model, optimizer):
 
 def _same(a, b, tol):
     return len(a) == len(b) and all(
-        x.shape == y.shape and torch.allclose(x.double().cpu(), y.double().cpu(), atol=tol, rtol=tol)
+        x.shape == y.shape and trusted.torch_allclose(x.double().cpu(), y.double().cpu(), atol=tol, rtol=tol)
         for x, y in zip(a, b))
 
 
@@ -120,7 +120,9 @@ class _Run:
     waits: list
     ref_losses: list
     ref_state: list
+    ref_warm: list
     tol: float
+    races: list
 
 
 class _Watch:
@@ -139,10 +141,12 @@ class _Watch:
 
     def capture_began(self):
         params = [p for p in self.model.parameters() if p.requires_grad]
+        with torch.no_grad():
+            weights = [p.detach().clone() for p in self.model.parameters()]
         self.captures.append({
             "calls": self.model.calls, "optimizer_steps": self.optimizer_steps,
             "stale_grads": sum(p.grad is not None for p in params),
-            "no_state": sum(not self.optimizer.state.get(p) for p in params)})
+            "no_state": sum(not self.optimizer.state.get(p) for p in params), "weights": weights})
 
     @contextlib.contextmanager
     def spying(self):
@@ -165,8 +169,8 @@ def _waits_on_events(counter: SyncCounter):
     """On a GPU: event.synchronize(), event.elapsed_time() and stream.synchronize() make the host wait
     too (SyncCounter and CUDA's sync debug mode see neither)."""
     patched = []
-    for cls, names in ((torch.cuda.Event, ("synchronize", "elapsed_time", "query")),
-                       (torch.cuda.Stream, ("synchronize", "query"))):
+    for cls, names in ((torch.cuda.Event, ("synchronize", "elapsed_time")),     # query() polls: no wait
+                       (torch.cuda.Stream, ("synchronize",))):
         for name in names:
             original = getattr(cls, name)
 
@@ -202,15 +206,20 @@ class _RealCapture:
         torch.cuda.CUDAGraph.capture_begin = self._original
 
 
-def _scenario(make_graphed_step, rng, device, *, optimizer: str, use_default_warmup: bool):
+def _shape(rng) -> tuple[int, int]:
+    """A batch size and an image side for the scenarios of one check (the same in each: a graph kept from
+    an earlier call would fit them)."""
+    return int(rng.integers(9, 30)), int(rng.choice([12, 16]))
+
+
+def _scenario(make_graphed_step, rng, device, *, optimizer: str, use_default_warmup: bool, shape=None):
     emulate = device.type != "cuda"
-    dtype = torch.float64 if emulate else torch.float32
-    batch = int(rng.integers(9, 30))
+    dtype = torch.float32                         # the GPU's and the emulation's: float32 batches and weights
+    batch, side = shape or _shape(rng)
     width = int(rng.integers(4, 9))
     warmup = 3 if use_default_warmup else int(rng.choice([2, 4, 5]))
     steps = int(rng.integers(4, 7))
     lr = float(rng.uniform(0.02, 0.1))
-    side = int(rng.choice([12, 16]))
     torch.manual_seed(int(rng.integers(1 << 30)))
     reference = _Net(width).to(dtype)
     yours = copy.deepcopy(reference)
@@ -220,19 +229,24 @@ def _scenario(make_graphed_step, rng, device, *, optimizer: str, use_default_war
                 torch.from_numpy(rng.integers(0, 10, n)))
     example = draw(batch)
     batches = [draw(batch) for _ in range(steps)]
-    shorter, longer = int(rng.integers(1, batch)), batch + int(rng.integers(1, 5))
+    shorter, longer = int(rng.integers(2, batch)), batch + int(rng.integers(1, 5))
+    full, single = draw(batch), draw(1)
+    # on every seed: other shapes copy_ refuses, and the two it broadcasts without a word (1 sample, 1 label)
     refused = [("a last batch of {} samples".format(shorter), draw(shorter)),
                (f"a batch of {longer} samples", draw(longer)),
                (f"a batch of {batch} images of {side + 4}x{side + 4} pixels (the graph's are {side}x{side})",
-                draw(batch, side + 4))]
+                draw(batch, side + 4)),
+               ("a batch of 1 sample (copy_ broadcasts it into every row of the captured buffers)", single),
+               (f"{batch} images with 1 label (copy_ broadcasts the label to every row)", (full[0], single[1]))]
     optimizer_name = {"sgd": "SGD (Nesterov momentum, weight decay)", "adam": "Adam(capturable=True)",
                       "adam-not-capturable": "Adam (not capturable)"}[optimizer]
     what = (f"a small CNN with batch norm, batch {batch} of {side}x{side} images, {optimizer_name}, "
             f"warmup={'its default' if use_default_warmup else warmup}, then {steps} batches, on "
-            f"{'the virtual CUDA device' if emulate else device}")
-    tol = 1e-9 if emulate else 1e-4
+            f"{'the virtual CUDA device cuda:1' if emulate else device}")
+    tol = 1e-6 if emulate else 1e-4             # the CPU replays the very operations of the eager reference
 
-    vc = VirtualCudaTraining() if emulate else None
+    # the virtual device is cuda:1 (and the current device): a "cuda:0" written into the code is another GPU
+    vc = VirtualCudaTraining(index=1) if emulate else None
     with vc or contextlib.nullcontext():
         if emulate:
             for t in [*example, *(t for b in batches for t in b), *(t for _, b in refused for t in b)]:
@@ -251,13 +265,18 @@ def _scenario(make_graphed_step, rng, device, *, optimizer: str, use_default_war
         with quiet():
             for _ in range(warmup):
                 _eager(reference, ref_opt, *example)
+            ref_warm = [p.detach().clone() for p in reference.parameters()]
             ref_losses = [float(_eager(reference, ref_opt, *b)) for b in batches]
             ref_state = _state(reference, ref_opt)
 
         opt = _optimizer(optimizer, yours, lr)
         watch = _Watch(yours, opt)
         if emulate:
-            vc.graphs.listeners.append(lambda event, graph: watch.capture_began() if event == "begin" else None)
+            def began(event, graph):
+                if event == "begin":
+                    with vc.graphs.unrecorded():
+                        watch.capture_began()
+            vc.graphs.listeners.append(began)
         kwargs = {} if use_default_warmup else {"warmup": warmup}
         example_before = [t.clone() for t in example]
         with watch.spying(), (contextlib.nullcontext() if emulate else _RealCapture(watch)):
@@ -279,16 +298,7 @@ def _scenario(make_graphed_step, rng, device, *, optimizer: str, use_default_war
                               f"{type(step).__name__}")
         made = yours.calls
         captures = watch.captures
-        if not captures:
-            raise CheckFailed("warms up `warmup` ordinary steps, then captures one",
-                              f"{what}: make_graphed_step captured no graph",
-                              "capture the step inside `with torch.cuda.graph(graph):`")
-        if len(captures) > 1 or made != warmup + 1:
-            raise CheckFailed("warms up `warmup` ordinary steps, then captures one",
-                              f"{what}: the model ran {made} times inside make_graphed_step, in {len(captures)} "
-                              f"capture(s); expected {warmup} warm-up steps and 1 capture",
-                              "before the capture, run `warmup` ordinary steps on the example batch (the "
-                              "optimizer's state and cuDNN's choices must exist), then capture once")
+        _one_capture(what, made, captures, warmup, watch)
         steps_after_capture = watch.optimizer_steps
 
         losses, waits = [], []
@@ -305,17 +315,71 @@ def _scenario(make_graphed_step, rng, device, *, optimizer: str, use_default_war
                 waits.extend(f"{name} at {where}" for name, where in zip(counter.calls, counter.where))
                 waits.extend(["a synchronising operation flagged by CUDA"] * max(0, counter.cuda_warnings -
                                                                                    len(counter.calls)))
+        races = list(vc.graphs.races) if emulate else []
         run = _Run(what, step, yours, opt, watch, warmup, steps, made, steps_after_capture, batches, refused,
-                   example, example_before, losses, waits, ref_losses, ref_state, tol)
+                   example, example_before, losses, waits, ref_losses, ref_state, ref_warm, tol, races)
         with quiet():
             _after_steps(run, emulate, vc)
             return steps, warmup
+
+
+def _one_capture(what, made, captures, warmup, watch) -> None:
+    """make_graphed_step warmed up `warmup` steps on the model it was given, then captured once."""
+    if not captures and made == 0 and watch.optimizer_steps == 0:
+        raise CheckFailed("captures a graph of the model it is given, in every call",
+                          f"{what}: make_graphed_step neither ran this model nor captured a graph, and the step it "
+                          "returned replays a graph from an earlier call (a cache or a global): that graph trains "
+                          "the earlier call's model, with its optimizer",
+                          "keep nothing between calls: each call warms up, captures and returns a step for the "
+                          "model and optimizer it is handed")
+    if not captures:
+        raise CheckFailed("warms up `warmup` ordinary steps, then captures one",
+                          f"{what}: make_graphed_step captured no graph (the model ran {made} times, all outside "
+                          "a capture)",
+                          "capture the step inside `with torch.cuda.graph(graph):`")
+    if len(captures) > 1:
+        raise CheckFailed("warms up `warmup` ordinary steps, then captures one",
+                          f"{what}: make_graphed_step captured {len(captures)} graphs; the contract is one capture "
+                          "of the whole step (a throwaway first graph, for its memory pool or as a test, is one "
+                          "more)",
+                          "capture once, with `with torch.cuda.graph(graph):` around forward, loss, backward and "
+                          "optimizer.step(); torch.cuda.graph_pool_handle() gives a pool without a capture")
+    before, during = captures[0]["calls"], made - captures[0]["calls"]
+    if before == 0 and during > 1:
+        raise CheckFailed("captures after the warm-up",
+                          f"{what}: the capture began before any warm-up step (the model ran 0 times before it and "
+                          f"{during} times from it on)",
+                          "the warm-up creates the optimizer's state (momentum, Adam's moments) the graph must "
+                          "capture: a graph captured first records a first step, and replays it forever. Warm up "
+                          "first, then capture")
+    if before != warmup:
+        raise CheckFailed("warms up `warmup` ordinary steps, then captures one",
+                          f"{what}: the model ran {before} times before the capture; expected the {warmup} warm-up "
+                          f"steps that warmup={warmup} asks for",
+                          "run exactly `warmup` ordinary steps (for _ in range(warmup)) on the example batch before "
+                          "the capture: they are training steps the caller counts on")
+    if during != 1:
+        raise CheckFailed("warms up `warmup` ordinary steps, then captures one",
+                          f"{what}: the model ran {during} times from the capture on, inside make_graphed_step; "
+                          "expected once, inside the capture",
+                          "after the warm-up, one forward pass inside `with torch.cuda.graph(graph):`, and no "
+                          "other before step() is called")
 
 
 def _after_steps(s: _Run, emulate, vc):
     """The verdicts on the steps themselves (kept apart to keep the scenario readable)."""
     what, steps, yours, made, watch = s.what, s.steps, s.yours, s.made, s.watch
     losses, waits, tol = s.losses, s.waits, s.tol
+    if s.races:
+        first = s.races[0]
+        raise CheckFailed("orders its streams: no race with the caller's stream",
+                          f"{what}: {len(s.races)} use(s) of memory by one stream before it waited for another "
+                          f"stream's work on it; the first: {first}",
+                          "on a GPU a stream made by torch.cuda.Stream() runs concurrently with the caller's: the "
+                          "replay could read a half-copied batch, and the caller a loss the replay has not written "
+                          "yet. Replay on the caller's stream (graph.replay() outside any `with "
+                          "torch.cuda.stream(...)`), or make the side stream wait for the current one before the "
+                          "replay and the current one wait for it after (wait_stream)")
     if waits:
         shown = [f"{w.what} at {_short(w.where)}" if hasattr(w, "what") else str(w) for w in waits]
         raise CheckFailed("returns without waiting for the device",
@@ -333,7 +397,7 @@ def _after_steps(s: _Run, emulate, vc):
                           "the whole step")
     if watch.optimizer_steps != s.steps_after_capture:
         raise CheckFailed("replays the whole step: no optimizer.step() in Python per call",
-                          f"{what}: {watch.optimizer_steps - s['steps_after_capture']} optimizer steps ran in "
+                          f"{what}: {watch.optimizer_steps - s.steps_after_capture} optimizer steps ran in "
                           f"Python during {steps} calls of step()",
                           "capture optimizer.step() inside the graph with the forward and backward passes: the "
                           "replay updates the weights")
@@ -370,7 +434,7 @@ def _after_steps(s: _Run, emulate, vc):
                     "captured step writes: do not change it between replays")
         raise CheckFailed(prop, f"{what}: the same losses, but the weights, optimizer state or batch-norm "
                           "statistics after the graphed steps differ from ordinary steps'", hint)
-    if not all(torch.equal(a, b) for a, b in zip(s.example, s.example_before)):
+    if not all(trusted.torch_equal(a, b) for a, b in zip(s.example, s.example_before)):
         raise CheckFailed("leaves the example batch unchanged",
                           f"{what}: after the steps, the example batch the caller passed to make_graphed_step "
                           "holds other values",
@@ -395,7 +459,12 @@ def _refuses_other_shapes(s: _Run, emulate, vc):
                               "(not only the batch size), and raise ValueError saying a graph replays the shapes "
                               "it captured (drop_last=True)") from None
         else:
+            broadcast = "broadcasts" in told
             raise CheckFailed("a batch of another shape raises ValueError", f"{what}: {told} was accepted",
+                              "copy_ raises for most other shapes but broadcasts a single sample or a single label "
+                              "into every row without a word, and the graph then trains on copies of it: compare the "
+                              "whole shape of the images and of the labels with the captured ones yourself, before "
+                              "copying, and raise ValueError" if broadcast else
                               "a replay reads the captured buffers whole: a short batch would train on stale "
                               "samples; raise ValueError (drop_last=True avoids it)")
         if not _same(_state(yours, opt), before, 0.0) or (
@@ -413,11 +482,24 @@ def _short(where: str) -> str:
 def _explain_capture_failure(exc: BaseException, what: str) -> None:
     """make_graphed_step raised: say which rule of capture it broke, when the error tells."""
     text = _chain(exc)
-    if "same device" in text or "should be the same" in text or "Input type" in text:
+    if "same device" in text or "Expected all tensors to be on the same" in text:
         raise CheckFailed("keeps the graph's inputs on the device",
-                          f"{what}: capturing raised: {text[:220]}",
-                          "make the static inputs where the example batch lives: example_images.clone() (or "
-                          "torch.empty_like(example_images)); torch.empty(shape) without device= is host memory") \
+                          f"{what}: make_graphed_step raised: {text[:260]}",
+                          "make the static inputs where the example batch lives: example_images.clone(), "
+                          "torch.empty_like(example_images), or device=example_images.device; torch.empty(shape) "
+                          "without device= is host memory, and a device written into the code (device='cuda:0') "
+                          "is another GPU when the batch lives on cuda:1") from None
+    if "should be the same" in text or "Input type" in text or "expected scalar type" in text \
+            or "found dtype" in text:
+        raise CheckFailed("keeps the graph's inputs in the example batch's dtype",
+                          f"{what}: make_graphed_step raised: {text[:260]}",
+                          "make the static inputs like the example batch: example_images.clone() or "
+                          "torch.empty_like(example_images) keep its dtype (and device); torch.zeros(shape, "
+                          "device=...) is float32 whatever the batch is") from None
+    if OTHER_STREAM in text:
+        raise CheckFailed("captures on one stream", f"{what}: capturing raised: {text[:200]}",
+                          "call capture_end() on the stream capture_begin() ran on: keep both inside the same "
+                          "`with torch.cuda.stream(side):` block (or let `with torch.cuda.graph(graph):` do both)") \
             from None
     if CAPTURE_ERROR in text or "operation failed due to a previous error during capture" in text:
         raise CheckFailed("reads nothing on the host while capturing",
@@ -448,34 +530,40 @@ def _why_different(s: _Run, emulate, vc) -> tuple[str, str]:
                 "which also creates the optimizer's state the graph must capture")
     if capture["no_state"]:
         return before_warmup
+    if not _same(capture["weights"], s.ref_warm, s.tol):
+        return ("warms up on the example batch",
+                "when the capture began, the weights differed from those of ordinary steps on the example batch: "
+                "your warm-up trained on other data (random numbers, zeros, an uninitialised buffer). The warm-up "
+                "steps are training steps the caller counts on: run them on example_images and example_labels")
     if capture["stale_grads"]:
         return ("clears the gradients before the capture",
                 f"{capture['stale_grads']} parameters still had a .grad from the warm-up when the capture began: "
                 "backward inside the graph then adds to them, on every replay. Call "
                 "optimizer.zero_grad(set_to_none=True) just before the capture, so that backward writes them")
-    if emulate and _batches_never_reached_the_graph(s, vc):
+    missing = _never_reached_the_graph(s, vc) if emulate else []
+    if missing:
         return ("copies each batch into the captured inputs",
-                "no tensor the graph read held the batch given to step(): a replay reads the memory it captured, "
-                "so rebinding a name (`static_images = images`, `static_images.data = images`, "
-                "`static_images.set_(images)`) leaves the graph training on the capture's batch. Copy into it: "
-                "static_images.copy_(images)")
+                f"no tensor the graph read held the {' and the '.join(missing)} given to step(): a replay reads the "
+                "memory it captured, so rebinding a name (`static_images = images`, `static_images.data = "
+                "images`, `static_images.set_(images)`), or not copying at all, leaves the graph training on the "
+                "capture's batch. Copy both into it: static_images.copy_(images), static_labels.copy_(labels)")
     return ("trains exactly as ordinary steps would",
             "the usual causes: the batch rebound instead of copied into the captured tensors "
             "(static.copy_(images)); gradients left from the warm-up when capturing; a capture before the "
             "warm-up; an extra replay, or none, per step")
 
 
-def _batches_never_reached_the_graph(s: _Run, vc) -> bool:
-    """Replays the last batch and asks whether any tensor the graph reads holds it."""
+def _never_reached_the_graph(s: _Run, vc) -> list[str]:
+    """Which of the last batch's images and labels no tensor the graph reads holds."""
     graph = next((g for g in vc.graphs.graphs if g._ops), None)
     if graph is None:
-        return False
-    images = s.batches[-1][0]
-    for _, args, kwargs, _ in graph._ops:
-        for leaf in torch.utils._pytree.tree_leaves((args, kwargs)):
-            if isinstance(leaf, torch.Tensor) and leaf.shape == images.shape and torch.equal(leaf, images):
-                return False
-    return True
+        return []
+    leaves = [leaf for _, args, kwargs, _ in graph._ops for leaf in torch.utils._pytree.tree_leaves((args, kwargs))
+              if isinstance(leaf, torch.Tensor)]
+    images, labels = s.batches[-1]
+    return [name for name, given in (("images", images), ("labels", labels))
+            if not any(leaf.shape == given.shape and leaf.dtype == given.dtype and trusted.torch_equal(leaf, given)
+                       for leaf in leaves)]
 
 
 def grade_scenario(make_graphed_step, device="cpu", *, seed: int = 0, optimizer: str = "sgd",
@@ -514,16 +602,19 @@ def check_graphed_step(make_graphed_step):
     rng, seed = fresh_rng()
     devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
     told, warmups = [], []
+    shape = _shape(rng)             # one shape for every scenario: a graph kept between calls would fit it
     for device in devices:
         for optimizer, default in (("sgd", False), ("adam", True)):
             steps, warmup = _scenario(make_graphed_step, rng, device, optimizer=optimizer,
-                                      use_default_warmup=default)
+                                      use_default_warmup=default, shape=shape)
             if not default:
                 warmups.append(warmup)
         told.append(device.type if device.type == "cuda" else
-                    "the virtual CUDA device, with torch.cuda's capture emulated (course_utils.graph_capture)")
+                    "the virtual CUDA device cuda:1, with torch.cuda's capture and streams emulated "
+                    "(course_utils.graph_capture)")
     return (f"captures after the warm-up steps (warmup={', '.join(map(str, warmups))} and the default), replays "
             "once per step with no model call or optimizer step in Python and no wait for the device, the same "
             "losses, weights, optimizer state and batch-norm statistics as ordinary steps (SGD and capturable "
-            "Adam), a fresh loss tensor per step, the example batch left alone, and ValueError for a batch of "
-            f"another shape; on {' and '.join(told)} (seed {seed}).")
+            "Adam), no race between streams, a fresh loss tensor per step, the example batch left alone, and "
+            "ValueError for a batch of another shape (1 sample and 1 label included); on "
+            f"{' and '.join(told)} (seed {seed}).")

@@ -159,6 +159,157 @@ def right_by_hand_capture_begin(model, optimizer, example_images, example_labels
     return _stepper(graph, images, labels, loss)
 
 
+def right_graphs_module_names(model, optimizer, example_images, example_labels, warmup=3):
+    """torch.cuda.graphs.CUDAGraph and torch.cuda.graphs.graph: the paths the API docs render (x-05 F6)."""
+    _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+    images, labels = example_images.clone(), example_labels.clone()
+    graph = torch.cuda.graphs.CUDAGraph()
+    optimizer.zero_grad(set_to_none=True)
+    with torch.cuda.graphs.graph(graph):
+        loss = F.cross_entropy(model(images), labels)
+        loss.backward()
+        optimizer.step()
+    return _stepper(graph, images, labels, loss)
+
+
+def right_accelerator_streams(model, optimizer, example_images, example_labels, warmup=3):
+    """torch.Stream and torch.accelerator.current_stream() (torch 2.6+) for the warm-up (x-05 F6)."""
+    side = torch.Stream(device=example_images.device)
+    side.wait_stream(torch.accelerator.current_stream())
+    with side:
+        _warm(model, optimizer, example_images, example_labels, warmup)
+    torch.accelerator.current_stream().wait_stream(side)
+    images, labels = example_images.clone(), example_labels.clone()
+    graph, loss = _capture(model, optimizer, images, labels)
+    return _stepper(graph, images, labels, loss)
+
+
+def right_zeros_default_dtype(model, optimizer, example_images, example_labels, warmup=3):
+    """torch.zeros(shape, device=...) without dtype=: float32, as the batches are (x-05 F4)."""
+    _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+    images = torch.zeros(example_images.shape, device=example_images.device)
+    labels = torch.zeros(example_labels.shape, device=example_labels.device, dtype=torch.long)
+    images.copy_(example_images)
+    labels.copy_(example_labels)
+    graph, loss = _capture(model, optimizer, images, labels)
+    return _stepper(graph, images, labels, loss)
+
+
+def right_empty_like_unfilled(model, optimizer, example_images, example_labels, warmup=3):
+    """Static buffers from torch.empty_like, not filled before the capture: a capture runs nothing, and the
+    first replay reads the first batch copied in (x-05 F5)."""
+    _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+    images, labels = torch.empty_like(example_images), torch.empty_like(example_labels)
+    graph, loss = _capture(model, optimizer, images, labels)
+    return _stepper(graph, images, labels, loss)
+
+
+def right_zeros_like_buffers(model, optimizer, example_images, example_labels, warmup=3):
+    _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+    images, labels = torch.zeros_like(example_images), torch.zeros_like(example_labels)
+    graph, loss = _capture(model, optimizer, images, labels)
+    return _stepper(graph, images, labels, loss)
+
+
+def right_event_query(model, optimizer, example_images, example_labels, warmup=3):
+    """event.record(); event.query() after each replay: a poll, not a wait (x-05 F9)."""
+    _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+    images, labels = example_images.clone(), example_labels.clone()
+    graph, loss = _capture(model, optimizer, images, labels)
+    event = torch.cuda.Event()
+
+    def poll(_):
+        event.record()
+        event.query()
+    return _stepper(graph, images, labels, loss, after=poll)
+
+
+def right_warmup_on_the_current_stream(model, optimizer, example_images, example_labels, warmup=3):
+    """The warm-up on the caller's stream: PyTorch's docs use a side stream, CUDA does not refuse this."""
+    _warm(model, optimizer, example_images, example_labels, warmup)
+    images, labels = example_images.clone(), example_labels.clone()
+    graph, loss = _capture(model, optimizer, images, labels)
+    return _stepper(graph, images, labels, loss)
+
+
+def right_zero_fill_inside(model, optimizer, example_images, example_labels, warmup=3):
+    """zero_grad(set_to_none=False) inside the capture: the zero fill is replayed with the step."""
+    _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+    images, labels = example_images.clone(), example_labels.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        optimizer.zero_grad(set_to_none=False)
+        loss = F.cross_entropy(model(images), labels)
+        loss.backward()
+        optimizer.step()
+    return _stepper(graph, images, labels, loss)
+
+
+def right_cuda_literal(model, optimizer, example_images, example_labels, warmup=3):
+    """device="cuda": the current device, which is where the caller's batch lives (walk w2-05)."""
+    _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+    images = torch.zeros(example_images.shape, dtype=example_images.dtype, device="cuda")
+    labels = torch.zeros(example_labels.shape, dtype=example_labels.dtype, device="cuda")
+    images.copy_(example_images)
+    labels.copy_(example_labels)
+    graph, loss = _capture(model, optimizer, images, labels)
+    return _stepper(graph, images, labels, loss)
+
+
+def right_replays_on_its_stream_with_waits(model, optimizer, example_images, example_labels, warmup=3):
+    """The replay on the capture's stream, ordered with the caller's by wait_stream both ways."""
+    side = _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+    images, labels = example_images.clone(), example_labels.clone()
+    graph, loss = _capture(model, optimizer, images, labels, stream=side)
+
+    def step(batch_images, batch_labels):
+        if batch_images.shape != images.shape or batch_labels.shape != labels.shape:
+            raise ValueError("another shape")
+        images.copy_(batch_images)
+        labels.copy_(batch_labels)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            graph.replay()
+        torch.cuda.current_stream().wait_stream(side)
+        return loss.detach().clone()
+    return step
+
+
+# -- streams ------------------------------------------------------------------------------------------
+
+def replays_on_its_stream_unordered(model, optimizer, example_images, example_labels, warmup=3):
+    """The replay on the capture's stream; the caller's stream never waits for it, nor it for the caller's
+    copy: on a GPU the clone and the next copy_ race the replay (x-05 F3)."""
+    side = _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+    images, labels = example_images.clone(), example_labels.clone()
+    graph, loss = _capture(model, optimizer, images, labels, stream=side)
+
+    def step(batch_images, batch_labels):
+        if batch_images.shape != images.shape or batch_labels.shape != labels.shape:
+            raise ValueError("another shape")
+        images.copy_(batch_images)
+        labels.copy_(batch_labels)
+        with torch.cuda.stream(side):
+            graph.replay()
+        return loss.detach().clone()
+    return step
+
+
+def capture_end_on_another_stream(model, optimizer, example_images, example_labels, warmup=3):
+    """capture_begin inside `with torch.cuda.stream(side)`, capture_end after leaving it (x-05 F3)."""
+    side = _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+    images, labels = example_images.clone(), example_labels.clone()
+    graph = torch.cuda.CUDAGraph()
+    optimizer.zero_grad(set_to_none=True)
+    with torch.cuda.stream(side):
+        graph.capture_begin()
+        loss = F.cross_entropy(model(images), labels)
+        loss.backward()
+        optimizer.step()
+    graph.capture_end()
+    return _stepper(graph, images, labels, loss)
+
+
 # -- host reads inside the capture --------------------------------------------------------------------
 
 def _reads_while_capturing(read):
@@ -223,6 +374,54 @@ rebinds_with_data = _rebinds(_set_data)
 rebinds_with_set_ = _rebinds(lambda static, batch: static.set_(batch))
 
 
+def cuda0_written_in(model, optimizer, example_images, example_labels, warmup=3):
+    """Static inputs on "cuda:0" whatever the example's device: another GPU when the batch is on cuda:1
+    (walk w2-05)."""
+    images = torch.empty(example_images.shape, dtype=example_images.dtype, device="cuda:0")
+    labels = torch.empty(example_labels.shape, dtype=example_labels.dtype, device="cuda:0")
+    images.copy_(example_images)
+    labels.copy_(example_labels)
+    _warm_on_side_stream(model, optimizer, images, labels, warmup)
+    graph, loss = _capture(model, optimizer, images, labels)
+    return _stepper(graph, images, labels, loss)
+
+
+def clones_inside_the_capture(model, optimizer, example_images, example_labels, warmup=3):
+    """The static inputs cloned from the example inside the graph: every replay clones the example again."""
+    _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+    graph = torch.cuda.CUDAGraph()
+    optimizer.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        images, labels = example_images.clone(), example_labels.clone()
+        loss = F.cross_entropy(model(images), labels)
+        loss.backward()
+        optimizer.step()
+    return _stepper(graph, images, labels, loss)
+
+
+def labels_not_copied(model, optimizer, example_images, example_labels, warmup=3):
+    _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+    images, labels = example_images.clone(), example_labels.clone()
+    graph, loss = _capture(model, optimizer, images, labels)
+
+    def step(batch_images, batch_labels):
+        if batch_images.shape != images.shape or batch_labels.shape != labels.shape:
+            raise ValueError("another shape")
+        images.copy_(batch_images)
+        graph.replay()
+        return loss.detach().clone()
+    return step
+
+
+def warms_up_on_random_inputs(model, optimizer, example_images, example_labels, warmup=3):
+    """Static inputs filled with random numbers drawn on the device, the warm-up trained on them (walk w2-05)."""
+    images = torch.randn_like(example_images)
+    labels = torch.randint_like(example_labels, 0, 2)
+    _warm_on_side_stream(model, optimizer, images, labels, warmup)
+    graph, loss = _capture(model, optimizer, images, labels)
+    return _stepper(graph, images, labels, loss)
+
+
 def rebinds_the_name(model, optimizer, example_images, example_labels, warmup=3):
     _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
     images, labels = example_images.clone(), example_labels.clone()
@@ -255,6 +454,39 @@ def checks_the_batch_size_only(model, optimizer, example_images, example_labels,
             raise ValueError("another batch size")
         images.copy_(batch_images)
         labels.copy_(batch_labels)
+        graph.replay()
+        return loss.detach().clone()
+    return step
+
+
+def checks_the_images_only(model, optimizer, example_images, example_labels, warmup=3):
+    """The labels' shape is not checked: 1 label broadcasts into every row (walk w2-05)."""
+    _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+    images, labels = example_images.clone(), example_labels.clone()
+    graph, loss = _capture(model, optimizer, images, labels)
+
+    def step(batch_images, batch_labels):
+        if batch_images.shape != images.shape:
+            raise ValueError("another shape")
+        images.copy_(batch_images)
+        labels.copy_(batch_labels)
+        graph.replay()
+        return loss.detach().clone()
+    return step
+
+
+def relies_on_copy_raising(model, optimizer, example_images, example_labels, warmup=3):
+    """copy_'s RuntimeError turned into ValueError: a batch of 1 sample broadcasts, no error (walk w2-05)."""
+    _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+    images, labels = example_images.clone(), example_labels.clone()
+    graph, loss = _capture(model, optimizer, images, labels)
+
+    def step(batch_images, batch_labels):
+        try:
+            images.copy_(batch_images)
+            labels.copy_(batch_labels)
+        except RuntimeError as exc:
+            raise ValueError(str(exc)) from None
         graph.replay()
         return loss.detach().clone()
     return step
@@ -356,6 +588,21 @@ def fixed_warmup(model, optimizer, example_images, example_labels, warmup=3):
     return right(model, optimizer, example_images, example_labels, warmup=3)
 
 
+def one_warmup_step_short(model, optimizer, example_images, example_labels, warmup=3):
+    return right(model, optimizer, example_images, example_labels, warmup=warmup - 1)
+
+
+def throwaway_graph_for_its_pool(model, optimizer, example_images, example_labels, warmup=3):
+    """A first graph captured only to borrow its memory pool: two captures (walk w2-05)."""
+    _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+    first = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(first):
+        example_images.sum()
+    images, labels = example_images.clone(), example_labels.clone()
+    graph, loss = _capture(model, optimizer, images, labels, pool=first.pool())
+    return _stepper(graph, images, labels, loss)
+
+
 # -- replays ------------------------------------------------------------------------------------------
 
 def returns_the_captured_loss(model, optimizer, example_images, example_labels, warmup=3):
@@ -419,7 +666,36 @@ def graphed_callables(model, optimizer, example_images, example_labels, warmup=3
     return step
 
 
+def optimizer_outside_the_graph(model, optimizer, example_images, example_labels, warmup=3):
+    """Forward and backward captured, optimizer.step() eager after each replay (walk w2-05)."""
+    _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+    images, labels = example_images.clone(), example_labels.clone()
+    graph = torch.cuda.CUDAGraph()
+    optimizer.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        loss = F.cross_entropy(model(images), labels)
+        loss.backward()
+    return _stepper(graph, images, labels, loss, after=lambda _: optimizer.step())
+
+
+def extra_optimizer_step(model, optimizer, example_images, example_labels, warmup=3):
+    """The whole step captured, and one more optimizer.step() in Python after each replay (walk w2-05)."""
+    _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+    images, labels = example_images.clone(), example_labels.clone()
+    graph, loss = _capture(model, optimizer, images, labels)
+    return _stepper(graph, images, labels, loss, after=lambda _: optimizer.step())
+
+
 _CACHED: dict = {}
+_BY_SHAPE: dict = {}
+
+
+def caches_a_graph_per_shape(model, optimizer, example_images, example_labels, warmup=3):
+    """One graph per batch shape, kept across calls: a later model gets the first one's graph (walk w2-05)."""
+    key = (tuple(example_images.shape), tuple(example_labels.shape))
+    if key not in _BY_SHAPE:
+        _BY_SHAPE[key] = right(model, optimizer, example_images, example_labels, warmup)
+    return _BY_SHAPE[key]
 
 
 def caches_the_graph(model, optimizer, example_images, example_labels, warmup=3):
@@ -451,10 +727,31 @@ CASES = [
     Case("right, zero_grad inside the capture", right_zero_grad_inside, "pass",
          why="set_to_none inside the capture: backward makes the gradients in the graph's pool"),
     Case("right, capture_begin by hand on a side stream", right_by_hand_capture_begin, "pass"),
+    Case("right, torch.cuda.graphs.* names", right_graphs_module_names, "pass", why="the same objects as torch.cuda.*"),
+    Case("right, torch.Stream and torch.accelerator", right_accelerator_streams, "pass",
+         why="the device-agnostic stream API (torch 2.6+)"),
+    Case("right, torch.zeros inputs without dtype", right_zeros_default_dtype, "pass",
+         why="float32, as the batches are"),
+    Case("right, empty_like inputs left unfilled", right_empty_like_unfilled, "pass",
+         why="a capture runs nothing: the garbage labels are never checked"),
+    Case("right, zeros_like inputs", right_zeros_like_buffers, "pass"),
+    Case("right, event.query() per step", right_event_query, "pass", why="cudaEventQuery polls"),
+    Case("right, warm-up on the current stream", right_warmup_on_the_current_stream, "pass"),
+    Case("right, zero fill inside the capture", right_zero_fill_inside, "pass",
+         why="the fill is captured and replayed before backward adds into the gradients"),
+    Case("right, device='cuda' literal", right_cuda_literal, "pass", why="the current device: the batch's"),
+    Case("right, replay on its stream with waits both ways", right_replays_on_its_stream_with_waits, "pass"),
     Case("right, capturable Adam", right, "pass", optimizer="adam"),
     Case("right, Adam not capturable", right, "error", words="capturable is False", optimizer="adam-not-capturable",
          why="torch refuses: 'Attempting CUDA graph capture of step() for an instance of Adam but param_groups' "
              "capturable is False.'"),
+    # streams: CUDA orders work across streams only where it is asked to
+    Case("replays on its stream, unordered", replays_on_its_stream_unordered, "fail",
+         "orders its streams: no race with the caller's stream", words="before side stream",
+         why="the copy_ into the inputs, the replay and the loss's clone run concurrently"),
+    Case("capture_end on another stream", capture_end_on_another_stream, "fail", "captures on one stream",
+         words="Capture must end on the same stream it began on",
+         why="torch: 'Capture must end on the same stream it began on.'"),
     # host reads while capturing: CUDA refuses each
     Case("item() while capturing", item_while_capturing, "fail", CAPTURE_READ),
     Case("print(loss) while capturing", print_while_capturing, "fail", CAPTURE_READ),
@@ -471,9 +768,22 @@ CASES = [
          why="a replay reads the captured storage: the graph trains on the first batch forever"),
     Case("static.set_(batch)", rebinds_with_set_, "fail", "copies each batch into the captured inputs"),
     Case("the name rebound", rebinds_the_name, "fail", "copies each batch into the captured inputs"),
+    Case("static inputs on cuda:0 written in", cuda0_written_in, "fail", "keeps the graph's inputs on the device",
+         words="cuda:0", why="another GPU than the batch's cuda:1: the warm-up raises"),
+    Case("the inputs cloned inside the capture", clones_inside_the_capture, "fail",
+         "copies each batch into the captured inputs", why="each replay clones the example again"),
+    Case("the labels not copied", labels_not_copied, "fail", "copies each batch into the captured inputs",
+         words="the labels given to step()"),
+    Case("warm-up on random inputs", warms_up_on_random_inputs, "fail", "warms up on the example batch"),
     Case("the example batch as the inputs", example_batch_as_inputs, "fail", "leaves the example batch unchanged"),
     Case("checks the batch size only", checks_the_batch_size_only, "fail", SHAPES, words="RuntimeError"),
     Case("refuses short batches only", refuses_short_batches_only, "fail", SHAPES, words="was accepted"),
+    Case("checks the images' shape only", checks_the_images_only, "fail", SHAPES,
+         words="with 1 label (copy_ broadcasts the label to every row) was accepted",
+         why="1 label broadcasts into every row: no error, the wrong labels"),
+    Case("relies on copy_ raising", relies_on_copy_raising, "fail", SHAPES,
+         words="a batch of 1 sample (copy_ broadcasts it into every row of the captured buffers) was accepted",
+         why="1 sample broadcasts into every row: no error, one sample trained on"),
     Case("a short batch into the buffers", short_batch_into_the_buffers, "fail", SHAPES),
     # a wait every step
     Case("returns float(loss)", returns_a_float, "fail", WAITS, words="__float__"),
@@ -490,15 +800,27 @@ CASES = [
          "clears the gradients before the capture"),
     Case("warm-up without optimizer steps", warmup_without_optimizer_steps, "fail",
          "warms up `warmup` ordinary steps, then captures one"),
-    Case("warmup fixed at 3", fixed_warmup, "fail", "warms up `warmup` ordinary steps, then captures one"),
+    Case("warmup fixed at 3", fixed_warmup, "fail", "warms up `warmup` ordinary steps, then captures one",
+         words="times before the capture; expected the"),
+    Case("one warm-up step short", one_warmup_step_short, "fail", "warms up `warmup` ordinary steps, then captures one",
+         words="times before the capture; expected the"),
+    Case("a throwaway graph for its pool", throwaway_graph_for_its_pool, "fail",
+         "warms up `warmup` ordinary steps, then captures one", words="captured 2 graphs"),
     # replays
     Case("returns the captured loss", returns_the_captured_loss, "fail", "returns each step's own loss"),
     Case("eager every step", eager_every_step, "fail", "replays the graph: no Python model call per step"),
     Case("replays twice", replays_twice, "fail", "one replay per step"),
+    Case("optimizer.step() in Python after the replay", optimizer_outside_the_graph, "fail",
+         "replays the whole step: no optimizer.step() in Python per call", words="optimizer steps ran in Python"),
+    Case("an extra optimizer.step() after the replay", extra_optimizer_step, "fail",
+         "replays the whole step: no optimizer.step() in Python per call", words="optimizer steps ran in Python"),
     Case("make_graphed_callables", graphed_callables, "fail", "captures the whole step as one graph",
          why="a partial capture: valid GPU code, not this exercise (the optimizer step stays eager)"),
     Case("the first graph cached for every call", caches_the_graph, "fail",
-         "warms up `warmup` ordinary steps, then captures one"),
+         "captures a graph of the model it is given, in every call", words="earlier call"),
+    Case("a graph cached per shape", caches_a_graph_per_shape, "fail",
+         "captures a graph of the model it is given, in every call", words="earlier call",
+         why="the check's scenarios share one shape on every seed"),
     Case("the course's _GraphedStep", course_graph, "fail", "is your own code"),
 ]
 

@@ -277,11 +277,37 @@ def amp_clips_the_largest_entry(model, optimizer, scaler, images, labels, dtype=
 
 
 def amp_item_every_step(model, optimizer, scaler, images, labels, dtype=torch.float16, max_norm=1.0):
-    """Logs the loss every step: a second read of the device per step (the float return is the first)."""
+    """A divergence guard every step: a read of the device per step besides the scaler's."""
     loss = amp_step(model, optimizer, scaler, images, labels, dtype, max_norm)
     if not torch.isfinite(loss):
         raise RuntimeError("the loss diverged")
-    return loss.item()
+    return loss
+
+
+def amp_returns_a_float(model, optimizer, scaler, images, labels, dtype=torch.float16, max_norm=1.0):
+    """`return loss.item()`: a read of the device every step (walk w2-05)."""
+    return amp_step(model, optimizer, scaler, images, labels, dtype, max_norm).item()
+
+
+def amp_returns_the_graph(model, optimizer, scaler, images, labels, dtype=torch.float16, max_norm=1.0):
+    """`return loss`, not detached: a caller keeping the losses keeps every graph (walk w2-05, x-05 F13)."""
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=images.device.type, dtype=dtype):
+        loss = F.cross_entropy(model(images), labels)
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss
+
+
+_KEPT = {}
+
+
+def amp_keeps_the_first_scaler(model, optimizer, scaler, images, labels, dtype=torch.float16, max_norm=1.0):
+    """The first scaler it was handed kept in a global, used by every later call (walk w2-05)."""
+    return amp_step(model, optimizer, _KEPT.setdefault("scaler", scaler), images, labels, dtype, max_norm)
 
 
 MUTANTS_51 = [
@@ -293,6 +319,11 @@ MUTANTS_51 = [
            words="at the start"),
     Mutant("update() before step()", amp_update_before_step, "calls scaler.update() after scaler.step()"),
     Mutant("a new GradScaler every call", amp_new_scaler_every_call, "uses the scaler it is given"),
+    Mutant("returns loss.item()", amp_returns_a_float, "returns the loss as a detached tensor", words="a float"),
+    Mutant("returns the loss with its graph", amp_returns_the_graph, "returns the loss as a detached tensor",
+           words="autograd graph"),
+    Mutant("keeps the first scaler in a global", amp_keeps_the_first_scaler, "uses the scaler it is given",
+           words="kept from an earlier call"),
     Mutant("clips the largest entry (norm_type=inf)", amp_clips_the_largest_entry,
            "clips the unscaled gradients to max_norm"),
     Mutant("backward under autocast", amp_backward_under_autocast, "runs backward outside autocast"),
@@ -321,10 +352,20 @@ def test_amp_step_passes():
     passes("5.1", amp_step, range(2))
 
 
-def test_amp_step_also_passes_returning_a_float():
-    def as_float(*args, **kwargs):
-        return amp_step(*args, **kwargs).item()
-    assert run_check("5.1", as_float).status == "pass"
+def test_amp_step_passes_with_the_walks_valid_variants():
+    """zero_grad(set_to_none=False), clipping twice, foreach=False (walk w2-05): right answers."""
+    def zeroed(model, optimizer, scaler, images, labels, dtype=torch.float16, max_norm=1.0):
+        optimizer.zero_grad(set_to_none=False)
+        with torch.autocast(device_type=images.device.type, dtype=dtype):
+            loss = F.cross_entropy(model(images), labels)
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, foreach=False)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        scaler.step(optimizer)
+        scaler.update()
+        return loss.detach()
+    passes("5.1", zeroed, range(1))
 
 
 # Check 5.1 draws its data at random, but what each mutant does wrong does not depend on it (a
@@ -497,7 +538,60 @@ def accumulate_reads_twice(model, loss_fn, images, labels, k):   # one read over
     return total.item()
 
 
+def accumulate_total_on_the_host(model, loss_fn, images, labels, k):
+    """The running total made without device=: host memory; on a GPU `total += loss` raises (walk w2-05)."""
+    model.zero_grad(set_to_none=True)
+    total = torch.zeros((), dtype=torch.float64)
+    for xb, yb in zip(torch.tensor_split(images, k), torch.tensor_split(labels, k)):
+        loss = loss_fn(model(xb), yb) * (len(xb) / len(images))
+        loss.backward()
+        total += loss.detach()
+    return total.item()
+
+
+def accumulate_copies_each_loss_to_the_host(model, loss_fn, images, labels, k):
+    """Each micro-batch's loss copied to the host: a wait for the device per micro-batch (walk w2-05)."""
+    model.zero_grad(set_to_none=True)
+    parts = []
+    for xb, yb in zip(torch.tensor_split(images, k), torch.tensor_split(labels, k)):
+        loss = loss_fn(model(xb), yb) * (len(xb) / len(images))
+        loss.backward()
+        parts.append(loss.detach().to("cpu"))
+    return torch.stack(parts).sum().item()
+
+
+def accumulate_host_total_by_cpu(model, loss_fn, images, labels, k):
+    model.zero_grad(set_to_none=True)
+    total = torch.zeros((), dtype=torch.float64)
+    for xb, yb in zip(torch.tensor_split(images, k), torch.tensor_split(labels, k)):
+        loss = loss_fn(model(xb), yb) * (len(xb) / len(images))
+        loss.backward()
+        total += loss.detach().cpu()
+    return total.item()
+
+
+def accumulate_last_ones_larger(model, loss_fn, images, labels, k):
+    """An uneven split with the last micro-batches one sample larger (walk w2-05)."""
+    model.zero_grad(set_to_none=True)
+    total = torch.zeros((), dtype=torch.float64, device=images.device)
+    xs = [p.flip(0) for p in torch.tensor_split(images.flip(0), k)][::-1]
+    ys = [p.flip(0) for p in torch.tensor_split(labels.flip(0), k)][::-1]
+    for xb, yb in zip(xs, ys):
+        loss = loss_fn(model(xb), yb) * (len(xb) / len(images))
+        loss.backward()
+        total += loss.detach()
+    return total.item()
+
+
 MUTANTS_52 = [
+    Mutant("the total made on the host", accumulate_total_on_the_host, "keeps its running total on the device",
+           words="device=images.device"),
+    Mutant("each loss copied to the host", accumulate_copies_each_loss_to_the_host,
+           "reads the loss from the device once", words="to x"),
+    Mutant("a host total fed by .cpu()", accumulate_host_total_by_cpu, "reads the loss from the device once",
+           words="cpu x"),
+    Mutant("the last micro-batches larger", accumulate_last_ones_larger, "runs k micro-batches",
+           words="the first ones get one sample more"),
     Mutant("a guard, then the value: two reads", accumulate_reads_twice, "reads the loss from the device once"),
     Mutant("a running sum of undetached losses", accumulate_undetached_sum,
            "keeps no micro-batch's graph after its backward", words="detach"),
@@ -524,6 +618,19 @@ MUTANTS_52 = [
 
 def test_accumulation_passes():
     passes("5.2", accumulate, range(10))
+
+
+def test_accumulation_passes_with_the_walks_valid_variants():
+    """zero_grad(set_to_none=False) and a float32 running total (walk w2-05): right answers."""
+    def variant(model, loss_fn, images, labels, k):
+        model.zero_grad(set_to_none=False)
+        total = torch.zeros((), dtype=torch.float32, device=images.device)
+        for xb, yb in zip(torch.tensor_split(images, k), torch.tensor_split(labels, k)):
+            loss = loss_fn(model(xb), yb) * (len(xb) / len(images))
+            loss.backward()
+            total += loss.detach()
+        return total.item()
+    passes("5.2", variant, range(2))
 
 
 @pytest.mark.parametrize("mutant", MUTANTS_52, ids=repr)
@@ -688,7 +795,39 @@ def _padded(extra):
 largest_at_the_budget, largest_one_over_the_budget = _padded(0), _padded(1)
 
 
+def largest_probes_cap_first(fits, cap):
+    """'Everything fits' as a shortcut: the biggest, likeliest to run out of memory, probed first (walk w2-05)."""
+    if fits(cap):
+        return cap
+    return largest(fits, cap)
+
+
+def largest_cached_by_cap(fits, cap, _seen={}):                          # noqa: B006 (the mistake itself)
+    """Answers kept across calls, keyed by cap (walk w2-05)."""
+    if cap not in _seen:
+        _seen[cap] = largest(fits, cap)
+    return _seen[cap]
+
+
+def largest_x4_growth(fits, cap):
+    """Growing 4 times at a time, then bisecting: a right answer."""
+    if not fits(1):
+        return 0
+    good, candidate = 1, 4
+    while candidate <= cap and fits(candidate):
+        good, candidate = candidate, candidate * 4
+    bad = min(candidate, cap + 1)
+    while bad - good > 1:
+        mid = (good + bad + 1) // 2
+        good, bad = (mid, bad) if fits(mid) else (good, mid)
+    return good
+
+
 MUTANTS_53 = [
+    Mutant("probes cap first", largest_probes_cap_first, "probes no size far above the answer",
+           words="4 x (answer + 1)"),
+    Mutant("answers cached by cap", largest_cached_by_cap, "finds the answer with its own probes",
+           words="earlier call"),
     Mutant("returns the first size that failed", largest_returns_bad, "finds the largest batch that fits",
            words="one more than"),
     Mutant("one probe over the budget", largest_one_over_the_budget, "uses few probes"),
@@ -698,7 +837,8 @@ MUTANTS_53 = [
     Mutant("never reaches cap", largest_never_reaches_cap, "finds the largest batch that fits"),
     Mutant("powers of two only", largest_powers_of_two, "finds the largest batch that fits"),
     Mutant("probes past cap", largest_probes_past_cap, "probes only valid batch sizes"),
-    Mutant("assumes 1 fits", largest_assumes_one_fits, "finds the largest batch that fits"),
+    Mutant("assumes 1 fits", largest_assumes_one_fits, "finds the answer with its own probes",
+           words="batch 1 may not fit"),
     Mutant("a float probe", largest_float_probe, "probes only valid batch sizes"),
     Mutant("(good + bad) / 2", largest_true_division, "probes only valid batch sizes"),
     Mutant("returns a float", largest_returns_float, "returns a whole number"),
@@ -710,6 +850,7 @@ MUTANTS_53 = [
 def test_largest_batch_passes():
     passes("5.3", largest, range(20))
     passes("5.3", largest_at_the_budget, range(3))      # on the edge: exactly the budget
+    passes("5.3", largest_x4_growth, range(3))          # on the other edge: no probe above 4 x (answer + 1)
 
 
 @pytest.mark.parametrize("mutant", MUTANTS_53, ids=repr)
@@ -1048,7 +1189,47 @@ def two_reads_per_interval(model, optimizer, batches, loss_fn, log_every=10):
     return means
 
 
+def window_as_a_default_argument(model, optimizer, batches, loss_fn, log_every=10, _window=[]):   # noqa: B006
+    """The window as a mutable default: one call's partial interval leaks into the next (walk w2-05)."""
+    means = []
+    for step, (images, labels) in enumerate(batches, 1):
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        _window.append(loss.detach())
+        if step % log_every == 0:
+            mean = torch.stack(_window).mean().item()
+            print(f"step {step}: mean loss {mean:.4f}")
+            means.append(mean)
+            _window.clear()
+    return means
+
+
+def synchronize_when_a_gpu_is_there(model, optimizer, batches, loss_fn, log_every=10):
+    """`if torch.cuda.is_available(): torch.cuda.synchronize()` every step: right on a CPU only (walk w2-05)."""
+    means, window = [], []
+    for step, (images, labels) in enumerate(batches, 1):
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        window.append(loss.detach())
+        if step % log_every == 0:
+            mean = torch.stack(window).mean().item()
+            print(f"step {step}: mean loss {mean:.4f}")
+            means.append(mean)
+            window.clear()
+    return means
+
+
 MUTANTS_54 = [
+    Mutant("the window as a default argument", window_as_a_default_argument, "logs the mean loss of each interval",
+           words="kept between calls"),
+    Mutant("synchronize when a GPU is there", synchronize_when_a_gpu_is_there,
+           "synchronises at most once per logging interval", words="torch.cuda.synchronize x"),
     Mutant("never prints the means", never_prints, "prints each interval's mean"),
     Mutant("prints the last loss, not the mean", prints_the_last_loss, "prints each interval's mean"),
     Mutant("one more read after the loop", one_more_read_at_the_end, "synchronises at most once per logging interval"),
@@ -1078,6 +1259,28 @@ MUTANTS_54 = [
 def test_fixed_loop_passes():
     passes("5.4", fixed_loop, range(2))
     passes("5.4", running_sum_loop, range(1))
+
+
+def test_fixed_loop_passes_with_the_walks_valid_variants():
+    """zero_grad at the end of the step, `del loss`, a divergence guard on the interval's mean (walk w2-05)."""
+    def variant(model, optimizer, batches, loss_fn, log_every=10):
+        means, window = [], []
+        for step, (images, labels) in enumerate(batches, 1):
+            loss = loss_fn(model(images), labels)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            window.append(loss.detach())
+            del loss
+            if step % log_every == 0:
+                mean = torch.stack(window).mean().item()
+                if not math.isfinite(mean):
+                    raise RuntimeError("the loss diverged")
+                print(f"step {step}: mean loss {mean:.4f}")
+                means.append(mean)
+                window.clear()
+        return means
+    passes("5.4", variant, range(1))
 
 
 # Check 5.4's draws (steps, interval, data) change the numbers, not what a mutant does wrong,

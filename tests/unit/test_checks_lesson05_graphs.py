@@ -111,7 +111,7 @@ def test_capture_arguments_and_refusals_as_torch_gives_them():
             with pytest.raises(RuntimeError, match="already underway"):
                 torch.cuda.CUDAGraph().capture_begin()
         assert g.capture_error_mode == "relaxed" and g.pool_token == pool and not torch.cuda.is_current_stream_capturing()
-        with pytest.raises(RuntimeError, match="already captured"):
+        with pytest.raises(RuntimeError, match="already owns a captured graph"):
             with torch.cuda.graph(g):
                 pass
 
@@ -228,3 +228,162 @@ def test_the_courses_graphed_step_captures_beside_a_pinning_thread():
         (graph,) = vc.graphs.graphs
     assert graph.capture_error_mode == "thread_local" and graph.replays == len(batches) - GRAPH_WARMUP
     assert losses == pytest.approx(expected, rel=1e-9)
+
+
+def test_streams_order_the_work_and_a_replay_that_races_the_caller_is_logged():
+    """x-05 F3: streams made by torch.cuda.Stream() run concurrently with the default stream on a GPU."""
+    for ordered in (False, True):
+        with EmulatedGraphs() as graphs:
+            x = torch.ones(3)
+            side = torch.cuda.Stream()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=side):
+                y = x * 2
+            x.copy_(torch.full((3,), 5.0))                    # the default stream writes the input
+            if ordered:
+                side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                g.replay()
+            if ordered:
+                torch.cuda.current_stream().wait_stream(side)
+            out = y.clone()                                   # the default stream reads the output
+        assert torch.equal(out, torch.full((3,), 10.0))
+        assert bool(graphs.races) != ordered, graphs.races
+        if not ordered:
+            assert "the graph's replay on side stream" in str(graphs.races[0]) and "read" in str(graphs.races[0])
+    with EmulatedGraphs() as graphs:                          # an event, and a host wait, order work too
+        x = torch.ones(3)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            x.mul_(2)
+            done = torch.cuda.Event()
+            done.record()
+        torch.cuda.current_stream().wait_event(done)
+        x.add_(1)
+        with torch.cuda.stream(side):
+            x.mul_(2)
+        torch.cuda.synchronize()
+        x.add_(1)
+    assert len(graphs.races) == 1, graphs.races              # only the side stream's write after the default's add_
+    assert str(graphs.races[0]).startswith("mul_ on side stream") and "add_ on the default stream" in str(graphs.races[0])
+
+
+def test_capture_end_on_another_stream_raises_torchs_error():
+    with EmulatedGraphs():
+        side = torch.cuda.Stream()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(side):
+            g.capture_begin()
+            torch.ones(2) * 2
+        with pytest.raises(RuntimeError, match="Capture must end on the same stream it began on."):
+            g.capture_end()
+
+
+def test_a_capture_checks_no_value_and_freezes_host_scalars():
+    """x-05 F5, F8: nothing runs at capture (labels out of range in an unfilled buffer are fine); a 0-dim
+    host tensor is an argument of the kernel, read at capture; a device tensor is read at each replay."""
+    with VirtualCudaTraining() as vc:
+        logits = torch.randn(4, 3, device="cuda")
+        labels = torch.full((4,), 1000, dtype=torch.long, device="cuda")     # garbage until the first copy_
+        host_lr, device_lr = torch.tensor(0.5), torch.tensor(0.5, device="cuda")
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            loss = F.cross_entropy(logits, labels)
+            frozen, read = logits * host_lr, logits * device_lr
+        labels.copy_(torch.tensor([0, 1, 2, 0]).to("cuda"))
+        host_lr.fill_(10.0)
+        device_lr.fill_(10.0)
+        g.replay()
+        with vc.quiet():
+            assert torch.isfinite(loss) and torch.allclose(loss, F.cross_entropy(logits, labels))
+            assert torch.allclose(frozen, logits * 0.5) and torch.allclose(read, logits * 10.0)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda x: x[[0, 2]], "indexing with a Python list"),
+    (lambda x: torch.cuda.manual_seed(1), "set_current_seed during CUDA graph capture"),
+    (lambda x: torch.manual_seed(1), "set_current_seed during CUDA graph capture"),
+    (lambda x: torch.rand(3, generator=torch.Generator(), device="cuda"), "generator not in capture mode"),
+    (lambda x: torch.cuda.Event().query(), "event.query inside the capture"),
+    (lambda x: torch.accelerator.synchronize(), "not permitted when stream is capturing"),
+], ids=["list index", "cuda.manual_seed", "manual_seed", "unregistered generator", "query", "accelerator sync"])
+def test_what_torch_refuses_while_capturing(call, message):
+    with VirtualCudaTraining():
+        x = torch.arange(4.0, device="cuda")
+        with pytest.raises(RuntimeError, match=message):
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                call(x)
+        call(x)                                                   # outside a capture: allowed
+
+
+def test_a_registered_generator_draws_anew_each_replay_and_query_is_no_wait():
+    with VirtualCudaTraining() as vc:
+        gen = torch.Generator().manual_seed(0)
+        g = torch.cuda.CUDAGraph()
+        g.register_generator_state(gen)
+        with torch.cuda.graph(g):
+            r = torch.rand(8, generator=gen, device="cuda")
+        g.replay()
+        with vc.quiet():
+            first = r.clone()
+        g.replay()
+        event = torch.cuda.Event()
+        event.record()
+        assert event.query() and torch.cuda.current_stream().query()
+        assert vc.syncs[-1].what == "torch.cuda.synchronize", vc.syncs     # torch.cuda.graph's own, not query's
+        with vc.quiet():
+            assert not torch.equal(first, r)
+
+
+def test_the_device_agnostic_and_module_names_are_emulated():
+    """x-05 F6: torch.cuda.graphs.*, torch.cuda.streams.*, torch.Stream/Event, torch.accelerator."""
+    with VirtualCudaTraining() as vc:
+        x = torch.ones(3, device="cuda")
+        side = torch.Stream(device=x.device)
+        assert isinstance(side, torch.Stream) and isinstance(torch.cuda.streams.Stream(), torch.cuda.Stream)
+        side.wait_stream(torch.accelerator.current_stream())
+        with side:
+            x.mul_(2)
+        torch.accelerator.current_stream().wait_stream(side)
+        g = torch.cuda.graphs.CUDAGraph()
+        with torch.cuda.graphs.graph(g):
+            y = x + 1
+        g.replay()
+        torch.accelerator.synchronize()
+        assert [s.what for s in vc.syncs] == ["torch.cuda.synchronize"] * 2 and torch.accelerator.is_available()
+        assert torch.accelerator.current_accelerator().type == "cuda" and not vc.graphs.races
+        with vc.quiet():
+            assert torch.equal(y, torch.full((3,), 3.0))
+        if hasattr(torch.accelerator, "Graph"):
+            with pytest.raises(RuntimeError, match="only torch.cuda's graph API is"):
+                torch.accelerator.Graph()
+
+
+def test_the_courses_graphed_step_captures_fp16_with_a_fused_optimizer_only():
+    """x-05 F11: a fused optimizer takes GradScaler's scale and inf flag as device tensors, so the scaler is
+    captured with the step; any other optimizer reads the flag on the host every step: refused."""
+    import warnings
+
+    from course_utils.train import train
+    torch.manual_seed(0)
+    eager = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 3))
+    graphed = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 3))
+    graphed.load_state_dict(eager.state_dict())
+    batches = [(torch.randn(5, 3, 8, 8), torch.randint(0, 3, (5,))) for _ in range(6)]
+    runs = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")            # CUDA autocast on the virtual device's CPU tensors: a no-op
+        for model, cuda_graph in ((eager, False), (graphed, True)):
+            with VirtualCudaTraining() as vc:
+                vc.put_module(model)
+                for b in batches:
+                    vc.put(b[0]), vc.put(b[1])
+                opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=True)
+                runs.append(train(model, batches, device="cuda", progress=False, amp="fp16", optimizer=opt,
+                                  cuda_graph=cuda_graph).losses)
+                assert not vc.graphs.races
+        assert runs[1] == pytest.approx(runs[0], rel=1e-6)
+        with pytest.raises(ValueError, match="fused optimizer only"):
+            train(graphed, batches, device="cuda", progress=False, amp="fp16", cuda_graph=True,
+                  optimizer=torch.optim.SGD(graphed.parameters(), lr=0.1))
