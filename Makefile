@@ -33,9 +33,9 @@ lab: $(STAMP)
 ## test: unit tests, `make lab` driven in headless Chromium, `make hub` with two learners in it (as root;
 ## tests/hub), then every notebook headless in smoke mode (solutions pass, students fail).
 test: $(STAMP) browser-deps hub-deps
-	COURSE_SMOKE=1 $(PY) -m pytest tests/unit -q
-	COURSE_SMOKE=1 COURSE_CHROMIUM=$(CHROMIUM) $(PY) -m pytest tests/browser tests/hub -q
-	COURSE_SMOKE=1 $(PY) -m pytest tests/notebooks -q
+	COURSE_SMOKE=1 $(PY) -m pytest tests/unit -q --durations=15
+	COURSE_SMOKE=1 COURSE_CHROMIUM=$(CHROMIUM) $(PY) -m pytest tests/browser tests/hub -q --durations=5
+	COURSE_SMOKE=1 $(PY) -m pytest tests/notebooks -q --durations=20
 
 unit: $(STAMP)
 	COURSE_SMOKE=1 $(PY) -m pytest tests/unit -q
