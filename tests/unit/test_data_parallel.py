@@ -5,9 +5,10 @@ import pytest
 import torch
 
 from course_utils.data_parallel import (HostWork, PerDeviceMonitor, SimulatedDataParallel, StageClock,
-                                        measure_dp_costs, plot_schedule)
+                                        measure_dp_costs, plot_schedule, replica_launch_ms)
 from course_utils.models import resnet18_cifar
 from course_utils.scaling import StageCosts, predict_dp
+from course_utils.sim import H100
 from course_utils.train import train
 
 
@@ -82,7 +83,7 @@ def test_run_charges_device0_per_kernel_and_byte_and_back_pressure():
 
 def test_host_work_is_real_and_costs_are_measured():
     model = resnet18_cifar(width=4)
-    host = HostWork(model, resnet18_cifar(width=1), torch.randn(2, 3, 8, 8))
+    host = HostWork(model)
     assert host.per_replica_ms(replicas=2, repeats=2) > 0
     c = measure_dp_costs(model, torch.randn(3, 32, 32), host_work=host, link_gb_s=10.0)
     params = sum(p.numel() * 4 for p in model.parameters())
@@ -90,6 +91,84 @@ def test_host_work_is_real_and_costs_are_measured():
     assert c.scatter_ms_per_sample == pytest.approx(3 * 32 * 32 * 4 / 10e6)
     assert c.gather_ms_per_sample == pytest.approx(2 * 10 * 4 / 10e6)
     assert "measured" in c.notes["replicate_ms"] and "H100" in c.notes["compute_fixed_ms"]
+    assert c.host_step_ms == pytest.approx(H100.eager_host_ms["fp32"]) and "launch time" in c.notes["host_step_ms"]
+    assert c.host_ms_per_replica > replica_launch_ms(c) > 0          # replicate's Python + the lock-holding launch
+
+
+def test_host_work_runs_torchs_replicate_without_device_copies_and_leaves_it_alone():
+    """x-06 finding 2: the host's work per replica is torch's own replicate (its broadcast left
+    out), not a stand-in; torch's module is as it was afterwards."""
+    import importlib
+    rep = importlib.import_module("torch.nn.parallel.replicate")
+    before = rep._broadcast_coalesced_reshape
+    calls = []
+    model = resnet18_cifar(width=2)
+    original = torch.nn.Module._replicate_for_data_parallel
+
+    def counting(self):
+        calls.append(self)
+        return original(self)
+    torch.nn.Module._replicate_for_data_parallel = counting
+    try:
+        HostWork(model)(3)
+    finally:
+        torch.nn.Module._replicate_for_data_parallel = original
+    assert len(calls) == 3 * len(list(model.modules()))
+    assert rep._broadcast_coalesced_reshape is before
+
+
+def test_one_simulated_device_is_the_course_simulated_accelerator():
+    """x-06 finding 1: SimulatedDataParallel(1) and default_sim() (lessons 01-05) train the same
+    ResNet-18 at batch 128 at the same pace: the same launch time on the host, the same work on
+    the device (the model says so exactly; two short runs, interleaved, within 25%)."""
+    from course_utils.sim import default_sim
+    from course_utils.data_parallel import costs_from_sizes, dp_sizes
+    scale = 0.5
+    costs = costs_from_sizes(dp_sizes(resnet18_cifar(width=2), torch.zeros(3, 32, 32)), scale=scale)
+    sim = default_sim(scale=scale)
+    assert predict_dp(costs, 1, 128).step_ms == pytest.approx(sim.ceiling_step_ms(128), rel=1e-9)
+    assert predict_dp(costs, 1, 512).step_ms == pytest.approx(sim.ceiling_step_ms(512), rel=1e-9)
+    assert predict_dp(costs, 1, 128).bound == "host"          # launch-bound at 128, as the H100 measured
+    batch = (torch.zeros(128, 3, 4, 4), torch.zeros(128, dtype=torch.long))
+    best = {"sim": 0.0, "dp": 0.0}
+    for _ in range(2):
+        for name, device in (("sim", default_sim(scale=scale)), ("dp", SimulatedDataParallel(1, costs, scale=scale))):
+            stats = train(None, itertools.repeat(batch), device=device, steps=16, progress=False,
+                          batches_on_device=True).stats
+            best[name] = max(best[name], stats.samples_per_s)
+    assert best["dp"] == pytest.approx(best["sim"], rel=0.25), best
+
+
+def test_the_host_works_per_replica_with_two_or_more_devices():
+    """One step's launches, plus host_ms_per_replica per replica (one per piece) with two or more
+    devices; one device is a pass-through; a host-bound run takes the host's time."""
+    c = costs(host_step_ms=2.0, host_ms_per_replica=3.0)
+    assert SimulatedDataParallel(1, c).host_ms(64) == pytest.approx(2.0)
+    assert SimulatedDataParallel(4, c).host_ms(64) == pytest.approx(2.0 + 4 * 3.0)
+    assert SimulatedDataParallel(4, c).host_ms(1) == pytest.approx(2.0 + 3.0)      # a replica on device 0
+    dp = SimulatedDataParallel(4, c)
+    t0 = time.thread_time()
+    result = train(None, itertools.repeat(batch(64)), device=dp, steps=10, progress=False)
+    spent_ms = (time.thread_time() - t0) * 1e3
+    assert spent_ms >= 10 * 14.0 * 0.95, "the host's time is spent, as CPU time, on the calling thread"
+    expected = predict_dp(c, 4, 64)
+    assert expected.bound == "host" and result.stats.samples_per_s <= expected.samples_per_s * 1.1
+
+
+def test_work_on_tensors_in_device_memory_is_device_0s():
+    """Tensors in simulated device memory (what cifar10_on_device(sim) gives): inside the training
+    loop's block, an operation on them is computed, charged to device 0, and stays on the device."""
+    from course_utils.sim import SimDeviceTensor, on_device
+    dp = SimulatedDataParallel(2, costs(), kernel_us=1000.0, launch_us=0.0)
+    images = on_device(torch.arange(24.0).reshape(6, 4))
+    with dp.active():
+        picked = images.index_select(0, torch.tensor([4, 1]))
+    dp.synchronize()
+    assert isinstance(picked, SimDeviceTensor) and torch.equal(picked.as_subclass(torch.Tensor),
+                                                               torch.tensor([[16.0, 17, 18, 19], [4, 5, 6, 7]]))
+    busy = dp.busy_seconds_per_device()
+    assert busy[0] * 1e3 >= 1.0 and busy[1] == 0.0
+    assert {i.stage for i in dp.trace} == {"on-device work"}
 
 
 def test_stage_clock_and_per_device_monitor():
@@ -167,6 +246,6 @@ def test_the_course_loop_charges_a_host_batch_its_copy_and_runs_batch_transforms
     stages = {i.stage for i in dp.trace}
     assert {"copy to device 0", "on-device work"} <= stages
     copies = [i for i in dp.trace if i.stage == "copy to device 0"]
-    assert all(i.device == 0 and (i.end_s - i.start_s) * 1e3 == pytest.approx(8 * 3 * 16 * 16 * 4 / 1e3 + 8 * 8 / 1e3,
-                                                                               rel=1e-6) for i in copies)
+    assert all(i.device == 0 and (i.end_s - i.start_s) * 1e3 == pytest.approx(
+        dp.kernel_us / 1e3 + (8 * 3 * 16 * 16 * 4 + 8 * 8) / 1e3, rel=1e-6) for i in copies)
     assert result.stats.samples_per_s > 0
