@@ -49,7 +49,7 @@ from .sim import (_ACTIVE, DEFAULT_BANDWIDTH_GBS, DEFAULT_KERNEL_US, DEFAULT_PER
                   H100, SimEvent, _batch_size, _KernelCost, _on_device, _signature, _sleep_until, burn_host)
 from .sim import _nbytes as _batch_nbytes
 
-__all__ = ["SimulatedDataParallel", "StageInterval", "HostWork", "DPSizes", "dp_sizes", "replica_launch_ms",
+__all__ = ["SimulatedDataParallel", "StageInterval", "HOST", "HostWork", "DPSizes", "dp_sizes", "replica_launch_ms",
            "costs_from_sizes", "measure_dp_costs", "StageClock",
            "PerDeviceMonitor", "gpu_memory", "plot_schedule", "LINK_GB_S", "NVLINK_GB_S", "MEMORY_GB_S"]
 
@@ -70,9 +70,13 @@ def replica_launch_ms(costs: StageCosts) -> float:
     return GIL_SHARE * costs.forward_share * costs.host_step_ms
 
 
+HOST = -1          # the `device` of the host's intervals in a trace
+
+
 @dataclass
 class StageInterval:
-    """One stage of one step on one simulated device, in `time.perf_counter()` seconds."""
+    """One stage of one step on one simulated device (`device` is `HOST` for the host's share of
+    the step: its launches and Python), in `time.perf_counter()` seconds."""
     step: int
     device: int
     stage: str
@@ -151,12 +155,14 @@ class SimulatedDataParallel:
     # -- the simulated accelerator's interface ---------------------------------------------
     @property
     def label(self) -> str:
+        return self.label_for(f"{self.n_devices} simulated device{'s' if self.n_devices > 1 else ''}")
+
+    def label_for(self, devices: str) -> str:
+        """The label with `devices` ("1 to 6 simulated devices") for a figure of several runs."""
         from .env import usable_cores
         scaled = f", x{self.scale:.2f} for this CPU" if self.scale != 1.0 else ""
-        plural = "s" if self.n_devices > 1 else ""
-        return (f"{self.n_devices} simulated device{plural} in DataParallel (the {H100.name} box's measured GPU work "
-                f"and launch time{scaled}; links at its host-to-device copy rate, not measured between GPUs; host "
-                f"work real, {usable_cores()} cores)")
+        return (f"{devices} in DataParallel (the {H100.name} box's measured GPU work and launch time{scaled}; links "
+                f"at its host-to-device copy rate, not measured between GPUs; host work real, {usable_cores()} cores)")
 
     def devices(self) -> list:
         """One view per device (each has `busy_seconds()` and `label`)."""
@@ -176,6 +182,7 @@ class SimulatedDataParallel:
         chunks = dp_chunk_sizes(size, self.n_devices)
         replicas = len(chunks) if self.n_devices > 1 else 0      # one device: DataParallel calls the model
         self._wait_for_room()
+        started = time.perf_counter()
         if replicas and self.host_work is not None:
             t0 = time.perf_counter()
             self.host_work(replicas)        # torch's replicate and a thread per replica, for real
@@ -187,8 +194,24 @@ class SimulatedDataParallel:
         credit, self._credit_s = min(self._credit_s, host_s), 0.0
         self._burn(host_s - credit)
         with self._lock:
-            self._schedule(chunks, size, time.perf_counter())
+            now = time.perf_counter()
+            self.trace.append(StageInterval(self.steps_run, HOST, "host: launches and Python", started, now))
+            self._schedule(chunks, size, now)
             self.steps_run += 1
+
+    def cost_of(self, fn, *args, **kwargs) -> tuple[float, float]:
+        """(device ms, host launch ms) that `fn(*args, **kwargs)` would cost as device-side work
+        here (each tensor operation: `kernel_us` and its bytes on device 0, `launch_us` on the
+        host), counted from the operations it runs now, uncharged: for a model that adds the
+        device's own work on the batch (lesson 06's fixed pipeline) to its stages."""
+        cost = _KernelCost()
+        _ACTIVE.append(None)
+        try:
+            with cost:
+                fn(*args, **kwargs)
+        finally:
+            _ACTIVE.pop()
+        return self._device_ms(cost.kernels, cost.bytes), cost.kernels * self.launch_us / 1e3
 
     def run(self, fn, *args, **kwargs):
         """Device-side tensor work on device 0: compute `fn(*args, **kwargs)` now (its result is
@@ -242,14 +265,20 @@ class SimulatedDataParallel:
         return _on_device(out)
 
     def active(self):
-        """While this block runs, operations on tensors in simulated device memory are device 0's
-        work (the training loop holds it)."""
+        """While this block runs (the training loop holds it), operations on tensors in simulated
+        device memory are device 0's work, and torch computes on one thread: the simulated host is
+        DataParallel's one main thread, and the device work it computes here stands in for kernels
+        a GPU runs (on a busy machine, an operation split over cores waits for the slowest, and
+        would make the simulated host stall where a GPU's host does not)."""
         @contextlib.contextmanager
         def block():
+            threads = torch.get_num_threads()
             _ACTIVE.append(self)
+            torch.set_num_threads(1)
             try:
                 yield self
             finally:
+                torch.set_num_threads(threads)
                 _ACTIVE.remove(self)
         return block()
 
@@ -685,8 +714,9 @@ class PerDeviceMonitor:
 
 
 def plot_schedule(intervals, *, steps: int = 3, ax=None, title: str | None = None, label: str | None = None):
-    """Draw the last `steps` steps of a `SimulatedDataParallel.trace`: one row per device,
-    one coloured bar per stage. Returns the figure."""
+    """Draw the last `steps` steps of a `SimulatedDataParallel.trace`: the host's share of each
+    step on the top row, then one row per device, one coloured bar per stage; a stage too short
+    to see at this scale says so, with its time, in the legend. Returns the figure."""
     import matplotlib.pyplot as plt
 
     from .plotting import stamp
@@ -697,23 +727,29 @@ def plot_schedule(intervals, *, steps: int = 3, ax=None, title: str | None = Non
     last = max(i.step for i in intervals)
     shown = [i for i in intervals if i.step > last - steps]
     t0 = min(i.start_s for i in shown)
-    devices = sorted({i.device for i in shown})
-    colours = {"scatter": "tab:orange", "replicate": "tab:purple", "forward": "tab:blue", "gather + loss": "tab:red",
-               "backward": "tab:cyan", "reduce": "tab:pink", "optimizer (device 0)": "tab:brown",
-               "on-device work": "tab:olive", "copy to device 0": "tab:grey"}
+    span_ms = (max(i.end_s for i in shown) - t0) * 1e3
+    rows = sorted({i.device for i in shown})
+    colours = {"host: launches and Python": "dimgrey", "scatter": "tab:orange", "replicate": "tab:purple",
+               "forward": "tab:blue", "gather + loss": "tab:red", "backward": "tab:cyan", "reduce": "tab:pink",
+               "optimizer (device 0)": "tab:brown", "on-device work": "tab:olive", "copy to device 0": "tab:grey"}
+    longest: dict = {}
+    for i in shown:
+        longest[i.stage] = max(longest.get(i.stage, 0.0), (i.end_s - i.start_s) * 1e3)
     if ax is None:
-        fig, ax = plt.subplots(figsize=(11, 1.1 + 0.45 * len(devices)))
+        fig, ax = plt.subplots(figsize=(11, 1.1 + 0.45 * len(rows)))
     fig = ax.figure
     seen = set()
     for i in shown:
-        colour = colours.get(i.stage, "tab:grey")
-        ax.barh(i.device, (i.end_s - i.start_s) * 1e3, left=(i.start_s - t0) * 1e3, color=colour,
-                label=None if i.stage in seen else i.stage, edgecolor="white", linewidth=0.3)
+        thin = longest[i.stage] < 0.004 * span_ms
+        name = f"{i.stage}: {longest[i.stage]:.3f} ms, too short to see" if thin else i.stage
+        ax.barh(rows.index(i.device), (i.end_s - i.start_s) * 1e3, left=(i.start_s - t0) * 1e3,
+                color=colours.get(i.stage, "tab:grey"), label=None if i.stage in seen else name, edgecolor="white",
+                linewidth=0.3)
         seen.add(i.stage)
-    ax.set_yticks(devices, [f"device {d}" for d in devices])
+    ax.set_yticks(range(len(rows)), ["host" if d == HOST else f"device {d}" for d in rows])
     ax.invert_yaxis()
     ax.set_xlabel("ms since the first stage shown")
-    ax.set_title(title or f"{len(devices)} simulated devices in DataParallel: the last {steps} steps")
+    ax.set_title(title or f"{len(rows) - (HOST in rows)} simulated devices in DataParallel: the last {steps} steps")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)   # beside, not over, the axis
     fig.tight_layout()
     stamp(fig, label or "simulated devices (stage costs stated in the lesson; host work real)")

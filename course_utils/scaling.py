@@ -305,22 +305,36 @@ def trend(values) -> str:
     return "rises"
 
 
-def fit_verdict(fit: "ScalingFit", counts, measured_ms, held_out=(), tolerance: float = 0.2) -> list[str]:
+def fit_verdict(fit: "ScalingFit", counts, measured_ms, held_out=(), tolerance: float = 0.2,
+                spread: float = 0.0) -> list[str]:
     """Lines that say what a scaling fit and the step times under it show (lesson 06), from the
     measurements first: which count was fastest, whether more devices made steps slower, whether
-    the held-out counts agree with the fit, and only then what the fit claims."""
+    the held-out counts agree with the fit, and only then what the fit claims. `spread` is how far
+    repeated measurements of one count disagreed (0.1: 10%): differences within it are not
+    called differences, and a held-out count agrees with the fit within max(tolerance, spread)."""
     counts = [int(n) for n in counts]
     ms = dict(zip(counts, [float(m) for m in measured_ms]))
     best = min(ms, key=ms.get)
-    lines = [f"measured: the fastest step came with {best} device{'s' if best > 1 else ''} ({ms[best]:.2f} ms)"]
-    slower = [n for n in counts if n > best]
+
+    def devices(n):
+        return f"{n} device{'s' if n > 1 else ''}"
+    if spread > 0.5:
+        return [f"measured: two rounds of one device count disagreed by up to {spread:.0%}, more than most counts "
+                "differ from each other: this run can neither rank the counts nor test the fit (a busy machine; "
+                "run it again on a quieter one)"]
+    near = [n for n in counts if n != best and ms[n] <= ms[best] * (1 + spread)]
+    lines = [f"measured: the fastest step came with {devices(best)} ({ms[best]:.2f} ms)"
+             + (f"; within the rounds' spread ({spread:.0%}) of it: " + ", ".join(f"{devices(n)} {ms[n]:.2f} ms"
+                                                                             for n in near) if near else "")]
+    slower = [n for n in counts if n > best and n not in near]
     if slower:
         lines.append("more devices than that made the step slower: "
                      + ", ".join(f"{n} devices {ms[n]:.2f} ms" for n in slower))
     misses = []
+    allowed = max(tolerance, spread)
     for n in held_out:
         predicted = float(fit.step_ms(n))
-        if abs(ms[n] / predicted - 1) > tolerance:
+        if abs(ms[n] / predicted - 1) > allowed:
             misses.append(f"{n} devices: measured {ms[n]:.2f} ms, the fit {predicted:.2f} ms")
         else:
             lines.append(f"held out of the fit, {n} devices took {ms[n]:.2f} ms: the fit predicted {predicted:.2f} ms")

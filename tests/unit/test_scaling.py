@@ -116,3 +116,29 @@ def test_predict_dp_host_launches_once_and_works_per_replica():
     assert predict_dp(c, 4, 3).host_ms == pytest.approx(5.0 + 3 * 2.0)        # three pieces, three replicas
     assert predict_dp(c, 4, 1).host_ms == pytest.approx(5.0 + 2.0)            # one piece: still one replica
     assert predict_dp(c, 4, 1).device_ms == pytest.approx(c.compute_ms(1) + 0.3)    # but nothing crosses a link
+
+
+def test_fit_verdict_reads_the_rounds_spread():
+    """w1-06 contradiction 6: the fastest count and the held-out verdict flipped between runs on
+    noise. Counts within the rounds' spread of the fastest are named as such; a held-out count
+    agrees within max(tolerance, spread); rounds that disagree by more than half rank nothing."""
+    from course_utils.scaling import fit_verdict
+    ms = [40.0, 22.0, 21.0, 23.0, 30.0]
+    fit = fit_scaling([1, 2, 3, 4], ms[:4], batch_size=512)
+    quiet = fit_verdict(fit, [1, 2, 3, 4, 6], ms, held_out=[6], spread=0.0)
+    assert quiet[0].startswith("measured: the fastest step came with 3 devices (21.00 ms)")
+    assert any("more devices than that made the step slower: 4 devices 23.00 ms, 6 devices 30.00 ms" in l for l in quiet)
+    noisy = fit_verdict(fit, [1, 2, 3, 4, 6], ms, held_out=[6], spread=0.12)
+    assert "within the rounds' spread (12%) of it: 2 devices 22.00 ms, 4 devices 23.00 ms" in noisy[0]
+    assert not any("4 devices 23.00 ms" in l for l in noisy[1:] if l.startswith("more devices"))
+    busy = fit_verdict(fit, [1, 2, 3, 4, 6], ms, held_out=[6], spread=0.8)
+    assert len(busy) == 1 and "can neither rank the counts nor test the fit" in busy[0]
+
+
+def test_why_off_reads_the_cpu_line_before_the_run_length():
+    """w1-06 contradiction 5: the cause of a miss was chosen by the mode (smoke), not by what the
+    run showed (other processes used 1.6 of 2 cores)."""
+    from course_utils.scaling import why_off
+    assert "other programs used 1.6 of this machine's 2 cores" in why_off(1.6, 2, steps=12, smoke=True)
+    assert why_off(0.1, 2, steps=12, smoke=True).startswith("smoke size: 12 steps per run")
+    assert "do not explain this run" in why_off(0.1, 2, steps=100, smoke=False)
