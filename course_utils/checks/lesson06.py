@@ -511,7 +511,8 @@ def _same(yours, expected, where: str, *, top: bool = False, count_prop: str = "
                               "expected a list with one entry per device that gets work")
         if len(yours) != len(expected):
             raise CheckFailed(count_prop,
-                              f"{where}: yours gave {len(yours)} pieces, DataParallel gives {len(expected)}",
+                              f"{where}: yours gave {len(yours)} piece{'' if len(yours) == 1 else 's'}, "
+                              f"DataParallel gives {len(expected)}",
                               count_hint or _count_hint(None))
         for i, (a, b) in enumerate(zip(yours, expected)):
             _same(a, b, f"{where}, piece {i}", prop=prop)
