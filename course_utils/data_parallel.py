@@ -4,13 +4,17 @@
   `nn.DataParallel` drives N GPUs. Each step follows DataParallel's schedule (scatter from
   device 0, replicate, forward on every device, gather on device 0, backward, reduce, then the
   optimizer on device 0) with the stage costs of a `course_utils.scaling.StageCosts`. The
-  host's share of each step (the module copies and the forward launch of every replica) is
-  done *for real* on this CPU by a `HostWork`; only the devices are simulated, and every label says "simulated". It
-  presents the simulated accelerator's interface (`type == "sim"`, `step`, `run`,
+  host's share of each step is spent *for real* on this CPU: the launch of one step's kernels
+  (`costs.host_step_ms`, the H100 box's measured launch time scaled to this CPU, spent as the
+  course's simulated accelerator spends it) and, with two or more devices, for every replica
+  torch's own `replicate` (`HostWork`, its device copies left out) plus the part of the
+  replica's forward launch that holds Python's lock. With one device it is therefore the
+  course's simulated accelerator (`sim.default_sim()`, lessons 01-05) at the same batch. Only
+  the devices are simulated, and every label says "simulated". It presents the simulated
+  accelerator's interface (`type == "sim"`, `step`, `run`, `run_timed`, `copy_in`, `active`,
   `record_event`, `synchronize`, `busy_seconds`, `label`), so the course's one training loop
-  (`course_utils.train.train`) drives it unchanged.
-- `ChargedPrefetch(loader, transform, dp)`: device-side augmentation computed one batch ahead
-  on another core and charged to device 0 when the batch is used.
+  (`course_utils.train.train`) drives it unchanged, and tensors in simulated device memory
+  (`device_data.cifar10_on_device(sim)`) are device 0's: work on them is charged to device 0.
 - `measure_dp_costs(model, sample)`: the `StageCosts` of this model: bytes measured on the real
   model and batch (`dp_sizes`), moved at a stated link bandwidth (`costs_from_sizes`); host work
   timed on this CPU.
@@ -29,6 +33,8 @@ and the host waits only where it would wait for a GPU (`synchronize`, events, a 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import importlib
 import statistics
 import threading
 import time
@@ -38,27 +44,39 @@ from dataclasses import dataclass
 import torch
 
 from .monitor import nvml_close, nvml_find, nvml_open, nvml_reading
-from .scaling import StageCosts, dp_chunk_sizes
-from .sim import (DEFAULT_BANDWIDTH_GBS, DEFAULT_KERNEL_US, DEFAULT_PER_SAMPLE_MS, DEFAULT_STEP_MS, H100, SimEvent,
-                  _batch_size, _KernelCost, _signature, _sleep_until)
+from .scaling import StageCosts, dp_chunk_sizes, host_ms
+from .sim import (_ACTIVE, DEFAULT_BANDWIDTH_GBS, DEFAULT_KERNEL_US, DEFAULT_PER_SAMPLE_MS, DEFAULT_STEP_MS, GIL_SHARE,
+                  H100, SimEvent, _batch_size, _KernelCost, _on_device, _signature, _sleep_until, burn_host)
 from .sim import _nbytes as _batch_nbytes
 
-__all__ = ["SimulatedDataParallel", "StageInterval", "ChargedPrefetch", "HostWork", "DPSizes", "dp_sizes",
+__all__ = ["SimulatedDataParallel", "StageInterval", "HOST", "HostWork", "DPSizes", "dp_sizes", "replica_launch_ms",
            "costs_from_sizes", "measure_dp_costs", "StageClock",
            "PerDeviceMonitor", "gpu_memory", "plot_schedule", "LINK_GB_S", "NVLINK_GB_S", "MEMORY_GB_S"]
 
 # The simulated machine's links and memory, named after the H100 box the course measured (its
-# GPU work per replica is that box's too, `sim.H100`):
-LINK_GB_S = H100.pinned_copy_gbs   # copies between devices: the pinned host-to-device copy measured there
-#                                  (PCIe 5.0 x16; GPUs joined only by PCIe copy at about that rate)
+# GPU work per replica and its launch time are that box's too, `sim.H100`):
+LINK_GB_S = H100.pinned_copy_gbs   # copies between devices: the pinned host-to-device copy measured there,
+#                                  standing in for PCIe 5.0 between GPUs (the course has not measured a
+#                                  link between two GPUs)
 NVLINK_GB_S = 450.0                # NVLink 4 (H100 SXM): 450 GB/s each way, from NVIDIA's specification
 MEMORY_GB_S = H100.bandwidth_gbs   # on-device memory traffic (summing gradients, the optimizer): the
 #                                  simulated accelerator's estimate for H100-class memory
 
 
+def replica_launch_ms(costs: StageCosts) -> float:
+    """The part of one replica's forward launches that holds Python's lock (`sim.GIL_SHARE` of
+    the forward's share of one step's launch time): what each replica's thread makes the others
+    wait for. The rest of a launch is C++ dispatch, which releases the lock and overlaps."""
+    return GIL_SHARE * costs.forward_share * costs.host_step_ms
+
+
+HOST = -1          # the `device` of the host's intervals in a trace
+
+
 @dataclass
 class StageInterval:
-    """One stage of one step on one simulated device, in `time.perf_counter()` seconds."""
+    """One stage of one step on one simulated device (`device` is `HOST` for the host's share of
+    the step: its launches and Python), in `time.perf_counter()` seconds."""
     step: int
     device: int
     stage: str
@@ -84,23 +102,25 @@ class _DeviceView:
 class SimulatedDataParallel:
     """`n_devices` simulated accelerators trained like `nn.DataParallel` (lesson 06).
 
-        dp = SimulatedDataParallel(4, costs, host_work=HostWork(...))
+        dp = SimulatedDataParallel(4, costs, host_work=HostWork(model))
         result = train(None, loader, device=dp, steps=100)   # the course's one loop, unchanged
 
-    `step(batch)` splits the batch as DataParallel does (`dp_chunk_sizes`), does the host's
-    share of the step for real (`host_work(replicas)`, if given) and queues the step's stages
-    on the devices' clock; it returns at once, as a CUDA launch does, unless
-    `max_queued_steps` steps are already waiting. `run(fn, ...)` runs device-side tensor work
-    (augmenting the batch "on device 0") and charges it to device 0 as the course's simulated
-    accelerator does: `kernel_us` per tensor operation plus its bytes at `bandwidth_gbs`.
-    `trace` keeps the last `keep_trace` stage intervals.
+    `step(batch)` splits the batch as DataParallel does (`dp_chunk_sizes`), spends the host's
+    share of the step on this CPU (see the module docstring) and queues the step's stages on
+    the devices' clock; it returns at once, as a CUDA launch does, unless `max_queued_steps`
+    steps are already waiting. Device-side tensor work (`run`, `run_timed`, and operations on
+    tensors in simulated device memory while `active()`) is device 0's, charged as the course's
+    simulated accelerator charges it: `kernel_us` per tensor operation plus its bytes at
+    `bandwidth_gbs` on the device, `launch_us` per operation on the host (what computing it here
+    takes beyond that is taken off the next step's launch time). `trace` keeps the last
+    `keep_trace` stage intervals.
     """
 
     type = "sim"
 
     def __init__(self, n_devices: int, costs: StageCosts, *, host_work=None, max_queued_steps: int = 4,
                  kernel_us: float | None = None, bandwidth_gbs: float | None = None, copy_gbs: float = None,
-                 scale: float = 1.0, keep_trace: int = 400):
+                 launch_us: float | None = None, scale: float = 1.0, keep_trace: int = 400):
         if n_devices < 1:
             raise ValueError(f"n_devices must be >= 1, got {n_devices}")
         if max_queued_steps < 1:
@@ -110,37 +130,47 @@ class SimulatedDataParallel:
         kernel_us = DEFAULT_KERNEL_US * scale if kernel_us is None else kernel_us
         bandwidth_gbs = DEFAULT_BANDWIDTH_GBS / scale if bandwidth_gbs is None else bandwidth_gbs
         copy_gbs = LINK_GB_S / scale if copy_gbs is None else copy_gbs
-        if kernel_us < 0 or not bandwidth_gbs > 0 or not copy_gbs > 0:
-            raise ValueError("kernel_us must be >= 0, bandwidth_gbs and copy_gbs > 0")
+        launch_us = H100.kernel_launch_us * scale if launch_us is None else launch_us
+        if kernel_us < 0 or launch_us < 0 or not bandwidth_gbs > 0 or not copy_gbs > 0:
+            raise ValueError("kernel_us and launch_us must be >= 0, bandwidth_gbs and copy_gbs > 0")
         self.n_devices = int(n_devices)
         self.costs = costs
         self.host_work = host_work
         self.max_queued_steps = int(max_queued_steps)
         self.kernel_us, self.bandwidth_gbs, self.copy_gbs = float(kernel_us), float(bandwidth_gbs), float(copy_gbs)
+        self.launch_us = float(launch_us)
         self.scale = float(scale)
         self.trace: deque = deque(maxlen=keep_trace)
         self.steps_run = 0
+        self.launched_host_s = 0.0                        # host time spent launching (wall)
+        self._credit_s = 0.0                              # host time computing device work beyond its launches
         self._lock = threading.Lock()
         now = time.perf_counter()
         self._free = [now] * self.n_devices               # when each device finishes its queued work
         self._pending = [deque() for _ in range(self.n_devices)]   # busy intervals not yet counted
         self._done_s = [0.0] * self.n_devices             # busy seconds of intervals already over
         self._step_ends: deque = deque()
-        self._timed: dict = {}                            # run_timed: (fn, shapes) -> (fn, device ms, batch size)
+        self._timed: dict = {}                            # run_timed: (fn, shapes) -> (fn, kernels, ms, batch size)
 
     # -- the simulated accelerator's interface ---------------------------------------------
     @property
     def label(self) -> str:
+        return self.label_for(f"{self.n_devices} simulated device{'s' if self.n_devices > 1 else ''}")
+
+    def label_for(self, devices: str) -> str:
+        """The label with `devices` ("1 to 6 simulated devices") for a figure of several runs."""
         from .env import usable_cores
-        c = self.costs
-        scaled = f", scaled x{self.scale:.2f} to this CPU" if self.scale != 1.0 else ""
-        return (f"{self.n_devices} simulated device{'s' if self.n_devices > 1 else ''} in DataParallel (replica "
-                f"compute {c.compute_fixed_ms:.3g} ms + {c.compute_per_sample_ms:.3g} ms/sample{scaled}; made-up "
-                f"links; host work real, {usable_cores()} cores)")
+        scaled = f", x{self.scale:.2f} for this CPU" if self.scale != 1.0 else ""
+        return (f"{devices} in DataParallel (the {H100.name} box's measured GPU work and launch time{scaled}; links "
+                f"at its host-to-device copy rate, not measured between GPUs; host work real, {usable_cores()} cores)")
 
     def devices(self) -> list:
         """One view per device (each has `busy_seconds()` and `label`)."""
         return [_DeviceView(self, k) for k in range(self.n_devices)]
+
+    def host_ms(self, batch_size: int) -> float:
+        """The host's time for one step of `batch_size` samples (`scaling.host_ms`)."""
+        return host_ms(self.costs, self.n_devices, len(dp_chunk_sizes(batch_size, self.n_devices)))
 
     def step(self, batch=None, *, amp: str | None = None, channels_last: bool = False, graph: bool = False) -> None:
         """Launch one DataParallel training step of `batch` and return (asynchronously). The stage
@@ -150,50 +180,116 @@ class SimulatedDataParallel:
         if size < 1:
             raise ValueError("SimulatedDataParallel.step needs a batch (a tensor or an (images, labels) pair)")
         chunks = dp_chunk_sizes(size, self.n_devices)
-        if self.host_work is not None:
-            self.host_work(len(chunks))          # real Python, on this thread, as DataParallel's host does
+        replicas = len(chunks) if self.n_devices > 1 else 0      # one device: DataParallel calls the model
         self._wait_for_room()
+        started = time.perf_counter()
+        if replicas and self.host_work is not None:
+            t0 = time.perf_counter()
+            self.host_work(replicas)        # torch's replicate and a thread per replica, for real
+            self.launched_host_s += time.perf_counter() - t0
+            per_replica = replica_launch_ms(self.costs)
+        else:
+            per_replica = self.costs.host_ms_per_replica
+        host_s = (self.costs.host_step_ms + replicas * per_replica) / 1e3
+        credit, self._credit_s = min(self._credit_s, host_s), 0.0
+        self._burn(host_s - credit)
         with self._lock:
-            self._schedule(chunks, size, time.perf_counter())
+            now = time.perf_counter()
+            self.trace.append(StageInterval(self.steps_run, HOST, "host: launches and Python", started, now))
+            self._schedule(chunks, size, now)
             self.steps_run += 1
 
-    def cost_of(self, fn, *args, **kwargs):
-        """Run `fn(*args, **kwargs)` on the host and return `(its result, the device time its
-        tensor operations would take)`: `kernel_us` each plus their bytes at `bandwidth_gbs`,
-        counted from the operations (the course's simulated accelerator's rule), not timed."""
-        count = _KernelCost()
-        with count:
-            out = fn(*args, **kwargs)
-        return out, count.kernels * self.kernel_us / 1e3 + count.bytes / (self.bandwidth_gbs * 1e6)
+    def cost_of(self, fn, *args, **kwargs) -> tuple[float, float]:
+        """(device ms, host launch ms) that `fn(*args, **kwargs)` would cost as device-side work
+        here (each tensor operation: `kernel_us` and its bytes on device 0, `launch_us` on the
+        host), counted from the operations it runs now, uncharged: for a model that adds the
+        device's own work on the batch (lesson 06's fixed pipeline) to its stages."""
+        cost = _KernelCost()
+        _ACTIVE.append(None)
+        try:
+            with cost:
+                fn(*args, **kwargs)
+        finally:
+            _ACTIVE.pop()
+        return self._device_ms(cost.kernels, cost.bytes), cost.kernels * self.launch_us / 1e3
 
     def run(self, fn, *args, **kwargs):
-        """Device-side tensor work: run `fn` now (its result is real) and charge it to device 0,
-        where DataParallel's batch lives, before whatever is launched next; return its result."""
-        out, ms = self.cost_of(fn, *args, **kwargs)
-        self.launch(ms, device=0, stage="on-device work")
+        """Device-side tensor work on device 0: compute `fn(*args, **kwargs)` now (its result is
+        real), charge it as the simulated accelerator does (see the class docstring) and return it."""
+        cost = _KernelCost()
+        t0 = time.thread_time()
+        _ACTIVE.append(None)                      # the operations are counted here, not again by the tensors
+        try:
+            with cost:
+                out = fn(*args, **kwargs)
+        finally:
+            _ACTIVE.pop()
+        self._charge(cost.kernels, cost.bytes, time.thread_time() - t0)
         return out
 
     def run_timed(self, fn, *args) -> int:
         """Device-side work whose result only needs to be timed (the training loop's
         `batch_transform`, where no model reads it), as the simulated accelerator does it: the
-        first call for each `fn` and shapes of the arguments is computed for real by `run()` and
-        its device time counted; later calls with the same shapes are charged that time without
+        first call for each `fn` and shapes of the arguments is computed for real by `run()`;
+        later calls with the same shapes are charged its operations, launches and all, without
         computing it again (a CPU computing a GPU's work would make this host look busier than a
         GPU's host is). Returns the result's batch size."""
         key = (id(fn), _signature(args))
         known = self._timed.get(key)
         if known is None:
-            out, ms = self.cost_of(fn, *args)
-            known = self._timed[key] = (fn, ms, _batch_size(out))
-        self.launch(known[1], device=0, stage="on-device work")
-        return known[2]
+            cost = _KernelCost()
+            t0 = time.thread_time()
+            _ACTIVE.append(None)
+            try:
+                with cost:
+                    out = fn(*args)
+            finally:
+                _ACTIVE.pop()
+            self._charge(cost.kernels, cost.bytes, time.thread_time() - t0)
+            self._timed[key] = (fn, cost.kernels, self._device_ms(cost.kernels, cost.bytes), _batch_size(out))
+            return self._timed[key][3]
+        _, kernels, ms, size = known
+        self._burn(kernels * self.launch_us / 1e6)
+        self.launch(ms, device=0, stage="on-device work")
+        return size
+
+    def _device_op(self, func, args, kwargs):
+        """One operation on tensors in simulated device memory while this device's training loop
+        runs (`active()`): computed here, charged to device 0, its result left in device memory."""
+        cost = _KernelCost()
+        t0 = time.thread_time()
+        with cost, torch._C.DisableTorchFunctionSubclass():
+            out = func(*args, **kwargs)
+        if cost.kernels:
+            self._charge(cost.kernels, cost.bytes, time.thread_time() - t0)
+        return _on_device(out)
+
+    def active(self):
+        """While this block runs (the training loop holds it), operations on tensors in simulated
+        device memory are device 0's work, and torch computes on one thread: the simulated host is
+        DataParallel's one main thread, and the device work it computes here stands in for kernels
+        a GPU runs (on a busy machine, an operation split over cores waits for the slowest, and
+        would make the simulated host stall where a GPU's host does not)."""
+        @contextlib.contextmanager
+        def block():
+            threads = torch.get_num_threads()
+            _ACTIVE.append(self)
+            torch.set_num_threads(1)
+            try:
+                yield self
+            finally:
+                torch.set_num_threads(threads)
+                _ACTIVE.remove(self)
+        return block()
 
     def copy_in(self, batch) -> None:
-        """Charge device 0 the copy of `batch` from host memory (its bytes at `copy_gbs`): what a
-        loader that hands over host batches costs DataParallel, whose batch must reach device 0."""
+        """Charge device 0 the copy of `batch` from host memory (its bytes at `copy_gbs`, one
+        launch): what the training loop's `.to(device 0)` of a host batch costs. (DataParallel can
+        also take the batch in host memory and scatter each piece straight to its device.)"""
         nbytes = _batch_nbytes(batch)
         if nbytes:
-            self.launch(nbytes / (self.copy_gbs * 1e6), device=0, stage="copy to device 0")
+            self._burn(self.launch_us / 1e6)
+            self.launch(self.kernel_us / 1e3 + nbytes / (self.copy_gbs * 1e6), device=0, stage="copy to device 0")
 
     def launch(self, ms: float, *, device: int = 0, stage: str = "work") -> None:
         """Queue `ms` of work on one device."""
@@ -237,7 +333,25 @@ class SimulatedDataParallel:
     def __repr__(self) -> str:
         return f"SimulatedDataParallel(n_devices={self.n_devices}, costs={self.costs!r})"
 
-    # -- the schedule ------------------------------------------------------------------------
+    # -- the host and the schedule -----------------------------------------------------------
+    def _device_ms(self, kernels: int, nbytes: int) -> float:
+        return kernels * self.kernel_us / 1e3 + nbytes / (self.bandwidth_gbs * 1e6)
+
+    def _charge(self, kernels: int, nbytes: int, computed_s: float) -> None:
+        """Charge `kernels` operations moving `nbytes`, whose results took the host `computed_s` to
+        compute here: the host pays their launches (what computing them took counts as paid, the
+        rest of it is taken off the next step's launch), device 0 their kernels and bytes."""
+        launch_s = kernels * self.launch_us / 1e6
+        self._burn(launch_s - computed_s)
+        self._credit_s += max(0.0, computed_s - launch_s)
+        self.launch(self._device_ms(kernels, nbytes), device=0, stage="on-device work")
+
+    def _burn(self, seconds: float) -> None:
+        if seconds > 0:
+            t0 = time.perf_counter()
+            burn_host(seconds)
+            self.launched_host_s += time.perf_counter() - t0
+
     def _wait_for_room(self) -> None:
         while True:
             with self._lock:
@@ -261,7 +375,7 @@ class SimulatedDataParallel:
         c, step = self.costs, self.steps_run
         ms = 1e-3
         used = range(len(chunks))
-        if len(chunks) == 1:      # one device: DataParallel is a pass-through
+        if len(chunks) == 1:      # one piece: no bytes cross a link (one device: DataParallel calls the model)
             t = max(now, self._free[0])
             self._add(0, "forward", t, t + c.forward_share * c.compute_ms(batch_size) * ms, step)
             t += c.forward_share * c.compute_ms(batch_size) * ms
@@ -294,75 +408,54 @@ class SimulatedDataParallel:
         self._step_ends.append(t + c.device0_ms * ms)
 
 
-class ChargedPrefetch:
-    """Device-side work on each batch, computed ahead in a background thread and charged to
-    device 0 of a `SimulatedDataParallel` when the batch is used (lesson 06).
-
-    On a GPU, augmenting a batch on device 0 costs the host only the launches; the simulator
-    must compute it on the host to produce real results. Done in the training loop's thread,
-    that computation would stand in the way of the host's real work (its replicas); done here,
-    one batch ahead, it runs on another core, and its device cost (`SimulatedDataParallel.cost_of`)
-    is queued on device 0 just before the step that uses the batch, so the device pays for it,
-    in order. `transform(images, labels)` is a `batch_transform` (e.g. `device_data.AugmentBatch()`).
-    """
-
-    device_resident = True          # the batches are on device 0 already: the training loop charges no copy
-
-    def __init__(self, loader, transform, device: "SimulatedDataParallel", max_prefetch: int = 2):
-        self.loader, self.transform, self.device, self.max_prefetch = loader, transform, device, max_prefetch
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def _costed(self, images, labels):
-        (images, labels), ms = self.device.cost_of(self.transform, images, labels)
-        return images, labels, ms
-
-    def __iter__(self):
-        from .prefetch import BackgroundLoader
-        for images, labels, device_ms in BackgroundLoader(self.loader, self.max_prefetch, transform=self._costed):
-            self.device.launch(device_ms, device=0, stage="on-device work")
-            yield images, labels
-
-
 # -- the host's share, done for real --------------------------------------------------------------
+
+_NO_COPIES = "the device copies of replicate left out: the host's Python work only"
+
 
 class HostWork:
     """The host's Python work for each replica of a DataParallel step, done for real (lesson 06).
 
-    For every replica, every step, DataParallel (1) copies the module structure (`replicate`
-    calls `_replicate_for_data_parallel` on each submodule) and (2) runs the replica's forward,
-    whose Python and dispatcher work launches its kernels, all under one interpreter lock.
-    `HostWork(model, probe, probe_input)` does (1) on `model` and (2) as a forward of `probe`
-    (the same architecture, shrunk until its arithmetic costs next to nothing) on
-    `probe_input`, on one CPU thread. Calling it with `m` does that for m replicas, one after
-    the other (DataParallel's threads take turns on the lock anyway; a fresh thread per
-    replica is left out because on a CPU its first operations pay for setting up a thread pool,
-    which kernel launches on a GPU do not). With one replica it is a plain forward launch.
+    For every replica, every step, DataParallel (1) replicates the model: torch's own
+    `torch.nn.parallel.replicate` copies every module (`_replicate_for_data_parallel`) and sets
+    every parameter and buffer on the copy, and (2) starts a thread for the replica's forward.
+    `HostWork(model)` does both for real, on this thread: torch's `replicate` with its broadcast
+    (the device copies, which need GPUs and are the devices' work, `StageCosts.replicate_ms`)
+    replaced by detached views of the same tensors, and one thread started and joined per
+    replica. The replica's kernel launches are not here: the simulator spends them from the
+    measured launch time (`StageCosts.host_step_ms`, `replica_launch_ms`).
     """
 
-    def __init__(self, model: torch.nn.Module, probe: torch.nn.Module, probe_input: torch.Tensor):
-        self.modules = list(model.modules())
-        self.probe = probe
-        self.probe_input = probe_input
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self._replicate = importlib.import_module("torch.nn.parallel.replicate")
+
+    @contextlib.contextmanager
+    def _without_copies(self):
+        module = self._replicate
+        saved = module._broadcast_coalesced_reshape
+        module._broadcast_coalesced_reshape = lambda tensors, devices, detach=False: (
+            [[t.detach() for t in tensors] for _ in devices] if len(tensors) else [])
+        try:
+            yield module.replicate
+        finally:
+            module._broadcast_coalesced_reshape = saved
 
     def __call__(self, replicas: int) -> None:
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            if replicas <= 1:
-                self.probe(self.probe_input)
-                return
-            for _ in range(replicas):
-                for module in self.modules:
-                    module._replicate_for_data_parallel()
-                self.probe(self.probe_input)
-        finally:
-            torch.set_num_threads(threads)
+        if replicas < 1:
+            return
+        with self._without_copies() as replicate:
+            replicate(self.model, list(range(replicas)))
+        if replicas > 1:                  # parallel_apply: a new thread per replica, every step
+            threads = [threading.Thread(target=int) for _ in range(replicas)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
 
     def per_replica_ms(self, replicas: int = 4, repeats: int = 9) -> float:
         """Median host time of one step's work for `replicas` replicas, divided by `replicas`: CPU
-        time of this thread (all the work runs on it), so that other programs busy on a shared
+        time of this thread (the work runs on it), so that other programs busy on a shared
         machine do not inflate the model's figure; they slow the runs themselves, as they would
         slow a real DataParallel host (lesson 06 prints the CPU they used)."""
         self(replicas)
@@ -401,43 +494,54 @@ def dp_sizes(model: torch.nn.Module, sample: torch.Tensor) -> DPSizes:
                    out[0].numel() * out.element_size())
 
 
-def costs_from_sizes(sizes: DPSizes, *, host_ms_per_replica: float = 0.0, host_note: str = "not measured",
+def costs_from_sizes(sizes: DPSizes, *, replicate_host_ms: float = 0.0, host_note: str = "not measured",
                      link_gb_s: float = LINK_GB_S, memory_gb_s: float = MEMORY_GB_S,
                      compute_fixed_ms: float | None = None, compute_per_sample_ms: float | None = None,
-                     scale: float = 1.0) -> StageCosts:
+                     host_step_ms: float | None = None, scale: float = 1.0) -> StageCosts:
     """The `StageCosts` of a simulated machine moving `sizes` over `link_gb_s` links (lesson 06);
-    see `measure_dp_costs` for what is measured and what is made up. Every device time (compute,
-    copies, memory traffic) is multiplied by `scale`, as the course's simulated accelerator
-    scales the H100 box to this CPU (`sim.default_sim().scale`); the host's time is this CPU's."""
+    see `measure_dp_costs` for what is measured and what is taken from the H100 box. Every
+    device time (compute, copies, memory traffic) and the launch time of a step are multiplied
+    by `scale`, as the course's simulated accelerator scales the H100 box to this CPU
+    (`sim.default_sim().scale`); `replicate_host_ms` (replicate's Python per replica) is this
+    CPU's own. `host_ms_per_replica` is that plus `replica_launch_ms`."""
     if not scale > 0:
         raise ValueError(f"scale must be > 0, got {scale}")
     link = link_gb_s * 1e9 / 1e3 / scale          # bytes per ms, scaled
     memory = memory_gb_s * 1e9 / 1e3 / scale
     p, b = sizes.param_bytes, sizes.buffer_bytes
     scaled = f", x{scale:.2f} for this CPU" if scale != 1.0 else ""
+    device0 = 5 * p / memory
     measured = compute_fixed_ms is None and compute_per_sample_ms is None
-    fixed = DEFAULT_STEP_MS * scale if compute_fixed_ms is None else compute_fixed_ms
+    fixed = max(DEFAULT_STEP_MS * scale - device0, 0.0) if compute_fixed_ms is None else compute_fixed_ms
     per_sample = DEFAULT_PER_SAMPLE_MS * scale if compute_per_sample_ms is None else compute_per_sample_ms
-    compute_note = (f"the {H100.name} box's own GPU work per step (measured {H100.measured}){scaled}" if measured
-                    else "given")
+    launch = H100.eager_host_ms["fp32"] * scale if host_step_ms is None else host_step_ms
+    compute_note = (f"the {H100.name} box's own GPU work per step (measured {H100.measured}, its optimizer "
+                    f"taken out: only device 0 runs it){scaled}" if measured else "given")
+    link_note = f"{link_gb_s:g} GB/s link" + (" (the H100 box's pinned host-to-device copy, standing in for a link "
+                                               "between GPUs, not measured between GPUs)" if link_gb_s == LINK_GB_S
+                                               else "")
     notes = {
         "compute_fixed_ms": f"{compute_note} (per replica, forward + backward)",
         "compute_per_sample_ms": compute_note,
-        "scatter_ms_per_sample": f"measured {sizes.input_bytes:,} bytes per input sample / {link_gb_s:g} GB/s link{scaled}",
+        "scatter_ms_per_sample": f"measured {sizes.input_bytes:,} bytes per input sample / {link_note}{scaled}",
         "gather_ms_per_sample": f"measured {sizes.output_bytes:,} bytes per output, there and its gradient back, "
                                 f"/ {link_gb_s:g} GB/s{scaled}",
         "replicate_ms": f"measured {(p + b) / 1e6:,.1f} MB of parameters and buffers / {link_gb_s:g} GB/s{scaled}",
         "reduce_ms": f"{p / 1e6:,.1f} MB of gradients / {link_gb_s:g} GB/s, summed at {memory_gb_s:g} GB/s{scaled}",
         "device0_ms": f"optimizer (SGD + momentum: 5 passes over {p / 1e6:,.1f} MB) at {memory_gb_s:g} GB/s{scaled}; "
                       "the loss on the outputs is negligible",
-        "host_ms_per_replica": host_note,
-        "forward_share": "made up: backward costs about twice the forward",
+        "host_step_ms": (f"the {H100.name} box's measured launch time of one eager step (TF32, batch 128: "
+                         f"~{H100.kernels_per_step} kernels){scaled}" if host_step_ms is None else "given"),
+        "host_ms_per_replica": f"{host_note}, + {GIL_SHARE:.0%} of its forward launch (the part holding Python's "
+                               "lock; an estimate, as in the simulated accelerator)",
+        "forward_share": "the usual 1:2 ratio of a conv net's forward to its backward on a GPU (not measured here)",
     }
-    return StageCosts(
+    costs = StageCosts(
         compute_fixed_ms=fixed, compute_per_sample_ms=per_sample,
         scatter_ms_per_sample=sizes.input_bytes / link, gather_ms_per_sample=2 * sizes.output_bytes / link,
-        replicate_ms=(p + b) / link, reduce_ms=p / link + 3 * p / memory, device0_ms=5 * p / memory,
-        host_ms_per_replica=host_ms_per_replica, notes=notes)
+        replicate_ms=(p + b) / link, reduce_ms=p / link + 3 * p / memory, device0_ms=device0,
+        host_step_ms=launch, notes=notes)
+    return dataclasses.replace(costs, host_ms_per_replica=replicate_host_ms + replica_launch_ms(costs))
 
 
 def measure_dp_costs(model: torch.nn.Module, sample: torch.Tensor, *, host_work: HostWork | None = None,
@@ -447,16 +551,17 @@ def measure_dp_costs(model: torch.nn.Module, sample: torch.Tensor, *, host_work:
 
     Measured here: the bytes of the model's parameters and buffers, of one input sample
     (`sample`, shaped like one item of the batch as it is scattered) and of one sample's output
-    (`dp_sizes`), and the host's work per replica (`host_work`, timed on this CPU). Taken from
-    the H100 box the course measured (`sim.H100`), times `scale`: the replica's compute (that
-    GPU's own work per step, unless `compute_fixed_ms` / `compute_per_sample_ms` are given), the
-    speed of the links between devices (`link_gb_s`) and of the devices' memory (`memory_gb_s`).
+    (`dp_sizes`), and replicate's Python work per replica (`host_work`, timed on this CPU).
+    Taken from the H100 box the course measured (`sim.H100`), times `scale`: the replica's
+    compute (that GPU's own work per step, unless `compute_fixed_ms` / `compute_per_sample_ms`
+    are given), the launch time of one step, the speed of the links between devices
+    (`link_gb_s`) and of the devices' memory (`memory_gb_s`).
     """
     from .env import cpu_name
-    host_ms = host_work.per_replica_ms() if host_work is not None else 0.0
-    note = (f"measured on this CPU ({cpu_name()}): module copies + a forward launch" if host_work is not None
+    replicate_ms = host_work.per_replica_ms() if host_work is not None else 0.0
+    note = (f"measured on this CPU ({cpu_name()}): torch's replicate, {_NO_COPIES}, and a thread" if host_work is not None
             else "not measured (no host work)")
-    return costs_from_sizes(dp_sizes(model, sample), host_ms_per_replica=host_ms, host_note=note,
+    return costs_from_sizes(dp_sizes(model, sample), replicate_host_ms=replicate_ms, host_note=note,
                             link_gb_s=link_gb_s, memory_gb_s=memory_gb_s, compute_fixed_ms=compute_fixed_ms,
                             compute_per_sample_ms=compute_per_sample_ms, scale=scale)
 
@@ -609,8 +714,9 @@ class PerDeviceMonitor:
 
 
 def plot_schedule(intervals, *, steps: int = 3, ax=None, title: str | None = None, label: str | None = None):
-    """Draw the last `steps` steps of a `SimulatedDataParallel.trace`: one row per device,
-    one coloured bar per stage. Returns the figure."""
+    """Draw the last `steps` steps of a `SimulatedDataParallel.trace`: the host's share of each
+    step on the top row, then one row per device, one coloured bar per stage; a stage too short
+    to see at this scale says so, with its time, in the legend. Returns the figure."""
     import matplotlib.pyplot as plt
 
     from .plotting import stamp
@@ -621,23 +727,29 @@ def plot_schedule(intervals, *, steps: int = 3, ax=None, title: str | None = Non
     last = max(i.step for i in intervals)
     shown = [i for i in intervals if i.step > last - steps]
     t0 = min(i.start_s for i in shown)
-    devices = sorted({i.device for i in shown})
-    colours = {"scatter": "tab:orange", "replicate": "tab:purple", "forward": "tab:blue", "gather + loss": "tab:red",
-               "backward": "tab:cyan", "reduce": "tab:pink", "optimizer (device 0)": "tab:brown",
-               "on-device work": "tab:olive", "copy to device 0": "tab:grey"}
+    span_ms = (max(i.end_s for i in shown) - t0) * 1e3
+    rows = sorted({i.device for i in shown})
+    colours = {"host: launches and Python": "dimgrey", "scatter": "tab:orange", "replicate": "tab:purple",
+               "forward": "tab:blue", "gather + loss": "tab:red", "backward": "tab:cyan", "reduce": "tab:pink",
+               "optimizer (device 0)": "tab:brown", "on-device work": "tab:olive", "copy to device 0": "tab:grey"}
+    longest: dict = {}
+    for i in shown:
+        longest[i.stage] = max(longest.get(i.stage, 0.0), (i.end_s - i.start_s) * 1e3)
     if ax is None:
-        fig, ax = plt.subplots(figsize=(11, 1.1 + 0.45 * len(devices)))
+        fig, ax = plt.subplots(figsize=(11, 1.1 + 0.45 * len(rows)))
     fig = ax.figure
     seen = set()
     for i in shown:
-        colour = colours.get(i.stage, "tab:grey")
-        ax.barh(i.device, (i.end_s - i.start_s) * 1e3, left=(i.start_s - t0) * 1e3, color=colour,
-                label=None if i.stage in seen else i.stage, edgecolor="white", linewidth=0.3)
+        thin = longest[i.stage] < 0.004 * span_ms
+        name = f"{i.stage}: {longest[i.stage]:.3f} ms, too short to see" if thin else i.stage
+        ax.barh(rows.index(i.device), (i.end_s - i.start_s) * 1e3, left=(i.start_s - t0) * 1e3,
+                color=colours.get(i.stage, "tab:grey"), label=None if i.stage in seen else name, edgecolor="white",
+                linewidth=0.3)
         seen.add(i.stage)
-    ax.set_yticks(devices, [f"device {d}" for d in devices])
+    ax.set_yticks(range(len(rows)), ["host" if d == HOST else f"device {d}" for d in rows])
     ax.invert_yaxis()
     ax.set_xlabel("ms since the first stage shown")
-    ax.set_title(title or f"{len(devices)} simulated devices in DataParallel: the last {steps} steps")
+    ax.set_title(title or f"{len(rows) - (HOST in rows)} simulated devices in DataParallel: the last {steps} steps")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)   # beside, not over, the axis
     fig.tight_layout()
     stamp(fig, label or "simulated devices (stage costs stated in the lesson; host work real)")

@@ -1,22 +1,27 @@
 """How data parallelism scales: a step on N devices, predicted stage by stage and fitted (lesson 06).
 
-`nn.DataParallel` runs one process and one Python thread per device. Every step it
-(1) splits the batch, which the loader put on device 0, and copies each piece to its device
-(*scatter*), (2) copies the parameters to every device (*replicate*), (3) runs the replicas
-side by side (*parallel apply*), (4) copies the outputs back to device 0 (*gather*), computes
-the loss there, runs backward on every device and (5) sums the gradients into device 0's
-parameters (*reduce*), where (6) the optimizer steps. Only (3) and the backward shrink with
-more devices; everything else is paid once per step, most of it by device 0.
+`nn.DataParallel` runs one process. Every step it
+(1) splits the batch and copies each piece to its device (*scatter*; from device 0 when the
+loader put the batch there, straight from host memory when it did not), (2) copies the
+parameters to every device that gets a piece (*replicate*: a broadcast, coalesced into 10 MiB
+buckets), (3) runs the replicas side by side, one new Python thread per replica (*parallel
+apply*), (4) copies the outputs to `output_device` (device 0 by default: *gather*), computes
+the loss there, runs backward on every device (one autograd thread per device) and (5) sums
+the gradients into device 0's parameters (*reduce*), where (6) the optimizer steps. Only (3)
+and the backward shrink with more devices; everything else is paid once per step, most of it
+by device 0. The host launches every kernel of every replica (the course's H100 measured one
+device's step launch-bound at batch 128) and adds Python work for every replica.
 
 - `dp_chunk_sizes(batch_size, n_devices)`: how DataParallel splits a batch (`torch.chunk`:
   pieces of ceil(B/n), the last one smaller, so fewer than n devices may get work).
 - `StageCosts`: what each stage of one step costs, in ms, with a note saying where each
-  figure came from (measured on this machine, or made up and named).
+  figure came from (measured on this machine, or taken from the H100 box, and named).
 - `predict_dp(costs, n_devices, batch_size, loader_samples_per_s)`: samples/s, scaling
   efficiency, what bounds the run (loader, host or devices) and each device's utilisation.
-- `dp_memory(...)`: the peak bytes each device holds during a step (device 0 holds more).
-- `speedup_verdict`, `measured_bound`, `agreement`, `trend`, `fit_verdict`, `copy_verdict`: the
-  sentences the lesson prints under its tables, computed from the numbers in them.
+- `dp_memory(...)`: the peak bytes each device holds during a step (device 0 holds more), an
+  upper bound (activations and gradients counted together).
+- `speedup_verdict`, `measured_bound`, `agreement`, `trend`, `fit_verdict`, `copy_verdict`,
+  `why_off`: the sentences the lesson prints under its tables, computed from the numbers in them.
 - `fit_scaling(n_devices, step_ms)`: the model "step = serial + parallel / n + per_device x (n-1)"
   fitted by least squares to measured step times, to predict devices you have not measured.
 - `pipeline_schedule(n_stages, micro_batches, ...)`: model parallelism instead: when each device
@@ -31,8 +36,8 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-__all__ = ["dp_chunk_sizes", "StageCosts", "DPPrediction", "predict_dp", "dp_memory", "speedup_verdict",
-           "measured_bound", "agreement", "trend", "fit_verdict", "copy_verdict",
+__all__ = ["dp_chunk_sizes", "StageCosts", "DPPrediction", "host_ms", "predict_dp", "dp_memory", "speedup_verdict",
+           "measured_bound", "agreement", "trend", "fit_verdict", "copy_verdict", "why_off",
            "ScalingFit", "fit_scaling", "PipelineSchedule", "pipeline_schedule"]
 
 
@@ -59,19 +64,25 @@ def dp_chunk_sizes(batch_size: int, n_devices: int) -> list[int]:
 class StageCosts:
     """What one DataParallel step costs, stage by stage, in milliseconds (lesson 06).
 
-    compute_fixed_ms, compute_per_sample_ms: forward + backward of one replica on a piece of
-        c samples takes compute_fixed_ms + compute_per_sample_ms * c (each device, in parallel);
+    compute_fixed_ms, compute_per_sample_ms: the device work of one replica on a piece of c
+        samples (forward + backward) takes compute_fixed_ms + compute_per_sample_ms * c (each
+        device, in parallel);
     scatter_ms_per_sample: copying one sample of the input from device 0 to another device;
     gather_ms_per_sample: copying one sample's output to device 0 (and its gradient back);
     replicate_ms: copying the parameters and buffers from device 0 to the others, once per
-        step when two or more devices are used (DataParallel broadcasts with NCCL, which
-        pipelines the copy: the bytes cross each link once whatever the number of devices,
-        and every device takes part);
+        step when two or more devices work (DataParallel broadcasts with NCCL, which pipelines
+        the copy: the bytes cross each link once whatever the number of devices, and every
+        device takes part);
     reduce_ms: summing the replicas' gradients into device 0's (an NCCL reduce: likewise);
     device0_ms: what only device 0 does: the loss on the gathered outputs, the optimizer step;
-    host_ms_per_replica: the host's Python work per replica per step (copying the module
-        structure, the replica's thread, launching its kernels); the host does it for every
-        replica, one after the other, under one interpreter lock;
+    host_step_ms: the host's time to launch one training step on one device (its ~390 kernels,
+        eager): with one device DataParallel calls the model directly and this is all the host
+        does; with two or more it is paid once too (the backward's kernels are launched by one
+        autograd thread per device, side by side);
+    host_ms_per_replica: what each replica adds to the host's step when DataParallel has two or
+        more devices: replicate's Python work (a copy of every module), its thread, and the part
+        of its forward launches that holds Python's lock, which the other replicas' threads
+        wait for;
     forward_share: the forward pass's share of compute (the rest is backward).
 
     `notes` maps a field name to where its figure came from; `describe()` prints them.
@@ -83,6 +94,7 @@ class StageCosts:
     replicate_ms: float = 0.0
     reduce_ms: float = 0.0
     device0_ms: float = 0.0
+    host_step_ms: float = 0.0
     host_ms_per_replica: float = 0.0
     forward_share: float = 1.0 / 3.0
     notes: dict = field(default_factory=dict, repr=False, compare=False)
@@ -119,7 +131,7 @@ class DPPrediction:
     batch_size: int
     chunks: list
     device_ms: float              # the devices' share of a step (serial stages + the slowest piece)
-    host_ms: float                # the host's Python work per step
+    host_ms: float                # the host's work per step (launches, and Python per replica)
     loader_ms: float              # the loader's time to produce one batch (0 for an unlimited loader)
     samples_per_s: float
     efficiency: float             # samples_per_s / (n_devices x one device at the per-device batch)
@@ -148,26 +160,33 @@ def _device_ms(costs: StageCosts, chunks: list[int], batch_size: int) -> tuple[f
     return sum(parts.values()), parts
 
 
+def host_ms(costs: StageCosts, n_devices: int, pieces: int) -> float:
+    """The host's time per step: one step's launches, plus, when DataParallel has two or more
+    devices, `host_ms_per_replica` for every replica it makes (one per piece: a batch of one
+    sample on four devices still gets a replica, on device 0; one device is a pass-through)."""
+    return costs.host_step_ms + (costs.host_ms_per_replica * pieces if n_devices > 1 else 0.0)
+
+
 def predict_dp(costs: StageCosts, n_devices: int, batch_size: int,
                loader_samples_per_s: float = math.inf) -> DPPrediction:
     """Predict a DataParallel step on `n_devices` at global batch `batch_size` (lesson 06).
 
     The devices' time per step is the serial stages plus the slowest piece's compute; the
-    host's is `host_ms_per_replica` for each replica; the loader needs batch / its samples/s.
-    The three work at the same time (the host runs ahead of the devices, the loader's workers
-    run ahead of the host), so the slowest sets the pace. Efficiency compares with
-    `n_devices` independent devices, each training alone on the per-device batch (the first
-    piece) from the same loader.
+    host's is one step's launches plus, with two or more devices, `host_ms_per_replica` for
+    each replica (`host_ms`); the loader needs batch / its samples/s. The three work at the
+    same time (the host runs ahead of the devices, the loader's workers run ahead of the
+    host), so the slowest sets the pace. Efficiency compares with `n_devices` independent
+    devices, each training alone on the per-device batch (the first piece) from the same loader.
     """
     if not loader_samples_per_s > 0:
         raise ValueError(f"loader_samples_per_s must be > 0, got {loader_samples_per_s}")
     chunks = dp_chunk_sizes(batch_size, n_devices)
     device_ms, parts = _device_ms(costs, chunks, batch_size)
-    host_ms = costs.host_ms_per_replica * len(chunks)
+    host = host_ms(costs, n_devices, len(chunks))
     loader_ms = 1e3 * batch_size / loader_samples_per_s if math.isfinite(loader_samples_per_s) else 0.0
-    step_ms = max(device_ms, host_ms, loader_ms)
+    step_ms = max(device_ms, host, loader_ms)
     samples_per_s = 1e3 * batch_size / step_ms if step_ms > 0 else math.inf
-    bound = max([("loader", loader_ms), ("host", host_ms), ("devices", device_ms)], key=lambda kv: kv[1])[0]
+    bound = max([("loader", loader_ms), ("host", host), ("devices", device_ms)], key=lambda kv: kv[1])[0]
     collective = parts["replicate + reduce"]          # NCCL's broadcast and reduce run on every device used
     busy = [device_ms] + [collective + costs.compute_ms(c) for c in chunks[1:]]
     busy += [0.0] * (n_devices - len(chunks))
@@ -177,32 +196,41 @@ def predict_dp(costs: StageCosts, n_devices: int, batch_size: int,
     else:
         alone = predict_dp(costs, 1, chunks[0], loader_samples_per_s).samples_per_s
         efficiency = samples_per_s / (n_devices * alone)
-    return DPPrediction(n_devices, batch_size, chunks, device_ms, host_ms, loader_ms, samples_per_s,
+    return DPPrediction(n_devices, batch_size, chunks, device_ms, host, loader_ms, samples_per_s,
                         efficiency, bound, parts, utilisation)
 
 
 def dp_memory(n_devices: int, batch_size: int, *, param_bytes: int, optimizer_bytes: int,
               input_bytes: int, activation_bytes: int, output_bytes: int, batch_on_device0: bool = True) -> list[int]:
-    """The peak bytes each device holds during a DataParallel step (lesson 06), like lesson 05's
-    estimate (the model's state + what the batch needs), with `input_bytes`, `activation_bytes`
-    and `output_bytes` per sample and the batch split as DataParallel splits it:
+    """The peak bytes each device holds during a DataParallel step (lesson 06), an upper bound,
+    with `input_bytes`, `activation_bytes` and `output_bytes` per sample, `param_bytes` one copy
+    of the parameters (their gradients are as large) and the batch split as DataParallel splits it.
 
-    device 0: the parameters (the only lasting copy) and the optimizer state; the input: the
+    Backward makes a layer's gradients while the activations of the layers before it are still
+    held, and a CNN has most of its parameters in its last layers, whose gradients come first:
+    the course's ResNet-18 measured close to activations + gradients, not the larger of the two
+    (lesson 06 measures it). So a device's working memory is counted as both together:
+
+    one device (DataParallel calls the model directly): the parameters, the optimizer state,
+        the batch's input, its activations, its outputs and their gradient, and the gradients;
+    device 0 with two or more devices: the parameters and the optimizer state; the input: the
         whole batch when the loader put it on device 0 (`batch_on_device0`), else its own piece
-        (the batch stayed on the host and scatter copied each piece to its device); and the
-        larger of (its piece's activations + the gathered outputs and their gradient) and (the
-        parameters' gradients), because backward frees the activations as it makes the gradients;
-    device k with a piece of c samples: the replica's parameters, c samples of input, and the
-        larger of (c samples of activations) and (the replica's gradients, which live only
-        until the reduce at the end of backward);
+        (scatter copies each piece from host memory); its replica's gradients; and the larger
+        of (its piece's activations + the gathered outputs and their gradient), during backward,
+        and (the reduce's result: another copy of the gradients), at the end of backward, when
+        the reduce holds every replica's gradients, device 0's included, and allocates their sum;
+    device k with a piece of c samples: the replica's parameters, c samples of input and of
+        activations, and the replica's gradients;
     a device that gets no piece: nothing (DataParallel does not replicate onto it).
     """
     chunks = dp_chunk_sizes(batch_size, n_devices)
     first = chunks[0]
+    p, gathered = param_bytes, 2 * batch_size * output_bytes
+    if n_devices == 1:
+        return [int(p + optimizer_bytes + batch_size * input_bytes + batch_size * activation_bytes + gathered + p)]
     on0 = batch_size if batch_on_device0 else first
-    out = [param_bytes + optimizer_bytes + on0 * input_bytes
-           + max(first * activation_bytes + 2 * batch_size * output_bytes, param_bytes)]
-    out += [param_bytes + c * input_bytes + max(c * activation_bytes, param_bytes) for c in chunks[1:]]
+    out = [p + optimizer_bytes + on0 * input_bytes + p + max(first * activation_bytes + gathered, p)]
+    out += [p + c * input_bytes + c * activation_bytes + p for c in chunks[1:]]
     out += [0] * (n_devices - len(chunks))
     return [int(v) for v in out]
 
@@ -248,6 +276,18 @@ def agreement(measured: float, predicted: float, tolerance: float = 0.2) -> str:
     return f"{abs(ratio - 1):.0%} {'below' if ratio < 1 else 'above'} the prediction"
 
 
+def why_off(others_cores: float, usable_cores: int, *, steps: int, smoke: bool) -> str:
+    """Why a measured run may miss the model, read from the run (lesson 06): other programs'
+    CPU while it ran (the simulated host's launches and Python are real CPU work here, which
+    they slow), else a short run, else no reason the run can show."""
+    if others_cores >= max(0.25 * usable_cores, 0.3):
+        return (f"other programs used {others_cores:.1f} of this machine's {usable_cores} cores during the runs, and the "
+                "host's work here is real CPU work that they slow (the model counts this CPU as if it were free)")
+    if smoke:
+        return f"smoke size: {steps} steps per run, few for a steady state; run at full size"
+    return "the machine was quiet and the runs full size: the model's stages do not explain this run"
+
+
 def trend(values) -> str:
     """The shape of a sequence of speed-ups (lesson 06): "falls from the start", "rises, then
     falls", "rises, then flattens", "rises" (a change within 5% counts as flat)."""
@@ -265,22 +305,36 @@ def trend(values) -> str:
     return "rises"
 
 
-def fit_verdict(fit: "ScalingFit", counts, measured_ms, held_out=(), tolerance: float = 0.2) -> list[str]:
+def fit_verdict(fit: "ScalingFit", counts, measured_ms, held_out=(), tolerance: float = 0.2,
+                spread: float = 0.0) -> list[str]:
     """Lines that say what a scaling fit and the step times under it show (lesson 06), from the
     measurements first: which count was fastest, whether more devices made steps slower, whether
-    the held-out counts agree with the fit, and only then what the fit claims."""
+    the held-out counts agree with the fit, and only then what the fit claims. `spread` is how far
+    repeated measurements of one count disagreed (0.1: 10%): differences within it are not
+    called differences, and a held-out count agrees with the fit within max(tolerance, spread)."""
     counts = [int(n) for n in counts]
     ms = dict(zip(counts, [float(m) for m in measured_ms]))
     best = min(ms, key=ms.get)
-    lines = [f"measured: the fastest step came with {best} device{'s' if best > 1 else ''} ({ms[best]:.2f} ms)"]
-    slower = [n for n in counts if n > best]
+
+    def devices(n):
+        return f"{n} device{'s' if n > 1 else ''}"
+    if spread > 0.5:
+        return [f"measured: two rounds of one device count disagreed by up to {spread:.0%}, more than most counts "
+                "differ from each other: this run can neither rank the counts nor test the fit (a busy machine; "
+                "run it again on a quieter one)"]
+    near = [n for n in counts if n != best and ms[n] <= ms[best] * (1 + spread)]
+    lines = [f"measured: the fastest step came with {devices(best)} ({ms[best]:.2f} ms)"
+             + (f"; within the rounds' spread ({spread:.0%}) of it: " + ", ".join(f"{devices(n)} {ms[n]:.2f} ms"
+                                                                             for n in near) if near else "")]
+    slower = [n for n in counts if n > best and n not in near]
     if slower:
         lines.append("more devices than that made the step slower: "
                      + ", ".join(f"{n} devices {ms[n]:.2f} ms" for n in slower))
     misses = []
+    allowed = max(tolerance, spread)
     for n in held_out:
         predicted = float(fit.step_ms(n))
-        if abs(ms[n] / predicted - 1) > tolerance:
+        if abs(ms[n] / predicted - 1) > allowed:
             misses.append(f"{n} devices: measured {ms[n]:.2f} ms, the fit {predicted:.2f} ms")
         else:
             lines.append(f"held out of the fit, {n} devices took {ms[n]:.2f} ms: the fit predicted {predicted:.2f} ms")
