@@ -1002,7 +1002,7 @@ def dali_webdataset_pipeline(shards: ShardSet, batch_size: int, *, shard_id: int
     every pipeline yields the same number of batches. `shuffle=True` is DALI's `random_shuffle`: a
     buffer of `initial_fill` samples read in order, drawn from at random (a buffer shuffle, like
     webdataset's `.shuffle(n)`, not a permutation of the epoch). The label is the `.cls` member's
-    text: one ASCII digit for CIFAR-10's classes, turned into a number by subtracting '0'."""
+    text: one ASCII digit for CIFAR-10's classes, turned into a number by subtracting '0', int64."""
     from nvidia.dali import fn, pipeline_def, types
     if shards.encoding != "rgb":
         raise ValueError("this pipeline reads raw-pixel shards (encoding 'rgb')")
@@ -1016,7 +1016,8 @@ def dali_webdataset_pipeline(shards: ShardSet, batch_size: int, *, shard_id: int
                                             stick_to_shard=stick_to_shard, pad_last_batch=True, name="shards",
                                             missing_component_behavior="error")
         images = fn.reshape(pixels, shape=list(IMAGE_SHAPE))
-        labels = fn.cast(cls, dtype=types.INT32) - 48
+        # int64 class indices, as F.cross_entropy wants them (lesson 04's rule for every loader)
+        labels = fn.cast(fn.cast(cls, dtype=types.INT32) - 48, dtype=types.INT64)
         return images, labels
 
     return pipe()

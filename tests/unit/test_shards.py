@@ -359,6 +359,8 @@ def test_dali_reads_the_shards(shard_set, data):
     first = int(np.ceil(230 / 2))            # DALI's shard 1 starts half way through the samples
     assert np.array_equal(got, images[first:first + 50])
     assert np.array(out[1].as_tensor()).ravel().tolist() == labels[first:first + 50].tolist()
+    # int64 class indices, as F.cross_entropy wants them (a learner's walk found int32 here: issue 37)
+    assert np.array(out[1].as_tensor()).dtype == np.int64
 
 
 def test_library_split_is_what_webdataset_itself_deals(shard_set, monkeypatch):
