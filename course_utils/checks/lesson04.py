@@ -560,8 +560,10 @@ def _check_randomness(batches, on, seed, pipe=None):
     if not 0.2 <= ends <= 0.245:
         raise CheckFailed("crop offsets are uniform over 0..8", f"{on}: offsets 0 and 8 make up {ends:.1%} of "
                           f"{2 * n} draws; uniform over nine values gives 22.2% (seed {seed})",
-                          "a continuous crop_pos in [0, 1] rounds to 0 and 8 half as often as to the other offsets: "
-                          "draw from the nine values k/8 (fn.random.uniform(values=[k / 8 for k in range(9)]))")
+                          "a continuous crop_pos in [0, 1] rounds to 0 and 8 half as often as to the other offsets, "
+                          "and so does an integer drawn with fn.random.uniform(range=[0, 8], dtype=INT32), which DALI "
+                          "rounds from a continuous draw: draw from the nine values k/8 "
+                          "(fn.random.uniform(values=[k / 8 for k in range(9)]))")
     for axis, values in (("vertical", dy), ("horizontal", dx)):
         counts = np.bincount(values, minlength=9)
         chi2 = float(((counts - n / 9) ** 2 / (n / 9)).sum())
@@ -825,6 +827,43 @@ def _augmentation(batches, records) -> np.ndarray:
     return np.stack([found.dy, found.dx, found.flipped.astype(np.int64)], axis=1)
 
 
+def _expect_batch_reads(cifar_epochs, batch_size, tmp: Path, rng, seed):
+    """The source reads only its batch's rows of the memory map (w1-04: np.array(records) on every batch
+    copies the whole file, 150 MB for CIFAR's training set, per batch, and passed). A sparse file of
+    zeros large beside a batch: what Python allocates while the iterator reads a few batches, beyond
+    what it held after its creation, is measured with tracemalloc (numpy reports its buffers to it,
+    from DALI's callback thread too). Reading the whole file once per call is allowed."""
+    import tracemalloc
+
+    big = 16_384                                   # 50 MB of records; a batch is < 250 kB
+    path = tmp / "big-records.bin"
+    with open(path, "wb") as f:
+        f.truncate(big * data.RECORD_BYTES)        # sparse: nothing written
+    records = data.read_records(path)
+    tracemalloc.start()
+    try:
+        with calling(f"cifar_epochs(records of {big:,}, {batch_size}, seed=..., shuffle=True)"):
+            it = cifar_epochs(records, batch_size, seed=int(rng.integers(0, 2**31 - 1)), num_threads=_threads())
+        held, _ = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        for k, _ in enumerate(it):
+            if k == 3:
+                break
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    del it
+    extra = peak - held
+    if extra > big * data.RECORD_BYTES // 2:
+        raise CheckFailed("reads only the batch's records",
+                          f"reading 4 batches of {batch_size} from a memory-mapped file of {big:,} records "
+                          f"({big * data.RECORD_BYTES / 1e6:.0f} MB) allocated {extra / 1e6:.0f} MB at once: the whole "
+                          "file copied into memory for a batch (np.array(records)?), on every batch: 150 MB per batch "
+                          f"for CIFAR's training set (seed {seed})",
+                          "index the memory map with the batch's indices, rows = records[idx]: only those rows are "
+                          "read from the file")
+
+
 @exercise("4.2", "Exact epochs through DALI's PyTorch iterator", points=2)
 @forbids("course_utils.dali_pipelines:CifarRecordBatches.__call__", "course_utils.dali_pipelines:CifarRecordBatches.epoch_order",
          "course_utils.dali_pipelines:shard_range", "course_utils.dali_pipelines:cifar_loader")
@@ -985,6 +1024,7 @@ def check_epochs(cifar_epochs):
                               f"(seed {seed})",
                               "shards differ by a record at most: with drop_last every shard yields (N // S) // "
                               "batch_size batches (N // num_shards, the smallest shard's size, cut into full batches)")
+        _expect_batch_reads(cifar_epochs, batch_size, Path(tmp), rng, seed)
         gpu = ""
         if torch.cuda.is_available():
             it = make(device="gpu")

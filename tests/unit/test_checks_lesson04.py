@@ -90,6 +90,9 @@ def make_cifar_pipeline(*, mean=CIFAR_MEAN255, std=CIFAR_STD255, positions="nine
                 pos_y, pos_x = fn.random.uniform(values=NINE), fn.random.uniform(values=NINE)
             elif positions == "eight":       # offsets 0..7: one short
                 pos_y, pos_x = fn.random.uniform(values=NINE[:8]), fn.random.uniform(values=NINE[:8])
+            elif positions == "int_range":   # an integer 0..8 rounded from a continuous draw, then / 8 (w1-04 4.1 #2)
+                pos_y, pos_x = (fn.random.uniform(range=[0, 8], dtype=types.INT32) / 8.0,
+                                fn.random.uniform(range=[0, 8], dtype=types.INT32) / 8.0)
             else:
                 pos_y, pos_x = fn.random.uniform(range=[0.0, 1.0]), fn.random.uniform(range=[0.0, 1.0])
             if shared_offset:                # one draw for both axes
@@ -264,6 +267,8 @@ MUTANTS_41_WALK = [
            words="horizontal offset"),
     Mutant("the flip decided by the crop, 50% overall", make_cifar_pipeline(flip_from_x="fair"),
            "draws the flip independently of the crop", words="horizontal offset"),
+    Mutant("integer offsets from range=[0, 8]", make_cifar_pipeline(positions="int_range"),
+           "crop offsets are uniform over 0..8", words="range=[0, 8], dtype=INT32"),
     Mutant("one offset per batch", per_batch_offsets, "each sample draws its own crop and flip", words="once per batch"),
     Mutant("mean and std in 0..1 units", make_cifar_pipeline(mean=list(data.CIFAR10_MEAN), std=list(data.CIFAR10_STD)),
            "each sample is an exact crop of its padded record, normalised", words="0..1 units"),
@@ -323,7 +328,8 @@ def make_cifar_epochs(*, per_sample=False, stateful=False, reshuffle=True, shard
                       fixed_block=False, strided_shards=False, strided_view=False, label_dtype=np.int64,
                       shard_of_first_epoch=False, drop_last_per_shard=False, extra_batch_when_divides=False,
                       same_augmentation=False, positions_as_indices=False, device_ignored=False,
-                      always_drop_last=False, cache_orders=False, auto_reset=True, int_slices=False):
+                      always_drop_last=False, cache_orders=False, auto_reset=True, int_slices=False,
+                      whole_copy=False, copy_once=False):
     """A cifar_epochs builder with one knob per typical mistake (the defaults are right)."""
     cached = {}
     def cifar_epochs(records, batch_size, *, shuffle=True, seed=0, shard_id=0, num_shards=1, drop_last=False,
@@ -369,8 +375,11 @@ def make_cifar_epochs(*, per_sample=False, stateful=False, reshuffle=True, shard
                 return np.random.default_rng((seed, epoch, 1)).permutation(mine) if epoch else mine
             return (rng.permutation(n) if shuffle else np.arange(n))[start:stop]
 
+        held = np.array(records) if copy_once else records     # the whole file read into memory once per call
+
         def rows_of(idx):
-            rows = records[idx]
+            # the whole file copied into memory on every batch (w1-04 4.2 #27), then indexed
+            rows = np.array(records)[idx] if whole_copy else held[idx]
             images = rows[:, 1:].reshape(-1, 3, 32, 32) if strided_view else \
                 np.ascontiguousarray(rows[:, 1:]).reshape(-1, 3, 32, 32)
             if positions_as_indices:           # the positions within the batch, not the records' indices
@@ -488,6 +497,8 @@ MUTANTS_42_WALK = [
            words="exactly the last, shorter batch"),
     Mutant("device ignored", make_cifar_epochs(device_ignored=True), "device='gpu' augments on this process's GPU",
            words="never reach the GPU"),
+    Mutant("the whole record file copied on every batch", make_cifar_epochs(whole_copy=True),
+           "reads only the batch's records", words="records[idx]"),
     Mutant("orders cached between calls, by epoch only", make_cifar_epochs(cache_orders=True),
            "shuffle=False keeps the records' order", words="kept between calls"),
 ]
@@ -498,9 +509,10 @@ def test_4_2_correct_loader_passes():
 
 
 def test_4_2_other_right_answers_pass():
-    """auto_reset=False (DALI 2.4's iterator resets when a new for loop begins) and int(k*N/S) slices
-    (w1-04)."""
-    for answer in (make_cifar_epochs(auto_reset=False), make_cifar_epochs(int_slices=True)):
+    """auto_reset=False (DALI 2.4's iterator resets when a new for loop begins), int(k*N/S) slices
+    (w1-04), and the records read into memory once per call (costly in memory, not per batch)."""
+    for answer in (make_cifar_epochs(auto_reset=False), make_cifar_epochs(int_slices=True),
+                   make_cifar_epochs(copy_once=True)):
         passes("4.2", answer, [5])
 
 
