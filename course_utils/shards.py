@@ -944,8 +944,8 @@ class SourceResult:
 def round_verdict(mine: list, theirs: list, *, margin: float = 0.1) -> tuple[str, list]:
     """How the rates `mine` compare with `theirs`, measured in the same rounds (lesson 04): the
     per-round ratios, and "faster than" / "slower than" only when every round says so by more than
-    `margin`, "about as fast as" when every round is within it, else "not resolved by these rounds
-    (they disagree)": a verdict a busy moment in one round cannot flip."""
+    `margin`, "about as fast as" when every round is within it, else "undecided (the rounds disagree)
+    against": a verdict a busy moment in one round cannot flip."""
     ratios = [a / b for a, b in zip(mine, theirs) if b]
     if not ratios:
         return "not measured", []
@@ -955,7 +955,7 @@ def round_verdict(mine: list, theirs: list, *, margin: float = 0.1) -> tuple[str
         return "slower than", ratios
     if all(abs(r - 1) <= margin for r in ratios):
         return "about as fast as", ratios
-    return "not resolved by these rounds (they disagree) against", ratios
+    return "undecided (the rounds disagree) against", ratios
 
 
 def _epoch_per_s(loader, count: int) -> float:
