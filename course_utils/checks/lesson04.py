@@ -1240,6 +1240,41 @@ def _expect_crop_ranges(pipe, what: str, seed: int) -> None:
                                   "torchvision's RandomResizedCrop")
 
 
+def _expect_imagenet_constants(pipe, what: str, seed: int) -> None:
+    """crop_mirror_normalize's mean and std are ImageNet's, times 255, within 0.5%, read from the graph:
+    constants rounded a little (std [0.23, 0.22, 0.23]) move every value by a percent or two, which the
+    colours of JPEG-decoded files cannot show. Only where one crop_mirror_normalize normalises with
+    constants (a normalisation written otherwise is graded on the values alone)."""
+    ops = _graph(pipe)
+    if ops is None:
+        return
+    from ..dali_pipelines import IMAGENET_MEAN, IMAGENET_STD
+    found = []
+    for op in _upstream(pipe, ops, 0, data_only=True):
+        if op.kind != "CropMirrorNormalize":
+            continue
+        try:
+            mean, std = (np.broadcast_to(np.asarray(op.args.get(k, d), np.float64).reshape(-1), (3,))
+                         for k, d in (("mean", 0.0), ("std", 1.0)))
+        except (TypeError, ValueError):
+            return
+        if np.any(mean != 0) or np.any(std != 1):
+            found.append((mean, std))
+    if len(found) != 1:
+        return
+    mean, std = found[0]
+    want_mean, want_std = 255 * np.asarray(IMAGENET_MEAN), 255 * np.asarray(IMAGENET_STD)
+    if np.abs(mean / want_mean - 1).max() > 5e-3 or np.abs(std / want_std - 1).max() > 5e-3:
+        raise CheckFailed("values are normalised with ImageNet's mean and std",
+                          f"{what}: your crop_mirror_normalize takes mean=[{', '.join(f'{v:.4g}' for v in mean)}], "
+                          f"std=[{', '.join(f'{v:.4g}' for v in std)}] (read from the pipeline's graph); ImageNet's "
+                          f"times 255 are [{', '.join(f'{v:.4g}' for v in want_mean)}] and "
+                          f"[{', '.join(f'{v:.4g}' for v in want_std)}] (seed {seed})",
+                          "use the constants themselves, [255 * m for m in dali_pipelines.IMAGENET_MEAN] and "
+                          "[255 * s for s in dali_pipelines.IMAGENET_STD]: rounded ones shift every value by a "
+                          "percent or two, on every image")
+
+
 def _fast_tmp() -> str | None:
     """Memory-backed temporary storage where there is some (thousands of small files are written
     there several times faster than on a disk), else the default temporary folder."""
@@ -1289,6 +1324,7 @@ def check_jpeg_pipeline(jpeg_pipeline):
             first, _ = next(run)
             _check_jpeg_epoch(first, folder, on, seed)
         _expect_crop_ranges(pipe, "on the CPU", seed)
+        _expect_imagenet_constants(pipe, "on the CPU", seed)
         _check_crops(first, "on the CPU", seed)
         _expect_fair_coin(pipe, "mirrors half of the images", "on the CPU", seed)
         flips = [x.mirrored for x in first if x.clear]

@@ -709,6 +709,11 @@ MUTANTS_43_WALK = [
     Mutant("CIFAR's constants", make_jpeg_pipeline(mean=CIFAR_MEAN255, std=CIFAR_STD255),
            "each image is its file's colour, normalised", words="CIFAR-10"),
     Mutant("one thread, whatever it is given", make_jpeg_pipeline(threads=1), "uses the threads it is given"),
+    # the near-miss rule, a second look (issue 37): ImageNet's std rounded to two decimals
+    Mutant("ImageNet's std rounded", make_jpeg_pipeline(std=[255 * 0.23, 255 * 0.22, 255 * 0.23]),
+           "values are normalised with ImageNet's mean and std", words="rounded ones"),
+    Mutant("ImageNet's mean rounded", make_jpeg_pipeline(mean=[255 * 0.49, 255 * 0.46, 255 * 0.41]),
+           "values are normalised with ImageNet's mean and std", words="rounded ones"),
 ]
 RANDOM_43_WALK = {"a shuffle seed per shard", "the same augmentation on every shard"}
 
@@ -718,8 +723,10 @@ def test_4_3_correct_pipeline_passes():
 
 
 def test_4_3_other_right_answers_pass():
-    """DALI's fused decode-and-crop with the shape peeked from the file (x-04 R3)."""
+    """DALI's fused decode-and-crop with the shape peeked from the file (x-04 R3), and the constants of
+    DALI's own ResNet-50 example (ImageNet's times 255, written to two decimals)."""
     passes("4.3", fused_decode_and_crop, [5])
+    passes("4.3", make_jpeg_pipeline(mean=[123.68, 116.28, 103.53], std=[58.395, 57.12, 57.375]), [5])
 
 
 @pytest.mark.parametrize("mutant", MUTANTS_43_WALK, ids=repr)
