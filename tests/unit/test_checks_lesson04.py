@@ -556,7 +556,8 @@ def make_jpeg_pipeline(*, output_type="RGB", mean=NET_MEAN255, std=NET_STD255, s
         if fill is not None:
             kw["initial_fill"] = fill
         if shuffle == "after_epoch" and shuffle_seed is not None:
-            kw["shuffle_after_epoch_seed"] = {"seed": seed, "per_shard": seed + 1000 * shard_id}[shuffle_seed]
+            kw["shuffle_after_epoch_seed"] = {"seed": seed, "per_shard": seed + 1000 * shard_id,
+                                              "plus_one": seed + 1}[shuffle_seed]
         if stick_to_shard:
             kw["stick_to_shard"] = True
         if split_by_hand:          # the file list split by the learner, the reader told nothing
@@ -570,9 +571,12 @@ def make_jpeg_pipeline(*, output_type="RGB", mean=NET_MEAN255, std=NET_STD255, s
                       seed={"per_shard": seed + shard_id, "seed": seed, "fixed": 0}[aug_seed], **pipe_kw)
         def graph():
             jpegs, labels = fn.readers.file(pad_last_batch=pad_last_batch, name=reader_name, **kw)
-            images = fn.decoders.image(jpegs, device=decoder_device or ("mixed" if device == "gpu" else "cpu"),
+            images = fn.decoders.image(jpegs, device="cpu" if decoder_device == "cpu, then .gpu()" else
+                                       decoder_device or ("mixed" if device == "gpu" else "cpu"),
                                        output_type=getattr(types, output_type))
             shapes = images.shape()
+            if device == "gpu" and decoder_device == "cpu, then .gpu()":   # decoded on the CPU, cropped on the GPU
+                images = images.gpu()
             size = fixed_crop or crop
             if crop_kind == "resize":                # the whole image squeezed to size x size
                 images = fn.resize(images, size=(size, size))
@@ -671,6 +675,8 @@ def fused_decode_and_crop(file_root, batch_size, *, crop=224, device="cpu", shar
 MUTANTS_43_WALK = [
     Mutant("decodes on the CPU for device='gpu'", make_jpeg_pipeline(decoder_device="cpu"),
            "device='gpu' decodes on this process's GPU", words="device='mixed'"),
+    Mutant("decodes on the CPU, crops on the GPU (x-04)", make_jpeg_pipeline(decoder_device="cpu, then .gpu()"),
+           "device='gpu' decodes on this process's GPU", words="device='mixed'"),
     Mutant("device_id=None and the CPU decoder", make_jpeg_pipeline(decoder_device="cpu", device_id="none"),
            "device='gpu' decodes on this process's GPU", words="device='mixed'"),
     Mutant("random_area [0.5, 1]", make_jpeg_pipeline(area=(0.5, 1.0)), "crops a random window of each image",
@@ -723,10 +729,13 @@ def test_4_3_correct_pipeline_passes():
 
 
 def test_4_3_other_right_answers_pass():
-    """DALI's fused decode-and-crop with the shape peeked from the file (x-04 R3), and the constants of
-    DALI's own ResNet-50 example (ImageNet's times 255, written to two decimals)."""
+    """DALI's fused decode-and-crop with the shape peeked from the file (x-04 R3), the constants of
+    DALI's own ResNet-50 example (ImageNet's times 255, written to two decimals), and the shuffle's
+    seed derived from seed (x-04 F4)."""
     passes("4.3", fused_decode_and_crop, [5])
     passes("4.3", make_jpeg_pipeline(mean=[123.68, 116.28, 103.53], std=[58.395, 57.12, 57.375]), [5])
+    # x-04 F4: shuffle_after_epoch_seed derived from seed, the same in every process (it failed before)
+    passes("4.3", make_jpeg_pipeline(shuffle_seed="plus_one"), [5])
 
 
 @pytest.mark.parametrize("mutant", MUTANTS_43_WALK, ids=repr)
