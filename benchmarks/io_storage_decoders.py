@@ -108,9 +108,9 @@ def decoder_section(folder, repeats: int) -> None:
 def storage_section(folder, repeats: int) -> None:
     images = storage.images_for_storage(folder.files, 224)
     stored = storage.write_formats(images, data.data_home() / "storage-formats-benchmark")
-    runs = [storage.measure_formats(stored, random_reads=500) for _ in range(repeats)]
+    runs = [storage.measure_formats(stored, random_reads=500, rounds=3) for _ in range(repeats)]
     print(f"\n== Storage formats (lesson 04): {len(images)} images of 224x224 on {disk_of(data.data_home()).label}; "
-          f"medians of {repeats}; microseconds per image")
+          f"medians of {repeats} runs of 3 rounds each (the lesson's measurement); microseconds per image")
     print(f"{'format':36s} {'kB/image':>8s} {'cold':>7s} {'warm':>7s} {'rnd cold':>8s} {'rnd warm':>8s} {'decode':>7s}")
     for k, r in enumerate(runs[0]):
         same = [run[k] for run in runs]

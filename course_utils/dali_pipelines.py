@@ -14,6 +14,12 @@ demonstrates and later lessons reuse:
   `(images, labels)` batches that `course_utils.train.train` accepts.
 - `jpeg_train_pipeline()` / `jpeg_loader()`: file reader, decoder (`mixed` = GPU decoding
   when there is a GPU), random resized crop, flip and normalise, for ImageNet-style folders.
+
+Under DistributedDataParallel every rank must run the same number of training steps (a rank with
+one more waits for ever in an all-reduce the others never join): `cifar_loader` with
+`drop_last=True` (its default when sharded) gives every shard `(N // shards) // batch_size` full
+batches, and `jpeg_loader` uses DALI's FILL policy with `pad_last_batch=True` (every shard the
+same number of full batches). `DaliLoader` never skips a batch: an empty one is an error.
 - `decode_pipeline()`: decode a list of encoded JPEGs, to time DALI's decoder.
 
 DALI is imported lazily, inside the functions that need it, so `course_utils` imports and works
@@ -22,6 +28,7 @@ Devices are DALI's words, "cpu" or "gpu" (a `torch.device` is accepted too).
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -66,8 +73,16 @@ def dali_device(device) -> tuple[str, int | None]:
 
 
 def dali_threads() -> int:
-    """DALI's CPU thread count for this machine: the cores this process may use (lesson 04)."""
-    return max(1, usable_cores())
+    """DALI's CPU threads for one process (lesson 04): its share of the cores it may use, the usable
+    cores divided by `LOCAL_WORLD_SIZE` (the processes torchrun started on this node; 1 without
+    torchrun), less one for the process's own training loop, and at least 1. Eight ranks on 16 cores
+    get 1 thread each, not 16 (8 x 16 threads on 16 cores would crowd out the training loops; lesson
+    07 budgets the cores per rank the same way); one process on 16 cores gets 15."""
+    try:
+        ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        ranks = 1
+    return max(1, usable_cores() // ranks - 1)
 
 
 def shard_range(n: int, shard_id: int, num_shards: int) -> tuple[int, int]:
@@ -87,6 +102,10 @@ class RecordStore:
     (lesson 04: what DALI's external source reads from)."""
 
     def __init__(self, parts, limit: int | None = None):
+        parts = list(parts)
+        # paths are kept so that a pickled store (DALI's parallel external source, spawned workers)
+        # reopens its memory maps instead of carrying a copy of every record
+        self._reopen = ([str(p) for p in parts], limit) if all(isinstance(p, (str, Path)) for p in parts) else None
         arrays = [data.read_records(p) if isinstance(p, (str, Path)) else np.asarray(p) for p in parts]
         for a in arrays:
             if a.ndim != 2 or a.shape[1] != data.RECORD_BYTES or a.dtype != np.uint8:
@@ -111,6 +130,18 @@ class RecordStore:
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
+
+    def __getstate__(self):
+        if self._reopen is not None:
+            return {"reopen": self._reopen}
+        return self.__dict__
+
+    def __setstate__(self, state):
+        if "reopen" in state:
+            paths, limit = state["reopen"]
+            self.__init__(paths, limit=limit)
+        else:
+            self.__dict__.update(state)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -154,7 +185,11 @@ class CifarRecordBatches:
     - The order of epoch `e` is a permutation drawn from `(seed, e)`, the same in every process,
       so shards of one epoch never overlap; `shuffle=False` keeps the file order.
     - Shard `shard_id` of `num_shards` gets the slice `shard_range()` of that order.
-    - The last batch is partial, or left out with `drop_last=True`.
+    - The last batch is partial; with `drop_last=True` every shard yields the same number of full
+      batches, `(N // num_shards) // batch_size` (the shards differ by a record at most, so a
+      longer shard's last full batch is left out too: under DistributedDataParallel every rank must
+      run the same number of steps). Without `drop_last` the shards' counts may differ by one:
+      for evaluation, where each rank's results are summed.
     What it returns depends on its arguments alone (it caches the current epoch's permutation,
     nothing else), so DALI may call it ahead, or from worker processes.
     """
@@ -174,9 +209,11 @@ class CifarRecordBatches:
         return self.stop - self.start
 
     def __len__(self) -> int:
-        """Batches per epoch."""
+        """Batches per epoch (with `drop_last`, the same in every shard)."""
+        if self.drop_last:
+            return (len(self.records) // self.num_shards) // self.batch_size
         full, rest = divmod(self.num_samples, self.batch_size)
-        return full + (1 if rest and not self.drop_last else 0)
+        return full + (1 if rest else 0)
 
     def epoch_order(self, epoch: int) -> np.ndarray:
         """The record indices this shard visits in `epoch`, in order (a function of seed and
@@ -263,15 +300,22 @@ class DaliLoader:
 
     `iterator` is the `DALIGenericIterator` (auto_reset, so each `for` loop is a new epoch);
     `len()` is the number of batches per epoch. Images come back on the pipeline's device (a
-    CUDA tensor for a GPU pipeline), labels as int64."""
+    CUDA tensor for a GPU pipeline), labels as int64.
+
+    Every batch the iterator gives is yielded: a training loop under DistributedDataParallel must
+    run the same number of steps on every rank, so a batch is never skipped. An empty batch (what
+    DALI's PARTIAL policy gives a shard whose padded last batch holds no real sample) raises
+    `RuntimeError`, unless `skip_empty=True`: for evaluation only, where the ranks' counts are
+    summed and no collective runs per batch."""
 
     def __init__(self, iterator, batches_per_epoch: int | None, *, device: str, description: str = "",
-                 prefetch_queue_depth: int = 2):
+                 prefetch_queue_depth: int = 2, skip_empty: bool = False):
         self.iterator = iterator
         self.batches_per_epoch = batches_per_epoch
         self.prefetch_queue_depth = prefetch_queue_depth     # batches DALI prepares ahead
         self.device = device
         self.description = description
+        self.skip_empty = skip_empty
 
     def __len__(self) -> int:
         if self.batches_per_epoch is None:
@@ -282,9 +326,12 @@ class DaliLoader:
         for outputs in self.iterator:
             batch = outputs[0]
             if batch["labels"].shape[0] == 0:
-                # a reader pads every shard to the same number of batches; with PARTIAL, a shard
-                # whose real samples end on a batch boundary ends with an empty batch: skip it
-                continue
+                if self.skip_empty:
+                    continue
+                raise RuntimeError(f"{self}: an empty batch. DALI's PARTIAL policy gives one to a shard whose real "
+                                   "samples end on a batch boundary while a longer shard still has a batch; skipping "
+                                   "it would leave this rank one training step short of the others (a hang under "
+                                   "DistributedDataParallel): train with LastBatchPolicy.FILL and pad_last_batch=True")
             yield batch["images"], batch["labels"].reshape(-1).long()
 
     def __repr__(self) -> str:
@@ -293,15 +340,21 @@ class DaliLoader:
 
 def cifar_loader(records=None, batch_size: int = 256, *, device="cpu", train: bool = True, shuffle: bool = True,
                  augment: bool = True, seed: int = 0, shard_id: int = 0, num_shards: int = 1,
-                 drop_last: bool = False, num_threads: int | None = None, limit: int | None = None,
+                 drop_last: bool | None = None, num_threads: int | None = None, limit: int | None = None,
                  prefetch_queue_depth: int = 2) -> DaliLoader:
     """CIFAR-10 through DALI as `(images, labels)` batches (lesson 04): `CifarRecordBatches` ->
     `cifar_train_pipeline` -> `DALIGenericIterator`. `records` defaults to the course's
     training (or test) split, memory-mapped; `shard_id`/`num_shards` give this process its
-    share for DistributedDataParallel (lesson 07)."""
+    share for DistributedDataParallel (lesson 07), with the same `seed` in every process (the
+    order of the records follows it; each shard's augmentation draws from its own seed).
+    `drop_last` defaults to True when sharded (every rank the same number of full batches, for
+    training) and to False otherwise (the last batch short); pass `drop_last=False` to a sharded
+    evaluation loader, whose ranks may then run one batch more or less (sum their results)."""
     require_dali()
     from nvidia.dali.plugin.pytorch import DALIGenericIterator
 
+    if drop_last is None:
+        drop_last = num_shards > 1
     if records is None:
         records = RecordStore.from_cifar(train=train, limit=limit)
     source = CifarRecordBatches(records, batch_size, shuffle=shuffle, seed=seed, shard_id=shard_id,
@@ -334,25 +387,30 @@ def jpeg_train_pipeline(file_root, *, batch_size: int, crop: int = 224, device="
     `with_shapes`, the decoded image's shape (H, W, C).
 
     `shuffle` asks the reader for `shuffle_after_epoch=True`: a new permutation of every file
-    each epoch, drawn from a fixed seed and the epoch's number, so every shard cuts its slice of
-    the same permutation (as `DistributedSampler` with `set_epoch`), and a shard's files change
-    from epoch to epoch. (`random_shuffle=True` instead shuffles the file list once, with that
-    fixed seed, then draws each sample at random from a buffer of `initial_fill` samples read
-    in that order: with more files than the buffer, a local shuffle of the same order every
-    epoch.) `pad_last_batch=True` gives every shard the same number of batches, which
-    DistributedDataParallel needs.
+    each epoch, drawn from `shuffle_after_epoch_seed` (DALI 2.4; `seed` here, the same in every
+    process; without it DALI uses a fixed seed, the same order in every run) and the epoch's
+    number, so every shard cuts its slice of the same permutation (as `DistributedSampler` with
+    `set_epoch`), and a shard's files change from epoch to epoch. (`random_shuffle=True` instead
+    shuffles the file list once, with a fixed seed, then draws each sample at random from a buffer
+    of `initial_fill` samples read in that order: with more files than the buffer, a local shuffle
+    of the same order every epoch.) The augmentation draws from `seed + shard_id`: each rank its own
+    crops and flips (the same seed on every rank would give sample j of every rank's batch the same
+    window and flip). `pad_last_batch=True` keeps every epoch whole; with DALI's FILL policy it
+    also gives every shard the same number of batches, which DistributedDataParallel needs
+    (`jpeg_loader`).
     """
     require_dali()
     from nvidia.dali import fn, pipeline_def, types
 
     where, device_id = dali_device(device)
 
+    order = dict(shuffle_after_epoch=True, shuffle_after_epoch_seed=int(seed)) if shuffle else {}
+
     @pipeline_def(batch_size=batch_size, num_threads=num_threads or dali_threads(), device_id=device_id,
-                  seed=seed, prefetch_queue_depth=prefetch_queue_depth)
+                  seed=seed + shard_id, prefetch_queue_depth=prefetch_queue_depth)
     def graph():
-        jpegs, labels = fn.readers.file(file_root=str(file_root), shuffle_after_epoch=shuffle,
-                                        shard_id=shard_id, num_shards=num_shards, pad_last_batch=True,
-                                        name=reader_name)
+        jpegs, labels = fn.readers.file(file_root=str(file_root), shard_id=shard_id, num_shards=num_shards,
+                                        pad_last_batch=True, name=reader_name, **order)
         images = fn.decoders.image(jpegs, device="mixed" if where == "gpu" else "cpu", output_type=types.RGB)
         shapes = images.shape()
         images = fn.random_resized_crop(images, size=(crop, crop))
@@ -367,19 +425,29 @@ def jpeg_train_pipeline(file_root, *, batch_size: int, crop: int = 224, device="
 
 
 def jpeg_loader(file_root, batch_size: int = 64, *, crop: int = 224, device="cpu", num_threads: int | None = None,
-                seed: int = 0, shard_id: int = 0, num_shards: int = 1) -> DaliLoader:
-    """The JPEG pipeline behind DALI's PyTorch iterator (lesson 04): the reader tells the iterator its shard
-    size (`reader_name`), and the partial last batch is returned as it is (PARTIAL)."""
+                seed: int = 0, shard_id: int = 0, num_shards: int = 1, last_batch: str = "fill") -> DaliLoader:
+    """The JPEG pipeline behind DALI's PyTorch iterator (lesson 04); the reader tells the iterator its shard
+    size (`reader_name`). `last_batch="fill"` (training): DALI's FILL policy with the reader's
+    `pad_last_batch=True`: every shard yields the same number of full batches, the last one filled with
+    copies of the shard's last file, and every epoch stays whole (measured on DALI 2.4: DROP with
+    `pad_last_batch=True` leaves the padding batch in the pipeline, and the next epoch starts with it).
+    `last_batch="partial"` (evaluation): every file once, the last batch short; a shard whose files end
+    on a batch boundary gets an empty batch from DALI, skipped here, so the ranks' counts may differ
+    by one: sum their results, and run no collective per batch."""
     require_dali()
     from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
+    if last_batch not in ("fill", "partial"):
+        raise ValueError(f"last_batch must be 'fill' (training) or 'partial' (evaluation); got {last_batch!r}")
     pipe = jpeg_train_pipeline(file_root, batch_size=batch_size, crop=crop, device=device, num_threads=num_threads,
                                seed=seed, shard_id=shard_id, num_shards=num_shards)
-    iterator = DALIGenericIterator(pipe, ["images", "labels"], reader_name="Reader",
-                                   last_batch_policy=LastBatchPolicy.PARTIAL, auto_reset=True)
+    policy = LastBatchPolicy.FILL if last_batch == "fill" else LastBatchPolicy.PARTIAL
+    iterator = DALIGenericIterator(pipe, ["images", "labels"], reader_name="Reader", last_batch_policy=policy,
+                                   auto_reset=True)
     where, _ = dali_device(device)
-    return DaliLoader(iterator, len(iterator), device=where,
-                      description=f"DALI JPEG folder on {where}, batch {batch_size}, crop {crop}")
+    return DaliLoader(iterator, len(iterator), device=where, skip_empty=last_batch == "partial",
+                      description=f"DALI JPEG folder on {where}, batch {batch_size}, crop {crop}, "
+                                  f"shard {shard_id}/{num_shards}, last batch {last_batch}")
 
 
 def decode_pipeline(encoded, *, batch_size: int, device="cpu", num_threads: int | None = None,

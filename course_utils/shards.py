@@ -936,42 +936,78 @@ class SourceResult:
     size_on_disk: int
     images: int
     warm_per_s: float                   # images/s, from the page cache (median of the warm epochs)
-    cold_per_s: float | None            # images/s, first epoch after the files were dropped from the cache
+    cold_per_s: float | None            # images/s, after the files were dropped from the cache (median)
+    warm_rounds: list = field(default_factory=list)    # each round's warm epoch, images/s
+    cold_rounds: list = field(default_factory=list)    # each round's cold epoch, images/s (empty: not measured)
+
+
+def round_verdict(mine: list, theirs: list, *, margin: float = 0.1) -> tuple[str, list]:
+    """How the rates `mine` compare with `theirs`, measured in the same rounds (lesson 04): the
+    per-round ratios, and "faster than" / "slower than" only when every round says so by more than
+    `margin`, "about as fast as" when every round is within it, else "undecided (the rounds disagree)
+    against": a verdict a busy moment in one round cannot flip."""
+    ratios = [a / b for a, b in zip(mine, theirs) if b]
+    if not ratios:
+        return "not measured", []
+    if all(r > 1 + margin for r in ratios):
+        return "faster than", ratios
+    if all(r < 1 - margin for r in ratios):
+        return "slower than", ratios
+    if all(abs(r - 1) <= margin for r in ratios):
+        return "about as fast as", ratios
+    return "undecided (the rounds disagree) against", ratios
 
 
 def _epoch_per_s(loader, count: int) -> float:
-    t0 = time.perf_counter()
-    seen = 0
+    """Images per second over one epoch of `loader`, timed from its first batch (the workers'
+    start-up and the first batch's latency are not the source's speed)."""
+    seen, timed, t0 = 0, 0, None
     for images, labels in loader:
         seen += len(labels)
-    elapsed = time.perf_counter() - t0
+        if t0 is None:
+            t0 = time.perf_counter()
+        else:
+            timed += len(labels)
+    elapsed = time.perf_counter() - t0 if t0 is not None else 0.0
     if seen != count:
         raise RuntimeError(f"an epoch gave {seen} images, expected {count}")
-    return count / elapsed
+    return timed / elapsed if elapsed > 0 and timed else float("nan")
 
 
 def measure_sources(sources: dict, *, batch_size: int = 256, num_workers: int = 2, epochs: int = 3,
                     cold: bool = True) -> list[SourceResult]:
-    """Time one epoch of each source (`{name: (dataset, files)}`, or `(dataset, files, bytes)` when
-    the files hold more than the images read: the bytes those images occupy; map-style datasets get a
-    DataLoader with `batch_size`, a `ShardReader` yields its own batches) with `num_workers`
-    workers: first cold (its files dropped from the page cache, where the system allows), then
-    `epochs` warm epochs (the median is kept). All in one run, so the ratios compare like with like.
-    A `ShardReader` counts the samples it yields in an epoch (all of them with `last="exact"`)."""
+    """Time each source (`{name: (dataset, files)}`, or `(dataset, files, bytes)` when the files hold
+    more than the images read: the bytes those images occupy; map-style datasets get a DataLoader
+    with `batch_size`, a `ShardReader` yields its own batches) with `num_workers` workers, in
+    `epochs` rounds that take turns between the sources (a busy moment of this machine lands on
+    every source alike, not on one): in each round, each source reads one epoch cold (its files
+    dropped from the page cache, where the system allows) and one warm. The workers persist between
+    a source's epochs and every epoch is timed from its first batch, so the workers' start-up is not
+    counted. The medians and each round's figures are kept (`round_verdict` compares them). A
+    `ShardReader` counts the samples it yields in an epoch (all of them with `last="exact"`)."""
     from .io_probe import evict
+    loaders, counts = {}, {}
+    for name, (dataset, files, *nbytes) in sources.items():
+        kw = dict(num_workers=num_workers, persistent_workers=num_workers > 0)
+        if isinstance(dataset, IterableDataset):
+            loaders[name] = DataLoader(dataset, batch_size=None, **kw)
+        else:
+            loaders[name] = DataLoader(dataset, batch_size=batch_size, **kw)
+        counts[name] = dataset.samples_per_epoch() if isinstance(dataset, ShardReader) else len(dataset)
+    cold_rounds = {name: [] for name in sources}
+    warm_rounds = {name: [] for name in sources}
+    for _ in range(max(1, epochs)):
+        for name, (dataset, files, *nbytes) in sources.items():
+            if cold and evict(files):
+                cold_rounds[name].append(_epoch_per_s(loaders[name], counts[name]))
+            warm_rounds[name].append(_epoch_per_s(loaders[name], counts[name]))
     out = []
     for name, (dataset, files, *nbytes) in sources.items():
-        if isinstance(dataset, IterableDataset):
-            loader = DataLoader(dataset, batch_size=None, num_workers=num_workers)
-        else:
-            loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers)
-        count = dataset.samples_per_epoch() if isinstance(dataset, ShardReader) else len(dataset)
-        cold_rate = None
-        if cold and evict(files):
-            cold_rate = _epoch_per_s(loader, count)
-        warm = [_epoch_per_s(loader, count) for _ in range(epochs)]
         size = nbytes[0] if nbytes else sum(Path(f).stat().st_size for f in files)
-        out.append(SourceResult(name, len(files), size, count, statistics.median(warm), cold_rate))
+        colds = cold_rounds[name]
+        out.append(SourceResult(name, len(files), size, counts[name], statistics.median(warm_rounds[name]),
+                                statistics.median(colds) if colds else None, warm_rounds[name], colds))
+    del loaders
     return out
 
 
@@ -1002,7 +1038,7 @@ def dali_webdataset_pipeline(shards: ShardSet, batch_size: int, *, shard_id: int
     every pipeline yields the same number of batches. `shuffle=True` is DALI's `random_shuffle`: a
     buffer of `initial_fill` samples read in order, drawn from at random (a buffer shuffle, like
     webdataset's `.shuffle(n)`, not a permutation of the epoch). The label is the `.cls` member's
-    text: one ASCII digit for CIFAR-10's classes, turned into a number by subtracting '0'."""
+    text: one ASCII digit for CIFAR-10's classes, turned into a number by subtracting '0', int64."""
     from nvidia.dali import fn, pipeline_def, types
     if shards.encoding != "rgb":
         raise ValueError("this pipeline reads raw-pixel shards (encoding 'rgb')")
@@ -1016,7 +1052,8 @@ def dali_webdataset_pipeline(shards: ShardSet, batch_size: int, *, shard_id: int
                                             stick_to_shard=stick_to_shard, pad_last_batch=True, name="shards",
                                             missing_component_behavior="error")
         images = fn.reshape(pixels, shape=list(IMAGE_SHAPE))
-        labels = fn.cast(cls, dtype=types.INT32) - 48
+        # int64 class indices, as F.cross_entropy wants them (lesson 04's rule for every loader)
+        labels = fn.cast(fn.cast(cls, dtype=types.INT32) - 48, dtype=types.INT64)
         return images, labels
 
     return pipe()

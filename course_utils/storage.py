@@ -272,6 +272,8 @@ class FormatResult:
     random_warm_us: float               # the same from the page cache
     decode_us: float                    # decoding one image (0 for raw pixels)
     storage_share_cold: float | None = None   # share of the cold reads' bytes that came from storage
+    read_cold_rounds: list = field(default_factory=list)    # each round's in-order cold read, us/image
+    read_warm_rounds: list = field(default_factory=list)    # each round's in-order warm read, us/image
 
     @property
     def bytes_per_image(self) -> float:
@@ -345,18 +347,53 @@ def measure_format(stored: StoredImages, *, random_reads: int = 200, repeats: in
                         read_cold, read_warm, random_cold, random_warm, decode_us, share)
 
 
-def measure_formats(stored: dict, **kwargs) -> list[FormatResult]:
-    """`measure_format` for every format written by `write_formats` (in the order of FORMATS);
-    the decoding is timed once, on the first encoded format, and shared by the others (they
-    hold the same JPEG bytes)."""
-    results, decode_us = [], None
-    for name in FORMATS:
-        if name in stored:
-            result = measure_format(stored[name], decode_us=decode_us, **kwargs)
-            if stored[name].encoded:
+def measure_formats(stored: dict, *, rounds: int = 3, **kwargs) -> list[FormatResult]:
+    """`measure_format` for every format written by `write_formats` (in the order of FORMATS), in
+    `rounds` rounds that take turns between the formats (a busy moment of this machine lands on
+    every format alike), one warm pass per round; each figure is the median of the rounds, and the
+    in-order reads of every round are kept (`read_verdicts` compares them round by round). The
+    decoding is timed once, on the first encoded format, and shared by the others (they hold the
+    same JPEG bytes)."""
+    names = [name for name in FORMATS if name in stored]
+    per_round: dict[str, list[FormatResult]] = {name: [] for name in names}
+    decode_us = None
+    for _ in range(max(1, rounds)):
+        for name in names:
+            result = measure_format(stored[name], decode_us=decode_us,
+                                    **{"repeats": 1 if rounds > 1 else 3, **kwargs})
+            if stored[name].encoded and decode_us is None:
                 decode_us = result.decode_us
-            results.append(result)
+            per_round[name].append(result)
+    results = []
+    for name in names:
+        runs = per_round[name]
+
+        def median(field_name):
+            values = [getattr(r, field_name) for r in runs if getattr(r, field_name) is not None]
+            return statistics.median(values) if values else None
+        first = runs[0]
+        results.append(FormatResult(first.name, first.description, first.images, first.files, first.size_on_disk,
+                                    median("read_cold_us"), median("read_warm_us"), median("random_cold_us"),
+                                    median("random_warm_us"), first.decode_us if decode_us is None else
+                                    (decode_us if stored[name].encoded else 0.0), median("storage_share_cold"),
+                                    [r.read_cold_us for r in runs if r.read_cold_us is not None],
+                                    [r.read_warm_us for r in runs]))
     return results
+
+
+def _rounds_say(mine: list, theirs: list, margin: float = 0.1) -> str:
+    """'faster' or 'slower' (times: lower is faster) only when every round says so by more than
+    `margin`; 'about the same' when every round is within it; else the rounds disagree."""
+    ratios = [a / b for a, b in zip(mine, theirs) if b]
+    if not ratios:
+        return "not measured"
+    if all(r < 1 - margin for r in ratios):
+        return "faster"
+    if all(r > 1 + margin for r in ratios):
+        return "slower"
+    if all(abs(r - 1) <= margin for r in ratios):
+        return "about the same"
+    return "the rounds disagree: " + ", ".join(f"{r:.2f}x" for r in ratios)
 
 
 def images_per_s_model(result: FormatResult, disk_mb_s, cores: int = 1) -> np.ndarray:
@@ -395,19 +432,36 @@ def read_verdicts(results: list[FormatResult]) -> list[str]:
                      f", and a cold read costs {1 / cold:,.1f}x the decoding")
         lines.append(line)
     if files is not None:
+        rounds = len(files.read_warm_rounds)
         for r in results:
             if r is files:
                 continue
             parts = []
-            for what, mine, theirs in (("cold", r.read_cold_us, files.read_cold_us),
-                                       ("warm", r.read_warm_us, files.read_warm_us)):
+            for what, mine, theirs, mine_rounds, their_rounds in (
+                    ("cold", r.read_cold_us, files.read_cold_us, r.read_cold_rounds, files.read_cold_rounds),
+                    ("warm", r.read_warm_us, files.read_warm_us, r.read_warm_rounds, files.read_warm_rounds)):
                 if mine is None or theirs is None or theirs <= 0:
                     continue
-                ratio = mine / theirs
-                word = "faster" if ratio < 0.9 else ("slower" if ratio > 1.1 else "about the same")
-                parts.append(f"{what} {mine:,.1f} us ({ratio:.2f}x: {word})")
+                if mine_rounds and their_rounds:
+                    word = _rounds_say(mine_rounds, their_rounds)
+                else:
+                    ratio = mine / theirs
+                    word = "faster" if ratio < 0.9 else ("slower" if ratio > 1.1 else "about the same")
+                parts.append(f"{what} {mine:,.1f} us ({mine / theirs:.2f}x: {word})")
             if parts:
                 lines.append(f"{r.description}, read in order, against one file per image: " + "; ".join(parts))
+        if rounds > 1:
+            lines.append(f"(medians of {rounds} rounds that took turns between the formats; 'faster' or 'slower' "
+                         "only where every round said so by more than 10%)")
+    memory = [r for r in results if r.storage_share_cold is not None and r.storage_share_cold < 0.5]
+    if memory:
+        lines.append(f"the cold passes of {len(memory)} of {len(results)} formats read less than half of their bytes "
+                     "from storage (the kernel's count): this filesystem kept the files in memory despite the request "
+                     "to drop them, so their 'cold' columns are warm readings too, differing by noise")
+    inverted = [r for r in results if r.read_cold_us is not None and r.read_cold_us < 0.9 * r.read_warm_us]
+    if inverted:
+        lines.append(f"{', '.join(r.description for r in inverted)}: read faster cold than warm here, which no disk "
+                     "does: at this size the two passes differ by this machine's noise more than by the disk")
     return lines
 
 

@@ -4,6 +4,12 @@ Every check builds the learner's DALI pipeline on fresh inputs: random CIFAR-sty
 (noise images, so that a crop can only match one window) or a fresh folder of solid-colour
 JPEGs of random sizes (so that a sample's colour and decoded size say which file it came from).
 Where DALI cannot be imported, each check says so in one sentence.
+
+Where the work runs, and with which arguments, the checks read from the pipeline's graph without
+building it (`_graph`: DALI 2.4's Python graph, the version requirements.txt pins): a
+`device="gpu"` pipeline made in a process whose LOCAL_RANK is 3 must ask for GPU 3 and run its
+augmentation (4.3: its decoding, "mixed") on the GPU, which a machine without a GPU can check as
+well as one with it (issue 37: three answers that never used the GPU passed on every CPU).
 """
 from __future__ import annotations
 
@@ -21,7 +27,7 @@ import torch
 from .. import data
 from ..crop_match import match_crops
 from ..env import has_dali, usable_cores
-from ._core import CheckFailed, WrongType, exercise, expect_callable
+from ._core import CheckFailed, WrongType, calling, exercise, expect_callable
 from ._util import forbids, fresh_rng
 
 DALI_MISSING = ("NVIDIA DALI cannot be imported on this machine (install the nvidia-dali wheel at the version "
@@ -83,6 +89,201 @@ def _as_numpy(t) -> np.ndarray:
     return t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else np.asarray(t)
 
 
+# -- a pipeline's graph, read without building it ----------------------------------------------
+
+@dataclass
+class _Op:
+    """One operator of a pipeline's graph."""
+    kind: str           # DALI's operator: "CropMirrorNormalize", "Image", "File", "CoinFlip", ...
+    module: str         # where fn keeps it: "nvidia.dali.fn", "nvidia.dali.fn.decoders", ...
+    device: str         # "cpu", "mixed" or "gpu"
+    args: dict          # the arguments it was given (defaults are not listed)
+    node: object        # DALI's operator instance
+
+    @property
+    def source(self) -> bool:
+        """Brings data in (an external source, a reader) rather than working on it."""
+        return self.kind == "ExternalSource" or self.module.endswith(".readers")
+
+    @property
+    def decoder(self) -> bool:
+        return self.module.endswith(".decoders")
+
+    @property
+    def metadata(self) -> bool:
+        """Reads a shape, not the pixels (images.shape(), fn.peek_image_shape)."""
+        return self.kind in ("_Shape", "Shapes", "PeekImageShape")
+
+
+def _graph(pipe) -> list[_Op] | None:
+    """The operators of `pipe`, from its Python graph: defined (the learner's graph function runs)
+    but not built, so no GPU is needed. None where this DALI keeps its graph elsewhere (the checks
+    then grade on the outputs alone; a unit test pins the version this works with)."""
+    try:
+        if not getattr(pipe, "_py_graph_built", False):
+            pipe._build_graph()
+        return [_Op(type(op._op).__name__, str(op._op._init_args.get("_module", "")), str(op._op.device),
+                    {k: v for k, v in op._op._init_args.items() if not k.startswith("_")}, op) for op in pipe._ops]
+    except AttributeError:
+        return None
+
+
+def _upstream(pipe, ops: list[_Op], output: int, *, data_only: bool) -> list[_Op]:
+    """The operators pipeline output `output` comes from: with `data_only`, those the images travel
+    through (from a source, through data inputs, to the output: not a crop window computed on the
+    side), else every one it depends on (a random crop position too)."""
+    by_name = {op.node.name: op for op in ops}
+
+    def inputs_of(inst):
+        inputs = list(inst.inputs)
+        return inputs[:inst.spec.NumRegularInput()] if data_only else inputs
+
+    carries = {}
+
+    def from_source(inst) -> bool:      # does data from a source reach this operator through data inputs?
+        if inst.name not in carries:
+            carries[inst.name] = False
+            op = by_name.get(inst.name)
+            carries[inst.name] = bool(op and op.source) or any(
+                x.source is not None and from_source(x.source) for x in inputs_of(inst))
+        return carries[inst.name]
+
+    seen, found, todo = set(), [], [pipe._graph_outputs[output].source]
+    while todo:
+        inst = todo.pop()
+        if inst is None or inst.name in seen or inst.name not in by_name:
+            continue
+        seen.add(inst.name)
+        if data_only and not from_source(inst):
+            continue
+        found.append(by_name[inst.name])
+        todo.extend(x.source for x in inputs_of(inst))
+    return found
+
+
+def _names(ops) -> str:
+    names = sorted({op.kind for op in ops})
+    return ", ".join(names[:-1]) + (" and " if len(names) > 1 else "") + names[-1] if names else ""
+
+
+def _expect_placement(pipe, device: str, what: str, seed: int, *, decoder: bool = False) -> None:
+    """device="cpu": no operator and no output on the GPU. device="gpu": every operator that works
+    on the images (output 0) between their source and the output runs on the GPU, the decoder
+    (`decoder=True`) as "mixed"; argument inputs (random numbers) and shapes may stay on the CPU."""
+    ops = _graph(pipe)
+    if ops is None:
+        return
+    if device == "cpu":
+        on_gpu = [op for op in ops if op.device != "cpu"]
+        if on_gpu or any(o.device != "cpu" for o in pipe._graph_outputs):
+            raise CheckFailed("device='cpu' is a CPU-only pipeline",
+                              f"{what}: {_names(on_gpu) or 'an output'} on the GPU (seed {seed})",
+                              "with device='cpu' use no .gpu() and no device='mixed': a CPU-only pipeline runs where "
+                              "there is no GPU, and device_id=None")
+        return
+    path = _upstream(pipe, ops, 0, data_only=True)
+    work = [op for op in path if not op.source and not op.metadata]
+    if decoder:
+        decoders = [op for op in work if op.decoder]
+        on_cpu = [op for op in decoders if op.device != "mixed"]
+        if on_cpu:
+            raise CheckFailed("device='gpu' decodes on this process's GPU",
+                              f"{what}: your {_names(on_cpu)} decoder runs on the CPU (device={on_cpu[0].device!r}; "
+                              f"read from the pipeline's graph without building it) (seed {seed})",
+                              "fn.decoders.image(..., device='mixed'): the CPU parses the files, the GPU decodes; "
+                              "the operators after it then run on the GPU")
+        work = [op for op in work if not op.decoder]
+    if not work and not decoder:
+        raise CheckFailed("device='gpu' augments on this process's GPU",
+                          f"{what}: no DALI operator works on the images between the source and the output: they "
+                          f"come out as the source gave them (seed {seed})",
+                          "the augmentation is DALI's work: images.gpu() right after the source, then crop, flip "
+                          "and normalise with DALI's operators, which then run on the GPU")
+    on_cpu = [op for op in work if op.device == "cpu"]
+    if on_cpu:
+        copied = pipe._graph_outputs[0].device == "gpu"
+        detail = (f"{_names(on_cpu)} run on the CPU and the result is copied to the GPU afterwards" if copied else
+                  f"{_names(on_cpu)} run on the CPU and the images never reach the GPU")
+        raise CheckFailed("device='gpu' augments on this process's GPU" if not decoder else
+                          "device='gpu' decodes on this process's GPU",
+                          f"{what}: {detail} (read from the pipeline's graph without building it; seed {seed})",
+                          "move the images to the GPU before the work (images.gpu() right after the source"
+                          + (", or the mixed decoder" if decoder else "") + "): the operators after it then run "
+                          "there, on the process's GPU, and the CPU is left free")
+
+
+def _coin_flips(pipe, output: int = 0) -> list[float]:
+    """The probabilities of the fn.random.coin_flip operators output `output` depends on (0.5 where
+    none was given), read from the graph; [] where the graph cannot be read."""
+    ops = _graph(pipe)
+    if ops is None:
+        return []
+    odds = []
+    for op in _upstream(pipe, ops, output, data_only=False):
+        if op.kind == "CoinFlip":
+            p = op.args.get("probability", 0.5)
+            if isinstance(p, (int, float)):
+                odds.append(float(p))
+    return odds
+
+
+def _expect_fair_coin(pipe, prop: str, what: str, seed: int) -> None:
+    odds = [p for p in _coin_flips(pipe) if abs(p - 0.5) > 1e-9]
+    if odds:
+        raise CheckFailed(prop, f"{what}: your fn.random.coin_flip draws with probability={odds[0]:g} (read from the "
+                          f"pipeline's graph); the contract says exactly 1/2 (seed {seed})",
+                          "mirror=fn.random.coin_flip(probability=0.5): a rate a few points off shows in no single "
+                          "batch, but it changes what the model learns from, every epoch")
+
+
+def _expect_settings(pipe, num_threads: int, what: str, seed: int) -> None:
+    """The pipeline uses the threads it is given and keeps DALI's asynchronous prefetching."""
+    if pipe.num_threads != num_threads:
+        raise CheckFailed("uses the threads it is given", f"{what}: asked for num_threads={num_threads}, your "
+                          f"pipeline runs {pipe.num_threads} (seed {seed})",
+                          "pass num_threads on to @pipeline_def: the caller knows how many cores this process may "
+                          "use (under DDP, its share of the node's)")
+    depth = pipe.prefetch_queue_depth
+    depths = list(depth.values()) if isinstance(depth, dict) else [depth]
+    if not (getattr(pipe, "exec_async", True) and getattr(pipe, "exec_pipelined", True)) or min(depths) < 2:
+        raise CheckFailed("keeps DALI's prefetching",
+                          f"{what}: exec_async={getattr(pipe, 'exec_async', '?')}, exec_pipelined="
+                          f"{getattr(pipe, 'exec_pipelined', '?')}, prefetch_queue_depth={depth} (seed {seed})",
+                          "leave DALI's defaults (asynchronous, pipelined, a queue of 2): with them the next batches "
+                          "are prepared while the training step runs; without, every next() waits for a whole batch")
+
+
+_returned: list = []      # the pipelines the learner's function returned during the current check
+
+
+def _expect_new_pipeline(pipe, what: str, seed: int, source=None) -> None:
+    """A new pipeline on every call, reading from the source that call gave it (4.1)."""
+    if any(pipe is earlier for earlier in _returned):
+        raise CheckFailed("builds a new pipeline on every call",
+                          f"{what}: your function returned the same Pipeline object as an earlier call (seed {seed})",
+                          "build the pipeline from this call's arguments every time: a pipeline kept between calls "
+                          "reads the first call's source, and its epoch is already over")
+    _returned.append(pipe)
+    if source is None:
+        return
+    ops = _graph(pipe)
+    if ops is None:
+        return
+    callbacks = [getattr(op.node, "_callback", None) for op in ops if op.kind == "ExternalSource"]
+    if any(isinstance(cb, _BatchSource) or getattr(cb, "__module__", None) == __name__ for cb in callbacks) and \
+            not any(cb is source for cb in callbacks):
+        raise CheckFailed("builds a new pipeline on every call",
+                          f"{what}: your pipeline reads from the source of an earlier call, not this one's (seed {seed})",
+                          "build the pipeline from this call's arguments every time: a pipeline kept between calls "
+                          "reads the first call's source, and its epoch is already over")
+    if not any(cb is source for cb in callbacks):
+        raise CheckFailed("hands the source to DALI as it is",
+                          f"{what}: your pipeline's external source is not the `source` this call gave it (a function "
+                          f"of your own around it, or one kept from an earlier call) (seed {seed})",
+                          "fn.external_source(source=source, ...) with the source itself, and the augmentation in "
+                          "DALI's operators: Python work per sample in the source is the cost DALI removes")
+
+
 # -- 4.1 the CIFAR pipeline ------------------------------------------------------------------
 
 class _BatchSource:
@@ -108,10 +309,18 @@ class _BatchSource:
                 idx.astype(np.int64))
 
 
-def _diagnose_crops(out, src) -> str:
-    """A hint for outputs that are not exact crops of the padded, normalised sources."""
+def _diagnose_crops(out, src) -> tuple[str, bool]:
+    """A hint for outputs that are not exact crops of the padded, normalised sources, and whether
+    the hint names the mistake (the outputs are exact crops under another normalisation)."""
     mean, std = data.CIFAR10_MEAN, data.CIFAR10_STD
     tries = [
+        (dict(mean=tuple(m / 255 for m in mean), std=tuple(v / 255 for v in std)),
+         "mean and std are in 0..1 units, but the pipeline's input is uint8 0..255: multiply both by 255 "
+         "(mean=[255*m for m in CIFAR10_MEAN], std=[255*s for s in CIFAR10_STD])"),
+        (dict(std=(1 / 255,) * 3), "the mean is subtracted but nothing is divided by the std: "
+         "std=[255*s for s in CIFAR10_STD]"),
+        (dict(mean=std, std=mean), "mean and std are swapped: mean=[255*m for m in CIFAR10_MEAN], "
+         "std=[255*s for s in CIFAR10_STD]"),
         (dict(mean=(0, 0, 0), std=(1 / 255,) * 3), "the values are the raw 0..255 pixels: normalise with "
          "mean=[255*m for m in CIFAR10_MEAN], std=[255*s for s in CIFAR10_STD]"),
         (dict(mean=(0, 0, 0), std=(1, 1, 1)), "the values are scaled to 0..1 but not normalised: subtract the mean "
@@ -127,19 +336,25 @@ def _diagnose_crops(out, src) -> str:
         m.update(kwargs)
         fill = m.pop("fill", 0.0)
         if match_crops(out, src, m["mean"], m["std"], fill=fill, atol=2e-2).exact_fraction > 0.9:
-            return hint
+            return hint, True
     plain = match_crops(out, src, mean, std, atol=1e-3).exact
     upside_down = match_crops(np.ascontiguousarray(out[:, :, ::-1, :]), src, mean, std, atol=1e-3).exact
     if np.mean(plain | upside_down) > 0.9:
-        return "the flip is vertical: mirror flips horizontally (crop_mirror_normalize's mirror argument)"
+        return "the flip is vertical: mirror flips horizontally (crop_mirror_normalize's mirror argument)", True
     return ("each sample must be a 32x32 window of its record padded with 4 black pixels on every side, "
-            "flipped horizontally or not, normalised as (x/255 - mean) / std with CIFAR10_MEAN and CIFAR10_STD")
+            "flipped horizontally or not, normalised as (x/255 - mean) / std with CIFAR10_MEAN and CIFAR10_STD"), False
 
 
-def _run_cifar(cifar_pipeline, records, batch_size, batches, device, rng):
+def _run_cifar(cifar_pipeline, records, batch_size, batches, device, rng, seed):
     source = _BatchSource(records, batch_size, batches, rng)
-    pipe = _expect_pipeline(cifar_pipeline(source, batch_size, device=device, num_threads=_threads(),
-                                           seed=int(rng.integers(1, 2**31 - 1))), "cifar_pipeline(...)")
+    what = f"cifar_pipeline(source, {batch_size}, device={device!r}, num_threads={_threads()}, seed=...)"
+    with calling(what):
+        pipe = _expect_pipeline(cifar_pipeline(source, batch_size, device=device, num_threads=_threads(),
+                                               seed=int(rng.integers(1, 2**31 - 1))), "cifar_pipeline(...)")
+    _expect_new_pipeline(pipe, what, seed, source)
+    if device == "cpu":
+        _expect_placement(pipe, "cpu", what, seed)
+    _expect_settings(pipe, _threads(), what, seed)
     _num_outputs(pipe, 3, "images, labels, indices")
     outs = []
     for k in range(batches):
@@ -150,7 +365,8 @@ def _run_cifar(cifar_pipeline, records, batch_size, batches, device, rng):
         if kind != want:
             raise CheckFailed("runs where it is asked to", f"device={device!r}: the images come out as {kind}, expected {want}",
                               "with device='gpu' move the images to the GPU (images.gpu()) before cropping, and "
-                              "pass device_id=0 to the pipeline; with 'cpu' use device_id=None")
+                              "pass device_id=local_cuda_index() (this process's GPU) to the pipeline; with 'cpu' "
+                              "use device_id=None")
         layout = images.layout()
         x = _to_numpy(images)
         labels = _to_numpy(o[1]).reshape(-1)
@@ -165,6 +381,7 @@ def _check_seed(cifar_pipeline, records, batch_size, rng, seed):
         source = _BatchSource(records, batch_size, 1, np.random.default_rng(0))     # the same records each time
         pipe = _expect_pipeline(cifar_pipeline(source, batch_size, device="cpu", num_threads=_threads(),
                                                seed=pipe_seed), "cifar_pipeline(...)")
+        _expect_new_pipeline(pipe, f"cifar_pipeline(source, {batch_size}, seed={pipe_seed})", seed)
         return _to_numpy(pipe.run()[0])
 
     s = int(rng.integers(1, 2**31 - 2))
@@ -202,11 +419,39 @@ def _pretend_local_rank(rank: int):
             os.environ["LOCAL_RANK"] = saved_env
 
 
-def _expect_local_gpu(build, what: str, seed: int) -> None:
-    """`build()` makes a device="gpu" pipeline (not built): its device_id must be this process's
-    GPU, the local rank, or None (DALI then takes the current CUDA device when it builds)."""
-    with _pretend_local_rank(_LOCAL_RANK):
-        pipe = _expect_pipeline(build(), what)
+@contextlib.contextmanager
+def _nothing_built():
+    """For the block: Pipeline.build does nothing and DALI's PyTorch iterator only records the
+    pipelines it is given (it would build and run them): what a device="gpu" answer makes can be
+    read on a machine without GPU 3 (an answer may build its pipeline before returning it)."""
+    from nvidia.dali import Pipeline
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator
+    given = []
+    build, init = Pipeline.build, DALIGenericIterator.__init__
+
+    def record(self, pipelines, *args, **kwargs):
+        given.extend(pipelines if isinstance(pipelines, (list, tuple)) else [pipelines])
+
+    Pipeline.build = lambda self: None
+    DALIGenericIterator.__init__ = record
+    try:
+        yield given
+    finally:
+        Pipeline.build, DALIGenericIterator.__init__ = build, init
+
+
+def _expect_local_gpu(build, what: str, seed: int, *, decoder: bool = False, iterator: bool = False) -> None:
+    """`build()` makes a device="gpu" pipeline (or, `iterator=True`, DALI's iterator over one): its
+    device_id must be this process's GPU, the local rank, or None (DALI then takes the current CUDA
+    device when it builds), and the work on the images must run there (`_expect_placement`)."""
+    with _pretend_local_rank(_LOCAL_RANK), _nothing_built() as given:
+        with calling(what):
+            made = build()
+            if iterator and not given:
+                raise WrongType("type", f"{what} should return DALI's PyTorch iterator (DALIGenericIterator) over a "
+                                f"pipeline, but it made none (it returned {type(made).__name__}).")
+            pipe = _expect_pipeline(given[0] if iterator else made, what)
+            _graph(pipe)       # the learner's graph function runs here, in the pretended process
     if pipe.device_id not in (_LOCAL_RANK, None):
         raise CheckFailed("runs on this process's GPU",
                           f"with device='gpu' in a process whose GPU is cuda:{_LOCAL_RANK} (LOCAL_RANK={_LOCAL_RANK}, "
@@ -214,6 +459,7 @@ def _expect_local_gpu(build, what: str, seed: int) -> None:
                           f"{pipe.device_id} (seed {seed})",
                           "under DistributedDataParallel every process has its own GPU: take its index from "
                           "course_utils.env.local_cuda_index() (LOCAL_RANK, else the current device), never a fixed 0")
+    _expect_placement(pipe, "gpu", what, seed, decoder=decoder)
 
 
 def _coordinate_images(n: int) -> np.ndarray:
@@ -259,7 +505,7 @@ _CHI2_INDEPENDENT_9x2 = 45.0    # df 8
 _FLIP_TOLERANCE = 0.025      # 5.5 standard errors of a fair coin over 12,288 samples
 
 
-def _run_statistics(cifar_pipeline, device, rng):
+def _run_statistics(cifar_pipeline, device, rng, seed):
     """Offsets and flips of `_STAT_BATCHES` batches of crops of `_coordinate_images`."""
     images = _coordinate_images(_STAT_BATCH)
     labels = np.arange(_STAT_BATCH, dtype=np.int64) % 10
@@ -272,13 +518,14 @@ def _run_statistics(cifar_pipeline, device, rng):
 
     pipe = _expect_pipeline(cifar_pipeline(source, _STAT_BATCH, device=device, num_threads=_threads(),
                                            seed=int(rng.integers(1, 2**31 - 1))), "cifar_pipeline(...)")
+    _expect_new_pipeline(pipe, f"cifar_pipeline(source, {_STAT_BATCH}, device={device!r}, ...)", seed, source)
     batches = []
     for _ in range(_STAT_BATCHES):
         batches.append(_read_offsets(_to_numpy(pipe.run()[0])))
-    return batches
+    return batches, pipe
 
 
-def _check_randomness(batches, on, seed):
+def _check_randomness(batches, on, seed, pipe=None):
     dy = np.concatenate([b[0] for b in batches])
     dx = np.concatenate([b[1] for b in batches])
     flipped = np.concatenate([b[2] for b in batches])
@@ -287,11 +534,23 @@ def _check_randomness(batches, on, seed):
         raise CheckFailed("crop offsets cover 0..8", f"{on}: some crops start outside the 40x40 padded image (seed {seed})",
                           "pad 4 pixels on every side (40x40), then crop 32x32 at an offset of 0..8 on each axis")
     for axis, values in (("vertical", dy), ("horizontal", dx)):
-        counts = np.bincount(values, minlength=9)
-        if counts[4] == n:
+        if np.bincount(values, minlength=9)[4] == n:
             raise CheckFailed("crop offsets cover 0..8", f"{on}: every sample is the unpadded image (offset 4 of "
                               f"the padded one) (seed {seed})", "pad 4 black pixels on every side, then crop 32x32 "
                               "at a random position")
+    # one draw per sample: a batch whose samples all share an offset drew it once for the batch
+    for axis, k in (("vertical", 0), ("horizontal", 1)):
+        shared = [j for j, b in enumerate(batches) if len(np.unique(b[k])) == 1]
+        if shared:
+            raise CheckFailed("each sample draws its own crop and flip",
+                              f"{on}: every sample of batch {shared[0]} ({len(batches[shared[0]][k])} samples) has "
+                              f"the same {axis} offset, and so do {len(shared) - 1} of the other {len(batches) - 1} "
+                              f"batches (seed {seed})",
+                              "random operators in a DALI pipeline draw one value per sample: "
+                              "fn.random.uniform(values=[k / 8 for k in range(9)]) inside the graph, not a number "
+                              "drawn once per batch in Python")
+    for axis, values in (("vertical", dy), ("horizontal", dx)):
+        counts = np.bincount(values, minlength=9)
         if (counts == 0).any():
             missing = [int(v) for v in np.nonzero(counts == 0)[0]]
             raise CheckFailed("crop offsets cover 0..8", f"{on}: over {n} samples the {axis} offset never took "
@@ -301,8 +560,10 @@ def _check_randomness(batches, on, seed):
     if not 0.2 <= ends <= 0.245:
         raise CheckFailed("crop offsets are uniform over 0..8", f"{on}: offsets 0 and 8 make up {ends:.1%} of "
                           f"{2 * n} draws; uniform over nine values gives 22.2% (seed {seed})",
-                          "a continuous crop_pos in [0, 1] rounds to 0 and 8 half as often as to the other offsets: "
-                          "draw from the nine values k/8 (fn.random.uniform(values=[k / 8 for k in range(9)]))")
+                          "a continuous crop_pos in [0, 1] rounds to 0 and 8 half as often as to the other offsets, "
+                          "and so does an integer drawn with fn.random.uniform(range=[0, 8], dtype=INT32), which DALI "
+                          "rounds from a continuous draw: draw from the nine values k/8 "
+                          "(fn.random.uniform(values=[k / 8 for k in range(9)]))")
     for axis, values in (("vertical", dy), ("horizontal", dx)):
         counts = np.bincount(values, minlength=9)
         chi2 = float(((counts - n / 9) ** 2 / (n / 9)).sum())
@@ -311,11 +572,6 @@ def _check_randomness(batches, on, seed):
                               f"{on}: the {axis} offsets 0..8 came {counts.tolist()} times in {n} samples; uniform "
                               f"draws this uneven happen less than once in a million runs (seed {seed})",
                               "every offset 0..8 equally likely: fn.random.uniform(values=[k / 8 for k in range(9)])")
-    rate = float(flipped.mean())
-    if abs(rate - 0.5) > _FLIP_TOLERANCE:
-        raise CheckFailed("flips half of the samples", f"{on}: {rate:.1%} of {n} samples are flipped; a fair coin "
-                          f"stays within 50% +/- {_FLIP_TOLERANCE:.1%} here (seed {seed})",
-                          "mirror=fn.random.coin_flip(probability=0.5): probability exactly 1/2")
     chi2 = _chi2_independence(dy, dx, 9, 9)
     if chi2 > _CHI2_INDEPENDENT_9x9:
         same = float(np.mean(dy == dx))
@@ -324,11 +580,21 @@ def _check_randomness(batches, on, seed):
         raise CheckFailed("draws the two offsets independently", f"{on}: {detail} (seed {seed})",
                           "draw crop_pos_x and crop_pos_y from two separate random operators: one draw used for "
                           "both axes only ever crops along the diagonal")
+    # the flip: tied to the crop first (a flip decided by the offset also misses 1/2), then its rate
     for axis, values in (("vertical", dy), ("horizontal", dx)):
         if _chi2_independence(values, flipped.astype(np.int64), 9, 2) > _CHI2_INDEPENDENT_9x2:
+            by = [float(flipped[values == v].mean()) for v in range(9)]
             raise CheckFailed("draws the flip independently of the crop",
-                              f"{on}: whether a sample is flipped depends on its {axis} offset (seed {seed})",
+                              f"{on}: whether a sample is flipped depends on its {axis} offset: flipped at offsets "
+                              f"0..8: {', '.join(f'{b:.0%}' for b in by)} (seed {seed})",
                               "draw the mirror flag with its own fn.random.coin_flip, not from the crop position")
+    if pipe is not None:
+        _expect_fair_coin(pipe, "flips half of the samples", on, seed)
+    rate = float(flipped.mean())
+    if abs(rate - 0.5) > _FLIP_TOLERANCE:
+        raise CheckFailed("flips half of the samples", f"{on}: {rate:.1%} of {n} samples are flipped; a fair coin "
+                          f"stays within 50% +/- {_FLIP_TOLERANCE:.1%} here (seed {seed})",
+                          "mirror=fn.random.coin_flip(probability=0.5): probability exactly 1/2")
     for k, (bdy, bdx, bflip) in enumerate(batches):
         if len(set(zip(bdy.tolist(), bdx.tolist(), bflip.tolist()))) == 1:
             raise CheckFailed("each sample draws its own crop and flip", f"{on}: every sample of batch {k} has "
@@ -343,11 +609,12 @@ def check_cifar_pipeline(cifar_pipeline):
     expect_callable(cifar_pipeline, "a function cifar_pipeline(source, batch_size, device='cpu', num_threads=2, "
                     "seed=0) that returns a DALI Pipeline")
     rng, seed = fresh_rng()
+    _returned.clear()
     batch_size = int(rng.integers(40, 90))
     batches = math.ceil(1100 / batch_size)
     records = _random_records(rng, batch_size * batches + int(rng.integers(0, 50)))
     for device in _devices():
-        outs = _run_cifar(cifar_pipeline, records, batch_size, batches, device, rng)
+        outs = _run_cifar(cifar_pipeline, records, batch_size, batches, device, rng, seed)
         on = f"on the {device.upper()}" if device == "gpu" else "on the CPU"
         x, labels, indices, layout, given = outs[0]
         if x.shape != (batch_size, 3, 32, 32):
@@ -370,30 +637,36 @@ def check_cifar_pipeline(cifar_pipeline):
                     raise CheckFailed("labels and indices stay int64",
                                       f"{on}: the {name} come out as {values.dtype}, the source gave int64 (seed {seed})",
                                       "declare them types.INT64 in external_source and do not cast them: "
-                                      "F.cross_entropy wants int64 class indices (with int32 it raises \"expected "
-                                      "scalar type Long\")")
+                                      "F.cross_entropy wants int64 class indices (with int32 torch raises \"expected "
+                                      "target dtype to be Long\"; older versions \"expected scalar type Long\")")
         x_all = np.concatenate([o[0] for o in outs])
         idx_all = np.concatenate([o[4] for o in outs])
         src = _sources(records, idx_all)
         probe = match_crops(x_all[:64], src[:64], data.CIFAR10_MEAN, data.CIFAR10_STD)
         if not probe.exact.all():
-            raise CheckFailed("each sample is an exact crop of its padded record, normalised",
-                              f"{on}: {int((~probe.exact).sum())} of 64 samples match no 32x32 window (flipped or not) "
-                              f"of their record padded by 4 (seed {seed})", _diagnose_crops(x_all[:64], src[:64]))
+            hint, named = _diagnose_crops(x_all[:64], src[:64])
+            detail = (f"{on}: the samples are crops of their records, but not normalised as asked (seed {seed})" if named
+                      else f"{on}: {int((~probe.exact).sum())} of 64 samples match no 32x32 window (flipped or not) "
+                      f"of their record padded by 4 (seed {seed})")
+            raise CheckFailed("each sample is an exact crop of its padded record, normalised", detail, hint)
         found = match_crops(x_all, src, data.CIFAR10_MEAN, data.CIFAR10_STD)
         if not found.exact.all():
             raise CheckFailed("each sample is an exact crop of its padded record, normalised",
                               f"{on}: {int((~found.exact).sum())} of {len(found.exact)} samples match no window (seed {seed})",
-                              _diagnose_crops(x_all[~found.exact][:64], src[~found.exact][:64]))
-        rate = _check_randomness(_run_statistics(cifar_pipeline, device, rng), on, seed)
+                              _diagnose_crops(x_all[~found.exact][:64], src[~found.exact][:64])[0])
+        stats, stats_pipe = _run_statistics(cifar_pipeline, device, rng, seed)
+        rate = _check_randomness(stats, on, seed, stats_pipe)
     _check_seed(cifar_pipeline, records, batch_size, rng, seed)
     _expect_local_gpu(lambda: cifar_pipeline(_BatchSource(records, batch_size, 1, rng), batch_size, device="gpu",
-                                             num_threads=_threads(), seed=1), "cifar_pipeline(..., device='gpu')", seed)
+                                             num_threads=_threads(), seed=1),
+                      "cifar_pipeline(source, batch_size, device='gpu', ...)", seed)
     where = " and on the GPU" if len(_devices()) > 1 else ""
     n = _STAT_BATCH * _STAT_BATCHES
     return (f"{len(x_all)} samples on the CPU{where}: CHW float32, each an exact crop of its padded record, normalised; "
             f"labels and indices intact (int64); over {n:,} more, offsets 0..8 uniform and independent on each axis, "
-            f"{rate:.1%} flipped; the seed reproduces it; device='gpu' uses this process's GPU.")
+            f"{rate:.1%} flipped (a coin of probability 1/2); the seed reproduces it; the threads and prefetching as "
+            f"given; with device='gpu', read from its graph without building it: GPU {_LOCAL_RANK} in a process whose "
+            f"LOCAL_RANK is {_LOCAL_RANK}, and the crop and normalisation on that GPU.")
 
 
 # -- 4.2 exact epochs --------------------------------------------------------------------------
@@ -401,16 +674,39 @@ def check_cifar_pipeline(cifar_pipeline):
 _STRIDED = "Strided data not supported"
 
 
-def _one_epoch(iterator, limit_batches, what):
+_EMPTY = "empty batch"
+
+
+def _one_epoch(iterator, limit_batches, what, *, records: int | None = None, batch_size: int | None = None):
+    """One epoch's batches; `records`, `batch_size`: the shard's size and the batch, to explain an
+    empty batch DALI refuses."""
     batches = []
     try:
         for out in _epoch_items(iterator, limit_batches, what):
+            if len(out["indices"].reshape(-1)) == 0:
+                raise _empty_batch(what, records, batch_size, len(batches))
             batches.append(out)
     except RuntimeError as exc:
         if _STRIDED in str(exc):
             raise _strided(what) from None
+        if _EMPTY in str(exc):
+            raise _empty_batch(what, records, batch_size, len(batches), str(exc)) from None
         raise
     return batches
+
+
+def _empty_batch(what, records, batch_size, after, said=None) -> CheckFailed:
+    shard = ""
+    if records is not None and batch_size:
+        full, rest = divmod(records, batch_size)
+        shard = (f" ({records} records in batches of {batch_size}: {full} full batches"
+                 + (f" and one of {rest}" if rest else ", nothing left over") + ")")
+    refused = f"; DALI refused it: \"{said.splitlines()[0][:120]}\"" if said else ""
+    return CheckFailed("ends the epoch after its last record",
+                       f"{what}{shard}: after {after} batches your source returned an empty batch{refused}",
+                       "when the shard's size is a multiple of the batch there is no short last batch: "
+                       "ceil(size / batch_size) batches, or size // batch_size with drop_last; raise StopIteration "
+                       "as soon as info.iteration reaches that number")
 
 
 def _strided(what: str) -> CheckFailed:
@@ -446,15 +742,16 @@ def _epoch_summary(batches):
     return sizes, indices.astype(np.int64)
 
 
-def _expect_exact_epoch(batches, records, members, batch_size, drop_last, what, seed):
-    """The epoch visits each of `members` once (or, with drop_last, len//B*B distinct of them)."""
+def _expect_exact_epoch(batches, records, members, batch_size, drop_last, what, seed, *, per_sample=None):
+    """The epoch visits each of `members` once (or, with drop_last, len//B*B distinct of them).
+    `per_sample`: whether the learner's external source is per-sample (from its graph; None: unknown)."""
     sizes, idx = _epoch_summary(batches)
     n = len(members)
     if not batches:
         raise CheckFailed("yields every epoch", f"{what}: no batches at all",
                           "the source must start again each epoch: compute the batch from BatchInfo "
-                          "(iteration, epoch_idx) rather than from a counter of your own, and create the "
-                          "iterator with auto_reset=True")
+                          "(iteration, epoch_idx) rather than from a counter of your own (every new for loop over "
+                          "DALI's iterator starts the next epoch, and info.iteration starts again at 0)")
     full, rest = divmod(n, batch_size)
     if drop_last:
         expected_sizes = [batch_size] * full
@@ -463,6 +760,13 @@ def _expect_exact_epoch(batches, records, members, batch_size, drop_last, what, 
     counts = Counter(idx.tolist())
     dupes = [k for k, c in counts.items() if c > 1]
     if dupes:
+        if len(batches) > 1 and all(np.array_equal(b["indices"].reshape(-1), np.arange(len(b["indices"].reshape(-1))))
+                                    for b in batches):
+            raise CheckFailed("the indices are the records' indices",
+                              f"{what}: every batch's indices are 0, 1, 2, ..., {len(batches[0]['indices'].reshape(-1)) - 1}: "
+                              f"positions within the batch (seed {seed})",
+                              "return the index of each record in `records` (the entries of the epoch's order you "
+                              "read), so that each sample can be traced back to its record")
         raise CheckFailed("each record at most once per epoch", f"{what}: {len(dupes)} records came more than once "
                           f"(seed {seed})", "draw one permutation per epoch and cut it into batches")
     stray = set(counts) - set(members.tolist())
@@ -474,6 +778,9 @@ def _expect_exact_epoch(batches, records, members, batch_size, drop_last, what, 
         if len(idx) == full * batch_size and rest:
             hint = ("exactly the last partial batch is missing: a per-sample source (batch=False) drops it; return "
                     "whole batches from a batch=True source, the last one shorter, then raise StopIteration")
+            if per_sample is False:
+                hint = (f"exactly the last, shorter batch ({rest} records) is missing: with drop_last=False it is part of "
+                        "the epoch; return it, then raise StopIteration (ceil(size / batch_size) batches)")
         raise CheckFailed("each record once per epoch", f"{what}: {n - len(idx)} of {n} records never came "
                           f"(batches of {batch_size}; seed {seed})", hint)
     if sizes != expected_sizes:
@@ -502,6 +809,61 @@ def _sizes(sizes):
     return f"[{sizes[0]}, {sizes[1]}, ..., {sizes[-2]}, {sizes[-1]}] ({len(sizes)} batches)"
 
 
+def _source_is_per_sample(iterator) -> bool | None:
+    """Whether the external source of the iterator's pipeline is per-sample (batch=False), from its
+    graph; None where that cannot be read."""
+    pipes = getattr(iterator, "_pipes", None)
+    ops = _graph(pipes[0]) if pipes else None
+    modes = [getattr(op.node, "_batch", None) for op in ops or [] if op.kind == "ExternalSource"]
+    modes = [m for m in modes if m is not None]
+    return None if not modes else not all(modes)
+
+
+def _augmentation(batches, records) -> np.ndarray:
+    """(dy, dx, flip) of each sample of `batches` (crops of their records), one row per sample."""
+    x = np.concatenate([b["images"] for b in batches])
+    idx = np.concatenate([b["indices"].reshape(-1) for b in batches])
+    found = match_crops(x, _sources(records, idx), data.CIFAR10_MEAN, data.CIFAR10_STD)
+    return np.stack([found.dy, found.dx, found.flipped.astype(np.int64)], axis=1)
+
+
+def _expect_batch_reads(cifar_epochs, batch_size, tmp: Path, rng, seed):
+    """The source reads only its batch's rows of the memory map (w1-04: np.array(records) on every batch
+    copies the whole file, 150 MB for CIFAR's training set, per batch, and passed). A sparse file of
+    zeros large beside a batch: what Python allocates while the iterator reads a few batches, beyond
+    what it held after its creation, is measured with tracemalloc (numpy reports its buffers to it,
+    from DALI's callback thread too). Reading the whole file once per call is allowed."""
+    import tracemalloc
+
+    big = 16_384                                   # 50 MB of records; a batch is < 250 kB
+    path = tmp / "big-records.bin"
+    with open(path, "wb") as f:
+        f.truncate(big * data.RECORD_BYTES)        # sparse: nothing written
+    records = data.read_records(path)
+    tracemalloc.start()
+    try:
+        with calling(f"cifar_epochs(records of {big:,}, {batch_size}, seed=..., shuffle=True)"):
+            it = cifar_epochs(records, batch_size, seed=int(rng.integers(0, 2**31 - 1)), num_threads=_threads())
+        held, _ = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        for k, _ in enumerate(it):
+            if k == 3:
+                break
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    del it
+    extra = peak - held
+    if extra > big * data.RECORD_BYTES // 2:
+        raise CheckFailed("reads only the batch's records",
+                          f"reading 4 batches of {batch_size} from a memory-mapped file of {big:,} records "
+                          f"({big * data.RECORD_BYTES / 1e6:.0f} MB) allocated {extra / 1e6:.0f} MB at once: the whole "
+                          "file copied into memory for a batch (np.array(records)?), on every batch: 150 MB per batch "
+                          f"for CIFAR's training set (seed {seed})",
+                          "index the memory map with the batch's indices, rows = records[idx]: only those rows are "
+                          "read from the file")
+
+
 @exercise("4.2", "Exact epochs through DALI's PyTorch iterator", points=2)
 @forbids("course_utils.dali_pipelines:CifarRecordBatches.__call__", "course_utils.dali_pipelines:CifarRecordBatches.epoch_order",
          "course_utils.dali_pipelines:shard_range", "course_utils.dali_pipelines:cifar_loader")
@@ -513,9 +875,13 @@ def check_epochs(cifar_epochs):
                     "num_shards=1, drop_last=False, device='cpu', num_threads=2) that returns a DALIGenericIterator")
     rng, seed = fresh_rng()
     batch_size = int(rng.integers(32, 80))
-    n = batch_size * int(rng.integers(5, 9)) + int(rng.integers(1, batch_size))
-    while n % 3 == 0 or n % batch_size == 0:   # uneven shards and a partial last batch: exact tests both
-        n += 1
+    k = int(rng.integers(2, 4))
+    # N = 3Bk - 1 on every seed: N and the shards do not divide by 3, a partial last batch for the whole
+    # set; three shards of Bk - 1, Bk and Bk records: two whose size the batch divides (no short batch
+    # there), and with drop_last one record more than the first, which must not give them a batch more
+    n = 3 * batch_size * k - 1
+    shards = 3
+    bounds = [(s * n // shards, (s + 1) * n // shards) for s in range(shards)]
     with tempfile.TemporaryDirectory(prefix="check-4.2-") as tmp:
         path = Path(tmp) / "records.bin"
         _random_records(rng, n).tofile(path)
@@ -524,8 +890,10 @@ def check_epochs(cifar_epochs):
         pipe_seed = int(rng.integers(0, 2**31 - 1))
 
         def make(**kw):
+            call = f"cifar_epochs(records, {batch_size}, seed=..., " + ", ".join(f"{a}={v!r}" for a, v in kw.items()) + ")"
             try:        # DALI's iterator runs the first batches as it is created
-                it = cifar_epochs(records, batch_size, seed=pipe_seed, num_threads=_threads(), **kw)
+                with calling(call):
+                    it = cifar_epochs(records, batch_size, seed=pipe_seed, num_threads=_threads(), **kw)
             except RuntimeError as exc:
                 if _STRIDED in str(exc):
                     raise _strided("creating the iterator") from None
@@ -538,10 +906,12 @@ def check_epochs(cifar_epochs):
 
         limit = 3 * (n // batch_size + 2)
         it = make()
-        first = _one_epoch(it, limit, "epoch 1")
-        idx1 = _expect_exact_epoch(first, records, everyone, batch_size, False, "epoch 1", seed)
-        second = _one_epoch(it, limit, "epoch 2 (a second for loop over the same iterator)")
-        idx2 = _expect_exact_epoch(second, records, everyone, batch_size, False, "epoch 2", seed)
+        per_sample = _source_is_per_sample(it)
+        first = _one_epoch(it, limit, "epoch 1", records=n, batch_size=batch_size)
+        idx1 = _expect_exact_epoch(first, records, everyone, batch_size, False, "epoch 1", seed, per_sample=per_sample)
+        second = _one_epoch(it, limit, "epoch 2 (a second for loop over the same iterator)", records=n,
+                            batch_size=batch_size)
+        idx2 = _expect_exact_epoch(second, records, everyone, batch_size, False, "epoch 2", seed, per_sample=per_sample)
         if np.array_equal(idx1, idx2):
             raise CheckFailed("shuffles every epoch", "epochs 1 and 2 visited the records in the same order",
                               "draw the permutation from (seed, epoch): BatchInfo.epoch_idx tells the source the epoch")
@@ -552,9 +922,15 @@ def check_epochs(cifar_epochs):
                                   f"np.random.default_rng((seed, {e})).permutation(N) gives (seed {seed})",
                                   "the order of epoch e is np.random.default_rng((seed, e)).permutation(N), with the "
                                   "seed you are given and BatchInfo.epoch_idx")
-        in_order = _one_epoch(make(shuffle=False), limit, "shuffle=False")
+        in_order = _one_epoch(make(shuffle=False), limit, "shuffle=False", records=n, batch_size=batch_size)
         _, idx = _epoch_summary(in_order)
         if not np.array_equal(idx, np.arange(n)):
+            if np.array_equal(idx, np.random.default_rng((pipe_seed, 0)).permutation(n)):
+                raise CheckFailed("shuffle=False keeps the records' order",
+                                  f"with shuffle=False your iterator visited the shuffled order of an earlier call "
+                                  f"(shuffle=True, the same seed) (seed {seed})",
+                                  "something is kept between calls (an order cached at module level, by epoch "
+                                  "only?): what a call returns must depend on its own arguments alone")
             raise CheckFailed("shuffle=False keeps the records' order", f"with shuffle=False the epoch did not visit "
                               f"0, 1, 2, ... (seed {seed})", "without shuffle the order is np.arange(N)")
         # the images travel with their indices (the training augmentation of exercise 4.1)
@@ -569,23 +945,27 @@ def check_epochs(cifar_epochs):
         # drop_last
         it = make(drop_last=True)
         for e in (1, 2):
-            _expect_exact_epoch(_one_epoch(it, limit, f"drop_last epoch {e}"), records, everyone, batch_size, True,
-                                f"drop_last=True, epoch {e}", seed)
+            _expect_exact_epoch(_one_epoch(it, limit, f"drop_last epoch {e}", records=n, batch_size=batch_size),
+                                records, everyone, batch_size, True, f"drop_last=True, epoch {e}", seed,
+                                per_sample=per_sample)
         # shards: disjoint, together the whole dataset, in both epochs
-        shards = 3
         iterators = [make(shard_id=s, num_shards=shards) for s in range(shards)]
+        firsts = []
         for e in (1, 2):
             seen = []
             for s, it in enumerate(iterators):
-                batches = _one_epoch(it, limit, f"shard {s} of {shards}, epoch {e}")
+                lo, hi = bounds[s]
+                batches = _one_epoch(it, limit, f"shard {s} of {shards}, epoch {e}", records=hi - lo,
+                                     batch_size=batch_size)
+                if e == 1:
+                    firsts.append(batches)
                 _, idx = _epoch_summary(batches)
-                lo, hi = s * n // shards, (s + 1) * n // shards
                 if len(idx) != hi - lo:
                     raise CheckFailed("shards split the records evenly", f"shard {s} of {shards}, epoch {e}: "
                                       f"{len(idx)} records, expected {hi - lo} of {n} (seed {seed})",
                                       "shard k of S gets positions floor(k*N/S) .. floor((k+1)*N/S) of the epoch's order")
                 _expect_exact_epoch(batches, records, np.unique(idx), batch_size, False,
-                                    f"shard {s} of {shards}, epoch {e}", seed)
+                                    f"shard {s} of {shards}, epoch {e}", seed, per_sample=per_sample)
                 seen.append(idx)
             allidx = np.concatenate(seen)
             if len(np.unique(allidx)) != n:
@@ -595,7 +975,7 @@ def check_epochs(cifar_epochs):
                                   "every shard must cut the same epoch order (same seed), each its own slice")
             order = np.random.default_rng((pipe_seed, e - 1)).permutation(n)
             for s, idx in enumerate(seen):
-                lo, hi = s * n // shards, (s + 1) * n // shards
+                lo, hi = bounds[s]
                 if not np.array_equal(idx, order[lo:hi]):
                     same = np.isin(idx, order[lo:hi]).mean()
                     if np.array_equal(np.sort(idx), np.arange(lo, hi)):
@@ -609,19 +989,62 @@ def check_epochs(cifar_epochs):
                                       f"(seed {seed})",
                                       "draw the epoch's permutation of ALL records (the same in every shard), then "
                                       "cut the shard's slice out of it: every epoch each shard gets different records")
+        # the same seed on every rank, but each rank its own augmentation draws
+        a, b = _augmentation(firsts[0][:1], records), _augmentation(firsts[1][:1], records)
+        m = min(len(a), len(b))
+        if np.array_equal(a[:m], b[:m]):
+            raise CheckFailed("each shard draws its own augmentation",
+                              f"shards 0 and 1, given the same seed, cropped and flipped the j-th sample of their first "
+                              f"batch alike, all {m} of them: every rank of a DDP job would draw the same crops and "
+                              f"flips (seed {seed})",
+                              "derive the pipeline's seed from seed and shard_id (seed + shard_id, as DALI's own ResNet "
+                              "example does with the local rank); the order's seed stays the same in every process")
+        # drop_last with shards: the same number of full batches on every rank
+        expected = (n // shards) // batch_size
+        counts, sizes = [], []
+        for s in range(shards):
+            lo, hi = bounds[s]
+            batches = _one_epoch(make(shard_id=s, num_shards=shards, drop_last=True), limit,
+                                 f"shard {s} of {shards}, drop_last=True", records=hi - lo, batch_size=batch_size)
+            got, idx = _epoch_summary(batches)
+            counts.append(len(got))
+            sizes.append(hi - lo)
+            order = np.random.default_rng((pipe_seed, 0)).permutation(n)[lo:hi]
+            if len(got) == expected and (got != [batch_size] * expected
+                                         or not np.array_equal(idx, order[:expected * batch_size])):
+                raise CheckFailed("with drop_last, every shard the same number of full batches",
+                                  f"shard {s} of {shards}, drop_last=True: batch sizes {_sizes(got)}; expected "
+                                  f"{expected} full batches, the first {expected * batch_size} records of its slice "
+                                  f"(seed {seed})", "the first (N // S) // batch_size full batches of the shard's slice")
+        if counts != [expected] * shards:
+            raise CheckFailed("with drop_last, every shard the same number of full batches",
+                              f"with drop_last=True, shards of {', '.join(map(str, sizes))} records in batches of "
+                              f"{batch_size} gave {', '.join(map(str, counts))} batches; under DistributedDataParallel "
+                              "the rank with a batch more waits for ever in an all-reduce the others never join "
+                              f"(seed {seed})",
+                              "shards differ by a record at most: with drop_last every shard yields (N // S) // "
+                              "batch_size batches (N // num_shards, the smallest shard's size, cut into full batches)")
+        _expect_batch_reads(cifar_epochs, batch_size, Path(tmp), rng, seed)
         gpu = ""
         if torch.cuda.is_available():
             it = make(device="gpu")
             batches = []
             for out in it:
                 if not out[0]["images"].is_cuda:
-                    raise CheckFailed("device='gpu' gives CUDA tensors", "the images of the GPU pipeline are on the CPU",
-                                      "move the images to the GPU (.gpu()) inside the pipeline, on this process's GPU")
+                    raise CheckFailed("device='gpu' gives CUDA tensors", "the images of the GPU pipeline are on the "
+                                      "CPU", "move the images to the GPU (.gpu()) inside the pipeline, on this "
+                                      "process's GPU")
                 batches.append({k: _as_numpy(out[0][k]) for k in ("images", "labels", "indices")})
             _expect_exact_epoch(batches, records, everyone, batch_size, False, "device='gpu', epoch 1", seed)
             gpu = " and on the GPU"
+    probe = np.zeros((2 * batch_size, data.RECORD_BYTES), np.uint8)
+    _expect_local_gpu(lambda: cifar_epochs(probe, batch_size, seed=1, device="gpu", num_threads=_threads()),
+                      "cifar_epochs(records, batch_size, device='gpu', ...)", seed, iterator=True)
     return (f"{n} records in batches of {batch_size}: each once per epoch for two epochs, last batch "
-            f"{n % batch_size} (or dropped), reshuffled; 3 shards, each its slice of every epoch's order{gpu}.")
+            f"{n % batch_size} (or dropped), reshuffled; 3 shards of {', '.join(str(hi - lo) for lo, hi in bounds)} "
+            f"records, each its slice of every epoch's order, its own augmentation, and with drop_last {expected} "
+            f"full batches each{gpu}; with device='gpu', read without building it: GPU {_LOCAL_RANK} in a process "
+            f"whose LOCAL_RANK is {_LOCAL_RANK}, and the augmentation on that GPU.")
 
 
 # -- 4.3 the JPEG pipeline -------------------------------------------------------------------
@@ -718,55 +1141,138 @@ def dali_std():
     return IMAGENET_STD
 
 
-def _jpeg_epochs(jpeg_pipeline, folder, batch_size, crop, device, shard_id, num_shards, rng, what, epochs=1):
-    """Run `epochs` epochs of the learner's pipeline through DALI's iterator (reader 'Reader',
-    PARTIAL), one at a time as they are asked for: yields, per epoch, the samples and the number
-    of batches (empty ones included)."""
+def _jpeg_run(jpeg_pipeline, folder, batch_size, crop, device, shard_id, num_shards, pipe_seed, what, seed, *,
+              fill=False):
+    """The learner's pipeline for shard `shard_id` of `num_shards`, behind DALI's iterator (reader
+    'Reader'; PARTIAL: every file once, or `fill`: FILL, the training policy, every shard the same
+    number of full batches): the pipeline, and a generator that runs its epochs one at a time as they
+    are asked for, yielding the samples and the number of batches of each."""
     from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
-    pipe = _expect_pipeline(jpeg_pipeline(str(folder.root), batch_size, crop=crop, device=device, shard_id=shard_id,
-                                          num_shards=num_shards, num_threads=_threads(),
-                                          seed=int(rng.integers(1, 2**31 - 1))), "jpeg_pipeline(...)")
+    call = (f"jpeg_pipeline(file_root, {batch_size}, crop={crop}, device={device!r}, shard_id={shard_id}, "
+            f"num_shards={num_shards}, num_threads={_threads()}, seed={pipe_seed})")
+    with calling(call):
+        pipe = _expect_pipeline(jpeg_pipeline(str(folder.root), batch_size, crop=crop, device=device,
+                                              shard_id=shard_id, num_shards=num_shards, num_threads=_threads(),
+                                              seed=pipe_seed), "jpeg_pipeline(...)")
+    if device == "cpu":
+        _expect_placement(pipe, "cpu", what, seed)
+    _expect_settings(pipe, _threads(), what, seed)
     _num_outputs(pipe, 3, "images, labels, shapes")
     try:
-        it = DALIGenericIterator(pipe, ["images", "labels", "shapes"], reader_name="Reader",
-                                 last_batch_policy=LastBatchPolicy.PARTIAL, auto_reset=True)
+        it = DALIGenericIterator(pipe, ["images", "labels", "shapes"], reader_name="Reader", auto_reset=True,
+                                 last_batch_policy=LastBatchPolicy.FILL if fill else LastBatchPolicy.PARTIAL)
     except RuntimeError as exc:
         if "Reader" in str(exc):
             raise CheckFailed("the reader is named 'Reader'", f"{what}: DALI's iterator found no operator named 'Reader'",
                               "fn.readers.file(..., name='Reader'): the iterator asks it for the epoch size")
         raise
-    for epoch in range(epochs):
-        samples, batches = [], 0
-        for got in it:
-            batches += 1
-            b = got[0]
-            if device == "gpu" and not b["images"].is_cuda:
-                raise CheckFailed("device='gpu' decodes on the GPU", f"{what}: the images come back on the CPU",
-                                  "decode with fn.decoders.image(..., device='mixed')")
-            images = _as_numpy(b["images"])
-            labels = _as_numpy(b["labels"]).reshape(-1)
-            if len(labels) == 0:
-                # DALI pads every shard to the same number of batches; with PARTIAL, a shard whose
-                # real samples end on a batch boundary gets one empty batch: not the learner's doing
+
+    def epochs():
+        while True:
+            samples, batches = [], 0
+            for got in it:
+                batches += 1
+                b = got[0]
+                if device == "gpu" and not b["images"].is_cuda:
+                    raise CheckFailed("device='gpu' decodes on the GPU", f"{what}: the images come back on the CPU",
+                                      "decode with fn.decoders.image(..., device='mixed')")
+                images = _as_numpy(b["images"])
+                labels = _as_numpy(b["labels"]).reshape(-1)
+                if len(labels) == 0:
+                    # DALI's PARTIAL policy gives a shard whose files end on a batch boundary an empty batch
+                    # (not the learner's doing); the shards are compared under FILL, which gives none
+                    continue
+                shapes = _expect_jpeg_outputs(images, labels, _as_numpy(b["shapes"]), crop, what)
+                samples += _summarise(images, labels, shapes)
+                if batches > 2 * len(folder.truth):
+                    raise CheckFailed("an epoch ends", f"{what}: more batches than files without the epoch ending",
+                                      "read with fn.readers.file(..., name='Reader') and let the iterator end the epoch")
+            yield samples, batches
+
+    return pipe, epochs()
+
+
+def _expect_jpeg_outputs(images, labels, shapes, crop, what) -> np.ndarray:
+    """The three outputs, in their order: images (b, 3, crop, crop) float32, one label per image, the
+    decoded shape (H, W, C) per image. Returns the shapes as (b, 3)."""
+    per_image = shapes.size // max(len(images), 1)
+    if images.ndim != 4 or labels.ndim != 1 or len(labels) != len(images) or shapes.size != per_image * len(images) \
+            or per_image not in (2, 3):
+        raise CheckFailed("the outputs are images, labels, shapes",
+                          f"{what}: output shapes {tuple(images.shape)}, {tuple(labels.shape)}, {tuple(shapes.shape)}; "
+                          f"expected (b, 3, {crop}, {crop}) images, then b labels, then b shapes (H, W, C)",
+                          "return images, labels, shapes, in that order: the images first")
+    if images.shape[1:] != (3, crop, crop):
+        hint = ("that is HWC: output_layout='CHW'" if images.shape[1:] == (crop, crop, 3)
+                else f"random_resized_crop(..., size=(crop, crop)) with crop={crop}")
+        raise CheckFailed("images are (B, 3, crop, crop)", f"{what}: crop={crop}, yours {tuple(images.shape)}", hint)
+    if images.dtype != np.float32:
+        raise CheckFailed("images are float32", f"{what}: yours {images.dtype}", "dtype=types.FLOAT")
+    return shapes.reshape(len(labels), per_image)
+
+
+def _expect_crop_ranges(pipe, what: str, seed: int) -> None:
+    """The random crop draws 8-100% of the area at an aspect ratio of 3/4 to 4/3, read from the
+    graph (a range a little off shows in no single batch)."""
+    ops = _graph(pipe)
+    if ops is None:
+        return
+    wanted = {"random_area": (0.08, 1.0), "random_aspect_ratio": (0.75, 4 / 3)}
+    for op in _upstream(pipe, ops, 0, data_only=False):
+        if op.kind not in ("RandomResizedCrop", "ImageRandomCrop", "RandomCropGenerator"):
+            continue
+        for arg, (lo, hi) in wanted.items():
+            value = op.args.get(arg, (lo, hi))
+            if isinstance(value, (int, float)):
+                value = (value, value)
+            try:
+                got = tuple(float(v) for v in value)
+            except TypeError:
                 continue
-            shapes = _as_numpy(b["shapes"]).reshape(len(labels), -1)
-            if images.ndim != 4 or images.shape[1:] != (3, crop, crop):
-                hint = ("that is HWC: output_layout='CHW'" if images.shape[1:] == (crop, crop, 3)
-                        else f"random_resized_crop(..., size=(crop, crop)) with crop={crop}")
-                raise CheckFailed("images are (B, 3, crop, crop)", f"{what}: crop={crop}, yours {tuple(images.shape)}",
-                                  hint)
-            if images.dtype != np.float32:
-                raise CheckFailed("images are float32", f"{what}: yours {images.dtype}", "dtype=types.FLOAT")
-            if shapes.shape[1] < 2:
-                raise CheckFailed("the third output is the decoded shape",
-                                  f"{what}: yours has {shapes.shape[1]} value(s) per sample",
-                                  "the decoded image's shape (H, W, C): images.shape() right after the decoder")
-            samples += _summarise(images, labels, shapes)
-            if batches > 2 * len(folder.truth):
-                raise CheckFailed("an epoch ends", f"{what}: more batches than files without the epoch ending",
-                                  "read with fn.readers.file(..., name='Reader') and let the iterator end the epoch")
-        yield samples, batches
+            if len(got) != 2 or abs(got[0] - lo) > 2e-3 or abs(got[1] - hi) > 2e-3:
+                shown = ", ".join(f"{v:g}" for v in got)
+                raise CheckFailed("crops a random window of each image",
+                                  f"{what}: your {op.kind} draws {arg}=[{shown}] (read from the pipeline's graph); the "
+                                  f"contract says {lo:g} to {hi:.4g} (seed {seed})",
+                                  "a random 8-100% of the area (random_area=[0.08, 1.0]) at an aspect ratio of 3/4 to "
+                                  "4/3 (random_aspect_ratio=[0.75, 1.333]): fn.random_resized_crop's defaults, "
+                                  "torchvision's RandomResizedCrop")
+
+
+def _expect_imagenet_constants(pipe, what: str, seed: int) -> None:
+    """crop_mirror_normalize's mean and std are ImageNet's, times 255, within 0.5%, read from the graph:
+    constants rounded a little (std [0.23, 0.22, 0.23]) move every value by a percent or two, which the
+    colours of JPEG-decoded files cannot show. Only where one crop_mirror_normalize normalises with
+    constants (a normalisation written otherwise is graded on the values alone)."""
+    ops = _graph(pipe)
+    if ops is None:
+        return
+    from ..dali_pipelines import IMAGENET_MEAN, IMAGENET_STD
+    found = []
+    for op in _upstream(pipe, ops, 0, data_only=True):
+        if op.kind != "CropMirrorNormalize":
+            continue
+        try:
+            mean, std = (np.broadcast_to(np.asarray(op.args.get(k, d), np.float64).reshape(-1), (3,))
+                         for k, d in (("mean", 0.0), ("std", 1.0)))
+        except (TypeError, ValueError):
+            return
+        if np.any(mean != 0) or np.any(std != 1):
+            found.append((mean, std))
+    if len(found) != 1:
+        return
+    mean, std = found[0]
+    want_mean, want_std = 255 * np.asarray(IMAGENET_MEAN), 255 * np.asarray(IMAGENET_STD)
+    if np.abs(mean / want_mean - 1).max() > 5e-3 or np.abs(std / want_std - 1).max() > 5e-3:
+        raise CheckFailed("values are normalised with ImageNet's mean and std",
+                          f"{what}: your crop_mirror_normalize takes mean=[{', '.join(f'{v:.4g}' for v in mean)}], "
+                          f"std=[{', '.join(f'{v:.4g}' for v in std)}] (read from the pipeline's graph); ImageNet's "
+                          f"times 255 are [{', '.join(f'{v:.4g}' for v in want_mean)}] and "
+                          f"[{', '.join(f'{v:.4g}' for v in want_std)}] (seed {seed})",
+                          "use the constants themselves, [255 * m for m in dali_pipelines.IMAGENET_MEAN] and "
+                          "[255 * s for s in dali_pipelines.IMAGENET_STD]: rounded ones shift every value by a "
+                          "percent or two, on every image")
 
 
 def _fast_tmp() -> str | None:
@@ -805,26 +1311,27 @@ def check_jpeg_pipeline(jpeg_pipeline):
         from PIL import Image
         Image.new("RGB", (32, 32), (90, 120, 150)).save(probe / "only" / "0.jpg")
         _expect_local_gpu(lambda: jpeg_pipeline(str(probe), 8, crop=32, device="gpu", num_threads=_threads(), seed=1),
-                          "jpeg_pipeline(..., device='gpu')", seed)
+                          "jpeg_pipeline(file_root, 8, crop=32, device='gpu', ...)", seed, decoder=True)
         batch_size = int(rng.integers(16, 33))
         (Path(tmp) / "files").mkdir()
         folder = _jpeg_folder(rng, Path(tmp) / "files", batch_size)
         crop = int(rng.choice([40, 48, 64]))
+        seed_whole, seed_shards = (int(v) for v in rng.choice(2**31 - 1, 2, replace=False))
         devices = _devices()
         for device in reversed(devices):
             on = "on the GPU (mixed decoder)" if device == "gpu" else "on the CPU"
-            run = _jpeg_epochs(jpeg_pipeline, folder, batch_size, crop, device, 0, 1, rng, on, epochs=2)
+            pipe, run = _jpeg_run(jpeg_pipeline, folder, batch_size, crop, device, 0, 1, seed_whole, on, seed)
             first, _ = next(run)
             _check_jpeg_epoch(first, folder, on, seed)
+        _expect_crop_ranges(pipe, "on the CPU", seed)
+        _expect_imagenet_constants(pipe, "on the CPU", seed)
         _check_crops(first, "on the CPU", seed)
+        _expect_fair_coin(pipe, "mirrors half of the images", "on the CPU", seed)
         flips = [x.mirrored for x in first if x.clear]
         share = float(np.mean(flips))
         if abs(share - 0.5) > 0.05:
             raise CheckFailed("mirrors half of the images", f"{share:.0%} of {len(flips)} crops came out mirrored "
                               f"(seed {seed})", "crop_mirror_normalize(..., mirror=fn.random.coin_flip(probability=0.5))")
-        shards = [list(_jpeg_epochs(jpeg_pipeline, folder, batch_size, crop, "cpu", s, 2, rng, f"shard {s} of 2",
-                                    epochs=2 - s)) for s in range(2)]
-        _check_shards(shards, folder, batch_size, seed)
         # the second epoch of the CPU run: every file once more, in a new order of all of them
         second, _ = next(run)
         got = sorted(_key(x) for x in second)
@@ -847,11 +1354,22 @@ def check_jpeg_pipeline(jpeg_pipeline):
                               "buffer of initial_fill (1,024) samples: batches come from a window that moves through "
                               "the same order every epoch. Ask the reader for a new permutation of every file each "
                               "epoch")
+        # two processes of a DDP job: the same seed, shards 0 and 1, DALI's FILL policy (what a training loop runs)
+        shards, pipes = [], []
+        for s in range(2):
+            shard_pipe, shard_run = _jpeg_run(jpeg_pipeline, folder, batch_size, crop, "cpu", s, 2, seed_shards,
+                                              f"shard {s} of 2", seed, fill=True)
+            pipes.append(shard_pipe)
+            shards.append([next(shard_run) for _ in range(2 - s)])
+        _check_shards(shards, pipes, folder, batch_size, [_key(x) for x in first], seed)
     where = " and on the GPU" if "gpu" in devices else ""
     return (f"{n} JPEGs in {len(folder.label_of)} class folders, two epochs on the CPU{where}: decoded sizes, labels "
-            f"(sorted folders), random {crop}x{crop} crops, normalised values, {share:.0%} mirrored, a new order of all "
-            "files each epoch; two shards split an epoch into equal numbers of batches, and move on; device='gpu' "
-            "uses this process's GPU.")
+            f"(sorted folders), random {crop}x{crop} crops (8-100% of the area, aspect 3/4-4/3), normalised values, "
+            f"{share:.0%} mirrored (a coin of probability 1/2), a new order of all files each epoch, following the "
+            "seed; two shards given the same seed split an epoch into the same number of full batches (DALI's FILL "
+            "policy), draw their own augmentation, and move on; with device='gpu', read from its graph without "
+            f"building it: GPU {_LOCAL_RANK} in a process whose LOCAL_RANK is {_LOCAL_RANK}, decoding (mixed) and "
+            "augmenting on that GPU.")
 
 
 def _check_jpeg_epoch(samples, folder, on, seed):
@@ -875,39 +1393,96 @@ def _check_jpeg_epoch(samples, folder, on, seed):
         rgb = folder.truth[_key(x)]
         expected = (rgb[1:] - mean[1:]) / std[1:]
         if np.abs(x.means[1:] - expected).max() > 0.15:       # green and blue: one colour per file
-            hint = "normalise as (x - 255*mean) / (255*std) per channel, RGB order"
+            hint = "normalise as (x - 255*mean) / (255*std) per channel, RGB order, with IMAGENET_MEAN and IMAGENET_STD"
             pixels = x.means * std + mean       # back to 0..255, as if normalised right
+            cifar_mean = np.array(data.CIFAR10_MEAN, np.float32) * 255
+            cifar_std = np.array(data.CIFAR10_STD, np.float32) * 255
+            as_cifar = x.means * cifar_std + cifar_mean
             if abs(pixels[0] - rgb[2]) <= 8 and abs(pixels[1] - rgb[1]) <= 8:
                 hint = "the channels are in BGR order: decode with output_type=types.RGB"
+            elif abs(as_cifar[1] - rgb[1]) <= 4 and abs(as_cifar[2] - rgb[2]) <= 4:
+                hint = ("those are CIFAR-10's mean and std: this is an ImageNet-style folder, normalise with "
+                        "dali_pipelines.IMAGENET_MEAN and IMAGENET_STD (times 255)")
+            shown = ", ".join(f"{v:.2f}" for v in x.means[1:])
+            wanted = ", ".join(f"{v:.2f}" for v in expected)
             raise CheckFailed("each image is its file's colour, normalised",
                               f"{on}: an image of green {int(rgb[1])} and blue {int(rgb[2])} came out with green and "
-                              f"blue means {np.round(x.means[1:], 2).tolist()}, expected "
-                              f"{np.round(expected, 2).tolist()} (seed {seed})", hint)
+                              f"blue means [{shown}], expected [{wanted}] (seed {seed})", hint)
 
 
-def _check_shards(shards, folder, batch_size, seed):
-    """Two shards: the first epoch split between them, in equal numbers of batches; new files for
-    shard 0 in its second epoch (the second epoch of the unsharded run shows whether it is whole)."""
+def _check_shards(shards, pipes, folder, batch_size, whole_order, seed):
+    """Two shards of a DDP job under DALI's FILL policy, given the same seed: the first epoch split
+    between them (each its slice of one permutation of all files), in the same number of batches;
+    each its own augmentation; new files for shard 0 in its second epoch, and not by rotating
+    through fixed slices; the order follows the seed (`whole_order`: the unsharded run's first epoch,
+    made with another seed)."""
     keys, n = folder.keys, len(folder.truth)
-    parts = [sorted(_key(x) for x in shards[s][0][0]) for s in range(2)]
-    if sorted(parts[0] + parts[1]) != keys or set(parts[0]) & set(parts[1]):
+    parts = [set(_key(x) for x in shards[s][0][0]) for s in range(2)]
+    sizes = [n // 2, n - n // 2]
+    metas = []
+    for p in pipes:
+        try:
+            metas.append(p.reader_meta("Reader"))
+        except Exception:
+            metas.append({})
+    told = [m.get("number_of_shards") for m in metas]
+    if any(t == 1 for t in told):
         raise CheckFailed("shard_id and num_shards split the files",
-                          f"shards 0 and 1 of 2 read {len(parts[0])} and {len(parts[1])} files of {n}, sharing "
-                          f"{len(set(parts[0]) & set(parts[1]))} (seed {seed})",
+                          f"shards 0 and 1 of 2: your readers were told num_shards={told[0]} and {told[1]} (DALI's "
+                          f"reader_meta), and read {len(parts[0])} and {len(parts[1])} of {n} files (seed {seed})",
+                          "pass shard_id and num_shards to fn.readers.file rather than splitting the file list "
+                          "yourself: DALI's reader and iterator then know the shards, pad each to the same number "
+                          "of batches and move them on every epoch")
+    if parts[0] & parts[1] or parts[0] | parts[1] != set(keys):
+        shared = len(parts[0] & parts[1])
+        detail = (f"shards 0 and 1 of 2 read {len(parts[0])} and {len(parts[1])} distinct files of {n}, sharing "
+                  f"{shared} (seed {seed})")
+        if "pad_last_batch" in metas[0] and not metas[0]["pad_last_batch"]:
+            raise CheckFailed("every epoch is whole, not only the first", detail,
+                              "pad_last_batch=True: without it the reader fills a shard's short last batch with the "
+                              "next epoch's first files, so the shards overlap and the next epoch misses them")
+        if [len(p) for p in parts] == sizes:
+            raise CheckFailed("shard_id and num_shards split the files", detail + ": each read its share, but of "
+                              "different permutations", "the shards cut different permutations: the shuffle's seed "
+                              "must be the same in every process (shuffle_after_epoch_seed=seed, not one derived "
+                              "from shard_id)")
+        raise CheckFailed("shard_id and num_shards split the files", detail,
                           "pass shard_id and num_shards to fn.readers.file")
     counts = [shards[s][0][1] for s in range(2)]
     if counts[0] != counts[1]:
         raise CheckFailed("every shard gives the same number of batches",
-                          f"shard 0 of 2 ({len(parts[0])} files) gave {counts[0]} batches of up to {batch_size}, "
-                          f"shard 1 ({len(parts[1])} files) {counts[1]} (seed {seed}). Under DistributedDataParallel "
-                          "the rank with the extra batch waits in an all-reduce that the other never joins: a hang",
-                          "pad_last_batch=True pads every shard to the same number of batches (the iterator, given "
-                          "reader_name, cuts the padding off again)")
-    if set(_key(x) for x in shards[0][0][0]) == set(_key(x) for x in shards[0][1][0]):
+                          f"shard 0 of 2 ({len(parts[0])} files) gave {counts[0]} batches of {batch_size}, "
+                          f"shard 1 ({len(parts[1])} files) {counts[1]}, through DALI's iterator with FILL (seed "
+                          f"{seed}). Under DistributedDataParallel the rank with the extra batch waits in an "
+                          "all-reduce that the other never joins: a hang",
+                          "pad_last_batch=True pads every shard to the same number of batches")
+    if parts[0] == set(whole_order[:sizes[0]]):
+        raise CheckFailed("the order follows the seed",
+                          f"two runs given different seeds read the files in the same order (shard 0 of 2 read exactly "
+                          f"the first {sizes[0]} files of the other run's epoch) (seed {seed})",
+                          "shuffle_after_epoch_seed=seed (DALI 2.4): without it DALI draws every run's permutations "
+                          "from one fixed seed, whatever `seed` the caller gives")
+    flips = [(a.mirrored, b.mirrored) for a, b in zip(shards[0][0][0], shards[1][0][0]) if a.clear and b.clear]
+    if len(flips) >= 64 and all(a == b for a, b in flips):
+        raise CheckFailed("each shard draws its own augmentation",
+                          f"shards 0 and 1, given the same seed, mirrored the j-th sample of their epoch alike, all "
+                          f"{len(flips)} of them: every rank of a DDP job would draw the same crops and flips "
+                          f"(seed {seed})",
+                          "derive the pipeline's seed from seed and shard_id (seed + shard_id); the reader's "
+                          "shuffle_after_epoch_seed stays `seed`, the same in every process")
+    again = set(_key(x) for x in shards[0][1][0])
+    if again == parts[0]:
         raise CheckFailed("every shard reads new files each epoch",
-                          f"shard 0 of 2 read the same {len(shards[0][0][0])} files in epochs 1 and 2 (seed {seed})",
+                          f"shard 0 of 2 read the same {len(parts[0])} files in epochs 1 and 2 (seed {seed})",
                           "stick_to_shard=True keeps a rank on one slice of the data for ever; a new permutation of "
                           "all files each epoch gives every rank new files")
+    if again == parts[1]:
+        raise CheckFailed("every epoch is a new permutation of all files",
+                          f"shard 0 of 2 read in epoch 2 exactly the {len(again)} files shard 1 read in epoch 1, and "
+                          f"none of its own (seed {seed})",
+                          "the reader moved on to the next slice of one fixed order (what random_shuffle does, "
+                          "whatever its initial_fill): the ranks take turns at the same halves, and no epoch mixes "
+                          "them. shuffle_after_epoch=True draws a new permutation of all files each epoch")
 
 
 def _check_crops(samples, on, seed):

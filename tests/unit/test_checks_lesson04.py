@@ -65,16 +65,20 @@ def this_gpu(device, fixed=None):
 
 def make_cifar_pipeline(*, mean=CIFAR_MEAN255, std=CIFAR_STD255, positions="nine", mirror=True, layout="CHW",
                         pad_first=True, pad=True, swap_outputs=False, flip_probability=0.5, fixed_seed=None,
-                        shared_offset=False, label_dtype=None, device_id=None, vertical_flip=False):
-    """A CIFAR pipeline builder with one knob per typical mistake (the defaults are right)."""
+                        shared_offset=False, label_dtype=None, device_id=None, vertical_flip=False, move="before",
+                        threads=None, pipe_kw=None, prebuilt=False, flip_from_x=False):
+    """A CIFAR pipeline builder with one knob per typical mistake (the defaults are right).
+    `move`: where a device="gpu" pipeline moves the images to the GPU: "before" the crop (right),
+    "after" the augmentation, or "never". `device_id="none"`: None whatever the device."""
     def cifar_pipeline(source, batch_size, device="cpu", num_threads=2, seed=0):
-        @pipeline_def(batch_size=batch_size, num_threads=num_threads, device_id=this_gpu(device, device_id),
-                      seed=seed if fixed_seed is None else fixed_seed)
+        @pipeline_def(batch_size=batch_size, num_threads=threads or num_threads,
+                      device_id=None if device_id == "none" else this_gpu(device, device_id),
+                      seed=seed if fixed_seed is None else fixed_seed, **(pipe_kw or {}))
         def graph():
             images, labels, indices = fn.external_source(
                 source=source, num_outputs=3, batch=True, batch_info=True, layout=["CHW", "", ""],
                 dtype=[types.UINT8, types.INT64, types.INT64])
-            if device == "gpu":
+            if device == "gpu" and move == "before":
                 images = images.gpu()
             norm = dict(mean=mean, std=std)
             if not pad_first:   # normalise, then pad with 0 (the mean colour), then crop
@@ -86,22 +90,117 @@ def make_cifar_pipeline(*, mean=CIFAR_MEAN255, std=CIFAR_STD255, positions="nine
                 pos_y, pos_x = fn.random.uniform(values=NINE), fn.random.uniform(values=NINE)
             elif positions == "eight":       # offsets 0..7: one short
                 pos_y, pos_x = fn.random.uniform(values=NINE[:8]), fn.random.uniform(values=NINE[:8])
+            elif positions == "int_range":   # an integer 0..8 rounded from a continuous draw, then / 8 (w1-04 4.1 #2)
+                pos_y, pos_x = (fn.random.uniform(range=[0, 8], dtype=types.INT32) / 8.0,
+                                fn.random.uniform(range=[0, 8], dtype=types.INT32) / 8.0)
             else:
                 pos_y, pos_x = fn.random.uniform(range=[0.0, 1.0]), fn.random.uniform(range=[0.0, 1.0])
             if shared_offset:                # one draw for both axes
                 pos_x = pos_y
             flip = fn.random.coin_flip(probability=flip_probability) if mirror and not vertical_flip else 0
+            if flip_from_x:                  # the flip decided by the crop: x > 0.5 (or x == 0.5 and a coin)
+                coin = fn.random.coin_flip(probability=0.5)
+                flip = fn.cast((pos_x > 0.5) | ((pos_x == 0.5) & (coin == 1)), dtype=types.INT32) \
+                    if flip_from_x == "fair" else fn.cast(pos_x > 0.5, dtype=types.INT32)
             out = fn.crop_mirror_normalize(images, crop=(32, 32), crop_pos_y=pos_y, crop_pos_x=pos_x, mirror=flip,
                                            dtype=types.FLOAT, output_layout=layout, **norm)
             if vertical_flip:
                 out = fn.flip(out, horizontal=0, vertical=fn.random.coin_flip(probability=flip_probability))
             if label_dtype is not None:
                 labels = fn.cast(labels, dtype=getattr(types, label_dtype))
+            if device == "gpu" and move == "after":
+                out = out.gpu()
             if swap_outputs:
                 return out, indices, labels
             return out, labels, indices
-        return graph()
+        pipe = graph()
+        if prebuilt:
+            pipe.build()
+        return pipe
     return cifar_pipeline
+
+
+def per_batch_offsets(source, batch_size, device="cpu", num_threads=2, seed=0):
+    """One crop offset per batch, drawn in Python (w1-04 4.1 #31)."""
+    rng = np.random.default_rng(seed)
+
+    def pos(info):
+        return [np.array(rng.integers(0, 9) / 8, np.float32)] * batch_size
+
+    @pipeline_def(batch_size=batch_size, num_threads=num_threads, device_id=this_gpu(device), seed=seed)
+    def graph():
+        images, labels, indices = fn.external_source(source=source, num_outputs=3, batch=True, batch_info=True,
+                                                     layout=["CHW", "", ""], dtype=[types.UINT8, types.INT64, types.INT64])
+        py = fn.external_source(source=pos, batch=True, batch_info=True, dtype=types.FLOAT)
+        px = fn.external_source(source=pos, batch=True, batch_info=True, dtype=types.FLOAT)
+        if device == "gpu":
+            images = images.gpu()
+        padded = fn.crop(images, crop=(40, 40), out_of_bounds_policy="pad", fill_values=0)
+        out = fn.crop_mirror_normalize(padded, crop=(32, 32), crop_pos_y=py, crop_pos_x=px,
+                                       mirror=fn.random.coin_flip(probability=0.5), mean=CIFAR_MEAN255, std=CIFAR_STD255,
+                                       dtype=types.FLOAT, output_layout="CHW")
+        return out, labels, indices
+    return graph()
+
+
+def python_augmentation(source, batch_size, device="cpu", num_threads=2, seed=0):
+    """The whole augmentation in NumPy, per sample, inside a source of its own around `source`;
+    DALI only passes float32 through (w1-04 4.1 #32: right, and the cost DALI removes)."""
+    rng = np.random.default_rng(seed)
+    mean = np.array(data.CIFAR10_MEAN, np.float32).reshape(3, 1, 1)
+    std = np.array(data.CIFAR10_STD, np.float32).reshape(3, 1, 1)
+
+    def augmented(info):
+        images, labels, idx = source(info)
+        out = []
+        for im in images:
+            padded = np.zeros((3, 40, 40), np.uint8)
+            padded[:, 4:36, 4:36] = im
+            y, x = rng.integers(0, 9, 2)
+            window = padded[:, y:y + 32, x:x + 32]
+            if rng.random() < 0.5:
+                window = window[:, :, ::-1]
+            out.append(((window / 255.0 - mean) / std).astype(np.float32))
+        return np.stack(out), labels, idx
+
+    @pipeline_def(batch_size=batch_size, num_threads=num_threads, device_id=this_gpu(device), seed=seed)
+    def graph():
+        images, labels, indices = fn.external_source(source=augmented, num_outputs=3, batch=True, batch_info=True,
+                                                     layout=["CHW", "", ""], dtype=[types.FLOAT, types.INT64, types.INT64])
+        if device == "gpu":
+            images = images.gpu()
+        return images, labels, indices
+    return graph()
+
+
+_kept = {}
+
+
+def kept_between_calls(source, batch_size, device="cpu", num_threads=2, seed=0):
+    """The first pipeline built, kept at module level and returned again (w1-04 4.1 #30)."""
+    if "pipe" not in _kept:
+        _kept["pipe"] = make_cifar_pipeline()(source, batch_size, device, num_threads, seed)
+    return _kept["pipe"]
+
+
+def padded_by_slices(source, batch_size, device="cpu", num_threads=2, seed=0):
+    """A right answer another way: fn.slice pads and crops at integer offsets (w1-04 4.1)."""
+    @pipeline_def(batch_size=batch_size, num_threads=num_threads, device_id=this_gpu(device), seed=seed)
+    def graph():
+        images, labels, indices = fn.external_source(source=source, num_outputs=3, batch=True, batch_info=True,
+                                                     layout=["CHW", "", ""], dtype=[types.UINT8, types.INT64, types.INT64])
+        if device == "gpu":
+            images = images.gpu()
+        py = fn.random.uniform(values=list(range(9)), dtype=types.INT32)
+        px = fn.random.uniform(values=list(range(9)), dtype=types.INT32)
+        padded = fn.slice(images, start=[-4, -4], shape=[40, 40], axes=[1, 2], out_of_bounds_policy="pad")
+        window = fn.slice(padded, fn.stack(py, px), [32, 32], axes=[1, 2], normalized_anchor=False,
+                          normalized_shape=False)
+        out = fn.crop_mirror_normalize(window, mirror=fn.random.coin_flip(), mean=CIFAR_MEAN255, std=CIFAR_STD255,
+                                       dtype=types.FLOAT, output_layout="CHW")
+        return out, labels, indices
+    return graph()
+
 
 
 def the_course_pipeline(source, batch_size, device="cpu", num_threads=2, seed=0):
@@ -141,9 +240,69 @@ MUTANTS_41 = [
     Mutant("labels cast to float", make_cifar_pipeline(label_dtype="FLOAT"), "labels and indices stay int64"),
 ]
 
+# issue 37: the wrong answers of a learner's walk (w1-04) and an expert's review (x-04) that passed, or
+# failed with a message that pointed elsewhere. Where the work runs, the coin's probability, the threads
+# and the prefetching are read from the pipeline's graph: the same verdict on every seed, so one seed each.
+MUTANTS_41_WALK = [
+    Mutant("never moves the images to the GPU", make_cifar_pipeline(move="never"),
+           "device='gpu' augments on this process's GPU", words="never reach the GPU"),
+    Mutant("augments on the CPU, copies the result", make_cifar_pipeline(move="after"),
+           "device='gpu' augments on this process's GPU", words="copied to the GPU afterwards"),
+    Mutant("device ignored (device_id=None, no .gpu())", make_cifar_pipeline(move="never", device_id="none"),
+           "device='gpu' augments on this process's GPU", words="never reach the GPU"),
+    Mutant("the augmentation in NumPy inside the source", python_augmentation, "hands the source to DALI as it is",
+           words="Python work per sample"),
+    Mutant("a pipeline kept between calls", kept_between_calls, "builds a new pipeline on every call",
+           words="kept between calls"),
+    Mutant("one thread, whatever it is given", make_cifar_pipeline(threads=1), "uses the threads it is given",
+           words="num_threads=2"),
+    Mutant("prefetching off", make_cifar_pipeline(pipe_kw=dict(prefetch_queue_depth=1, exec_async=False,
+                                                                 exec_pipelined=False)),
+           "keeps DALI's prefetching", words="exec_async=False"),
+    Mutant("flips 47%", make_cifar_pipeline(flip_probability=0.47), "flips half of the samples", words="probability=0.47"),
+    Mutant("flips 48%", make_cifar_pipeline(flip_probability=0.48), "flips half of the samples", words="probability=0.48"),
+    Mutant("flips 52%", make_cifar_pipeline(flip_probability=0.52), "flips half of the samples", words="probability=0.52"),
+    Mutant("flips 53%", make_cifar_pipeline(flip_probability=0.53), "flips half of the samples", words="probability=0.53"),
+    Mutant("the flip decided by the crop", make_cifar_pipeline(flip_from_x=True), "draws the flip independently of the crop",
+           words="horizontal offset"),
+    Mutant("the flip decided by the crop, 50% overall", make_cifar_pipeline(flip_from_x="fair"),
+           "draws the flip independently of the crop", words="horizontal offset"),
+    Mutant("integer offsets from range=[0, 8]", make_cifar_pipeline(positions="int_range"),
+           "crop offsets are uniform over 0..8", words="range=[0, 8], dtype=INT32"),
+    Mutant("one offset per batch", per_batch_offsets, "each sample draws its own crop and flip", words="once per batch"),
+    Mutant("mean and std in 0..1 units", make_cifar_pipeline(mean=list(data.CIFAR10_MEAN), std=list(data.CIFAR10_STD)),
+           "each sample is an exact crop of its padded record, normalised", words="0..1 units"),
+    Mutant("std of 1", make_cifar_pipeline(std=[1.0] * 3),
+           "each sample is an exact crop of its padded record, normalised", words="nothing is divided"),
+    Mutant("mean and std swapped", make_cifar_pipeline(mean=CIFAR_STD255, std=CIFAR_MEAN255),
+           "each sample is an exact crop of its padded record, normalised", words="swapped"),
+]
+
+
 
 def test_4_1_correct_pipeline_passes():
     passes("4.1", make_cifar_pipeline(), range(2))
+
+
+def test_4_1_other_right_answers_pass():
+    """Right answers written another way (w1-04, x-04): padding and cropping with fn.slice at integer
+    offsets, a pipeline built before it is returned, LOCAL_RANK read from the environment, separated
+    prefetch queues."""
+    import os
+
+    def env_rank(source, batch_size, device="cpu", num_threads=2, seed=0):
+        return make_cifar_pipeline(device_id=int(os.environ.get("LOCAL_RANK", 0)))(source, batch_size, device,
+                                                                                   num_threads, seed)
+    for answer in (padded_by_slices, make_cifar_pipeline(prebuilt=True), env_rank,
+                   make_cifar_pipeline(pipe_kw=dict(prefetch_queue_depth={"cpu_size": 2, "gpu_size": 2}))):
+        passes("4.1", answer, [5])
+
+
+@pytest.mark.parametrize("mutant", MUTANTS_41_WALK, ids=repr)
+def test_4_1_walk_mutants_rejected(mutant):
+    _kept.clear()
+    rejected("4.1", mutant, [3, 4] if mutant.name == "a pipeline kept between calls" else [3])
+
 
 
 # What each mutant does wrong shows in every batch of every run (a constant, a layout, a
@@ -167,8 +326,12 @@ def test_4_1_stub_and_wrong_types():
 def make_cifar_epochs(*, per_sample=False, stateful=False, reshuffle=True, shard=True, shard_seed=False,
                       honour_drop_last=True, iterator=True, honour_shuffle=True, array_split=False, own_seed=False,
                       fixed_block=False, strided_shards=False, strided_view=False, label_dtype=np.int64,
-                      shard_of_first_epoch=False):
+                      shard_of_first_epoch=False, drop_last_per_shard=False, extra_batch_when_divides=False,
+                      same_augmentation=False, positions_as_indices=False, device_ignored=False,
+                      always_drop_last=False, cache_orders=False, auto_reset=True, int_slices=False,
+                      whole_copy=False, copy_once=False):
     """A cifar_epochs builder with one knob per typical mistake (the defaults are right)."""
+    cached = {}
     def cifar_epochs(records, batch_size, *, shuffle=True, seed=0, shard_id=0, num_shards=1, drop_last=False,
                      device="cpu", num_threads=2):
         n = len(records)
@@ -176,7 +339,13 @@ def make_cifar_epochs(*, per_sample=False, stateful=False, reshuffle=True, shard
             shard_id, num_shards = 0, 1
         if not honour_shuffle:
             shuffle = True
+        if always_drop_last:
+            drop_last = True
+        if device_ignored:
+            device = "cpu"
         start, stop = shard_id * n // num_shards, (shard_id + 1) * n // num_shards
+        if int_slices:                # int(k * N / S): the same numbers, written another way
+            start, stop = int(shard_id * n / num_shards), int((shard_id + 1) * n / num_shards)
         if array_split:               # numpy's split: the first shards get the extra records
             bounds = np.cumsum([0] + [len(a) for a in np.array_split(np.arange(n), num_shards)])
             start, stop = int(bounds[shard_id]), int(bounds[shard_id + 1])
@@ -184,8 +353,16 @@ def make_cifar_epochs(*, per_sample=False, stateful=False, reshuffle=True, shard
             start, stop = 0, len(range(shard_id, n, num_shards))
         full, rest = divmod(stop - start, batch_size)
         batches = full + (1 if rest and not (drop_last and honour_drop_last) else 0)
+        if drop_last and honour_drop_last and not drop_last_per_shard:
+            batches = (n // num_shards) // batch_size     # every shard the same number of full batches
+        if extra_batch_when_divides and not drop_last:
+            batches = full + 1                           # one batch too many when the batch divides the shard
 
         def order(epoch):
+            if cache_orders:          # kept at module level, by epoch only: the first call's order for ever
+                if epoch not in cached:
+                    cached[epoch] = np.random.default_rng((seed, epoch)).permutation(n) if shuffle else np.arange(n)
+                return cached[epoch][start:stop]
             base = 12345 if own_seed else seed + (shard_id if shard_seed else 0)
             rng = np.random.default_rng((base, epoch if reshuffle else 0))
             if fixed_block:          # each shard a fixed block of arange(N), shuffled inside itself
@@ -198,10 +375,15 @@ def make_cifar_epochs(*, per_sample=False, stateful=False, reshuffle=True, shard
                 return np.random.default_rng((seed, epoch, 1)).permutation(mine) if epoch else mine
             return (rng.permutation(n) if shuffle else np.arange(n))[start:stop]
 
+        held = np.array(records) if copy_once else records     # the whole file read into memory once per call
+
         def rows_of(idx):
-            rows = records[idx]
+            # the whole file copied into memory on every batch (w1-04 4.2 #27), then indexed
+            rows = np.array(records)[idx] if whole_copy else held[idx]
             images = rows[:, 1:].reshape(-1, 3, 32, 32) if strided_view else \
                 np.ascontiguousarray(rows[:, 1:]).reshape(-1, 3, 32, 32)
+            if positions_as_indices:           # the positions within the batch, not the records' indices
+                idx = np.arange(len(idx))
             return images, rows[:, 0].astype(label_dtype), idx
 
         if per_sample:
@@ -238,8 +420,9 @@ def make_cifar_epochs(*, per_sample=False, stateful=False, reshuffle=True, shard
                 it = DALIGenericIterator(pipe, ["images", "labels", "indices"], auto_reset=True)
                 return it
             pipe = dali_pipelines.cifar_train_pipeline(source, batch_size=batch_size, device=device,
-                                                       num_threads=num_threads, seed=seed + shard_id)
-        it = DALIGenericIterator(pipe, ["images", "labels", "indices"], auto_reset=True)
+                                                       num_threads=num_threads,
+                                                       seed=seed if same_augmentation else seed + shard_id)
+        it = DALIGenericIterator(pipe, ["images", "labels", "indices"], auto_reset=auto_reset)
         if not iterator:
             return ([b] for b in it)
         return it
@@ -301,8 +484,41 @@ MUTANTS_42 = [
 ]
 
 
+MUTANTS_42_WALK = [
+    Mutant("drop_last per shard (a longer shard, a batch more)", make_cifar_epochs(drop_last_per_shard=True),
+           "with drop_last, every shard the same number of full batches", words="all-reduce"),
+    Mutant("a batch too many when the batch divides the shard", make_cifar_epochs(extra_batch_when_divides=True),
+           "ends the epoch after its last record", words="multiple of the batch"),
+    Mutant("the same augmentation on every shard", make_cifar_epochs(same_augmentation=True),
+           "each shard draws its own augmentation", words="seed + shard_id"),
+    Mutant("positions as indices", make_cifar_epochs(positions_as_indices=True), "the indices are the records' indices",
+           words="positions within the batch"),
+    Mutant("always drops the last batch", make_cifar_epochs(always_drop_last=True), "each record once per epoch",
+           words="exactly the last, shorter batch"),
+    Mutant("device ignored", make_cifar_epochs(device_ignored=True), "device='gpu' augments on this process's GPU",
+           words="never reach the GPU"),
+    Mutant("the whole record file copied on every batch", make_cifar_epochs(whole_copy=True),
+           "reads only the batch's records", words="records[idx]"),
+    Mutant("orders cached between calls, by epoch only", make_cifar_epochs(cache_orders=True),
+           "shuffle=False keeps the records' order", words="kept between calls"),
+]
+
+
 def test_4_2_correct_loader_passes():
     passes("4.2", make_cifar_epochs(), range(2))
+
+
+def test_4_2_other_right_answers_pass():
+    """auto_reset=False (DALI 2.4's iterator resets when a new for loop begins), int(k*N/S) slices
+    (w1-04), and the records read into memory once per call (costly in memory, not per batch)."""
+    for answer in (make_cifar_epochs(auto_reset=False), make_cifar_epochs(int_slices=True),
+                   make_cifar_epochs(copy_once=True)):
+        passes("4.2", answer, [5])
+
+
+@pytest.mark.parametrize("mutant", MUTANTS_42_WALK, ids=repr)
+def test_4_2_walk_mutants_rejected(mutant):
+    rejected("4.2", mutant, [3])
 
 
 @pytest.mark.parametrize("mutant", MUTANTS_42, ids=repr)
@@ -323,7 +539,9 @@ def test_4_2_stub_and_wrong_type():
 def make_jpeg_pipeline(*, output_type="RGB", mean=NET_MEAN255, std=NET_STD255, shape_after_crop=False,
                        fixed_crop=None, reader_name="Reader", shard=True, reverse_labels=False, layout="CHW",
                        shuffle="after_epoch", mirror=True, pad_last_batch=True, crop_kind="random_resized",
-                       stick_to_shard=False, flip_probability=0.5, device_id=None):
+                       stick_to_shard=False, flip_probability=0.5, device_id=None, shuffle_seed="seed",
+                       aug_seed="per_shard", decoder_device=None, area=None, aspect=None, outputs="ILS",
+                       split_by_hand=False, fill=None, threads=None, prefetch=None):
     """A jpeg_pipeline builder with one knob per typical mistake (the defaults are right)."""
     def jpeg_pipeline(file_root, batch_size, *, crop=224, device="cpu", shard_id=0, num_shards=1, num_threads=2, seed=0):
         kw = dict(shard_id=shard_id, num_shards=num_shards) if shard else {}
@@ -335,15 +553,30 @@ def make_jpeg_pipeline(*, output_type="RGB", mean=NET_MEAN255, std=NET_STD255, s
             kw.update(file_root=file_root)
         kw.update({"after_epoch": dict(shuffle_after_epoch=True), "buffer": dict(random_shuffle=True),
                    "none": {}}[shuffle])
+        if fill is not None:
+            kw["initial_fill"] = fill
+        if shuffle == "after_epoch" and shuffle_seed is not None:
+            kw["shuffle_after_epoch_seed"] = {"seed": seed, "per_shard": seed + 1000 * shard_id,
+                                              "plus_one": seed + 1}[shuffle_seed]
         if stick_to_shard:
             kw["stick_to_shard"] = True
+        if split_by_hand:          # the file list split by the learner, the reader told nothing
+            folder = __import__("course_utils.jpeg_folder", fromlist=["x"]).list_jpeg_folder(file_root)
+            files, labels_ = [str(f) for f in folder.files], list(folder.labels)
+            kw = dict(files=files[shard_id::num_shards], labels=labels_[shard_id::num_shards], shuffle_after_epoch=True)
+        pipe_kw = dict(prefetch_queue_depth=prefetch) if prefetch else {}
 
-        @pipeline_def(batch_size=batch_size, num_threads=num_threads, device_id=this_gpu(device, device_id), seed=seed)
+        @pipeline_def(batch_size=batch_size, num_threads=threads or num_threads,
+                      device_id=None if device_id == "none" else this_gpu(device, device_id),
+                      seed={"per_shard": seed + shard_id, "seed": seed, "fixed": 0}[aug_seed], **pipe_kw)
         def graph():
             jpegs, labels = fn.readers.file(pad_last_batch=pad_last_batch, name=reader_name, **kw)
-            images = fn.decoders.image(jpegs, device="mixed" if device == "gpu" else "cpu",
+            images = fn.decoders.image(jpegs, device="cpu" if decoder_device == "cpu, then .gpu()" else
+                                       decoder_device or ("mixed" if device == "gpu" else "cpu"),
                                        output_type=getattr(types, output_type))
             shapes = images.shape()
+            if device == "gpu" and decoder_device == "cpu, then .gpu()":   # decoded on the CPU, cropped on the GPU
+                images = images.gpu()
             size = fixed_crop or crop
             if crop_kind == "resize":                # the whole image squeezed to size x size
                 images = fn.resize(images, size=(size, size))
@@ -351,13 +584,21 @@ def make_jpeg_pipeline(*, output_type="RGB", mean=NET_MEAN255, std=NET_STD255, s
                 images = fn.resize(images, resize_shorter=size + size // 8)
                 images = fn.crop(images, crop=(size, size))
             else:
-                images = fn.random_resized_crop(images, size=(size, size))
+                ranges = {}
+                if area is not None:
+                    ranges["random_area"] = list(area)
+                if aspect is not None:
+                    ranges["random_aspect_ratio"] = list(aspect)
+                images = fn.random_resized_crop(images, size=(size, size), **ranges)
             if shape_after_crop:
                 shapes = images.shape()
             flip = fn.random.coin_flip(probability=flip_probability) if mirror else 0
             images = fn.crop_mirror_normalize(images, mirror=flip, mean=mean, std=std, dtype=types.FLOAT,
                                               output_layout=layout)
-            return images, labels, shapes
+            if device == "gpu" and decoder_device == "cpu":
+                images = images.gpu()
+            out = {"I": images, "S": shapes, "L": labels}
+            return tuple(out[c] for c in outputs)
         return graph()
     return jpeg_pipeline
 
@@ -398,7 +639,7 @@ MUTANTS_43 = [
     Mutant("a centre crop", make_jpeg_pipeline(crop_kind="centre"), "crops a random window of each image",
            words="centre"),
     Mutant("random_shuffle, stick_to_shard", make_jpeg_pipeline(shuffle="buffer", stick_to_shard=True),
-           "every shard reads new files each epoch", words="stick_to_shard"),
+           "shuffles all the files every epoch", words="initial_fill"),
     Mutant("mirrors 35%", make_jpeg_pipeline(flip_probability=0.35), "mirrors half of the images"),
 ]
 
@@ -410,8 +651,104 @@ RANDOM_43 = {"no pad_last_batch", "fn.resize to crop x crop", "random_shuffle: a
              "random_shuffle, stick_to_shard", "mirrors 35%", "never mirrored", "files in folder order"}
 
 
+def fused_decode_and_crop(file_root, batch_size, *, crop=224, device="cpu", shard_id=0, num_shards=1, num_threads=2,
+                          seed=0):
+    """DALI's ImageNet pattern: the crop window decoded alone (fn.decoders.image_random_crop), then
+    resized; the shape peeked from the file (x-04 R3: right)."""
+    @pipeline_def(batch_size=batch_size, num_threads=num_threads, device_id=this_gpu(device), seed=seed + shard_id)
+    def graph():
+        jpegs, labels = fn.readers.file(file_root=file_root, shuffle_after_epoch=True, shuffle_after_epoch_seed=seed,
+                                        shard_id=shard_id, num_shards=num_shards, pad_last_batch=True, name="Reader")
+        shapes = fn.peek_image_shape(jpegs)
+        images = fn.decoders.image_random_crop(jpegs, device="mixed" if device == "gpu" else "cpu",
+                                               output_type=types.RGB)
+        images = fn.resize(images, size=(crop, crop))
+        images = fn.crop_mirror_normalize(images, mirror=fn.random.coin_flip(probability=0.5), mean=NET_MEAN255,
+                                          std=NET_STD255, dtype=types.FLOAT, output_layout="CHW")
+        return images, labels, shapes
+    return graph()
+
+
+# issue 37: a learner's walk (w1-04) and an expert's review (x-04). What is read from the graph (where the
+# decoding runs, the crop's ranges, the coin) or from the reader (its shards) is the same on every seed;
+# the rest (an order, flips) is decided by thousands of draws: one seed each, a few on two.
+MUTANTS_43_WALK = [
+    Mutant("decodes on the CPU for device='gpu'", make_jpeg_pipeline(decoder_device="cpu"),
+           "device='gpu' decodes on this process's GPU", words="device='mixed'"),
+    Mutant("decodes on the CPU, crops on the GPU (x-04)", make_jpeg_pipeline(decoder_device="cpu, then .gpu()"),
+           "device='gpu' decodes on this process's GPU", words="device='mixed'"),
+    Mutant("device_id=None and the CPU decoder", make_jpeg_pipeline(decoder_device="cpu", device_id="none"),
+           "device='gpu' decodes on this process's GPU", words="device='mixed'"),
+    Mutant("random_area [0.5, 1]", make_jpeg_pipeline(area=(0.5, 1.0)), "crops a random window of each image",
+           words="random_area=[0.5, 1]"),
+    Mutant("random_area [0.08, 0.5]", make_jpeg_pipeline(area=(0.08, 0.5)), "crops a random window of each image",
+           words="random_area"),
+    Mutant("random_area [0.9, 1]", make_jpeg_pipeline(area=(0.9, 1.0)), "crops a random window of each image",
+           words="random_area"),
+    Mutant("aspect ratio 1", make_jpeg_pipeline(aspect=(1.0, 1.0)), "crops a random window of each image",
+           words="random_aspect_ratio"),
+    Mutant("aspect ratio 1/2 to 2", make_jpeg_pipeline(aspect=(0.5, 2.0)), "crops a random window of each image",
+           words="random_aspect_ratio"),
+    Mutant("mirrors 53%", make_jpeg_pipeline(flip_probability=0.53), "mirrors half of the images",
+           words="probability=0.53"),
+    Mutant("mirrors 47%", make_jpeg_pipeline(flip_probability=0.47), "mirrors half of the images",
+           words="probability=0.47"),
+    Mutant("mirrors 55%", make_jpeg_pipeline(flip_probability=0.55), "mirrors half of the images",
+           words="probability=0.55"),
+    Mutant("random_shuffle, a buffer bigger than the folder", make_jpeg_pipeline(shuffle="buffer", fill=8192),
+           "every epoch is a new permutation of all files", words="random_shuffle"),
+    Mutant("random_shuffle, a big buffer, stick_to_shard", make_jpeg_pipeline(shuffle="buffer", fill=8192,
+                                                                              stick_to_shard=True),
+           "every shard reads new files each epoch", words="stick_to_shard"),
+    Mutant("a shuffle seed per shard", make_jpeg_pipeline(shuffle_seed="per_shard"), "shard_id and num_shards split the files",
+           words="different permutations"),
+    Mutant("no shuffle seed (DALI's fixed one)", make_jpeg_pipeline(shuffle_seed=None), "the order follows the seed",
+           words="shuffle_after_epoch_seed"),
+    Mutant("the same augmentation on every shard", make_jpeg_pipeline(aug_seed="seed"),
+           "each shard draws its own augmentation", words="seed + shard_id"),
+    Mutant("a fixed augmentation seed", make_jpeg_pipeline(aug_seed="fixed"), "each shard draws its own augmentation",
+           words="seed + shard_id"),
+    Mutant("outputs in another order", make_jpeg_pipeline(outputs="ISL"), "the outputs are images, labels, shapes",
+           words="in that order"),
+    Mutant("the files split by hand", make_jpeg_pipeline(split_by_hand=True), "shard_id and num_shards split the files",
+           words="num_shards=1"),
+    Mutant("CIFAR's constants", make_jpeg_pipeline(mean=CIFAR_MEAN255, std=CIFAR_STD255),
+           "each image is its file's colour, normalised", words="CIFAR-10"),
+    Mutant("one thread, whatever it is given", make_jpeg_pipeline(threads=1), "uses the threads it is given"),
+    # the near-miss rule, a second look (issue 37): ImageNet's std rounded to two decimals
+    Mutant("ImageNet's std rounded", make_jpeg_pipeline(std=[255 * 0.23, 255 * 0.22, 255 * 0.23]),
+           "values are normalised with ImageNet's mean and std", words="rounded ones"),
+    Mutant("ImageNet's mean rounded", make_jpeg_pipeline(mean=[255 * 0.49, 255 * 0.46, 255 * 0.41]),
+           "values are normalised with ImageNet's mean and std", words="rounded ones"),
+]
+RANDOM_43_WALK = {"a shuffle seed per shard", "the same augmentation on every shard"}
+
+
 def test_4_3_correct_pipeline_passes():
     passes("4.3", make_jpeg_pipeline(), range(2))
+
+
+def test_4_3_other_right_answers_pass():
+    """DALI's fused decode-and-crop with the shape peeked from the file (x-04 R3), the constants of
+    DALI's own ResNet-50 example (ImageNet's times 255, written to two decimals), and the shuffle's
+    seed derived from seed (x-04 F4)."""
+    passes("4.3", fused_decode_and_crop, [5])
+    passes("4.3", make_jpeg_pipeline(mean=[123.68, 116.28, 103.53], std=[58.395, 57.12, 57.375]), [5])
+    # x-04 F4: shuffle_after_epoch_seed derived from seed, the same in every process (it failed before)
+    passes("4.3", make_jpeg_pipeline(shuffle_seed="plus_one"), [5])
+
+
+@pytest.mark.parametrize("mutant", MUTANTS_43_WALK, ids=repr)
+def test_4_3_walk_mutants_rejected(mutant):
+    rejected("4.3", mutant, [3, 4] if mutant.name in RANDOM_43_WALK else [3])
+
+
+def test_4_3_colour_message_rounds_its_numbers():
+    """w1-04: the BGR message printed [-1.0399999618530273, 0.07000000029802322]."""
+    result = run_check("4.3", make_jpeg_pipeline(output_type="BGR"))
+    assert result.status == "fail" and "BGR" in result.message
+    assert not any(len(tok) > 8 for tok in result.message.replace("[", " ").replace("]", " ").replace(",", " ").split()
+                   if tok.lstrip("-").replace(".", "").isdigit())
 
 
 @pytest.mark.parametrize("mutant", MUTANTS_43, ids=repr)

@@ -135,12 +135,14 @@ def test_jpeg_loader_and_decoder(tmp_path):
             h, w = int(rng.integers(30, 90)), int(rng.integers(30, 90))
             Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(tmp_path / c / f"{j}.jpg")
             shapes.append((h, w, 3))
-    loader = dp.jpeg_loader(tmp_path, batch_size=4, crop=32, num_threads=2)
+    loader = dp.jpeg_loader(tmp_path, batch_size=4, crop=32, num_threads=2, last_batch="partial")
     batches = list(loader)
     assert sum(len(y) for _, y in batches) == 10 and len(loader) == 3
     assert all(x.shape[1:] == (3, 32, 32) for x, _ in batches)
     labels = torch.cat([y for _, y in batches])
     assert sorted(labels.tolist()) == [0] * 5 + [1] * 5
+    training = dp.jpeg_loader(tmp_path, batch_size=4, crop=32, num_threads=2)        # FILL: full batches only
+    assert [len(y) for _, y in training] == [4, 4, 4] and len(training) == 3
     files = sorted(tmp_path.rglob("*.jpg"))
     pipe = dp.decode_pipeline([f.read_bytes() for f in files], batch_size=4, num_threads=2)
     pipe.build()
@@ -166,3 +168,120 @@ def test_feeding_verdict_names_the_two_figures_and_follows_the_table():
     lines = dp.feeding_verdict({"torchvision 2 workers": (0.90, 0.10), "DALI CPU": (0.45, 0.60)})
     assert "torchvision 2 workers fed the device 2.0x as well as DALI CPU" in lines[-1]
     assert "about as well" in dp.feeding_verdict({"a": (0.9, 0.1), "b": (0.88, 0.1)})[-1]
+
+
+# -- issue 37: every rank the same number of steps (x-04 findings 1, 2, 5, 6, 9) -----------------
+
+def test_drop_last_gives_every_shard_the_same_number_of_full_batches():
+    """Shards differ by a record at most; with drop_last each still yields (N // S) // B batches: a
+    shard one record longer whose size the batch divides must not get one batch more (x-04 F2:
+    767 records, batch 256, 3 shards gave [0, 1, 1])."""
+    for n, batch, shards in [(767, 256, 3), (3 * 7 * 10 - 1, 10, 3), (1001, 100, 4)]:
+        sources = [dp.CifarRecordBatches(_records(n), batch, seed=1, shard_id=s, num_shards=shards, drop_last=True)
+                   for s in range(shards)]
+        counts = [len(s) for s in sources]
+        assert counts == [(n // shards) // batch] * shards, (n, batch, counts)
+        for s in sources:          # what each shard's epoch really yields: full batches, that many
+            sizes = []
+            for i in range(counts[0] + 2):
+                try:
+                    sizes.append(len(s(Info(i, 0))[2]))
+                except StopIteration:
+                    break
+            assert sizes == [batch] * counts[0]
+    # without drop_last every record comes, and the counts may differ (evaluation)
+    plain = [len(dp.CifarRecordBatches(_records(209), 10, shard_id=s, num_shards=3)) for s in range(3)]
+    assert plain == [7, 7, 7] and [len(dp.CifarRecordBatches(_records(769), 256, shard_id=s, num_shards=3))
+                                   for s in range(3)] == [1, 1, 2]
+
+
+def test_dali_threads_share_the_cores_between_the_ranks_of_a_node(monkeypatch):
+    monkeypatch.setattr(dp, "usable_cores", lambda: 16)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert dp.dali_threads() == 15
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert dp.dali_threads() == 1
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert dp.dali_threads() == 7
+    monkeypatch.setattr(dp, "usable_cores", lambda: 2)
+    assert dp.dali_threads() == 1
+
+
+def test_a_record_store_pickles_as_its_paths(tmp_path):
+    """DALI's parallel external source pickles the source for its workers: a store of files goes as
+    its paths and reopens its memory maps, not as a copy of every record (x-04 F9)."""
+    import pickle
+    a = _records(300, 1)
+    a.tofile(tmp_path / "a.bin")
+    store = dp.RecordStore([tmp_path / "a.bin"], limit=250)
+    blob = pickle.dumps(dp.CifarRecordBatches(store, 10))
+    assert len(blob) < 5_000
+    back = pickle.loads(blob)
+    assert len(back.records) == 250 and np.array_equal(back.records.take([0, 249]), a[[0, 249]])
+
+
+def _folder(root, n=29):
+    rng = np.random.default_rng(0)
+    for k in range(n):
+        d = root / f"c{k % 3}"
+        d.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (40, 40, 3), dtype=np.uint8)).save(d / f"{k:03d}.jpg")
+    return sorted(root.rglob("*.jpg"))
+
+
+@needs_dali
+@pytest.mark.dali
+def test_jpeg_loader_gives_every_rank_the_same_steps_and_whole_epochs(tmp_path):
+    """x-04 F1: 29 files, batches of 7, 2 shards (14 and 15 files): the course's loader skipped the
+    empty batch DALI's PARTIAL policy gives the shard of 14, so rank 0 ran 2 steps and rank 1 3,
+    every epoch. Now (FILL with pad_last_batch): 3 full batches on both, every file in every epoch."""
+    _folder(tmp_path)
+    loaders = [dp.jpeg_loader(tmp_path, batch_size=7, crop=32, num_threads=1, shard_id=s, num_shards=2, seed=4)
+               for s in range(2)]
+    assert [len(loader) for loader in loaders] == [3, 3]
+    for _ in range(2):
+        steps = [[len(y) for _, y in loader] for loader in loaders]
+        assert steps == [[7, 7, 7], [7, 7, 7]]
+    # an evaluation loader reads every file once; the empty batch is skipped there only
+    sizes = [[len(y) for _, y in dp.jpeg_loader(tmp_path, batch_size=7, crop=32, num_threads=1, shard_id=s,
+                                                num_shards=2, last_batch="partial")] for s in range(2)]
+    assert sizes == [[7, 7], [7, 7, 1]]
+
+
+@needs_dali
+@pytest.mark.dali
+def test_a_training_loader_never_skips_an_empty_batch(tmp_path):
+    """DaliLoader yields every batch; an empty one (PARTIAL on the shard of 14) is an error that says
+    what to do, not a step silently left out."""
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+    _folder(tmp_path)
+    pipe = dp.jpeg_train_pipeline(tmp_path, batch_size=7, crop=32, num_threads=1, shard_id=0, num_shards=2)
+    it = DALIGenericIterator(pipe, ["images", "labels"], reader_name="Reader", last_batch_policy=LastBatchPolicy.PARTIAL)
+    with pytest.raises(RuntimeError, match="FILL"):
+        list(dp.DaliLoader(it, len(it), device="cpu"))
+
+
+@needs_dali
+@pytest.mark.dali
+def test_jpeg_shards_cut_one_order_and_draw_their_own_augmentation(tmp_path):
+    """The same `seed` on every rank: the shards split one permutation (shuffle_after_epoch_seed, the
+    same in both), the order follows the seed, and each shard draws its own crops and flips from
+    seed + shard_id (x-04 F4, F5)."""
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator
+    for k in range(40):                       # a width per file: the decoded shape says which file
+        d = tmp_path / f"c{k % 2}"
+        d.mkdir(exist_ok=True)
+        Image.new("RGB", (40 + k, 36), (k, 100, 50)).save(d / f"{k:03d}.jpg")
+
+    def widths(seed, shard, shards=2):
+        pipe = dp.jpeg_train_pipeline(tmp_path, batch_size=4, crop=24, num_threads=1, seed=seed, shard_id=shard,
+                                      num_shards=shards, with_shapes=True)
+        out = DALIGenericIterator(pipe, ["images", "labels", "shapes"], reader_name="Reader")
+        return [int(w) for o in out for w in o[0]["shapes"][:, 1]], pipe
+
+    (a, p0), (b, p1) = widths(3, 0), widths(3, 1)
+    assert not set(a) & set(b) and sorted(a + b) == list(range(40, 80))
+    whole, _ = widths(3, 0, shards=1)
+    assert set(whole[:20]) == set(a)                   # shard 0 is the first half of the same permutation
+    assert widths(9, 0, shards=1)[0] != whole          # another seed, another order
+    assert p0.seed != p1.seed                          # each rank its own augmentation draws

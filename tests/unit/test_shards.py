@@ -359,6 +359,8 @@ def test_dali_reads_the_shards(shard_set, data):
     first = int(np.ceil(230 / 2))            # DALI's shard 1 starts half way through the samples
     assert np.array_equal(got, images[first:first + 50])
     assert np.array(out[1].as_tensor()).ravel().tolist() == labels[first:first + 50].tolist()
+    # int64 class indices, as F.cross_entropy wants them (a learner's walk found int32 here: issue 37)
+    assert np.array(out[1].as_tensor()).dtype == np.int64
 
 
 def test_library_split_is_what_webdataset_itself_deals(shard_set, monkeypatch):
@@ -393,3 +395,24 @@ def test_the_split_comparison_measures_every_approach_and_reaches_spawned_worker
     assert rows["course ShardReader (drop, no shuffle buffer)"].recurrence > 0.5 > course.recurrence
     assert rows["webdataset: split_by_node + split_by_worker"].same_shards
     assert rows["webdataset: resampled + with_epoch"].repeated > 0
+
+
+def test_round_verdict_needs_every_round():
+    """w1-04: one short epoch per source flipped 'faster than' / 'slower than' between runs; a verdict
+    now needs every round to agree."""
+    assert shards.round_verdict([130, 125], [100, 100])[0] == "faster than"
+    assert shards.round_verdict([80, 85], [100, 100])[0] == "slower than"
+    assert shards.round_verdict([103, 95], [100, 100])[0] == "about as fast as"
+    verdict, ratios = shards.round_verdict([150, 70], [100, 100])
+    assert verdict == "undecided (the rounds disagree) against" and ratios == [1.5, 0.7]
+
+
+def test_measure_sources_takes_turns_and_keeps_every_round(shard_set, data, tmp_path):
+    images, labels = data
+    jpegs = shards.write_jpeg_files(tmp_path / "jpeg", images, labels)
+    results = shards.measure_sources({"shards": (shards.ShardReader(shard_set, 32, last="exact"), shard_set.files),
+                                      "jpeg": (jpegs, jpegs.files)}, batch_size=32, num_workers=0, epochs=2)
+    for r in results:
+        assert len(r.warm_rounds) == 2 and r.warm_per_s == sorted(r.warm_rounds)[0] + (
+            sorted(r.warm_rounds)[1] - sorted(r.warm_rounds)[0]) / 2
+        assert len(r.cold_rounds) in (0, 2)

@@ -98,6 +98,27 @@ def test_read_verdicts_say_what_the_table_says():
     assert "decoding is 7x a warm read" in text and "a cold read costs 36.2x the decoding" in text
 
 
+def test_read_verdicts_need_every_round_and_say_when_cold_was_not_cold():
+    """w1-04: single cold passes of 60 images flipped LMDB between 'slower' and 'about the same', and
+    an HDF5 format read faster cold than warm. A verdict now needs every round; a cold pass that
+    came from memory, or beat the warm one, is said to be noise."""
+    from course_utils.storage import FormatResult, read_verdicts
+
+    def row(name, colds, warms, share=None):
+        import statistics
+        return FormatResult(name, name, 60, 1, 100_000, statistics.median(colds), statistics.median(warms),
+                            None, 1.0, 300.0, share, colds, warms)
+
+    text = "\n".join(read_verdicts([row("jpeg-files", [100, 105, 98], [5, 5, 5]),
+                                     row("lmdb-jpeg", [208, 96, 150], [0.7, 0.7, 0.7]),
+                                     row("packed-jpeg", [15, 20, 18], [1.3, 1.4, 1.2]),
+                                     row("hdf5-jpeg", [74, 70, 80], [175, 170, 180], share=0.1)]))
+    assert "lmdb-jpeg, read in order, against one file per image: cold 150.0 us (1.50x: the rounds disagree" in text
+    assert "cold 18.0 us (0.18x: faster)" in text
+    assert "medians of 3 rounds" in text
+    assert "kept the files in memory" in text and "hdf5-jpeg: read faster cold than warm here" in text
+
+
 def test_jpeg_error_structure_tells_speckle_from_structure():
     import io
 
