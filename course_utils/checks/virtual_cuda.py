@@ -27,7 +27,7 @@ and every operation finishes before the next starts. Inside `with VirtualCuda() 
   write into the pinned memory it copies from, and a host read of the pinned memory it copies
   into, is a race (`vc.races`, kind "host_write" / "host_read"), as on a GPU, where the DMA runs
   when the stream reaches it; the destination of a non-blocking copy to the host holds
-  garbage until then (NaN, or values off by one), as a GPU's would;
+  garbage until then (NaN, or zeros), as a GPU's would;
 - every call that makes the host wait for the device is logged (`vc.syncs`): `.item()`,
   `.cpu()`, `.tolist()`, `print(t)`, `torch.equal`, `nonzero`, a blocking copy,
   `torch.cuda.synchronize()`, `stream.synchronize()`, `event.synchronize()`;
@@ -202,12 +202,11 @@ def _ptr(t: torch.Tensor) -> int:
 
 
 def _poison(values: torch.Tensor) -> torch.Tensor:
-    """What a non-blocking copy's destination holds before the copy lands: never the right values."""
-    if values.dtype == torch.bool:
-        return ~values
+    """What a non-blocking copy's destination holds before the copy lands: NaN for floating point
+    (never right), zeros otherwise (what fresh pinned memory often holds: valid indices, wrong ones)."""
     if values.is_floating_point() or values.is_complex():
         return torch.full_like(values, float("nan"))
-    return values + 1
+    return torch.zeros_like(values)
 
 
 class DeviceTensor(torch.Tensor):
