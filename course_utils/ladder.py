@@ -327,8 +327,8 @@ class LadderContext:
 
         `batch_transform(images, labels)` is work for the device (beside the simulator: charged
         to it). `prefetch=True` gets the next batch ready ahead: copied on a CUDA side stream on
-        a GPU; beside the simulator, where there is no copy to make, taken from the loader by a
-        background thread (and, as a side stream's copy would, its copy overlaps the step).
+        a GPU; beside the simulator, taken from the loader by a background thread and charged no copy
+        (the simulator has no copy engine: this is the best a side stream's copy could do).
         `amp` and `channels_last` set how the step runs (beside the simulator: which of its
         measured steps it costs); `model` replaces the context's model on a real device.
         """

@@ -92,7 +92,9 @@ class Timeline:
         dev_ax, cpu_ax = axes[0], axes[1]
         who_ax = axes[2] if split and len(axes) > 2 else None
         if self.gpu_util is not None:
-            what = "simulated device busy %" if self.simulated else "GPU utilisation %"
+            # NVML's figure is the share of each sample period in which any kernel ran (however few SMs
+            # it kept busy), not how busy the GPU is; the simulator's is its exact busy share, copies included
+            what = "simulated device busy %" if self.simulated else "GPU utilisation %\n(NVML: any kernel running)"
             dev_ax.plot(self.t_s, self.gpu_util, color="tab:green", label=what)
             dev_ax.fill_between(self.t_s, self.gpu_util, color="tab:green", alpha=0.2)
             dev_ax.set_ylim(0, 105)
@@ -100,7 +102,8 @@ class Timeline:
             if self.gpu_mem_mb is not None and not self.simulated:
                 mem_ax = dev_ax.twinx()
                 mem_ax.plot(self.t_s, self.gpu_mem_mb, color="tab:purple", alpha=0.6)
-                mem_ax.set_ylabel("GPU memory MB", color="tab:purple")
+                mem_ax.set_ylabel("GPU memory used, MiB\n(NVML: every process, CUDA contexts included)",
+                                  color="tab:purple", fontsize=8)
         else:
             dev_ax.text(0.5, 0.5, "no device readings (no GPU, no simulated accelerator)",
                         ha="center", va="center", transform=dev_ax.transAxes)
@@ -110,8 +113,14 @@ class Timeline:
         else:
             dev_ax.set_title(title or self.device, fontsize=10)
         cpu = np.asarray(self.cpu_percent, dtype=float)
-        for core in range(self.cores):
-            cpu_ax.plot(self.t_s, cpu[:, core], lw=1, alpha=0.8, label=f"core {core}")
+        if self.cores <= MAX_CORE_LINES:
+            for core in range(self.cores):
+                cpu_ax.plot(self.t_s, cpu[:, core], lw=1, alpha=0.8, label=f"core {core}")
+        else:                                          # a line per core is unreadable on a big node: the spread
+            cpu_ax.fill_between(self.t_s, cpu.min(axis=1), cpu.max(axis=1), color="tab:blue", alpha=0.2,
+                                label=f"{self.cores} cores: least to most busy")
+            cpu_ax.plot(self.t_s, np.median(cpu, axis=1), color="tab:blue", lw=1, label="median core")
+            cpu_ax.legend(fontsize=7, loc="upper left", ncol=2, frameon=False)
         cpu_ax.set_ylabel("CPU % per core\n(all processes)" if split else "CPU % per core")
         if own_figure:
             cpu_ax.set_title(f"host: {self.host}", fontsize=9, loc="left")
@@ -308,6 +317,9 @@ def _cpu_seconds(proc: psutil.Process) -> float:
 def _reaped_seconds() -> float:
     t = os.times()
     return t.children_user + t.children_system
+
+
+MAX_CORE_LINES = 16   # more host cores than this are plotted as a band (least to most busy) and a median
 
 
 class UtilizationMonitor:

@@ -118,6 +118,9 @@ class BackgroundLoader:
     `(images, labels)` batch (the signature of `train`'s `batch_transform`), else
     `transform(batch)`. An exception in the
     thread is raised in the consumer; stopping early (a `break`) stops the thread.
+    The thread first makes the consumer's current CUDA device its own (a new thread starts on
+    device 0: pinning there, or a DataLoader's pin thread started there, would put a CUDA context
+    of every rank on GPU 0; pytorch#58626).
     """
 
     def __init__(self, loader, max_prefetch: int = 2, *, pin_memory: bool = False, transform=None):
@@ -134,7 +137,9 @@ class BackgroundLoader:
     def __iter__(self):
         q: queue.Queue = queue.Queue(maxsize=self.max_prefetch)
         stop = threading.Event()
-        thread = threading.Thread(target=self._produce, args=(q, stop), name="background-loader", daemon=True)
+        device = torch.cuda.current_device() if torch.cuda.is_available() else None   # the consumer's
+        thread = threading.Thread(target=self._produce, args=(q, stop, device), name="background-loader",
+                                  daemon=True)
         thread.start()
         try:
             while True:
@@ -153,7 +158,7 @@ class BackgroundLoader:
                     pass
                 thread.join(timeout=0.05)
 
-    def _produce(self, q: queue.Queue, stop: threading.Event) -> None:
+    def _produce(self, q: queue.Queue, stop: threading.Event, device: int | None = None) -> None:
         def put(item) -> bool:
             while not stop.is_set():
                 try:
@@ -164,6 +169,8 @@ class BackgroundLoader:
             return False
 
         try:
+            if device is not None:
+                torch.cuda.set_device(device)   # before anything here (pinning, iter(loader)) touches CUDA
             for batch in self.loader:
                 if stop.is_set():
                     return

@@ -33,7 +33,9 @@ when the device is free and its input has been launched, and ends its duration l
 record those times exactly, `synchronize()` sleeps (GIL released) until the queue is empty, and
 nothing is timed by a thread that could be late. So loading and overlap behave as beside a real
 GPU, a busy host slows the launches (as it would) but never the device's own work, and the
-device's busy time (`busy_seconds`, what NVML reports) is exact.
+device's busy time (`busy_seconds`: the share of time it works, copies included) is exact. NVML's
+"GPU utilisation" on a real GPU is a sampled, kernel-only version of it (the share of each 1/6 to
+1 s period in which any kernel ran, however few SMs it used): expect it to differ.
 
 Work a real GPU would do *on the device* besides the model step (normalising or augmenting a
 batch there, lesson 03) is charged as a GPU stream would run it: each tensor operation costs the
@@ -47,7 +49,17 @@ loop's `batch_transform`: computed for the first batch of each shape, charged fo
 and *simulated device memory* (`SimDeviceTensor`, what `TrainingSet.on_device(sim)` gives):
 while a training loop runs on this device, every operation on such tensors, in a loader or in
 the loop, is device work. Batches that a GPU would have to copy from host memory (anything not
-in simulated device memory) are charged the copy at the measured pinned bandwidth.
+in simulated device memory) are charged the copy at the measured pinned bandwidth, queued on the
+device's one timeline.
+
+**What it does not model: copies.** There is one timeline and no copy engine, so a copy never
+overlaps the device's compute (on a GPU a side stream's copy does), and the training loop charges
+every host batch as a *pinned, non-blocking* copy (what `pin_memory=True` gives on a GPU).
+`copy_in(batch, pinned=False)` charges the other kind, a copy from pageable memory as
+`.to(device)` makes it: the host waits for the work already queued, then for the copy, at the
+measured pageable bandwidth (6.1 GB/s on the H100 box against 52.8 pinned). Lesson 03's
+"prefetcher" rung is therefore, beside the simulator, a background thread whose batches are
+charged no copy at all (the best a side stream could do).
 
 `SimulatedAccelerator(step_ms=...)` without a profile is a plain fixed-time device (no launch
 cost), for tests and for lessons that study one effect in isolation.
@@ -98,6 +110,7 @@ class GpuProfile:
     bandwidth_gbs: float
     pinned_copy_gbs: float
     queue_kernels: int = 1024
+    pageable_copy_gbs: float = 6.1
     notes: dict = field(default_factory=dict)
 
     def step_ms(self, batch_size: int, amp: str | None = None, channels_last: bool = False,
@@ -153,6 +166,7 @@ H100 = GpuProfile(
     kernel_us=4.0,
     bandwidth_gbs=1500.0,
     pinned_copy_gbs=52.8,
+    pageable_copy_gbs=6.1,
     notes={"fp32 TF32 off, batch 128/512 (ms)": (17.7, 70.8),
            "width-8 step, batch 32: eager / CUDA graph / reduce-overhead / fused SGD (ms)": (11.0, 1.22, 4.28, 9.5)},
 )
@@ -271,7 +285,8 @@ def burn_host(seconds: float, gil_share: float = GIL_SHARE, chunk_s: float = 0.0
 
 class _KernelCost(TorchDispatchMode):
     """Counts the tensor operations run inside it and the bytes they read and write (views,
-    which move no data, are free)."""
+    which move no data, are free; an argument is counted at most at its storage's size, so a view
+    of overlapping windows is not charged once per window)."""
 
     def __init__(self):
         super().__init__()
@@ -282,8 +297,22 @@ class _KernelCost(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         if not getattr(func, "is_view", False):
             self.kernels += 1
-            self.bytes += _nbytes(args) + _nbytes(kwargs) + _nbytes(out)
+            self.bytes += _read_bytes(args) + _read_bytes(kwargs) + _nbytes(out)
         return out
+
+
+def _read_bytes(obj) -> int:
+    """The bytes an operation can read from `obj`: a tensor's, capped at its storage's size."""
+    if isinstance(obj, torch.Tensor):
+        try:
+            return min(obj.numel() * obj.element_size(), obj.untyped_storage().nbytes())
+        except (RuntimeError, NotImplementedError):
+            return obj.numel() * obj.element_size()
+    if isinstance(obj, (list, tuple)):
+        return sum(_read_bytes(o) for o in obj)
+    if isinstance(obj, dict):
+        return sum(_read_bytes(o) for o in obj.values())
+    return 0
 
 
 def _nbytes(obj) -> int:
@@ -440,6 +469,7 @@ class SimulatedAccelerator:
         self.launch_us = float(launch_us if launch_us is not None
                                else (profile.kernel_launch_us * self.scale if profile else 0.0))
         self.copy_gbs = (profile.pinned_copy_gbs / self.scale) if profile else None
+        self.pageable_copy_gbs = (profile.pageable_copy_gbs / self.scale) if profile else None
         if max_queued is None:
             max_queued = profile.queue_kernels if profile else 32
         if max_queued < 1:
@@ -600,16 +630,25 @@ class SimulatedAccelerator:
                 _ACTIVE.remove(self)
         return block()
 
-    def copy_in(self, batch) -> None:
-        """Charge the host-to-device copy a GPU would need for `batch` (its tensors' bytes at the
-        profile's pinned bandwidth, plus one launch); nothing for a fixed-time device."""
+    def copy_in(self, batch, *, pinned: bool = True) -> None:
+        """Charge the host-to-device copy a GPU would need for `batch`; nothing for a fixed-time device.
+
+        `pinned=True` (what the training loop charges): a non-blocking copy from pinned memory, its
+        tensors' bytes at the profile's pinned bandwidth plus one launch, queued; the host goes on.
+        `pinned=False`: a copy from pageable memory, as `.to(device)` makes it (a copy and a stream
+        synchronisation): the host waits for the work already queued and for the copy, at the
+        profile's pageable bandwidth. Either way the copy takes the device's one timeline: this
+        model has no copy engine, so no copy overlaps compute."""
         if self.copy_gbs is None:
             return
         nbytes = _nbytes(batch)
         if nbytes:
             self.copied_bytes += nbytes
             self._burn(self.launch_us / 1e6)
-            self.launch(self.kernel_us / 1e3 + nbytes / (self.copy_gbs * 1e9) * 1e3, units=1)
+            gbs = self.copy_gbs if pinned else self.pageable_copy_gbs
+            self.launch(self.kernel_us / 1e3 + nbytes / (gbs * 1e9) * 1e3, units=1)
+            if not pinned:
+                self.synchronize()
 
     def launch(self, ms: float, *, units: int = 1) -> None:
         """Queue `ms` of device work (`units` entries of the launch queue); blocks only while the
@@ -641,8 +680,8 @@ class SimulatedAccelerator:
         _sleep_until(tail)
 
     def busy_seconds(self) -> float:
-        """Device time spent working so far (the running piece counted up to now): what NVML's
-        utilisation integrates on a GPU."""
+        """Device time spent working so far (the running piece counted up to now), copies included:
+        exact, where NVML's utilisation on a GPU samples kernels only (see the module's docstring)."""
         with self._lock:
             now = time.perf_counter()
             self._retire(now)

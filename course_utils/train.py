@@ -112,11 +112,16 @@ def train(model: nn.Module | None, loader, *, device, steps: int | None = None, 
     bar = _progress(total, desc) if progress else None
     losses, done = [], 0
     held = device.active() if sim and hasattr(device, "active") else contextlib.nullcontext()  # the sim's device memory
+    batches = None
     try:
         with held:
             for _ in range(epochs if steps is None else 10**9):
                 done_before = done
-                for images, labels in timer.wrap(loader):
+                # kept until the last step is timed: leaving the loop early (a `break`) would otherwise
+                # close the loader's iterator at once, and a DataLoader's workers shut down inside the last
+                # timed step (seconds under spawn: x-03 C1)
+                batches = timer.wrap(loader)
+                for images, labels in batches:
                     with timer.compute():
                         if sim:
                             if not batches_on_device and not is_on_device((images, labels)):
@@ -146,6 +151,8 @@ def train(model: nn.Module | None, loader, *, device, steps: int | None = None, 
                     break  # a one-shot iterator ran out before `steps`: stop with what it gave
         timer.finish()       # the loop's one synchronisation: the device finishes the queued steps
     finally:
+        if batches is not None:
+            batches.close()  # the loader's iterator (and its workers) after the last step's end was stamped
         if bar is not None:
             bar.close()
     values = torch.stack(losses).float().cpu().tolist() if losses else []

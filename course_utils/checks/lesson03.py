@@ -13,17 +13,21 @@ side stream busy (a spinning kernel queued on it before each copy) to make a mis
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
+import threading
+import time
 import traceback
+import weakref
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from ..data import CIFAR10_MEAN, CIFAR10_STD
-from ._core import CheckFailed, _learner_line, exercise, expect_callable, expect_class, trusted
+from ._core import CheckFailed, _learner_line, calling, exercise, expect_callable, expect_class, trusted
 from ._util import forbids, fresh_rng, single_threaded
-from .virtual_cuda import MIXED_DEVICES, DeviceTensor, VirtualCuda
+from .virtual_cuda import MIXED_DEVICES, OTHER_DEVICE, DeviceTensor, VirtualCuda
 
 VIRTUAL = "the virtual CUDA device"
 
@@ -45,14 +49,28 @@ def _kind(obj) -> str:
     return f"a {type(obj).__name__}"
 
 
-def _learner_error(exc: RuntimeError, what: str):
+def _learner_error(exc: RuntimeError, what: str, *, mixed_hint: str | None = None):
     """CUDA's own errors, as raised on the virtual device, turned into the property they break."""
     text = str(exc)
-    if MIXED_DEVICES in text:
+    if OTHER_DEVICE in text:
+        return CheckFailed("uses the device it is given",
+                           f"{what}: {text.split(': ', 1)[1] if ': ' in text else text}. On a machine with several "
+                           "GPUs, \"cuda\", \"cuda:0\", .cuda() and torch.cuda.Stream() without a device all mean "
+                           "the current device, which is not always the one the code was given",
+                           "use the device passed in everywhere: .to(self.device, non_blocking=True), "
+                           "torch.cuda.Stream(self.device), torch.cuda.current_stream(self.device)")
+    if "Expected all tensors to be on the same device" in text and "cuda:0 and cuda:1" in text:
+        return CheckFailed("keeps its constants per device",
+                           f"{what}: your code mixed tensors of two CUDA devices, which CUDA refuses ({text}): "
+                           "tensors made for the first device were used for a batch on the second",
+                           mixed_hint or "key anything you keep by the device itself (str(images.device): "
+                           "'cuda:0' and 'cuda:1' are both of type 'cuda')")
+    if MIXED_DEVICES in text or ("Expected all tensors to be on the same device" in text and "cpu" in text):
         return CheckFailed("keeps all its work on the device",
                            f"{what}: your code mixed a tensor on the device with one on the host, which CUDA "
-                           f"refuses ({MIXED_DEVICES})",
-                           "make every tensor you create on images.device (torch.arange(n, device=images.device))")
+                           f"refuses ({text})",
+                           mixed_hint or "make every tensor you create on images.device "
+                           "(torch.arange(n, device=images.device))")
     if "device type for generator" in text:
         return CheckFailed("draws its random numbers on the images' device",
                            f"{what}: CUDA says: {text}",
@@ -81,7 +99,8 @@ def _learner_error(exc: RuntimeError, what: str):
 class _ScriptedLoader:
     """A re-iterable loader like a shuffling DataLoader: every pass yields new batches, made
     from the pass number and a seed, so the check knows what each pass must give. Counts how
-    many batches it has handed out in the current pass. `pin` pins every batch (as
+    many batches it has handed out in the current pass. The images are uint8, as the lesson's
+    loaders give them (a float conversion on the host shows). `pin` pins every batch (as
     `DataLoader(pin_memory=True)` does)."""
 
     def __init__(self, seed: int, n_batches: int, *, pinned_big: bool = False, pin=None):
@@ -97,7 +116,7 @@ class _ScriptedLoader:
                 images = torch.full((16 * 2**20,), float(pass_index * 100 + i + 1))
             else:
                 b = int(torch.randint(1, 9, (1,), generator=g))
-                images = torch.randn(b, 3, 5, 6, generator=g)
+                images = torch.randint(0, 256, (b, 3, 5, 6), generator=g, dtype=torch.uint8)
             labels = torch.randint(0, 10, (len(images) if not self._pinned_big else 4,), generator=g)
             out.append((images, labels))
         return out
@@ -125,17 +144,49 @@ def _as_pair(batch, where):
     return batch
 
 
-def _one_pass(pf, loader, pass_index, device, what, *, on_batch=None):
+_STOP = object()
+
+
+def _next(it, what):
+    """next(it), with a generator's StopIteration (PEP 479) said for what it is."""
+    try:
+        return next(it, _STOP)
+    except RuntimeError as exc:
+        if "generator raised StopIteration" not in str(exc):
+            raise
+        raise CheckFailed("ends cleanly", f"{what}: a next() inside your generator raised StopIteration when the "
+                          f"loader ran out{_learner_line(exc)}: inside a generator that is an error (PEP 479), "
+                          "not the end of the pass", "next(batches, None) and stop at None, or catch StopIteration "
+                          "and return") from None
+
+
+def _one_pass(pf, loader, pass_index, device, what, *, on_batch=None, stop_after=None, previous=None):
     """Iterate `pf` once; check the batches against the loader's. `on_batch(i, images, labels)`
-    runs as each batch arrives (the virtual device's checks, the consumer's reads)."""
+    runs as each batch arrives (the virtual device's checks, the consumer's reads). The check
+    keeps the values of each batch, not the batch itself: a batch the training loop is done with
+    is freed, as in a training loop. `stop_after`: end the pass early, as `train(steps=...)` does
+    with a `break`. `previous`: the batches of the pass before (to name state carried over)."""
     expected = loader._batches(pass_index)
     got = []
-    for i, batch in enumerate(itertools.islice(iter(pf), len(expected) + 3)):
+    it = iter(pf)
+    for i in range(len(expected) + 3):
+        if stop_after is not None and i >= stop_after:
+            break
+        batch = _next(it, what)
+        if batch is _STOP:
+            break
         if i >= len(expected):
             raise CheckFailed("ends cleanly", f"{what}: the loader has {len(expected)} batches, yours yielded more "
                               f"(batch {i} was {_kind(batch)})",
                               "stop (return) when the loader is exhausted instead of yielding an end marker")
         images, labels = _as_pair(batch, f"{what}, batch {i}")
+        if i == 0 and previous and loader.passes <= pass_index:
+            raise CheckFailed("starts a new pass over the loader each time it is iterated",
+                              f"{what}: after {previous[0]}, yours went on with the pass that was stopped: it did "
+                              "not call iter(loader) for the new pass",
+                              "keep the loader's iterator and the batch in flight in local variables of __iter__ (a "
+                              "generator), not on self: a `break` (train(steps=...) makes one) leaves them behind, and "
+                              "the next `for` must start afresh")
         if loader.handed_out > i + 2:
             raise CheckFailed("reads the loader as it goes", f"{what}: when batch {i} reached the consumer, yours had "
                               f"already taken {loader.handed_out} batches from the loader",
@@ -144,9 +195,22 @@ def _one_pass(pf, loader, pass_index, device, what, *, on_batch=None):
             if t.device.type != device.type:
                 raise CheckFailed("puts the tensors on the device", f"{what}, batch {i}: {name} on {t.device}, "
                                   f"expected {device.type}", "move both tensors with .to(device, non_blocking=True)")
+        want_x, want_y = expected[i]
+        for name, t, want in (("images", images, want_x), ("labels", labels, want_y)):
+            if t.dtype != want.dtype:
+                raise CheckFailed("yields the loader's batches unchanged",
+                                  f"{what}, batch {i}: the {name} are {t.dtype}, the loader's {want.dtype}: yours "
+                                  "converted them (on the host, before the copy, that is a pass over every batch "
+                                  "in the training loop and more bytes to copy)",
+                                  "copy the tensors as the loader gives them; a conversion belongs on the device, "
+                                  "in the step (as exercise 3.3's normalize does)")
         if on_batch is not None:
             on_batch(i, images, labels)
-        got.append((images, labels))
+        got.append((_values(images), _values(labels)))
+        del batch, images, labels
+    del it
+    if stop_after is not None:
+        return got
     if len(got) < len(expected) and loader.passes <= pass_index:
         raise CheckFailed("starts a new pass over the loader each time it is iterated",
                           f"{what}: the loader has {len(expected)} batches, yours yielded {len(got)}, and over "
@@ -155,16 +219,34 @@ def _one_pass(pf, loader, pass_index, device, what, *, on_batch=None):
                           "an iterator made once (in __init__) is used up by the first pass, and the next "
                           "`for batch in prefetcher` finds it empty: call iter(self.loader) inside __iter__, so "
                           "that every pass starts afresh")
+
+    def same(pair, want):
+        (x, y), (wx, wy) = pair, want
+        return (x.dtype == wx.dtype and x.shape == wx.shape and trusted.torch_equal(x, wx) and y.shape == wy.shape
+                and trusted.torch_equal(y, wy))
+
+    if previous and got and any(same(got[0], p) for p in previous[1]):
+        j = next(k for k, p in enumerate(previous[1]) if same(got[0], p))
+        raise CheckFailed("starts a new pass over the loader each time it is iterated",
+                          f"{what}: after {previous[0]}, yours began the next pass with batch {j} of the pass that "
+                          "was stopped, not with a fresh pass over the loader",
+                          "keep the loader's iterator and the batch in flight in local variables of __iter__ (a "
+                          "generator), not on self: a `break` (train(steps=...) makes one) leaves them behind, and "
+                          "the next `for` must start afresh")
     if len(got) < len(expected):
+        if got and all(same(g, w) for g, w in zip(got, expected[1:])):
+            raise CheckFailed("yields every batch", f"{what}: the loader has {len(expected)} batches, yours yielded "
+                              f"{len(got)}, from the loader's batch 1 on: the first was skipped",
+                              "the batch you take before the loop is the first one to hand out: copy it, then hand "
+                              "it out before you take the next")
         raise CheckFailed("yields every batch", f"{what}: the loader has {len(expected)} batches, yours yielded {len(got)}",
                           "the first batch is fetched before the loop and the last one is still pending when "
                           "the loader runs out: yield it before stopping")
-    for i, ((images, labels), (want_x, want_y)) in enumerate(zip(got, expected)):
-        x, y = _values(images), _values(labels)
-        if not (x.shape == want_x.shape and trusted.torch_equal(x, want_x) and y.shape == want_y.shape and trusted.torch_equal(y, want_y)):
+    for i, (pair, want) in enumerate(zip(got, expected)):
+        if not same(pair, want):
             order = ""
-            for j, (wx, _) in enumerate(expected):
-                if j != i and wx.shape == x.shape and trusted.torch_equal(x, wx):
+            for j, w in enumerate(expected):
+                if j != i and same(pair, w):
                     order = f" (it is the loader's batch {j})"
             raise CheckFailed("same batches in the same order as the loader",
                               f"{what}: yours yielded a different batch {i}{order}",
@@ -194,6 +276,29 @@ def _streams_in(*objects) -> list:
     return found
 
 
+def _passes(Prefetcher, loader, device, what, *, on_pass=None, first=0):
+    """The passes every device gets: a full pass, a second one, one stopped after two batches (as
+    `train(steps=...)` stops), and a full one after it. `on_pass(pass_index)` gives the
+    `on_batch` of each pass and the context it runs in."""
+    pf = Prefetcher(loader, device)
+    previous = None
+    for k, stop_after in enumerate((None, None, 2, None)):
+        pass_index = first + k
+        label = what + ("" if k == 0 else ", second pass" if k == 1 else ", a pass stopped after 2 batches" if k == 2
+                        else ", the pass after the stopped one")
+        on_batch, context = on_pass(k, label) if on_pass else (None, contextlib.nullcontext())
+        with context:
+            got = _one_pass(pf, loader, pass_index, device, label, on_batch=on_batch, stop_after=stop_after,
+                            previous=previous)
+        previous = (f"a pass stopped after {len(got)} batches (a `break`)", loader._batches(pass_index)) \
+            if stop_after is not None and loader._n > 2 else None
+        yield k, label, got
+    if loader.passes != 4:
+        raise CheckFailed("starts a new pass over the loader each time it is iterated",
+                          f"{what}: four passes over yours called iter(loader) {loader.passes} times",
+                          "call iter(self.loader) inside __iter__, not in __init__")
+
+
 @exercise("3.1", "A prefetcher: the next batch copied to the device on a side stream", points=2)
 @forbids("course_utils.prefetch:CudaPrefetcher.__iter__")
 @single_threaded
@@ -203,72 +308,131 @@ def check_prefetcher(Prefetcher):
     sizes = (int(rng.integers(3, 8)), 1, 0)
     for n in sizes:                      # on the CPU: the batches pass through
         loader = _ScriptedLoader(int(rng.integers(1 << 30)), n)
-        pf = Prefetcher(loader, torch.device("cpu"))
         what = f"a loader of {n} batch{'es' if n != 1 else ''} on the CPU (seed {seed})"
-        _one_pass(pf, loader, 0, torch.device("cpu"), what)
-        _one_pass(pf, loader, 1, torch.device("cpu"), what + ", second pass")   # iterable again: a new pass
-        if loader.passes != 2:
-            raise CheckFailed("starts a new pass over the loader each time it is iterated",
-                              f"{what}: two passes over yours called iter(loader) {loader.passes} times",
-                              "call iter(self.loader) inside __iter__, not in __init__")
+        for _ in _passes(Prefetcher, loader, torch.device("cpu"), what):
+            pass
+    meta_seed = int(rng.integers(1 << 30))
     for n in sizes:
         _virtual_prefetch(Prefetcher, int(rng.integers(1 << 30)), n, seed)
+    _meta_pass(Prefetcher, meta_seed, seed)
     if torch.cuda.is_available():
         _check_cuda_streams(Prefetcher)
-        return ("same batches, same order; on the CPU passed through; on CUDA (virtual and real) copied ahead "
-                "from pinned memory on a side stream the consumer waits for, record_stream called, the host "
-                "never blocked; ends and restarts cleanly. (Stream order graded on the virtual device; on this "
-                "GPU the side stream was held busy, so a missing wait_stream would have read unfinished copies.)")
-    return ("same batches, same order; on the CPU passed through; on a virtual CUDA device copied ahead from "
-            "pinned memory on a side stream the consumer waits for, record_stream called, the host never "
-            "blocked; ends and restarts cleanly. (No GPU here: on one, the check also runs it on the real device.)")
+        return ("same batches, same order; on the CPU and the meta device passed through, moved; on a virtual CUDA "
+                "device (the second of two) copied ahead from the loader's pinned memory on a side stream the "
+                "consumer waits for (for that batch's copy only), memory kept for the consumer's stream, the host "
+                "never blocked, no pinned source rewritten in flight, no batch kept; ends and restarts cleanly, also "
+                "after a pass stopped early. (On this GPU the side stream was held busy, so a missing wait_stream "
+                "would have read unfinished copies; the rest is graded on the virtual device only.)")
+    return ("same batches, same order; on the CPU and the meta device passed through, moved; on a virtual CUDA "
+            "device (the second of two) copied ahead from the loader's pinned memory on a side stream the consumer "
+            "waits for (for that batch's copy only), memory kept for the consumer's stream, the host never blocked, "
+            "no pinned source rewritten in flight, no batch kept; ends and restarts cleanly, also after a pass "
+            "stopped early. (No GPU here: on one, the check also runs it on the real device.)")
+
+
+def _meta_pass(Prefetcher, loader_seed, seed):
+    """A device that is neither the CPU nor CUDA (the meta device, which keeps shapes only, stands
+    for mps or xpu): the batches must arrive there."""
+    loader = _ScriptedLoader(loader_seed, 3)
+    device = torch.device("meta")
+    what = f"a loader of 3 batches, device {device} (a device that is not CUDA, like mps or xpu; seed {seed})"
+    try:
+        pf = Prefetcher(loader, device)
+        batches = []
+        for i, batch in enumerate(itertools.islice(iter(pf), 5)):
+            images, labels = _as_pair(batch, f"{what}, batch {i}")
+            batches.append((images.device, labels.device))
+    except CheckFailed:
+        raise
+    except Exception as exc:
+        raise CheckFailed("moves the batches to any device that is not CUDA",
+                          f"{what}: yours raised {type(exc).__name__}: {exc}{_learner_line(exc)}",
+                          "only CUDA gets a side stream: `torch.cuda.Stream(device) if device.type == \"cuda\" "
+                          "else None`; every other device gets `.to(device)`") from None
+    wrong = [i for i, (a, b) in enumerate(batches) if a.type != "meta" or b.type != "meta"]
+    if len(batches) != 3 or wrong:
+        raise CheckFailed("moves the batches to any device that is not CUDA",
+                          f"{what}: " + (f"batch {wrong[0]} stayed on {batches[wrong[0]][0]}" if wrong
+                                         else f"yours yielded {len(batches)} batches of 3"),
+                          "off CUDA, `yield images.to(self.device), labels.to(self.device)` for each batch: "
+                          "passing the loader's batches through unmoved is right on the CPU only")
 
 
 def _virtual_prefetch(Prefetcher, loader_seed, n, seed):
-    """Two passes on the virtual CUDA device: the second consumed on a stream of the consumer's own."""
-    with VirtualCuda() as vc:
-        loader = _ScriptedLoader(loader_seed, n, pin=vc._pin)
-        device = torch.device("cuda")
-        try:
-            pf = Prefetcher(loader, device)
-        except RuntimeError as exc:
-            raise _learner_error(exc, VIRTUAL) or exc
-        for pass_index in (0, 1):
-            what = (f"a loader of {n} pinned batch{'es' if n != 1 else ''} on {VIRTUAL}"
-                    + (", second pass, the training loop running on a stream of its own" if pass_index else "")
-                    + f" (seed {seed})")
-            consumer = vc.default_stream if pass_index == 0 else torch.cuda.Stream()
-            copies_at = []
+    """Four passes on the virtual CUDA device (the second of two: code for device 0 only shows):
+    the second consumed on a stream of the consumer's own, the third stopped after 2 batches."""
+    with VirtualCuda(second=True) as vc:
+        loader = _ScriptedLoader(loader_seed, n, pin=lambda t: vc._pin(t, log=False))
+        device = vc.device
+        home = torch.cuda.current_device()
+        threads = threading.active_count()
+
+        def on_pass(k, what):
+            consumer = vc.default_stream if k != 1 else torch.cuda.Stream(device)
+            log = {"what": what, "consumer": consumer, "copies_at": [], "horizons": [], "allocs": []}
+            logs.append(log)
 
             def consume(i, images, labels):
-                copies_at.append(len(vc.h2d()))
+                need = 2 * min(i + 2, loader._n)
+                if len(vc.h2d()) < need and threading.active_count() > threads:
+                    deadline = time.perf_counter() + 0.5      # a copy issued by a thread of yours: its moment to run
+                    while len(vc.h2d()) < need and time.perf_counter() < deadline:
+                        time.sleep(0.002)
+                log["copies_at"].append(len(vc.h2d()))
+                if vc.current_stream(device) is not consumer or torch.cuda.current_device() != home:
+                    raise CheckFailed("hands each batch to the training loop on the loop's own stream",
+                                      f"{what}: when batch {i} reached the training loop, the current stream was "
+                                      f"{vc.current_stream(device)!r}, not the loop's {consumer!r}: yours yields "
+                                      "inside `with torch.cuda.stream(...)`, so the loop's whole step runs on your "
+                                      "side stream (nothing overlaps, and the next copy queues behind the step)",
+                                      "leave the `with torch.cuda.stream(self.stream):` block before you yield: "
+                                      "only the copy goes inside it")
+                log["horizons"].append(consumer._horizon())
+                log["allocs"].append({images._alloc.id: images._alloc, labels._alloc.id: labels._alloc}
+                                     if isinstance(images, DeviceTensor) and isinstance(labels, DeviceTensor) else {})
+                held = [j for j in range(i - 1) if any(not a.freed for a in log["allocs"][j].values())]
+                if held:
+                    raise CheckFailed("keeps no batch the training loop is done with",
+                                      f"{what}: when batch {i} was handed out, batch {held[0]} (the loop was done "
+                                      f"with it {i - held[0] - 1} step{'s' if i - held[0] > 2 else ''} before) was "
+                                      "still referenced by yours: device memory grows by a batch every step",
+                                      "keep only the batch in flight (and the one handed out): no list of the "
+                                      "batches, no attribute that outlives the step")
                 vc.mark(images, f"batch {i}'s images")
                 vc.mark(labels, f"batch {i}'s labels")
                 images.float().mean()           # the model reads the batch at once, on its stream
                 labels.sum()
-
             vc.reset_log()
-            with vc.stream(consumer):
-                try:
-                    got = _one_pass(pf, loader, pass_index, device, what, on_batch=consume)
-                except RuntimeError as exc:
-                    raise _learner_error(exc, what) or exc
-            _judge_prefetch(vc, got, copies_at, consumer, what)
-        if loader.passes != 2:
-            raise CheckFailed("starts a new pass over the loader each time it is iterated",
-                              f"on {VIRTUAL}: two passes over yours called iter(loader) {loader.passes} times",
-                              "call iter(self.loader) inside __iter__, not in __init__")
+            return consume, vc.stream(consumer, select_device=False)     # the loop's device stays the current one
+
+        logs = []
+        what = f"a loader of {n} pinned batch{'es' if n != 1 else ''} on {VIRTUAL} {device} (seed {seed})"
+        try:
+            for k, label, got in _passes(Prefetcher, loader, device, what, on_pass=on_pass):
+                vc.settle()
+                _judge_prefetch(vc, got, logs[-1], label, full=k != 2)
+        except RuntimeError as exc:
+            raise _learner_error(exc, what) or exc
 
 
-def _judge_prefetch(vc, got, copies_at, consumer, what):
-    h2d = vc.h2d()
-    batch_bytes = sum(_values(x).numel() * _values(x).element_size() + _values(y).numel() * _values(y).element_size()
-                      for x, y in got)
-    copied = sum(c.nbytes for c in h2d)
-    if copied != batch_bytes:
-        raise CheckFailed("copies each batch to the device once", f"{what}: {copied:,} bytes copied from the host for "
-                          f"{batch_bytes:,} bytes of batches ({len(h2d)} copies)",
-                          "one .to(device, non_blocking=True) per tensor of each batch")
+def _judge_prefetch(vc, got, log, what, *, full=True):
+    h2d, consumer, copies_at = vc.h2d(), log["consumer"], log["copies_at"]
+    if full:
+        batch_bytes = sum(x.numel() * x.element_size() + y.numel() * y.element_size() for x, y in got)
+        copied = sum(c.nbytes for c in h2d)
+        if copied != batch_bytes:
+            raise CheckFailed("copies each batch to the device once", f"{what}: {copied:,} bytes copied from the "
+                              f"host for {batch_bytes:,} bytes of batches ({len(h2d)} copies)",
+                              "one .to(device, non_blocking=True) per tensor of each batch")
+    pageable = [c for c in h2d if not c.pinned]
+    if pageable:
+        raise CheckFailed("copies from the loader's pinned memory",
+                          f"{what}: {len(pageable)} of {len(h2d)} copies came from pageable memory (at "
+                          f"{pageable[0].where}): the loader's batch is pinned, but a new host tensor made from it "
+                          "(.clone(), .float(), .contiguous(), a cast) is not, and a copy from pageable memory makes "
+                          "the host stage it, whatever non_blocking says",
+                          "copy the loader's tensors themselves with .to(device, non_blocking=True); convert on the "
+                          "device")
     blocking = [c for c in h2d if not c.non_blocking]
     if blocking:
         raise CheckFailed("copies asynchronously", f"{what}: {len(blocking)} of {len(h2d)} copies were blocking "
@@ -276,10 +440,21 @@ def _judge_prefetch(vc, got, copies_at, consumer, what):
                           "from pinned memory, .to(device, non_blocking=True) queues the copy and returns at once")
     on_consumer = [c for c in h2d if c.stream == consumer.id]
     if on_consumer:
+        side_elsewhere = [s for s in vc.streams if s.index != vc.device.index and s is not vc._defaults.get(s.index)]
         raise CheckFailed("copies on a side stream", f"{what}: {len(on_consumer)} of {len(h2d)} copies were queued on "
-                          "the training loop's own stream, where the next step's kernels wait for them",
-                          "create `self.stream = torch.cuda.Stream(device)` once and copy inside "
+                          "the training loop's own stream, where the next step's kernels wait for them"
+                          + (f" (your side stream is on cuda:{side_elsewhere[0].index}, and a copy to "
+                             f"{vc.device} is queued on {vc.device}'s current stream)" if side_elsewhere else ""),
+                          "create `self.stream = torch.cuda.Stream(device)` once (with the device) and copy inside "
                           "`with torch.cuda.stream(self.stream):`")
+    extra = [s for s in vc.streams if s is not consumer and s.kernels]
+    if extra:
+        name, where = extra[0].first_kernel
+        raise CheckFailed("launches nothing on the device but the copies",
+                          f"{what}: yours ran {sum(s.kernels for s in extra)} operations besides the copies on its "
+                          f"side stream ({name} at {where}): work on every batch that the copy does not need",
+                          "the copy itself gives a new tensor on the device: .to(device, non_blocking=True), nothing "
+                          "more (no .clone(), no conversion)")
     late = [i for i, count in enumerate(copies_at[:-1]) if count < 2 * (i + 2)]
     if late:
         i = late[0]
@@ -288,24 +463,60 @@ def _judge_prefetch(vc, got, copies_at, consumer, what):
                           f"(batch {i + 1}'s copy was not among them)",
                           "start the copy of the following batch before you yield the current one, so that "
                           "it runs while the model computes")
-    if vc.races:
-        race = vc.races[0]
+    host = [r for r in vc.races if r.kind == "host_write"]
+    if host:
+        raise CheckFailed("leaves pinned memory alone while a copy from it is queued",
+                          f"{what}: {host[0].what} (at {host[0].where}): on a GPU the copy reads the memory when "
+                          "the side stream gets to it, not when .to() returns, so the batch can arrive with the next "
+                          "one's pixels",
+                          "copy from the loader's own pinned batch (each batch has its own memory), or give every "
+                          "batch a buffer of its own; refill a buffer only after an event recorded after its copy "
+                          "has completed")
+    if vc.pins:
+        raise CheckFailed("pins nothing in the training loop",
+                          f"{what}: yours pinned host memory {len(vc.pins)} times in {len(got)} batches (first at "
+                          f"{vc.pins[0]}): pinning copies the data into new page-locked memory, in the training loop",
+                          "the loader's batches are pinned already (DataLoader(pin_memory=True) pins them, in its own "
+                          "thread when it has workers): copy them as they are")
+    races = [r for r in vc.races if r.kind == "device"]
+    if races:
+        race = races[0]
         raise CheckFailed("the consumer waits for the copy",
                           f"{what}: {race.label or 'a batch'} was read on the training loop's stream before that "
-                          f"stream waited for the side stream that copies it ({len(vc.races)} such reads)",
+                          f"stream waited for the side stream that copies it ({len(races)} such reads)",
                           "before handing out a batch: torch.cuda.current_stream(device).wait_stream(self.stream) "
-                          "(the stream current when the batch is handed out, not the default one)")
-    unrecorded = vc.unrecorded()
-    if unrecorded:
-        raise CheckFailed("calls record_stream for the consumer's stream",
-                          f"{what}: {', '.join(a.label or 'a tensor' for a in unrecorded[:3])} were allocated on the "
-                          "side stream and used on the training loop's stream without record_stream: the caching "
-                          "allocator may hand their memory to the next copy while the model still reads it",
-                          "tensor.record_stream(torch.cuda.current_stream(device)) for both tensors of each batch")
+                          "(the stream current when the batch is handed out, not the default one, and with the "
+                          "device: without it, it is the current device's)")
+    for i in range(len(log["horizons"]) - 1):
+        mine, following = log["allocs"][i], log["allocs"][i + 1]
+        if not following or set(mine) & set(following):
+            continue
+        early = [c for c in h2d if c.dst in following and log["horizons"][i].get(c.stream, -1) >= c.seq]
+        if early:
+            raise CheckFailed("waits for this batch's copy only",
+                              f"{what}: before reading batch {i}, the training loop's stream waited for batch "
+                              f"{i + 1}'s copy too (queued at {early[0].where}): each step waits for the next "
+                              "batch's copy, which is what the prefetcher was to hide",
+                              "make the consumer wait (wait_stream) before you queue the next copy, or record an "
+                              "event after each batch's copy and wait for that event")
+    hazards = [a for a in vc.reuse_hazards() if a.label.startswith("batch ")]
+    if hazards:
+        recorded_elsewhere = [a for a in hazards if a.recorded]
+        detail = (f"record_stream was called for stream {sorted(recorded_elsewhere[0].recorded)} (your side stream), "
+                  "not for the training loop's, which reads them" if recorded_elsewhere
+                  else "no record_stream for the training loop's stream, and no wait of the side stream for it")
+        raise CheckFailed("keeps a batch's memory for the consumer's stream (record_stream)",
+                          f"{what}: {', '.join(a.label for a in hazards[:3])} were allocated on the side stream, "
+                          f"read on the training loop's stream, freed, and their memory handed to the next copy on "
+                          f"the side stream while the loop's reads could still be queued ({detail}): on a GPU the "
+                          "next batch can overwrite a batch the model still reads",
+                          "tensor.record_stream(torch.cuda.current_stream(device)) for both tensors of each batch, "
+                          "the consumer's stream at hand-out (or make the side stream wait for the consumer before "
+                          "each copy)")
     if vc.syncs:
         raise CheckFailed("never makes the host wait", f"{what}: the host waited for the device {len(vc.syncs)} times "
                           f"({vc.syncs[0].what} at {vc.syncs[0].where})",
-                          "wait on the device (wait_stream), not on the host (synchronize)")
+                          "wait on the device (wait_stream), not on the host (synchronize, .item(), a blocking copy)")
 
 
 HOLD_MS = 25.0       # how long the side stream is kept busy before each copy, on a real GPU
@@ -383,8 +594,12 @@ def _call_crop(fn, images, padding, generator, what, vc=None, *, defaults=False)
     before = _values(images).clone()
     if vc is not None:
         vc.reset_log()
+    n, c, h, w = images.shape
+    shape = f"images of shape {tuple(images.shape)}{' (not square)' if h != w else ''}, {images.dtype}"
     try:
-        out = fn(images) if defaults else fn(images, padding=padding, generator=generator)
+        with calling(f"random_crop_flip(images) on {shape}" if defaults else
+                     f"random_crop_flip(images, padding={padding}, generator=...) on {shape}"):
+            out = fn(images) if defaults else fn(images, padding=padding, generator=generator)
     except RuntimeError as exc:
         raise _learner_error(exc, what) or exc
     if not isinstance(out, torch.Tensor):
@@ -401,15 +616,40 @@ def _call_crop(fn, images, padding, generator, what, vc=None, *, defaults=False)
                           f"{out.dtype} on {out.device}", "use tensor ops on the images' device; no .cpu(), no .float()")
     if vc is not None:
         _no_host_traffic(vc, what, "crops")
-        budget = 16 * images.numel() * images.element_size()
-        if vc.allocated_bytes > budget:
+        batch = images.numel() * images.element_size()
+        if vc.peak_bytes > 16 * batch:
             raise CheckFailed("uses memory in proportion to the batch",
-                              f"{what}: yours allocated {vc.allocated_bytes / 2**20:.1f} MiB on the device for a "
-                              f"{images.numel() * images.element_size() / 2**20:.1f} MiB batch "
-                              f"({vc.allocated_bytes / (images.numel() * images.element_size()):.0f}x)",
+                              f"{what}: yours had {vc.peak_bytes / 2**20:.1f} MiB of device memory allocated at once "
+                              f"for a {batch / 2**20:.1f} MiB batch ({vc.peak_bytes / batch:.0f}x)",
                               "index the padded batch directly (or a strided view of its windows); do not "
                               "materialise every window of every image")
     return out
+
+
+MAX_CROP_OPS = 80     # operations on the device per call (the course's answer runs 14; a loop over the 81 offsets, 300+)
+
+
+def _launch_count(ops, on, seed):
+    """`ops`: {batch size: operations the call ran on the device}. A Python loop over the samples
+    runs more for more samples; any call that runs many is launch-bound on a GPU."""
+    (n_big, k_big), (n_small, k_small) = sorted(ops.items(), reverse=True)
+    what = f"random uint8 images 3x32x32, padding=4, on {on}: {n_small} of them, and {n_big} (seed {seed})"
+    if k_big - k_small >= (n_big - n_small) // 2:
+        per = (k_big - k_small) / (n_big - n_small)
+        raise CheckFailed("runs the same operations for any batch size (no Python loop over the samples)",
+                          f"{what}: yours ran {k_small} operations on the device for {n_small} images and {k_big} "
+                          f"for {n_big}, {per:.1f} more per sample: a Python loop over the samples. On a GPU each "
+                          f"operation is a kernel launch from the host (about 30 us): at batch 128 that is "
+                          f"{128 * per * 0.03:.0f} ms per batch, longer than the training step",
+                          "draw the offsets and flips for the whole batch at once and pick every window with one "
+                          "indexing (or torch.gather): the number of operations must not depend on N")
+    if k_big > MAX_CROP_OPS:
+        raise CheckFailed("runs a few operations per batch",
+                          f"{what}: yours ran {k_big} operations on the device for one batch (the course's answer "
+                          f"runs 14): a Python loop (over the offsets? the channels?) launches them one by one, each "
+                          f"a kernel launch of about 30 us of host time on a GPU, {k_big * 0.03:.0f} ms per batch",
+                          "index all the windows at once: padded[n_idx, :, rows, cols] with (N, H) rows and (N, W) "
+                          "columns, or torch.gather; no loop")
 
 
 def _no_host_traffic(vc, what, result):
@@ -463,12 +703,20 @@ def check_crop_flip(random_crop_flip):
                     return vc.generator(s)
                 return torch.Generator(device=device).manual_seed(int(s))
 
-            # (a) every output is an exact crop of the zero-padded input, mirrored or not
-            for n, c, h, w, p, dtype in [(96, 3, 32, 32, 4, torch.uint8), (40, 3, 11, 14, 2, torch.float32)]:
+            # (a) every output is an exact crop of the zero-padded input, mirrored or not; on the
+            # virtual device, as many operations for 40 images as for 96 (no loop over the samples)
+            ops = {}
+            for n, c, h, w, p, dtype in [(96, 3, 32, 32, 4, torch.uint8), (40, 3, 32, 32, 4, torch.uint8),
+                                         (40, 3, 11, 14, 2, torch.float32)]:
                 what = f"{n} random {dtype} images {c}x{h}x{w}, padding={p}, on {on} (seed {seed})"
                 host = torch.from_numpy(rng.integers(0, 256, (n, c, h, w), dtype=np.uint8)).to(dtype)
                 out = _call_crop(random_crop_flip, to_device(host), p, generator(rng.integers(1 << 31)), what, vc)
+                if vc is not None and h == 32:
+                    ops[n] = vc.ops
                 _exact_crops(_values(out), host, p, what)
+                del out
+            if vc is not None:
+                _launch_count(ops, on, seed)
             # (b) offsets and flips vary across samples, uniformly, in one call (where it runs on a device)
             if place != "cpu":
                 _crop_statistics(random_crop_flip, to_device, generator, rng, on, seed, vc)
@@ -478,13 +726,11 @@ def check_crop_flip(random_crop_flip):
             images = to_device(torch.from_numpy(rng.integers(0, 256, (64, 3, 32, 32), dtype=np.uint8)))
             what = f"64 images on {on}, generator seeded {s}"
             g = generator(s)
-            calls = [_values(_call_crop(random_crop_flip, images, 4, g, what + ", called twice with it", vc))
-                     for _ in range(2)]
+            calls = _two_calls(random_crop_flip, images, g, what + ", called twice with it", vc)
             torch.manual_seed(s)
             if place == "cuda":
                 torch.cuda.manual_seed(s)
-            calls += [_values(_call_crop(random_crop_flip, images, 4, None, f"64 images on {on}, generator=None, "
-                                         "called twice", vc)) for _ in range(2)]
+            calls += _two_calls(random_crop_flip, images, None, f"64 images on {on}, generator=None, called twice", vc)
             for (x, y), how in (((calls[0], calls[1]), "with the same generator"),
                                 ((calls[2], calls[3]), "with generator=None")):
                 if trusted.torch_equal(x, y):
@@ -517,6 +763,22 @@ def check_crop_flip(random_crop_flip):
             "reproducible; on a (virtual) GPU no copy from the host, nothing read back, memory in proportion.")
 
 
+def _two_calls(fn, images, generator, what, vc):
+    """Two calls in a row; the first call's result must not change when the second runs."""
+    first = _call_crop(fn, images, 4, generator, what, vc)
+    kept = _values(first).clone()
+    second = _call_crop(fn, images, 4, generator, what, vc)
+    a, b = _values(first), _values(second)
+    if a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() or not trusted.torch_equal(a, kept):
+        raise CheckFailed("returns a new tensor on every call",
+                          f"{what}: the second call changed the first call's result: yours writes every batch into "
+                          "one buffer kept between calls, so a batch still in use (the training step's, or one a "
+                          "loader prepared ahead) changes under it",
+                          "return a new tensor from every call (indexing, torch.where and F.pad each make one); "
+                          "keep nothing between calls")
+    return [kept, b.clone()]
+
+
 class _nothing:
     def __enter__(self):
         return None
@@ -525,12 +787,29 @@ class _nothing:
         return None
 
 
+def _chi2_limit(df: int, z: float = 5.2) -> float:
+    """The chi-square value that independent, uniform draws exceed with probability about 1e-7
+    (z standard deviations; Wilson and Hilferty's approximation)."""
+    k = 2 / (9 * df)
+    return df * (1 - k + z * k ** 0.5) ** 3
+
+
+def _chi2_uniform(a, b, ka, kb):
+    """Chi-square of the pairs (a, b) (values 0..ka-1, 0..kb-1) against all ka * kb pairs alike;
+    and the cell counts."""
+    counts = torch.bincount(a.long() * kb + b.long(), minlength=ka * kb).double()
+    expected = len(a) / (ka * kb)
+    return float(((counts - expected) ** 2 / expected).sum()), counts.view(ka, kb)
+
+
 def _crop_statistics(fn, to_device, generator, rng, on, seed, vc):
     n, size, p = 20_000, 12, 4
+    k = 2 * p + 1
     grid = (torch.arange(size * size, dtype=torch.float32) + 1).view(1, 1, size, size).expand(n, 1, size, size)
     what = (f"one call random_crop_flip(images) with its defaults (padding 4, generator None) on {n:,} one-channel "
             f"images {size}x{size}, on {on} (seed {seed})")
-    out = _values(_call_crop(fn, to_device(grid.contiguous()), p, None, what, vc, defaults=True))
+    images = to_device(grid.contiguous())
+    out = _values(_call_crop(fn, images, p, None, what, vc, defaults=True))
     dy, dx, flipped = _offsets_of(out, size, p)
     if (dy is not None and int(dy.min()) > 0 and int(dx.min()) > 0 and int(dy.min()) + int(dy.max()) == 2 * p
             and len(torch.unique(dy)) >= 3):          # a narrower range, centred: a smaller padding
@@ -540,8 +819,8 @@ def _crop_statistics(fn, to_device, generator, rng, on, seed, vc):
     if dy is None:
         raise CheckFailed("every output is a crop of the padded input, mirrored or not",
                           f"{what}: some outputs are not crops at an offset within 0..{2 * p}")
-    _uniform(dy, 2 * p + 1, "vertical offsets", what)
-    _uniform(dx, 2 * p + 1, "horizontal offsets", what)
+    _uniform(dy, k, "vertical offsets", what)
+    _uniform(dx, k, "horizontal offsets", what)
     share = float(flipped.float().mean())
     if not 0.485 <= share <= 0.515:      # 4.2 standard deviations of a fair coin over 20,000 samples
         raise CheckFailed("flips half the samples", f"{what}: yours flipped {share:.1%}",
@@ -560,6 +839,49 @@ def _crop_statistics(fn, to_device, generator, rng, on, seed, vc):
     if not 0.09 <= same <= 0.135:        # independent offsets agree 1/9 of the time
         raise CheckFailed("draws the two offsets independently", f"{what}: dy == dx for {same:.1%} of samples "
                           "(independent offsets: about 11%)", "draw dy and dx separately")
+    # independent draws: every pair of (dy, dx), and of an offset and the flip, as often as any other
+    chi, counts = _chi2_uniform(dy, dx, k, k)
+    if chi > _chi2_limit(k * k - 1):
+        a, b = divmod(int(counts.argmax()), k)
+        raise CheckFailed("draws the two offsets independently",
+                          f"{what}: the pairs (dy, dx) are not spread over the {k * k} combinations as independent "
+                          f"draws spread them (chi-square {chi:,.0f}; independent draws stay below "
+                          f"{_chi2_limit(k * k - 1):.0f}): dy = {a} came with dx = {b} in {int(counts[a, b])} of "
+                          f"{int(counts[a].sum())} samples (about {int(counts[a].sum()) // k} expected)",
+                          "two draws of their own, torch.randint(0, 2 * padding + 1, (n,), ...) for dy and another "
+                          "for dx: not one computed from the other")
+    for offsets, axis in ((dx, "horizontal"), (dy, "vertical")):
+        chi, counts = _chi2_uniform(offsets, flipped, k, 2)
+        if chi > _chi2_limit(2 * k - 1):
+            rates = counts[:, 1] / counts.sum(1).clamp(min=1)
+            lo, hi = int(rates.argmin()), int(rates.argmax())
+            raise CheckFailed("draws the flips independently of the offsets",
+                              f"{what}: yours flipped {float(rates[hi]):.0%} of the samples with {axis} offset {hi} "
+                              f"and {float(rates[lo]):.0%} of those with offset {lo} (independent draws: about 50% "
+                              "of each)",
+                              "a draw of its own for the flips (torch.rand(n, ...) < 0.5), not one shared with an "
+                              "offset")
+    for values, kk, name in ((dy, k, "vertical offset"), (dx, k, "horizontal offset"), (flipped, 2, "flip")):
+        chi, _ = _chi2_uniform(values[:-1], values[1:], kk, kk)
+        if chi > _chi2_limit(kk * kk - 1):
+            raise CheckFailed("draws each sample independently of the others",
+                              f"{what}: the {name} of each sample follows from the one before it (chi-square "
+                              f"{chi:,.0f} for the pairs of neighbours; independent draws stay below "
+                              f"{_chi2_limit(kk * kk - 1):.0f}): a pattern by position, not a draw",
+                              "draw all N values at once at random (torch.randint(..., (n,)), torch.rand(n) < 0.5)")
+    # a second call draws anew, sample by sample (a pattern by position is the same in every call)
+    again = _values(_call_crop(fn, images, p, None, what + ", called again", vc, defaults=True))
+    dy2, dx2, flipped2 = _offsets_of(again, size, p)
+    if dy2 is not None:
+        for first, second, name, rate in ((dy, dy2, "vertical offset", 1 / k), (dx, dx2, "horizontal offset", 1 / k),
+                                          (flipped, flipped2, "flip", 0.5)):
+            agree = float((first == second).float().mean())
+            if agree > rate + 7 * (rate * (1 - rate) / n) ** 0.5:
+                raise CheckFailed("draws new crops on every call",
+                                  f"{what}: two calls in a row gave {agree:.0%} of the samples the same {name} "
+                                  f"(independent calls agree for about {rate:.0%}): a pattern fixed by the sample's "
+                                  "position, the same in every batch",
+                                  "draw the offsets and flips at random on every call")
 
 
 def _offsets_of(out, size, p):
@@ -587,13 +909,24 @@ def _uniform(values, k, name, what):
                           f"{what}: {name} counted {counts}: nearly every sample got the same offset",
                           "draw one offset per sample (a tensor of N offsets), not one for the whole batch")
     missing = [i for i, n in enumerate(counts) if n == 0]
+    edge = max(counts[0], counts[-1]) > 2 * expected
     if missing:
+        if missing == [k - 1] and not edge:
+            hint = "torch.randint's upper bound is exclusive: offsets in 0..2*padding need high=2*padding+1"
+        elif edge:
+            hint = ("offsets drawn outside 0..2*padding and clamped pile up at the edge: draw in 0..2*padding "
+                    "directly, torch.randint(0, 2 * padding + 1, (n,), ...)")
+        else:
+            hint = "draw each offset in 0..2*padding, inclusive: torch.randint(0, 2 * padding + 1, (n,), ...)"
         raise CheckFailed("offsets cover the whole range", f"{what}: {name} {missing} never occur (counts {counts})",
-                          "torch.randint's upper bound is exclusive: offsets in 0..2*padding need high=2*padding+1")
+                          hint)
     if min(counts) < 0.85 * expected or max(counts) > 1.15 * expected:    # over 5 standard deviations
         raise CheckFailed("offsets vary across samples, uniformly",
                           f"{what}: {name} counted {counts} (about {expected:.0f} each expected)",
-                          "draw one offset per sample, uniformly over 0..2*padding, not one for the whole batch")
+                          "every offset in 0..2*padding must be as likely as any other: one "
+                          "torch.randint(0, 2 * padding + 1, (n,), ...) per axis (a sum of two draws makes the middle "
+                          "likelier, rounding a float makes the two ends half as likely, and clamping piles offsets "
+                          "up at an edge)")
 
 
 # -- 3.3 normalise uint8 on the device ----------------------------------------------------------------
@@ -611,12 +944,17 @@ def _reference_normalize(images_hwc: np.ndarray) -> torch.Tensor:
 def check_normalize(normalize_on_device):
     expect_callable(normalize_on_device, "a function normalize_on_device(images, labels) -> (images, labels)")
     rng, seed = fresh_rng()
-    places = ["cpu", "virtual"] + (["cuda"] if torch.cuda.is_available() else [])
+    # the virtual device twice: as cuda:0, then as the second of two devices (cuda:1): constants kept
+    # for one device must not be handed to the other
+    places = ["cpu", "virtual", "virtual2"] + (["cuda"] if torch.cuda.is_available() else [])
     for place in places:
-        with (VirtualCuda() if place == "virtual" else _nothing()) as vc:
-            on = VIRTUAL if place == "virtual" else place
+        with (VirtualCuda(second=place == "virtual2") if place.startswith("virtual") else _nothing()) as vc:
+            on = f"{VIRTUAL} {vc.device}" if vc is not None else place
             sizes = [(int(rng.integers(2, 6)), 4, 3), (int(rng.integers(2, 24)), 32, 32), (1, 7, 5),
                      (int(rng.integers(2, 9)), 12, 20)]
+            sizes.append(sizes[1])             # the same shape again: a buffer kept between calls shows
+            earlier = {}                       # shape -> (the last result of that shape, its values then)
+            returned = []                      # (the call, a weak reference to what it returned)
             for call, (n, h, w) in enumerate(sizes):
                 hwc = rng.integers(0, 256, (n, h, w, 3), dtype=np.uint8)
                 hwc[0, 0, 0] = (0, 0, 0)
@@ -632,7 +970,10 @@ def check_normalize(normalize_on_device):
                 try:
                     result = normalize_on_device(images, labels)
                 except RuntimeError as exc:
-                    raise _learner_error(exc, what) or exc
+                    raise _learner_error(exc, what, mixed_hint=(
+                        "keep the constants per device, keyed by the device itself (str(images.device): 'cuda:0' "
+                        "and 'cuda:1' are both of type 'cuda'), and make them there: torch.tensor(..., "
+                        "device=images.device)")) or exc
                 if not isinstance(result, (tuple, list)) or len(result) != 2:
                     raise CheckFailed("returns (images, labels)", f"{what}: yours returned {_kind(result)}",
                                       "a batch_transform returns both: `return images, labels`")
@@ -654,8 +995,32 @@ def check_normalize(normalize_on_device):
                 _compare_normalized(_values(out), hwc, host, what)
                 if vc is not None:
                     _judge_normalize_traffic(vc, call, what)
-    return ("float32 on the device, equal to ToTensor + Normalize within 1e-4, labels passed through; on a "
-            "(virtual) GPU no copy from the host after the first batch, nothing read back.")
+                before = earlier.get((n, h, w))
+                held = out._inner if isinstance(out, DeviceTensor) else out.detach()   # its memory, not the object
+                if before is not None:
+                    old, old_values = before
+                    if (old.untyped_storage().data_ptr() == held.untyped_storage().data_ptr()
+                            or not trusted.torch_equal(_values(old), old_values)):
+                        raise CheckFailed("returns a new tensor for every batch",
+                                          f"{what}: this call overwrote the result of an earlier batch of the same "
+                                          "shape: yours writes every batch into one buffer kept between calls, so a "
+                                          "batch still in use (a loader running ahead, BackgroundLoader(transform=...)) "
+                                          "changes under the model",
+                                          "return a new tensor from every call (x.float() / 255 makes one); keep only "
+                                          "the constants between calls")
+                earlier[(n, h, w)] = (held, _values(out).clone())
+                returned.append((what, weakref.ref(out)))
+                del result, out, out_labels, held
+            kept = [w for w, ref in returned if ref() is not None]
+            if kept:
+                raise CheckFailed("keeps nothing of a batch after returning it",
+                                  f"on {on} (seed {seed}): the images yours returned for {len(kept)} of "
+                                  f"{len(returned)} batches were still referenced after the calls were over and the "
+                                  f"caller had let them go ({kept[0]} first): memory grows by a batch every step",
+                                  "keep only the constants (mean and std) between calls, not the results")
+    return ("float32 on the device, equal to ToTensor + Normalize within 1e-4, labels passed through, a new tensor "
+            "every batch and nothing kept; on a (virtual) GPU, two devices in turn, no copy from the host after the "
+            "first batch, nothing read back.")
 
 
 def _compare_normalized(out, hwc, host, what):
@@ -680,8 +1045,11 @@ def _judge_normalize_traffic(vc, call, what):
         raise CheckFailed("makes no copy from the host after the first batch",
                           f"{what}: {len(h2d)} copies from the host during this call ({h2d[0].what} at {h2d[0].where})",
                           "create mean and std on the device once (per device) and keep them: "
-                          "torch.tensor(..., device=...) or .to(device) in every call copies them from the host "
-                          "for every batch, and the copy waits for the host")
+                          + ("torch.tensor(..., device=...) or .to(device) in every call is a blocking copy from the "
+                             "host: the host waits for every kernel already queued on the stream, and the GPU's "
+                             "run-ahead is lost, every batch" if h2d[0].blocks_host else
+                             "even a pinned, non_blocking copy is one more copy launched every batch, for values "
+                             "that never change"))
     if vc.d2h() or vc.reads():
         first = (vc.reads() or vc.d2h())[0]
         raise CheckFailed("never waits for the device", f"{what}: the images (or values computed from them) came back "

@@ -239,8 +239,8 @@ MUTANTS_31 = [
            "starts a new pass over the loader each time it is iterated", words="in __init__"),
     Mutant("yields images only", YieldsImagesOnly, "yields (images, labels) pairs"),
     Mutant("forgets wait_stream", NoWaitStream, "the consumer waits for the copy"),
-    Mutant("forgets record_stream", NoRecordStream, "calls record_stream for the consumer's stream"),
-    Mutant("record_stream on the side stream", RecordOnSideStream, "calls record_stream for the consumer's stream"),
+    Mutant("forgets record_stream", NoRecordStream, "keeps a batch's memory for the consumer's stream (record_stream)"),
+    Mutant("record_stream on the side stream", RecordOnSideStream, "keeps a batch's memory for the consumer's stream (record_stream)"),
     Mutant("waits the wrong way round", WaitsTheWrongWay, "the consumer waits for the copy"),
     Mutant("waits for the default stream", WaitsForTheDefaultStream, "the consumer waits for the copy"),
     Mutant("copies on the current stream", CopiesOnTheCurrentStream, "copies on a side stream"),
@@ -273,6 +273,319 @@ def test_3_1_stub_and_wrong_type():
     assert run_check("3.1", PrefetchStub).status == "not_implemented"
     result = run_check("3.1", GoodPrefetcher(range(3), "cpu"))
     assert result.status == "fail" and "a class" in result.message
+
+
+# -- issue 37: the learner's walk (w1-03) and the expert's review (x-03), their exact answers ------
+
+class YieldsInsideTheStreamContext(GoodPrefetcher):   # w1-03 M28: the loop's whole step runs on the side stream
+    def __iter__(self):
+        if self.stream is None:
+            yield from super().__iter__()
+            return
+        batches = iter(self.loader)
+        with torch.cuda.stream(self.stream):
+            following = next(batches, None)
+            upcoming = None if following is None else tuple(t.to(self.device, non_blocking=True) for t in following)
+            while upcoming is not None:
+                consumer = torch.cuda.current_stream(self.device)
+                consumer.wait_stream(self.stream)
+                for t in upcoming:
+                    t.record_stream(consumer)
+                current = upcoming
+                following = next(batches, None)
+                upcoming = None if following is None else tuple(t.to(self.device, non_blocking=True) for t in following)
+                yield current
+
+
+class StateOnTheInstance(GoodPrefetcher):     # w1-03 M41: a `break` leaves the old pass behind for the next one
+    def __init__(self, loader, device):
+        super().__init__(loader, device)
+        self.it = self.upcoming = None
+
+    def __iter__(self):
+        if self.stream is None:
+            yield from super().__iter__()
+            return
+        if self.it is None:
+            self.it = iter(self.loader)
+            following = next(self.it, None)
+            self.upcoming = None if following is None else self.copy(following)
+        while self.upcoming is not None:
+            batch = self.hand_out(self.upcoming)
+            following = next(self.it, None)
+            self.upcoming = None if following is None else self.copy(following)
+            yield batch
+        self.it = None
+
+
+class WaitsAfterTheNextCopy(GoodPrefetcher):   # w1-03 M11: step k also waits for batch k+1's copy
+    def __iter__(self):
+        if self.stream is None:
+            yield from super().__iter__()
+            return
+        batches = iter(self.loader)
+        following = next(batches, None)
+        upcoming = None if following is None else self.copy(following)
+        while upcoming is not None:
+            current = upcoming
+            following = next(batches, None)
+            upcoming = None if following is None else self.copy(following)
+            yield self.hand_out(current)
+
+
+class KeepsEveryBatch(GoodPrefetcher):         # w1-03 M40: device memory grows by an epoch
+    def __init__(self, loader, device):
+        super().__init__(loader, device)
+        self.seen = []
+
+    def __iter__(self):
+        for batch in super().__iter__():
+            self.seen.append(batch)
+            yield batch
+
+
+class PinsAgain(GoodPrefetcher):               # w1-03 M21: a host copy into new pinned memory every batch
+    def copy(self, batch):
+        with torch.cuda.stream(self.stream):
+            return tuple(t.clone().pin_memory().to(self.device, non_blocking=True) for t in batch)
+
+
+class FloatOnTheHost(GoodPrefetcher):          # w1-03 M19: converted on the host (pageable, 4x the bytes)
+    def copy(self, batch):
+        images, labels = batch
+        with torch.cuda.stream(self.stream):
+            return images.float().to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
+
+
+class PageableClone(GoodPrefetcher):           # w1-03 M26: a copy from pageable memory stages on the host
+    def copy(self, batch):
+        with torch.cuda.stream(self.stream):
+            return tuple(t.clone().to(self.device, non_blocking=True) for t in batch)
+
+
+class PassesThroughOffCuda(GoodPrefetcher):    # w1-03 M15: right on the CPU only
+    def __iter__(self):
+        if self.stream is None:
+            yield from self.loader
+            return
+        yield from super().__iter__()
+
+
+class DeviceZero(GoodPrefetcher):              # w1-03 M20: "cuda:0" written into the code
+    def copy(self, batch):
+        with torch.cuda.stream(self.stream):
+            return tuple(t.to("cuda:0", non_blocking=True) for t in batch)
+
+
+class StreamWithoutDevice(GoodPrefetcher):     # w1-03 M29: torch.cuda.Stream() is the current device's
+    def __init__(self, loader, device):
+        super().__init__(loader, device)
+        if self.stream is not None:
+            self.stream = torch.cuda.Stream()
+
+
+class CloneOnTheDevice(GoodPrefetcher):        # w1-03 M39: a device copy of every batch for nothing
+    def copy(self, batch):
+        with torch.cuda.stream(self.stream):
+            return tuple(t.to(self.device, non_blocking=True).clone() for t in batch)
+
+
+class ReusedPinnedStaging(GoodPrefetcher):     # x-03 X1: the host refills a buffer a queued copy still reads
+    def __iter__(self):
+        if self.stream is None:
+            yield from super().__iter__()
+            return
+        buffers = {}
+        batches = iter(self.loader)
+
+        def stage(t):
+            key = (tuple(t.shape), t.dtype)
+            if key not in buffers:
+                buffers[key] = torch.empty(t.shape, dtype=t.dtype).pin_memory()
+            buffers[key].copy_(t)
+            return buffers[key]
+
+        def copy_next():
+            following = next(batches, None)
+            if following is None:
+                return None
+            with torch.cuda.stream(self.stream):
+                return tuple(stage(t).to(self.device, non_blocking=True) for t in following)
+
+        upcoming = copy_next()
+        while upcoming is not None:
+            batch, upcoming = self.hand_out(upcoming), copy_next()
+            yield batch
+
+
+class RecordsOnTheSideStream(RecordOnSideStream):   # w1-03 M9's message: record_stream on the wrong stream
+    pass
+
+
+class DropsTheFirst(GoodPrefetcher):           # w1-03 M23: the first batch fetched, then fetched over
+    def __iter__(self):
+        batches = iter(self.loader)
+        next(batches, None)
+        if self.stream is None:
+            for images, labels in batches:
+                yield images.to(self.device), labels.to(self.device)
+            return
+        following = next(batches, None)
+        upcoming = None if following is None else self.copy(following)
+        while upcoming is not None:
+            batch = self.hand_out(upcoming)
+            following = next(batches, None)
+            upcoming = None if following is None else self.copy(following)
+            yield batch
+
+
+class UnguardedNext(GoodPrefetcher):           # w1-03 M18: next() without a default in a generator
+    def __iter__(self):
+        if self.stream is None:
+            yield from super().__iter__()
+            return
+        batches = iter(self.loader)
+        upcoming = self.copy(next(batches))
+        while upcoming is not None:
+            batch = self.hand_out(upcoming)
+            following = next(batches, None)
+            upcoming = None if following is None else self.copy(following)
+            yield batch
+
+
+# right answers the reports list (GPU-right): they must pass
+class EventAfterTheCopy(GoodPrefetcher):       # w1-03 M36, x-03 X2: the consumer waits for an event
+    def copy(self, batch):
+        out = super().copy(batch)
+        event = torch.cuda.Event()
+        event.record(self.stream)
+        self.events[id(out)] = event
+        return out
+
+    def hand_out(self, batch):
+        consumer = torch.cuda.current_stream(self.device)
+        consumer.wait_event(self.events.pop(id(batch)))
+        for t in batch:
+            t.record_stream(consumer)
+        return batch
+
+    def __iter__(self):
+        self.events = {}
+        yield from super().__iter__()
+
+
+class AllocatedOnTheConsumer(GoodPrefetcher):  # x-03 X3: no record_stream, a wait back instead (torch's preferred)
+    def copy(self, batch):
+        consumer = torch.cuda.current_stream(self.device)
+        dst = tuple(torch.empty(t.shape, dtype=t.dtype, device=self.device) for t in batch)
+        self.stream.wait_stream(consumer)
+        with torch.cuda.stream(self.stream):
+            for d, t in zip(dst, batch):
+                d.copy_(t, non_blocking=True)
+        return dst
+
+    def hand_out(self, batch):
+        torch.cuda.current_stream(self.device).wait_stream(self.stream)
+        return batch
+
+
+class CopiesFromAThread(GoodPrefetcher):       # x-03 X4: a helper thread issues the copies, one ahead
+    def __iter__(self):
+        import queue
+        import threading
+        if self.stream is None:
+            yield from super().__iter__()
+            return
+        batches = iter(self.loader)
+        requests, results = queue.Queue(), queue.Queue()
+
+        def worker():
+            while requests.get():
+                following = next(batches, None)
+                if following is None:
+                    results.put(None)
+                    return
+                with torch.cuda.stream(self.stream):
+                    out = tuple(t.to(self.device, non_blocking=True) for t in following)
+                    event = torch.cuda.Event()
+                    event.record(self.stream)
+                results.put((out, event))
+
+        threading.Thread(target=worker, daemon=True).start()
+        requests.put(True)
+        try:
+            while True:
+                item = results.get()
+                if item is None:
+                    return
+                batch, event = item
+                consumer = torch.cuda.current_stream(self.device)
+                consumer.wait_event(event)
+                for t in batch:
+                    t.record_stream(consumer)
+                requests.put(True)
+                yield batch
+        finally:
+            requests.put(False)
+
+
+class WaitsBackBeforeEachCopy(GoodPrefetcher):   # x-03 X6: the side stream also waits for the consumer
+    def copy(self, batch):
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        return super().copy(batch)
+
+
+class RecordsThenWaits(GoodPrefetcher):        # w1-03 M33: the order of the two calls does not matter
+    def hand_out(self, batch):
+        consumer = torch.cuda.current_stream(self.device)
+        for t in batch:
+            t.record_stream(consumer)
+        consumer.wait_stream(self.stream)
+        return batch
+
+
+class NewStreamEveryBatch(GoodPrefetcher):     # w1-03 M34: harmless (torch.cuda.Stream() draws from a pool)
+    def copy(self, batch):
+        self.stream = torch.cuda.Stream(self.device)
+        return super().copy(batch)
+
+
+MUTANTS_31_WALKED = [
+    Mutant("yields inside the stream context", YieldsInsideTheStreamContext,
+           "hands each batch to the training loop on the loop's own stream", words="yields inside"),
+    Mutant("state kept on the instance across a break", StateOnTheInstance,
+           "starts a new pass over the loader each time it is iterated", words="went on with the pass that was stopped"),
+    Mutant("waits after queuing the next copy", WaitsAfterTheNextCopy, "waits for this batch's copy only",
+           words="waited for batch 1's copy too"),
+    Mutant("keeps every batch", KeepsEveryBatch, "keeps no batch the training loop is done with"),
+    Mutant("pins every batch again", PinsAgain, "pins nothing in the training loop"),
+    Mutant("float32 on the host", FloatOnTheHost, "yields the loader's batches unchanged", words="torch.uint8"),
+    Mutant("copies a pageable clone", PageableClone, "copies from the loader's pinned memory", words="pageable"),
+    Mutant("passes batches through unmoved off CUDA", PassesThroughOffCuda,
+           "moves the batches to any device that is not CUDA", words="meta"),
+    Mutant("\"cuda:0\" written in", DeviceZero, "uses the device it is given", words="cuda:0"),
+    Mutant("a stream made without the device", StreamWithoutDevice, "copies on a side stream",
+           words="your side stream is on cuda:0"),
+    Mutant("clones the batch on the device", CloneOnTheDevice, "launches nothing on the device but the copies",
+           words="aten.clone"),
+    Mutant("one pinned staging buffer, refilled", ReusedPinnedStaging,
+           "leaves pinned memory alone while a copy from it is queued", words="still copying"),
+    Mutant("record_stream for the side stream", RecordsOnTheSideStream,
+           "keeps a batch's memory for the consumer's stream (record_stream)", words="your side stream"),
+    Mutant("skips the first batch", DropsTheFirst, "yields every batch", words="the first was skipped"),
+    Mutant("next() without a default in the generator", UnguardedNext, "ends cleanly", words="PEP 479"),
+]
+
+
+def test_3_1_right_answers_of_the_reports_pass():
+    for answer in (EventAfterTheCopy, AllocatedOnTheConsumer, CopiesFromAThread, WaitsBackBeforeEachCopy,
+                   RecordsThenWaits, NewStreamEveryBatch):
+        passes("3.1", answer, SEEDS[:2])
+
+
+@pytest.mark.parametrize("mutant", MUTANTS_31_WALKED, ids=repr)
+def test_3_1_walked_mutants_rejected(mutant):
+    rejected("3.1", mutant, SEEDS)
 
 
 # -- 3.2 ------------------------------------------------------------------------------------------
@@ -522,6 +835,158 @@ def test_3_2_stub_and_wrong_type():
     assert run_check("3.2", torch.zeros(3)).status == "fail"
 
 
+# -- issue 37: the learner's walk (w1-03) and the expert's review (x-03), their exact answers ------
+
+def reuses_the_draw_for_the_flip(images, padding=4, generator=None):   # w1-03 M48: flip exactly when dx <= 4
+    n, dev = len(images), images.device
+    dy = torch.randint(0, 2 * padding + 1, (n,), device=dev, generator=generator)
+    r = torch.rand(n, device=dev, generator=generator)
+    return _crop_with(images, padding, dy, (r * (2 * padding + 1)).long(), r < 0.5)
+
+
+def dx_mirrors_dy(images, padding=4, generator=None):                  # w1-03 M50: dy == dx only 1/9 of the time
+    dy, _, flip = _draws(len(images), padding, images.device, generator)
+    return _crop_with(images, padding, dy, 2 * padding - dy, flip)
+
+
+def offsets_by_position(images, padding=4, generator=None):            # uniform, independent of dx, but a pattern
+    n, dev = len(images), images.device
+    _, dx, flip = _draws(n, padding, dev, generator)
+    return _crop_with(images, padding, torch.arange(n, device=dev) % (2 * padding + 1), dx, flip)
+
+
+def flips_by_a_fixed_random_pattern(images, padding=4, generator=None):  # random-looking, the same every call
+    dy, dx, _ = _draws(len(images), padding, images.device, generator)
+    fixed = torch.Generator(device=images.device).manual_seed(0)
+    return _crop_with(images, padding, dy, dx, torch.rand(len(images), device=images.device, generator=fixed) < 0.5)
+
+
+_BUFFER = {}
+
+
+def reused_output_buffer(images, padding=4, generator=None):          # w1-03 M53: the next call overwrites it
+    out = crop_flip(images, padding, generator)
+    key = (tuple(out.shape), out.dtype, str(out.device))
+    if key not in _BUFFER:
+        _BUFFER[key] = torch.empty_like(out)
+    _BUFFER[key].copy_(out)
+    return _BUFFER[key]
+
+
+def python_loop_with_device_indices(images, padding=4, generator=None):   # x-03 X20: no sync, 4 launches a sample
+    n, c, h, w = images.shape
+    dev = images.device
+    dy, dx, flip = _draws(n, padding, dev, generator)
+    padded = F.pad(images, (padding,) * 4)
+    rows = dy[:, None] + torch.arange(h, device=dev)
+    base = torch.arange(w, device=dev)
+    cols = torch.where(flip[:, None], base.flip(0), base) + dx[:, None]
+    out = []
+    for i in range(n):
+        sample = padded[i].index_select(1, rows[i]).index_select(2, cols[i])
+        out.append(sample)
+    return torch.stack(out)
+
+
+def loop_over_the_offsets(images, padding=4, generator=None):          # x-03 X21: 81 offsets, launch after launch
+    n, c, h, w = images.shape
+    dev = images.device
+    dy, dx, flip = _draws(n, padding, dev, generator)
+    padded = F.pad(images, (padding,) * 4)
+    out = torch.zeros_like(images)
+    for y in range(2 * padding + 1):
+        for x in range(2 * padding + 1):
+            pick = ((dy == y) & (dx == x)).view(n, 1, 1, 1)
+            out = torch.where(pick, padded[:, :, y:y + h, x:x + w], out)
+    return torch.where(flip.view(n, 1, 1, 1), out.flip(-1), out)
+
+
+def clamped_offsets(images, padding=4, generator=None):               # w1-03 M46: -p..p clamped at 0
+    n, dev = len(images), images.device
+    dy, _, flip = _draws(n, padding, dev, generator)
+    dx = torch.randint(-padding, padding + 1, (n,), device=dev, generator=generator).clamp(min=0)
+    return _crop_with(images, padding, dy, dx, flip)
+
+
+def square_images_assumed(images, padding=4, generator=None):         # w1-03 M17: w used for the rows as well
+    n, c, h, w = images.shape
+    dev = images.device
+    dy, dx, flip = _draws(n, padding, dev, generator)
+    padded = F.pad(images, (padding,) * 4)
+    rows = dy[:, None] + torch.arange(w, device=dev)
+    base = torch.arange(w, device=dev)
+    cols = torch.where(flip[:, None], base.flip(0), base) + dx[:, None]
+    out = padded[torch.arange(n, device=dev)[:, None, None], :, rows[:, :, None], cols[:, None, :]]
+    return out.permute(0, 3, 1, 2).contiguous()
+
+
+# right answers the reports list: they must pass (GPU-right)
+def where_with_python_numbers(images, padding=4, generator=None):     # w1-03: torch.where(flip, -1, 1)
+    n, c, h, w = images.shape
+    dev = images.device
+    dy, dx, flip = _draws(n, padding, dev, generator)
+    padded = F.pad(images, (padding,) * 4)
+    step, start = torch.where(flip, -1, 1), torch.where(flip, w - 1, 0)
+    cols = dx[:, None] + start[:, None] + step[:, None] * torch.arange(w, device=dev)
+    rows = dy[:, None] + torch.arange(h, device=dev)
+    out = padded[torch.arange(n, device=dev)[:, None, None], :, rows[:, :, None], cols[:, None, :]]
+    return out.permute(0, 3, 1, 2).contiguous()
+
+
+def bernoulli_flips(images, padding=4, generator=None):               # x-03 X23: torch.bernoulli with the generator
+    n, dev = len(images), images.device
+    dy, dx, _ = _draws(n, padding, dev, generator)
+    flip = torch.bernoulli(torch.full((n,), 0.5, device=dev), generator=generator).bool()
+    return _crop_with(images, padding, dy, dx, flip)
+
+
+def grid_sample_nearest(images, padding=4, generator=None):          # w1-03 M26/M47: exact with nearest sampling
+    n, c, h, w = images.shape
+    dev = images.device
+    dy, dx, flip = _draws(n, padding, dev, generator)
+    theta = torch.zeros(n, 2, 3, device=dev)
+    theta[:, 0, 0] = torch.where(flip, -1.0, 1.0)
+    theta[:, 1, 1] = 1.0
+    theta[:, 0, 2] = (dx - padding).float() * 2 / w
+    theta[:, 1, 2] = (dy - padding).float() * 2 / h
+    grid = F.affine_grid(theta, (n, c, h, w), align_corners=False)
+    out = F.grid_sample(images.float(), grid, mode="nearest", padding_mode="zeros", align_corners=False)
+    return out.round().to(images.dtype)
+
+
+def one_draw_for_both_offsets(images, padding=4, generator=None):   # w1-03 M23: one randint of shape (2, n)
+    n = len(images)
+    d = torch.randint(0, 2 * padding + 1, (2, n), device=images.device, generator=generator)
+    flip = torch.randint(0, 2, (n,), device=images.device, generator=generator).bool()
+    return _crop_with(images, padding, d[0], d[1], flip)
+
+
+MUTANTS_32_WALKED = [
+    Mutant("one draw for dx and the flip", reuses_the_draw_for_the_flip, "draws the flips independently of the offsets"),
+    Mutant("dx mirrors dy", dx_mirrors_dy, "draws the two offsets independently", words="81 combinations"),
+    Mutant("offsets by position", offsets_by_position, "draws each sample independently of the others"),
+    Mutant("a fixed pattern of flips", flips_by_a_fixed_random_pattern, "draws new crops on every call",
+           words="the same flip"),
+    Mutant("one output buffer, reused", reused_output_buffer, "returns a new tensor on every call"),
+    Mutant("a Python loop over the samples, no sync", python_loop_with_device_indices,
+           "runs the same operations for any batch size (no Python loop over the samples)"),
+    Mutant("a loop over the offsets", loop_over_the_offsets, "runs a few operations per batch"),
+    Mutant("offsets clamped at 0", clamped_offsets, "offsets cover the whole range", words="clamped"),
+    Mutant("square images assumed", square_images_assumed, "IndexError", status="error", words="not square"),
+]
+
+
+def test_3_2_right_answers_of_the_reports_pass():
+    for i, fn in enumerate((where_with_python_numbers, bernoulli_flips, grid_sample_nearest,
+                            one_draw_for_both_offsets)):
+        passes("3.2", fn, [SEEDS[i % 3]])
+
+
+@pytest.mark.parametrize("mutant", MUTANTS_32_WALKED, ids=repr)
+def test_3_2_walked_mutants_rejected(mutant):
+    rejected("3.2", mutant, [MUTANTS_32_WALKED.index(mutant) % 6])   # each failure is decided by the answer's structure
+
+
 # -- 3.3 ------------------------------------------------------------------------------------------
 
 _CONSTANTS = {}
@@ -660,3 +1125,98 @@ def test_3_3_mutants_rejected(mutant):
 
 def test_3_3_stub():
     assert run_check("3.3", normalize_stub).status == "not_implemented"
+
+
+# -- issue 37: the learner's walk (w1-03) and the expert's review (x-03), their exact answers ------
+
+_BY_TYPE = {}
+
+
+def constants_keyed_by_device_type(images, labels):     # w1-03 M12: right while there is one GPU
+    key = images.device.type
+    if key not in _BY_TYPE:
+        _BY_TYPE[key] = (torch.tensor(CIFAR10_MEAN, device=images.device).view(1, 3, 1, 1),
+                         torch.tensor(CIFAR10_STD, device=images.device).view(1, 3, 1, 1))
+    mean, std = _BY_TYPE[key]
+    return (images.float() / 255 - mean) / std, labels
+
+
+_ONCE = []
+
+
+def constants_made_once_anywhere(images, labels):       # w1-03 M2: the first call's device wins
+    if not _ONCE:
+        _ONCE.append(_consts(images.device))
+    mean, std = _ONCE[0]
+    return (images.float() / 255 - mean) / std, labels
+
+
+_OUT = {}
+
+
+def reused_output_buffer_33(images, labels):            # w1-03 M42: the next batch overwrites the last
+    mean, std = _consts(images.device)
+    key = (tuple(images.shape), str(images.device))
+    if key not in _OUT:
+        _OUT[key] = torch.empty(images.shape, dtype=torch.float32, device=images.device)
+    out = _OUT[key]
+    torch.div(images, 255, out=out)
+    return out.sub_(mean).div_(std), labels
+
+
+_KEPT = []
+
+
+def keeps_its_outputs(images, labels):                  # w1-03 M43: memory grows by a batch a step
+    out, labels = good_normalize(images, labels)
+    _KEPT.append(out)
+    return out, labels
+
+
+def pinned_constants_copied_every_call(images, labels):  # x-03 X42: no host wait, but a copy every batch
+    if not images.is_cuda:
+        return good_normalize(images, labels)
+    mean = HOST_MEAN.pin_memory().to(images.device, non_blocking=True)
+    std = HOST_STD.pin_memory().to(images.device, non_blocking=True)
+    return (images.float() / 255 - mean) / std, labels
+
+
+# right answers the reports list: they must pass
+def one_kernel_addcmul(images, labels):                  # x-03 X40: folded constants, one kernel on a GPU
+    mean, std = _consts(images.device)
+    key = "folded " + str(images.device)
+    if key not in _CONSTANTS:
+        _CONSTANTS[key] = (-mean / std, 1 / (255 * std))
+    shift, scale = _CONSTANTS[key]
+    return torch.addcmul(shift, images, scale), labels
+
+
+def python_numbers_per_channel(images, labels):          # x-03 X41, w1-03 C1
+    x = images.float() / 255
+    return torch.stack([(x[:, c] - CIFAR10_MEAN[c]) / CIFAR10_STD[c] for c in range(3)], 1), labels
+
+
+MUTANTS_33_WALKED = [
+    Mutant("constants keyed by the device type", constants_keyed_by_device_type, "keeps its constants per device",
+           words="cuda:0 and cuda:1"),
+    Mutant("constants made once, for the first device", constants_made_once_anywhere,
+           "keeps all its work on the device", words="keep the constants per device"),
+    Mutant("one output buffer, reused", reused_output_buffer_33, "returns a new tensor for every batch"),
+    Mutant("keeps its outputs", keeps_its_outputs, "keeps nothing of a batch after returning it"),
+    Mutant("pinned constants copied every call", pinned_constants_copied_every_call,
+           "makes no copy from the host after the first batch", words="one more copy launched every batch"),
+    Mutant("constants made every call (the message)", constants_every_call,
+           "makes no copy from the host after the first batch", words="the host waits for every kernel"),
+]
+
+
+def test_3_3_right_answers_of_the_reports_pass():
+    for answer in (one_kernel_addcmul, python_numbers_per_channel):
+        passes("3.3", answer, SEEDS)
+
+
+@pytest.mark.parametrize("mutant", MUTANTS_33_WALKED, ids=repr)
+def test_3_3_walked_mutants_rejected(mutant):
+    _BY_TYPE.clear()
+    _ONCE.clear()
+    rejected("3.3", mutant, SEEDS)

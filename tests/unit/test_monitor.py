@@ -278,3 +278,25 @@ def test_synthetic_timelines_carry_the_course_s_own_cores():
             assert (tl.ours_cores <= tl.cpu_percent.sum(axis=1) / 100 + 1e-9).all()
     busy = synthetic_timeline("sync-bound", cores=2, rng=np.random.default_rng(0), others=1.0)
     assert busy.cpu_percent.mean() > 90 and busy.ours_cores.mean() < 1.2           # a shared machine
+
+
+def test_a_big_nodes_cores_are_a_band_and_nvml_readings_say_what_they_are():
+    """x-03 D3/D5: a line per core is unreadable on a 200-core node; NVML's utilisation is 'any kernel
+    running' and its memory is MiB used by every process, contexts included."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = np.arange(20) * 0.1
+    timeline = monitor_module.Timeline(t_s=t, cpu_percent=np.random.default_rng(0).uniform(0, 100, (20, 224)),
+                                       gpu_util=np.full(20, 50.0), gpu_mem_mb=np.full(20, 900.0), device="cuda:0")
+    fig = timeline.plot()
+    dev_ax, cpu_ax = fig.axes[0], fig.axes[1]
+    assert len(cpu_ax.lines) == 1 and "224 cores" in " ".join(h.get_label() for h in cpu_ax.collections)
+    assert "any kernel running" in dev_ax.get_ylabel()
+    assert any("MiB" in a.get_ylabel() and "CUDA contexts" in a.get_ylabel() for a in fig.axes)
+    plt.close(fig)
+    small = monitor_module.Timeline(t_s=t, cpu_percent=np.zeros((20, 4)))
+    fig = small.plot()
+    assert len(fig.axes[1].lines) == 4
+    plt.close(fig)

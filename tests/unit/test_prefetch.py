@@ -129,3 +129,23 @@ def test_cuda_prefetcher_copies_on_a_side_stream():
     assert all(g[0].is_cuda and g[1].is_cuda for g in got)
     assert all(torch.equal(g[0].cpu(), w[0]) for g, w in zip(got, loader.batches(0)))
     assert len(list(pf)) == 4
+
+
+def test_the_background_thread_uses_the_consumers_cuda_device(monkeypatch):
+    """x-03 C2: a new thread starts on CUDA device 0; pinning there (or a DataLoader's pin thread
+    started there) put a CUDA context of every rank on GPU 0. The thread takes the consumer's device
+    before it touches the loader."""
+    local = threading.local()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: getattr(local, "device", 0))
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: setattr(local, "device", d))
+    seen = []
+
+    class Loader:
+        def __iter__(self):
+            seen.append(torch.cuda.current_device())   # where iter(loader) runs: the loader's thread
+            yield torch.zeros(2), torch.zeros(2)
+
+    torch.cuda.set_device(3)                           # this rank's GPU, in the consumer's thread
+    assert len(list(BackgroundLoader(Loader()))) == 1
+    assert seen == [3], seen

@@ -245,6 +245,37 @@ def test_copies_from_the_host_are_charged_at_the_pinned_bandwidth():
     assert fixed.copied_bytes == 0, "a plain fixed-time device charges no copies"
 
 
+def test_a_copy_from_pageable_memory_blocks_the_host_at_the_pageable_bandwidth():
+    """x-03 D1: `.to(device)` from pageable memory waits for the queued work and for the copy
+    (6.1 GB/s on the H100 box); the pinned copy is queued and the host goes on."""
+    device = SimulatedAccelerator(profile=H100, scale=1.0)
+    batch = (torch.zeros(64, 3, 224, 224, dtype=torch.uint8),)        # 9.2 MiB: 1.6 ms pageable, 0.18 pinned
+    nbytes = batch[0].nbytes
+    device.launch(30.0)                                                 # 30 ms of work already queued
+    t0 = time.perf_counter()
+    device.copy_in(batch)
+    assert time.perf_counter() - t0 < 0.02, "a pinned copy is queued: the host goes on"
+    device.synchronize()
+    busy = device.busy_seconds()
+    device.launch(30.0)
+    t0 = time.perf_counter()
+    device.copy_in(batch, pinned=False)
+    waited = time.perf_counter() - t0
+    assert waited >= 0.030 + nbytes / 6.1e9 * 0.9, waited             # the queue, then the copy
+    assert device.busy_seconds() - busy == pytest.approx(0.030 + H100.kernel_us / 1e6 + nbytes / 6.1e9, rel=0.01)
+
+
+def test_a_view_of_overlapping_windows_is_charged_at_most_its_storage():
+    """x-03 D4: a gather through an as_strided view of 81 windows read 81x the batch's bytes."""
+    images = torch.zeros(16, 3, 40, 40)
+    windows = images.as_strided((16, 3, 9, 9, 32, 32), (4800, 1600, 40, 1, 40, 1))
+    with simmod._KernelCost() as cost:
+        windows.amax(dim=(2, 3))                                        # reads every window
+    out = 16 * 3 * 32 * 32 * 4
+    assert cost.kernels == 1
+    assert cost.bytes <= images.nbytes + out, cost.bytes
+
+
 def test_burn_host_spends_cpu_time_and_lets_other_threads_run():
     cpu0 = time.thread_time()
     burn_host(0.02)

@@ -97,3 +97,26 @@ def test_a_one_shot_iterator_that_runs_out_stops_the_loop(sim):
     x, y = torch.zeros(4, 3, 32, 32), torch.zeros(4, dtype=torch.long)
     result = train(None, iter([(x, y)] * 3), device=sim, steps=10, progress=False)
     assert result.steps == 3
+
+
+def test_closing_the_loader_after_an_early_stop_is_not_timed():
+    """x-03 C1: leaving the loop with a `break` closed the loader's iterator at once, and a
+    DataLoader's workers shut down (seconds under spawn) inside the last timed step."""
+    from course_utils.sim import SimulatedAccelerator
+
+    closed_at = []
+
+    class SlowToClose:
+        def __iter__(self):
+            try:
+                while True:
+                    yield torch.zeros(4, 3, 8, 8), torch.zeros(4, dtype=torch.long)
+            finally:
+                time.sleep(0.5)                           # a worker pool shutting down
+                closed_at.append(time.perf_counter())
+
+    device = SimulatedAccelerator(step_ms=1.0)
+    result = train(None, SlowToClose(), device=device, steps=5, progress=False)
+    assert closed_at, "the loader's iterator was closed"
+    assert result.stats.total_s < 0.3, result.stats.total_s
+    assert result.stats.step_log[-1]["step_end"] < closed_at[0] - 0.4

@@ -278,3 +278,136 @@ def test_a_device_tensor_as_a_slice_bound_is_a_read_on_the_host():
         y = x[k:k + 4]
         assert torch.equal(y.cpu(), torch.arange(3, 7))
         assert any("slice bound" in s.what for s in vc.syncs)
+
+
+# -- issue 37 (x-03 B1, B3, B6; x-08 F3): copies in flight, threads, two devices, generators ---------
+
+def test_a_host_write_into_a_pinned_source_before_its_copy_is_done_is_a_race():
+    with VirtualCuda() as vc:
+        side = torch.cuda.Stream()
+        buf = torch.zeros(4).pin_memory()
+        with torch.cuda.stream(side):
+            d = buf.to("cuda", non_blocking=True)
+        buf.copy_(torch.ones(4))                           # the DMA may not have read it yet
+        assert [r.kind for r in vc.races] == ["host_write"]
+        vc.races.clear()
+        side.synchronize()                                 # now it has
+        buf.fill_(2.0)
+        with torch.cuda.stream(side):
+            e = buf.to("cuda", non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(side)
+        event.synchronize()
+        buf.numpy()[:] = 3.0                               # after the wait: fine, even through numpy
+        vc.settle()
+        assert vc.races == [] and torch.equal(d.cpu(), torch.zeros(4)) and torch.equal(e.cpu(), torch.full((4,), 2.0))
+        with torch.cuda.stream(side):
+            buf.to("cuda", non_blocking=True)
+        buf.numpy()[:] = 4.0                               # numpy escapes the mode: seen when compared
+        vc.settle()
+        assert [r.kind for r in vc.races] == ["host_write"]
+
+
+def test_a_non_blocking_copy_to_the_host_lands_only_when_the_host_waits():
+    with VirtualCuda() as vc:
+        values = torch.arange(4.0, device="cuda")
+        early = values.to("cpu", non_blocking=True)
+        assert early.is_pinned() and not vc.syncs
+        assert torch.isnan(early.clone()).all()           # read at once: not there yet (and a race)
+        assert [r.kind for r in vc.races] == ["host_read"]
+        torch.cuda.current_stream().synchronize()
+        assert torch.equal(early, torch.arange(4.0))
+        dst = torch.zeros(4).pin_memory()
+        dst.copy_(values, non_blocking=True)
+        assert torch.equal(dst.clone(), torch.zeros(4))   # what was there before
+        torch.cuda.synchronize()
+        assert torch.equal(dst, torch.arange(4.0))
+
+
+def test_threads_have_their_own_current_stream_and_run_on_the_device():
+    import threading
+    with VirtualCuda() as vc:
+        side = torch.cuda.Stream()
+        seen = {}
+
+        def work():
+            seen["before"] = torch.cuda.current_stream()
+            with torch.cuda.stream(side):
+                seen["inside"] = torch.cuda.current_stream()
+                seen["copy"] = torch.ones(3).pin_memory().to("cuda", non_blocking=True)
+
+        with torch.cuda.stream(side):
+            thread = threading.Thread(target=work)
+            thread.start()
+            thread.join()
+            assert torch.cuda.current_stream() is side
+        assert seen["before"] is vc.default_stream and seen["inside"] is side
+        assert isinstance(seen["copy"], DeviceTensor) and vc.h2d()[-1].stream == side.id
+
+
+def test_the_second_of_two_devices_catches_code_for_device_0():
+    from course_utils.checks.virtual_cuda import OTHER_DEVICE
+    with VirtualCuda(second=True) as vc:
+        assert vc.device == torch.device("cuda", 1) and torch.cuda.current_device() == 0
+        for wrong in (lambda: torch.ones(2).to("cuda"), lambda: torch.ones(2).to("cuda:0"),
+                      lambda: torch.ones(2).cuda(), lambda: torch.zeros(2, device="cuda")):
+            with pytest.raises(RuntimeError, match=OTHER_DEVICE):
+                wrong()
+        assert torch.ones(2).to(vc.device).device == vc.device
+        other = torch.cuda.Stream()                         # on the current device, cuda:0
+        with torch.cuda.stream(other):
+            assert torch.cuda.current_device() == 0
+            torch.ones(2).pin_memory().to(vc.device, non_blocking=True)
+        assert vc.h2d()[-1].stream == vc.default_stream.id  # queued on cuda:1's current stream
+        with torch.cuda.device(1):
+            assert torch.zeros(2, device="cuda").device == vc.device
+        first = vc.to_device(torch.ones(2))
+    with VirtualCuda():
+        with pytest.raises(RuntimeError, match="cuda:0 and cuda:1"):
+            first + torch.ones(2, device="cuda")
+
+
+def test_every_random_op_takes_a_device_generator_and_where_takes_python_numbers():
+    with VirtualCuda() as vc:
+        g = vc.generator(0)
+        p = torch.full((8,), 0.5, device="cuda")
+        made = [torch.bernoulli(p, generator=g), torch.empty(8, device="cuda").uniform_(generator=g),
+                torch.empty(8, device="cuda", dtype=torch.long).random_(0, 9, generator=g),
+                torch.multinomial(torch.ones(9, device="cuda"), 8, True, generator=g)]
+        assert all(isinstance(t, DeviceTensor) for t in made)
+        with pytest.raises(RuntimeError, match="'cuda' device type for generator"):
+            torch.bernoulli(p, generator=torch.Generator())
+        mask = torch.arange(4, device="cuda") > 1
+        x = torch.ones(4, device="cuda", dtype=torch.float16)
+        assert torch.where(mask, -1, 1).dtype == torch.int64 and torch.where(mask, x, 0.0).dtype == torch.float16
+        assert torch.equal(torch.where(mask, -1, 1).cpu(), torch.tensor([1, 1, -1, -1]))
+        torch.empty(3, pin_memory=True)                      # the factory argument pins through the device
+        assert not vc.h2d()
+
+
+def test_memory_handed_out_again_before_the_other_stream_is_done_is_a_hazard():
+    def one(vc, side, record, wait_back):
+        consumer = torch.cuda.current_stream()
+        if wait_back:
+            side.wait_stream(consumer)
+        with torch.cuda.stream(side):
+            batch = torch.ones(4).pin_memory().to("cuda", non_blocking=True)
+        consumer.wait_stream(side)
+        vc.mark(batch, "batch")
+        if record:
+            batch.record_stream(consumer)
+        batch.sum()                                           # read on the consumer's stream; freed on return
+
+    for record, wait_back, hazard in ((False, False, True), (True, False, False), (False, True, False)):
+        with VirtualCuda() as vc:
+            side = torch.cuda.Stream()
+            one(vc, side, record, wait_back)
+            one(vc, side, record, wait_back)                  # the next allocation on the side stream
+            assert bool(vc.reuse_hazards()) == hazard, (record, wait_back)
+    with VirtualCuda() as vc:
+        x = torch.ones(10, device="cuda")
+        vc.reset_log()
+        for _ in range(5):
+            y = x * 2
+            del y
+        assert vc.peak_bytes == 40 and vc.allocated_bytes == 200 and vc.ops == 5
