@@ -542,6 +542,9 @@ def _diagnosis_groups(rng):
                   "sample)"))
     cases.append((_timeline(np.tile([100.0, 68.0], n // 2), one_thread(2), 2, rng),
                   "a device 100% and 68% busy in turn, sample by sample (a mean of 84%; every other sample reads 100%)"))
+    cases.append((_timeline(np.tile([68.0, 100.0], n // 2), one_thread(2), 2, rng),
+                  "a device 68% and 100% busy in turn, sample by sample (a mean of 84%; every other sample, from the "
+                  "second, reads 100%)"))
     cores = int(rng.choice([2, 4]))
     cases.append((_timeline(quiet_device(), np.r_[np.full(95, 0.79 * cores), np.full(5, float(cores))], cores, rng),
                   f"the course at 79% of {cores} cores, then every core over the last 5 samples (a mean of 80.05%; "
@@ -562,6 +565,9 @@ def _diagnosis_groups(rng):
     cases.append((_timeline(quiet_device(), cores * np.tile([1.0, 0.58], n // 2), cores, rng),
                   f"the course at 100% and 58% of {cores} cores in turn, sample by sample (a mean of 79%; every other "
                   "sample reads 100%)"))
+    cases.append((_timeline(quiet_device(), cores * np.tile([0.58, 1.0], n // 2), cores, rng),
+                  f"the course at 58% and 100% of {cores} cores in turn, sample by sample (a mean of 79%; every other "
+                  "sample, from the second, reads 100%)"))
     groups.append(("judges the whole run (means over every sample)",
                    "average gpu_util and ours_cores over all the samples, the first and the last included: not the "
                    "peak, the median, a trimmed mean, one sample, the middle of the run, nor a part of it (x[1:], "
@@ -574,7 +580,7 @@ _LAST = "[:-1] (or [:-2], ...: the last samples left out)"
 _SUBSETS = [("[1:] (the first sample left out)", lambda x: x[1:]),
             (_LAST, lambda x: x[:-1]), (_LAST, lambda x: x[:-2]), (_LAST, lambda x: x[:-5]),
             ("[1:-1] (the first and the last sample left out)", lambda x: x[1:-1]),
-            ("[::2] (every other sample)", lambda x: x[::2])]
+            ("[::2] (every other sample)", lambda x: x[::2]), ("[1::2] (every other sample)", lambda x: x[1::2])]
 
 
 def _trimmed(x, share=0.1):
@@ -822,6 +828,9 @@ def _run_cases(rng):
            "loaders at 78.4%, then at 100% over the last 5 samples (a mean of 80.2%; 79.8% without the last sample)")
     shaped(np.tile([1.0, 0.58], n // 2),
            "loaders at 100% and 58% in turn, sample by sample (a mean of 79%; every other sample reads 100%)")
+    shaped(np.tile([0.58, 1.0], n // 2),
+           "loaders at 58% and 100% in turn, sample by sample (a mean of 79%; every other sample, from the second, "
+           "reads 100%)")
     groups.append(("judges the whole run (means over the samples)",
                    "average run.loader_cores over all its samples, the first and the last included: not its peak, "
                    "median, a trimmed mean, the middle of the run, one sample, nor a part of it (x[1:], x[:-1] or "

@@ -644,6 +644,8 @@ MUTANTS_13_W2 = [
            words="gpu_util[1:]"),
     Mutant("every other sample", both(lambda x: x[::2]), "judges the whole run (means over every sample)",
            words="[::2] (every other sample)"),
+    Mutant("every other sample, from the second", both(lambda x: x[1::2]),
+           "judges the whole run (means over every sample)", words="[1::2] (every other sample)"),
     Mutant("the course's cores against 0.8, not scaled", rule(cpu=lambda tl: np.mean(tl.ours_cores) >= 0.8),
            "diagnoses each situation", words="compared the course's cores with 0.8:"),
     Mutant("0.8 x (cores - 1)", rule(cpu=lambda tl: np.mean(tl.ours_cores) >= 0.8 * (tl.cores - 1)),

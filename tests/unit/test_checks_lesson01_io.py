@@ -199,6 +199,10 @@ def every_other_sample(run):                         # w2-01: passed on some see
     return _mean_of(lambda x: x[::2])(run)
 
 
+def every_other_sample_from_the_second(run):         # the near-miss rule: the other half
+    return _mean_of(lambda x: x[1::2])(run)
+
+
 def could_use_one(run):                              # w2-01: named the iowait rule before
     if run.stall_fraction < 0.10:
         return "device-bound"
@@ -277,6 +281,7 @@ NAMED = {
     first_and_last_left_out: ("judges the whole run", "run.loader_cores[1:-1]"),
     last_two_left_out: ("judges the whole run", "the last samples left out"),
     every_other_sample: ("judges the whole run", "run.loader_cores[::2] (every other sample)"),
+    every_other_sample_from_the_second: ("judges the whole run", "run.loader_cores[1::2] (every other sample)"),
     could_use_one: ("", "as if the loaders could use one core"),
     could_use_this_machines_cores: ("", "os.cpu_count()"),
 }
