@@ -105,6 +105,18 @@ _BELOW_MS, _ABOVE_MS = 2.0, 10.0
 def check_timer(time_it):
     expect_callable(time_it, "a function time_it(fn, device, warmup=3, repeats=10) -> milliseconds")
     cpu = torch.device("cpu")
+    # (0) nothing kept from an earlier call (w2-01: a module-level list of timings, extended by every
+    # call): eleven 1 ms calls, then three 40 ms calls, whose median is 40 ms whatever came before. First,
+    # so that no earlier call of this check (nor an earlier run of it) feeds a wrong median to the others;
+    # a result under 0.5 ms (seconds, process_time) is left to the cases that name those
+    _time(time_it, _CountingFn(1.0), cpu, "a 1 ms function", warmup=1, repeats=11)
+    ms = _time(time_it, _CountingFn(40.0), cpu, "a 40 ms function, right after timing a 1 ms one", warmup=1, repeats=3)
+    if 0.5 <= ms < 0.6 * 40:
+        raise CheckFailed("keeps nothing from an earlier call",
+                          f"time_it(fn, cpu, warmup=1, repeats=11) on a 1 ms function, then time_it(fn, cpu, warmup=1, "
+                          f"repeats=3) on a 40 ms one: yours reported {ms:.1f} ms for the 40 ms function",
+                          "each call of time_it starts a list of its own (times = [] inside the function): yours "
+                          "reports a median that still holds the earlier call's timings")
     # (a) plain CPU work (mostly waiting, as a call that waits for I/O does): the wall time, in
     # milliseconds, and the right count of calls
     fn = _CountingFn(5.0, cpu_ms=1.0)
@@ -181,14 +193,14 @@ def check_timer(time_it):
         ms = _time(time_it, fn, device, "one slow call", warmup=1, repeats=7)
         if ms > 15:
             raise CheckFailed("reports the median of the repeats", f"6 timed calls of 4 ms and one of 150 ms: "
-                              f"yours reported {ms:.1f} ms (a mean would say ~25)",
+                              f"yours reported {ms:.1f} ms",
                               _statistic_hint(ms, [4.0, 4.0, 4.0, 150.0, 4.0, 4.0, 4.0]))
         # (f) nor one fast one
         fn = _CountingFn(lambda i: 1.0 if i == 3 else 9.0)
         ms = _time(time_it, fn, device, "one fast call", warmup=1, repeats=5)
         if ms < 6:
             raise CheckFailed("reports the median of the repeats", f"4 timed calls of 9 ms and one of 1 ms: yours "
-                              f"reported {ms:.1f} ms (the minimum would say 1)",
+                              f"reported {ms:.1f} ms",
                               _statistic_hint(ms, [9.0, 9.0, 1.0, 9.0, 9.0]))
         # (g) timed calls on which the median's neighbours disagree with it (issue 35): the mean
         # of the two middle values for an even count, every timed call counted, none trimmed
@@ -243,8 +255,25 @@ def _reference_stall(log, skip_first):
     return wait / (steps[-1]["step_end"] - steps[0]["fetch_start"])
 
 
+def _float32_stall(log, skip_first):
+    """The reference on timestamps rounded to float32 (what torch.tensor(...) or np.float32 make of them)."""
+    rounded = [{k: float(np.float32(v)) for k, v in s.items()} for s in log]
+    return _reference_stall(rounded, skip_first)
+
+
+def _both(yours: float, expected: float) -> str:
+    """'yours Y, expected E' with as many digits as it takes for two different numbers to look different."""
+    for digits in range(6, 13):
+        a, b = f"{yours:.{digits}f}", f"{expected:.{digits}f}"
+        if a != b:
+            break
+    return f"yours {a}, expected {b}"
+
+
 def _random_log(rng, n, *, warm_wait=0.0, gap=True):
-    t, log = rng.uniform(0, 100), []
+    # time.perf_counter() counts from an arbitrary point: on a machine up for hours its readings are
+    # 1e4 s and more, where float32 keeps only milliseconds (w2-01: float32 arithmetic was off in the 6th digit)
+    t, log = rng.uniform(1e4, 1e5), []
     for i in range(n):
         start = t
         wait = rng.exponential(0.02) + (warm_wait if i == 0 else 0.0)
@@ -286,14 +315,24 @@ def check_stall_fraction(stall_fraction):
                     "from the first counted step's fetch_start to the last step's step_end (gaps between "
                     "steps are part of the wall time)")
             if default and any(trusted.isclose(float(yours), _reference_stall(log, k), rel_tol=1e-6) for k in (0, 2, 3)):
-                raise CheckFailed("defaults to skip_first=1", f"{what}: yours {float(yours):.6f}, expected "
-                                  f"{expected:.6f} (seed {seed})", "def stall_fraction(step_log, skip_first=1)")
+                raise CheckFailed("defaults to skip_first=1", f"{what}: {_both(float(yours), expected)} (seed {seed})",
+                                  "def stall_fraction(step_log, skip_first=1)")
             if skip and trusted.isclose(float(yours), _reference_stall(log, 0), rel_tol=1e-6):
                 hint = f"the first skip_first={skip} steps are warm-up: leave them out"
+            elif len(log) > skip + 1 and trusted.isclose(float(yours), _reference_stall(log, skip + 1), rel_tol=1e-6):
+                hint = (f"yours leaves out {skip + 1} steps, one more than skip_first={skip}: step_log[skip_first:] "
+                        "leaves out exactly skip_first (the first counted step is step_log[skip_first])")
+            elif skip > 1 and trusted.isclose(float(yours), _reference_stall(log, skip - 1), rel_tol=1e-6):
+                hint = (f"yours leaves out {skip - 1} steps, one fewer than skip_first={skip}: step_log[skip_first:] "
+                        "leaves out exactly skip_first")
             elif trusted.isclose(float(yours), 100 * expected, rel_tol=1e-6):
                 hint = "a fraction, between 0 and 1, not a percentage"
-            raise CheckFailed("matches the definition", f"{what}: yours {float(yours):.6f}, expected {expected:.6f} "
-                              f"(seed {seed})", hint)
+            elif trusted.isclose(float(yours), _float32_stall(log, skip), rel_tol=1e-4):
+                hint = ("yours matches the definition computed in float32, which keeps about 7 digits: these "
+                        "timestamps are perf_counter seconds around 1e4 to 1e5, so float32 keeps only milliseconds of "
+                        "them. Compute in Python floats (float64): torch.tensor(...) and np.float32 make float32 "
+                        "(torch.tensor(..., dtype=torch.float64) does not)")
+            raise CheckFailed("matches the definition", f"{what}: {_both(float(yours), expected)} (seed {seed})", hint)
     for steps, skip in ((3, 3), (3, 5), (0, 0)):          # none left: exactly as many skipped, more, an empty log
         try:
             stall_fraction(_random_log(rng, steps), skip_first=skip)
@@ -404,6 +443,13 @@ def _diagnosis_groups(rng):
                                     device="a recorded device", host=f"{cores} cores", simulated=True,
                                     ours_cores=made.ours_cores, others_cores=made.others_cores)
                 cases.append((timeline, f"a typical {kind} run on {cores} cores"))
+    # two busy threads on 16 cores: sync-bound, however many cores the machine running the check has
+    # (w2-01: os.cpu_count() for timeline.cores, on a 2-core machine, failed here only on some seeds)
+    cases.append((_timeline(_flat(rng, rng.uniform(20, 40), n, 5.0), _flat(rng, rng.uniform(1.9, 2.1), n, 0.05), 16, rng),
+                  "two busy host threads on 16 cores"))
+    for cores in (2, 8):            # both rules hold: the first decides (w2-01: the rules swapped passed on some seeds)
+        cases.append((_timeline(_flat(rng, rng.uniform(92, 98), n, 2.0), _flat(rng, 0.95 * cores, n, 0.02), cores, rng),
+                      f"a device about 95% busy while the course's workers keep all {cores} cores busy"))
     groups.append(("diagnoses each situation", "apply the rules in order: the device's utilisation averaged over "
                    "the run first (85% or more: compute-bound), then the cores the course's own processes kept "
                    "busy, timeline.ours_cores averaged over the run (at least 0.8 x timeline.cores: input-bound), "
@@ -484,10 +530,120 @@ def _diagnosis_groups(rng):
                   f"the course at 79% of {cores} cores, then every core over the last 12 samples (a mean of 81.5%)"))
     cases.append((_timeline(np.r_[np.zeros(10), np.full(90, 94.0)], one_thread(2), 2, rng),
                   "a device idle over the first 10 samples, then 94% busy (a mean of 84.6%)"))
+    # every sample, the last ones too (w2-01: x[:-1] ... x[:-5] and x[::2] passed): runs whose first or
+    # last sample alone, and every other sample, move the mean across a threshold, on both sides of it
+    cases.append((_timeline(np.r_[np.full(90, 94.0), np.zeros(10)], one_thread(2), 2, rng),
+                  "a device 94% busy, idle over the last 10 samples (a mean of 84.6%; 85.5% without its last sample)"))
+    cases.append((_timeline(np.r_[np.full(95, 84.22), np.full(5, 100.0)], one_thread(2), 2, rng),
+                  "a device 84.2% busy, then 100% over the last 5 samples (a mean of 85.01%; 84.86% without its last "
+                  "sample)"))
+    cases.append((_timeline(np.r_[np.full(5, 100.0), np.full(95, 84.22)], one_thread(2), 2, rng),
+                  "a device 100% busy over the first 5 samples, then 84.2% (a mean of 85.01%; 84.86% without its first "
+                  "sample)"))
+    cases.append((_timeline(np.tile([100.0, 68.0], n // 2), one_thread(2), 2, rng),
+                  "a device 100% and 68% busy in turn, sample by sample (a mean of 84%; every other sample reads 100%)"))
+    cases.append((_timeline(np.tile([68.0, 100.0], n // 2), one_thread(2), 2, rng),
+                  "a device 68% and 100% busy in turn, sample by sample (a mean of 84%; every other sample, from the "
+                  "second, reads 100%)"))
+    cores = int(rng.choice([2, 4]))
+    cases.append((_timeline(quiet_device(), np.r_[np.full(95, 0.79 * cores), np.full(5, float(cores))], cores, rng),
+                  f"the course at 79% of {cores} cores, then every core over the last 5 samples (a mean of 80.05%; "
+                  "79.85% without its last sample)"))
+    cases.append((_timeline(quiet_device(), np.r_[np.full(95, 0.84 * cores), np.zeros(5)], cores, rng),
+                  f"the course at 84% of {cores} cores, idle over the last 5 samples (a mean of 79.8%; 80.6% without "
+                  "its last sample)"))
+    cases.append((_timeline(quiet_device(), np.r_[np.zeros(5), np.full(95, 0.84 * cores)], cores, rng),
+                  f"the course idle over the first 5 samples, then at 84% of {cores} cores (a mean of 79.8%; 80.6% "
+                  "without its first sample)"))
+    spike = np.r_[np.zeros(45), np.ones(10), np.zeros(45)]                 # 10 samples in the middle
+    cases.append((_timeline(83.4 + 16.6 * spike, one_thread(2), 2, rng),
+                  "a device 83.4% busy, 100% over 10 samples in the middle of the run (a mean of 85.06%; a 10% "
+                  "trimmed mean of 83.4%)"))
+    cases.append((_timeline(quiet_device(), cores * (0.782 + 0.218 * spike), cores, rng),
+                  f"the course at 78.2% of {cores} cores, every core over 10 samples in the middle of the run (a mean "
+                  "of 80.4%; a 10% trimmed mean of 78.2%)"))
+    cases.append((_timeline(quiet_device(), cores * np.tile([1.0, 0.58], n // 2), cores, rng),
+                  f"the course at 100% and 58% of {cores} cores in turn, sample by sample (a mean of 79%; every other "
+                  "sample reads 100%)"))
+    cases.append((_timeline(quiet_device(), cores * np.tile([0.58, 1.0], n // 2), cores, rng),
+                  f"the course at 58% and 100% of {cores} cores in turn, sample by sample (a mean of 79%; every other "
+                  "sample, from the second, reads 100%)"))
     groups.append(("judges the whole run (means over every sample)",
-                   "average gpu_util and ours_cores over all the samples, the start and the end included: not the "
-                   "peak, the median, a trimmed mean, one sample, nor the middle of the run", cases))
+                   "average gpu_util and ours_cores over all the samples, the first and the last included: not the "
+                   "peak, the median, a trimmed mean, one sample, the middle of the run, nor a part of it (x[1:], "
+                   "x[:-1] or x[::2] leave samples out)", cases))
     return groups
+
+
+# Parts of the run a learner may average instead of every sample (w2-01): (how it reads, the slice).
+_LAST = "[:-1] (or [:-2], ...: the last samples left out)"
+_SUBSETS = [("[1:] (the first sample left out)", lambda x: x[1:]),
+            (_LAST, lambda x: x[:-1]), (_LAST, lambda x: x[:-2]), (_LAST, lambda x: x[:-5]),
+            ("[1:-1] (the first and the last sample left out)", lambda x: x[1:-1]),
+            ("[::2] (every other sample)", lambda x: x[::2]), ("[1::2] (every other sample)", lambda x: x[1::2])]
+
+
+def _trimmed(x, share=0.1):
+    k = int(len(x) * share)
+    return np.mean(np.sort(x)[k: len(x) - k])
+
+
+# Other statistics in place of the mean: not named (the group's hint lists them), but a candidate
+# that gives the same answers as one of them is not named either.
+_OTHER_STATISTICS = [np.median, np.max, _trimmed, lambda x: np.mean(x[len(x) // 4: len(x) - len(x) // 4])]
+
+
+def _named_slip(records, candidates):
+    """The hint of the one candidate rule that gives the learner's answer on every input the check
+    handed it (`records`: (input, answer) pairs), or None when none does, or candidates with other
+    hints (or none) do too: a slip named from the answers themselves, only where they single it out."""
+    matching = []
+    for rule, hint in candidates:
+        try:
+            if all(rule(x) == answer for x, answer in records):
+                matching.append(hint)
+        except Exception:                      # a candidate that cannot read some input explains nothing
+            continue
+    return matching[0] if len(set(matching)) == 1 and None not in matching else None
+
+
+def _diagnosis_slips():
+    """Rules a learner may write instead of 1.3's, each with the hint that names it."""
+    import os
+
+    def rule(device=lambda tl: np.mean(tl.gpu_util), course=lambda tl: np.mean(tl.ours_cores),
+             cores=lambda tl: OURS_SHARE * tl.cores):
+        def diagnose_(tl):
+            if float(device(tl)) >= DEVICE_BUSY:
+                return "compute-bound"
+            return "input-bound" if float(course(tl)) >= cores(tl) else "sync-bound"
+        return diagnose_
+    machine = os.cpu_count() or 1
+    slips = [(rule(cores=lambda tl: OURS_SHARE),
+              "yours answers as if it compared the course's cores with 0.8: the rule compares them with 0.8 x "
+              "timeline.cores (0.8 alone is 80% of one core)"),
+             (rule(cores=lambda tl: OURS_SHARE * (tl.cores - 1)),
+              "yours answers as if it compared the course's cores with 0.8 x (timeline.cores - 1): the rule counts "
+              "every core of the machine, 0.8 x timeline.cores"),
+             (rule(cores=lambda tl: OURS_SHARE * machine),
+              f"yours answers as if it read the cores of the machine running the check (os.cpu_count() = {machine}): "
+              "the timeline was recorded elsewhere, on timeline.cores cores; compare with 0.8 x timeline.cores")]
+    for what, part in _SUBSETS:
+        slips.append((rule(device=lambda tl, part=part: np.mean(part(tl.gpu_util)),
+                           course=lambda tl, part=part: np.mean(part(tl.ours_cores))),
+                      f"yours answers as if it averaged gpu_util{what} and ours_cores{what}: every sample counts, "
+                      "the first and the last included"))
+        slips.append((rule(device=lambda tl, part=part: np.mean(part(tl.gpu_util))),
+                      f"yours answers as if it averaged gpu_util{what}: every sample counts, the first and the last "
+                      "included"))
+        slips.append((rule(course=lambda tl, part=part: np.mean(part(tl.ours_cores))),
+                      f"yours answers as if it averaged ours_cores{what}: every sample counts, the first and the last "
+                      "included"))
+    for stat in _OTHER_STATISTICS:
+        slips += [(rule(device=lambda tl, stat=stat: stat(tl.gpu_util), course=lambda tl, stat=stat: stat(tl.ours_cores)),
+                   None), (rule(device=lambda tl, stat=stat: stat(tl.gpu_util)), None),
+                  (rule(course=lambda tl, stat=stat: stat(tl.ours_cores)), None)]
+    return slips
 
 
 @exercise("1.3", "Diagnose recorded utilisation timelines", points=2)
@@ -495,7 +651,7 @@ def check_diagnose(diagnose):
     expect_callable(diagnose, "a function diagnose(timeline) -> 'input-bound' | 'compute-bound' | 'sync-bound'")
     rng, seed = fresh_rng()
     groups = _diagnosis_groups(rng)
-    answers, failures, total = Counter(), [], 0
+    answers, failures, total, records = Counter(), [], 0, []
     for prop, hint, cases in groups:
         wrong = []
         for timeline, what in cases:
@@ -512,6 +668,7 @@ def check_diagnose(diagnose):
                 raise CheckFailed("leaves the timeline unchanged", f"the timeline ({what}) was modified by your function",
                                   "read the arrays; np.mean, np.median and comparisons do not change them")
             answers[answer] += 1
+            records.append((timeline, answer))
             if answer != expected:
                 ours = float(np.mean(timeline.ours_cores))
                 wrong.append(f"{what} (device {float(np.mean(timeline.gpu_util)):.1f}%, the course {ours:.2f} of "
@@ -524,7 +681,7 @@ def check_diagnose(diagnose):
     if failures:
         prop, hint, wrong = failures[0]
         shown = "; ".join(wrong[:2]) + (f"; and {len(wrong) - 2} more" if len(wrong) > 2 else "")
-        raise CheckFailed(prop, f"{shown} (seed {seed})", hint)
+        raise CheckFailed(prop, f"{shown} (seed {seed})", _named_slip(records, _diagnosis_slips()) or hint)
     return f"{total} timelines diagnosed correctly (shared machines, thresholds and whole runs included)."
 
 
@@ -659,9 +816,25 @@ def _run_cases(rng):
     shaped(1.0 - 0.3 * middle, "loaders at 100% over the start and end of the run, 70% over its middle half (a mean of 85%)")
     shaped(np.r_[np.zeros(6), np.full(54, 0.87)], "loaders idle over the first 6 samples, then at 87% (a mean of 78.3%)")
     shaped(np.r_[np.full(53, 0.79), np.full(7, 1.0)], "loaders at 79%, then at 100% over the last 7 samples (a mean of 81.5%)")
+    # every sample, the first and the last too (w2-01: x[1:], x[:-1], x[1:-1], x[:-2] passed, x[::2] on some
+    # seeds): runs whose first or last sample alone, or every other sample, moves the mean across 80%
+    shaped(np.r_[np.zeros(5), np.full(55, 0.865)],
+           "loaders idle over the first 5 samples, then at 86.5% (a mean of 79.3%; 80.6% without the first sample)")
+    shaped(np.r_[np.full(55, 0.865), np.zeros(5)],
+           "loaders at 86.5%, idle over the last 5 samples (a mean of 79.3%; 80.6% without the last sample)")
+    shaped(np.r_[np.full(5, 1.0), np.full(55, 0.7836)],
+           "loaders at 100% over the first 5 samples, then at 78.4% (a mean of 80.2%; 79.8% without the first sample)")
+    shaped(np.r_[np.full(55, 0.7836), np.full(5, 1.0)],
+           "loaders at 78.4%, then at 100% over the last 5 samples (a mean of 80.2%; 79.8% without the last sample)")
+    shaped(np.tile([1.0, 0.58], n // 2),
+           "loaders at 100% and 58% in turn, sample by sample (a mean of 79%; every other sample reads 100%)")
+    shaped(np.tile([0.58, 1.0], n // 2),
+           "loaders at 58% and 100% in turn, sample by sample (a mean of 79%; every other sample, from the second, "
+           "reads 100%)")
     groups.append(("judges the whole run (means over the samples)",
-                   "average run.loader_cores over all its samples, the start and the end included: not its peak, "
-                   "median, a trimmed mean, the middle of the run, its first or last sample", cases))
+                   "average run.loader_cores over all its samples, the first and the last included: not its peak, "
+                   "median, a trimmed mean, the middle of the run, one sample, nor a part of it (x[1:], x[:-1] or "
+                   "x[::2] leave samples out)", cases))
     cases = [(synthetic_run(kind, rng, name=f"run {int(rng.integers(1000))}"), f"a typical {kind} run")
              for kind in RUN_KINDS for _ in range(3)]
     groups.append(("classifies typical runs", "", cases))
@@ -685,6 +858,34 @@ def _same_run(run, snap) -> bool:
     return True
 
 
+def _run_slips():
+    """Rules a learner may write instead of 1.4's, each with the hint that names it."""
+    import os
+
+    def rule(used=lambda r: np.mean(r.loader_cores), could=lambda r: min(r.loader_processes, r.usable_cores)):
+        def classify_(r):
+            if r.stall_fraction < 0.10:
+                return "device-bound"
+            return "cpu-bound" if float(used(r)) >= OURS_SHARE * could(r) else "io-bound"
+        return classify_
+    machine = os.cpu_count() or 1
+    slips = [(rule(could=lambda r: 1),
+              "yours answers as if the loaders could use one core: they could use min(run.loader_processes, "
+              "run.usable_cores), one core per loading process at most, and no more than the machine's"),
+             (rule(could=lambda r: min(r.loader_processes, machine)),
+              f"yours answers as if it read the cores of the machine running the check (os.cpu_count() = {machine}): "
+              "the run was recorded elsewhere; its machine let the loaders use run.usable_cores"),
+             (rule(could=lambda r: machine),
+              f"yours answers as if it read the cores of the machine running the check (os.cpu_count() = {machine}): "
+              "the loaders could use min(run.loader_processes, run.usable_cores)")]
+    for what, part in _SUBSETS:
+        slips.append((rule(used=lambda r, part=part: np.mean(part(r.loader_cores))),
+                      f"yours answers as if it averaged run.loader_cores{what}: every sample counts, the first and "
+                      "the last included"))
+    slips += [(rule(used=lambda r, stat=stat: stat(r.loader_cores)), None) for stat in _OTHER_STATISTICS]
+    return slips
+
+
 @exercise("1.4", "I/O-, CPU- or device-bound? Classify recorded runs", points=2)
 def check_classify_run(classify_run):
     expect_callable(classify_run, "a function classify_run(run) -> 'io-bound' | 'cpu-bound' | 'device-bound'")
@@ -692,7 +893,7 @@ def check_classify_run(classify_run):
 
     rng, seed = fresh_rng()
     groups = _run_cases(rng)
-    answers, failures = Counter(), []
+    answers, failures, records = Counter(), [], []
     for prop, hint, cases in groups:
         wrong = []
         for run, what in cases:
@@ -706,6 +907,7 @@ def check_classify_run(classify_run):
                 raise CheckFailed("leaves the run unchanged", f"the run ({what}) was modified by your function",
                                   "read the figures; work on copies (np.mean does not change its input)")
             answers[answer] += 1
+            records.append((run, answer))
             if answer != expected:
                 wrong.append(f"{what} -> yours '{answer}', expected '{expected}'")
         if wrong:
@@ -715,6 +917,6 @@ def check_classify_run(classify_run):
     if failures:
         prop, hint, wrong = failures[0]
         shown = "; ".join(wrong[:3]) + ("; ..." if len(wrong) > 3 else "")
-        raise CheckFailed(prop, f"{shown} (seed {seed})", hint)
+        raise CheckFailed(prop, f"{shown} (seed {seed})", _named_slip(records, _run_slips()) or hint)
     total = sum(len(cases) for _, _, cases in groups)
     return f"{total} recorded runs classified correctly."

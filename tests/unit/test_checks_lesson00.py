@@ -130,6 +130,46 @@ def in_place(x):
     return (x * 255).round().clamp(0, 255).permute(1, 2, 0).to(torch.uint8).numpy()
 
 
+def clamp_1_254(x):                                  # w2-01: the hint must name the bounds
+    return ((x * STD + MEAN) * 255).round().clamp(1, 254).permute(1, 2, 0).to(torch.uint8).numpy()
+
+
+def ceil_not_round(x):                               # w2-01: rounding up
+    return ((x * STD + MEAN) * 255).ceil().clamp(0, 255).permute(1, 2, 0).to(torch.uint8).numpy()
+
+
+def bfloat16_arithmetic(x):                          # w2-01: 8 significant bits, about one grey level
+    pixels = (x.bfloat16() * STD.bfloat16() + MEAN.bfloat16()) * 255
+    return pixels.float().round().clamp(0, 255).permute(1, 2, 0).to(torch.uint8).numpy()
+
+
+# right answers a learner wrote (w2-01): each passes
+def float16_arithmetic(x):                           # float16's 11 bits are exact on all 256 levels
+    return ((x.half() * STD.half() + MEAN.half()) * 255).round().clamp(0, 255).permute(1, 2, 0).to(torch.uint8).numpy()
+
+
+def add_half_then_truncate(x):
+    return (((x * STD + MEAN) * 255).clamp(0, 255) + 0.5).to(torch.uint8).permute(1, 2, 0).numpy()
+
+
+def clamp_then_round(x):
+    return ((x * STD + MEAN) * 255).clamp(0, 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
+
+
+def clamp_01_before_scaling(x):
+    return ((x * STD + MEAN).clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
+
+
+def constants_to_3_places(x):
+    mean = torch.tensor([round(v, 3) for v in CIFAR10_MEAN]).view(3, 1, 1)
+    std = torch.tensor([round(v, 3) for v in CIFAR10_STD]).view(3, 1, 1)
+    return ((x * std + mean) * 255).round().clamp(0, 255).permute(1, 2, 0).to(torch.uint8).numpy()
+
+
+def detached_on_cpu(x):
+    return good(x.detach().cpu())
+
+
 MUTANTS = [
     Mutant("no permute", no_permute, "shape is (H, W, 3)"),
     Mutant("permute(2, 1, 0)", transposed, "shape is (H, W, 3)"),
@@ -150,6 +190,9 @@ MUTANTS = [
     Mutant("* 256", times_256, "recovers the original pixels exactly", words="multiply by 255, not 256"),
     Mutant("* 254", times_254, "recovers the original pixels exactly", words="multiply by 255, not 254"),
     Mutant("reshape, not permute", reshape_not_permute, "recovers the original pixels exactly", words="permute(1, 2, 0)"),
+    Mutant("clamp(1, 254)", clamp_1_254, "recovers the original pixels exactly", words="clamp(0, 255)"),
+    Mutant("ceil, not round", ceil_not_round, "recovers the original pixels exactly", words="rounding up (ceil)"),
+    Mutant("bfloat16 arithmetic", bfloat16_arithmetic, "recovers the original pixels exactly", words="bfloat16 keeps 8"),
     Mutant("view, not permute", view_not_permute, "view size is not compatible", status="error",
            words="the check was calling to_image(x)"),      # the tensor handed in is not contiguous
     Mutant("replaces torch.equal, np.array_equal, ...", replaces_the_comparisons,
@@ -164,6 +207,12 @@ MUTANTS = [
 def test_correct_answers_pass():
     passes("0.1", good, SEEDS)
     passes("0.1", good_numpy, SEEDS)
+
+
+@pytest.mark.parametrize("answer", [float16_arithmetic, add_half_then_truncate, clamp_then_round, clamp_01_before_scaling,
+                                    constants_to_3_places, detached_on_cpu], ids=lambda f: f.__name__)
+def test_other_right_answers_pass(answer):
+    passes("0.1", answer, SEEDS)
 
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=repr)

@@ -191,6 +191,51 @@ def numpy_percentile_60(fn, device, warmup=3, repeats=10):
     return float(np.percentile(_timed(fn, device, warmup, repeats), 60))
 
 
+_KEPT = []
+
+
+def keeps_timings_between_calls(fn, device, warmup=3, repeats=10):   # w2-01: a module-level list, extended
+    for _ in range(warmup):
+        fn()
+    _KEPT.extend(_timed(fn, device, 0, repeats))
+    return statistics.median(_KEPT)
+
+
+def max_not_median(fn, device, warmup=3, repeats=10):
+    return max(_timed(fn, device, warmup, repeats))
+
+
+# right answers a learner wrote (w2-01)
+def synchronises_once_after_the_warmup(fn, device, warmup=3, repeats=10):
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        synchronize(device)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def percentile_50(fn, device, warmup=3, repeats=10):
+    return float(np.percentile(_timed(fn, device, warmup, repeats), 50))
+
+
+def wall_clock_time_time(fn, device, warmup=3, repeats=10):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        synchronize(device)
+        t0 = time.time()
+        fn()
+        synchronize(device)
+        times.append((time.time() - t0) * 1e3)
+    return statistics.median(times)
+
+
 def wraps_benchmark(fn, device, warmup=3, repeats=10):
     from course_utils.timing import benchmark
     return benchmark(fn, device=device, warmup=warmup, repeats=repeats).median_ms
@@ -230,6 +275,10 @@ MUTANTS_11 = [
     Mutant("a trimmed mean, guarded", trimmed_mean_guarded, "reports the median of the repeats", words="a trimmed mean"),
     Mutant("the 60th percentile", numpy_percentile_60, "reports the median of the repeats"),
     Mutant("one block, divided, names the mean", one_block, "reports the median of the repeats", words="the mean"),
+    # w2-01: state kept between calls; the slowest call named, with no leftover aside about a mean
+    Mutant("timings kept between calls", keeps_timings_between_calls, "keeps nothing from an earlier call",
+           words="the earlier call's timings"),
+    Mutant("the slowest call", max_not_median, "reports the median of the repeats", words="yours matches the slowest call"),
     # an answer that crashes on repeats=1: the [ERROR] names the learner's line and the call
     Mutant("a trimmed mean, crashing on repeats=1", trimmed_mean, "StatisticsError", status="error",
            words="repeats=1"),
@@ -238,6 +287,24 @@ MUTANTS_11 = [
 
 def test_timer_passes():
     passes("1.1", time_it, range(1))
+
+
+@pytest.mark.parametrize("answer", [synchronises_once_after_the_warmup, percentile_50, wall_clock_time_time],
+                         ids=lambda f: f.__name__)
+def test_other_right_timers_pass(answer):
+    passes("1.1", answer, range(1))
+
+
+def test_no_leftover_aside_in_the_median_messages():
+    for answer in (max_not_median, min_not_median):
+        message = run_check("1.1", answer).message
+        assert "would say" not in message, message
+
+
+def test_kept_timings_fail_again_when_the_check_runs_twice():
+    for _ in range(2):
+        result = run_check("1.1", keeps_timings_between_calls)
+        assert result.status == "fail" and "keeps nothing from an earlier call" in result.message, result.message
 
 
 @pytest.mark.parametrize("mutant", MUTANTS_11, ids=repr)
@@ -359,9 +426,29 @@ def wraps_step_stats(log, skip_first=1):
     return wait / wall
 
 
+def float32_timestamps(log, skip_first=1):          # w2-01: torch.tensor(...) makes float32
+    import torch
+    steps = log[skip_first:]
+    if not steps:
+        raise ValueError("no steps")
+    t = torch.tensor([[s["fetch_start"], s["fetch_end"], s["step_end"]] for s in steps])
+    return float((t[:, 1] - t[:, 0]).sum() / (t[-1, 2] - t[0, 0]))
+
+
+def float32_numpy(log, skip_first=1):
+    steps = log[skip_first:]
+    if not steps:
+        raise ValueError("no steps")
+    f = np.float32
+    wait = sum(f(s["fetch_end"]) - f(s["fetch_start"]) for s in steps)
+    return float(wait / (f(steps[-1]["step_end"]) - f(steps[0]["fetch_start"])))
+
+
 MUTANTS_12 = [
     Mutant("warm-up not skipped", no_skip, "matches the definition", words="warm-up"),
-    Mutant("skips one more", skips_one_more, "matches the definition"),
+    Mutant("skips one more", skips_one_more, "matches the definition", words="one more than skip_first"),
+    Mutant("float32 timestamps, torch.tensor", float32_timestamps, "matches the definition", words="float32"),
+    Mutant("float32 arithmetic, numpy", float32_numpy, "matches the definition", words="float32"),
     Mutant("always skips one", always_skips_one, "matches the definition"),
     Mutant("gaps left out", ignores_gaps, "matches the definition"),
     Mutant("wall from the first fetch_end", wall_from_first_fetch_end, "matches the definition"),
@@ -382,6 +469,16 @@ MUTANTS_12 = [
 
 def test_stall_fraction_passes():
     passes("1.2", stall, range(30))
+
+
+def test_a_float32_answer_shows_two_different_numbers(monkeypatch):
+    """w2-01: 'yours 0.475046, expected 0.475046' for a float32 answer: the numbers must differ as printed."""
+    import re
+    for seed in range(1, 4):
+        monkeypatch.setenv("COURSE_CHECK_SEED", str(seed))
+        message = run_check("1.2", float32_timestamps).message
+        yours, expected = re.search(r"yours ([0-9.]+), expected ([0-9.]+)", message).groups()
+        assert yours != expected, message
 
 
 @pytest.mark.parametrize("mutant", MUTANTS_12, ids=repr)
@@ -452,6 +549,29 @@ def trimmed(x, share=0.1):
     return np.mean(np.sort(x)[k: len(x) - k])
 
 
+def both(part):
+    """The rule with gpu_util and ours_cores both read through `part` (a slice of the samples)."""
+    return rule(device=lambda g: np.mean(part(g)) >= 85, cpu=lambda tl: np.mean(part(tl.ours_cores)) >= 0.8 * tl.cores)
+
+
+def rules_swapped(tl):
+    if np.mean(tl.ours_cores) >= 0.8 * tl.cores:
+        return "input-bound"
+    return "compute-bound" if np.mean(tl.gpu_util) >= 85 else "sync-bound"
+
+
+def diagnose_float32(tl):                            # right (w2-01): float32 means
+    g, o = np.asarray(tl.gpu_util, np.float32), np.asarray(tl.ours_cores, np.float32)
+    if np.mean(g, dtype=np.float32) >= 85:
+        return "compute-bound"
+    return "input-bound" if np.mean(o, dtype=np.float32) >= 0.8 * tl.cores else "sync-bound"
+
+
+def _machine_cores():
+    import os
+    return os.cpu_count()
+
+
 MACHINE = dict(cpu=lambda tl: np.mean(tl.cpu_percent) >= 80)          # the old rule: every process's CPU
 MUTANTS_13 = [
     Mutant("always input-bound", always_input_bound, "tells the situations apart"),
@@ -505,16 +625,51 @@ MUTANTS_13 = [
     Mutant("the device's 10% trimmed mean", rule(device=lambda g: trimmed(g) >= 85),
            "judges the whole run (means over every sample)"),
 ]
+# w2-01: parts of the run passed on every seed; each is named from the answers (the decisive runs are in
+# every seed's draw: fewer seeds prove them)
+MUTANTS_13_W2 = [
+    Mutant("the last sample left out", both(lambda x: x[:-1]), "judges the whole run (means over every sample)",
+           words="gpu_util[:-1] (or [:-2], ...: the last samples left out) and ours_cores[:-1]"),
+    Mutant("the device's last sample left out", rule(device=lambda g: np.mean(g[:-1]) >= 85),
+           "judges the whole run (means over every sample)", words="as if it averaged gpu_util[:-1]"),
+    Mutant("the course's last sample left out", rule(cpu=lambda tl: np.mean(tl.ours_cores[:-1]) >= 0.8 * tl.cores),
+           "judges the whole run (means over every sample)", words="as if it averaged ours_cores[:-1]"),
+    Mutant("the last two samples left out", both(lambda x: x[:-2]), "judges the whole run (means over every sample)",
+           words="the last samples left out"),
+    Mutant("the last five samples left out", both(lambda x: x[:-5]), "judges the whole run (means over every sample)",
+           words="the last samples left out"),
+    Mutant("the first and the last sample left out", both(lambda x: x[1:-1]),
+           "judges the whole run (means over every sample)", words="[1:-1]"),
+    Mutant("the first sample left out", both(lambda x: x[1:]), "judges the whole run (means over every sample)",
+           words="gpu_util[1:]"),
+    Mutant("every other sample", both(lambda x: x[::2]), "judges the whole run (means over every sample)",
+           words="[::2] (every other sample)"),
+    Mutant("every other sample, from the second", both(lambda x: x[1::2]),
+           "judges the whole run (means over every sample)", words="[1::2] (every other sample)"),
+    Mutant("the course's cores against 0.8, not scaled", rule(cpu=lambda tl: np.mean(tl.ours_cores) >= 0.8),
+           "diagnoses each situation", words="compared the course's cores with 0.8:"),
+    Mutant("0.8 x (cores - 1)", rule(cpu=lambda tl: np.mean(tl.ours_cores) >= 0.8 * (tl.cores - 1)),
+           "diagnoses each situation", words="0.8 x (timeline.cores - 1)"),
+    Mutant("os.cpu_count(), not timeline.cores", rule(cpu=lambda tl: np.mean(tl.ours_cores) >= 0.8 * _machine_cores()),
+           "diagnoses each situation", words="os.cpu_count()"),
+    Mutant("the rules swapped", rules_swapped, "diagnoses each situation", words="apply the rules in order"),
+]
 
 
 def test_diagnosis_passes():
     passes("1.3", diagnose, range(30))
     passes("1.3", diagnose_in_percent, range(30))
+    passes("1.3", diagnose_float32, range(30))
 
 
 @pytest.mark.parametrize("mutant", MUTANTS_13, ids=repr)
 def test_diagnosis_mutants_rejected(mutant):
     rejected("1.3", mutant, range(30))
+
+
+@pytest.mark.parametrize("mutant", MUTANTS_13_W2, ids=repr)
+def test_diagnosis_near_misses_of_the_second_walk_rejected(mutant):
+    rejected("1.3", mutant, range(10))
 
 
 def test_the_shared_machine_case_of_issue_35():

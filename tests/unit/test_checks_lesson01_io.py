@@ -170,6 +170,59 @@ def trimmed_loader(run):
     return "cpu-bound" if _loaders_busy(run, stat=_trimmed) else "io-bound"
 
 
+def _mean_of(part):
+    def classify_(run):
+        if run.stall_fraction < 0.10:
+            return "device-bound"
+        return "cpu-bound" if _loaders_busy(run, stat=lambda x: np.mean(part(x))) else "io-bound"
+    classify_.__name__ = "mean_of_part"
+    return classify_
+
+
+def first_sample_left_out(run):                      # w2-01: these passed on every seed
+    return _mean_of(lambda x: x[1:])(run)
+
+
+def last_sample_left_out(run):
+    return _mean_of(lambda x: x[:-1])(run)
+
+
+def first_and_last_left_out(run):
+    return _mean_of(lambda x: x[1:-1])(run)
+
+
+def last_two_left_out(run):
+    return _mean_of(lambda x: x[:-2])(run)
+
+
+def every_other_sample(run):                         # w2-01: passed on some seeds
+    return _mean_of(lambda x: x[::2])(run)
+
+
+def every_other_sample_from_the_second(run):         # the near-miss rule: the other half
+    return _mean_of(lambda x: x[1::2])(run)
+
+
+def could_use_one(run):                              # w2-01: named the iowait rule before
+    if run.stall_fraction < 0.10:
+        return "device-bound"
+    return "cpu-bound" if np.mean(run.loader_cores) >= 0.8 else "io-bound"
+
+
+def could_use_this_machines_cores(run):
+    import os
+    if run.stall_fraction < 0.10:
+        return "device-bound"
+    return "cpu-bound" if np.mean(run.loader_cores) >= 0.8 * min(run.loader_processes, os.cpu_count()) else "io-bound"
+
+
+def clipped_to_what_they_could_use(run):             # right (w2-01, the spec's parenthesis read so): passes
+    could = min(run.loader_processes, run.usable_cores)
+    if run.stall_fraction < 0.10:
+        return "device-bound"
+    return "cpu-bound" if np.mean(np.minimum(run.loader_cores, could)) >= 0.8 * could else "io-bound"
+
+
 def classify_as_shares(run):                         # the same rules written another way: passes
     if not run.stall_fraction >= 0.1:
         return "device-bound"
@@ -221,6 +274,17 @@ MUTANTS = {
     middle_half_loader: "judges the whole run",
     trimmed_loader: "judges the whole run",
 }
+# w2-01: (property, words of the hint that must name the slip)
+NAMED = {
+    first_sample_left_out: ("judges the whole run", "run.loader_cores[1:] (the first sample left out)"),
+    last_sample_left_out: ("judges the whole run", "run.loader_cores[:-1] (or [:-2], ...: the last samples left out)"),
+    first_and_last_left_out: ("judges the whole run", "run.loader_cores[1:-1]"),
+    last_two_left_out: ("judges the whole run", "the last samples left out"),
+    every_other_sample: ("judges the whole run", "run.loader_cores[::2] (every other sample)"),
+    every_other_sample_from_the_second: ("judges the whole run", "run.loader_cores[1::2] (every other sample)"),
+    could_use_one: ("", "as if the loaders could use one core"),
+    could_use_this_machines_cores: ("", "os.cpu_count()"),
+}
 
 
 def _run(monkeypatch, fn, seed):
@@ -230,7 +294,7 @@ def _run(monkeypatch, fn, seed):
 
 def test_reference_passes_on_every_seed(monkeypatch):
     for seed in SEEDS:
-        for answer in (classify_run, classify_as_shares):
+        for answer in (classify_run, classify_as_shares, clipped_to_what_they_could_use):
             result = _run(monkeypatch, answer, seed)
             assert result.status == "pass", (seed, answer.__name__, result.message)
 
@@ -249,6 +313,15 @@ def test_mutant_fails_on_its_property_on_every_seed(monkeypatch, mutant):
         result = _run(monkeypatch, mutant, seed)
         assert result.status == "fail", (mutant.__name__, seed, result.status, result.message)
         assert MUTANTS[mutant] in result.message, (mutant.__name__, seed, result.message)
+
+
+@pytest.mark.parametrize("mutant", list(NAMED), ids=[m.__name__ for m in NAMED])
+def test_near_misses_of_the_second_walk_fail_with_their_own_hint(monkeypatch, mutant):
+    prop, words = NAMED[mutant]
+    for seed in SEEDS:
+        result = _run(monkeypatch, mutant, seed)
+        assert result.status == "fail", (mutant.__name__, seed, result.message)
+        assert prop in result.message and words in result.message, (mutant.__name__, seed, result.message)
 
 
 def test_the_made_up_runs_have_the_means_they_were_asked_for():
