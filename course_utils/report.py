@@ -31,7 +31,8 @@ import numpy as np
 
 from .bottleneck import diagnose
 
-__all__ = ["ReportCard", "machine_facts", "host_slug", "timeline_record", "plot_timelines", "compare", "main"]
+__all__ = ["ReportCard", "machine_facts", "host_slug", "timeline_record", "plot_timelines", "compare", "main",
+           "report_dir"]
 
 
 def _in_flight(row: dict):
@@ -41,6 +42,18 @@ def _in_flight(row: dict):
 
 def _share(fraction) -> str:
     return "" if fraction is None else f"{fraction:.0%}"
+
+
+def report_dir() -> Path:
+    """Where lesson 08 writes its report card: `$COURSE_BUILD` when set, else `build/` in the course
+    folder the notebook runs in (the parent of `notebooks/` or `solutions/` when it runs there, the
+    working directory otherwise). Never found through the installed package: with course_utils
+    installed from another checkout, that would write into that checkout's `build/` (walk w1-08)."""
+    import os
+    if os.environ.get("COURSE_BUILD"):
+        return Path(os.environ["COURSE_BUILD"])
+    here = Path.cwd()
+    return (here.parent if here.name in ("notebooks", "solutions") else here) / "build"
 
 
 def host_slug(name: str | None = None) -> str:
