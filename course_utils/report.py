@@ -171,8 +171,13 @@ class ReportCard:
         against = (f", {row['samples_per_s'] / base['samples_per_s']:.1f}x the baseline "
                    f"({base['fraction_of_ceiling']:.0%} of the ceiling)") if base else ""
         kind = "a simulated device" if self.simulated else self.device
+        faster = [f"{r['name']} ({r['fraction_of_ceiling']:.0%})" for r in self.rungs
+                  if r["name"] != self.final and not r.get("skipped") and r.get("samples_per_s") is not None
+                  and r["samples_per_s"] > row["samples_per_s"]]
+        # walk w1-08: "yours runs at 92%" under a table with three rungs faster: the table is the measurement, say so
+        beaten = (f"; faster in the same run: {', '.join(faster)}" if faster else "")
         return (f"{self.final} runs at {row['fraction_of_ceiling']:.0%} of the model-only ceiling{against}, "
-                f"on {kind}; measured in one run on {self.machine['host']}")
+                f"on {kind}; measured in one run on {self.machine['host']}{beaten}")
 
     def markdown(self) -> str:
         m = self.machine
@@ -213,13 +218,17 @@ class ReportCard:
         else:
             lines.append("Not measured for this card" + (" (see the notes)." if self.notes else "."))
         if self.timelines:
-            lines += ["", "## Utilisation", "", "| run | device busy (mean) | CPU (mean of cores) | busiest core |",
-                      "|---|---:|---:|---:|"]
+            # every program's CPU use, and (where the monitor told them apart) the course's and the others' cores:
+            # walk w1-08 read "98%" for a baseline that used a quarter of a core on a machine others kept busy
+            lines += ["", "## Utilisation", "", "| run | device busy (mean) | CPU, every program (mean of cores) | "
+                      "busiest core | cores used by this course | by other programs |", "|---|---:|---:|---:|---:|---:|"]
             for name, t in self.timelines.items():
                 s = t["summary"]
                 util = s.get("device_util_mean_percent")
+                ours, others = s.get("ours_cores_mean"), s.get("others_cores_mean")
                 lines.append(f"| {name} | {'' if util is None else f'{util:.0f}%'} | {s['cpu_mean_percent']:.0f}% | "
-                             f"{s['cpu_busiest_core_percent']:.0f}% |")
+                             f"{s['cpu_busiest_core_percent']:.0f}% | {'' if ours is None else f'{ours:.2f}'} | "
+                             f"{'' if others is None else f'{others:.2f}'} |")
         lines += ["", "## More than one GPU", ""]
         if self.multi_gpu and self.multi_gpu.get("efficiency") is not None:
             g = self.multi_gpu

@@ -90,3 +90,14 @@ def test_report_dir_is_the_notebooks_course_folder_or_course_build(tmp_path, mon
     assert report_dir() == tmp_path / "build"
     monkeypatch.setenv("COURSE_BUILD", str(tmp_path / "elsewhere"))
     assert report_dir() == tmp_path / "elsewhere"
+
+
+def test_the_headline_names_rungs_faster_than_the_final_one():
+    """w1-08: "yours runs at 92% ..." above a table in which three rungs ran faster."""
+    climb = _climb()
+    climb.rungs.insert(1, {"name": "CUDA graph", "short": "graph", "samples_per_s": 30000.0,
+                           "fraction_of_ceiling": 1.875, "stall_fraction": 0.0, "speedup_over_baseline": 12.5})
+    card = report.ReportCard.from_climb(climb, final="yours")
+    assert card.headline().endswith("; faster in the same run: CUDA graph (188%)")
+    assert "faster in the same run" not in _card().headline()
+    assert "cores used by this course | by other programs |" in _card().markdown()
