@@ -137,7 +137,8 @@ class TrainingSet:
         from .dali_pipelines import RecordStore
         info = data.prepare_cifar10()
         images, labels = data.load_cifar10_arrays(info.root, train=True, limit=limit)
-        return cls(images, labels, info.describe(),
+        held = f"; {len(labels):,} training records held here (limit={limit:,})" if len(labels) < info.n_train else ""
+        return cls(images, labels, info.describe() + held,
                    records=lambda: RecordStore.from_cifar(info.root, train=True, limit=limit))
 
     def __len__(self) -> int:

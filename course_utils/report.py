@@ -31,7 +31,8 @@ import numpy as np
 
 from .bottleneck import diagnose
 
-__all__ = ["ReportCard", "machine_facts", "host_slug", "timeline_record", "plot_timelines", "compare", "main"]
+__all__ = ["ReportCard", "machine_facts", "host_slug", "timeline_record", "plot_timelines", "compare", "main",
+           "report_dir"]
 
 
 def _in_flight(row: dict):
@@ -41,6 +42,18 @@ def _in_flight(row: dict):
 
 def _share(fraction) -> str:
     return "" if fraction is None else f"{fraction:.0%}"
+
+
+def report_dir() -> Path:
+    """Where lesson 08 writes its report card: `$COURSE_BUILD` when set, else `build/` in the course
+    folder the notebook runs in (the parent of `notebooks/` or `solutions/` when it runs there, the
+    working directory otherwise). Never found through the installed package: with course_utils
+    installed from another checkout, that would write into that checkout's `build/` (walk w1-08)."""
+    import os
+    if os.environ.get("COURSE_BUILD"):
+        return Path(os.environ["COURSE_BUILD"])
+    here = Path.cwd()
+    return (here.parent if here.name in ("notebooks", "solutions") else here) / "build"
 
 
 def host_slug(name: str | None = None) -> str:
@@ -158,8 +171,13 @@ class ReportCard:
         against = (f", {row['samples_per_s'] / base['samples_per_s']:.1f}x the baseline "
                    f"({base['fraction_of_ceiling']:.0%} of the ceiling)") if base else ""
         kind = "a simulated device" if self.simulated else self.device
+        faster = [f"{r['name']} ({r['fraction_of_ceiling']:.0%})" for r in self.rungs
+                  if r["name"] != self.final and not r.get("skipped") and r.get("samples_per_s") is not None
+                  and r["samples_per_s"] > row["samples_per_s"]]
+        # walk w1-08: "yours runs at 92%" under a table with three rungs faster: the table is the measurement, say so
+        beaten = (f"; faster in the same run: {', '.join(faster)}" if faster else "")
         return (f"{self.final} runs at {row['fraction_of_ceiling']:.0%} of the model-only ceiling{against}, "
-                f"on {kind}; measured in one run on {self.machine['host']}")
+                f"on {kind}; measured in one run on {self.machine['host']}{beaten}")
 
     def markdown(self) -> str:
         m = self.machine
@@ -200,13 +218,17 @@ class ReportCard:
         else:
             lines.append("Not measured for this card" + (" (see the notes)." if self.notes else "."))
         if self.timelines:
-            lines += ["", "## Utilisation", "", "| run | device busy (mean) | CPU (mean of cores) | busiest core |",
-                      "|---|---:|---:|---:|"]
+            # every program's CPU use, and (where the monitor told them apart) the course's and the others' cores:
+            # walk w1-08 read "98%" for a baseline that used a quarter of a core on a machine others kept busy
+            lines += ["", "## Utilisation", "", "| run | device busy (mean) | CPU, every program (mean of cores) | "
+                      "busiest core | cores used by this course | by other programs |", "|---|---:|---:|---:|---:|---:|"]
             for name, t in self.timelines.items():
                 s = t["summary"]
                 util = s.get("device_util_mean_percent")
+                ours, others = s.get("ours_cores_mean"), s.get("others_cores_mean")
                 lines.append(f"| {name} | {'' if util is None else f'{util:.0f}%'} | {s['cpu_mean_percent']:.0f}% | "
-                             f"{s['cpu_busiest_core_percent']:.0f}% |")
+                             f"{s['cpu_busiest_core_percent']:.0f}% | {'' if ours is None else f'{ours:.2f}'} | "
+                             f"{'' if others is None else f'{others:.2f}'} |")
         lines += ["", "## More than one GPU", ""]
         if self.multi_gpu and self.multi_gpu.get("efficiency") is not None:
             g = self.multi_gpu

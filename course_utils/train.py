@@ -21,8 +21,10 @@
   small batches needs (the eager step is launch-bound). The first `GRAPH_WARMUP` steps run
   eagerly on a side stream (autotuning, the optimizer's state), then the step is captured on that
   stream (`capture_error_mode="thread_local"`, so that a loader's pinning thread may allocate while
-  this thread captures) and each batch is copied into static buffers and the graph replayed. Every batch must have the first one's shape
-  (`drop_last=True`) and the learning rate must not change (no `scheduler`). fp16's GradScaler is
+  this thread captures) and each batch is copied into static buffers and the graph replayed. A graph
+  replays the shapes it captured: a batch of another shape (an epoch's short last batch, with
+  `drop_last=False`) runs as an eager step instead, on the same stream, updating the same
+  parameters and optimizer state. The learning rate must not change (no `scheduler`). fp16's GradScaler is
   captured with a fused optimizer only (`fused=True`: it takes the scale and the inf flag as
   device tensors); with any other, `scaler.step` reads on the host whether a gradient overflowed,
   every step, and the capture is refused: use a fused optimizer, or bf16. Beside the simulator, the
@@ -192,7 +194,9 @@ class _GraphedStep:
         self.side = torch.cuda.Stream(device)
         self.warmup_left = GRAPH_WARMUP
         self.graph = None
+        self.shapes = None              # the (images, labels) shapes the graph is for: the first batch's
         self.static_images = self.static_labels = self.static_loss = None
+        self.eager_steps = 0            # batches of another shape, run eagerly (an epoch's short last batch)
 
     def _forward_backward(self, images, labels):
         with torch.autocast(device_type="cuda", dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
@@ -214,11 +218,20 @@ class _GraphedStep:
         if self.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
         current = torch.cuda.current_stream(self.device)
-        if self.warmup_left:                      # eager steps on a side stream, as capture requires
-            self.warmup_left -= 1
+        shapes = (tuple(images.shape), tuple(labels.shape))
+        if self.shapes is None:
+            self.shapes = shapes
+        other_shape = shapes != self.shapes
+        if self.warmup_left or other_shape:       # eager steps on a side stream, as capture requires
+            if not other_shape:
+                self.warmup_left -= 1
+            else:
+                self.eager_steps += 1
             self.side.wait_stream(current)
             with torch.cuda.stream(self.side):
-                self.optimizer.zero_grad(set_to_none=True)
+                # once captured, the gradients live in the graph's memory: zero them there (set to None, the eager
+                # backward would allocate new ones and the replays would keep reading the old)
+                self.optimizer.zero_grad(set_to_none=self.graph is None)
                 loss = self._forward_backward(images, labels).detach()
             current.wait_stream(self.side)
             return loss
@@ -235,10 +248,6 @@ class _GraphedStep:
             with torch.cuda.graph(self.graph, stream=self.side, capture_error_mode="thread_local"):
                 self.static_loss = self._forward_backward(self.static_images, self.static_labels).detach()
         else:
-            if images.shape != self.static_images.shape or labels.shape != self.static_labels.shape:
-                raise ValueError(f"a CUDA graph replays the shapes it captured: this batch is {tuple(images.shape)}, "
-                                 f"the graph's {tuple(self.static_images.shape)} (drop the last short batch: "
-                                 "drop_last=True)")
             self.static_images.copy_(images)
             self.static_labels.copy_(labels)
         self.graph.replay()

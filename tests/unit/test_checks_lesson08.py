@@ -409,6 +409,21 @@ def constants_every_batch(ctx):
     return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False), batch_transform=augment)
 
 
+def constants_every_fourth_batch(ctx):
+    """The near miss of constants_every_batch: mean and std made again every fourth batch (a cache that expires): 3-4
+    copies an epoch of 12-16 batches (under the first epoch's 4), 6-8 of 24-32; the second epoch allows 2."""
+    made = {"calls": 0}
+
+    def augment(x, y):
+        if made["calls"] % 4 == 0:
+            made["mean"] = torch.tensor(CIFAR10_MEAN, device=x.device).view(1, 3, 1, 1)
+            made["std"] = torch.tensor(CIFAR10_STD, device=x.device).view(1, 3, 1, 1)
+        made["calls"] += 1
+        return (random_crop_flip(x).float() / 255 - made["mean"]) / made["std"], y
+    images, labels = ctx.on_device()
+    return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False), batch_transform=augment)
+
+
 class BlockingCopies:
     """The data in host memory; every batch indexed there and copied with a blocking .to(device)."""
 
@@ -561,6 +576,7 @@ GPU_PATH_MUTANTS = [
     (offsets_from_the_host, "copies nothing from the host batch after batch but the batch itself"),
     (order_from_the_host, "copies nothing from the host batch after batch but the batch itself"),
     (constants_every_batch, "copies nothing from the host batch after batch but the batch itself"),
+    (constants_every_fourth_batch, "copies nothing from the host batch after batch but the batch itself"),
     (blocking_copy_every_batch, "never makes the host wait for the device"),
     (side_stream_never_waited_for, "each batch is read after the work that made it finished"),
     (side_stream_memory_not_recorded, "memory made on another stream is kept for the model's stream (record_stream)"),
@@ -583,6 +599,81 @@ NAMED = [
 @pytest.mark.parametrize("mutant", mutants(CORRECTNESS_MUTANTS + GPU_PATH_MUTANTS) + NAMED, ids=repr)
 def test_pipeline_mutants_fail_on_correctness(mutant):
     rejected("8.1", mutant, seeds_for(mutant.name))
+
+
+# review x-08's probes (its pipes.py)
+def pins_through_the_driver(ctx):
+    """x-08 F4's host_offsets_hidden: offsets drawn on the host (3 copies a batch), plus one line that asks the CUDA
+    driver for pinned memory when ctx.cuda: on a machine without a GPU that call used to switch the pass on the
+    virtual CUDA device off ("Found no NVIDIA driver"), and the check passed it."""
+    if ctx.cuda:
+        torch.empty(1, pin_memory=True)
+    return offsets_from_the_host(ctx)
+
+
+def slows_the_checks_reference(ctx):
+    """x-08 F5's gamed_slow: a slow pipeline (the ladder's workers, float32) that slows the course's AugmentBatch, which
+    the device-resident pipeline measured next to it uses, so that it looked fast beside it."""
+    import time
+    from course_utils import device_data, ladder
+    original = device_data.AugmentBatch.__call__
+
+    def slow(self, images, labels):
+        time.sleep(0.08)
+        return original(self, images, labels)
+    device_data.AugmentBatch.__call__ = slow
+    return Pipeline(ctx.loader(ladder._float_transform(), ctx.num_workers, drop_last=False))
+
+
+def keeps_every_batch(ctx):
+    """Walk w1-08: right in every batch, and every batch appended to a list in the batch_transform (a log, say): on a
+    GPU, device memory never given back. It passed 3 of 3 runs at 97-102% of the reference."""
+    images, labels = ctx.on_device()
+    augment, seen = AugmentBatch(), []
+
+    def transform(x, y):
+        out = augment(x, y)
+        seen.append(out)
+        return out
+    return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False), batch_transform=transform)
+
+
+REVIEW_MUTANTS = [
+    Mutant("slows_the_checks_reference", slows_the_checks_reference, "leaves the course's own code alone",
+           words="AugmentBatch.__call__"),
+    Mutant("keeps_every_batch", keeps_every_batch, "keeps no batch once the model has had it", words="a list"),
+]
+if not torch.cuda.is_available():        # beside a real GPU the driver call works (the README's GPU list)
+    REVIEW_MUTANTS.append(Mutant("pins_through_the_driver", pins_through_the_driver,
+                                 "runs on the virtual CUDA device (a GPU's code path)", words="tensor.pin_memory()"))
+
+
+@pytest.mark.parametrize("mutant", REVIEW_MUTANTS, ids=repr)
+def test_review_mutants_fail_on_their_own_property(mutant):
+    from course_utils.device_data import AugmentBatch
+    original = AugmentBatch.__call__
+    try:
+        rejected("8.1", mutant, seeds_for(mutant.name))
+    finally:
+        assert AugmentBatch.__call__ is original, "the check put the course's code back"
+
+
+def test_a_course_method_replaced_before_the_check_fails_it_and_is_put_back():
+    from course_utils.device_data import AugmentBatch
+    original = AugmentBatch.__call__
+    AugmentBatch.__call__ = lambda self, images, labels: original(self, images, labels)
+    result = run_check("8.1", right)
+    assert AugmentBatch.__call__ is original
+    assert result.status == "fail" and "leaves the course's own code alone" in result.message
+    assert "before the check ran your code" in result.message
+
+
+def test_torchs_global_settings_are_put_back():
+    from course_utils.checks.lesson08 import _backend_flags, _restore_backend_flags
+    flags = _backend_flags()
+    torch.backends.cudnn.benchmark = not flags["torch.backends.cudnn.benchmark"]
+    assert _restore_backend_flags(flags) == ["torch.backends.cudnn.benchmark"]
+    assert _backend_flags() == flags
 
 
 def test_pipeline_type_and_stub():
@@ -978,6 +1069,103 @@ CONTRACT_MUTANTS = [
 ]
 
 
+# walk w1-08's wrong answers that passed 8.2 (its m82.py), each failing on a case every run asks
+def tolerance_of_the_ceiling(report, tolerance=0.05):       # best - tolerance x ceiling
+    if not report["rungs"]:
+        raise ValueError("no rungs")
+    speed = _speeds(report)
+    best = max(speed.values())
+    return next(n for n, v in speed.items() if v >= best - tolerance * report["ceiling"])
+
+
+def within_the_ceiling_else_fastest(report, tolerance=0.05):
+    if not report["rungs"]:
+        raise ValueError("no rungs")
+    speed = _speeds(report)
+    return next((n for n, v in speed.items() if v >= (1 - tolerance) * report["ceiling"]), max(speed, key=speed.get))
+
+
+def serial_core_shared_by_the_gpus(report, tolerance=0.05):  # 1 / gpus of a core for a serial rung
+    if not report["rungs"]:
+        raise ValueError("no rungs")
+    speed = {}
+    for name, rung in report["rungs"].items():
+        speed[name] = report["ceiling"] * (1 - rung.get("device_cost", 0.0))
+        if "cpu_per_core" in rung:
+            cores = report["cores"] / report["gpus"] if rung.get("parallel", True) else 1 / report["gpus"]
+            speed[name] = min(speed[name], rung["cpu_per_core"] * cores)
+    return _first_within(speed, tolerance)
+
+
+def whole_machine(report, tolerance=0.05):                   # the machine's GPUs against its cores, one core serial
+    if not report["rungs"]:
+        raise ValueError("no rungs")
+    speed = {}
+    for name, rung in report["rungs"].items():
+        speed[name] = report["ceiling"] * report["gpus"] * (1 - rung.get("device_cost", 0.0))
+        if "cpu_per_core" in rung:
+            speed[name] = min(speed[name], rung["cpu_per_core"] * (report["cores"] if rung.get("parallel", True)
+                                                                    else 1.0))
+    return _first_within(speed, tolerance)
+
+
+def parallel_minus_the_main_process(report, tolerance=0.05):
+    if not report["rungs"]:
+        raise ValueError("no rungs")
+    return _first_within(_speeds(report, per_gpu=max(report["cores"] / report["gpus"] - 1, 1)), tolerance)
+
+
+_BY_MACHINE, _BY_SHAPE = {}, {}
+
+
+def cached_by_machine(report, tolerance=0.05):
+    key = (report["machine"], tolerance)
+    if key not in _BY_MACHINE:
+        _BY_MACHINE[key] = choose(report, tolerance)
+    return _BY_MACHINE[key]
+
+
+def cached_by_shape(report, tolerance=0.05):
+    key = (report["cores"], report["gpus"], report["ceiling"], tolerance)
+    if key not in _BY_SHAPE:
+        _BY_SHAPE[key] = choose(report, tolerance)
+    return _BY_SHAPE[key]
+
+
+WALK_MUTANTS = [
+    Mutant("tolerance_of_the_ceiling", tolerance_of_the_ceiling,
+           "picks the simplest rung within the tolerance of the fastest", words="not of the ceiling"),
+    Mutant("within_the_ceiling_else_fastest", within_the_ceiling_else_fastest,
+           "picks the simplest rung within the tolerance of the fastest", words="not of the ceiling"),
+    Mutant("serial_core_shared_by_the_gpus", serial_core_shared_by_the_gpus,
+           "picks the simplest rung within the tolerance of the fastest", words="one core for each GPU"),
+    Mutant("whole_machine", whole_machine, "picks the simplest rung within the tolerance of the fastest"),
+    Mutant("parallel_minus_the_main_process", parallel_minus_the_main_process,
+           "picks the simplest rung within the tolerance of the fastest"),
+    Mutant("cached_by_machine", cached_by_machine, "picks the simplest rung within the tolerance of the fastest",
+           words="keep nothing from one call to the next"),
+    Mutant("cached_by_shape", cached_by_shape, "picks the simplest rung within the tolerance of the fastest",
+           words="keep nothing from one call to the next"),
+]
+
+
+@pytest.mark.parametrize("mutant", WALK_MUTANTS, ids=repr)
+def test_choose_rung_walk_mutants_fail_on_every_seed(mutant):
+    rejected("8.2", mutant, [zlib.crc32(mutant.name.encode()) % 1000 + k for k in range(10 * EXTRA_SEEDS)])
+
+
+def ratio_at_least(report, tolerance=0.05):                  # right, written as a ratio
+    if not report["rungs"]:
+        raise ValueError("no rungs")
+    speed = _speeds(report)
+    best = max(speed.values())
+    return next(n for n, v in speed.items() if v / best >= 1 - tolerance)
+
+
+def test_choose_rung_right_answers_of_the_walk_pass():
+    passes("8.2", ratio_at_least, range(5))
+
+
 def test_choose_rung_right_answer_passes_on_many_seeds():
     passes("8.2", choose, range(20 * EXTRA_SEEDS))
 
@@ -1005,6 +1193,12 @@ def test_choose_rung_contract_cases_separate_their_mistakes():
     assert choose(report, tolerance) != serial_by_default(report, tolerance)
     report, tolerance = cases["half a core per GPU for a serial rung"]
     assert choose(report, tolerance) != serial_gets_a_whole_core(report, tolerance)
+    report, tolerance = cases["a serial rung with four cores per GPU"]
+    assert choose(report) != serial_core_shared_by_the_gpus(report) and choose(report) != whole_machine(report)
+    report, tolerance = cases["every rung CPU-bound, far below the ceiling"]
+    assert len({choose(report), tolerance_of_the_ceiling(report), within_the_ceiling_else_fastest(report)}) == 3
+    twice = [r for r, _, _ in _contract_cases() if r["machine"].startswith("a box measured twice")]
+    assert len(twice) == 2 and choose(twice[0]) != choose(twice[1])
     assert all(choose(r, t) == reference_choice(r, t) for r, t in cases.values())
 
 
@@ -1054,3 +1248,17 @@ def test_dali_passes_correctness_with_its_short_batch_and_fails_without_it():
     assert _check_correctness(dali_keeps_the_short_batch, np.random.default_rng(8), 8, None) == ""
     rejected("8.1", Mutant("the_ladders_dali_rung", the_ladders_dali_rung, "every sample exactly once per epoch",
                            words="drop_last=False"), seeds_for("the_ladders_dali_rung"))
+
+
+def test_flips_are_judged_over_every_stage_of_the_check():
+    """A flip rate of 0.45 can pass one stage's few thousand samples at 5 standard deviations (walk w1-08: caught by
+    the parity stage on 2 seeds of 3); pooled over every stage it fails on every draw; a fair coin passes."""
+    from course_utils.checks import CheckFailed
+    from course_utils.checks.lesson08 import _flips_over_the_check
+    rng = np.random.default_rng(0)
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        stages = [rng.random(n) < 0.45 for n in (1800, 1800, 1200, 3840)]
+        with pytest.raises(CheckFailed, match="flips half of the samples"):
+            _flips_over_the_check(stages)
+        _flips_over_the_check([rng.random(n) < 0.5 for n in (1800, 1800, 1200, 3840)])

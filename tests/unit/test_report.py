@@ -76,3 +76,28 @@ def test_a_card_without_parity_says_so_and_points_to_its_notes():
     assert "## Accuracy parity\n\nNot measured for this card.\n" in bare
     noted = report.ReportCard.from_climb(_climb(), final="yours", notes=["parity: see check 8.1"]).markdown()
     assert "Not measured for this card (see the notes)." in noted and "- parity: see check 8.1" in noted
+
+
+def test_report_dir_is_the_notebooks_course_folder_or_course_build(tmp_path, monkeypatch):
+    """w1-08: lesson 08 found build/ through course_utils.__file__, which wrote into another checkout's build/ when the
+    package was installed from there."""
+    from course_utils.report import report_dir
+    monkeypatch.delenv("COURSE_BUILD", raising=False)
+    (tmp_path / "notebooks").mkdir()
+    monkeypatch.chdir(tmp_path / "notebooks")
+    assert report_dir() == tmp_path / "build"
+    monkeypatch.chdir(tmp_path)
+    assert report_dir() == tmp_path / "build"
+    monkeypatch.setenv("COURSE_BUILD", str(tmp_path / "elsewhere"))
+    assert report_dir() == tmp_path / "elsewhere"
+
+
+def test_the_headline_names_rungs_faster_than_the_final_one():
+    """w1-08: "yours runs at 92% ..." above a table in which three rungs ran faster."""
+    climb = _climb()
+    climb.rungs.insert(1, {"name": "CUDA graph", "short": "graph", "samples_per_s": 30000.0,
+                           "fraction_of_ceiling": 1.875, "stall_fraction": 0.0, "speedup_over_baseline": 12.5})
+    card = report.ReportCard.from_climb(climb, final="yours")
+    assert card.headline().endswith("; faster in the same run: CUDA graph (188%)")
+    assert "faster in the same run" not in _card().headline()
+    assert "cores used by this course | by other programs |" in _card().markdown()

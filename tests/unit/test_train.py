@@ -120,3 +120,41 @@ def test_closing_the_loader_after_an_early_stop_is_not_timed():
     assert closed_at, "the loader's iterator was closed"
     assert result.stats.total_s < 0.3, result.stats.total_s
     assert result.stats.step_log[-1]["step_end"] < closed_at[0] - 0.4
+
+
+def test_a_cuda_graph_trains_an_epochs_short_last_batch_eagerly_and_replays_the_rest():
+    """x-08 F2: `drop_last=False` and `cuda_graph=True` together (what exercise 8.1 asks, with the course's fastest
+    rung's part) used to raise at the first epoch's end on a GPU. A batch of another shape now runs eagerly, on the
+    same parameters and optimizer state: the same weights as an eager run of the same batches (on the emulated
+    capture of the virtual CUDA device for training steps, which replays what was recorded, as a GPU does)."""
+    from course_utils.checks.virtual_cuda_training import VirtualCudaTraining
+    from course_utils.train import GRAPH_WARMUP, _GraphedStep
+
+    data = _batches(6 * 8 + 3)                       # 6 full batches of 8 and a short one of 3, per epoch
+    torch.manual_seed(0)
+    eager = TinyCNN(width=4)
+    graphed = TinyCNN(width=4)
+    graphed.load_state_dict(eager.state_dict())
+    loader = DataLoader(data, batch_size=8, shuffle=False)
+    reference = train(eager, loader, device="cpu", epochs=2, progress=False)
+    made = []
+    with VirtualCudaTraining() as vc:
+        vc.put_module(graphed)
+        original = _GraphedStep.__init__
+
+        def keep(self, *args, **kwargs):
+            original(self, *args, **kwargs)
+            made.append(self)
+        _GraphedStep.__init__ = keep
+        try:
+            result = train(graphed, loader, device="cuda", epochs=2, cuda_graph=True, progress=False)
+        finally:
+            _GraphedStep.__init__ = original
+        graphs = list(vc.graphs.graphs)
+    assert result.steps == 14 and len(result.losses) == 14
+    step = made[0]
+    assert step.eager_steps == 2 and step.shapes[0][0] == 8, "the short batch of each epoch ran eagerly"
+    assert len(graphs) == 1 and graphs[0].replays == 14 - GRAPH_WARMUP - 2
+    for a, b in zip(eager.parameters(), graphed.parameters()):
+        assert torch.allclose(a, b.detach(), atol=1e-5), "the eager step and the replays trained one model"
+    assert result.losses == pytest.approx(reference.losses, abs=1e-5)
