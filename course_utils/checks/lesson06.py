@@ -566,7 +566,11 @@ def _same(yours, expected, where: str, *, top: bool = False, count_prop: str = "
                           "the same namedtuple")
     if isinstance(expected, dict):
         if list(yours.keys()) != list(expected.keys()):
-            raise CheckFailed("keeps the structure", f"{where}: keys {list(yours)} instead of {list(expected)}")
+            raise CheckFailed("keeps the structure", f"{where}: keys {list(yours)} instead of {list(expected)}",
+                              "build each dict with the input's keys in the input's order (type(obj)(zip(obj.keys(), "
+                              "...)), as torch does): sorted keys, or a set of them, change the order the caller "
+                              "reads them in" if sorted(map(str, yours)) == sorted(map(str, expected)) else
+                              "one dict per piece with every key of the input, in its order")
         for key in expected:
             _same(yours[key], expected[key], f"{where}[{key!r}]", depth=depth + 1, joining=joining, prop=prop)
         return
@@ -594,7 +598,10 @@ def _raised(prop: str, where: str, exc: BaseException) -> CheckFailed:
                            "a str is a sequence of one-character strings, each a str again: recurse only into "
                            "tuple, list and dict, as torch does (isinstance(obj, (tuple, list, dict))), and "
                            "treat everything else as a leaf")
-    return CheckFailed(prop, f"{where}: yours raised {type(exc).__name__}: {exc}{_learner_line(exc)}")
+    hint = ("pass dim down the recursion: the tensors inside a tuple, list or dict are split and joined along the "
+            "same dim as a bare tensor" if prop in ("joins along dim inside containers too",
+                                                     "splits along dim inside containers too") else "")
+    return CheckFailed(prop, f"{where}: yours raised {type(exc).__name__}: {exc}{_learner_line(exc)}", hint)
 
 
 def _storage(t: torch.Tensor) -> int:
