@@ -267,9 +267,10 @@ def speedup_range_verdict(speedup: float, low: float, high: float, n_devices: in
     if _speedup_class(low) == _speedup_class(high):
         return speedup_verdict(speedup, n_devices, what)
     who = f"{what}: " if what else ""
+    edge = next(e for e in (0.9, 1.1, 2.0) if low < e <= high or (e == 1.1 and low <= e < high))
     return (f"{who}{n_devices} devices ran at {speedup:.2f}x one device; the runs' halves give {low:.2f}x to "
-            f"{high:.2f}x, both {_speedup_class(low)} and {_speedup_class(high)}: the halves disagree, so this "
-            "run cannot say which")
+            f"{high:.2f}x, on both sides of {edge:g}x ({_speedup_class(low)} / {_speedup_class(high)}): the halves "
+            "disagree, so this run cannot say which")
 
 
 def agreement_range(measured: float, low: float, high: float, predicted: float, tolerance: float = 0.2) -> str:

@@ -150,10 +150,10 @@ def test_speedup_range_verdict_says_when_the_halves_disagree():
     from course_utils.scaling import speedup_range_verdict, speedup_verdict
     assert speedup_range_verdict(1.83, 1.7, 1.9, 4, "x") == speedup_verdict(1.83, 4, "x")
     both = speedup_range_verdict(1.83, 1.6, 2.2, 4, "fixed")
-    assert "1.60x to 2.20x" in both and "under 2x and 2x or more" in both and "cannot say which" in both
+    assert "1.60x to 2.20x" in both and "on both sides of 2x (under 2x / 2x or more)" in both and "cannot say which" in both
     assert "not even 2x" not in both
     naive = speedup_range_verdict(0.91, 0.67, 1.0, 4)
-    assert "slower than one device and no faster than one" in naive
+    assert "on both sides of 0.9x (slower than one device / no faster than one)" in naive
 
 
 def test_agreement_range_names_halves_on_both_sides_of_the_tolerance():
