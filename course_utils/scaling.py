@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 
 __all__ = ["dp_chunk_sizes", "StageCosts", "DPPrediction", "host_ms", "predict_dp", "dp_memory", "speedup_verdict",
+           "speedup_range_verdict", "agreement_range",
            "measured_bound", "agreement", "trend", "fit_verdict", "copy_verdict", "why_off",
            "ScalingFit", "fit_scaling", "PipelineSchedule", "pipeline_schedule"]
 
@@ -253,6 +254,41 @@ def speedup_verdict(speedup: float, n_devices: int, what: str = "") -> str:
     return f"{who}{n_devices} devices ran at {speedup:.2f}x one device ({efficiency:.0%} of {n_devices}x)"
 
 
+def _speedup_class(speedup: float) -> str:
+    return ("slower than one device" if speedup < 0.9 else "no faster than one" if speedup <= 1.1 else
+            "under 2x" if speedup < 2.0 else "2x or more")
+
+
+def speedup_range_verdict(speedup: float, low: float, high: float, n_devices: int, what: str = "") -> str:
+    """`speedup_verdict`, or, where the speed-ups of the runs' halves (`low` to `high`) fall on
+    both sides of one of its lines (0.9x, 1.1x, 2x), a sentence that says so instead of a verdict
+    that the next run may flip (lesson 06, w2-06)."""
+    low, high = min(low, high, speedup), max(low, high, speedup)
+    if _speedup_class(low) == _speedup_class(high):
+        return speedup_verdict(speedup, n_devices, what)
+    who = f"{what}: " if what else ""
+    edge = next(e for e in (0.9, 1.1, 2.0) if low < e <= high or (e == 1.1 and low <= e < high))
+    return (f"{who}{n_devices} devices ran at {speedup:.2f}x one device; the runs' halves give {low:.2f}x to "
+            f"{high:.2f}x, on both sides of {edge:g}x ({_speedup_class(low)} / {_speedup_class(high)}): the halves "
+            "disagree, so this run cannot say which")
+
+
+def agreement_range(measured: float, low: float, high: float, predicted: float, tolerance: float = 0.2) -> str:
+    """`agreement`, or, where the run's halves (`low`, `high` samples/s) fall one within
+    `tolerance` of the prediction and one outside, a phrase that says the halves disagree."""
+    low, high = min(low, high, measured), max(low, high, measured)
+
+    def side(m):
+        if not predicted > 0:
+            return "none"
+        return ("within" if abs(m / predicted - 1) <= tolerance else "below" if m < predicted else "above")
+    if side(low) == side(high):
+        return agreement(measured, predicted, tolerance)
+    words = {"within": f"within {tolerance:.0%}", "below": "further below", "above": "further above"}
+    return (f"{agreement(measured, predicted, tolerance)} (its halves ran {low:,.0f} to {high:,.0f}: "
+            f"{words[side(low)]} and {words[side(high)]}: the halves disagree)")
+
+
 def measured_bound(device0_busy: float, loop_waiting: float) -> str:
     """What held a measured run back, read from the run itself (lesson 06): "devices" when device
     0 (the busiest) worked at least 85% of the time, "loader" when the training loop waited for
@@ -337,13 +373,18 @@ def fit_verdict(fit: "ScalingFit", counts, measured_ms, held_out=(), tolerance: 
         if abs(ms[n] / predicted - 1) > allowed:
             misses.append(f"{n} devices: measured {ms[n]:.2f} ms, the fit {predicted:.2f} ms")
         else:
-            lines.append(f"held out of the fit, {n} devices took {ms[n]:.2f} ms: the fit predicted {predicted:.2f} ms")
+            off = abs(ms[n] / predicted - 1)
+            lines.append(f"held out of the fit, {n} devices took {ms[n]:.2f} ms: the fit predicted {predicted:.2f} ms"
+                         + (f" ({off:.0%} off: within the rounds' spread of {spread:.0%}, not within "
+                            f"{tolerance:.0%})" if off > tolerance else ""))
     if misses:
         lines.append("the fit does not extrapolate to the held-out counts (" + "; ".join(misses) + ")")
     if fit.per_device_ms > 0:
         where = fit.best_n_devices()
         lines.append(f"the fit puts the best device count near {where:.1f} (where parallel / n^2 = per-device)"
-                     + ("" if not misses and abs(where - best) <= 1.5 else f"; the measured best was {best}"))
+                     + ("" if not misses and abs(where - best) <= 1.5 else f"; the measured best was {best}")
+                     + (f"; with rounds {spread:.0%} apart that number is as uncertain as they are: another run "
+                        "will put it elsewhere" if spread > tolerance else ""))
     elif slower or misses:
         lines.append("the fit finds no per-device cost, yet the measurements above show one: trust them, not "
                      "the fit, beyond the counts it was fitted on")

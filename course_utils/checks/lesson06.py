@@ -113,15 +113,18 @@ _SPLITS = {"np.array_split's sizes": _array_split,
 
 
 def _times(c, n, batch, loader, *, devices_stat=None, host_rule="right", serial_rule="pieces", add=False,
-           split=None):
+           split=None, piece="first", serial_piece="first", device0="always", leaving="rest", count="batch"):
     """(samples/s, bound) of the model or of one of its near misses, named by the keywords."""
     chunks = scaling.dp_chunk_sizes(batch, n) if split is None else split(batch, n)
     if not chunks or not chunks[0]:
         return math.nan, "devices"
-    serial = (c.replicate_ms + c.reduce_ms + (batch - chunks[0]) * (c.scatter_ms_per_sample + c.gather_ms_per_sample))
+    pace = {"first": chunks[0], "mean": batch / len(chunks), "last": chunks[-1]}
+    left = ((batch - pace[serial_piece]) if leaving == "rest" else (len(chunks) - 1) * chunks[0])
+    serial = (c.replicate_ms + c.reduce_ms + left * (c.scatter_ms_per_sample + c.gather_ms_per_sample))
     pays_serial = len(chunks) > 1 if serial_rule == "pieces" else n > 1
+    own = c.device0_ms if device0 == "always" or (device0 == "one_piece" and len(chunks) == 1) else 0.0
     if devices_stat is None:
-        device = c.compute_ms(chunks[0]) + c.device0_ms
+        device = c.compute_ms(pace[piece]) + own
     else:
         device = devices_stat([c.compute_ms(chunks[0]) + c.device0_ms] + [c.compute_ms(k) for k in chunks[1:]])
     device += serial if pays_serial else 0.0
@@ -134,7 +137,8 @@ def _times(c, n, batch, loader, *, devices_stat=None, host_rule="right", serial_
     load = 1e3 * batch / loader if math.isfinite(loader) else 0.0
     times = {"loader": load, "host": host, "devices": device}
     step = sum(times.values()) if add else max(times.values())
-    return 1e3 * batch / step, max(times, key=times.get)
+    samples = chunks[0] * len(chunks) if count == "padded" else batch
+    return 1e3 * samples / step, max(times, key=times.get)
 
 
 # named near misses of samples/s: (keywords for _times, or a function of the right value; the sentence)
@@ -151,7 +155,8 @@ _SPEED_MISSES = (
                                     "they move bytes only when two or more devices get a piece (a batch of one "
                                     "sample is one piece, on device 0)"),
     (dict(host_rule="n_devices"), "yours charges host_ms_per_replica for every device: DataParallel makes one "
-                                  "replica per piece, and a small batch makes fewer pieces than devices"),
+                                  "replica per piece, and a small batch makes fewer pieces than devices (here "
+                                  "{pieces} pieces on {n} devices)", "one replica per piece"),
     (dict(host_rule="always"), "yours charges host_ms_per_replica with one device: with one device DataParallel "
                                "calls the model directly, no replica"),
     (dict(host_rule="pieces_only"), "yours charges no replica when the batch makes one piece: with two or more "
@@ -159,6 +164,27 @@ _SPEED_MISSES = (
                                     "included, even when it is the only one"),
     (dict(host_rule="no_launch"), "yours leaves out host_step_ms: the host launches every kernel of the step "
                                   "(host_step_ms, once per step) besides its work per replica"),
+    (dict(piece="mean"), "yours times the devices by the mean piece (batch / pieces = {mean:g} samples here): a "
+                         "step waits for the slowest device, device 0, with the first, largest piece ({first} samples) "
+                         "and its own work", "the slowest device sets the pace"),
+    (dict(piece="last", serial_piece="last"), "yours times the devices by the last piece ({last} samples here): a "
+                                              "step waits for the slowest device, device 0, with the first, largest "
+                                              "piece ({first} samples), and the samples that leave device 0 are "
+                                              "batch - the first piece", "the slowest device sets the pace"),
+    (dict(piece="last"), "yours times the devices by the last piece ({last} samples here): a step waits for the "
+                         "slowest device, device 0, with the first, largest piece ({first} samples)",
+     "the slowest device sets the pace"),
+    (dict(device0="one_piece"), "yours leaves out device0_ms when two or more devices work: device 0 does its own "
+                                "work (the loss on the gathered outputs, the optimizer step) every step, on top of "
+                                "its piece, however many devices share the batch", "device 0's own work every step"),
+    (dict(device0="never"), "yours leaves out device0_ms: device 0 does its own work (the loss on the gathered "
+                            "outputs, the optimizer step) every step, on top of its piece"),
+    (dict(leaving="pieces"), "yours scatters and gathers {padded_rest} samples here ((pieces - 1) x the first piece, "
+                             "or batch - the last piece): the samples that leave device 0 are batch - the first piece "
+                             "({rest}), the last piece being smaller", "scatters and gathers the samples that leave device 0"),
+    (dict(count="padded"), "yours counts the first piece x the pieces ({padded} samples here) per step: the last "
+                           "piece is smaller, and a step trains on the batch's {batch} samples",
+     "counts the batch's samples"),
     (dict(host_rule="launch_per_replica"), "yours pays host_step_ms for every replica: the step's launches are "
                                            "paid once (the backward's kernels are launched by one autograd thread "
                                            "per device, side by side); each replica adds host_ms_per_replica"),
@@ -170,21 +196,35 @@ def _named_speed_miss(yours: float, c, n, batch, loader, expected: float) -> str
         return (not math.isnan(value) and not trusted.isclose(value, expected, rel_tol=1e-6)
                 and trusted.isclose(yours, value, rel_tol=1e-6))
 
-    found = []                    # the first mistake of the model's terms and the first of the split, if any
-    for rule, sentence in _SPEED_MISSES:
+    chunks = scaling.dp_chunk_sizes(batch, n)
+    numbers_here = dict(n=n, batch=batch, pieces=len(chunks), first=chunks[0], last=chunks[-1],
+                        mean=round(batch / len(chunks), 2), rest=batch - chunks[0],
+                        padded_rest=(len(chunks) - 1) * chunks[0], padded=chunks[0] * len(chunks))
+    found, prop = [], None        # the first mistake of the model's terms and the first of the split, if any
+    for rule, sentence, *own_prop in _SPEED_MISSES:
         value = expected / n if rule == "per_device" else _times(c, n, batch, loader, **rule)[0]
         if matches(value):
             median = _times(c, n, batch, loader, devices_stat=statistics.median)[0]
             found.append(sentence.format(or_median=" (here also the median)" if trusted.isclose(median, value)
-                                         else ""))
+                                         else "", **numbers_here))
+            prop = own_prop[0] if own_prop else None
             break
     for name, split in _SPLITS.items():
         if matches(_times(c, n, batch, loader, split=split)[0]):
-            found.append(f"yours splits the batch into {name}: DataParallel's tensor.chunk makes pieces of "
-                         f"ceil(batch / n_devices) = {math.ceil(batch / n)} here, the last one smaller "
-                         f"({scaling.dp_chunk_sizes(batch, n)})")
+            text = (f"yours splits the batch into {name}: DataParallel's tensor.chunk makes pieces of "
+                    f"ceil(batch / n_devices) = {math.ceil(batch / n)} here, the last one smaller "
+                    f"({scaling.dp_chunk_sizes(batch, n)})")
+            if prop == "one replica per piece":   # always the same number: n pieces, n replicas
+                found[-1] += (f" (splitting the batch into {name} would give this same number: a split of "
+                              f"{len(split(batch, n))} pieces, one replica each)")
+            elif found:           # two mistakes that give the same number here: both named, the split's property
+                found.insert(0, text)
+                found[-1] = "or " + found[-1]
+                prop = None
+            else:
+                found.append(text)
             break
-    return "; or ".join(found)      # two mistakes that give the same number here: both named
+    return "; ".join(found), prop
 
 
 def _named_efficiency_miss(yours: float, c, n, batch, loader, expected: dict) -> str:
@@ -240,8 +280,8 @@ def _compare_estimate(estimate, costs, n, batch, loader, tripwire, props, earlie
                               f"{expected['samples_per_s']:,.2f}), and the same answer again with other stage costs",
                               "keep nothing between calls: a cache keyed on some of the arguments answers a call "
                               "whose other arguments changed with a stale result")
-        named = _named_speed_miss(yours["samples_per_s"], costs, n, batch, loader, expected["samples_per_s"])
-        raise CheckFailed(speed_prop, f"{where}: yours {yours['samples_per_s']:,.2f} samples/s, "
+        named, own_prop = _named_speed_miss(yours["samples_per_s"], costs, n, batch, loader, expected["samples_per_s"])
+        raise CheckFailed(own_prop or speed_prop, f"{where}: yours {yours['samples_per_s']:,.2f} samples/s, "
                           f"expected {expected['samples_per_s']:,.2f}", named or _speed_hint(speed_prop))
     if not trusted.isclose(yours["efficiency"], expected["efficiency"], rel_tol=1e-6):
         named = _named_efficiency_miss(yours["efficiency"], costs, n, batch, loader, expected)
@@ -323,7 +363,9 @@ def check_scaling_estimator(estimate_dp):
     n = int(rng.integers(4, 9))
     for replica_ms in (0.0, float(rng.uniform(20, 40))):
         c = _costs(rng, host_ms_per_replica=replica_ms, host_step_ms=0.0 if replica_ms == 0 else 1.0)
-        for batch in (n * int(rng.integers(5, 40)) + int(rng.integers(1, n)), n + 1, n - 1, n - 2):
+        # a remainder below n - 1: the last piece is then smaller than batch // n_devices, so a last-piece pace
+        # and a floor split give different numbers
+        for batch in (n * int(rng.integers(5, 40)) + int(rng.integers(1, n - 1)), n + 1, n - 1, n - 2):
             case(c, n, batch, inf, ("splits the batch like DataParallel", "efficiency compares with one device alone",
                                     "names what bounds the run"))
     # a batch of one sample on two or more devices: one piece, a replica on device 0, no bytes across a link
@@ -524,7 +566,11 @@ def _same(yours, expected, where: str, *, top: bool = False, count_prop: str = "
                           "the same namedtuple")
     if isinstance(expected, dict):
         if list(yours.keys()) != list(expected.keys()):
-            raise CheckFailed("keeps the structure", f"{where}: keys {list(yours)} instead of {list(expected)}")
+            raise CheckFailed("keeps the structure", f"{where}: keys {list(yours)} instead of {list(expected)}",
+                              "build each dict with the input's keys in the input's order (type(obj)(zip(obj.keys(), "
+                              "...)), as torch does): sorted keys, or a set of them, change the order the caller "
+                              "reads them in" if sorted(map(str, yours)) == sorted(map(str, expected)) else
+                              "one dict per piece with every key of the input, in its order")
         for key in expected:
             _same(yours[key], expected[key], f"{where}[{key!r}]", depth=depth + 1, joining=joining, prop=prop)
         return
@@ -552,7 +598,10 @@ def _raised(prop: str, where: str, exc: BaseException) -> CheckFailed:
                            "a str is a sequence of one-character strings, each a str again: recurse only into "
                            "tuple, list and dict, as torch does (isinstance(obj, (tuple, list, dict))), and "
                            "treat everything else as a leaf")
-    return CheckFailed(prop, f"{where}: yours raised {type(exc).__name__}: {exc}{_learner_line(exc)}")
+    hint = ("pass dim down the recursion: the tensors inside a tuple, list or dict are split and joined along the "
+            "same dim as a bare tensor" if prop in ("joins along dim inside containers too",
+                                                     "splits along dim inside containers too") else "")
+    return CheckFailed(prop, f"{where}: yours raised {type(exc).__name__}: {exc}{_learner_line(exc)}", hint)
 
 
 def _storage(t: torch.Tensor) -> int:
@@ -789,11 +838,16 @@ def check_scatter_gather(functions):
             if output_device != "cpu" and (to_host or waits):
                 what = (f"{len(to_host)} cop{'y' if len(to_host) == 1 else 'ies'} to the host" if to_host
                         else f"{len(waits)} wait(s) for the device ({waits[0].what})")
+                hint = ("move each output straight to the target device (`.to(device)`) and concatenate "
+                        "there: a trip through host memory (.cpu(), .tolist(), .numpy()) makes the host wait "
+                        "for the GPU at every step, and copies the outputs twice")
+                if not to_host:   # a value read on the host, nothing copied: the wait is the whole cost
+                    hint = ("yours reads a value on the host (.item(), bool(), float(), an `if` or assert on a tensor):"
+                            " the host waits there for the GPU to finish every step, so it cannot queue the next "
+                            "kernels; gather with tensor operations only and leave the checks out of the step (or "
+                            "do them on the device, every N steps)")
                 raise CheckFailed("gathers on the device, nothing through the host",
-                                  f"dp_gather of {where}: yours made {what}",
-                                  "move each output straight to the target device (`.to(device)`) and concatenate "
-                                  "there: a trip through host memory (.cpu(), .item(), .tolist()) makes the host wait "
-                                  "for the GPU at every step, and copies the outputs twice")
+                                  f"dp_gather of {where}: yours made {what}", hint)
 
     # gradients flow back through the split and the join
     n = int(rng.integers(2, 6))
@@ -855,6 +909,10 @@ def _read_memory(value, n, where):
     return out
 
 
+def _is_number(v) -> bool:
+    return not isinstance(v, bool) and isinstance(v, numbers.Real) and math.isfinite(float(v))
+
+
 def _kept_list(where) -> CheckFailed:
     return CheckFailed("returns a new list on every call", f"{where}: yours returned the very list object of an earlier "
                        "call", "a list kept between calls (a mutable default argument, a global) carries one call's "
@@ -905,6 +963,15 @@ def _memory_case(dp_memory, trip, n, batch, sizes, props, on_device0=True, earli
                           "earlier call with the same devices, batch and placement but other sizes",
                           "keep nothing between calls: a cache keyed on n_devices and batch_size answers with "
                           "another model's bytes")
+    if (n > 1 and batch == 1 and isinstance(value, list) and len(value) in (1, n) and _is_number(value[0])
+            and trusted.isclose(float(value[0]), scaling.dp_memory(1, 1, **sizes)[0], rel_tol=1e-9, abs_tol=0.5)
+            and not trusted.isclose(float(value[0]), expected[0], rel_tol=1e-9, abs_tol=0.5)):
+        raise CheckFailed(props[0], f"{where}: yours returned {value!r}, expected "
+                          f"{[int(v) for v in expected]}",
+                          "yours treats a batch that makes one piece as one device: with two or more devices "
+                          "DataParallel still replicates onto device 0 and reduces its gradients, so device 0 holds "
+                          "the reduce's copy too (2 x param_bytes when that is more than its activations and outputs),"
+                          " and the list has an entry for every device (0 bytes for those without a piece)")
     try:
         yours = _read_memory(value, n, where)
         wrong = any(not trusted.isclose(a, b, rel_tol=1e-9, abs_tol=0.5) for a, b in zip(yours, expected))
@@ -980,6 +1047,20 @@ def _device0_hint(yours, n, batch, sizes, on_device0, terms):
                 "host, only its own piece" if on_device0 else
                 "the batch stayed on the host: scatter copies each piece from there, so device 0 holds only its "
                 f"own piece ({c0} samples) of the input")
+    if n > 1:             # device 0 counting its own piece's outputs (2 x c0), not the gathered batch's (2 x B)
+        y = sizes["output_bytes"]
+        own = (p + sizes["optimizer_bytes"] + (batch if on_device0 else c0) * sizes["input_bytes"] + p
+               + max(c0 * sizes["activation_bytes"] + 2 * c0 * y, p))
+        if not trusted.isclose(own, expected, rel_tol=1e-9, abs_tol=0.5) and trusted.isclose(
+                yours, own, rel_tol=1e-9, abs_tol=0.5):
+            why = (f"gather brings every replica's outputs to device 0, the whole batch's {batch}, and the loss's "
+                   "backward makes their gradient there too (2 x batch x output_bytes)")
+            if trusted.isclose(2 * c0 * y, batch * y):     # an even split on 2 devices: both give this number
+                return (f"yours counts the gathered outputs once (batch x output_bytes), or only device 0's own "
+                        f"piece's outputs and their gradient (2 x {c0} x output_bytes): with this even split on 2 "
+                        f"devices the two give the same number; {why}")
+            return (f"yours counts device 0's own piece's outputs and their gradient (2 x {c0} x output_bytes): "
+                    f"{why}")
     named = _named_memory_miss(yours, expected, terms)
     rule = ("one device: the parameters + the optimizer state + the batch's input + its activations + its outputs "
             "and their gradient + the gradients" if n == 1 else
@@ -1041,6 +1122,10 @@ def check_dp_memory(dp_memory):
     for m, batch in ((4, 10), (4, 5), (int(rng.integers(4, 9)), None)):
         batch = batch or m * int(rng.integers(3, 50)) + int(rng.integers(1, m))
         case(m, batch, _sizes(rng), split)
+    # a batch of one sample on two or more devices: one piece, still a replica and a reduce on device 0
+    one_piece = ("two or more devices: a replica even for one piece", "devices without a piece hold nothing",
+                 "devices without a piece hold nothing")
+    case(int(rng.integers(2, 9)), 1, _sizes(rng, "gradients"), one_piece)
     # the same devices and batch twice, other sizes: nothing kept between calls
     again = ("matches the model on fresh sizes",) * 2 + ("devices without a piece hold nothing",)
     m, batch = int(rng.integers(2, 9)), int(rng.integers(1, 3000))

@@ -165,7 +165,7 @@ MUTANTS_6_1 = [
     Mutant("scatter and gather for all but the last piece", _with(device_fn=lambda c, ch, batch, n: (
         c.compute_ms(ch[0]) + c.device0_ms + ((c.replicate_ms + c.reduce_ms + (batch - ch[-1]) * (
             c.scatter_ms_per_sample + c.gather_ms_per_sample)) if len(ch) > 1 else 0.0))),
-        "splits the batch like DataParallel"),
+        "scatters and gathers the samples that leave device 0", words="batch - the last piece"),
     Mutant("forgets device 0's work", _with(device_fn=lambda c, ch, batch, n: (
         c.compute_ms(ch[0]) + (_serial(c, ch, batch) if len(ch) > 1 else 0.0))),
         "one device: batch / (compute + device-0 work)"),
@@ -174,8 +174,8 @@ MUTANTS_6_1 = [
         "one device: batch / (compute + device-0 work)"),
     Mutant("float split", _with(chunks_fn=lambda b, n: [b / n] * n), "splits the batch like DataParallel"),
     Mutant("tensor_split sizes", _with(chunks_fn=lambda b, n: [len(t) for t in torch.arange(b).tensor_split(n)]),
-           "splits the batch like DataParallel"),
-    Mutant("np.array_split sizes", _with(chunks_fn=_array_split), "splits the batch like DataParallel",
+           "one replica per piece", words="would give this same number"),
+    Mutant("np.array_split sizes", _with(chunks_fn=_array_split), "one replica per piece",
            words="np.array_split's sizes"),
     Mutant("floor split, the rest to the last", _with(chunks_fn=_floor_rest_last), "splits the batch like DataParallel",
            words="the rest to the last"),
@@ -185,10 +185,24 @@ MUTANTS_6_1 = [
         [batch // n + 1], batch // n + 1, 1)[0]), "efficiency of one device is 1", words="ceil(batch_size / n_devices)"),
     Mutant("the mean piece sets the pace", _with(device_fn=lambda c, ch, batch, n: (
         c.compute_fixed_ms + c.compute_per_sample_ms * batch / len(ch) + c.device0_ms
-        + (_serial(c, ch, batch) if len(ch) > 1 else 0.0))), "splits the batch like DataParallel"),
+        + (_serial(c, ch, batch) if len(ch) > 1 else 0.0))), "the slowest device sets the pace", words="mean piece"),
     Mutant("the last piece sets the pace", _with(device_fn=lambda c, ch, batch, n: (
         c.compute_ms(ch[-1]) + c.device0_ms + (_serial(c, ch, batch) if len(ch) > 1 else 0.0))),
-        "splits the batch like DataParallel"),
+        "the slowest device sets the pace", words="by the last piece"),
+    # w2-06: right splits whose messages named the split (w61_12, w61_15, w61_16, w61_21, w61_26)
+    Mutant("w2-06 w61_16: the last piece everywhere", _with(chunks_fn=lambda b, n: _chunks(b, n)[::-1], alone_fn=(
+        lambda tp, ch, batch, n: tp([ch[0]], ch[0], 1)[0])), "the slowest device sets the pace",
+        words="by the last piece"),
+    Mutant("w2-06 w61_15: device 0's work only with one piece", _with(device_fn=lambda c, ch, batch, n: (
+        c.compute_ms(ch[0]) + (c.device0_ms if len(ch) == 1 else _serial(c, ch, batch)))),
+        "device 0's own work every step", words="leaves out device0_ms when two or more devices work"),
+    Mutant("w2-06 w61_21: counts the padded samples", lambda c, n, b, loader: {
+        **_estimate(c, n, b, loader), "samples_per_s": _estimate(c, n, b, loader)["samples_per_s"]
+        * _chunks(b, n)[0] * len(_chunks(b, n)) / b}, "counts the batch's samples", words="the first piece x the pieces"),
+    Mutant("w2-06 w61_26: scatter for (pieces - 1) x the first piece", _with(device_fn=lambda c, ch, batch, n: (
+        c.compute_ms(ch[0]) + c.device0_ms + ((c.replicate_ms + c.reduce_ms + (len(ch) - 1) * ch[0] * (
+            c.scatter_ms_per_sample + c.gather_ms_per_sample)) if len(ch) > 1 else 0.0))),
+        "scatters and gathers the samples that leave device 0", words="(pieces - 1) x the first piece"),
     Mutant("devices' time: the mean of the devices' times", _with(device_fn=_devices_stat(statistics.mean)),
            "pays the serial stages once per step", words="mean"),
     Mutant("devices' time: the median of the devices' times", _with(device_fn=_devices_stat(statistics.median)),
@@ -215,9 +229,9 @@ MUTANTS_6_1 = [
     Mutant("host work shared by two cores", _with(host_fn=lambda c, ch, n: (
         c.host_step_ms + (c.host_ms_per_replica * len(ch) / min(len(ch), 2) if n > 1 else 0.0))),
         "the host launches the step once and works for every replica"),
-    Mutant("host work for every device (both steps)", _with(host_fn=lambda c, ch, n: (
+    Mutant("w2-06 w61_03: host work for every device (both steps)", _with(host_fn=lambda c, ch, n: (
         c.host_step_ms + c.host_ms_per_replica * n if n > 1 else c.host_step_ms)),
-        "splits the batch like DataParallel", words="replica per piece"),
+        "one replica per piece", words="yours charges host_ms_per_replica for every device"),
     Mutant("host work for every device, the one-device run too", host_for_every_device_in_both_runs,
            "efficiency compares with one device alone", words="n_devices replicas' host work"),
     Mutant("host and devices add up", _with(combine=sum), "one device: the longer of its launches and its work",
@@ -378,6 +392,15 @@ def cached_chunks(t, n, dim):
     return _pieces[key]
 
 
+def _item_checked(ts, dim, target):
+    """w2-06 w62_29: the right gather, and an assert on every output (a host sync, no copy)."""
+    assert all(bool(torch.isfinite(t).all().item()) for t in ts)
+    ts = [t.to(target) for t in ts]
+    if dim == 0 and all(t.dim() == 0 for t in ts):
+        ts = [t.view(1) for t in ts]
+    return torch.cat(ts, dim)
+
+
 def _host_round_trip(ts, dim, target):
     """w1-06 P8: every output copied to the host, concatenated there, copied back."""
     parts = [t.cpu().view(1) if t.dim() == 0 and dim == 0 else t.cpu() for t in ts]
@@ -417,6 +440,10 @@ MUTANTS_6_2 = [
     Mutant("P3 0-dim losses through .item()", (dp_scatter, make_gather(join=_scalars_only(
         lambda ts, target: torch.tensor([t.item() for t in ts], device=target)))),
         "gathers on the device, nothing through the host", words="wait(s) for the device"),
+    Mutant("w2-06 w62_29: a per-step .item() sanity check", (dp_scatter, make_gather(join=_item_checked)),
+           "gathers on the device, nothing through the host", words="yours reads a value on the host"),
+    Mutant("P8 gathered through the host (the copy's hint)", (dp_scatter, make_gather(join=_host_round_trip)),
+           "gathers on the device, nothing through the host", words="copies the outputs twice"),
     Mutant("P4 0-dim losses gathered on the CPU", (dp_scatter, make_gather(join=_scalars_only(
         lambda ts, target: torch.stack([t.cpu() for t in ts])))), "gathers onto output_device"),
     Mutant("P5 0-dim losses onto the last output's device", (dp_scatter, make_gather(join=_scalars_only(
@@ -424,7 +451,7 @@ MUTANTS_6_2 = [
     Mutant("P6 the scatter's recursion forgets dim", (make_scatter(pass_dim=False), dp_gather),
            "splits along dim inside containers too", words="pass dim down the recursion"),
     Mutant("P7 the gather's recursion forgets dim", (dp_scatter, make_gather(pass_dim=False)),
-           "joins along dim inside containers too"),
+           "joins along dim inside containers too", words="pass dim down the recursion"),
     Mutant("P8 gathered through the host", (dp_scatter, make_gather(join=_host_round_trip)),
            "gathers on the device, nothing through the host", words="to the host"),
     Mutant("P9 chunks cached by shape", (make_scatter(split=cached_chunks), dp_gather),
@@ -467,7 +494,7 @@ MUTANTS_6_2 = [
         dict(zip(obj.keys(), p)) for p in zip(*map(sub, obj.values()))]), dp_gather), "keeps the structure"),
     Mutant("dict keys sorted", (make_scatter(dict_pieces=lambda obj, sub: [
         type(obj)((k, v) for k, v in sorted(zip(obj.keys(), p))) for p in zip(*map(sub, obj.values()))]),
-        dp_gather), "keeps the structure"),
+        dp_gather), "keeps the structure", words="in the input's order"),
     Mutant("non-tensors deep-copied", (make_scatter(leaf=lambda obj, n: [copy.deepcopy(obj) for _ in range(n)]),
                                        dp_gather), "shares non-tensors by reference", words="very same object"),
     Mutant("non-tensors to device 0 only", (make_scatter(leaf=lambda obj, n: [obj]), dp_gather),
@@ -500,7 +527,8 @@ MUTANTS_6_2 = [
         "joins like DataParallel"),
     Mutant("sequences become lists", (dp_scatter, make_gather(seq_type=list)), "keeps the structure"),
     Mutant("OrderedDict becomes dict (gather)", (dp_scatter, make_gather(dict_type=dict)), "keeps the structure"),
-    Mutant("keys sorted (gather)", (dp_scatter, make_gather(sort_keys=True)), "keeps the structure"),
+    Mutant("keys sorted (gather)", (dp_scatter, make_gather(sort_keys=True)), "keeps the structure",
+           words="in the input's order"),
     Mutant("None becomes an empty tensor", (dp_scatter, make_gather(none=lambda: torch.empty(0))),
            "keeps None as None"),
     Mutant("onto the last output's device", (dp_scatter, make_gather(to=lambda ts, device: ts[-1].device)),
@@ -519,6 +547,18 @@ MUTANTS_6_2 = [
 
 def test_6_2_passes():
     passes("6.2", (dp_scatter, dp_gather), SEEDS)
+
+
+def _scalars_any_dim(ts, dim, target):
+    """w2-06 w62_19: 0-dim outputs viewed as vectors for any dim (torch raises for dim != 0, and so does this)."""
+    ts = [t.to(target) for t in ts]
+    if all(t.dim() == 0 for t in ts):
+        ts = [t.view(1) for t in ts]
+    return torch.cat(ts, dim)
+
+
+def test_6_2_w2_06_right_answers_pass():
+    passes("6.2", (dp_scatter, make_gather(join=_scalars_any_dim)), SEEDS[:2])
 
 
 @pytest.mark.parametrize("mutant", MUTANTS_6_2, ids=repr)
@@ -624,6 +664,13 @@ def growing_default(n, batch, _out=_grown, **s):     # noqa: B006
     return _out
 
 
+def one_piece_as_one_device(n, batch, **s):
+    """w2-06 w63_17: the one-device formula whenever the batch makes one piece (batch 1 on 4 devices: one entry)."""
+    if len(_chunks(batch, n)) == 1:
+        return _memory(1, batch, **s)
+    return _memory(n, batch, **s)
+
+
 MUTANTS_6_3 = [
     # w1-06 P10, P11
     Mutant("P10 memoised on devices and batch", memoised_on_devices_and_batch, "computes every call from its own sizes"),
@@ -659,6 +706,17 @@ MUTANTS_6_3 = [
                                              device0=lambda p, o, i, a, y, b, c0, on0: p + o + on0 * i + p + max(
                                                  c0 * a + b * y, p)),
            "one device holds the whole step", words="leaves out the gathered outputs or their gradient"),
+    Mutant("w2-06 w63_11: device 0 counts its own piece's outputs", _mem(
+        device0=lambda p, o, i, a, y, b, c0, on0: p + o + on0 * i + p + max(c0 * a + 2 * c0 * y, p)),
+        "device 0 holds the state, its input and its peak", words="device 0's own piece's outputs"),
+    Mutant("w2-06 w63_04: the gathered outputs once on device 0", _mem(
+        device0=lambda p, o, i, a, y, b, c0, on0: p + o + on0 * i + p + max(c0 * a + b * y, p)),
+        "device 0 holds the state, its input and its peak", words="the gathered outputs"),
+    Mutant("w2-06 w63_17: one piece as one device (a list of one)", one_piece_as_one_device,
+           "two or more devices: a replica even for one piece", words="treats a batch that makes one piece as one device"),
+    Mutant("one piece as one device, the others 0", lambda n, batch, **s: (
+        one_piece_as_one_device(n, batch, **s) + [0] * (n - 1) if batch == 1 and n > 1 else _memory(n, batch, **s)),
+        "two or more devices: a replica even for one piece", words="treats a batch that makes one piece as one device"),
     Mutant("the gathered outputs outside the max", _mem(
         device0=lambda p, o, i, a, y, b, c0, on0: p + o + on0 * i + p + max(c0 * a, p) + 2 * b * y),
         "device 0 holds the state, its input and its peak"),

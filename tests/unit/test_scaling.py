@@ -142,3 +142,35 @@ def test_why_off_reads_the_cpu_line_before_the_run_length():
     assert "other programs used 1.6 of this machine's 2 cores" in why_off(1.6, 2, steps=12, smoke=True)
     assert why_off(0.1, 2, steps=12, smoke=True).startswith("smoke size: 12 steps per run")
     assert "do not explain this run" in why_off(0.1, 2, steps=100, smoke=False)
+
+
+def test_speedup_range_verdict_says_when_the_halves_disagree():
+    """w2-06: the headline flipped between runs (2.02x vs 1.83x, 'not even 2x' in one of them), and the
+    naive loader's 0.67x vs 0.91x ('slower' vs 'no faster'): a verdict whose halves straddle a line says so."""
+    from course_utils.scaling import speedup_range_verdict, speedup_verdict
+    assert speedup_range_verdict(1.83, 1.7, 1.9, 4, "x") == speedup_verdict(1.83, 4, "x")
+    both = speedup_range_verdict(1.83, 1.6, 2.2, 4, "fixed")
+    assert "1.60x to 2.20x" in both and "on both sides of 2x (under 2x / 2x or more)" in both and "cannot say which" in both
+    assert "not even 2x" not in both
+    naive = speedup_range_verdict(0.91, 0.67, 1.0, 4)
+    assert "on both sides of 0.9x (slower than one device / no faster than one)" in naive
+
+
+def test_agreement_range_names_halves_on_both_sides_of_the_tolerance():
+    """w2-06: '4 devices, naive loader' read '35% below' in one run and 'as predicted' in the next."""
+    from course_utils.scaling import agreement, agreement_range
+    assert agreement_range(937, 900, 1000, 1172) == agreement(937, 1172) + (
+        " (its halves ran 900 to 1,000: further below and within 20%: the halves disagree)")
+    assert agreement_range(1100, 1050, 1150, 1172) == "as predicted"
+    assert agreement_range(500, 450, 550, 1172) == agreement(500, 1172)
+
+
+def test_fit_verdict_qualifies_what_the_spread_leaves_open():
+    """w2-06: the fit's best count (1.9 / 1.6) and its held-out miss moved with rounds 31-48% apart."""
+    from course_utils.scaling import fit_verdict
+    ms = [40.0, 22.0, 21.0, 23.0, 30.0]
+    fit = fit_scaling([1, 2, 3, 4], ms[:4], batch_size=512)
+    noisy = fit_verdict(fit, [1, 2, 3, 4, 6], ms, held_out=[6], spread=0.4)
+    assert any("as uncertain as they are" in line for line in noisy)
+    quiet = fit_verdict(fit, [1, 2, 3, 4, 6], ms, held_out=[6], spread=0.0)
+    assert not any("uncertain" in line for line in quiet)
