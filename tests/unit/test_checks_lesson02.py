@@ -124,27 +124,176 @@ def largest_count(sweep, tolerance=0.05):
     return max(sweep)
 
 
+# The walk of issue 37 (w1-02): the learner's own wrong answers, as written there.
+def truncated_threshold(sweep, tolerance=0.05):     # passed 40 of 40 seeds: the knife edges were integers
+    if not sweep:
+        raise ValueError("empty")
+    best = max(sweep.values())
+    t = int((1 - tolerance) * best)
+    return min(w for w, s in sweep.items() if s >= t)
+
+
+def rounded_threshold(sweep, tolerance=0.05):       # passed 22 of 40 seeds
+    if not sweep:
+        raise ValueError("empty")
+    best = max(sweep.values())
+    t = round((1 - tolerance) * best)
+    return min(w for w, s in sweep.items() if s >= t)
+
+
+def gap_over_the_point(sweep, tolerance=0.05):      # (best - s) / s: was told "compare with >=, not >"
+    if not sweep:
+        raise ValueError("empty")
+    best = max(sweep.values())
+    return min(w for w, s in sweep.items() if (best - s) / s <= tolerance)
+
+
+def tolerance_in_percent(sweep, tolerance=0.05):    # was told "that is the single best point"
+    if not sweep:
+        raise ValueError("empty")
+    best = max(sweep.values())
+    return min(w for w, s in sweep.items() if s >= (1 - tolerance / 100) * best)
+
+
+def skips_zero(sweep, tolerance=0.05):
+    if not sweep:
+        raise ValueError("empty")
+    best = max(sweep.values())
+    return min(w for w, s in sweep.items() if w > 0 and s >= (1 - tolerance) * best)
+
+
+def first_peak(sweep, tolerance=0.05):               # walks up until the curve drops
+    if not sweep:
+        raise ValueError("empty")
+    ws = sorted(sweep)
+    best_w = ws[0]
+    for w in ws[1:]:
+        if sweep[w] < sweep[best_w]:
+            break
+        best_w = w
+    return min(w for w in ws if w <= best_w and sweep[w] >= (1 - tolerance) * sweep[best_w])
+
+
+def median_reference(sweep, tolerance=0.05):
+    import statistics
+    if not sweep:
+        raise ValueError("empty")
+    ref = statistics.median(sweep.values())
+    return min(w for w, s in sweep.items() if s >= (1 - tolerance) * ref)
+
+
+def mean_reference(sweep, tolerance=0.05):
+    import statistics
+    if not sweep:
+        raise ValueError("empty")
+    ref = statistics.mean(sweep.values())
+    return min(w for w, s in sweep.items() if s >= (1 - tolerance) * ref)
+
+
+def second_best_reference(sweep, tolerance=0.05):
+    if not sweep:
+        raise ValueError("empty")
+    vals = sorted(sweep.values())
+    ref = vals[-2] if len(vals) > 1 else vals[-1]
+    return min(w for w, s in sweep.items() if s >= (1 - tolerance) * ref)
+
+
+def largest_within(sweep, tolerance=0.05):
+    if not sweep:
+        raise ValueError("empty")
+    best = max(sweep.values())
+    return max(w for w, s in sweep.items() if s >= (1 - tolerance) * best)
+
+
+def last_key_is_best(sweep, tolerance=0.05):         # the largest count's throughput taken as the best
+    if not sweep:
+        raise ValueError("empty")
+    best = sweep[max(sweep)]
+    return min(w for w, s in sweep.items() if s >= (1 - tolerance) * best)
+
+
+def remembers_its_first_answer(sweep, tolerance=0.05, _cache={}):   # state kept between calls
+    if not sweep:
+        raise ValueError("empty")
+    if "w" not in _cache:
+        _cache["w"] = choose(sweep, tolerance)
+    return _cache["w"]
+
+
+# Right answers written other ways (each passed the walk, each must pass here)
+def gap_over_the_best(sweep, tolerance=0.05):
+    if not sweep:
+        raise ValueError("empty")
+    best = max(sweep.values())
+    return min(w for w, s in sweep.items() if (best - s) / best <= tolerance)
+
+
+def ratio_to_the_best(sweep, tolerance=0.05):
+    if not sweep:
+        raise ValueError("empty")
+    best = max(sweep.values())
+    return min(w for w, s in sweep.items() if s / best >= 1 - tolerance)
+
+
+def best_minus_a_share(sweep, tolerance=0.05):
+    if not sweep:
+        raise ValueError("empty")
+    best = max(sweep.values())
+    return min(w for w, s in sweep.items() if s >= best - tolerance * best)
+
+
+def sorted_scan(sweep, tolerance=0.05):
+    if not sweep:
+        raise ValueError("empty")
+    best = max(sweep.values())
+    for w in sorted(sweep):
+        if sweep[w] >= (1 - tolerance) * best:
+            return w
+
+
+def with_numpy(sweep, tolerance=0.05):                # returns an np.int64 key
+    if not sweep:
+        raise ValueError("empty")
+    ws, ss = np.array(list(sweep)), np.array(list(sweep.values()), dtype=float)
+    return ws[ss >= (1 - tolerance) * ss.max()].min()
+
+
+def max_of_empty_raises_value_error(sweep, tolerance=0.05):   # max() of an empty sequence is a ValueError
+    best = max(sweep.values())
+    return min(w for w, s in sweep.items() if s >= (1 - tolerance) * best)
+
+
 def empty_raises_index_error(sweep, tolerance=0.05):
     best = max(sweep.values()) if sweep else [][0]
     return min(w for w, s in sweep.items() if s >= (1 - tolerance) * best)
 
 
+PICKS = "picks the smallest count within the tolerance of the best"
 MUTANTS_21 = [
-    Mutant("argmax", argmax, "picks the smallest count within the tolerance of the best", words="single best point"),
-    Mutant("first in dict order", first_in_dict_order, "picks the smallest count within the tolerance of the best"),
-    Mutant("stops at the first drop", stop_at_first_drop, "picks the smallest count within the tolerance of the best"),
-    Mutant("absolute tolerance", absolute_tolerance, "picks the smallest count within the tolerance of the best"),
-    Mutant("> instead of >=", strict_inequality, "picks the smallest count within the tolerance of the best",
-           words="not >"),
-    Mutant("tolerance 0 read as the default", zero_tolerance_is_default,
-           "picks the smallest count within the tolerance of the best"),
-    Mutant("best / (1 + tolerance)", divides_by_one_plus, "picks the smallest count within the tolerance of the best"),
-    Mutant("scans down from the best", scans_down_from_the_best,
-           "picks the smallest count within the tolerance of the best"),
-    Mutant("ignores the tolerance", ignores_tolerance, "picks the smallest count within the tolerance of the best"),
-    Mutant("the ratio rounded to 2 places", rounds_the_ratio, "picks the smallest count within the tolerance of the best"),
-    Mutant("default tolerance 0.1", default_of_a_tenth, "picks the smallest count within the tolerance of the best"),
-    Mutant("the largest count", largest_count, "picks the smallest count within the tolerance of the best"),
+    Mutant("argmax", argmax, PICKS, words="single best point"),
+    Mutant("first in dict order", first_in_dict_order, PICKS, words="any order"),
+    Mutant("stops at the first drop", stop_at_first_drop, PICKS, words="a drop does not end the search"),
+    Mutant("stops at the first peak", first_peak, PICKS, words="a drop does not end the search"),
+    Mutant("absolute tolerance", absolute_tolerance, PICKS, words="not a number of samples/s"),
+    Mutant("tolerance in percent", tolerance_in_percent, PICKS, words="not a percentage"),
+    Mutant("> instead of >=", strict_inequality, PICKS, words="not >"),
+    Mutant("tolerance 0 read as the default", zero_tolerance_is_default, PICKS, words="`tolerance or 0.05`"),
+    Mutant("best / (1 + tolerance)", divides_by_one_plus, PICKS, words="best / (1 + tolerance)"),
+    Mutant("(best - s) / s", gap_over_the_point, PICKS, words="share of the best"),
+    Mutant("threshold truncated to an int", truncated_threshold, PICKS, words="not cut to a whole number"),
+    Mutant("threshold rounded", rounded_threshold, PICKS, words="not rounded"),
+    Mutant("scans down from the best", scans_down_from_the_best, PICKS, words="dip"),
+    Mutant("ignores the tolerance", ignores_tolerance, PICKS, words="use the tolerance argument"),
+    Mutant("the ratio rounded to 2 places", rounds_the_ratio, PICKS),
+    Mutant("default tolerance 0.1", default_of_a_tenth, PICKS, words="the default tolerance is 0.05"),
+    Mutant("the largest count", largest_count, PICKS),
+    Mutant("the largest count within", largest_within, PICKS, words="not the largest"),
+    Mutant("skips 0 workers", skips_zero, PICKS, words="0 workers is a count"),
+    Mutant("the median as the best", median_reference, PICKS, words="not the median"),
+    Mutant("the mean as the best", mean_reference, PICKS, words="not the mean"),
+    Mutant("the second best as the best", second_best_reference, PICKS, words="not the second best"),
+    Mutant("the largest count's throughput as the best", last_key_is_best, PICKS, words="wherever it is"),
+    Mutant("remembers its first answer", remembers_its_first_answer, PICKS, words="keep nothing between calls"),
     Mutant("returns the throughput", returns_throughput, "returns a worker count (an int)"),
     Mutant("no empty guard", no_empty_guard, "raises ValueError on an empty sweep"),
     Mutant("IndexError when empty", empty_raises_index_error, "raises ValueError on an empty sweep"),
@@ -152,8 +301,10 @@ MUTANTS_21 = [
 ]
 
 
-def test_choose_workers_passes():
-    passes("2.1", choose, range(30))
+@pytest.mark.parametrize("answer", [choose, gap_over_the_best, ratio_to_the_best, best_minus_a_share, sorted_scan,
+                                    with_numpy, max_of_empty_raises_value_error], ids=lambda f: f.__name__)
+def test_choose_workers_passes(answer):
+    passes("2.1", answer, range(30))
 
 
 @pytest.mark.parametrize("mutant", MUTANTS_21, ids=repr)
