@@ -1250,9 +1250,9 @@ def _check_worker_seeding(dataset_class):
                (other_padding, dataset_class(images, labels, padding=other_padding), f"padding={other_padding}"),
                (4, dataset_class(images, labels), "padding left at its default"))
     flipped = []
-    for (pad, ds, how), times in zip(configs, (300, 60, 60)):   # the first padding drawn the most: 6,000+ draws
-        what = f"{n} images of {h}x{w}, {how}, drawn {times} times each in the main process (seed {seed})"
-        indices = [i for _ in range(times) for i in range(n)]
+    for pad, ds, how in configs:
+        what = f"{n} images of {h}x{w}, {how}, drawn 60 times each in the main process (seed {seed})"
+        indices = [i for _ in range(60) for i in range(n)]
         try:
             params = _params_of([ds[i] for i in indices], images, labels, indices, pad, what)
             _draw_statistics(params, pad, what, n)
@@ -1262,6 +1262,12 @@ def _check_worker_seeding(dataset_class):
             raise CheckFailed("pads by 4 by default", failed.detail,
                               "def __init__(self, images, labels, padding=4)") from None
         flipped += [p[2] for p in params]
+    # 240 more draws of each item of the first dataset: the share flipped over 8,000 or more draws
+    indices = [i for _ in range(240) for i in range(n)]
+    what = f"{n} images of {h}x{w}, padding={padding}, drawn 240 more times each in the main process (seed {seed})"
+    more = _params_of([dataset[i] for i in indices], images, labels, indices, padding, what)
+    _draw_statistics(more, padding, what, n)          # with 20 draws or more of every (dy, dx) pair
+    flipped += [p[2] for p in more]
     _flip_share(flipped, f"{n} images, the three datasets above, in the main process (seed {seed})")
 
     # with two workers (the dataset has been used in the main process already, as in a notebook)
