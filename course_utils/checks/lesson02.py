@@ -1,7 +1,11 @@
 """Checks for lesson 02 (DataLoader workers)."""
 from __future__ import annotations
 
+import contextlib
 import gc
+import os
+import time
+import warnings
 
 import numpy as np
 import torch
@@ -73,18 +77,146 @@ def _shuffled(sweep: dict, rng) -> dict:
 
 # Sweeps whose answer a plausible slip changes: each is (sweep, tolerance or None for the
 # default, what it catches). Random sweeps keep their values away from the threshold, so
-# these knife edges are written out.
+# these knife edges are written out. Every threshold below lands exactly where it is meant to
+# however the arithmetic is written ((1 - t) * best, best - t * best, s / best, (best - s) / best).
 _EDGE_CASES = [
+    ({0: 500.0, 1: 951.0, 2: 980.0, 3: 1000.0}, 0.05, "a point just within 5% of the best (0.95 x best, not best / 1.05)"),
     ({0: 400.0, 1: 750.0, 2: 900.0, 3: 1000.0}, 0.25, "a point exactly at the threshold (at least means >=)"),
-    ({0: 500.0, 1: 951.0, 2: 1000.0}, 0.05, "a point just within 5% of the best (0.95 x best, not best / 1.05)"),
     ({0: 500.0, 1: 948.0, 2: 1000.0}, 0.05, "a point just below the threshold (0.948 x best: 0.95 once rounded)"),
+    ({0: 1520.5, 1: 1601.0}, 0.05, "a point 0.45 samples/s below a threshold of 1,520.95 (1,520 once truncated)"),
+    ({0: 1520.97, 1: 1601.0}, 0.05, "a point 0.02 samples/s above a threshold of 1,520.95 (1,521 once rounded)"),
+    ({0: 300.0, 1: 880.0, 2: 960.0, 3: 1000.0}, 0.15, "a tolerance of 0.15, where 0.05 would pick another count"),
     ({0: 600.0, 1: 899.0, 2: 1000.0, 3: 990.0}, 0.1, "a point just below the threshold of a tolerance of 0.1"),
     ({0: 500.0, 1: 990.0, 2: 600.0, 3: 1000.0}, 0.05, "a near-best point, a dip, then the best"),
     ({0: 300.0, 1: 900.0, 2: 940.0, 3: 1000.0}, None, "the default tolerance, 0.05"),
     ({0: 300.0, 1: 900.0, 2: 940.0, 3: 1000.0}, 0.1, "a tolerance of 0.1"),
     ({6: 1000.0, 0: 200.0, 12: 1010.0, 3: 700.0}, 0.05, "worker counts 0, 3, 6, 12 given out of order"),
     ({0: 500.0, 1: 960.0, 2: 1000.0, 3: 1000.0}, 0.0, "tolerance 0, two counts tied for the best"),
+    ({0: 990.0, 1: 1000.0, 2: 995.0}, 0.05, "0 workers within the tolerance of the best"),
+    ({0: 999.7, 1: 1000.0}, 0.05, "a point 0.3 samples/s below the best"),
+    ({0: 999.98, 1: 1000.0}, 0.05, "a point 0.02 samples/s below the best"),
 ]
+
+
+def _smallest(sweep, ok):
+    good = [w for w, v in sweep.items() if ok(v)]
+    return min(good) if good else None
+
+
+def _median(values):
+    v = sorted(values)
+    return (v[(len(v) - 1) // 2] + v[len(v) // 2]) / 2
+
+
+def _scan_down(sweep, tolerance):
+    counts = sorted(sweep)
+    best = max(sweep.values())
+    i = counts.index(max(sweep, key=sweep.get))
+    while i > 0 and sweep[counts[i - 1]] >= (1 - tolerance) * best:
+        i -= 1
+    return counts[i]
+
+
+def _first_peak(sweep, tolerance):
+    counts = sorted(sweep)
+    peak = counts[0]
+    for w in counts[1:]:
+        if sweep[w] < sweep[peak]:
+            break
+        peak = w
+    return min(w for w in counts if w <= peak and sweep[w] >= (1 - tolerance) * sweep[peak])
+
+
+def _stop_at_first_drop(sweep, tolerance):
+    counts = sorted(sweep)
+    for a, b in zip(counts, counts[1:]):
+        if sweep[b] < sweep[a]:
+            return a
+    return counts[-1]
+
+
+def _first_in_order(sweep, tolerance):
+    best = max(sweep.values())
+    return next((w for w, v in sweep.items() if v >= (1 - tolerance) * best), None)
+
+
+# Slips a learner's answer can be recognised by: (name, answer(sweep, tolerance, passed), hint).
+# `tolerance` is what the learner's function had (0.05 where it was left to its default), `passed`
+# whether the check passed it. The check names the first slip whose answers match all of the
+# learner's so far, the failing one included.
+_SLIPS = [
+    ("> instead of >=", lambda s, t, p: _smallest(s, lambda v: v > (1 - t) * max(s.values())),
+     lambda s, t: (f"a count reaches exactly (1 - tolerance) x the best ({(1 - t) * max(s.values()):,.2f}), and 'at "
+                   "least' includes the threshold itself: compare with >=, not >")),
+    ("best / (1 + tolerance)", lambda s, t, p: _smallest(s, lambda v: v >= max(s.values()) / (1 + t)),
+     lambda s, t: (f"the threshold is (1 - tolerance) x the best, {(1 - t) * max(s.values()):,.2f} here; "
+                   f"best / (1 + tolerance) is {max(s.values()) / (1 + t):,.2f}, and so is the gap measured as a "
+                   "share of each point, (best - s) / s <= tolerance: measure the gap as a share of the best")),
+    ("threshold truncated", lambda s, t, p: _smallest(s, lambda v: v >= int((1 - t) * max(s.values()))),
+     lambda s, t: (f"the threshold here is {(1 - t) * max(s.values()):,.2f}: compare with it as it is, not cut to "
+                   "a whole number (int() drops the fraction)")),
+    ("threshold rounded", lambda s, t, p: _smallest(s, lambda v: v >= round((1 - t) * max(s.values()))),
+     lambda s, t: (f"the threshold here is {(1 - t) * max(s.values()):,.2f}: compare with it as it is, not rounded "
+                   "to a whole number")),
+    ("tolerance ignored", lambda s, t, p: _smallest(s, lambda v: v >= 0.95 * max(s.values())),
+     lambda s, t: (f"yours picks what a tolerance of 0.05 picks, but the tolerance passed was {t:g}: use the "
+                   "tolerance argument")),
+    ("default of 0.1", lambda s, t, p: _smallest(s, lambda v: v >= (1 - (t if p else 0.1)) * max(s.values())),
+     lambda s, t: "called without a tolerance, yours used another default: the default tolerance is 0.05"),
+    ("tolerance 0 read as the default", lambda s, t, p: _smallest(s, lambda v: v >= (1 - (t or 0.05)) * max(s.values())),
+     lambda s, t: ("a tolerance of 0 is a tolerance (only counts as fast as the best qualify); `tolerance or 0.05` "
+                   "turns it into 0.05")),
+    ("absolute tolerance", lambda s, t, p: _smallest(s, lambda v: v >= max(s.values()) - t),
+     lambda s, t: ("the tolerance is a share of the best, (1 - tolerance) x best, not a number of samples/s "
+                   "subtracted from it")),
+    ("tolerance in percent", lambda s, t, p: _smallest(s, lambda v: v >= (1 - t / 100) * max(s.values())),
+     lambda s, t: "the tolerance is a fraction (0.05 means 5%), not a percentage: do not divide it by 100"),
+    ("zero skipped", lambda s, t, p: _smallest({w: v for w, v in s.items() if w > 0}, lambda v: v >= (1 - t) * max(s.values())),
+     lambda s, t: "0 workers is a count like the others: when it comes within the tolerance of the best, it is the answer"),
+    ("the largest count within", lambda s, t, p: max((w for w, v in s.items() if v >= (1 - t) * max(s.values())), default=None),
+     lambda s, t: "take the smallest count within the tolerance, not the largest"),
+    ("the first one in dict order", lambda s, t, p: _first_in_order(s, t),
+     lambda s, t: ("the sweep's keys come in any order: take the smallest count that qualifies, not the first one "
+                   "the dict gives")),
+    ("stops at the first peak", lambda s, t, p: _first_peak(s, t),
+     lambda s, t: ("the best is the largest throughput anywhere in the sweep: a sweep can rise again after a dip, "
+                   "so a drop does not end the search")),
+    ("stops at the first drop", lambda s, t, p: _stop_at_first_drop(s, t),
+     lambda s, t: ("the best is the largest throughput anywhere in the sweep: a sweep can rise again after a dip, "
+                   "so a drop does not end the search")),
+    ("scans down from the best", lambda s, t, p: _scan_down(s, t),
+     lambda s, t: ("look at every count: a dip between a near-best point and the best does not disqualify the "
+                   "near-best one")),
+    ("the median as the reference", lambda s, t, p: _smallest(s, lambda v: v >= (1 - t) * _median(s.values())),
+     lambda s, t: "the threshold comes from the best throughput (the maximum), not the median"),
+    ("the mean as the reference", lambda s, t, p: _smallest(s, lambda v: v >= (1 - t) * sum(s.values()) / len(s)),
+     lambda s, t: "the threshold comes from the best throughput (the maximum), not the mean"),
+    ("the second best as the reference",
+     lambda s, t, p: _smallest(s, lambda v: v >= (1 - t) * sorted(s.values())[-2 if len(s) > 1 else -1]),
+     lambda s, t: "the threshold comes from the best throughput itself, not the second best"),
+    ("the largest count's throughput as the best", lambda s, t, p: _smallest(s, lambda v: v >= (1 - t) * s[max(s)]),
+     lambda s, t: ("the best throughput is the largest value in the sweep, wherever it is, not the value at the "
+                   "largest worker count")),
+    ("argmax", lambda s, t, p: max(s, key=s.get),
+     lambda s, t: ("that is the single best point; a count within the tolerance of it costs fewer processes and "
+                   "less memory for (almost) the same speed")),
+]
+
+
+def _slip_hint(history, sweep, tolerance) -> str | None:
+    """The hint of the first slip that gives every answer in `history` [(sweep, tolerance,
+    passed, yours)], said about `sweep` and `tolerance` (the case that failed), or None."""
+    for _, answer, hint in _SLIPS:
+        try:
+            if all(answer(s, t, p) == y for s, t, p, y in history):
+                return hint(sweep, tolerance)
+        except (ValueError, IndexError, ZeroDivisionError, KeyError, StopIteration):
+            continue
+    return None
+
+
+def _number(v: float) -> str:
+    return f"{v:,.0f}" if float(v).is_integer() else f"{v:,.2f}"
 
 
 @exercise("2.1", "Choose num_workers from a recorded sweep")
@@ -101,17 +233,15 @@ def check_choose_workers(choose_num_workers):
     edges = [(dict(sweep), tolerance, what) for sweep, tolerance, what in _EDGE_CASES]
     order = list(range(len(cases), len(cases) + len(edges))) + list(rng.permutation(len(cases)))   # edges first
     cases += edges
+    history = []            # (sweep, tolerance the function had, passed?, its answer)
     for k in order:
         sweep, tolerance, what = cases[k]
         given = dict(sweep) if len(sweep) <= 4 else _shuffled(sweep, rng)   # small ones are written as they are
         original = dict(given)
+        passed = not (tolerance is None or (tolerance == 0.05 and rng.random() < 0.5))
         if tolerance is None:
-            yours = choose_num_workers(given)                       # the default tolerance
-            tolerance = 0.05
-        elif tolerance == 0.05 and rng.random() < 0.5:
-            yours = choose_num_workers(given)
-        else:
-            yours = choose_num_workers(given, tolerance=tolerance)
+            tolerance = 0.05                                        # the default
+        yours = choose_num_workers(given, tolerance=tolerance) if passed else choose_num_workers(given)
         if given != original or list(given) != list(original):
             raise CheckFailed("leaves the sweep unchanged", f"{what}: the dict passed in was modified")
         if isinstance(yours, bool) or not isinstance(yours, (int, np.integer)):
@@ -119,28 +249,40 @@ def check_choose_workers(choose_num_workers):
                               f"{what}: yours returned {type(yours).__name__}: {yours!r}",
                               "return the key (num_workers), not its throughput")
         expected = _reference_choice(sweep, tolerance)
+        previous = history[-1] if history else None
+        history.append((original, tolerance, passed, int(yours)))
         if int(yours) != expected:
             best_w = max(sweep, key=sweep.get)
+            threshold = (1 - tolerance) * sweep[best_w]
             if len(sweep) <= 9:
-                table = "{" + ", ".join(f"{w}: {sweep[w]:,.0f}" for w in sorted(sweep)) + "}"
+                table = "{" + ", ".join(f"{w}: {_number(sweep[w])}" for w in sorted(sweep)) + "}"
             else:
-                table = (f"best {sweep[best_w]:,.0f} samples/s at {best_w} workers, threshold "
-                         f"{(1 - tolerance) * sweep[best_w]:,.0f}; at yours "
-                         f"{sweep.get(int(yours), float('nan')):,.0f}, at {expected} {sweep[expected]:,.0f}")
-            hint = ("take the best throughput, then the smallest worker count whose throughput is at least "
-                    "(1 - tolerance) times it; look at every count, in increasing order")
-            strict = [w for w, v in sweep.items() if v > (1 - tolerance) * sweep[best_w]]
-            if sweep[expected] == (1 - tolerance) * sweep[best_w] and int(yours) == (min(strict) if strict else None):
-                hint = (f"{expected} worker{'s' if expected != 1 else ''} reach{'es' if expected == 1 else ''} exactly (1 - tolerance) x the best, and 'at least' includes "
-                        "the threshold itself: compare with >=, not >")
-            elif int(yours) == best_w and expected != best_w:
-                hint = ("that is the single best point; a count within the tolerance of it costs fewer "
-                        "processes and less memory for (almost) the same speed")
-            elif int(yours) not in sweep:
+                table = (f"best {_number(sweep[best_w])} samples/s at {best_w} workers, threshold "
+                         f"{_number(threshold)}; at yours {_number(sweep.get(int(yours), float('nan')))}, at "
+                         f"{expected} {_number(sweep[expected])}")
+            # more of your answers, on the cases not asked yet, tell the slips apart (only the hint uses them)
+            probe = list(history)
+            for j in order[order.index(k) + 1:]:
+                s, t, _ = cases[j]
+                try:
+                    answer = choose_num_workers(dict(s)) if t is None else choose_num_workers(dict(s), tolerance=t)
+                    probe.append((s, 0.05 if t is None else t, t is not None, int(answer)))
+                except Exception:
+                    continue
+            slip = _slip_hint(probe, sweep, tolerance)
+            if int(yours) not in sweep:
                 hint = "return one of the sweep's keys"
+            elif previous is not None and int(yours) == previous[3] and slip is None:
+                hint = ("yours returned its answer to the sweep before this one: keep nothing between calls (a "
+                        "default argument such as _cache={} lives as long as the function)")
+            else:
+                hint = slip or (
+                    "take the best throughput, then the smallest worker count whose throughput is at least "
+                    "(1 - tolerance) times it; look at every count, in increasing order")
+            called = f"tolerance {tolerance:g}" if passed else "tolerance left to its default"
             raise CheckFailed("picks the smallest count within the tolerance of the best",
-                              f"{what} ({table}, tolerance {tolerance:g}): yours {int(yours)}, expected {expected} "
-                              f"(seed {seed})", hint)
+                              f"{what} ({table}, {called}): yours {int(yours)}, expected {expected} (seed {seed})",
+                              hint)
     try:
         choose_num_workers({})
     except ValueError:
@@ -199,15 +341,26 @@ def _labels_of(batch, what):
     return images, [int(x) for x in labels.tolist()]
 
 
-def _children() -> set[int]:
-    """Pids of this process's child processes (a DataLoader's workers among them)."""
-    import psutil
-    return {p.pid for p in psutil.Process().children()}
+SHORT_BATCH = "batches of batch_size samples (one may be smaller: the epoch's remainder)"
+
+
+def _worker_pids() -> set[int]:
+    """Pids of the worker processes this process has started and that are alive (a DataLoader's
+    workers among them; not multiprocessing's resource tracker or fork server)."""
+    import multiprocessing
+    return {p.pid for p in multiprocessing.active_children() if p.pid is not None}
+
+
+def _batch_sizes_wrong(sizes, batch_size) -> bool:
+    """More than batch_size in a batch, or more than one smaller batch: a DataLoader's epoch has
+    one batch of the remainder at most, wherever it comes (with in_order=False it can come early)."""
+    return any(s > batch_size for s in sizes) or sum(s < batch_size for s in sizes) > 1
 
 
 def _one_epoch(loader, decode, batch_size, n, what, workers: set | None = None):
-    """Indices in the order one epoch yields them, and each index's image. `workers`, if given,
-    receives the pids of the child processes alive once the first batch has come out."""
+    """Indices in the order one epoch yields them, each index's image, and the batches (lists of
+    indices). `workers`, if given, receives the pids of the worker processes alive once the first
+    batch has come out."""
     order, images_of, sizes, batches = [], {}, [], []
     try:
         iterator = iter(loader)
@@ -215,7 +368,7 @@ def _one_epoch(loader, decode, batch_size, n, what, workers: set | None = None):
         raise CheckFailed("returns an iterable", f"yours returned {type(loader).__name__}, which cannot be iterated") from None
     for batch in iterator:
         if workers is not None and not sizes:
-            workers.update(_children())
+            workers.update(_worker_pids())
         images, labels = _labels_of(batch, what)
         sizes.append(len(labels))
         batches.append([])
@@ -226,13 +379,13 @@ def _one_epoch(loader, decode, batch_size, n, what, workers: set | None = None):
             order.append(decode[code])
             batches[-1].append(decode[code])
             images_of[decode[code]] = image
+    del iterator
     if not order:
         raise CheckFailed("every sample exactly once per epoch", f"{what}: the loader yielded nothing",
                           "return an object that starts a new pass each time it is iterated (a DataLoader does)")
-    wrong = [s for s in sizes[:-1] if s != batch_size] + ([sizes[-1]] if sizes[-1] > batch_size else [])
-    if wrong:
-        raise CheckFailed("batches of batch_size samples (the last may be smaller)",
-                          f"{what}: batch_size={batch_size}, yours gave batches of {sorted(set(sizes))}")
+    if _batch_sizes_wrong(sizes, batch_size):
+        raise CheckFailed(SHORT_BATCH, f"{what}: batch_size={batch_size}, yours gave batches of {sorted(set(sizes))} "
+                          f"({sum(s < batch_size for s in sizes)} smaller than batch_size)")
     seen = np.bincount(np.asarray(order), minlength=n)
     missing, twice = int((seen == 0).sum()), int((seen > 1).sum())
     if missing or twice:
@@ -247,36 +400,63 @@ def _draws_of(dataset, images_of, indices):
     """(dy, dx, flipped) of the crop each of `indices` came out with (None where no exact crop)."""
     from ..crop_match import match_crops
     from ..data import CIFAR10_MEAN, CIFAR10_STD
+    if not indices:
+        return []
     outs = torch.stack([images_of[i] for i in indices]).detach().to("cpu", torch.float32).numpy()
     found = match_crops(outs, dataset.images[indices].transpose(0, 3, 1, 2), CIFAR10_MEAN, CIFAR10_STD, pad=4)
     return [(int(y), int(x), bool(f)) if ok else None
             for y, x, f, ok in zip(found.dy, found.dx, found.flipped, found.exact)]
 
 
-def _workers_draw_alike(dataset, images_of, batches, what):
+def _batch_draws(dataset, images_of, batches):
+    """Per full batch: (its indices, the tuple of its (dy, dx, flipped) by position), or None for a
+    batch whose samples are mostly no crops of the dataset's images (other properties judge that)."""
+    full = [b for b in batches if len(b) == max(len(x) for x in batches)]
+    draws = _draws_of(dataset, images_of, [i for b in full for i in b])
+    out, k = [], 0
+    for b in full:
+        seq = tuple(draws[k:k + len(b)])
+        k += len(b)
+        out.append((tuple(b), seq if sum(d is None for d in seq) <= len(b) // 4 else None))
+    return out
+
+
+def _workers_draw_alike(per_batch, what):
     """Fails when two batches of an epoch drew the same crops and flips, position by position:
     what workers seeded alike do (each worker builds whole batches, and the k-th batch of every
     worker then repeats the same random draws)."""
-    full = [b for b in batches if len(b) == len(batches[0])]
-    if len(full) < 2:
-        return
-    draws = _draws_of(dataset, images_of, [i for b in full for i in b])
-    size = len(full[0])
-    seqs = [tuple(draws[k * size:(k + 1) * size]) for k in range(len(full))]
     seen: dict = {}
-    for k, seq in enumerate(seqs):
-        if sum(d is None for d in seq) > size // 4:
-            continue                       # not crops of the dataset's images: other properties judge that
+    for k, (_, seq) in enumerate(per_batch):
+        if seq is None:
+            continue
         if seq in seen:
             raise CheckFailed("different augmentations in different workers",
                               f"{what}: batches {seen[seq]} and {k} drew the same crop and flip for every one of "
-                              f"their {size} positions: the workers that built them repeat each other's random "
+                              f"their {len(seq)} positions: the workers that built them repeat each other's random "
                               "numbers",
                               "each worker needs a seed of its own. The DataLoader already seeds torch, random and "
                               "NumPy in every worker (base_seed + worker id); a worker_init_fn that seeds every "
                               "worker with the same value undoes that: drop it, or derive the seed from "
                               "get_worker_info().seed")
         seen[seq] = k
+
+
+def _draws_follow_the_seed(first, second, seeds, what):
+    """Fails when a run after another torch seed shuffled differently but drew, batch by batch, the
+    crops and flips of the first run: workers seeded from something other than torch's seed (a
+    worker_init_fn that seeds from the worker id) give every run the same augmentations. A run that
+    repeats the first's order too (a loader with a generator of its own) is reproducible, not wrong."""
+    earlier = {seq: batch for batch, seq in first if seq is not None}
+    for batch, seq in second:
+        if seq is not None and seq in earlier and earlier[seq] != batch:
+            raise CheckFailed("augmentations follow the torch seed",
+                              f"{what}: after torch.manual_seed({seeds[0]}) and torch.manual_seed({seeds[1]}) your "
+                              f"loader shuffled the samples differently, but a batch of the second run drew the "
+                              f"same crop and flip at every one of its {len(seq)} positions as a batch of the first: "
+                              "its workers draw the same random numbers in every run",
+                              "a worker_init_fn that seeds from the worker id (or any fixed number) gives every run "
+                              "the same augmentations. Drop it: the DataLoader seeds each worker from torch's seed "
+                              "(base_seed + worker id), or derive yours from torch.initial_seed() in the worker")
 
 
 def _fraction_equal(a, b) -> float:
@@ -306,14 +486,13 @@ class _Verified:
         what = f"{self.what}, pass {self.passes}"
         for batch in self.loader:
             images, codes = _labels_of(batch, what)
-            if short is not None or len(codes) > self.batch_size:
-                raise CheckFailed("batches of batch_size samples (the last may be smaller)",
-                                  f"{what}: batch_size={self.batch_size}, yours gave a batch of "
-                                  f"{short if short is not None else len(codes)} samples before the end of the epoch"
-                                  if short is not None else
-                                  f"{what}: batch_size={self.batch_size}, yours gave a batch of {len(codes)}",
+            small = len(codes) < self.batch_size
+            if len(codes) > self.batch_size or (small and short is not None):
+                raise CheckFailed(SHORT_BATCH,
+                                  f"{what}: batch_size={self.batch_size}, yours gave a batch of {len(codes)}"
+                                  + (f" after one of {short} in the same pass" if small else ""),
                                   "pass batch_size on to the DataLoader, whatever the size of the dataset")
-            if len(codes) < self.batch_size:
+            if small:
                 short = len(codes)
             indices = []
             for code in codes:
@@ -342,6 +521,167 @@ class _Verified:
                               f"{self.same_again} had exactly the same augmentation",
                               "load through the dataset every epoch, whatever its size: caching augmented images "
                               "repeats the same augmentation forever")
+
+
+def _find_dataloader(obj, depth: int = 2):
+    """The DataLoader a learner's loader is or wraps (an attribute, or one level further), or None."""
+    if isinstance(obj, DataLoader):
+        return obj
+    if depth == 0:
+        return None
+    try:
+        values = list(vars(obj).values())
+    except TypeError:
+        return None
+    for value in values:
+        if isinstance(value, DataLoader):
+            return value
+    for value in values:
+        if not isinstance(value, (str, bytes, int, float, np.ndarray, torch.Tensor, Dataset)):
+            found = _find_dataloader(value, depth - 1)
+            if found is not None:
+                return found
+    return None
+
+
+def _accelerator_present() -> bool:
+    """Whether batches can go to a GPU (or another accelerator torch pins memory for) here."""
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None and hasattr(accelerator, "is_available"):
+        return bool(accelerator.is_available())
+    return torch.cuda.is_available()
+
+
+@contextlib.contextmanager
+def _cores_limited_to(n: int):
+    """Inside the block this process may use `n` cores: its affinity mask (where the platform has
+    one) and env COURSE_CORES, both of which `usable_cores()` reads, as a container, a SLURM job or
+    taskset would limit it."""
+    from ..env import CORES_ENV
+    saved_env = os.environ.get(CORES_ENV)
+    os.environ[CORES_ENV] = str(n)
+    mask = None
+    try:
+        mask = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, set(sorted(mask)[:n]))
+    except (AttributeError, OSError, ValueError):
+        mask = None
+    try:
+        yield
+    finally:
+        if saved_env is None:
+            os.environ.pop(CORES_ENV, None)
+        else:
+            os.environ[CORES_ENV] = saved_env
+        if mask is not None:
+            os.sched_setaffinity(0, mask)
+
+
+def _follows_the_cores(make_fast_loader, dataset, batch_size, cores, started, what):
+    """With this process limited to one core, the loader must not start more than one worker: a
+    count typed in (or taken from os.cpu_count(), or computed once outside the function) is right
+    on one machine only."""
+    if cores < 2:
+        return                          # nothing fewer to try
+    before = _worker_pids()
+    machine = os.cpu_count() or cores
+    told = max(machine, cores) + 5           # what os.cpu_count() says meanwhile: a count no machine here has
+    with _cores_limited_to(1), _cpu_count_says(told), warnings.catch_warnings():
+        warnings.simplefilter("ignore")      # torch's "This DataLoader will create N worker processes"
+        loader = make_fast_loader(dataset, batch_size)
+        try:
+            found = _find_dataloader(loader)
+            if found is not None:
+                count = int(found.num_workers)
+            else:                       # count the processes it starts for its first batch
+                iterator = iter(loader)
+                next(iterator, None)
+                count = len(_worker_pids() - before)
+                del iterator
+        finally:
+            del loader
+            gc.collect()
+    if count > 1:
+        hint = ("compute the count inside the function, from the cores this process may use when it is called "
+                "(usable_cores()): a number typed in, or computed once at the top of the notebook, is right on one "
+                "machine only")
+        detail = f"yours started {count} workers ({started} with the {cores} cores it has)"
+        if count >= told:
+            detail = (f"yours asked for as many workers as os.cpu_count() says the machine has ({started} here), "
+                      "whatever the cores it may use")
+            hint = ("os.cpu_count() counts every core of the machine, not the ones this process may use (a "
+                    "container, a SLURM job or taskset gives it fewer): usable_cores(), which reads "
+                    "os.sched_getaffinity(0) and the CPU quota")
+        raise CheckFailed("num_workers follows the cores this process may use",
+                          f"{what}: called with this process limited to 1 core (its affinity mask and "
+                          f"COURSE_CORES=1, as a container, a SLURM job or taskset may limit it), {detail}", hint)
+
+
+@contextlib.contextmanager
+def _cpu_count_says(n: int):
+    """Inside the block os.cpu_count() (and multiprocessing.cpu_count(), which calls it) returns `n`:
+    a loader that sizes itself from it shows it."""
+    original = os.cpu_count
+    os.cpu_count = lambda: n
+    try:
+        yield
+    finally:
+        os.cpu_count = original
+
+
+@contextlib.contextmanager
+def _ends_what_it_starts():
+    """A check that starts worker processes ends them, whichever way it ends: on an exception (its
+    time limit, a failed property, the learner's code raising), every process this one started
+    during the block that is still alive is terminated, then killed (issue 37: a spawned worker
+    of a check that timed out ran on, orphaned, and printed results after the check's ERROR).
+    multiprocessing's resource tracker and fork server are shared services, left alone."""
+    import psutil
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    try:
+        yield
+    except BaseException:
+        gc.collect()
+        _end_new_children(me, before)
+        raise
+
+
+def _end_new_children(me, before) -> None:
+    import multiprocessing
+
+    import psutil
+    try:
+        strays = [p for p in me.children(recursive=True) if p.pid not in before]
+    except psutil.Error:
+        return
+    keep = ("resource_tracker", "forkserver")
+    targets = []
+    for p in strays:
+        try:
+            if not any(k in " ".join(p.cmdline()) for k in keep):
+                targets.append(p)
+        except psutil.Error:
+            continue
+    for p in targets:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _, alive = psutil.wait_procs(targets, timeout=2.0)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(alive, timeout=2.0)
+    multiprocessing.active_children()          # reaps the ones multiprocessing started
+
+
+@contextlib.contextmanager
+def _torch_rng_kept():
+    """The check seeds torch's global generator; the learner's state is put back afterwards."""
+    state = torch.random.get_rng_state()
+    try:
+        yield
+    finally:
+        torch.random.set_rng_state(state)
 
 
 # The share of the ideal gain 2.2 asks for (see required_speedup).
@@ -408,6 +748,11 @@ def _timing_target():
 
 @exercise("2.2", "The fastest loader for this machine", points=3, time_limit_s=240)
 def check_fast_loader(make_fast_loader):
+    with _ends_what_it_starts(), _torch_rng_kept():
+        return _check_fast_loader(make_fast_loader)
+
+
+def _check_fast_loader(make_fast_loader):
     from ..data import load_cifar10_arrays
     from ..loaders import measure_loader
 
@@ -431,17 +776,24 @@ def check_fast_loader(make_fast_loader):
     small, decode = _index_dataset(pool[rng.choice(len(pool), small_n, replace=False)], rng)
 
     # correctness: two epochs over a small dataset, every sample exactly once each, reshuffled
-    before = _children()
-    loader = make_fast_loader(small, small_bs)
+    before = _worker_pids()
+    seeds = (int(rng.integers(0, 2**31 - 1)), 0)
+    seeds = (seeds[0], seeds[0] + 1)
     what = f"{small_n} samples, batch_size={small_bs}"
     workers1, workers2 = set(), set()
-    try:
-        first, images1, batches1 = _one_epoch(loader, decode, small_bs, small_n, f"epoch 1 ({what})", workers1)
-        second, images2, _ = _one_epoch(loader, decode, small_bs, small_n, f"epoch 2 of the same loader ({what})",
-                                        workers2)
-    finally:
-        del loader
-        gc.collect()
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        torch.manual_seed(seeds[0])
+        loader = make_fast_loader(small, small_bs)
+        try:
+            first, images1, batches1 = _one_epoch(loader, decode, small_bs, small_n, f"epoch 1 ({what})", workers1)
+            second, images2, _ = _one_epoch(loader, decode, small_bs, small_n,
+                                            f"epoch 2 of the same loader ({what})", workers2)
+            found = _find_dataloader(loader)
+            pinned = bool(getattr(found, "pin_memory", False)) if found is not None else None
+        finally:
+            del loader
+            gc.collect()
     if first == sorted(first):
         raise CheckFailed("shuffles", f"{what}: epoch 1 came out in dataset order 0, 1, 2, ...",
                           "training needs a fresh random order each epoch: shuffle=True")
@@ -455,13 +807,56 @@ def check_fast_loader(make_fast_loader):
                           f"{what}: {1 - fresh:.0%} of the samples came out identical in both epochs",
                           "load through the dataset each epoch: caching augmented images repeats the same "
                           "augmentation forever")
-    _workers_draw_alike(small, images1, batches1, f"epoch 1 ({what})")
+    draws1 = _batch_draws(small, images1, batches1)
+    _workers_draw_alike(draws1, f"epoch 1 ({what})")
     workers1 -= before
-    if workers1 and not workers1 & workers2:
+    workers2 -= before
+    cores = usable_cores()
+    if not workers1:
+        raise CheckFailed("loads in worker processes",
+                          f"{what}: no worker process loaded epoch 1: the main process decoded and augmented every "
+                          "sample itself, as the num_workers=0 baseline does",
+                          "num_workers > 0: worker processes load the next batches while the main process runs "
+                          "the step (this lesson's sweep)")
+    if not workers1 & workers2:
         raise CheckFailed("keeps its worker processes alive between epochs",
                           f"{what}: epoch 1 was loaded by {len(workers1)} worker process(es), epoch 2 by new ones "
                           "(the first were stopped when epoch 1 ended)",
                           "persistent_workers=True: starting the workers costs every epoch its start-up time")
+    if len(workers1) > cores:
+        raise CheckFailed("at most one worker per usable core",
+                          f"{what}: yours started {len(workers1)} worker processes on the {cores} cores this process "
+                          "may use",
+                          "past the core count the workers only take turns on the same cores, and the main process, "
+                          "which launches every step, waits behind them (this lesson's sweep); torch warns about it "
+                          "too (\"This DataLoader will create ... worker processes\"): about one per usable core, "
+                          "usable_cores()")
+    if not _accelerator_present() and (pinned or any("pin_memory" in str(w.message) for w in warned)):
+        raise CheckFailed("pins memory only when batches go to a GPU",
+                          f"{what}: yours sets pin_memory=True on a machine without a GPU, where torch warns and "
+                          "ignores it (\"no accelerator is found\")",
+                          "pinned memory is for copies to a GPU: pin_memory=torch.cuda.is_available() follows the "
+                          "machine the loader runs on")
+    _follows_the_cores(make_fast_loader, small, small_bs, cores, len(workers1), what)
+    # a second run after another torch seed: its augmentations must follow the seed too
+    torch.manual_seed(seeds[1])
+    loader = make_fast_loader(small, small_bs)
+    try:
+        again, images_again = [], {}
+        for batch in loader:
+            images, labels = _labels_of(batch, what)
+            indices = [decode.get(c) for c in labels]
+            if None in indices:
+                continue
+            again.append(indices)
+            images_again.update(zip(indices, images))
+            if sum(len(b) == small_bs for b in again) >= 2:
+                break
+    finally:
+        del loader
+        gc.collect()
+    _draws_follow_the_seed(draws1, _batch_draws(small, images_again, [b for b in again if len(b) == small_bs]),
+                           seeds, what)
 
     # throughput: yours against the num_workers=0 baseline, in the same run, through train(),
     # in alternating rounds (a load spike from another process hits both sides alike); every
@@ -477,9 +872,10 @@ def check_fast_loader(make_fast_loader):
     big_what = f"the timed rounds ({big_n} samples, batch_size={batch_size})"
     rounds = []
     yours_raw = make_fast_loader(big, batch_size)
+    speed_hint = _speed_hint(yours_raw, usable_cores())
     yours_loader = _Verified(yours_raw, big_decode, classes, batch_size, big_what, fingerprint)
     try:
-        warmup = max(1 + _in_flight(yours_raw), 3 if target.cuda else 1)
+        warmup = max(1 + _in_flight(_find_dataloader(yours_raw) or yours_raw), 3 if target.cuda else 1)
         measure_loader(yours_loader, device, 1, model=model, warmup=warmup)      # start-up, cuDNN autotuning
         if target.kind == "cpu":
             from ..train import train
@@ -531,15 +927,31 @@ def check_fast_loader(make_fast_loader):
     if ratio < required:
         detail = (f"in the same run, yours loaded {yours.samples_per_s:,.0f} samples/s and the num_workers=0 baseline "
                   f"{base.samples_per_s:,.0f}: {ratio:.2f}x the baseline (the median of {len(rounds)} rounds of "
-                  f"{steps} steps, batches of {batch_size}). "
+                  f"{steps} steps, batches of {batch_size}; the rounds ranged {min(r[0] for r in rounds):.2f}x-"
+                  f"{max(r[0] for r in rounds):.2f}x). "
                   f"The bar here is {required:.2f}x, set from the baseline's own steps on this device and "
                   f"these {usable_cores()} cores{loaded}. The device: {base.device}.{where}")
-        raise CheckFailed("is faster than the baseline loader on this machine", detail.rstrip("."),
-                          "use worker processes (about one per usable core), keep them alive between "
-                          "epochs, and pin memory only when there is a GPU")
+        raise CheckFailed("is faster than the baseline loader on this machine", detail.rstrip("."), speed_hint)
     return (f"every sample once per epoch, reshuffled, freshly augmented, in the timed rounds too; {ratio:.2f}x "
             f"the baseline's throughput (at least {required:.2f}x asked; median of {len(rounds)} rounds, batches of "
             f"{batch_size}) on {base.device}{loaded}.{where}")
+
+
+def _speed_hint(loader, cores: int) -> str:
+    """What to look at when a loader that passed every correctness property measured too slow,
+    from what the loader is."""
+    found = _find_dataloader(loader)
+    if found is None or found is not loader:
+        return (f"yours hands every batch through {type(loader).__name__}.__iter__, which runs in the main process, "
+                "on the training loop's time: whatever it does there per batch (a copy, a conversion, loading "
+                "samples) no worker takes off it. Return the DataLoader itself, and leave the per-sample work to "
+                "the dataset, in the workers")
+    if found.num_workers < cores:
+        return (f"yours has {found.num_workers} worker(s) for {cores} usable cores: about one per usable core "
+                "(usable_cores())")
+    return (f"yours has {found.num_workers} workers, persistent_workers={found.persistent_workers}: the settings "
+            "this lesson recommends. A slow round can also be the machine: run the check again, and look at "
+            "`top` for other programs")
 
 
 def _in_flight(loader) -> int:
@@ -579,12 +991,49 @@ def _params_of(items, images, labels, indices, padding, what) -> list[tuple[int,
     if not found.exact.all():
         j = int(np.flatnonzero(~found.exact)[0])
         h, w = images.shape[1:3]
+        mistake = _why_not_a_crop(outs[j].transpose(1, 2, 0), images[indices[j]], padding)
         raise CheckFailed("returns a crop of the zero-padded image, flipped or not",
                           f"{what}: item {indices[j]} is not a {h}x{w} window of the image padded by {padding} "
-                          "with zeros, mirrored or not",
+                          "with zeros, mirrored left-right or not" + (f"; it is {mistake[0]}" if mistake else ""),
+                          mistake[1] if mistake else
                           "pad with zeros on every side, take a window at a random (dy, dx) in 0..2*padding, "
                           "mirror it left-right with probability 1/2")
     return [(int(y), int(x), bool(f)) for y, x, f in zip(found.dy, found.dx, found.flipped)]
+
+
+# What an item that is no crop of the zero-padded image may be instead: (what it is, hint,
+# padding used, np.pad mode, flips allowed as (top-bottom, left-right)).
+def _crop_candidates(padding):
+    out = []
+    if padding != 4:
+        out.append(("a crop of the image padded by 4", "use the padding passed to __init__ (self.padding), not 4",
+                    4, "constant", ((False, False), (False, True))))
+    out += [("mirrored top-bottom", "mirror left-right (the last axis of a window (H, W, C) is C: flip axis 1, "
+             "window[:, ::-1]), not top-bottom", padding, "constant", ((True, False), (True, True))),
+            ("a crop of the image padded by reflection", "pad with zeros (np.pad's default mode, 'constant')",
+             padding, "reflect", ((False, False), (False, True))),
+            ("a crop of the image padded by repeating its edge", "pad with zeros (np.pad's default mode, 'constant')",
+             padding, "edge", ((False, False), (False, True)))]
+    return out
+
+
+def _why_not_a_crop(item, image, padding):
+    """(what the item is, hint) where it is a window of `image` (H, W, C) padded another way, or
+    mirrored the other way; None if it is none of those."""
+    h, w = image.shape[:2]
+    for what, hint, pad, mode, flips in _crop_candidates(padding):
+        if mode != "constant" and pad >= min(h, w):
+            continue
+        padded = np.pad(image, ((pad, pad), (pad, pad), (0, 0)), mode=mode)
+        for dy in range(2 * pad + 1):
+            for dx in range(2 * pad + 1):
+                window = padded[dy:dy + h, dx:dx + w]
+                for vertical, horizontal in flips:
+                    candidate = window[::-1] if vertical else window
+                    candidate = candidate[:, ::-1] if horizontal else candidate
+                    if candidate.shape == item.shape and trusted.array_equal(candidate, item):
+                        return what, hint
+    return None
 
 
 def _worker_context():
@@ -653,14 +1102,73 @@ def _main_process_seeding(dataset_class, images, labels, padding, torch_seed):
                           "in the main process, seed from torch.initial_seed(), which torch.manual_seed sets")
 
 
+def _later_seed_followed(dataset_class, images, labels, padding, seeds):
+    """A dataset built and used in the main process under one torch seed follows a
+    torch.manual_seed set afterwards: the seed is read when drawing, not once."""
+    def draws(after):
+        torch.manual_seed(seeds[0])
+        ds = dataset_class(images, labels, padding=padding)
+        ds[0]                                   # looked at, as in a notebook
+        torch.manual_seed(after)
+        indices = list(range(len(labels))) * 2
+        return _params_of([ds[i] for i in indices], images, labels, indices, padding, what)
+
+    what = (f"a dataset built and looked at (dataset[0]) after torch.manual_seed({seeds[0]}), then "
+            f"torch.manual_seed({seeds[1]}) or ({seeds[1] + 1}) before drawing, in the main process")
+    a, b = draws(seeds[1]), draws(seeds[1] + 1)
+    if _fraction_equal(a, b) > 0.5:
+        raise CheckFailed("follows a torch.manual_seed set after the dataset was made",
+                          f"{what}: the same augmentations for {_fraction_equal(a, b):.0%} of the draws: yours read "
+                          "the seed once (in __init__ or at its first draw) and never again",
+                          "read the seed whenever you draw (torch.initial_seed() in the main process) and make a new "
+                          "generator when it differs from the seed the current one was made with: a training run "
+                          "that calls torch.manual_seed(s) must get the same augmentations every time")
+
+
+def _generators_made(dataset_class, images, labels, padding, what):
+    """How many NumPy generators np.random.default_rng made while a fresh dataset drew each item
+    twice in the main process (the module's function is wrapped for the block)."""
+    made = [0]
+    original = np.random.default_rng
+
+    def counted(*args, **kwargs):
+        made[0] += 1
+        return original(*args, **kwargs)
+
+    ds = dataset_class(images, labels, padding=padding)
+    np.random.default_rng = counted
+    try:
+        for i in list(range(len(labels))) * 2:
+            ds[i]
+    finally:
+        np.random.default_rng = original
+    n = 2 * len(labels)
+    if made[0] > n // 2:
+        raise CheckFailed("keeps one generator per process",
+                          f"{what}: {made[0]} NumPy generators made for {n} draws (one for every item or more)",
+                          "making a generator costs tens of microseconds, a sizeable share of a CIFAR crop and "
+                          "flip, on every item of every epoch, and its seeding then decides everything: make one "
+                          "when the seed changes and keep drawing from it")
+
+
 def _draw_statistics(params, padding, what, per_item):
-    """Each item's repeated draws vary; offsets cover 0..2*padding uniformly on both axes, and
-    about half the items are flipped. `per_item`: the item count (params cycle through the items)."""
+    """Each item's repeated draws vary; offsets cover 0..2*padding uniformly on both axes, drawn
+    independently of each other; some items are flipped and some not. `per_item`: the item count
+    (params cycle through the items). The share flipped is judged over all the draws of the check
+    (`_flip_share`), where there are enough of them to tell 0.5 from 0.55."""
     k = 2 * padding + 1
     n = len(params)
     repeats = [{params[j] for j in range(i, n, per_item)} for i in range(per_item)]
     stuck = sum(len(r) == 1 for r in repeats)
     if stuck > per_item // 2:
+        if len(set(params[:per_item])) == 1:
+            raise CheckFailed("draws anew on every call",
+                              f"{what}: every item, every one of the {n // per_item} times it was asked for, came out "
+                              f"with the same crop and flip {params[0]}: your generator starts again from the same "
+                              "seed on every call",
+                              "make the generator only when the seed changes, and keep drawing from it: compare the "
+                              "seeds with != (`is not` compares objects, and two equal large ints are different "
+                              "objects), and never make one per item")
         raise CheckFailed("draws anew on every call",
                           f"{what}: {stuck} of {per_item} items came out with the same crop and flip all "
                           f"{n // per_item} times they were asked for",
@@ -668,9 +1176,15 @@ def _draw_statistics(params, padding, what, per_item):
                           "restarts from the same state each time that item is asked for: make one generator "
                           "per process and keep drawing from it")
     flips = sum(p[2] for p in params) / n
-    if len({p[:2] for p in params}) < 3 or flips in (0.0, 1.0):
-        raise CheckFailed("draws random crops and flips", f"{what}: {n} draws gave only "
-                          f"{len({p[:2] for p in params})} different offsets and {flips:.0%} flipped")
+    if flips in (0.0, 1.0):
+        raise CheckFailed("flips half the items", f"{what}: {'every one' if flips else 'none'} of {n} draws "
+                          f"{'was' if flips else 'were'} mirrored",
+                          "mirror with probability 1/2: rng.random() < 0.5")
+    offsets = len({p[:2] for p in params})
+    if offsets < 3:
+        raise CheckFailed("draws random crops", f"{what}: {n} draws gave only {offsets} different offsets "
+                          f"(padding {padding}: {k * k} possible)",
+                          "draw each offset uniformly over 0..2*padding: rng.integers(0, 2 * padding + 1)")
     for axis, name in ((0, "vertical"), (1, "horizontal")):
         counts = np.bincount([p[axis] for p in params], minlength=k)
         missing = [int(v) for v in np.flatnonzero(counts == 0)]
@@ -683,13 +1197,41 @@ def _draw_statistics(params, padding, what, per_item):
             raise CheckFailed("offsets are uniform over 0..2*padding", f"{what}: {name} offsets counted "
                               f"{counts.tolist()} over {n} draws (about {n / k:.0f} each expected)",
                               "one uniform draw per axis in 0..2*padding")
-    if not 0.44 <= flips <= 0.56:                                       # over 4 standard deviations
-        raise CheckFailed("flips half the items", f"{what}: {flips:.1%} of {n} draws were flipped",
-                          "mirror with probability 1/2: rng.random() < 0.5")
+    # the two offsets drawn independently: every (dy, dx) pair turns up where there are draws enough
+    # for all of them (at least 20 each expected: a pair missing by chance is e^-20), and the two
+    # are uncorrelated (|r| above 0.2 is 7 standard deviations from 0 for 1,200 draws)
+    dy = np.array([p[0] for p in params], float)
+    dx = np.array([p[1] for p in params], float)
+    pairs = len({p[:2] for p in params})
+    r = float(np.corrcoef(dy, dx)[0, 1]) if dy.std() > 0 and dx.std() > 0 else 0.0
+    if (n >= 20 * k * k and pairs < k * k) or abs(r) > 0.2:
+        same = float(np.mean(dy == dx))
+        raise CheckFailed("offsets drawn independently on the two axes",
+                          f"{what}: {pairs} of the {k * k} (dy, dx) pairs turned up in {n} draws; dy equalled dx in "
+                          f"{same:.0%} of them (1 in {k} by chance), correlation {r:+.2f}",
+                          "draw dy and dx separately: rng.integers(0, 2 * padding + 1, size=2), not one offset used "
+                          "for both")
+
+
+def _flip_share(flipped: list[bool], what: str) -> None:
+    """The share of mirrored draws is 1/2 within 4.5 standard deviations of n draws: with the
+    check's 8,000 or more, 0.5 +- 0.025, which a right answer leaves about once in 150,000 runs and
+    a flip probability of 0.55 (or 0.45) stays inside about as rarely."""
+    n = len(flipped)
+    share = sum(flipped) / n
+    band = 4.5 * 0.5 / np.sqrt(n)
+    if abs(share - 0.5) > band:
+        raise CheckFailed("flips half the items", f"{what}: {share:.1%} of {n:,} draws were mirrored (0.5 +- "
+                          f"{band:.3f} expected)", "mirror with probability 1/2: rng.random() < 0.5")
 
 
 @exercise("2.3", "Augmentations that differ across workers and epochs, reproducibly", points=2, time_limit_s=120)
 def check_worker_seeding(dataset_class):
+    with _ends_what_it_starts(), _torch_rng_kept():
+        return _check_worker_seeding(dataset_class)
+
+
+def _check_worker_seeding(dataset_class):
     expect_class(dataset_class, "a Dataset class WorkerSafeCropFlip(images, labels, padding=4)")
     rng, seed = fresh_rng()
     n = 2 * int(rng.integers(10, 14))
@@ -707,6 +1249,7 @@ def check_worker_seeding(dataset_class):
     configs = ((padding, dataset, f"padding={padding}"),
                (other_padding, dataset_class(images, labels, padding=other_padding), f"padding={other_padding}"),
                (4, dataset_class(images, labels), "padding left at its default"))
+    flipped = []
     for pad, ds, how in configs:
         what = f"{n} images of {h}x{w}, {how}, drawn 60 times each in the main process (seed {seed})"
         indices = [i for _ in range(60) for i in range(n)]
@@ -718,6 +1261,14 @@ def check_worker_seeding(dataset_class):
                 raise
             raise CheckFailed("pads by 4 by default", failed.detail,
                               "def __init__(self, images, labels, padding=4)") from None
+        flipped += [p[2] for p in params]
+    # 240 more draws of each item of the first dataset: the share flipped over 8,000 or more draws
+    indices = [i for _ in range(240) for i in range(n)]
+    what = f"{n} images of {h}x{w}, padding={padding}, drawn 240 more times each in the main process (seed {seed})"
+    more = _params_of([dataset[i] for i in indices], images, labels, indices, padding, what)
+    _draw_statistics(more, padding, what, n)          # with 20 draws or more of every (dy, dx) pair
+    flipped += [p[2] for p in more]
+    _flip_share(flipped, f"{n} images, the three datasets above, in the main process (seed {seed})")
 
     # with two workers (the dataset has been used in the main process already, as in a notebook)
     torch_seed = int(rng.integers(0, 2**31))
@@ -769,6 +1320,10 @@ def check_worker_seeding(dataset_class):
                           "a generator made once (in __init__ or the main process) restarts from the same "
                           "state every epoch")
     _main_process_seeding(dataset_class, images, labels, padding, int(rng.integers(0, 2**31)))
+    _later_seed_followed(dataset_class, images, labels, padding,
+                         (int(rng.integers(0, 2**30)), int(rng.integers(2**30, 2**31 - 1))))
+    _generators_made(dataset_class, images, labels, padding,
+                     f"{n} images of {h}x{w}, padding={padding}, a fresh dataset drawing each twice in the main process")
     return ("valid crops, offsets uniform over 0..2*padding and half flipped (two paddings and the default); each "
             "item drawn anew, workers differ, epochs differ, and a torch seed reproduces them, in workers and in "
             "the main process.")

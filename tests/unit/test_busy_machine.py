@@ -97,8 +97,31 @@ def fast_loader(dataset, batch_size):          # the lesson's answer: a worker p
                       persistent_workers=workers > 0)
 
 
-def baseline_loader(dataset, batch_size):      # the unchanged baseline: wrong, it is no faster
-    return DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=0)
+class _Indices:
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return i
+
+
+class baseline_loader:      # wrong, no faster than the baseline: workers hand out indices, the main process loads
+    """(The unchanged num_workers=0 baseline now fails 2.2 before its timed rounds, on "loads in
+    worker processes"; this one has workers and does the baseline's work all the same.)"""
+
+    def __init__(self, dataset, batch_size):
+        import torch
+        self.dataset, self.torch = dataset, torch
+        self.indices = DataLoader(_Indices(len(dataset)), batch_size=batch_size, shuffle=True,
+                                  num_workers=usable_cores(), persistent_workers=True)
+
+    def __iter__(self):
+        for chunk in self.indices:
+            items = [self.dataset[i] for i in chunk.tolist()]
+            yield self.torch.stack([x for x, _ in items]), self.torch.tensor([y for _, y in items])
 
 
 @pytest.mark.skipif(usable_cores() < 2, reason="needs 2 usable cores, one of them kept busy")

@@ -8,6 +8,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from course_utils.checks import run_check
+from course_utils.checks.lesson02 import SHORT_BATCH
 from course_utils.env import usable_cores
 from mutants import Mutant, passes, rejected
 
@@ -124,27 +125,176 @@ def largest_count(sweep, tolerance=0.05):
     return max(sweep)
 
 
+# The walk of issue 37 (w1-02): the learner's own wrong answers, as written there.
+def truncated_threshold(sweep, tolerance=0.05):     # passed 40 of 40 seeds: the knife edges were integers
+    if not sweep:
+        raise ValueError("empty")
+    best = max(sweep.values())
+    t = int((1 - tolerance) * best)
+    return min(w for w, s in sweep.items() if s >= t)
+
+
+def rounded_threshold(sweep, tolerance=0.05):       # passed 22 of 40 seeds
+    if not sweep:
+        raise ValueError("empty")
+    best = max(sweep.values())
+    t = round((1 - tolerance) * best)
+    return min(w for w, s in sweep.items() if s >= t)
+
+
+def gap_over_the_point(sweep, tolerance=0.05):      # (best - s) / s: was told "compare with >=, not >"
+    if not sweep:
+        raise ValueError("empty")
+    best = max(sweep.values())
+    return min(w for w, s in sweep.items() if (best - s) / s <= tolerance)
+
+
+def tolerance_in_percent(sweep, tolerance=0.05):    # was told "that is the single best point"
+    if not sweep:
+        raise ValueError("empty")
+    best = max(sweep.values())
+    return min(w for w, s in sweep.items() if s >= (1 - tolerance / 100) * best)
+
+
+def skips_zero(sweep, tolerance=0.05):
+    if not sweep:
+        raise ValueError("empty")
+    best = max(sweep.values())
+    return min(w for w, s in sweep.items() if w > 0 and s >= (1 - tolerance) * best)
+
+
+def first_peak(sweep, tolerance=0.05):               # walks up until the curve drops
+    if not sweep:
+        raise ValueError("empty")
+    ws = sorted(sweep)
+    best_w = ws[0]
+    for w in ws[1:]:
+        if sweep[w] < sweep[best_w]:
+            break
+        best_w = w
+    return min(w for w in ws if w <= best_w and sweep[w] >= (1 - tolerance) * sweep[best_w])
+
+
+def median_reference(sweep, tolerance=0.05):
+    import statistics
+    if not sweep:
+        raise ValueError("empty")
+    ref = statistics.median(sweep.values())
+    return min(w for w, s in sweep.items() if s >= (1 - tolerance) * ref)
+
+
+def mean_reference(sweep, tolerance=0.05):
+    import statistics
+    if not sweep:
+        raise ValueError("empty")
+    ref = statistics.mean(sweep.values())
+    return min(w for w, s in sweep.items() if s >= (1 - tolerance) * ref)
+
+
+def second_best_reference(sweep, tolerance=0.05):
+    if not sweep:
+        raise ValueError("empty")
+    vals = sorted(sweep.values())
+    ref = vals[-2] if len(vals) > 1 else vals[-1]
+    return min(w for w, s in sweep.items() if s >= (1 - tolerance) * ref)
+
+
+def largest_within(sweep, tolerance=0.05):
+    if not sweep:
+        raise ValueError("empty")
+    best = max(sweep.values())
+    return max(w for w, s in sweep.items() if s >= (1 - tolerance) * best)
+
+
+def last_key_is_best(sweep, tolerance=0.05):         # the largest count's throughput taken as the best
+    if not sweep:
+        raise ValueError("empty")
+    best = sweep[max(sweep)]
+    return min(w for w, s in sweep.items() if s >= (1 - tolerance) * best)
+
+
+def remembers_its_first_answer(sweep, tolerance=0.05, _cache={}):   # state kept between calls
+    if not sweep:
+        raise ValueError("empty")
+    if "w" not in _cache:
+        _cache["w"] = choose(sweep, tolerance)
+    return _cache["w"]
+
+
+# Right answers written other ways (each passed the walk, each must pass here)
+def gap_over_the_best(sweep, tolerance=0.05):
+    if not sweep:
+        raise ValueError("empty")
+    best = max(sweep.values())
+    return min(w for w, s in sweep.items() if (best - s) / best <= tolerance)
+
+
+def ratio_to_the_best(sweep, tolerance=0.05):
+    if not sweep:
+        raise ValueError("empty")
+    best = max(sweep.values())
+    return min(w for w, s in sweep.items() if s / best >= 1 - tolerance)
+
+
+def best_minus_a_share(sweep, tolerance=0.05):
+    if not sweep:
+        raise ValueError("empty")
+    best = max(sweep.values())
+    return min(w for w, s in sweep.items() if s >= best - tolerance * best)
+
+
+def sorted_scan(sweep, tolerance=0.05):
+    if not sweep:
+        raise ValueError("empty")
+    best = max(sweep.values())
+    for w in sorted(sweep):
+        if sweep[w] >= (1 - tolerance) * best:
+            return w
+
+
+def with_numpy(sweep, tolerance=0.05):                # returns an np.int64 key
+    if not sweep:
+        raise ValueError("empty")
+    ws, ss = np.array(list(sweep)), np.array(list(sweep.values()), dtype=float)
+    return ws[ss >= (1 - tolerance) * ss.max()].min()
+
+
+def max_of_empty_raises_value_error(sweep, tolerance=0.05):   # max() of an empty sequence is a ValueError
+    best = max(sweep.values())
+    return min(w for w, s in sweep.items() if s >= (1 - tolerance) * best)
+
+
 def empty_raises_index_error(sweep, tolerance=0.05):
     best = max(sweep.values()) if sweep else [][0]
     return min(w for w, s in sweep.items() if s >= (1 - tolerance) * best)
 
 
+PICKS = "picks the smallest count within the tolerance of the best"
 MUTANTS_21 = [
-    Mutant("argmax", argmax, "picks the smallest count within the tolerance of the best", words="single best point"),
-    Mutant("first in dict order", first_in_dict_order, "picks the smallest count within the tolerance of the best"),
-    Mutant("stops at the first drop", stop_at_first_drop, "picks the smallest count within the tolerance of the best"),
-    Mutant("absolute tolerance", absolute_tolerance, "picks the smallest count within the tolerance of the best"),
-    Mutant("> instead of >=", strict_inequality, "picks the smallest count within the tolerance of the best",
-           words="not >"),
-    Mutant("tolerance 0 read as the default", zero_tolerance_is_default,
-           "picks the smallest count within the tolerance of the best"),
-    Mutant("best / (1 + tolerance)", divides_by_one_plus, "picks the smallest count within the tolerance of the best"),
-    Mutant("scans down from the best", scans_down_from_the_best,
-           "picks the smallest count within the tolerance of the best"),
-    Mutant("ignores the tolerance", ignores_tolerance, "picks the smallest count within the tolerance of the best"),
-    Mutant("the ratio rounded to 2 places", rounds_the_ratio, "picks the smallest count within the tolerance of the best"),
-    Mutant("default tolerance 0.1", default_of_a_tenth, "picks the smallest count within the tolerance of the best"),
-    Mutant("the largest count", largest_count, "picks the smallest count within the tolerance of the best"),
+    Mutant("argmax", argmax, PICKS, words="single best point"),
+    Mutant("first in dict order", first_in_dict_order, PICKS, words="any order"),
+    Mutant("stops at the first drop", stop_at_first_drop, PICKS, words="a drop does not end the search"),
+    Mutant("stops at the first peak", first_peak, PICKS, words="a drop does not end the search"),
+    Mutant("absolute tolerance", absolute_tolerance, PICKS, words="not a number of samples/s"),
+    Mutant("tolerance in percent", tolerance_in_percent, PICKS, words="not a percentage"),
+    Mutant("> instead of >=", strict_inequality, PICKS, words="not >"),
+    Mutant("tolerance 0 read as the default", zero_tolerance_is_default, PICKS, words="`tolerance or 0.05`"),
+    Mutant("best / (1 + tolerance)", divides_by_one_plus, PICKS, words="best / (1 + tolerance)"),
+    Mutant("(best - s) / s", gap_over_the_point, PICKS, words="share of the best"),
+    Mutant("threshold truncated to an int", truncated_threshold, PICKS, words="not cut to a whole number"),
+    Mutant("threshold rounded", rounded_threshold, PICKS, words="not rounded"),
+    Mutant("scans down from the best", scans_down_from_the_best, PICKS, words="dip"),
+    Mutant("ignores the tolerance", ignores_tolerance, PICKS, words="use the tolerance argument"),
+    Mutant("the ratio rounded to 2 places", rounds_the_ratio, PICKS),
+    Mutant("default tolerance 0.1", default_of_a_tenth, PICKS, words="the default tolerance is 0.05"),
+    Mutant("the largest count", largest_count, PICKS),
+    Mutant("the largest count within", largest_within, PICKS, words="not the largest"),
+    Mutant("skips 0 workers", skips_zero, PICKS, words="0 workers is a count"),
+    Mutant("the median as the best", median_reference, PICKS, words="not the median"),
+    Mutant("the mean as the best", mean_reference, PICKS, words="not the mean"),
+    Mutant("the second best as the best", second_best_reference, PICKS, words="not the second best"),
+    Mutant("the largest count's throughput as the best", last_key_is_best, PICKS, words="wherever it is"),
+    Mutant("remembers its first answer", remembers_its_first_answer, PICKS, words="keep nothing between calls"),
     Mutant("returns the throughput", returns_throughput, "returns a worker count (an int)"),
     Mutant("no empty guard", no_empty_guard, "raises ValueError on an empty sweep"),
     Mutant("IndexError when empty", empty_raises_index_error, "raises ValueError on an empty sweep"),
@@ -152,8 +302,10 @@ MUTANTS_21 = [
 ]
 
 
-def test_choose_workers_passes():
-    passes("2.1", choose, range(30))
+@pytest.mark.parametrize("answer", [choose, gap_over_the_best, ratio_to_the_best, best_minus_a_share, sorted_scan,
+                                    with_numpy, max_of_empty_raises_value_error], ids=lambda f: f.__name__)
+def test_choose_workers_passes(answer):
+    passes("2.1", answer, range(30))
 
 
 @pytest.mark.parametrize("mutant", MUTANTS_21, ids=repr)
@@ -333,6 +485,99 @@ def workers_seeded_alike(dataset, batch_size):       # "reproducible": every wor
                       worker_init_fn=_seed_every_worker_with_zero)
 
 
+# The walk of issue 37 (w1-02): answers that passed, or were refused with the wrong words
+def out_of_order(dataset, batch_size):                 # RIGHT (the lesson recommends it): was refused on batch sizes
+    return DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=usable_cores(), persistent_workers=True,
+                      in_order=False)
+
+
+def own_generator(dataset, batch_size):                # RIGHT: the lesson's "full reproducibility" advice
+    return DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=usable_cores(), persistent_workers=True,
+                      generator=torch.Generator().manual_seed(0))
+
+
+def no_prefetch_setting(dataset, batch_size):         # RIGHT: the walker's first answer
+    return DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=usable_cores(), persistent_workers=True)
+
+
+def two_workers_per_core(dataset, batch_size):
+    return DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=2 * usable_cores(),
+                      persistent_workers=True)
+
+
+_CORES_AT_IMPORT = usable_cores()
+
+
+def count_fixed_at_import(dataset, batch_size):        # "num_workers=2": right on this machine only
+    return DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=_CORES_AT_IMPORT,
+                      persistent_workers=True)
+
+
+def machine_cpu_count(dataset, batch_size):
+    return DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=os.cpu_count(), persistent_workers=True)
+
+
+def pins_without_a_gpu(dataset, batch_size):
+    return DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=usable_cores(), persistent_workers=True,
+                      pin_memory=True)
+
+
+def _seed_by_worker_id(worker_id):
+    import random
+    torch.manual_seed(worker_id)
+    random.seed(worker_id)
+    np.random.seed(worker_id)
+
+
+def workers_seeded_by_id(dataset, batch_size):          # differ by worker, but the same in every run
+    return DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=usable_cores(), persistent_workers=True,
+                      worker_init_fn=_seed_by_worker_id)
+
+
+class ReplaysTheFirstEpoch:
+    """State kept between epochs: epoch 1 cached, then replayed batch by batch in a new order (its
+    short batch then comes early: it was refused on batch sizes)."""
+
+    def __init__(self, dataset, batch_size):
+        self.loader, self.cache = no_prefetch_setting(dataset, batch_size), None
+
+    def __iter__(self):
+        if self.cache is None:
+            self.cache = []
+            for batch in self.loader:
+                self.cache.append(batch)
+                yield batch
+        else:
+            for i in torch.randperm(len(self.cache)).tolist():
+                yield self.cache[i]
+
+
+class _Indices(Dataset):
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return i
+
+
+class MainProcessLoads:
+    """Worker processes that only hand out indices: the main process loads every sample itself,
+    the baseline's work with the workers' overhead on top."""
+
+    def __init__(self, dataset, batch_size):
+        self.dataset = dataset
+        self.indices = DataLoader(_Indices(len(dataset)), batch_size=batch_size, shuffle=True,
+                                  num_workers=usable_cores(), persistent_workers=True)
+
+    def __iter__(self):
+        for chunk in self.indices:
+            items = [self.dataset[i] for i in chunk.tolist()]
+            yield torch.stack([x for x, _ in items]), torch.tensor([y for _, y in items])
+
+
 def the_ladders_loader(dataset, batch_size):           # the course's own loader: its own dataset, not this one
     from course_utils.data import CIFAR10Binary, baseline_transform
     ds = CIFAR10Binary(train=True, transform=baseline_transform(), limit=len(dataset))
@@ -347,23 +592,40 @@ MUTANTS_22_CORRECTNESS = [
     Mutant("invented labels", invented_labels, "yields the dataset's samples"),
     Mutant("augments once, caches", CachedOnce, "augments afresh every epoch"),
     Mutant("caches a third of the samples", CachesAThird, "augments afresh every epoch"),
-    Mutant("ignores batch_size", ignores_batch_size, "batches of batch_size samples (the last may be smaller)"),
+    Mutant("replays the first epoch", ReplaysTheFirstEpoch, "augments afresh every epoch"),
+    Mutant("ignores batch_size", ignores_batch_size, SHORT_BATCH),
     Mutant("the same order every epoch", SameOrderEveryEpoch, "reshuffles every epoch"),
     Mutant("float64 images", collate_float64, "yields the dataset's float32 images"),
     Mutant("int32 labels", labels_int32, "yields labels as an int64 tensor"),
     Mutant("the course's loader (its own dataset)", the_ladders_loader, "yields the dataset's samples"),
+    Mutant("the num_workers=0 baseline", baseline_loader, "loads in worker processes", words="num_workers > 0"),
     Mutant("workers restarted every epoch", workers_not_persistent, "keeps its worker processes alive between epochs"),
     Mutant("a new DataLoader every epoch", NewLoaderEachEpoch, "keeps its worker processes alive between epochs"),
     Mutant("worker_init_fn seeds every worker with 0", workers_seeded_alike,
            "different augmentations in different workers", words="worker_init_fn"),
+    Mutant("4 workers per usable core", oversubscribed, "at most one worker per usable core"),
+    Mutant("2 workers per usable core", two_workers_per_core, "at most one worker per usable core"),
+    Mutant("worker_init_fn seeds by worker id", workers_seeded_by_id, "augmentations follow the torch seed",
+           words="worker_init_fn"),
 ]
+if usable_cores() >= 2:
+    MUTANTS_22_CORRECTNESS.append(Mutant("a count fixed when the notebook started", count_fixed_at_import,
+                                         "num_workers follows the cores this process may use",
+                                         words="a number typed in, or computed once"))
+    MUTANTS_22_CORRECTNESS.append(
+        Mutant("os.cpu_count()", machine_cpu_count, "num_workers follows the cores this process may use",
+               words="os.cpu_count() counts every core") if (os.cpu_count() or 1) <= usable_cores() else
+        Mutant("os.cpu_count()", machine_cpu_count, "at most one worker per usable core"))
+if not (torch.cuda.is_available() or getattr(getattr(torch, "accelerator", None), "is_available", lambda: False)()):
+    MUTANTS_22_CORRECTNESS.append(Mutant("pin_memory=True without a GPU", pins_without_a_gpu,
+                                         "pins memory only when batches go to a GPU", words="pin_memory=torch.cuda"))
 # These fail in the timed rounds. What they do there does not depend on the seed (a batch size,
 # a cache, the baseline's speed), so one seed each proves them.
 MUTANTS_22_TIMED = [
-    Mutant("the num_workers=0 baseline", baseline_loader, "is faster than the baseline loader on this machine"),
+    Mutant("the main process loads, workers hand out indices", MainProcessLoads,
+           "is faster than the baseline loader on this machine", words="runs in the main process"),
     Mutant("caches when the dataset is big", CacheWhenBig, "augments afresh every epoch"),
-    Mutant("bigger batches when the dataset is big", bigger_batches_when_big,
-           "batches of batch_size samples (the last may be smaller)"),
+    Mutant("bigger batches when the dataset is big", bigger_batches_when_big, SHORT_BATCH),
 ]
 
 
@@ -392,6 +654,79 @@ def test_fast_loader_mutants_rejected(mutant):
 def test_fast_loader_mutants_rejected_in_the_timed_rounds(mutant, monkeypatch):
     monkeypatch.setattr("course_utils.checks.lesson02.OthersCpu", QuietMachine)
     rejected("2.2", mutant, range(1))
+
+
+def _loads_without_timing(loader, device, steps, *, model=None, warmup=None, **kwargs):
+    """Stands in for measure_loader in the correctness tests: consumes the batches the timed rounds
+    would (so that the check verifies every one of them) and reports a made-up steady step."""
+    from course_utils.timing import StepStats
+    n, samples = (warmup or 0) + steps, 0
+    while n > 0:
+        for images, _ in loader:
+            samples += len(images)
+            n -= 1
+            if n == 0:
+                break
+    return StepStats(steps, samples, steps * 0.01, [1.0] * steps, [9.0] * steps, "not timed")
+
+
+@pytest.fixture
+def speed_not_graded(monkeypatch):
+    """Check 2.2 with its timed rounds consuming batches but timing nothing and asking for no
+    speed-up: the right answers' correctness properties, judged deterministically on a shared
+    machine (the speed is proven by test_busy_machine.py and the notebook runs)."""
+    monkeypatch.setattr("course_utils.checks.lesson02.OthersCpu", QuietMachine)
+    monkeypatch.setattr("course_utils.checks.lesson02.required_speedup", lambda baseline, others: 1.0)
+    monkeypatch.setattr("course_utils.loaders.measure_loader", _loads_without_timing)
+
+
+@pytest.mark.parametrize("answer", [fast_loader, no_prefetch_setting, out_of_order, own_generator],
+                         ids=lambda f: f.__name__)
+def test_fast_loader_right_answers_hold_every_property(answer, speed_not_graded):
+    passes("2.2", answer, range(2))       # in_order=False: its short batch came early on the walk's seeds 2 and 3
+
+
+def test_one_short_batch_may_come_anywhere_in_an_epoch():
+    from course_utils.checks.lesson02 import _batch_sizes_wrong
+    assert not _batch_sizes_wrong([89, 10, 89, 89], 89)          # in_order=False hands out the remainder early
+    assert not _batch_sizes_wrong([89, 89, 89, 10], 89)
+    assert _batch_sizes_wrong([89, 10, 89, 10], 89)              # two short batches: not one epoch of batch_size
+    assert _batch_sizes_wrong([89, 90], 89)
+
+
+class _Stuck(Dataset):
+    """Wraps the check's dataset; every item takes forever in a worker (an answer that hangs)."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, i):
+        import time
+        if get_worker_info() is not None:
+            time.sleep(3600)
+        return self.dataset[i]
+
+
+def hangs_in_its_workers(dataset, batch_size):
+    return DataLoader(_Stuck(dataset), batch_size=batch_size, shuffle=True, num_workers=2, persistent_workers=True)
+
+
+def test_a_check_that_stops_ends_the_worker_processes_it_started(monkeypatch):
+    """The walk: a check that reached its time limit left a (spawned) worker running, orphaned,
+    printing results after the ERROR. Now a check that ends on an exception ends every process it
+    started."""
+    import psutil
+    from course_utils.checks._core import _lookup
+    monkeypatch.setattr(_lookup("2.2"), "time_limit_s", 4)
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    result = run_check("2.2", hangs_in_its_workers)
+    assert result.status == "error" and "time limit" in result.message, result.message
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before and p.is_running()
+            and p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(p.cmdline())]
+    assert not left, f"still running after the check: {[(p.pid, p.cmdline()) for p in left]}"
 
 
 def test_fast_loader_stub_and_wrong_type():
@@ -641,6 +976,106 @@ class FloatImage(WorkerSafe):
         return image.float() / 255, label
 
 
+def _crop_flip_variant(image, padding, rng, *, same_offset=False, flip_p=0.5, vertical=False, mode="constant"):
+    """crop_flip with one thing changed (the walk's wrong answers)."""
+    h, w = image.shape[:2]
+    padded = np.pad(image, ((padding, padding), (padding, padding), (0, 0)), mode=mode)
+    if same_offset:
+        dy = dx = rng.integers(0, 2 * padding + 1)
+    else:
+        dy, dx = rng.integers(0, 2 * padding + 1, size=2)
+    crop = padded[dy:dy + h, dx:dx + w]
+    if rng.random() < flip_p:
+        crop = crop[::-1] if vertical else crop[:, ::-1]
+    return torch.from_numpy(np.ascontiguousarray(crop)).permute(2, 0, 1)
+
+
+def _variant(**changed):
+    class Variant(WorkerSafe):
+        def __getitem__(self, i):
+            return _crop_flip_variant(self.images[i], self.padding, self.rng(), **changed), self.labels[i]
+    return Variant
+
+
+SameOffsetBothAxes = _variant(same_offset=True)        # passed 6 of 6 seeds: only each axis was counted
+FlipsFiftyFive = _variant(flip_p=0.55)                  # passed 6 of 6 seeds
+FlipsFortyFive = _variant(flip_p=0.45)
+MirrorsTopBottom = _variant(vertical=True)
+ReflectPadding = _variant(mode="reflect")
+FlipsAlways = _variant(flip_p=1.1)
+
+
+class MainSeedAtInit(CropFlipBase):
+    """Passed 20 of 20 seeds: the main process's seed read once, in __init__."""
+    _rng = _seed = None
+
+    def __init__(self, images, labels, padding=4):
+        super().__init__(images, labels, padding)
+        self.main_seed = torch.initial_seed()
+
+    def rng(self):
+        info = get_worker_info()
+        seed = info.seed if info is not None else self.main_seed
+        if self._rng is None or seed != self._seed:
+            self._rng, self._seed = np.random.default_rng(seed), seed
+        return self._rng
+
+
+class GeneratorPerWorkerId(CropFlipBase):
+    """Passed 20 of 20 seeds: a dict of generators by worker id, the main process's made once."""
+
+    def rng(self):
+        info = get_worker_info()
+        key = None if info is None else info.id
+        if not hasattr(self, "rngs"):
+            self.rngs = {}
+        if key not in self.rngs:
+            self.rngs[key] = np.random.default_rng(info.seed if info else torch.initial_seed())
+        return self.rngs[key]
+
+
+class GeneratorPerItemFromTorch(CropFlipBase):
+    """Passed 20 of 20 seeds: right draws, but a new generator for every item (from torch's stream)."""
+
+    def rng(self):
+        return np.random.default_rng(int(torch.randint(0, 2**62, (1,)).item()))
+
+
+class ComparesSeedsWithIsNot(CropFlipBase):
+    """`seed is not self.seed`: two equal large ints are different objects, so it remade the generator
+    for every item; it was told about seed + index."""
+    _rng = _seed = None
+
+    def rng(self):
+        info = get_worker_info()
+        seed = info.seed if info is not None else torch.initial_seed()
+        if self._rng is None or seed is not self._seed:
+            self._rng, self._seed = np.random.default_rng(seed), seed
+        return self._rng
+
+
+class InitialSeedEverywhere(CropFlipBase):
+    """Right: torch.initial_seed() is the worker's seed inside a worker."""
+    _rng = _seed = None
+
+    def rng(self):
+        seed = torch.initial_seed()
+        if self._rng is None or seed != self._seed:
+            self._rng, self._seed = np.random.default_rng(seed), seed
+        return self._rng
+
+
+class SeedCutTo32Bits(WorkerSafe):
+    """Right: the seed cut to 32 bits still differs by worker, by epoch and with torch's seed."""
+
+    def rng(self):
+        info = get_worker_info()
+        seed = (info.seed if info is not None else torch.initial_seed()) % 2**32
+        if self._rng is None or seed != self._seed:
+            self._rng, self._seed = np.random.default_rng(seed), seed
+        return self._rng
+
+
 # These fail once DataLoader workers run (a second or more per run, worker start-up): what they
 # do wrong is how they seed, whatever the check draws, so two seeds each.
 MUTANTS_23_WORKERS = [
@@ -658,21 +1093,53 @@ MUTANTS_23_WORKERS = [
 ]
 MUTANTS_23 = [
     Mutant("edge padding", NoPadding, "returns a crop of the zero-padded image, flipped or not"),
-    Mutant("ignores padding", IgnoresPadding, "returns a crop of the zero-padded image, flipped or not"),
+    Mutant("ignores padding", IgnoresPadding, "returns a crop of the zero-padded image, flipped or not",
+           words="not 4"),
+    Mutant("mirrors top-bottom", MirrorsTopBottom, "returns a crop of the zero-padded image, flipped or not",
+           words="not top-bottom"),
+    Mutant("pads by reflection", ReflectPadding, "returns a crop of the zero-padded image, flipped or not",
+           words="padded by reflection"),
     Mutant("HWC out", HWCOut, "returns a uint8 (C, H, W) crop the size of the image"),
     Mutant("float image", FloatImage, "returns a uint8 (C, H, W) crop the size of the image"),
-    Mutant("never flips", NeverFlips, "draws random crops and flips"),
+    Mutant("never flips", NeverFlips, "flips half the items", words="none of"),
+    Mutant("flips always", FlipsAlways, "flips half the items", words="every one of"),
     Mutant("exclusive upper bound", ExclusiveOffsets, "offsets cover 0..2*padding"),
     Mutant("triangular offsets", TriangularOffsets, "offsets are uniform over 0..2*padding"),
+    Mutant("one offset for both axes", SameOffsetBothAxes, "offsets drawn independently on the two axes"),
     Mutant("flips a third", FlipsAThird, "flips half the items"),
     Mutant("a generator per item, seed + index", SeedPlusIndex, "draws anew on every call", words="seed + index"),
+    Mutant("seeds compared with `is not`", ComparesSeedsWithIsNot, "draws anew on every call", words="`is not`"),
     Mutant("default padding 2", DefaultPaddingTwo, "pads by 4 by default"),
+]
+# issue 35's rule, on the flip probability: 0.55 and 0.45 rejected on every seed (the check counts
+# 8,000 or more draws); these fail in the main process, in about a second each
+MUTANTS_23_FLIPS = [
+    Mutant("flips with probability 0.55", FlipsFiftyFive, "flips half the items"),
+    Mutant("flips with probability 0.45", FlipsFortyFive, "flips half the items"),
+]
+MUTANTS_23_LATE = [
+    Mutant("the main process's seed read in __init__", MainSeedAtInit,
+           "follows a torch.manual_seed set after the dataset was made", words="read the seed whenever you draw"),
+    Mutant("generators by worker id, made once", GeneratorPerWorkerId,
+           "follows a torch.manual_seed set after the dataset was made"),
+    Mutant("a new generator per item, seeded from torch", GeneratorPerItemFromTorch, "keeps one generator per process"),
 ]
 
 
-def test_worker_seeding_right_ones_pass():
-    for cls in (WorkerSafe, TorchGlobal):
-        passes("2.3", cls, range(2))
+@pytest.mark.parametrize("cls", [WorkerSafe, TorchGlobal, InitialSeedEverywhere, SeedCutTo32Bits],
+                         ids=lambda c: c.__name__)
+def test_worker_seeding_right_ones_pass(cls):
+    passes("2.3", cls, range(2))
+
+
+@pytest.mark.parametrize("mutant", MUTANTS_23_FLIPS, ids=repr)
+def test_worker_seeding_flip_near_misses_rejected_on_every_seed(mutant):
+    rejected("2.3", mutant, range(8))
+
+
+@pytest.mark.parametrize("mutant", MUTANTS_23_LATE, ids=repr)
+def test_worker_seeding_mutants_rejected_after_the_workers(mutant):
+    rejected("2.3", mutant, range(2))
 
 
 @pytest.mark.parametrize("mutant", MUTANTS_23, ids=repr)
