@@ -638,10 +638,59 @@ def keeps_every_batch(ctx):
     return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False), batch_transform=transform)
 
 
+
+class _PinnedStaging:
+    """x-08 F3: the host's uint8 images gathered into one pinned staging buffer per batch and copied with
+    non_blocking=True; `fresh=False` refills the same buffer while the last copy may still be queued (a race on a
+    GPU: the copy reads the next batch's pixels). On the virtual CUDA device (since lesson 03's review) the copy is in
+    flight until a wait, and the host's write into its source is a race the check names."""
+    def __init__(self, ctx, fresh=False, order_from_the_device=False):
+        self.ctx, self.fresh, self.order_from_the_device = ctx, fresh, order_from_the_device
+        self.images = torch.from_numpy(ctx.data.images).permute(0, 3, 1, 2).contiguous()
+        self.labels = torch.from_numpy(ctx.data.labels).long()
+        self.buf = torch.empty((ctx.batch_size, 3, 32, 32), dtype=torch.uint8)
+        self.lbuf = torch.empty((ctx.batch_size,), dtype=torch.int64)
+        if ctx.cuda:
+            self.buf, self.lbuf = self.buf.pin_memory(), self.lbuf.pin_memory()
+
+    def __iter__(self):
+        n, bs, sim = len(self.labels), self.ctx.batch_size, self.ctx.kind == "sim"
+        if self.order_from_the_device and not sim:
+            # the epoch's permutation drawn on the device and brought back with non_blocking=True, read at once
+            order = torch.randperm(n, device=self.ctx.device).to("cpu", non_blocking=True)
+        else:
+            order = torch.randperm(n)
+        for i in range(0, n, bs):
+            idx = order[i:i + bs]
+            k = len(idx)
+            torch.index_select(self.images, 0, idx, out=self.buf[:k])
+            torch.index_select(self.labels, 0, idx, out=self.lbuf[:k])
+            if sim:
+                yield self.buf[:k].clone(), self.lbuf[:k].clone()
+            else:
+                yield (self.buf[:k].to(self.ctx.device, non_blocking=True),
+                       self.lbuf[:k].to(self.ctx.device, non_blocking=True))
+
+
+def pinned_buffer_refilled_in_flight(ctx):
+    """x-08's pinned_reuse (it passed 8.1 before the virtual device modelled copies in flight)."""
+    return Pipeline(_PinnedStaging(ctx), batch_transform=AugmentBatch())
+
+
+def order_read_before_its_copy_landed(ctx):
+    """x-08's nonblocking_d2h: the permutation's non_blocking copy to the host read before it landed."""
+    return Pipeline(_PinnedStaging(ctx, order_from_the_device=True), batch_transform=AugmentBatch())
+
+
 REVIEW_MUTANTS = [
     Mutant("slows_the_checks_reference", slows_the_checks_reference, "leaves the course's own code alone",
            words="AugmentBatch.__call__"),
     Mutant("keeps_every_batch", keeps_every_batch, "keeps no batch once the model has had it", words="a list"),
+    Mutant("pinned_buffer_refilled_in_flight", pinned_buffer_refilled_in_flight,
+           "each batch is read after the work that made it finished", words="pinned memory that a non-blocking copy"),
+    Mutant("order_read_before_its_copy_landed", order_read_before_its_copy_landed,
+           "each batch is read after the work that made it finished",
+           words="the destination of a non-blocking copy to the host"),
 ]
 if not torch.cuda.is_available():        # beside a real GPU the driver call works (the README's GPU list)
     REVIEW_MUTANTS.append(Mutant("pins_through_the_driver", pins_through_the_driver,
