@@ -31,8 +31,8 @@ What `torchrun()` guarantees:
   whose parent already died is found too. If the notebook's kernel itself dies, torchrun gets
   SIGTERM from the kernel's death (Linux `PR_SET_PDEATHSIG`) and stops its ranks.
 
-`launched_processes()` lists any process still alive from a launch (the lesson and the tests
-use it to show that none is left).
+`launched_processes()` lists any process still alive from a launch this process started (the lesson
+and the tests use it to show that none is left; another session's launches are not counted).
 """
 from __future__ import annotations
 
@@ -424,11 +424,14 @@ def _last_words(result: LaunchResult) -> str:
 
 # -- finding and stopping processes ---------------------------------------------------------------
 
-def launched_processes(launch_id: str | None = None) -> list:
-    """Processes alive that a launch started (any launch, or the one with `launch_id`), found by
-    the id in their environment: torchrun, its ranks, their DataLoader workers."""
+def launched_processes(launch_id: str | None = None, *, anyone: bool = False) -> list:
+    """Processes alive that a launch started, found by the id in their environment: torchrun, its
+    ranks, their DataLoader workers. `launch_id` names one launch; without it, every launch this
+    process started (launch ids begin with its pid: on a shared machine other sessions' launches
+    are theirs, not leaks of this one; x-07 F9); `anyone=True` lists every launch of this user."""
     import psutil
     me = os.getpid()
+    mine = f"{me}-"
     found = []
     for proc in psutil.process_iter(["pid"]):
         if proc.pid == me:
@@ -436,6 +439,8 @@ def launched_processes(launch_id: str | None = None) -> list:
         try:
             value = proc.environ().get(LAUNCH_ID_ENV)
             if value is None or (launch_id is not None and value != launch_id):
+                continue
+            if launch_id is None and not anyone and not value.startswith(mine):
                 continue
             if proc.status() == psutil.STATUS_ZOMBIE:
                 continue

@@ -345,3 +345,20 @@ def test_interrupting_or_killing_the_launcher_leaves_nothing(tmp_path, how):
     if how == "ctrl-c":
         assert "KeyboardInterrupt" in out
     assert wait_until_gone("TEST_MARK", mark, 30) == []
+
+
+def test_processes_left_behind_are_this_processs_launches_not_another_sessions():
+    """x-07 F9: on a shared machine another session's launch (another worktree's grading run) was
+    listed as "processes left behind" by the lesson. Launch ids begin with the launching pid."""
+    other = subprocess.Popen(["sleep", "30"], env={**os.environ, launch.LAUNCH_ID_ENV: "99999-othersession"})
+    ours = subprocess.Popen(["sleep", "30"], env={**os.environ, launch.LAUNCH_ID_ENV: f"{os.getpid()}-abc"})
+    try:
+        time.sleep(0.2)
+        pids = [p.pid for p in launch.launched_processes()]
+        assert ours.pid in pids and other.pid not in pids
+        assert other.pid in [p.pid for p in launch.launched_processes(anyone=True)]
+        assert [p.pid for p in launch.launched_processes("99999-othersession")] == [other.pid]
+    finally:
+        for p in (other, ours):
+            p.kill()
+            p.wait()
