@@ -6,9 +6,12 @@
   lesson's `%%writefile` cells), and the check runs that file under torchrun with 2 processes
   on gloo (`course_utils.launch.torchrun` with `lesson07_ranks` as the program). The ranks only
   record what the learner's code did; the verdict is computed here, from every rank's record.
-  What would differ on GPUs is made visible where the learner's own tensor meets a collective:
-  7.3 runs once more as under nccl, on the virtual CUDA device (a host tensor is refused, as
-  nccl refuses it). Waiting for another rank is proven by the collectives run in between, never
+  What would differ on GPUs or between machines is made visible where it can be on a CPU: 7.2
+  runs as 2 nodes x 1 process (each rank sees LOCAL_RANK=0 and LOCAL_WORLD_SIZE=1, as torchrun
+  sets them there), and the model must have been moved to `device` before DDP wraps it; 7.3 runs
+  once more as under nccl, as the second node of 2 x 2 GPUs, on virtual CUDA devices, one per local
+  rank (a host tensor is refused, as nccl refuses it, and so is a tensor on another rank's GPU, or
+  on a GPU the node does not have). Waiting for another rank is proven by the collectives run in between, never
   by a clock. 7.5 (an IterableDataset over shards) runs in each rank under a DataLoader with 2 worker
   processes and without. The course's own answers (the lesson's fallback) refuse to run inside a check.
 
@@ -328,6 +331,12 @@ def judge_7_2(obs: list[dict], seed: int, file) -> str:
                               f"rank {o['rank']} tried to read the checkpoint before it was complete: "
                               f"{e['type']}: {e['message'][:120]}",
                               "rank 0 saves; then every rank calls dist.barrier(); only then does every rank load")
+    for o in obs:        # device_ids for a GPU, where the check's `device` is the CPU (x-07 F14)
+        e = o.get("error") or {}
+        if e.get("type") == "ValueError" and "device_ids" in e.get("message", ""):
+            raise RankError(_error_sentence(o, file) + ". In the check `device` is the CPU (gloo ranks), and DDP "
+                            "takes device_ids only for a module on a GPU: leave device_ids out (DDP then uses the "
+                            "module's device) or pass `[device.index] if device.type == 'cuda' else None`")
     _raise_rank_errors(obs, "7.2", file)
 
     if not all(o.get("ddp") for o in obs):
@@ -335,6 +344,15 @@ def judge_7_2(obs: list[dict], seed: int, file) -> str:
                           "no DistributedDataParallel was built around the model",
                           "ddp = DistributedDataParallel(model, device_ids=...): it makes every rank start from "
                           "rank 0's weights and averages the gradients in backward")
+    for o in obs:
+        moves = (o.get("ddp_moves") or [[]])[0]
+        if not moves:
+            raise CheckFailed("moves the model to `device` before wrapping it in DDP",
+                              f"rank {o['rank']}'s model was still where make_model() built it (the CPU) when "
+                              "DistributedDataParallel wrapped it: nothing moved it to `device`",
+                              "model = make_model().to(device), then wrap it. In the check `device` is the CPU, so "
+                              "nothing breaks here; on a GPU, DDP(model, device_ids=[local_rank]) of a model in host "
+                              "memory raises, and nccl cannot broadcast its weights")
     if any(o.get("made") != 1 for o in obs):
         raise CheckFailed("builds the model once with make_model()",
                           f"make_model() was called {[o.get('made') for o in obs]} times on the ranks")
@@ -635,13 +653,24 @@ def _judge_73_nccl(obs, case, file):
     entries = [o.get("nccl") for o in obs]
     if any(entry is None for entry in entries):
         raise RankError("a rank stopped before the pass that runs your function as under nccl")
+    world = len(obs)
     for o, entry in zip(obs, entries):
         if "error" in entry:
             e = entry["error"]
+            if "invalid device ordinal" in e["message"] or "but backend constrained to" in e["message"]:
+                raise CheckFailed("puts the tensor on this rank's own GPU, cuda:LOCAL_RANK",
+                                  f"run as under nccl as the second node of a job of 2 nodes x {world} GPUs, rank "
+                                  f"{world + o['rank']} (local rank {o['rank']}, GPU cuda:{o['rank']}) raised "
+                                  f"{e['type']}: {e['message'][:160]}",
+                                  "use collective_device(): torch.cuda.current_device(), which the rank's setup "
+                                  "set to LOCAL_RANK. dist.get_rank() is the rank in the whole job (rank 8 is GPU 0 "
+                                  "of the second node of 8-GPU machines), and a fixed cuda:0 puts every rank of a "
+                                  "node on one GPU, which nccl refuses")
             if NCCL_CPU_TENSOR in e["message"]:
                 raise CheckFailed("puts the tensor it reduces on collective_device()",
                                   f"run as under nccl (on a virtual GPU), rank {o['rank']} handed a tensor in host "
-                                  f"memory to a collective, and nccl raised \"{NCCL_CPU_TENSOR}\"; gloo accepts it, "
+                                  f"memory to a collective, and torch raised \"{NCCL_CPU_TENSOR}\" (an nccl group "
+                                  "has no CPU backend); gloo accepts it, "
                                   "which is why it worked on the CPU",
                                   "create the tensor with device=collective_device(): nccl moves GPU memory only")
             raise RankError("run as under nccl (on a virtual GPU), " + _error_sentence({"rank": o["rank"], "error": e},

@@ -404,6 +404,7 @@ class _Mode(TorchFunctionMode):
                     vc._log_copy("h2d", out, pinned=False, non_blocking=False, what="Tensor.new_tensor")
                 return vc._wrap_new(out, "Tensor." + name)
         if "device" in kwargs and _is_cuda(kwargs["device"]):
+            vc._claim(kwargs["device"])
             return vc._create(func, name, args, kwargs)
         generator = kwargs.get("generator")
         if isinstance(generator, _VirtualCudaGenerator) and not any(
@@ -417,11 +418,19 @@ class VirtualCuda:
 
     The device is `cuda:0` on a machine without a GPU; beside real GPUs it takes the next index
     (`cuda:1` beside one GPU), so that nothing made on it is mistaken for a real GPU's tensor
-    (a cache of constants keyed by device, say)."""
+    (a cache of constants keyed by device, say).
 
-    def __init__(self):
+    `VirtualCuda(index=k, count=n)` is GPU k of a node of n GPUs instead (lesson 07: a rank's own
+    GPU, cuda:LOCAL_RANK): `current_device()` is k, `device_count()` n; a tensor asked for on an
+    index at or past n fails with CUDA's "invalid device ordinal", and one on another GPU of the
+    node with `other_device` (formatted with `found` and `own`), where given."""
+
+    def __init__(self, *, index: int | None = None, count: int | None = None, other_device: str | None = None):
         real = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        self.device = torch.device("cuda", real)
+        self.device = torch.device("cuda", real if index is None else int(index))
+        self.count = int(count) if count is not None else self.device.index + 1
+        self._strict = index is not None
+        self._other_device = other_device
         self._stream_ids = itertools.count()
         self.streams: list[VirtualStream] = []
         self.copies: list[Copy] = []
@@ -436,6 +445,22 @@ class VirtualCuda:
         self._generator.manual_seed(torch.initial_seed())
         self.allocated_bytes = 0                     # device memory allocated so far (never freed here)
         self._stack = None
+
+    def _claim(self, device) -> None:
+        """A tensor asked for on `device`: with an `index` given, another index fails as it would there."""
+        if not self._strict:
+            return
+        try:
+            k = device if isinstance(device, int) else torch.device(device).index
+        except (RuntimeError, TypeError):
+            return
+        if k is None or k == self.device.index:
+            return
+        if not 0 <= k < self.count:
+            raise RuntimeError(f"CUDA error: invalid device ordinal (cuda:{k} asked for; this node has "
+                               f"{self.count} GPU(s), cuda:0 to cuda:{self.count - 1})")
+        if self._other_device:
+            raise RuntimeError(self._other_device.format(found=f"cuda:{k}", own=self.device))
 
     # -- what a check asks --------------------------------------------------------------------
     def h2d(self) -> list[Copy]:
@@ -531,7 +556,7 @@ class VirtualCuda:
         patch("is_available", lambda: True)
         # beside real GPUs the virtual device is cuda:N after them: code that asks for "the current
         # device" or counts the devices must land on it, not on a real GPU (issue 19, item 18)
-        patch("device_count", lambda: vc.device.index + 1)
+        patch("device_count", lambda: vc.count)
         patch("current_device", lambda: vc.device.index)
         patch("set_device", lambda device: None)
         patch("device", _DeviceContext)
@@ -645,6 +670,10 @@ class VirtualCuda:
             device = self.device
             if args and isinstance(args[0], bool):
                 non_blocking = args[0]
+            elif args and args[0] is not None:
+                self._claim(args[0] if not isinstance(args[0], int) else torch.device("cuda", args[0]))
+            elif kwargs.get("device") is not None:
+                self._claim(kwargs["device"])
         elif name == "cpu":
             device = torch.device("cpu")
         else:
@@ -662,6 +691,8 @@ class VirtualCuda:
             device = kwargs.get("device", device)
             dtype = kwargs.get("dtype", dtype)
         to_cuda = device is not None and _is_cuda(device)
+        if to_cuda and name == "to":
+            self._claim(device)
         if isinstance(t, DeviceTensor):
             if device is not None and not to_cuda:
                 return self._d2h(t, dtype=dtype, non_blocking=non_blocking, what=f"Tensor.{name}")

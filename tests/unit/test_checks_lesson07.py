@@ -163,9 +163,9 @@ def body_72(*, ddp="DDP(model)", train_model="ddp_model", sampler="DistributedSa
             loader_kwargs="sampler=sampler", set_epoch="sampler.set_epoch(epoch)", batch="batch_size", lr="lr",
             step="course", save_if="dist.get_rank() == 0", save_obj="model.state_dict()", barrier="dist.barrier()",
             barrier_in_if=False, load="torch.load(checkpoint, map_location=device)", load_into="model",
-            returns="model", loss_scale=""):
+            returns="model", loss_scale="", make="make_model().to(device)"):
     """The source of one train_ddp, with one knob per mistake (the defaults are right)."""
-    lines = ["model = make_model().to(device)",
+    lines = [f"model = {make}",
              f"ddp_model = {ddp}",
              f"sampler = {sampler}",
              f"loader = DataLoader(dataset, batch_size={batch}, {loader_kwargs})",
@@ -201,9 +201,14 @@ def wraps_course(header, call, *, tamper=False):
     return COURSE + header + pop + f"    return course.{call}\n"
 
 
+ENV = "__import__('os').environ"
 RIGHT_72 = {
     "solution": body_72(),
     "manual loop, returns ddp_model.module": body_72(step="manual", returns="ddp_model.module"),
+    # GPU-right answers the check must keep accepting (x-07 v72 I, V)
+    "map_location='cpu'": body_72(load="torch.load(checkpoint, map_location='cpu')"),
+    "broadcast_object_list orders the ranks": body_72(barrier="dist.broadcast_object_list([None], src=0)"),
+    "model.to(device=device)": body_72(make="make_model().to(device=device)"),
 }
 MUTANTS_72 = [
     (body_72(ddp="model", train_model="model"), "wraps the model in DistributedDataParallel"),        # right with 1 rank
@@ -234,7 +239,19 @@ MUTANTS_72 = [
     (wraps_course(HEADER_72, "course_train_ddp(make_model, dataset, device=device, epochs=epochs, "
                              "batch_size=batch_size, lr=lr, seed=seed, checkpoint=checkpoint)"),
      "is your own code, not the course's implementation"),
+    # right on one machine of CPU ranks, wrong on GPUs or on a second node (x-07 F1): graded as 2
+    # nodes x 1 process, and the model's move to `device` recorded
+    (body_72(make="make_model()"), "moves the model to `device` before wrapping it in DDP"),
+    (body_72(save_if=f"int({ENV}['LOCAL_RANK']) == 0"), "only rank 0 writes the checkpoint"),
+    (body_72(sampler=f"DistributedSampler(dataset, num_replicas=int({ENV}['LOCAL_WORLD_SIZE']), "
+                     f"rank=int({ENV}['LOCAL_RANK']), shuffle=True, seed=seed)"),
+     "gives each rank its own shard of every epoch"),
 ]
+MESSAGES_72 = {     # mutants whose message must name what they did
+    19: "nothing moved it to `device`",
+    20: "ranks [0, 1] called torch.save",
+    21: "trained on all",
+}
 
 HEADER_73 = '''
 import math
@@ -276,6 +293,21 @@ RIGHT_73 = {
         totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=collective_device())
         all_reduce(totals)
         return (totals[0] / totals[2]).item(), (totals[1] / totals[2]).item()      # 0 / 0 is nan in float64
+    """),
+    # GPU-right devices the nccl pass must accept (x-07 v73 j): the current device, and LOCAL_RANK's
+    "device='cuda' under nccl": file_73("""\
+        device = collective_device() if dist.get_backend() != "nccl" else "cuda"
+        totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=device)
+        dist.all_reduce(totals)
+        return finish(*totals.tolist())
+    """),
+    "cuda:LOCAL_RANK under nccl": file_73("""\
+        import os
+        device = (collective_device() if dist.get_backend() != "nccl" else
+                  torch.device("cuda", int(os.environ["LOCAL_RANK"])))
+        totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=device)
+        dist.all_reduce(totals)
+        return finish(*totals.tolist())
     """),
 }
 MUTANTS_73 = [
@@ -396,10 +428,26 @@ MUTANTS_73 = [
      "is your own code, not the course's implementation"),
     (wraps_course(HEADER_73, "course_global_metrics(loss_sum, correct, count)", tamper=True),
      "is your own code, not the course's implementation"),
+    # right with one GPU per node, wrong with several (x-07 F2): the nccl pass runs as the second
+    # node of 2 x 2 GPUs, each rank on its own virtual GPU
+    (file_73("""\
+        device = collective_device() if dist.get_backend() != "nccl" else torch.device("cuda", 0)
+        totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=device)
+        dist.all_reduce(totals)
+        return finish(*totals.tolist())
+    """), "puts the tensor on this rank's own GPU, cuda:LOCAL_RANK"),
+    (file_73("""\
+        device = collective_device() if dist.get_backend() != "nccl" else torch.device("cuda", dist.get_rank())
+        totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=device)
+        dist.all_reduce(totals)
+        return finish(*totals.tolist())
+    """), "puts the tensor on this rank's own GPU, cuda:LOCAL_RANK"),
 ]
 MESSAGES_73 = {     # mutants whose message must name what they did
     7: "reduce in float64",                  # the float32 reduction keeps its hint
-    15: "nccl raised",
+    15: "No backend type associated with device type cpu",
+    22: "but backend constrained to cuda:1",
+    23: "invalid device ordinal",
     18: "the division ran in float32",       # ... and the exact int64 sums divided in float32 get their own
 }
 
@@ -536,7 +584,7 @@ def test_right_answers_pass_on_every_seed(verdicts, ex, name):
 
 @pytest.mark.parametrize("ex, name, prop", MUTANT_CASES, ids=[f"{e}-{n}" for e, n, _ in MUTANT_CASES])
 def test_mutants_fail_on_the_right_property_on_every_seed(verdicts, ex, name, prop):
-    said = {"7.3": MESSAGES_73, "7.4": MESSAGES_74}.get(ex, {}).get(int(name.removeprefix("mutant")))
+    said = {"7.2": MESSAGES_72, "7.3": MESSAGES_73, "7.4": MESSAGES_74}.get(ex, {}).get(int(name.removeprefix("mutant")))
     for seed in SEEDS_RANKS:
         status, message = verdicts[(ex, name, seed)]
         assert status == "fail", f"seed {seed}: {status}: {message}"
