@@ -125,8 +125,12 @@ def _shard_cases(rng):
     R = int(rng.integers(3, 6))
     n = R * int(rng.integers(2, 7)) + int(rng.integers(1, R))
     cases.append(("drop_last drops the tail so every rank gets floor(n / num_replicas)",
-                  "with drop_last, keep the first num_replicas * (n // num_replicas) indices, then deal them out",
-                  [dict(n=n, num_replicas=R, shuffle=False, seed=0, epoch=0, drop_last=True)]))
+                  "with drop_last, keep the first num_replicas * (n // num_replicas) indices, then deal them out "
+                  "(when num_replicas divides n, nothing is dropped)",
+                  [dict(n=n, num_replicas=R, shuffle=False, seed=0, epoch=0, drop_last=True),
+                   # on the edge, every seed: an exact multiple drops nothing
+                   dict(n=R * int(rng.integers(2, 7)), num_replicas=R, shuffle=False, seed=0, epoch=0,
+                        drop_last=True)]))
     R = int(rng.integers(2, 5))
     n = R * int(rng.integers(5, 20))
     cases.append(("shuffles with torch.randperm and a generator seeded with seed + epoch",

@@ -65,7 +65,8 @@ def make_shard(*, order="torch", deal="interleave", pad="repeat", drop="floor", 
         if pad == "none" and not drop_last:
             return indices[rank::num_replicas] if use_rank else indices
         if drop_last and drop != "ignored":
-            per_rank = (n - num_replicas) // num_replicas if drop == "off_by_one" else n // num_replicas
+            per_rank = ((n - num_replicas) // num_replicas if drop == "off_by_one" else
+                        (n - 1) // num_replicas if drop == "minus_one" else n // num_replicas)
         else:
             per_rank = math.ceil(n / num_replicas)
         total = per_rank * num_replicas
@@ -107,6 +108,8 @@ MUTANTS_71 = [
     (make_shard(pad="once"), "pads even when the dataset is smaller than the number of ranks"),
     (make_shard(drop="ignored"), "drop_last drops the tail so every rank gets floor(n / num_replicas)"),
     (make_shard(drop="off_by_one"), "drop_last drops the tail so every rank gets floor(n / num_replicas)"),
+    # the near-miss rule: (n - 1) // R is n // R unless R divides n: drop_last on an exact multiple
+    (make_shard(drop="minus_one"), "drop_last drops the tail so every rank gets floor(n / num_replicas)"),
     (make_shard(order="numpy"), "shuffles with torch.randperm and a generator seeded with seed + epoch"),
     (make_shard(seed_offset_by_rank=True), "shuffles with torch.randperm and a generator seeded with seed + epoch"),
     (make_shard(epoch_used=False), "the order changes with the epoch"),
@@ -246,6 +249,12 @@ MUTANTS_72 = [
     (body_72(sampler=f"DistributedSampler(dataset, num_replicas=int({ENV}['LOCAL_WORLD_SIZE']), "
                      f"rank=int({ENV}['LOCAL_RANK']), shuffle=True, seed=seed)"),
      "gives each rank its own shard of every epoch"),
+]
+# GPU-right answers a CPU check cannot run (DDP refuses device_ids for a CPU module): an error that
+# says why and what to write instead (x-07 F14)
+ERRORS_72 = [
+    (body_72(ddp="DDP(model, device_ids=[device.index])"), "leave device_ids out"),
+    (body_72(ddp=f"DDP(model, device_ids=[int({ENV}['LOCAL_RANK'])])"), "In the check `device` is the CPU"),
 ]
 MESSAGES_72 = {     # mutants whose message must name what they did
     19: "nothing moved it to `device`",
@@ -546,6 +555,8 @@ def verdicts(tmp_path_factory):
     jobs, keys = [], []
     for ex, (function, right, mutants, _) in EXERCISES.items():
         candidates = list(right.items()) + [(f"mutant{i}", src) for i, (src, _) in enumerate(mutants)]
+        if ex == "7.2":
+            candidates += [(f"error{i}", src) for i, (src, _) in enumerate(ERRORS_72)]
         for name, source in candidates:
             path = folder / f"{ex.replace('.', '_')}_{name.replace(' ', '_').replace(',', '')}.py"
             path.write_text(source)
@@ -591,6 +602,13 @@ def test_mutants_fail_on_the_right_property_on_every_seed(verdicts, ex, name, pr
         assert f"'{prop}'" in message, f"seed {seed}: {message}"
         if said:
             assert said in message, f"seed {seed}: the message should say {said!r}: {message}"
+
+
+@pytest.mark.parametrize("index", range(len(ERRORS_72)))
+def test_7_2_device_ids_for_a_gpu_is_an_error_that_says_why(verdicts, index):
+    for seed in SEEDS_RANKS:
+        status, message = verdicts[("7.2", f"error{index}", seed)]
+        assert status == "error" and ERRORS_72[index][1] in message, f"seed {seed}: {status}: {message}"
 
 
 def test_at_least_eight_mutants_per_exercise():
