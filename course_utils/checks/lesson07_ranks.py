@@ -318,7 +318,8 @@ def run_72(fn, job, rank, world, workdir, obs) -> None:
         # as torchrun sets it there, so that LOCAL_RANK used where the global rank is meant (who
         # saves, the sampler's share) fails here as it does on a second machine
         with watch_checkpoint_io(obs["saves"], obs["loads"], rank, snapshot), \
-                watch_ddp(obs["ddp"], obs["ddp_moves"]), as_node(rank, world, nodes=world):
+                watch_ddp(obs["ddp"], obs["ddp_moves"]), \
+                as_node(local_rank=0, per_node=1, node=rank, nodes=world):
             returned = fn(make_model, dataset, device=torch.device("cpu"), epochs=case["epochs"],
                           batch_size=case["batch_size"], lr=case["lr"], seed=case["sampler_seed"],
                           checkpoint=str(checkpoint))
@@ -337,15 +338,14 @@ def run_72(fn, job, rank, world, workdir, obs) -> None:
 
 
 @contextlib.contextmanager
-def as_node(rank: int, world: int, *, nodes: int, global_rank: int | None = None):
-    """The environment torchrun gives rank `rank` of `world` when the job has `nodes` nodes of
-    world // nodes processes each (LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK...); with `global_rank`,
+def as_node(*, local_rank: int, per_node: int, node: int, nodes: int, global_rank: int | None = None):
+    """The environment torchrun gives a process that is local rank `local_rank` of `per_node` on node
+    `node` of `nodes` (LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE); with `global_rank`,
     RANK and `dist.get_rank()` say that rank instead (the same process, as on a later node)."""
-    per_node = world // nodes
-    env = {"LOCAL_RANK": str(rank % per_node), "LOCAL_WORLD_SIZE": str(per_node), "GROUP_RANK": str(rank // per_node),
-           "GROUP_WORLD_SIZE": str(nodes), "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world)}
+    env = {"LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(per_node), "GROUP_RANK": str(node),
+           "GROUP_WORLD_SIZE": str(nodes)}
     if global_rank is not None:
-        env["RANK"] = str(global_rank)
+        env["RANK"] = env["ROLE_RANK"] = str(global_rank)
     saved_env = {k: os.environ.get(k) for k in env}
     saved_rank = dist.get_rank
     os.environ.update(env)
@@ -376,7 +376,7 @@ def run_73(fn, job, rank, world, workdir, obs) -> None:
     # (cuda:LOCAL_RANK, what init_process_group set as the current device); a tensor on another
     # GPU of the node, or on a GPU the node does not have, fails as it does there (x-07 F2)
     from .virtual_cuda import VirtualCuda
-    with as_node(rank, world, nodes=1, global_rank=world + rank), \
+    with as_node(local_rank=rank, per_node=world, node=1, nodes=2, global_rank=world + rank), \
             VirtualCuda(index=rank, count=world, other_device=NCCL_OTHER_DEVICE) as vc, as_if_nccl(vc):
         fn_nccl = load_learner(job["file"], job["function"], f"{job['index']}-nccl")
         entry = _call_73(fn_nccl, cases[NCCL_CASE_73][rank], job)

@@ -455,8 +455,8 @@ MUTANTS_73 = [
 MESSAGES_73 = {     # mutants whose message must name what they did
     7: "reduce in float64",                  # the float32 reduction keeps its hint
     15: "No backend type associated with device type cpu",
-    22: "but backend constrained to cuda:1",
-    23: "invalid device ordinal",
+    21: "but backend constrained to cuda:1",
+    22: "invalid device ordinal",
     18: "the division ran in float32",       # ... and the exact int64 sums divided in float32 get their own
 }
 
