@@ -658,7 +658,12 @@ def _judge_73_nccl(obs, case, file):
     if any(entry is None for entry in entries):
         raise RankError("a rank stopped before the pass that runs your function as under nccl")
     world = len(obs)
-    for o, entry in zip(obs, entries):
+    # the rank whose own tensor was refused first: a rank whose tensor was fine then waits in the
+    # collective the other never joined, and its error (the connection closed) is only a consequence
+    refused = ("invalid device ordinal", "but backend constrained to", NCCL_CPU_TENSOR)
+    order = sorted(zip(obs, entries), key=lambda p: not any(w in (p[1].get("error") or {}).get("message", "")
+                                                              for w in refused))
+    for o, entry in order:
         if "error" in entry:
             e = entry["error"]
             if "invalid device ordinal" in e["message"] or "but backend constrained to" in e["message"]:
