@@ -103,6 +103,19 @@ def _short(xs, k=12):
     return str(xs) if len(xs) <= k else "[" + ", ".join(map(str, xs[:k])) + f", ... ({len(xs)} in all)]"
 
 
+def _yours_expected(yours, expected, k=12) -> str:
+    """Both lists, shown where they differ: a difference past the first k indices (in the padding)
+    is shown from there, not hidden behind two identical beginnings (w3-07 w71_11)."""
+    first = next((i for i, (a, b) in enumerate(zip(yours, expected)) if a != b), min(len(yours), len(expected)))
+    if first < k:
+        return f"yours {_short(yours)}, expected {_short(expected)}"
+    def part(xs):
+        tail = xs[first:first + 6]
+        return f"[... {', '.join(map(str, tail))}{', ...' if len(xs) > first + 6 else ''}] ({len(xs)} in all)"
+    return (f"the first {first} indices agree; from position {first} on, yours {part(yours)}, "
+            f"expected {part(expected)}")
+
+
 def _shard_cases(rng):
     """Every run: one case of each kind, with fresh sizes. (property, hint, kwargs list)."""
     cases = []
@@ -186,8 +199,12 @@ def check_7_1(shard_indices):
                 if yours != expected:
                     if not args["shuffle"] and yours == _reference_shard(n, R, rank, **{**args, "shuffle": True}):
                         prop, hint = "shuffle=False keeps the dataset's order", "only shuffle when shuffle=True"
-                    raise CheckFailed(prop, f"{what}: yours {_short(yours)}, expected {_short(expected)} "
-                                      f"(seed {seed})", hint)
+                    elif len(yours) != len(expected) and yours[:len(expected)] == expected[:len(yours)] and \
+                            prop.startswith("rank r takes"):    # the right stride, the wrong length (w3-07 w71_14)
+                        prop = "pads to ceil(n / num_replicas) per rank by repeating the first indices"
+                        hint = (f"each rank gets ceil(n / num_replicas) = {len(expected)} indices here: when "
+                                "num_replicas divides n nothing is padded (n // num_replicas + 1 is one too many)")
+                    raise CheckFailed(prop, f"{what}: {_yours_expected(yours, expected)} (check seed {seed})", hint)
     return "every rank's indices equal DistributedSampler's, for every case."
 
 
@@ -558,7 +575,19 @@ def _hint_73(i, case, got, expected, default_hint):
                 return ("your sums look exact, but the division ran in float32: torch divides two integer tensors "
                         "in its default dtype, float32 (about 7 digits). Divide Python numbers (after .tolist()) "
                         "or float64 tensors")
-    return default_hint
+    world, total = len(case), sum(c[2] for c in case)
+    numbers = all(isinstance(g, float) and math.isfinite(g) for g in got) and total > 0
+    if numbers and any(x and math.isclose(g, x / world, rel_tol=1e-9) for g, x in zip(got, expected)):
+        return (f"{'your loss is' if math.isclose(got[0], expected[0] / world, rel_tol=1e-9) else 'a value is'} the "
+                f"global one divided by the number of ranks ({world}): the all-reduced sums are already global; "
+                "divide them by the total count, and by nothing else")
+    loss_sum = sum(c[0] for c in case)
+    if numbers and not math.isclose(got[0], expected[0], rel_tol=1e-9) and \
+            math.isclose(got[0], sum(math.trunc(c[0]) for c in case) / total, rel_tol=1e-9) and loss_sum != int(loss_sum):
+        return ("the loss sums lost their fractions: an integer tensor (int64) truncates the float loss_sum. Put the "
+                "three numbers in one float64 tensor (it holds every integer up to 2**53 exactly, and the fractions)")
+    return default_hint or ("all-reduce the three sums (loss_sum, correct, count) in one float64 tensor, then divide "
+                            "the global loss sum and the global correct count by the global count")
 
 
 def judge_7_3(obs: list[dict], seed: int, file) -> str:
@@ -773,6 +802,16 @@ def judge_7_4(obs: list[dict], seed: int, file) -> str:
                                   "call backward on each micro-batch's loss as you go: adding up the losses and "
                                   "calling backward once keeps every micro-batch's activations in memory, which is "
                                   "what accumulation is there to avoid")
+            backwards = [on for kind, on in res.get("synced", []) if kind == "B"]
+            if len(backwards) == k and backwards.count(True) == 1 and not backwards[-1]:
+                which = backwards.index(True) + 1
+                raise CheckFailed("all-reduces in the last micro-batch's backward",
+                                  f"k={k}: the one backward that all-reduced was micro-batch {which}'s (of {k}): the "
+                                  f"gradients of micro-batch{'es' if k - which > 1 else ''} {which + 1}"
+                                  f"{f'-{k}' if k - which > 1 else ''} were added to .grad after it and never "
+                                  "reached the other rank",
+                                  "DDP's all-reduce sends what .grad holds when it runs: keep every micro-batch but "
+                                  "the last inside no_sync, so that the last backward carries the sum of all of them")
             if not all(_close(g, x, rtol=1e-8, atol=1e-11) for g, x in zip(grads, expected[i]["grads"])):
                 worst = max(float(np.max(np.abs(d))) for d in diff)
                 local = call["local"][o["rank"]]
@@ -797,8 +836,10 @@ def judge_7_4(obs: list[dict], seed: int, file) -> str:
                                   f"k={k}, rank {o['rank']} returned a {res.get('returned_type')}",
                                   "read the number out (.item()): a tensor that still holds the graph keeps every "
                                   "micro-batch's activations alive, and on a GPU each later use of it waits for the GPU")
-            if res["weights_changed"]:
-                raise CheckFailed("takes no optimizer step", f"k={k}: the weights changed",
+            if res["weights_changed"] or res.get("optimizer_steps"):
+                how = "the weights changed" if res["weights_changed"] else \
+                    f"your function called {res['optimizer_steps'][0]}.step() (it changed nothing this time)"
+                raise CheckFailed("takes no optimizer step", f"k={k}: {how}",
                                   "only accumulate gradients; the training loop steps the optimizer")
     return ("one all-reduce per call, and DDP's average of the ranks' gradients on every rank (the big batch's when "
             "the ranks hold equal counts), for every k.")

@@ -536,8 +536,14 @@ def run_74(fn, job, rank, world, workdir, obs) -> None:
         hooks["n"] = 0
         events.clear()
         synced.clear()
-        with CollectiveCounter() as counter:
-            returned = fn(ddp, micro, F.cross_entropy)
+        steps = []          # any optimizer's step() during the call (even one with lr=0, which changes nothing)
+        step_hook = torch.optim.optimizer.register_optimizer_step_pre_hook(
+            lambda optimizer, args, kwargs: steps.append(type(optimizer).__name__))
+        try:
+            with CollectiveCounter() as counter:
+                returned = fn(ddp, micro, F.cross_entropy)
+        finally:
+            step_hook.remove()
         results.append({"k": call["k"], "all_reduces": hooks["n"] / max(buckets, 1),
                         "own_collectives": counter.count - hooks["n"], "collective_names": counter.calls,
                         "events": "".join(events), "synced": synced[:],
@@ -545,7 +551,7 @@ def run_74(fn, job, rank, world, workdir, obs) -> None:
                         "grads": [None if p.grad is None else p.grad.detach().double().tolist()
                                   for p in model.parameters()],
                         "returned": _numbers([returned]) if returned is not None else None,
-                        "weights_changed": state_lists(model) != initial})
+                        "weights_changed": state_lists(model) != initial, "optimizer_steps": steps})
 
 
 # -- 7.5 shards for every rank and worker ---------------------------------------------------------------

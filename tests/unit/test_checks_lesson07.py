@@ -68,11 +68,11 @@ def make_shard(*, order="torch", deal="interleave", pad="repeat", drop="floor", 
             per_rank = ((n - num_replicas) // num_replicas if drop == "off_by_one" else
                         (n - 1) // num_replicas if drop == "minus_one" else n // num_replicas)
         else:
-            per_rank = math.ceil(n / num_replicas)
+            per_rank = n // num_replicas + 1 if pad == "floor_plus_one" else math.ceil(n / num_replicas)
         total = per_rank * num_replicas
         if total > n:
             extra = total - n
-            if pad == "repeat":
+            if pad in ("repeat", "floor_plus_one"):
                 indices += (indices * math.ceil(extra / n))[:extra]
             elif pad == "once":
                 indices += indices[:extra]
@@ -117,7 +117,10 @@ MUTANTS_71 = [
     (make_shard(shuffle_flag=False), "shuffle=False keeps the dataset's order"),
     (make_shard(pad="unshuffled"), "pads (or drops) after shuffling, exactly as DistributedSampler does"),
     (make_shard(global_rng=True), "leaves the global random state alone"),
+    # w3-07 w71_14: n // R + 1 for ceil is one too many when R divides n: named as the length, not the stride
+    (make_shard(pad="floor_plus_one"), "pads to ceil(n / num_replicas) per rank by repeating the first indices"),
 ]
+MESSAGES_71 = {len(MUTANTS_71) - 1: "when num_replicas divides n nothing is padded"}
 
 
 @pytest.mark.parametrize("seed", SEEDS_71)
@@ -135,7 +138,20 @@ def test_7_1_accepts_tensors_and_arrays():
 def test_7_1_mutants_fail_on_the_right_property_on_every_seed(monkeypatch, fn, prop):
     for seed in SEEDS_71:
         monkeypatch.setenv("COURSE_CHECK_SEED", str(seed))
-        fails_on(run_check("7.1", fn), prop)
+        result = run_check("7.1", fn)
+        fails_on(result, prop)
+        said = MESSAGES_71.get(next(i for i, (f, _) in enumerate(MUTANTS_71) if f is fn))
+        assert said is None or said in result.message, result.message
+
+
+def test_7_1_shows_where_yours_and_expected_differ(monkeypatch):
+    """w3-07 w71_11: a difference in the padding, past the first 12 indices, printed two identical lists."""
+    import re
+    for seed in SEEDS_71 + [0, 7]:
+        monkeypatch.setenv("COURSE_CHECK_SEED", str(seed))
+        message = run_check("7.1", make_shard(pad="unshuffled")).message
+        shown = re.search(r"yours (\[.*?\]).*?, expected (\[.*?\])", message)
+        assert shown and shown.group(1) != shown.group(2), message
 
 
 def test_7_1_stub_and_wrong_type():
@@ -454,6 +470,8 @@ MUTANTS_73 = [
 ]
 MESSAGES_73 = {     # mutants whose message must name what they did
     7: "reduce in float64",                  # the float32 reduction keeps its hint
+    10: "an integer tensor (int64) truncates the float loss_sum",     # w3-07 w73_09: no hint before
+    11: "divided by the number of ranks",                             # w3-07 w73_11
     15: "No backend type associated with device type cpu",
     21: "but backend constrained to cuda:1",
     22: "invalid device ordinal",
@@ -496,7 +514,7 @@ RIGHT_74 = {"solution": body_74()}
 MUTANTS_74 = [
     (body_74(quiet="False"), "all-reduces exactly once per call"),
     (body_74(quiet="True"), "all-reduces exactly once per call"),
-    (body_74(quiet="i > 0"), "leaves the big batch's gradient, averaged over the ranks"),
+    (body_74(quiet="i > 0"), "all-reduces in the last micro-batch's backward"),      # w3-07 w74_06: was the weighting
     (body_74(quiet="i < len(micro_batches) - 2"), "all-reduces exactly once per call"),
     (body_74(weight="1"), "leaves the big batch's gradient, averaged over the ranks"),
     (body_74(weight="1 / len(micro_batches)"), "leaves the big batch's gradient, averaged over the ranks"),
@@ -536,7 +554,11 @@ MUTANTS_74 = [
 ]
 MUTANTS_74.append((wraps_course(HEADER_74, "course_accumulate(ddp_model, micro_batches, loss_fn)"),
                    "is your own code, not the course's implementation"))
-MESSAGES_74 = {15: "forward pass ran outside no_sync and its backward inside it"}
+# w3-07 w74_12: a step that changes nothing (lr=0) passed: the step itself is what the contract forbids
+MUTANTS_74.append((body_74(step=True).replace("lr=0.1", "lr=0.0"), "takes no optimizer step"))
+MESSAGES_74 = {15: "forward pass ran outside no_sync and its backward inside it",
+               2: "the one backward that all-reduced was micro-batch 1's",
+               len(MUTANTS_74) - 1: "called SGD.step()"}
 
 EXERCISES = {
     "7.2": ("train_ddp", RIGHT_72, MUTANTS_72, lesson07.judge_7_2),
