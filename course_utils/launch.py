@@ -54,7 +54,7 @@ from pathlib import Path
 
 __all__ = [
     "torchrun", "LaunchResult", "LaunchError", "LaunchTimeout", "default_nproc", "default_backend",
-    "threads_per_rank", "launched_processes", "stop_processes", "report", "backend", "rank_device",
+    "threads_per_rank", "launched_processes", "left_behind", "stop_processes", "report", "backend", "rank_device",
     "rank_info", "RankInfo", "LAUNCH_ID_ENV", "SCRIPTS", "torchrun_accepts", "torchrun_module", "is_mig",
     "init_process_group", "choose_backend_and_device",
 ]
@@ -448,6 +448,24 @@ def launched_processes(launch_id: str | None = None, *, anyone: bool = False) ->
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
             continue
     return found
+
+
+def left_behind(wait_s: float = 5.0) -> str:
+    """One line for the lesson: the processes this kernel's launches left alive, after giving those
+    still on their way out `wait_s` seconds to finish exiting (a rank of a failed launch, on a busy
+    machine, may take a moment after torchrun returned: w3-07 saw one listed, then gone)."""
+    import psutil
+    procs = launched_processes()
+    if procs:
+        _, procs = psutil.wait_procs(procs, timeout=wait_s)
+    named = []
+    for p in procs:
+        try:
+            named.append(f"pid {p.pid} ({p.name()}, {p.status()})")
+        except psutil.Error:
+            continue
+    return ("none" if not named else
+            f"{len(named)} still running {wait_s:g} s later: {', '.join(named)} (kill PID stops one)")
 
 
 def stop_processes(launch_id: str, *, root=None, grace_s: float = 3.0) -> list[int]:

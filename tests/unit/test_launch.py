@@ -362,3 +362,18 @@ def test_processes_left_behind_are_this_processs_launches_not_another_sessions()
         for p in (other, ours):
             p.kill()
             p.wait()
+
+
+def test_left_behind_waits_for_a_process_on_its_way_out_and_names_the_rest():
+    """w3-07: 'processes left behind: [psutil.Process(pid=29869, ...)]', a rank still exiting, in a raw repr."""
+    env = {**os.environ, launch.LAUNCH_ID_ENV: f"{os.getpid()}-leaving"}
+    leaving = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"], env=env)
+    staying = subprocess.Popen(["sleep", "30"], env={**env, launch.LAUNCH_ID_ENV: f"{os.getpid()}-staying"})
+    try:
+        said = launch.left_behind(wait_s=3)
+        assert f"pid {staying.pid} (sleep" in said and str(leaving.pid) not in said and "psutil" not in said, said
+    finally:
+        for p in (leaving, staying):
+            p.kill()
+            p.wait()
+    assert launch.left_behind(wait_s=1) == "none"
