@@ -537,7 +537,8 @@ def run_74(fn, job, rank, world, workdir, obs) -> None:
         events.clear()
         synced.clear()
         steps = []          # any optimizer's step() during the call (even one with lr=0, which changes nothing)
-        step_hook = torch.optim.optimizer.register_optimizer_step_pre_hook(
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+        step_hook = register_optimizer_step_pre_hook(
             lambda optimizer, args, kwargs: steps.append(type(optimizer).__name__))
         try:
             with CollectiveCounter() as counter:
