@@ -8,9 +8,14 @@ The time is
 
     t(bytes, N) = latency + 2(N-1)/N * bytes / bandwidth
 
-`bandwidth` here is what NCCL's tests call *bus bandwidth*: the speed of each link, the number
-to compare with an interconnect's published figure (nccl-tests, doc/PERFORMANCE.md:
-https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md). `fit_ring()` finds latency and bandwidth
+`bandwidth` here is what NCCL's tests call *bus bandwidth*: the algorithm bandwidth times
+2(N-1)/N, a normalisation that makes the figure independent of N and comparable with a link's
+published speed, whatever algorithm NCCL actually runs (rings, trees, NVLS on NVSwitch nodes;
+nccl-tests, doc/PERFORMANCE.md (nccl-tests, doc/PERFORMANCE.md:
+https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md). Between nodes of several
+GPUs, NCCL spreads its channels over every NIC of the node and crosses the node on NVLink, so the
+bus bandwidth is about min(NVLink, NICs per node x one NIC), not one NIC's speed
+(`hierarchical_bandwidth`; each `Interconnect` says which topology it assumes). `fit_ring()` finds latency and bandwidth
 from (bytes, seconds) pairs measured by `notebooks/scripts/allreduce_bench.py`; `predict()`
 uses them (or published figures, `INTERCONNECTS`) for other sizes and N.
 
@@ -24,7 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["ring_factor", "ring_time", "RingFit", "fit_ring", "Interconnect", "INTERCONNECTS",
+__all__ = ["ring_factor", "ring_time", "RingFit", "fit_ring", "Interconnect", "INTERCONNECTS", "hierarchical_bandwidth",
            "ddp_step_time", "scaling_efficiency"]
 
 
@@ -104,36 +109,70 @@ def fit_ring(nbytes, seconds, n: int, *, label: str = "") -> RingFit:
                    list(map(float, seconds)), label)
 
 
+def hierarchical_bandwidth(nic: float, nics_per_node: int, in_node: float) -> float:
+    """Bus bandwidth of an all-reduce between nodes of several GPUs: NCCL's channels cross the node on
+    its in-node link (NVLink) and leave it through all of its NICs at once, so the slower of the two
+    decides: min(in-node link, NICs per node x one NIC's speed)."""
+    return min(float(in_node), int(nics_per_node) * float(nic))
+
+
 @dataclass(frozen=True)
 class Interconnect:
-    """A published link speed, as the bus bandwidth an all-reduce can use, with its source."""
+    """A published link speed, as the bus bandwidth an all-reduce can use, with its source and the
+    topology it assumes: `gpus_per_node` = 0 for a link inside one node (up to `max_in_node` GPUs),
+    else the GPUs of each of the nodes it joins (N must then be a multiple of it, and span 2 nodes)."""
     name: str
-    bandwidth: float        # bytes/s, per direction, per GPU
+    bandwidth: float        # bytes/s, per direction, per GPU (bus bandwidth)
     latency_s: float        # per all-reduce at small sizes (an assumed order of magnitude)
     scope: str              # "in a node" or "between nodes"
     source: str
+    gpus_per_node: int = 0
+    max_in_node: int = 8
+
+    def applies(self, n: int) -> bool:
+        """Can N devices be joined by this link, in its topology?"""
+        n = int(n)
+        if self.gpus_per_node == 0:
+            return 2 <= n <= self.max_in_node
+        return n >= 2 * self.gpus_per_node and n % self.gpus_per_node == 0
+
+    @property
+    def topology(self) -> str:
+        if self.gpus_per_node == 0:
+            return f"GPUs of one node (up to {self.max_in_node})"
+        if self.gpus_per_node == 1:
+            return "nodes of 1 GPU, 1 NIC each"
+        return f"nodes of {self.gpus_per_node} GPUs, 1 NIC per GPU, NVLink inside"
 
 
 # Per-direction link speeds from the vendors' specifications. These are peaks: measured NCCL
 # bus bandwidth is typically 70-90% of them. The latencies are orders of magnitude for a small
 # NCCL all-reduce (tens of microseconds), stated as assumptions, not measured here.
+_HDR, _NDR, _NVLINK3, _NVLINK4 = 25e9, 50e9, 300e9, 450e9
 INTERCONNECTS = [
     Interconnect("PCIe 4.0 x16", 31.5e9, 20e-6, "in a node",
                  "PCI-SIG PCIe 4.0 (pcisig.com/specifications): 16 GT/s per lane, 128b/130b encoding, 16 lanes = 31.5 GB/s "
                  "per direction"),
     Interconnect("PCIe 5.0 x16", 63.0e9, 20e-6, "in a node",
                  "PCI-SIG PCIe 5.0 (pcisig.com/specifications): 32 GT/s per lane, 16 lanes = 63 GB/s per direction"),
-    Interconnect("NVLink 3 (A100)", 300e9, 10e-6, "in a node",
+    Interconnect("NVLink 3 (A100)", _NVLINK3, 10e-6, "in a node",
                  "NVIDIA A100 datasheet (nvidia.com/en-us/data-center/a100): NVLink 600 GB/s per GPU, both directions together"),
-    Interconnect("NVLink 4 (H100 SXM)", 450e9, 10e-6, "in a node",
+    Interconnect("NVLink 4 (H100 SXM)", _NVLINK4, 10e-6, "in a node",
                  "NVIDIA H100 datasheet (nvidia.com/en-us/data-center/h100): NVLink 900 GB/s per GPU, both directions together"),
-    Interconnect("InfiniBand HDR (200 Gb/s)", 25e9, 30e-6, "between nodes",
-                 "InfiniBand Trade Association roadmap (infinibandta.org): HDR = 200 Gb/s per 4x port; one port per GPU "
-                 "(e.g. NVIDIA ConnectX-6) = 25 GB/s"),
-    Interconnect("InfiniBand NDR (400 Gb/s)", 50e9, 30e-6, "between nodes",
-                 "InfiniBand Trade Association roadmap (infinibandta.org): NDR = 400 Gb/s per 4x port; one port per GPU "
-                 "(e.g. NVIDIA ConnectX-7) = 50 GB/s"),
-    Interconnect("Ethernet 100 Gb/s", 12.5e9, 50e-6, "between nodes", "IEEE 802.3 (100 Gigabit Ethernet): 100 Gb/s = 12.5 GB/s"),
+    Interconnect("IB HDR, 1 GPU/node", _HDR, 30e-6, "between nodes",
+                 "InfiniBand Trade Association roadmap (infinibandta.org): HDR = 200 Gb/s per 4x port (e.g. NVIDIA "
+                 "ConnectX-6) = 25 GB/s; one GPU and one NIC per node", gpus_per_node=1),
+    Interconnect("IB NDR, 1 GPU/node", _NDR, 30e-6, "between nodes",
+                 "InfiniBand Trade Association roadmap (infinibandta.org): NDR = 400 Gb/s per 4x port (e.g. NVIDIA "
+                 "ConnectX-7) = 50 GB/s; one GPU and one NIC per node", gpus_per_node=1),
+    Interconnect("IB HDR, 8xA100 nodes", hierarchical_bandwidth(_HDR, 8, _NVLINK3), 30e-6, "between nodes",
+                 "8 HDR NICs per node (DGX A100) = 200 GB/s, below NVLink 3's 300: min of the two; NVIDIA's NCCL "
+                 "maintainer measures 192 GB/s all-reduce bus bandwidth there (github.com/NVIDIA/nccl/issues/1576)",
+                 gpus_per_node=8),
+    Interconnect("IB NDR, 8xH100 nodes", hierarchical_bandwidth(_NDR, 8, _NVLINK4), 30e-6, "between nodes",
+                 "8 NDR NICs per node (DGX H100) = 400 GB/s, below NVLink 4's 450: min of the two", gpus_per_node=8),
+    Interconnect("Ethernet 100 Gb/s", 12.5e9, 50e-6, "between nodes",
+                 "IEEE 802.3 (100 Gigabit Ethernet): 100 Gb/s = 12.5 GB/s; one GPU and one NIC per node", gpus_per_node=1),
 ]
 
 

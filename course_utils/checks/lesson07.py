@@ -6,9 +6,12 @@
   lesson's `%%writefile` cells), and the check runs that file under torchrun with 2 processes
   on gloo (`course_utils.launch.torchrun` with `lesson07_ranks` as the program). The ranks only
   record what the learner's code did; the verdict is computed here, from every rank's record.
-  What would differ on GPUs is made visible where the learner's own tensor meets a collective:
-  7.3 runs once more as under nccl, on the virtual CUDA device (a host tensor is refused, as
-  nccl refuses it). Waiting for another rank is proven by the collectives run in between, never
+  What would differ on GPUs or between machines is made visible where it can be on a CPU: 7.2
+  runs as 2 nodes x 1 process (each rank sees LOCAL_RANK=0 and LOCAL_WORLD_SIZE=1, as torchrun
+  sets them there), and the model must have been moved to `device` before DDP wraps it; 7.3 runs
+  once more as under nccl, as the second node of 2 x 2 GPUs, on virtual CUDA devices, one per local
+  rank (a host tensor is refused, as nccl refuses it, and so is a tensor on another rank's GPU, or
+  on a GPU the node does not have). Waiting for another rank is proven by the collectives run in between, never
   by a clock. 7.5 (an IterableDataset over shards) runs in each rank under a DataLoader with 2 worker
   processes and without. The course's own answers (the lesson's fallback) refuse to run inside a check.
 
@@ -100,6 +103,19 @@ def _short(xs, k=12):
     return str(xs) if len(xs) <= k else "[" + ", ".join(map(str, xs[:k])) + f", ... ({len(xs)} in all)]"
 
 
+def _yours_expected(yours, expected, k=12) -> str:
+    """Both lists, shown where they differ: a difference past the first k indices (in the padding)
+    is shown from there, not hidden behind two identical beginnings (w3-07 w71_11)."""
+    first = next((i for i, (a, b) in enumerate(zip(yours, expected)) if a != b), min(len(yours), len(expected)))
+    if first < k:
+        return f"yours {_short(yours)}, expected {_short(expected)}"
+    def part(xs):
+        tail = xs[first:first + 6]
+        return f"[... {', '.join(map(str, tail))}{', ...' if len(xs) > first + 6 else ''}] ({len(xs)} in all)"
+    return (f"the first {first} indices agree; from position {first} on, yours {part(yours)}, "
+            f"expected {part(expected)}")
+
+
 def _shard_cases(rng):
     """Every run: one case of each kind, with fresh sizes. (property, hint, kwargs list)."""
     cases = []
@@ -122,8 +138,12 @@ def _shard_cases(rng):
     R = int(rng.integers(3, 6))
     n = R * int(rng.integers(2, 7)) + int(rng.integers(1, R))
     cases.append(("drop_last drops the tail so every rank gets floor(n / num_replicas)",
-                  "with drop_last, keep the first num_replicas * (n // num_replicas) indices, then deal them out",
-                  [dict(n=n, num_replicas=R, shuffle=False, seed=0, epoch=0, drop_last=True)]))
+                  "with drop_last, keep the first num_replicas * (n // num_replicas) indices, then deal them out "
+                  "(when num_replicas divides n, nothing is dropped)",
+                  [dict(n=n, num_replicas=R, shuffle=False, seed=0, epoch=0, drop_last=True),
+                   # on the edge, every seed: an exact multiple drops nothing
+                   dict(n=R * int(rng.integers(2, 7)), num_replicas=R, shuffle=False, seed=0, epoch=0,
+                        drop_last=True)]))
     R = int(rng.integers(2, 5))
     n = R * int(rng.integers(5, 20))
     cases.append(("shuffles with torch.randperm and a generator seeded with seed + epoch",
@@ -179,8 +199,12 @@ def check_7_1(shard_indices):
                 if yours != expected:
                     if not args["shuffle"] and yours == _reference_shard(n, R, rank, **{**args, "shuffle": True}):
                         prop, hint = "shuffle=False keeps the dataset's order", "only shuffle when shuffle=True"
-                    raise CheckFailed(prop, f"{what}: yours {_short(yours)}, expected {_short(expected)} "
-                                      f"(seed {seed})", hint)
+                    elif len(yours) != len(expected) and yours[:len(expected)] == expected[:len(yours)] and \
+                            prop.startswith("rank r takes"):    # the right stride, the wrong length (w3-07 w71_14)
+                        prop = "pads to ceil(n / num_replicas) per rank by repeating the first indices"
+                        hint = (f"each rank gets ceil(n / num_replicas) = {len(expected)} indices here: when "
+                                "num_replicas divides n nothing is padded (n // num_replicas + 1 is one too many)")
+                    raise CheckFailed(prop, f"{what}: {_yours_expected(yours, expected)} (check seed {seed})", hint)
     return "every rank's indices equal DistributedSampler's, for every case."
 
 
@@ -328,6 +352,12 @@ def judge_7_2(obs: list[dict], seed: int, file) -> str:
                               f"rank {o['rank']} tried to read the checkpoint before it was complete: "
                               f"{e['type']}: {e['message'][:120]}",
                               "rank 0 saves; then every rank calls dist.barrier(); only then does every rank load")
+    for o in obs:        # device_ids for a GPU, where the check's `device` is the CPU (x-07 F14)
+        e = o.get("error") or {}
+        if e.get("type") == "ValueError" and "device_ids" in e.get("message", ""):
+            raise RankError(_error_sentence(o, file) + ". In the check `device` is the CPU (gloo ranks), and DDP "
+                            "takes device_ids only for a module on a GPU: leave device_ids out (DDP then uses the "
+                            "module's device) or pass `[device.index] if device.type == 'cuda' else None`")
     _raise_rank_errors(obs, "7.2", file)
 
     if not all(o.get("ddp") for o in obs):
@@ -335,6 +365,15 @@ def judge_7_2(obs: list[dict], seed: int, file) -> str:
                           "no DistributedDataParallel was built around the model",
                           "ddp = DistributedDataParallel(model, device_ids=...): it makes every rank start from "
                           "rank 0's weights and averages the gradients in backward")
+    for o in obs:
+        moves = (o.get("ddp_moves") or [[]])[0]
+        if not moves:
+            raise CheckFailed("moves the model to `device` before wrapping it in DDP",
+                              f"rank {o['rank']}'s model was still where make_model() built it (the CPU) when "
+                              "DistributedDataParallel wrapped it: nothing moved it to `device`",
+                              "model = make_model().to(device), then wrap it. In the check `device` is the CPU, so "
+                              "nothing breaks here; on a GPU, DDP(model, device_ids=[local_rank]) of a model in host "
+                              "memory raises, and nccl cannot broadcast its weights")
     if any(o.get("made") != 1 for o in obs):
         raise CheckFailed("builds the model once with make_model()",
                           f"make_model() was called {[o.get('made') for o in obs]} times on the ranks")
@@ -536,7 +575,19 @@ def _hint_73(i, case, got, expected, default_hint):
                 return ("your sums look exact, but the division ran in float32: torch divides two integer tensors "
                         "in its default dtype, float32 (about 7 digits). Divide Python numbers (after .tolist()) "
                         "or float64 tensors")
-    return default_hint
+    world, total = len(case), sum(c[2] for c in case)
+    numbers = all(isinstance(g, float) and math.isfinite(g) for g in got) and total > 0
+    if numbers and any(x and math.isclose(g, x / world, rel_tol=1e-9) for g, x in zip(got, expected)):
+        return (f"{'your loss is' if math.isclose(got[0], expected[0] / world, rel_tol=1e-9) else 'a value is'} the "
+                f"global one divided by the number of ranks ({world}): the all-reduced sums are already global; "
+                "divide them by the total count, and by nothing else")
+    loss_sum = sum(c[0] for c in case)
+    if numbers and not math.isclose(got[0], expected[0], rel_tol=1e-9) and \
+            math.isclose(got[0], sum(math.trunc(c[0]) for c in case) / total, rel_tol=1e-9) and loss_sum != int(loss_sum):
+        return ("the loss sums lost their fractions: an integer tensor (int64) truncates the float loss_sum. Put the "
+                "three numbers in one float64 tensor (it holds every integer up to 2**53 exactly, and the fractions)")
+    return default_hint or ("all-reduce the three sums (loss_sum, correct, count) in one float64 tensor, then divide "
+                            "the global loss sum and the global correct count by the global count")
 
 
 def judge_7_3(obs: list[dict], seed: int, file) -> str:
@@ -635,13 +686,29 @@ def _judge_73_nccl(obs, case, file):
     entries = [o.get("nccl") for o in obs]
     if any(entry is None for entry in entries):
         raise RankError("a rank stopped before the pass that runs your function as under nccl")
-    for o, entry in zip(obs, entries):
+    world = len(obs)
+    # the rank whose own tensor was refused first: a rank whose tensor was fine then waits in the
+    # collective the other never joined, and its error (the connection closed) is only a consequence
+    refused = ("invalid device ordinal", "but backend constrained to", NCCL_CPU_TENSOR)
+    order = sorted(zip(obs, entries), key=lambda p: not any(w in (p[1].get("error") or {}).get("message", "")
+                                                              for w in refused))
+    for o, entry in order:
         if "error" in entry:
             e = entry["error"]
+            if "invalid device ordinal" in e["message"] or "but backend constrained to" in e["message"]:
+                raise CheckFailed("puts the tensor on this rank's own GPU, cuda:LOCAL_RANK",
+                                  f"run as under nccl as the second node of a job of 2 nodes x {world} GPUs, rank "
+                                  f"{world + o['rank']} (local rank {o['rank']}, GPU cuda:{o['rank']}) raised "
+                                  f"{e['type']}: {e['message'][:160]}",
+                                  "use collective_device(): torch.cuda.current_device(), which the rank's setup "
+                                  "set to LOCAL_RANK. dist.get_rank() is the rank in the whole job (rank 8 is GPU 0 "
+                                  "of the second node of 8-GPU machines), and a fixed cuda:0 puts every rank of a "
+                                  "node on one GPU, which nccl refuses")
             if NCCL_CPU_TENSOR in e["message"]:
                 raise CheckFailed("puts the tensor it reduces on collective_device()",
                                   f"run as under nccl (on a virtual GPU), rank {o['rank']} handed a tensor in host "
-                                  f"memory to a collective, and nccl raised \"{NCCL_CPU_TENSOR}\"; gloo accepts it, "
+                                  f"memory to a collective, and torch raised \"{NCCL_CPU_TENSOR}\" (an nccl group "
+                                  "has no CPU backend); gloo accepts it, "
                                   "which is why it worked on the CPU",
                                   "create the tensor with device=collective_device(): nccl moves GPU memory only")
             raise RankError("run as under nccl (on a virtual GPU), " + _error_sentence({"rank": o["rank"], "error": e},
@@ -735,6 +802,16 @@ def judge_7_4(obs: list[dict], seed: int, file) -> str:
                                   "call backward on each micro-batch's loss as you go: adding up the losses and "
                                   "calling backward once keeps every micro-batch's activations in memory, which is "
                                   "what accumulation is there to avoid")
+            backwards = [on for kind, on in res.get("synced", []) if kind == "B"]
+            if len(backwards) == k and backwards.count(True) == 1 and not backwards[-1]:
+                which = backwards.index(True) + 1
+                raise CheckFailed("all-reduces in the last micro-batch's backward",
+                                  f"k={k}: the one backward that all-reduced was micro-batch {which}'s (of {k}): the "
+                                  f"gradients of micro-batch{'es' if k - which > 1 else ''} {which + 1}"
+                                  f"{f'-{k}' if k - which > 1 else ''} were added to .grad after it and never "
+                                  "reached the other rank",
+                                  "DDP's all-reduce sends what .grad holds when it runs: keep every micro-batch but "
+                                  "the last inside no_sync, so that the last backward carries the sum of all of them")
             if not all(_close(g, x, rtol=1e-8, atol=1e-11) for g, x in zip(grads, expected[i]["grads"])):
                 worst = max(float(np.max(np.abs(d))) for d in diff)
                 local = call["local"][o["rank"]]
@@ -759,8 +836,10 @@ def judge_7_4(obs: list[dict], seed: int, file) -> str:
                                   f"k={k}, rank {o['rank']} returned a {res.get('returned_type')}",
                                   "read the number out (.item()): a tensor that still holds the graph keeps every "
                                   "micro-batch's activations alive, and on a GPU each later use of it waits for the GPU")
-            if res["weights_changed"]:
-                raise CheckFailed("takes no optimizer step", f"k={k}: the weights changed",
+            if res["weights_changed"] or res.get("optimizer_steps"):
+                how = "the weights changed" if res["weights_changed"] else \
+                    f"your function called {res['optimizer_steps'][0]}.step() (it changed nothing this time)"
+                raise CheckFailed("takes no optimizer step", f"k={k}: {how}",
                                   "only accumulate gradients; the training loop steps the optimizer")
     return ("one all-reduce per call, and DDP's average of the ranks' gradients on every rank (the big batch's when "
             "the ranks hold equal counts), for every k.")

@@ -577,12 +577,26 @@ class VirtualCuda:
     (`cuda:1` beside one GPU), so that nothing made on it is mistaken for a real GPU's tensor
     (a cache of constants keyed by device, say). With `second=True` it takes the index after
     that, and the device before it (current in every thread until code selects another) is one
-    that holds no memory: work put there raises `OTHER_DEVICE`."""
+    that holds no memory: work put there raises `OTHER_DEVICE`.
 
-    def __init__(self, *, second: bool = False):
+    `VirtualCuda(index=k, count=n)` is GPU k of a node of n GPUs instead (lesson 07: a rank's own
+    GPU, cuda:LOCAL_RANK): the current device is k until code selects another, `device_count()` n;
+    work put on an index at or past n fails with CUDA's "invalid device ordinal", and on another
+    GPU of the node with `other_device` (formatted with `found` and `own`) where given, else
+    `OTHER_DEVICE`."""
+
+    def __init__(self, *, second: bool = False, index: int | None = None, count: int | None = None,
+                 other_device: str | None = None):
         real = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        self.device = torch.device("cuda", real + (1 if second else 0))
-        self._home = real                       # the current device until code selects another
+        if index is None:
+            self.device = torch.device("cuda", real + (1 if second else 0))
+            self._home = real                   # the current device until code selects another
+        else:
+            self.device = torch.device("cuda", int(index))
+            self._home = int(index)
+        self.count = int(count) if count is not None else self.device.index + 1
+        self._strict = index is not None
+        self._other_device = other_device
         self._stream_ids = itertools.count()
         self._by_id: dict[int, VirtualStream] = {}
         self._defaults: dict[int, VirtualStream] = {}
@@ -686,6 +700,12 @@ class VirtualCuda:
 
     def _check_index(self, device, what: str) -> None:
         idx = self._resolve(device)
+        if idx != self.device.index and self._strict:       # a GPU of a node (lesson 07): as CUDA and NCCL say it
+            if not 0 <= idx < self.count:
+                raise RuntimeError(f"CUDA error: invalid device ordinal (cuda:{idx} asked for; this node has "
+                                   f"{self.count} GPU(s), cuda:0 to cuda:{self.count - 1})")
+            if self._other_device:
+                raise RuntimeError(self._other_device.format(found=f"cuda:{idx}", own=self.device))
         if idx != self.device.index:
             named = device if isinstance(device, str) else (f"cuda:{device}" if isinstance(device, int) else device)
             raise RuntimeError(f"{OTHER_DEVICE}: {what} on {named} (cuda:{idx}), the device given was "
@@ -840,7 +860,7 @@ class VirtualCuda:
         patch("is_available", lambda: True)
         # beside real GPUs the virtual device is cuda:N after them: code that asks for "the current
         # device" or counts the devices must land on it, not on a real GPU (issue 19, item 18)
-        patch("device_count", lambda: vc.device.index + 1)
+        patch("device_count", lambda: vc.count)
         patch("current_device", vc.current_device)
         patch("set_device", vc._set_device)
         patch("device", lambda device=None: _DeviceContext(vc, device))

@@ -92,8 +92,8 @@ def course_accumulate(ddp_model, micro_batches, loss_fn):
         with contextlib.nullcontext() if last else ddp_model.no_sync():
             loss = loss_fn(ddp_model(images), labels) * (len(images) / total)
             loss.backward()
-        loss_total += loss.item()
-    return loss_total
+        loss_total = loss_total + loss.detach()      # on the device: no host sync per micro-batch
+    return float(loss_total)
 
 
 # -- running the learner's, or the course's --------------------------------------------------------

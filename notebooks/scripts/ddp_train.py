@@ -9,13 +9,22 @@ Every rank runs this whole file. What makes it data-parallel:
    reshuffles the shares each epoch (without it, every epoch repeats the first one's order).
 3. `DistributedDataParallel` broadcasts rank 0's weights when it wraps the model, then, during
    every `backward()`, all-reduces (averages) the gradients bucket by bucket while the backward
-   pass is still running, so every rank takes the same optimizer step.
+   pass is still running, so every rank takes the same optimizer step. A model with buffers
+   (BatchNorm's running statistics) also gets rank 0's buffers broadcast at the start of every
+   training forward (`broadcast_buffers=True`, the default): the running statistics are rank 0's,
+   not an average over the ranks (`nn.SyncBatchNorm` computes the batch statistics over all ranks).
 4. Rank-0 I/O: one rank writes the checkpoint, the others wait at a barrier, then every rank
    reads it onto its own device (`map_location`). On several machines the checkpoint must be
    on a filesystem every node sees (`--checkpoint`; by default the directory the job was
    started from, which a cluster's nodes share); where it is not, rank 0 sends its weights
    by broadcast instead, and says so.
-5. Metrics are counted on each rank's share and all-reduced.
+5. Metrics are counted on each rank's share and all-reduced, with the model read back from the
+   checkpoint, so that every rank evaluates one and the same state (weights and BN buffers).
+6. Elastic restarts (`torchrun --max-restarts=N`, `--nnodes=MIN:MAX`): torchrun restarts every
+   worker with the same arguments after a failure or a change of membership. With `--resume PATH`,
+   rank 0 writes the model, the optimizer and the epoch there after every epoch, and a restarted
+   job goes on from the last one written (a changed world size changes the global batch and
+   each rank's share of the data: the learning rate was fitted to the old one).
 
 The training itself is the course's one loop, `course_utils.train.train` (a DDP-wrapped model
 is an nn.Module like any other). Rank 0 reports what happened as JSON to the notebook.
@@ -53,7 +62,12 @@ def parse_args():
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=0, help="DataLoader workers per rank")
-    p.add_argument("--bucket-mb", type=float, default=25.0, help="DDP's bucket_cap_mb")
+    p.add_argument("--bucket-mb", type=float, default=None,
+                   help="DDP's bucket_cap_mb (default: DDP's own, 25 MiB with a small first bucket; an explicit "
+                        "value switches the small first bucket off)")
+    p.add_argument("--resume", default=None,
+                   help="rank 0 writes model, optimizer and epoch here after every epoch; a (re)started job "
+                        "that finds the file goes on from there (for torchrun --max-restarts)")
     p.add_argument("--trace-steps", type=int, default=3, help="extra steps whose all-reduces are timed")
     p.add_argument("--checkpoint", default="ddp_train_checkpoint.pt",
                    help="where rank 0 writes the checkpoint: a path every node sees (default: in the directory "
@@ -187,6 +201,32 @@ def share_checkpoint(model, checkpoint: Path, device) -> bool:
     return False
 
 
+def resume(path, model, optimizer, device) -> int:
+    """The epoch to start from: 0, or the one after the last epoch `save_resume_state` wrote."""
+    if not path or not Path(path).exists():
+        return 0
+    state = torch.load(path, map_location=device)          # every rank reads it onto its own device
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    if dist.get_rank() == 0:
+        print(f"resumed from {path}: epoch {state['epoch']} was done (written by a job of {state['world_size']} "
+              f"ranks; this one has {dist.get_world_size()})", flush=True)
+    return int(state["epoch"]) + 1
+
+
+def save_resume_state(path, model, optimizer, epoch) -> None:
+    """Rank 0 writes the state after an epoch, to a temporary name first: a rank killed while writing
+    leaves the previous epoch's file whole. The others wait, so that no rank runs ahead of the file."""
+    if dist.get_rank() == 0:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(path.name + ".partial")
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch,
+                    "world_size": dist.get_world_size()}, partial)
+        os.replace(partial, path)
+    dist.barrier()
+
+
 def main():
     args = parse_args()
     device = init_process_group(timeout_s=120)   # cuda:LOCAL_RANK or the CPU; nccl bound to that GPU
@@ -207,14 +247,16 @@ def main():
     # -- the model: built on every rank; DDP copies rank 0's weights to the others when it wraps it
     torch.manual_seed(args.seed + rank)          # different on purpose: DDP's broadcast fixes it
     model = resnet18_cifar(width=width).to(device)
-    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, bucket_cap_mb=args.bucket_mb)
+    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
+              **({} if args.bucket_mb is None else {"bucket_cap_mb": args.bucket_mb}))
     comm = CommLog(device)
     ddp.register_comm_hook(None, comm.hook)
     ddp.register_forward_pre_hook(comm.new_step)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9, nesterov=True, weight_decay=5e-4)
 
     epochs, first_batches = [], []
-    for epoch in range(args.epochs):
+    first_epoch = resume(args.resume, model, optimizer, device)
+    for epoch in range(first_epoch, args.epochs):
         sampler.set_epoch(epoch)
         first_batches.append(list(sampler)[:4])     # the first indices this rank gets this epoch
         comm.records.clear()
@@ -231,6 +273,8 @@ def main():
             e = epochs[-1]
             print(f"epoch {epoch}: {steps} steps, {e['samples_per_s']:,.0f} samples/s on this rank, "
                   f"loss {e['loss']:.3f}, all-reduces per step {e['all_reduces_per_step']}")
+        if args.resume:
+            save_resume_state(args.resume, model, optimizer, epoch)
 
     # -- one step dissected: when does each bucket's all-reduce start, against the backward pass?
     stamps = last_grad_clock(model, comm)
@@ -252,6 +296,11 @@ def main():
     dist.all_reduce(spread, op=dist.ReduceOp.MAX)
     same_weights = bool(spread[0] + spread[1] == 0 and spread[2] + spread[3] == 0)
 
+    # -- rank-0 I/O: one writer, a barrier, then everyone reads onto its own device. Every rank
+    # then evaluates the same state: DDP broadcast rank 0's BatchNorm buffers at the start of the
+    # last training forward, and each rank's own batch has changed them since.
+    from_file = share_checkpoint(model, Path(args.checkpoint).resolve(), device)
+
     # -- evaluation: each rank counts its own part of the test set; the counts are all-reduced
     test_images, test_labels = cifar10_on_device("cpu", train=False, limit=args.limit and max(args.limit // 5, 100))
     mine = range(rank, len(test_labels), world)     # disjoint and not padded: every image counted once
@@ -266,9 +315,6 @@ def main():
     counts = torch.tensor([correct, seen], dtype=torch.float64, device=device)
     dist.all_reduce(counts)
     accuracy = (counts[0] / counts[1]).item()
-
-    # -- rank-0 I/O: one writer, a barrier, then everyone reads onto its own device
-    from_file = share_checkpoint(model, Path(args.checkpoint).resolve(), device)
 
     per_rank = [None] * world
     dist.all_gather_object(per_rank, {"rank": rank, "pid": os.getpid(), "epochs": epochs, "thread_sweep": sweep,

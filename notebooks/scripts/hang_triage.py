@@ -107,7 +107,9 @@ def check_shm():
         print("this machine does not allow a private mount namespace, so the failure is not reproduced; a container "
               "with a small /dev/shm shows the lines below")
     elif verdicts[need_mb * 4] == "finished" and verdicts[need_mb // 4] != "finished":
-        print(f"so the loader needs about {need_mb} MiB of /dev/shm: below it, it fails; with room to spare it runs")
+        print(f"the loader's workers keep about {need_mb} MiB in flight (computed): with {need_mb // 4} MiB of /dev/shm it "
+              f"failed, with {need_mb * 4} MiB it ran (the two sizes tried; the edge itself, near {need_mb} MiB, was "
+              "not)")
     print("what the learner sees with too small a /dev/shm: torch 2.14 `unable to allocate shared memory(shm) for file "
           "</torch_...>: No space left on device`; older torch and other libraries `DataLoader worker (pid N) is "
           "killed by signal: Bus error`; NCCL (ranks on one node) `unhandled system error` with NCCL_DEBUG=INFO "

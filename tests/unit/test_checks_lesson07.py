@@ -65,13 +65,14 @@ def make_shard(*, order="torch", deal="interleave", pad="repeat", drop="floor", 
         if pad == "none" and not drop_last:
             return indices[rank::num_replicas] if use_rank else indices
         if drop_last and drop != "ignored":
-            per_rank = (n - num_replicas) // num_replicas if drop == "off_by_one" else n // num_replicas
+            per_rank = ((n - num_replicas) // num_replicas if drop == "off_by_one" else
+                        (n - 1) // num_replicas if drop == "minus_one" else n // num_replicas)
         else:
-            per_rank = math.ceil(n / num_replicas)
+            per_rank = n // num_replicas + 1 if pad == "floor_plus_one" else math.ceil(n / num_replicas)
         total = per_rank * num_replicas
         if total > n:
             extra = total - n
-            if pad == "repeat":
+            if pad in ("repeat", "floor_plus_one"):
                 indices += (indices * math.ceil(extra / n))[:extra]
             elif pad == "once":
                 indices += indices[:extra]
@@ -107,6 +108,8 @@ MUTANTS_71 = [
     (make_shard(pad="once"), "pads even when the dataset is smaller than the number of ranks"),
     (make_shard(drop="ignored"), "drop_last drops the tail so every rank gets floor(n / num_replicas)"),
     (make_shard(drop="off_by_one"), "drop_last drops the tail so every rank gets floor(n / num_replicas)"),
+    # the near-miss rule: (n - 1) // R is n // R unless R divides n: drop_last on an exact multiple
+    (make_shard(drop="minus_one"), "drop_last drops the tail so every rank gets floor(n / num_replicas)"),
     (make_shard(order="numpy"), "shuffles with torch.randperm and a generator seeded with seed + epoch"),
     (make_shard(seed_offset_by_rank=True), "shuffles with torch.randperm and a generator seeded with seed + epoch"),
     (make_shard(epoch_used=False), "the order changes with the epoch"),
@@ -114,7 +117,10 @@ MUTANTS_71 = [
     (make_shard(shuffle_flag=False), "shuffle=False keeps the dataset's order"),
     (make_shard(pad="unshuffled"), "pads (or drops) after shuffling, exactly as DistributedSampler does"),
     (make_shard(global_rng=True), "leaves the global random state alone"),
+    # w3-07 w71_14: n // R + 1 for ceil is one too many when R divides n: named as the length, not the stride
+    (make_shard(pad="floor_plus_one"), "pads to ceil(n / num_replicas) per rank by repeating the first indices"),
 ]
+MESSAGES_71 = {len(MUTANTS_71) - 1: "when num_replicas divides n nothing is padded"}
 
 
 @pytest.mark.parametrize("seed", SEEDS_71)
@@ -132,7 +138,20 @@ def test_7_1_accepts_tensors_and_arrays():
 def test_7_1_mutants_fail_on_the_right_property_on_every_seed(monkeypatch, fn, prop):
     for seed in SEEDS_71:
         monkeypatch.setenv("COURSE_CHECK_SEED", str(seed))
-        fails_on(run_check("7.1", fn), prop)
+        result = run_check("7.1", fn)
+        fails_on(result, prop)
+        said = MESSAGES_71.get(next(i for i, (f, _) in enumerate(MUTANTS_71) if f is fn))
+        assert said is None or said in result.message, result.message
+
+
+def test_7_1_shows_where_yours_and_expected_differ(monkeypatch):
+    """w3-07 w71_11: a difference in the padding, past the first 12 indices, printed two identical lists."""
+    import re
+    for seed in SEEDS_71 + [0, 7]:
+        monkeypatch.setenv("COURSE_CHECK_SEED", str(seed))
+        message = run_check("7.1", make_shard(pad="unshuffled")).message
+        shown = re.search(r"yours (\[.*?\]).*?, expected (\[.*?\])", message)
+        assert shown and shown.group(1) != shown.group(2), message
 
 
 def test_7_1_stub_and_wrong_type():
@@ -163,9 +182,9 @@ def body_72(*, ddp="DDP(model)", train_model="ddp_model", sampler="DistributedSa
             loader_kwargs="sampler=sampler", set_epoch="sampler.set_epoch(epoch)", batch="batch_size", lr="lr",
             step="course", save_if="dist.get_rank() == 0", save_obj="model.state_dict()", barrier="dist.barrier()",
             barrier_in_if=False, load="torch.load(checkpoint, map_location=device)", load_into="model",
-            returns="model", loss_scale=""):
+            returns="model", loss_scale="", make="make_model().to(device)"):
     """The source of one train_ddp, with one knob per mistake (the defaults are right)."""
-    lines = ["model = make_model().to(device)",
+    lines = [f"model = {make}",
              f"ddp_model = {ddp}",
              f"sampler = {sampler}",
              f"loader = DataLoader(dataset, batch_size={batch}, {loader_kwargs})",
@@ -201,9 +220,14 @@ def wraps_course(header, call, *, tamper=False):
     return COURSE + header + pop + f"    return course.{call}\n"
 
 
+ENV = "__import__('os').environ"
 RIGHT_72 = {
     "solution": body_72(),
     "manual loop, returns ddp_model.module": body_72(step="manual", returns="ddp_model.module"),
+    # GPU-right answers the check must keep accepting (x-07 v72 I, V)
+    "map_location='cpu'": body_72(load="torch.load(checkpoint, map_location='cpu')"),
+    "broadcast_object_list orders the ranks": body_72(barrier="dist.broadcast_object_list([None], src=0)"),
+    "model.to(device=device)": body_72(make="make_model().to(device=device)"),
 }
 MUTANTS_72 = [
     (body_72(ddp="model", train_model="model"), "wraps the model in DistributedDataParallel"),        # right with 1 rank
@@ -234,7 +258,25 @@ MUTANTS_72 = [
     (wraps_course(HEADER_72, "course_train_ddp(make_model, dataset, device=device, epochs=epochs, "
                              "batch_size=batch_size, lr=lr, seed=seed, checkpoint=checkpoint)"),
      "is your own code, not the course's implementation"),
+    # right on one machine of CPU ranks, wrong on GPUs or on a second node (x-07 F1): graded as 2
+    # nodes x 1 process, and the model's move to `device` recorded
+    (body_72(make="make_model()"), "moves the model to `device` before wrapping it in DDP"),
+    (body_72(save_if=f"int({ENV}['LOCAL_RANK']) == 0"), "only rank 0 writes the checkpoint"),
+    (body_72(sampler=f"DistributedSampler(dataset, num_replicas=int({ENV}['LOCAL_WORLD_SIZE']), "
+                     f"rank=int({ENV}['LOCAL_RANK']), shuffle=True, seed=seed)"),
+     "gives each rank its own shard of every epoch"),
 ]
+# GPU-right answers a CPU check cannot run (DDP refuses device_ids for a CPU module): an error that
+# says why and what to write instead (x-07 F14)
+ERRORS_72 = [
+    (body_72(ddp="DDP(model, device_ids=[device.index])"), "leave device_ids out"),
+    (body_72(ddp=f"DDP(model, device_ids=[int({ENV}['LOCAL_RANK'])])"), "In the check `device` is the CPU"),
+]
+MESSAGES_72 = {     # mutants whose message must name what they did
+    19: "nothing moved it to `device`",
+    20: "ranks [0, 1] called torch.save",
+    21: "trained on all",
+}
 
 HEADER_73 = '''
 import math
@@ -276,6 +318,21 @@ RIGHT_73 = {
         totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=collective_device())
         all_reduce(totals)
         return (totals[0] / totals[2]).item(), (totals[1] / totals[2]).item()      # 0 / 0 is nan in float64
+    """),
+    # GPU-right devices the nccl pass must accept (x-07 v73 j): the current device, and LOCAL_RANK's
+    "device='cuda' under nccl": file_73("""\
+        device = collective_device() if dist.get_backend() != "nccl" else "cuda"
+        totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=device)
+        dist.all_reduce(totals)
+        return finish(*totals.tolist())
+    """),
+    "cuda:LOCAL_RANK under nccl": file_73("""\
+        import os
+        device = (collective_device() if dist.get_backend() != "nccl" else
+                  torch.device("cuda", int(os.environ["LOCAL_RANK"])))
+        totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=device)
+        dist.all_reduce(totals)
+        return finish(*totals.tolist())
     """),
 }
 MUTANTS_73 = [
@@ -396,10 +453,28 @@ MUTANTS_73 = [
      "is your own code, not the course's implementation"),
     (wraps_course(HEADER_73, "course_global_metrics(loss_sum, correct, count)", tamper=True),
      "is your own code, not the course's implementation"),
+    # right with one GPU per node, wrong with several (x-07 F2): the nccl pass runs as the second
+    # node of 2 x 2 GPUs, each rank on its own virtual GPU
+    (file_73("""\
+        device = collective_device() if dist.get_backend() != "nccl" else torch.device("cuda", 0)
+        totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=device)
+        dist.all_reduce(totals)
+        return finish(*totals.tolist())
+    """), "puts the tensor on this rank's own GPU, cuda:LOCAL_RANK"),
+    (file_73("""\
+        device = collective_device() if dist.get_backend() != "nccl" else torch.device("cuda", dist.get_rank())
+        totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=device)
+        dist.all_reduce(totals)
+        return finish(*totals.tolist())
+    """), "puts the tensor on this rank's own GPU, cuda:LOCAL_RANK"),
 ]
 MESSAGES_73 = {     # mutants whose message must name what they did
     7: "reduce in float64",                  # the float32 reduction keeps its hint
-    15: "nccl raised",
+    10: "an integer tensor (int64) truncates the float loss_sum",     # w3-07 w73_09: no hint before
+    11: "divided by the number of ranks",                             # w3-07 w73_11
+    15: "No backend type associated with device type cpu",
+    21: "but backend constrained to cuda:1",
+    22: "invalid device ordinal",
     18: "the division ran in float32",       # ... and the exact int64 sums divided in float32 get their own
 }
 
@@ -439,7 +514,7 @@ RIGHT_74 = {"solution": body_74()}
 MUTANTS_74 = [
     (body_74(quiet="False"), "all-reduces exactly once per call"),
     (body_74(quiet="True"), "all-reduces exactly once per call"),
-    (body_74(quiet="i > 0"), "leaves the big batch's gradient, averaged over the ranks"),
+    (body_74(quiet="i > 0"), "all-reduces in the last micro-batch's backward"),      # w3-07 w74_06: was the weighting
     (body_74(quiet="i < len(micro_batches) - 2"), "all-reduces exactly once per call"),
     (body_74(weight="1"), "leaves the big batch's gradient, averaged over the ranks"),
     (body_74(weight="1 / len(micro_batches)"), "leaves the big batch's gradient, averaged over the ranks"),
@@ -479,7 +554,11 @@ MUTANTS_74 = [
 ]
 MUTANTS_74.append((wraps_course(HEADER_74, "course_accumulate(ddp_model, micro_batches, loss_fn)"),
                    "is your own code, not the course's implementation"))
-MESSAGES_74 = {15: "forward pass ran outside no_sync and its backward inside it"}
+# w3-07 w74_12: a step that changes nothing (lr=0) passed: the step itself is what the contract forbids
+MUTANTS_74.append((body_74(step=True).replace("lr=0.1", "lr=0.0"), "takes no optimizer step"))
+MESSAGES_74 = {15: "forward pass ran outside no_sync and its backward inside it",
+               2: "the one backward that all-reduced was micro-batch 1's",
+               len(MUTANTS_74) - 1: "called SGD.step()"}
 
 EXERCISES = {
     "7.2": ("train_ddp", RIGHT_72, MUTANTS_72, lesson07.judge_7_2),
@@ -498,6 +577,8 @@ def verdicts(tmp_path_factory):
     jobs, keys = [], []
     for ex, (function, right, mutants, _) in EXERCISES.items():
         candidates = list(right.items()) + [(f"mutant{i}", src) for i, (src, _) in enumerate(mutants)]
+        if ex == "7.2":
+            candidates += [(f"error{i}", src) for i, (src, _) in enumerate(ERRORS_72)]
         for name, source in candidates:
             path = folder / f"{ex.replace('.', '_')}_{name.replace(' ', '_').replace(',', '')}.py"
             path.write_text(source)
@@ -536,13 +617,20 @@ def test_right_answers_pass_on_every_seed(verdicts, ex, name):
 
 @pytest.mark.parametrize("ex, name, prop", MUTANT_CASES, ids=[f"{e}-{n}" for e, n, _ in MUTANT_CASES])
 def test_mutants_fail_on_the_right_property_on_every_seed(verdicts, ex, name, prop):
-    said = {"7.3": MESSAGES_73, "7.4": MESSAGES_74}.get(ex, {}).get(int(name.removeprefix("mutant")))
+    said = {"7.2": MESSAGES_72, "7.3": MESSAGES_73, "7.4": MESSAGES_74}.get(ex, {}).get(int(name.removeprefix("mutant")))
     for seed in SEEDS_RANKS:
         status, message = verdicts[(ex, name, seed)]
         assert status == "fail", f"seed {seed}: {status}: {message}"
         assert f"'{prop}'" in message, f"seed {seed}: {message}"
         if said:
             assert said in message, f"seed {seed}: the message should say {said!r}: {message}"
+
+
+@pytest.mark.parametrize("index", range(len(ERRORS_72)))
+def test_7_2_device_ids_for_a_gpu_is_an_error_that_says_why(verdicts, index):
+    for seed in SEEDS_RANKS:
+        status, message = verdicts[("7.2", f"error{index}", seed)]
+        assert status == "error" and ERRORS_72[index][1] in message, f"seed {seed}: {status}: {message}"
 
 
 def test_at_least_eight_mutants_per_exercise():

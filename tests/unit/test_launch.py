@@ -345,3 +345,35 @@ def test_interrupting_or_killing_the_launcher_leaves_nothing(tmp_path, how):
     if how == "ctrl-c":
         assert "KeyboardInterrupt" in out
     assert wait_until_gone("TEST_MARK", mark, 30) == []
+
+
+def test_processes_left_behind_are_this_processs_launches_not_another_sessions():
+    """x-07 F9: on a shared machine another session's launch (another worktree's grading run) was
+    listed as "processes left behind" by the lesson. Launch ids begin with the launching pid."""
+    other = subprocess.Popen(["sleep", "30"], env={**os.environ, launch.LAUNCH_ID_ENV: "99999-othersession"})
+    ours = subprocess.Popen(["sleep", "30"], env={**os.environ, launch.LAUNCH_ID_ENV: f"{os.getpid()}-abc"})
+    try:
+        time.sleep(0.2)
+        pids = [p.pid for p in launch.launched_processes()]
+        assert ours.pid in pids and other.pid not in pids
+        assert other.pid in [p.pid for p in launch.launched_processes(anyone=True)]
+        assert [p.pid for p in launch.launched_processes("99999-othersession")] == [other.pid]
+    finally:
+        for p in (other, ours):
+            p.kill()
+            p.wait()
+
+
+def test_left_behind_waits_for_a_process_on_its_way_out_and_names_the_rest():
+    """w3-07: 'processes left behind: [psutil.Process(pid=29869, ...)]', a rank still exiting, in a raw repr."""
+    env = {**os.environ, launch.LAUNCH_ID_ENV: f"{os.getpid()}-leaving"}
+    leaving = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"], env=env)
+    staying = subprocess.Popen(["sleep", "30"], env={**env, launch.LAUNCH_ID_ENV: f"{os.getpid()}-staying"})
+    try:
+        said = launch.left_behind(wait_s=3)
+        assert f"pid {staying.pid} (sleep" in said and str(leaving.pid) not in said and "psutil" not in said, said
+    finally:
+        for p in (leaving, staying):
+            p.kill()
+            p.wait()
+    assert launch.left_behind(wait_s=1) == "none"

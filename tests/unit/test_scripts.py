@@ -125,14 +125,16 @@ def test_sbatch_template_runs_a_torchrun_that_torchrun_accepts(tmp_path):
     call = calls[0]
     t = call["torchrun"]
     assert t["nnodes"] == "2" and t["nproc_per_node"] == "4"
-    assert t["rdzv_backend"] == "c10d" and t["rdzv_endpoint"] == "gpu-node-07:29500" and t["rdzv_id"] == "4242"
-    assert t["standalone"] is False and t["max_restarts"] == 0
+    assert t["rdzv_backend"] == "c10d" and t["rdzv_endpoint"] == "gpu-node-07:29742" and t["rdzv_id"] == "4242"
+    # restarted workers go on from the last epoch written (x-07 F6)
+    assert t["standalone"] is False and t["max_restarts"] == 3
     assert call["script"] == "notebooks/scripts/ddp_train.py"
     assert call["script_args"]["epochs"] == 30 and call["script_args"]["batch_size"] == 256
     # the checkpoint on the submit directory, which every node of a cluster sees (not node-local /tmp)
     assert call["script_args"]["checkpoint"] == "/shared/home/me/course/checkpoints/ddp_train-4242.pt"
-    assert call["omp"] == "8", "32 cores per node shared by 4 ranks"
-    assert "rendezvous at gpu-node-07:29500" in stdout
+    assert call["script_args"]["resume"] == "/shared/home/me/course/checkpoints/ddp_train-4242.resume.pt"
+    assert call["omp"] == "4", "32 cores per node shared by 4 ranks, 4 of each rank's 8 for its DataLoader workers"
+    assert "rendezvous at gpu-node-07:29742" in stdout
 
 
 @pytest.mark.skipif(BASH is None, reason="needs bash")

@@ -411,3 +411,24 @@ def test_memory_handed_out_again_before_the_other_stream_is_done_is_a_hazard():
             y = x * 2
             del y
         assert vc.peak_bytes == 40 and vc.allocated_bytes == 200 and vc.ops == 5
+
+
+def test_a_gpu_of_its_own_per_local_rank():
+    """Lesson 07's nccl pass (x-07 F2): GPU `index` of a node of `count`; a tensor asked for on another
+    GPU of the node, or on one the node does not have, fails as it would there."""
+    with VirtualCuda(index=1, count=2, other_device="found {found}, own {own}") as vc:
+        assert torch.cuda.current_device() == 1 and torch.cuda.device_count() == 2
+        assert torch.tensor([1.0], device="cuda").device == vc.device == torch.device("cuda", 1)
+        assert torch.zeros(2, device=torch.device("cuda", 1)).is_cuda
+        assert torch.ones(2).to("cuda:1").is_cuda
+        with pytest.raises(RuntimeError, match="found cuda:0, own cuda:1"):
+            torch.tensor([1.0], device=torch.device("cuda", 0))
+        with pytest.raises(RuntimeError, match="invalid device ordinal"):
+            torch.ones(2).to(torch.device("cuda", 3))
+        with pytest.raises(RuntimeError, match="invalid device ordinal"):
+            torch.zeros(2, device="cuda:2")
+    from course_utils.checks.virtual_cuda import OTHER_DEVICE
+    with VirtualCuda() as vc:           # without an index: the one device, and work put on another is caught
+        assert torch.tensor([1.0], device="cuda").device == vc.device
+        with pytest.raises(RuntimeError, match=OTHER_DEVICE):
+            torch.tensor([1.0], device="cuda:5")
