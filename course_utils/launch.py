@@ -36,7 +36,6 @@ and the tests use it to show that none is left; another session's launches are n
 """
 from __future__ import annotations
 
-import functools
 import importlib
 import json
 import os
@@ -223,14 +222,21 @@ def torchrun_module() -> str:
     return (os.environ.get(TORCHRUN_MODULE_ENV) or "torch.distributed.run").strip()
 
 
-@functools.lru_cache(maxsize=None)
+_OPTIONS: dict[str, frozenset] = {}
+
+
 def _torchrun_options(module: str) -> frozenset:
-    """Every option string the torchrun module's argument parser accepts (empty if it cannot be asked)."""
+    """Every option string the torchrun module's argument parser accepts (empty if it cannot be asked).
+    Only an answer is kept: a failure to ask (an import that failed once, while a test or a check
+    had patched torch) is asked again next time, not remembered as "accepts nothing"."""
+    if module in _OPTIONS:
+        return _OPTIONS[module]
     try:
         parser = importlib.import_module(module).get_args_parser()
-        return frozenset(option for action in parser._actions for option in action.option_strings)
     except Exception:
         return frozenset()
+    _OPTIONS[module] = frozenset(option for action in parser._actions for option in action.option_strings)
+    return _OPTIONS[module]
 
 
 def torchrun_accepts(option: str) -> bool:
