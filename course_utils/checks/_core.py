@@ -36,6 +36,7 @@ import inspect
 import json
 import math
 import os
+import re
 import signal
 import sys
 import sysconfig
@@ -254,6 +255,27 @@ def _learner_line(exc: BaseException) -> str:
     return ""
 
 
+_DALI_ASSERT = re.compile(r'^Assert on ".*" failed: ')
+
+
+def _exception_text(exc: BaseException) -> str:
+    """str(exc), but a DALI pipeline's error (a page of C++ context, the operator and the learner's
+    line in the middle; w2-04) as its one useful sentence first: which operator, defined where, said
+    what."""
+    text = str(exc)
+    if "Critical error in pipeline" not in text or "encountered:" not in text:
+        return text
+    lines = [ln.strip() for ln in text.splitlines()]
+    said = next((ln for ln in lines[lines.index("encountered:") + 1:] if ln), "")
+    said = _DALI_ASSERT.sub("", said)
+    op = next((ln for ln in lines if ln.startswith("Error in ")), "")
+    op = op[len("Error in "):].rstrip(",") if op else "a DALI operator"
+    where = next((ln for ln in lines if ln.startswith("File ")), "")
+    m = re.match(r'File "(.+)", line (\d+)', where)
+    defined = f" (defined at line {m.group(2)} of {m.group(1)})" if m else ""
+    return f"DALI stopped the pipeline: {op}{defined} said \"{said}\""
+
+
 def _raised_by_course(exc: BaseException) -> bool:
     """True when `exc` was raised by the course's own code (a check), not by code it called."""
     frames = traceback.extract_tb(exc.__traceback__)
@@ -309,7 +331,8 @@ def run_check(exercise_id: str, obj, **kwargs) -> CheckResult:
         status, message = "error", f"{exc}: does your code loop forever or wait on something that never comes?"
     except Exception as exc:  # the learner's code broke
         status = "error"
-        message = f"your code raised {type(exc).__name__}: {exc}{_learner_line(exc)}{_calling_sentence(exc)}"
+        message = (f"your code raised {type(exc).__name__}: {_exception_text(exc)}{_learner_line(exc)}"
+                   f"{_calling_sentence(exc)}")
     finally:
         switched = _GUARD.end(seen)
         replaced += [name for name in _replaced_compared() if name not in replaced]

@@ -40,7 +40,11 @@ def _require_dali() -> None:
 
 
 def _threads() -> int:
-    return max(1, min(2, usable_cores()))
+    """The num_threads the checks pass: never the signature's default (2), 1, nor this machine's core
+    counts, so that a number written into the answer (w2-04: num_threads=2 on a 2-core machine passed)
+    or os.cpu_count() shows on every machine and seed. A few threads more than the cores cost little."""
+    taken = {1, 2, usable_cores(), os.cpu_count() or 1}
+    return next(k for k in (3, 4, 5, 6) if k not in taken)
 
 
 def _devices() -> list[str]:
@@ -202,8 +206,9 @@ def _expect_placement(pipe, device: str, what: str, seed: int, *, decoder: bool 
     on_cpu = [op for op in work if op.device == "cpu"]
     if on_cpu:
         copied = pipe._graph_outputs[0].device == "gpu"
-        detail = (f"{_names(on_cpu)} run on the CPU and the result is copied to the GPU afterwards" if copied else
-                  f"{_names(on_cpu)} run on the CPU and the images never reach the GPU")
+        verb = "runs" if len({op.kind for op in on_cpu}) == 1 else "run"
+        detail = (f"{_names(on_cpu)} {verb} on the CPU and the result is copied to the GPU afterwards" if copied else
+                  f"{_names(on_cpu)} {verb} on the CPU and the images never reach the GPU")
         raise CheckFailed("device='gpu' augments on this process's GPU" if not decoder else
                           "device='gpu' decodes on this process's GPU",
                           f"{what}: {detail} (read from the pipeline's graph without building it; seed {seed})",
@@ -645,7 +650,9 @@ def check_cifar_pipeline(cifar_pipeline):
         probe = match_crops(x_all[:64], src[:64], data.CIFAR10_MEAN, data.CIFAR10_STD)
         if not probe.exact.all():
             hint, named = _diagnose_crops(x_all[:64], src[:64])
-            detail = (f"{on}: the samples are crops of their records, but not normalised as asked (seed {seed})" if named
+            detail = (f"{on}: the samples are crops of their records, but "
+                      + ("some are flipped upside down" if hint.startswith("the flip is vertical") else
+                         "not normalised as asked") + f" (seed {seed})" if named
                       else f"{on}: {int((~probe.exact).sum())} of 64 samples match no 32x32 window (flipped or not) "
                       f"of their record padded by 4 (seed {seed})")
             raise CheckFailed("each sample is an exact crop of its padded record, normalised", detail, hint)
@@ -664,8 +671,8 @@ def check_cifar_pipeline(cifar_pipeline):
     n = _STAT_BATCH * _STAT_BATCHES
     return (f"{len(x_all)} samples on the CPU{where}: CHW float32, each an exact crop of its padded record, normalised; "
             f"labels and indices intact (int64); over {n:,} more, offsets 0..8 uniform and independent on each axis, "
-            f"{rate:.1%} flipped (a coin of probability 1/2); the seed reproduces it; the threads and prefetching as "
-            f"given; with device='gpu', read from its graph without building it: GPU {_LOCAL_RANK} in a process whose "
+            f"{rate:.1%} flipped (a coin of probability 1/2); the seed reproduces it; num_threads={_threads()} as "
+            f"given, and DALI's prefetching; with device='gpu', read from its graph without building it: GPU {_LOCAL_RANK} in a process whose "
             f"LOCAL_RANK is {_LOCAL_RANK}, and the crop and normalisation on that GPU.")
 
 
@@ -742,7 +749,8 @@ def _epoch_summary(batches):
     return sizes, indices.astype(np.int64)
 
 
-def _expect_exact_epoch(batches, records, members, batch_size, drop_last, what, seed, *, per_sample=None):
+def _expect_exact_epoch(batches, records, members, batch_size, drop_last, what, seed, *, per_sample=None,
+                        shuffled=True):
     """The epoch visits each of `members` once (or, with drop_last, len//B*B distinct of them).
     `per_sample`: whether the learner's external source is per-sample (from its graph; None: unknown)."""
     sizes, idx = _epoch_summary(batches)
@@ -767,8 +775,18 @@ def _expect_exact_epoch(batches, records, members, batch_size, drop_last, what, 
                               f"positions within the batch (seed {seed})",
                               "return the index of each record in `records` (the entries of the epoch's order you "
                               "read), so that each sample can be traced back to its record")
-        raise CheckFailed("each record at most once per epoch", f"{what}: {len(dupes)} records came more than once "
-                          f"(seed {seed})", "draw one permutation per epoch and cut it into batches")
+        came = f"{len(dupes)} record{'s' if len(dupes) > 1 else ''} came more than once"
+        last = batches[-1]["indices"].reshape(-1)
+        earlier = set(np.concatenate([b["indices"].reshape(-1) for b in batches[:-1]]).tolist()) if len(batches) > 1 else set()
+        if rest and not drop_last and len(last) == batch_size and set(dupes) <= set(last.tolist()) \
+                and (set(dupes) & earlier or len(set(last.tolist())) < len(last)):
+            raise CheckFailed("each record at most once per epoch",
+                              f"{what}: {came}, all in the last batch, which holds {batch_size} samples where only "
+                              f"{rest} records were left: it was filled up with records already seen (seed {seed})",
+                              "with drop_last=False the last batch is short: return only the records left "
+                              f"(a batch of {rest} here), DALI takes batches of any size up to batch_size")
+        raise CheckFailed("each record at most once per epoch", f"{what}: {came} (seed {seed})",
+                          "draw one permutation per epoch and cut it into batches")
     stray = set(counts) - set(members.tolist())
     if stray:
         raise CheckFailed("only this shard's records", f"{what}: {len(stray)} records that belong to no part of this "
@@ -797,7 +815,17 @@ def _expect_exact_epoch(batches, records, members, batch_size, drop_last, what, 
                                   "and declare them types.INT64: F.cross_entropy wants int64 class indices")
         labels = b["labels"].reshape(-1)
         if len(labels) != len(b["indices"].reshape(-1)) or not np.array_equal(labels, records[b["indices"].reshape(-1), 0]):
-            raise CheckFailed("labels match the records", f"{what}: a batch's labels are not its records' labels (seed {seed})")
+            if len(idx) > batch_size and np.array_equal(idx, np.arange(len(idx))) and shuffled:
+                raise CheckFailed("the indices are the records' indices",
+                                  f"{what}: the indices run 0, 1, 2, ..., {len(idx) - 1} through the shuffled epoch: "
+                                  f"positions in the epoch, not the records read there, whose labels came with "
+                                  f"them (seed {seed})",
+                                  "return idx = order[start:stop][i * batch_size:(i + 1) * batch_size], the records' "
+                                  "own indices in `records`, so that each sample can be traced back to its record")
+            raise CheckFailed("labels match the records", f"{what}: a batch's labels are not the labels of the records "
+                              f"its indices name (seed {seed})",
+                              "the labels are byte 0 of the very rows the indices name: rows = records[idx], labels "
+                              "rows[:, 0], and return idx itself as the indices")
         if tuple(b["images"].shape[1:]) != (3, 32, 32):
             raise CheckFailed("images are (b, 3, 32, 32)", f"{what}: yours {tuple(b['images'].shape)}")
     return idx
@@ -889,11 +917,14 @@ def check_epochs(cifar_epochs):
         everyone = np.arange(n)
         pipe_seed = int(rng.integers(0, 2**31 - 1))
 
-        def make(**kw):
-            call = f"cifar_epochs(records, {batch_size}, seed=..., " + ", ".join(f"{a}={v!r}" for a, v in kw.items()) + ")"
+        def make(*, of=None, seed_=None, **kw):
+            given = records if of is None else of
+            call = (f"cifar_epochs({'records' if of is None else f'records[:{len(of)}]'}, {batch_size}, seed=..."
+                    + "".join(f", {a}={v!r}" for a, v in kw.items()) + ")")
             try:        # DALI's iterator runs the first batches as it is created
                 with calling(call):
-                    it = cifar_epochs(records, batch_size, seed=pipe_seed, num_threads=_threads(), **kw)
+                    it = cifar_epochs(given, batch_size, seed=pipe_seed if seed_ is None else seed_,
+                                      num_threads=_threads(), **kw)
             except RuntimeError as exc:
                 if _STRIDED in str(exc):
                     raise _strided("creating the iterator") from None
@@ -922,9 +953,18 @@ def check_epochs(cifar_epochs):
                                   f"np.random.default_rng((seed, {e})).permutation(N) gives (seed {seed})",
                                   "the order of epoch e is np.random.default_rng((seed, e)).permutation(N), with the "
                                   "seed you are given and BatchInfo.epoch_idx")
-        in_order = _one_epoch(make(shuffle=False), limit, "shuffle=False", records=n, batch_size=batch_size)
+        # another seed than the calls before: an ignored flag shuffles with this call's seed, an order kept
+        # between calls is the earlier call's (w2-04 w42_15: the two were told apart by neither)
+        other_seed = int(rng.integers(0, 2**31 - 1))
+        in_order = _one_epoch(make(shuffle=False, seed_=other_seed), limit, "shuffle=False", records=n,
+                              batch_size=batch_size)
         _, idx = _epoch_summary(in_order)
         if not np.array_equal(idx, np.arange(n)):
+            if np.array_equal(idx, np.random.default_rng((other_seed, 0)).permutation(n)):
+                raise CheckFailed("shuffle=False keeps the records' order",
+                                  f"with shuffle=False your iterator shuffled anyway: it visited "
+                                  f"np.random.default_rng((seed, 0)).permutation(N) of its own seed (seed {seed})",
+                                  "honour the flag: without shuffle the order of every epoch is np.arange(N)")
             if np.array_equal(idx, np.random.default_rng((pipe_seed, 0)).permutation(n)):
                 raise CheckFailed("shuffle=False keeps the records' order",
                                   f"with shuffle=False your iterator visited the shuffled order of an earlier call "
@@ -999,15 +1039,47 @@ def check_epochs(cifar_epochs):
                               f"flips (seed {seed})",
                               "derive the pipeline's seed from seed and shard_id (seed + shard_id, as DALI's own ResNet "
                               "example does with the local rank); the order's seed stays the same in every process")
+        # a longer shard whose size the batch does not divide (w2-04 w42_20: every shard given the smallest
+        # shard's batch count lost its last record there), and another seed on the same shard_id (w42_21:
+        # an augmentation seed of shard_id alone): records[:2Bk+1] in two shards of Bk and Bk+1, shard 1
+        n2 = 2 * batch_size * k + 1
+        lo2, hi2 = n2 // 2, n2
+        seed2 = int(rng.integers(0, 2**31 - 1))
+        while seed2 == pipe_seed:
+            seed2 = int(rng.integers(0, 2**31 - 1))
+        what2 = f"records[:{n2}] in 2 shards of {lo2} and {hi2 - lo2}, shard 1, epoch 1"
+        longer = _one_epoch(make(of=records[:n2], seed_=seed2, shard_id=1, num_shards=2), limit, what2,
+                            records=hi2 - lo2, batch_size=batch_size)
+        got2, idx2 = _epoch_summary(longer)
+        if len(idx2) < hi2 - lo2 and len(got2) == math.ceil(lo2 / batch_size):
+            raise CheckFailed("each record once per epoch",
+                              f"{what2}: {len(idx2)} of its {hi2 - lo2} records came, in {len(got2)} batches, the "
+                              f"count of the shorter shard ({lo2} records); its last record never came, so every epoch "
+                              f"loses a record of each longer shard (seed {seed})",
+                              "without drop_last each shard yields ceil(its own size / batch_size) batches, "
+                              "(stop - start) of its own slice: shards differ by a record, and the longer ones need "
+                              "the short batch that holds it")
+        _expect_exact_epoch(longer, records, np.random.default_rng((seed2, 0)).permutation(n2)[lo2:hi2], batch_size,
+                            False, what2, seed, per_sample=per_sample)
+        a, b = _augmentation(firsts[1][:1], records), _augmentation(longer[:1], records)
+        m = min(len(a), len(b))
+        if np.array_equal(a[:m], b[:m]):
+            raise CheckFailed("each shard's augmentation follows the seed",
+                              f"shard 1 given seed={pipe_seed} and shard 1 given seed={seed2} cropped and flipped the "
+                              f"j-th sample of their first batch alike, all {m} of them: the augmentation's seed "
+                              f"ignores `seed` (seed {seed})",
+                              "derive the pipeline's seed from seed AND shard_id (seed + shard_id): another seed, "
+                              "another augmentation")
         # drop_last with shards: the same number of full batches on every rank
         expected = (n // shards) // batch_size
-        counts, sizes = [], []
+        counts, sizes, gots = [], [], []
         for s in range(shards):
             lo, hi = bounds[s]
             batches = _one_epoch(make(shard_id=s, num_shards=shards, drop_last=True), limit,
                                  f"shard {s} of {shards}, drop_last=True", records=hi - lo, batch_size=batch_size)
             got, idx = _epoch_summary(batches)
             counts.append(len(got))
+            gots.append(got)
             sizes.append(hi - lo)
             order = np.random.default_rng((pipe_seed, 0)).permutation(n)[lo:hi]
             if len(got) == expected and (got != [batch_size] * expected
@@ -1016,6 +1088,17 @@ def check_epochs(cifar_epochs):
                                   f"shard {s} of {shards}, drop_last=True: batch sizes {_sizes(got)}; expected "
                                   f"{expected} full batches, the first {expected * batch_size} records of its slice "
                                   f"(seed {seed})", "the first (N // S) // batch_size full batches of the shard's slice")
+        if counts != [expected] * shards and len(set(counts)) == 1:
+            short = [s for s in range(shards) if any(size < batch_size for size in gots[s])]
+            where = (f"; shard {short[0]}'s batch sizes are {_sizes(gots[short[0]])}: its last batch is not full"
+                     if short else "")
+            raise CheckFailed("with drop_last, every shard the same number of full batches",
+                              f"with drop_last=True, shards of {', '.join(map(str, sizes))} records in batches of "
+                              f"{batch_size} gave {counts[0]} batches each, expected {expected}{where}: the count must "
+                              f"be the smallest shard's full batches (seed {seed})",
+                              "with drop_last every shard yields (N // S) // batch_size batches: N // num_shards is "
+                              "the smallest shard's size (ceil(N / S), the largest's, gives the shorter shards a "
+                              "batch they cannot fill)")
         if counts != [expected] * shards:
             raise CheckFailed("with drop_last, every shard the same number of full batches",
                               f"with drop_last=True, shards of {', '.join(map(str, sizes))} records in batches of "
@@ -1043,7 +1126,8 @@ def check_epochs(cifar_epochs):
     return (f"{n} records in batches of {batch_size}: each once per epoch for two epochs, last batch "
             f"{n % batch_size} (or dropped), reshuffled; 3 shards of {', '.join(str(hi - lo) for lo, hi in bounds)} "
             f"records, each its slice of every epoch's order, its own augmentation, and with drop_last {expected} "
-            f"full batches each{gpu}; with device='gpu', read without building it: GPU {_LOCAL_RANK} in a process "
+            f"full batch{'es' if expected != 1 else ''} each; a shard of {hi2 - lo2} beside one of {lo2}: every record, "
+            f"and another seed, another augmentation{gpu}; with device='gpu', read without building it: GPU {_LOCAL_RANK} in a process "
             f"whose LOCAL_RANK is {_LOCAL_RANK}, and the augmentation on that GPU.")
 
 
@@ -1361,7 +1445,7 @@ def check_jpeg_pipeline(jpeg_pipeline):
                                               f"shard {s} of 2", seed, fill=True)
             pipes.append(shard_pipe)
             shards.append([next(shard_run) for _ in range(2 - s)])
-        _check_shards(shards, pipes, folder, batch_size, [_key(x) for x in first], seed)
+        _check_shards(shards, pipes, folder, batch_size, [_key(x) for x in first], seed, whole=first)
     where = " and on the GPU" if "gpu" in devices else ""
     return (f"{n} JPEGs in {len(folder.label_of)} class folders, two epochs on the CPU{where}: decoded sizes, labels "
             f"(sorted folders), random {crop}x{crop} crops (8-100% of the area, aspect 3/4-4/3), normalised values, "
@@ -1410,7 +1494,7 @@ def _check_jpeg_epoch(samples, folder, on, seed):
                               f"blue means [{shown}], expected [{wanted}] (seed {seed})", hint)
 
 
-def _check_shards(shards, pipes, folder, batch_size, whole_order, seed):
+def _check_shards(shards, pipes, folder, batch_size, whole_order, seed, *, whole=None):
     """Two shards of a DDP job under DALI's FILL policy, given the same seed: the first epoch split
     between them (each its slice of one permutation of all files), in the same number of batches;
     each its own augmentation; new files for shard 0 in its second epoch, and not by rotating
@@ -1470,6 +1554,15 @@ def _check_shards(shards, pipes, folder, batch_size, whole_order, seed):
                           f"(seed {seed})",
                           "derive the pipeline's seed from seed and shard_id (seed + shard_id); the reader's "
                           "shuffle_after_epoch_seed stays `seed`, the same in every process")
+    # shard 0 of the whole run (another seed) beside shard 0 here: an augmentation seed of shard_id alone
+    # draws the same flips in both (w2-04 w43_21)
+    flips = [(a.mirrored, b.mirrored) for a, b in zip(whole or [], shards[0][0][0]) if a.clear and b.clear]
+    if len(flips) >= 64 and all(a == b for a, b in flips):
+        raise CheckFailed("each shard's augmentation follows the seed",
+                          f"shard 0 given two different seeds mirrored the j-th sample of its epoch alike, all "
+                          f"{len(flips)} of them: the pipeline's seed ignores `seed` (seed {seed})",
+                          "derive the pipeline's seed from seed AND shard_id (seed + shard_id): another seed, "
+                          "another augmentation")
     again = set(_key(x) for x in shards[0][1][0])
     if again == parts[0]:
         raise CheckFailed("every shard reads new files each epoch",

@@ -1,5 +1,7 @@
 """Lesson 04's checks: correct pipelines pass, typical mistakes fail on the right property,
 stubs are 'not implemented', and without DALI every check says so in one sentence."""
+import os
+
 import numpy as np
 import pytest
 
@@ -66,14 +68,15 @@ def this_gpu(device, fixed=None):
 def make_cifar_pipeline(*, mean=CIFAR_MEAN255, std=CIFAR_STD255, positions="nine", mirror=True, layout="CHW",
                         pad_first=True, pad=True, swap_outputs=False, flip_probability=0.5, fixed_seed=None,
                         shared_offset=False, label_dtype=None, device_id=None, vertical_flip=False, move="before",
-                        threads=None, pipe_kw=None, prebuilt=False, flip_from_x=False):
+                        threads=None, pipe_kw=None, prebuilt=False, flip_from_x=False, seed_offset=0,
+                        mirror_kind="coin", flip_after=False, positions_range9=False):
     """A CIFAR pipeline builder with one knob per typical mistake (the defaults are right).
     `move`: where a device="gpu" pipeline moves the images to the GPU: "before" the crop (right),
     "after" the augmentation, or "never". `device_id="none"`: None whatever the device."""
     def cifar_pipeline(source, batch_size, device="cpu", num_threads=2, seed=0):
-        @pipeline_def(batch_size=batch_size, num_threads=threads or num_threads,
+        @pipeline_def(batch_size=batch_size, num_threads=(os.cpu_count() if threads == "cores" else threads) or num_threads,
                       device_id=None if device_id == "none" else this_gpu(device, device_id),
-                      seed=seed if fixed_seed is None else fixed_seed, **(pipe_kw or {}))
+                      seed=(seed if fixed_seed is None else fixed_seed) + seed_offset, **(pipe_kw or {}))
         def graph():
             images, labels, indices = fn.external_source(
                 source=source, num_outputs=3, batch=True, batch_info=True, layout=["CHW", "", ""],
@@ -95,9 +98,16 @@ def make_cifar_pipeline(*, mean=CIFAR_MEAN255, std=CIFAR_STD255, positions="nine
                                 fn.random.uniform(range=[0, 8], dtype=types.INT32) / 8.0)
             else:
                 pos_y, pos_x = fn.random.uniform(range=[0.0, 1.0]), fn.random.uniform(range=[0.0, 1.0])
+            if positions_range9:             # integers 0..9 from range=[0, 9], / 8: an anchor past 1 (w2-04 w41_28)
+                pos_y, pos_x = (fn.random.uniform(range=[0, 9], dtype=types.INT32) / 8.0,
+                                fn.random.uniform(range=[0, 9], dtype=types.INT32) / 8.0)
             if shared_offset:                # one draw for both axes
                 pos_x = pos_y
             flip = fn.random.coin_flip(probability=flip_probability) if mirror and not vertical_flip else 0
+            if mirror_kind == "uniform01":   # 0 or 1 with probability 1/2 each, not a coin (w2-04 w41_16: right)
+                flip = fn.cast(fn.random.uniform(values=[0.0, 1.0]), dtype=types.INT32)
+            if flip_after:                   # no mirror in CMN, fn.flip after it (w2-04 w41_29: right)
+                flip = 0
             if flip_from_x:                  # the flip decided by the crop: x > 0.5 (or x == 0.5 and a coin)
                 coin = fn.random.coin_flip(probability=0.5)
                 flip = fn.cast((pos_x > 0.5) | ((pos_x == 0.5) & (coin == 1)), dtype=types.INT32) \
@@ -106,6 +116,8 @@ def make_cifar_pipeline(*, mean=CIFAR_MEAN255, std=CIFAR_STD255, positions="nine
                                            dtype=types.FLOAT, output_layout=layout, **norm)
             if vertical_flip:
                 out = fn.flip(out, horizontal=0, vertical=fn.random.coin_flip(probability=flip_probability))
+            if flip_after:
+                out = fn.flip(out, horizontal=fn.random.coin_flip(probability=0.5), vertical=0)
             if label_dtype is not None:
                 labels = fn.cast(labels, dtype=getattr(types, label_dtype))
             if device == "gpu" and move == "after":
@@ -235,8 +247,8 @@ MUTANTS_41 = [
            words="local_cuda_index"),
     # and more of the same family
     Mutant("offsets 0..7", make_cifar_pipeline(positions="eight"), "crop offsets cover 0..8"),
-    Mutant("flips vertically", make_cifar_pipeline(vertical_flip=True),
-           "each sample is an exact crop of its padded record, normalised", words="vertical"),
+    Mutant("flips vertically", make_cifar_pipeline(vertical_flip=True),       # w2-04: the headline names it too
+           "each sample is an exact crop of its padded record, normalised", words="upside down"),
     Mutant("labels cast to float", make_cifar_pipeline(label_dtype="FLOAT"), "labels and indices stay int64"),
 ]
 
@@ -255,7 +267,14 @@ MUTANTS_41_WALK = [
     Mutant("a pipeline kept between calls", kept_between_calls, "builds a new pipeline on every call",
            words="kept between calls"),
     Mutant("one thread, whatever it is given", make_cifar_pipeline(threads=1), "uses the threads it is given",
-           words="num_threads=2"),
+           words=f"num_threads={lesson04._threads()}"),
+    # w2-04 w41_14: the signature's default, 2, whatever it is given (passed on a 2-core machine)
+    Mutant("two threads, whatever it is given", make_cifar_pipeline(threads=2), "uses the threads it is given",
+           words="your pipeline runs 2"),
+    Mutant("all the cores, whatever it is given", make_cifar_pipeline(threads="cores"), "uses the threads it is given",
+           words=f"your pipeline runs {os.cpu_count()}"),
+    Mutant("offsets from range=[0, 9] / 8 (DALI's own error)", make_cifar_pipeline(positions_range9=True),
+           "DALI stopped the pipeline", status="error", words="is out of range [0.0, 1.0]"),
     Mutant("prefetching off", make_cifar_pipeline(pipe_kw=dict(prefetch_queue_depth=1, exec_async=False,
                                                                  exec_pipelined=False)),
            "keeps DALI's prefetching", words="exec_async=False"),
@@ -284,6 +303,30 @@ def test_4_1_correct_pipeline_passes():
     passes("4.1", make_cifar_pipeline(), range(2))
 
 
+def test_4_1_right_answers_of_the_second_walk_pass():
+    """w2-04: the flip from uniform(values=[0, 1]) (w41_16), device_id=None (w41_22: the current
+    device, which the contract allows), seed + 1 (w41_25), fn.flip(horizontal=coin) after the
+    normalisation (w41_29)."""
+    for answer in (make_cifar_pipeline(mirror_kind="uniform01"), make_cifar_pipeline(device_id="none"),
+                   make_cifar_pipeline(seed_offset=1), make_cifar_pipeline(flip_after=True)):
+        passes("4.1", answer, [5])
+
+
+def test_dali_error_shows_its_sentence_first():
+    """w2-04 (w41_28, w42_09): an [ERROR] was DALI's whole C++ page, the useful line in its middle."""
+    from course_utils.checks._core import _exception_text
+    text = ("Critical error in pipeline:\nError in CPU operator `nvidia.dali.fn.external_source`,\nwhich was used in "
+            "the pipeline definition with the following traceback:\n\n  File \"/x/a.py\", line 14, in graph\n"
+            "    images = fn.external_source(\n\nencountered:\n\nAssert on \"dtype_ == batch.type()\" failed: "
+            "ExternalSource expected data of type int64 and got: int32\nC++ context: [/opt/dali/x.h:140] \n"
+            "Current pipeline object is no longer valid.")
+    got = _exception_text(RuntimeError(text))
+    assert got.startswith("DALI stopped the pipeline: CPU operator `nvidia.dali.fn.external_source` (defined at line "
+                          "14 of /x/a.py) said \"ExternalSource expected data of type int64 and got: int32\"")
+    assert "C++ context" not in got and "Assert on" not in got
+    assert _exception_text(ValueError("plain")) == "plain"
+
+
 def test_4_1_other_right_answers_pass():
     """Right answers written another way (w1-04, x-04): padding and cropping with fn.slice at integer
     offsets, a pipeline built before it is returned, LOCAL_RANK read from the environment, separated
@@ -301,7 +344,8 @@ def test_4_1_other_right_answers_pass():
 @pytest.mark.parametrize("mutant", MUTANTS_41_WALK, ids=repr)
 def test_4_1_walk_mutants_rejected(mutant):
     _kept.clear()
-    rejected("4.1", mutant, [3, 4] if mutant.name == "a pipeline kept between calls" else [3])
+    rejected("4.1", mutant, [3, 4] if mutant.name in ("a pipeline kept between calls",
+                                                      "two threads, whatever it is given") else [3])
 
 
 
@@ -329,7 +373,8 @@ def make_cifar_epochs(*, per_sample=False, stateful=False, reshuffle=True, shard
                       shard_of_first_epoch=False, drop_last_per_shard=False, extra_batch_when_divides=False,
                       same_augmentation=False, positions_as_indices=False, device_ignored=False,
                       always_drop_last=False, cache_orders=False, auto_reset=True, int_slices=False,
-                      whole_copy=False, copy_once=False):
+                      whole_copy=False, copy_once=False, smallest_count=False, aug_shard_only=False,
+                      epoch_positions=False, largest_drop_last=False, pad_last=False, undeclared_int32=False):
     """A cifar_epochs builder with one knob per typical mistake (the defaults are right)."""
     cached = {}
     def cifar_epochs(records, batch_size, *, shuffle=True, seed=0, shard_id=0, num_shards=1, drop_last=False,
@@ -357,6 +402,10 @@ def make_cifar_epochs(*, per_sample=False, stateful=False, reshuffle=True, shard
             batches = (n // num_shards) // batch_size     # every shard the same number of full batches
         if extra_batch_when_divides and not drop_last:
             batches = full + 1                           # one batch too many when the batch divides the shard
+        if smallest_count and not drop_last:             # w2-04 w42_20: the smallest shard's count for every shard
+            batches = -(-(n // num_shards) // batch_size)
+        if largest_drop_last and drop_last:              # w2-04 w42_13: the largest shard's count, ceil(N/S)//B
+            batches = -(-n // num_shards) // batch_size
 
         def order(epoch):
             if cache_orders:          # kept at module level, by epoch only: the first call's order for ever
@@ -384,6 +433,8 @@ def make_cifar_epochs(*, per_sample=False, stateful=False, reshuffle=True, shard
                 np.ascontiguousarray(rows[:, 1:]).reshape(-1, 3, 32, 32)
             if positions_as_indices:           # the positions within the batch, not the records' indices
                 idx = np.arange(len(idx))
+            if undeclared_int32:               # int32 labels to a source declared INT64 (w2-04 w42_09)
+                return images, rows[:, 0].astype(np.int32), idx
             return images, rows[:, 0].astype(label_dtype), idx
 
         if per_sample:
@@ -412,16 +463,24 @@ def make_cifar_epochs(*, per_sample=False, stateful=False, reshuffle=True, shard
                 iteration = calls[0] if stateful else info.iteration   # a counter that never restarts
                 calls[0] += 1
                 if iteration >= batches:
+                    if stateful == "resets":      # w2-04 w42_03: a counter that restarts at each epoch's end
+                        calls[0] = 0
                     raise StopIteration
                 idx = order(info.epoch_idx)[iteration * batch_size:(iteration + 1) * batch_size]
-                return rows_of(idx.astype(np.int64))
+                if pad_last and len(idx) < batch_size:       # w2-04 w42_19: the short batch filled up with repeats
+                    idx = np.concatenate([idx, order(info.epoch_idx)[:batch_size - len(idx)]])
+                images, labels, got = rows_of(idx.astype(np.int64))
+                if epoch_positions:                # w2-04 w42_10: positions in the epoch as the indices
+                    got = np.arange(iteration * batch_size, iteration * batch_size + len(idx), dtype=np.int64)
+                return images, labels, got
             if label_dtype != np.int64:      # declared as what it returns: the labels come out as they are
                 pipe = _declare_labels(source, batch_size, device, num_threads, seed + shard_id, label_dtype)
                 it = DALIGenericIterator(pipe, ["images", "labels", "indices"], auto_reset=True)
                 return it
             pipe = dali_pipelines.cifar_train_pipeline(source, batch_size=batch_size, device=device,
                                                        num_threads=num_threads,
-                                                       seed=seed if same_augmentation else seed + shard_id)
+                                                       seed=shard_id if aug_shard_only else
+                                                       seed if same_augmentation else seed + shard_id)
         it = DALIGenericIterator(pipe, ["images", "labels", "indices"], auto_reset=auto_reset)
         if not iterator:
             return ([b] for b in it)
@@ -501,6 +560,21 @@ MUTANTS_42_WALK = [
            "reads only the batch's records", words="records[idx]"),
     Mutant("orders cached between calls, by epoch only", make_cifar_epochs(cache_orders=True),
            "shuffle=False keeps the records' order", words="kept between calls"),
+    # w2-04: two wrong answers that passed on every seed, four messages that pointed elsewhere, DALI's page
+    Mutant("every shard the smallest shard's batch count", make_cifar_epochs(smallest_count=True),
+           "each record once per epoch", words="the count of the shorter shard"),
+    Mutant("the augmentation's seed from shard_id alone", make_cifar_epochs(aug_shard_only=True),
+           "each shard's augmentation follows the seed", words="ignores `seed`"),
+    Mutant("positions in the epoch as indices", make_cifar_epochs(epoch_positions=True),
+           "the indices are the records' indices", words="positions in the epoch"),
+    Mutant("drop_last: the largest shard's count", make_cifar_epochs(largest_drop_last=True),
+           "with drop_last, every shard the same number of full batches", words="its last batch is not full"),
+    Mutant("shuffle ignored (w2-04: not 'kept between calls')", make_cifar_epochs(honour_shuffle=False),
+           "shuffle=False keeps the records' order", words="shuffled anyway"),
+    Mutant("the last batch filled up with repeats", make_cifar_epochs(pad_last=True),
+           "each record at most once per epoch", words="filled up with records already seen"),
+    Mutant("int32 labels from a source declared INT64", make_cifar_epochs(undeclared_int32=True),
+           "DALI stopped the pipeline", status="error", words="expected data of type int64 and got: int32"),
 ]
 
 
@@ -516,9 +590,23 @@ def test_4_2_other_right_answers_pass():
         passes("4.2", answer, [5])
 
 
+def test_4_2_a_counter_that_restarts_passes():
+    """w2-04 w42_03: a counter of the source's own, set back to 0 where it raises StopIteration. The
+    contract asks for the epoch's order and batches, not for a source without state, and this counter
+    counts exactly as info.iteration does for every use DALI's iterator makes of it (called ahead, a
+    new for loop per epoch): accepted, as the hint's "a counter of your own would never restart"
+    says of the other kind (which fails: 'a counter of its own')."""
+    for answer in (make_cifar_epochs(stateful="resets"),):
+        passes("4.2", answer, [5])
+
+
 @pytest.mark.parametrize("mutant", MUTANTS_42_WALK, ids=repr)
 def test_4_2_walk_mutants_rejected(mutant):
-    rejected("4.2", mutant, [3])
+    rejected("4.2", mutant, [3, 4] if mutant.name in TWO_SEEDS_42 else [3])
+
+
+# w2-04's false passes: their decisive inputs are in every seed's draw; two seeds show it
+TWO_SEEDS_42 = {"every shard the smallest shard's batch count", "the augmentation's seed from shard_id alone"}
 
 
 @pytest.mark.parametrize("mutant", MUTANTS_42, ids=repr)
@@ -568,7 +656,8 @@ def make_jpeg_pipeline(*, output_type="RGB", mean=NET_MEAN255, std=NET_STD255, s
 
         @pipeline_def(batch_size=batch_size, num_threads=threads or num_threads,
                       device_id=None if device_id == "none" else this_gpu(device, device_id),
-                      seed={"per_shard": seed + shard_id, "seed": seed, "fixed": 0}[aug_seed], **pipe_kw)
+                      seed={"per_shard": seed + shard_id, "seed": seed, "fixed": 0, "shard": shard_id,
+                            "times1000": seed * 1000 + shard_id}[aug_seed], **pipe_kw)
         def graph():
             jpegs, labels = fn.readers.file(pad_last_batch=pad_last_batch, name=reader_name, **kw)
             images = fn.decoders.image(jpegs, device="cpu" if decoder_device == "cpu, then .gpu()" else
@@ -715,13 +804,19 @@ MUTANTS_43_WALK = [
     Mutant("CIFAR's constants", make_jpeg_pipeline(mean=CIFAR_MEAN255, std=CIFAR_STD255),
            "each image is its file's colour, normalised", words="CIFAR-10"),
     Mutant("one thread, whatever it is given", make_jpeg_pipeline(threads=1), "uses the threads it is given"),
+    # w2-04: the signature's default whatever it is given (w41_14's mistake), an augmentation seed of shard_id alone
+    Mutant("two threads, whatever it is given", make_jpeg_pipeline(threads=2), "uses the threads it is given",
+           words="your pipeline runs 2"),
+    Mutant("the augmentation's seed from shard_id alone", make_jpeg_pipeline(aug_seed="shard"),
+           "each shard's augmentation follows the seed", words="ignores `seed`"),
     # the near-miss rule, a second look (issue 37): ImageNet's std rounded to two decimals
     Mutant("ImageNet's std rounded", make_jpeg_pipeline(std=[255 * 0.23, 255 * 0.22, 255 * 0.23]),
            "values are normalised with ImageNet's mean and std", words="rounded ones"),
     Mutant("ImageNet's mean rounded", make_jpeg_pipeline(mean=[255 * 0.49, 255 * 0.46, 255 * 0.41]),
            "values are normalised with ImageNet's mean and std", words="rounded ones"),
 ]
-RANDOM_43_WALK = {"a shuffle seed per shard", "the same augmentation on every shard"}
+RANDOM_43_WALK = {"a shuffle seed per shard", "the same augmentation on every shard",
+                  "the augmentation's seed from shard_id alone"}
 
 
 def test_4_3_correct_pipeline_passes():
@@ -736,6 +831,9 @@ def test_4_3_other_right_answers_pass():
     passes("4.3", make_jpeg_pipeline(mean=[123.68, 116.28, 103.53], std=[58.395, 57.12, 57.375]), [5])
     # x-04 F4: shuffle_after_epoch_seed derived from seed, the same in every process (it failed before)
     passes("4.3", make_jpeg_pipeline(shuffle_seed="plus_one"), [5])
+    # w2-04: the mean 0.3% off (inside the contract's 0.5%, w43_18), seed * 1000 + shard_id (w43_20)
+    passes("4.3", make_jpeg_pipeline(mean=[1.003 * m for m in NET_MEAN255]), [5])
+    passes("4.3", make_jpeg_pipeline(aug_seed="times1000"), [5])
 
 
 @pytest.mark.parametrize("mutant", MUTANTS_43_WALK, ids=repr)
