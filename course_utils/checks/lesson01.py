@@ -226,6 +226,11 @@ def check_timer(time_it):
     try:
         fn = _CountingFn(0.0, device, device_ms=20.0)
         ms = _time(time_it, fn, device, "asynchronous device work", warmup=1, repeats=5)
+        for _ in range(2):     # load only ever adds time: a result too long is tried again (the shortest counts)
+            if ms <= 2.5 * 20:
+                break
+            fn = _CountingFn(0.0, device, device_ms=20.0)
+            ms = min(ms, _time(time_it, fn, device, "asynchronous device work", warmup=1, repeats=5))
         if ms < 0.6 * 20:
             raise CheckFailed("waits for the device before reading the clock",
                               f"each call queues 20 ms of device work; yours measured {ms:.2f} ms",
@@ -237,8 +242,11 @@ def check_timer(time_it):
             raise CheckFailed("calls fn warmup + repeats times",
                               f"warmup=1, repeats=5: yours called fn {fn.calls} times, expected 6")
         # (c) the warm-up's device work is still queued when the timing starts: wait for it first
-        fn = _CountingFn(0.0, device, device_ms=20.0)
-        ms = _time(time_it, fn, device, "device work left from the warm-up", warmup=5, repeats=1)
+        for _ in range(3):     # one timed call, on a loaded machine maybe late: the shortest of 3 tries counts
+            fn = _CountingFn(0.0, device, device_ms=20.0)
+            ms = _time(time_it, fn, device, "device work left from the warm-up", warmup=5, repeats=1)
+            if ms <= 3 * 20 or fn.calls != 6:
+                break
         if ms > 3 * 20:
             raise CheckFailed("waits for earlier work before starting the clock",
                               f"warmup=5 calls queue 100 ms of device work, then one timed call queues 20 ms; yours "
