@@ -839,9 +839,29 @@ def _run_cases(rng):
     cases.append((run(stall=rng.uniform(0.3, 0.9), loader_use=rng.uniform(0.05, 0.4), loader_processes=c + 1, cores=c,
                       disk_mb_s=rng.uniform(200, 900), util=rng.uniform(15, 45)),
                   "workers waiting on a virtual disk whose %util stays low"))
+    c = int(rng.choice([8, 16]))        # w3-01: 3 loading processes (the main one and 2 workers), not 2
+    cases.append((run(stall=rng.uniform(0.3, 0.9), loader_use=rng.uniform(0.70, 0.76), loader_processes=3, cores=c,
+                      disk_mb_s=rng.uniform(100, 300), util=rng.uniform(40, 80), jitter=0.01),
+                  f"2 workers (3 loading processes with the main one) on {c} cores keeping 2.1-2.3 cores busy: "
+                  f"70-76% of the 3 cores they could use"))
     groups.append(("I/O-bound when the loading processes wait instead of computing",
                    "if the loop waits and the loaders are not busy computing, they are waiting for reads: iowait "
                    "averaged over many cores is small, and hidden when other programs use the CPUs", cases))
+    # w3-01: a container (a CPU quota or an affinity mask) on a big machine: its loaders could use
+    # run.usable_cores, fewer than the machine's cores (run.cpu_busy's columns)
+    cases = []
+    for usable, machine, processes in ((int(rng.choice([2, 4])), int(rng.choice([16, 32])), 9),
+                                       (int(rng.choice([4, 6])), int(rng.choice([32, 64])), 13)):
+        share = float(rng.uniform(0.88, 0.97))
+        cases.append((_on_a_bigger_machine(run(stall=rng.uniform(0.3, 0.9), loader_use=share, loader_processes=processes,
+                                               cores=usable, disk_mb_s=rng.uniform(50, 200), util=rng.uniform(20, 60),
+                                               jitter=0.01), machine, rng),
+                      f"{processes - 1} workers in a container allowed {usable} of its machine's {machine} cores, "
+                      f"keeping {100 * share:.0f}% of those {usable} busy"))
+    groups.append(("reads the cores the run's machine let the loaders use (run.usable_cores)",
+                   "a container or a CPU quota lets the loaders use run.usable_cores, fewer than the machine's cores "
+                   "(run.cpu_busy has a column per core of the machine): they could use min(run.loader_processes, "
+                   "run.usable_cores)", cases))
     # the thresholds, on both sides and on the edge; every loader statistic agrees in these runs
     cases = []
     for low, high in ((0.085, 0.0949), (0.095, 0.0995), (0.0996, 0.09999), (0.10, 0.10), (0.10001, 0.1004),
@@ -927,6 +947,16 @@ def _run_cases(rng):
     return groups
 
 
+def _on_a_bigger_machine(run, machine, rng):
+    """The run as recorded in a container on a machine of `machine` cores: its per-core figures
+    gain the machine's other cores (nearly idle), run.usable_cores stays what the container allowed."""
+    extra = machine - run.cpu_busy.shape[1]
+    n = run.cpu_busy.shape[0]
+    run.cpu_busy = np.concatenate([run.cpu_busy, np.clip(rng.normal(3, 1.5, (n, extra)), 0, 100)], axis=1)
+    run.iowait = np.concatenate([run.iowait, np.zeros((n, extra))], axis=1)
+    return run
+
+
 def _snapshot_run(run):
     return {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in vars(run).items()}
 
@@ -963,7 +993,13 @@ def _run_slips():
               "the run was recorded elsewhere; its machine let the loaders use run.usable_cores"),
              (rule(could=lambda r: machine),
               f"yours answers as if it read the cores of the machine running the check (os.cpu_count() = {machine}): "
-              "the loaders could use min(run.loader_processes, run.usable_cores)")]
+              "the loaders could use min(run.loader_processes, run.usable_cores)"),
+             (rule(could=lambda r: min(r.loader_processes, r.cpu_busy.shape[1])),
+              "yours answers as if the loaders could use every core of the run's machine (run.cpu_busy.shape[1]): "
+              "a container or a CPU quota allows them run.usable_cores, which can be fewer"),
+             (rule(could=lambda r: min(r.loader_processes - 1, r.usable_cores) or 1),
+              "yours answers as if only the workers loaded: run.loader_processes already counts every loading "
+              "process, the main one and its num_workers workers (1 + num_workers): use it as it is")]
     for what, part in _SUBSETS:
         slips.append((rule(used=lambda r, part=part: np.mean(part(r.loader_cores))),
                       f"yours answers as if it averaged run.loader_cores{what}: every sample counts, the first and "
