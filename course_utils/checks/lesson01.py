@@ -852,7 +852,7 @@ def _run_cases(rng):
     cases = []
     for usable, machine, processes in ((int(rng.choice([2, 4])), int(rng.choice([16, 32])), 9),
                                        (int(rng.choice([4, 6])), int(rng.choice([32, 64])), 13)):
-        share = float(rng.uniform(0.88, 0.97))
+        share = float(rng.uniform(0.91, 0.97))      # clear of every threshold slip (0.7, 0.9, rounding)
         cases.append((_on_a_bigger_machine(run(stall=rng.uniform(0.3, 0.9), loader_use=share, loader_processes=processes,
                                                cores=usable, disk_mb_s=rng.uniform(50, 200), util=rng.uniform(20, 60),
                                                jitter=0.01), machine, rng),
