@@ -385,6 +385,7 @@ def check_stall_fraction(stall_fraction):
     cases.append((no_wait, 1, "a log where batches never kept the loop waiting"))
     cases.append((_random_log(rng, 10, warm_wait=1.5), None, "a 10-step log, skip_first left at its default"))
     cases.append((_random_log(rng, 5, warm_wait=1.0), 4, "a 5-step log, skip_first=4: one step left"))
+    earlier = []       # (what, yours) of the calls before: an answer that repeats one of them keeps state
     for log, skip, what in cases:
         original = copy.deepcopy(log)
         with calling(f"stall_fraction(log) on {what}" if skip is None else f"stall_fraction(log, skip_first={skip}) on {what}"):
@@ -397,6 +398,24 @@ def check_stall_fraction(stall_fraction):
         skip = 1 if default else skip
         expected = _reference_stall(log, skip)
         if not trusted.isclose(float(yours), expected, rel_tol=1e-6, abs_tol=1e-9):
+            coarse = trusted.isclose(float(yours), _float32_stall(log, skip), rel_tol=1e-4)   # float32: few values
+            before = [] if coarse else [w for w, y in earlier if trusted.isclose(float(yours), y, rel_tol=1e-9, abs_tol=1e-12)]
+            if not before and not coarse:       # a value kept from an earlier run of the check: the same answer for another log
+                probe = _random_log(rng, 9)
+                try:
+                    again = float(stall_fraction(probe, skip_first=skip))
+                except Exception:
+                    again = None
+                if again is not None and trusted.isclose(again, float(yours), rel_tol=1e-9, abs_tol=1e-12) and \
+                        not trusted.isclose(_reference_stall(probe, skip), expected, rel_tol=1e-6):
+                    before = [f"another log it handed yours next (a 9-step log, expected "
+                              f"{_reference_stall(probe, skip):.6f})"]
+            if before:           # w3-01: a module-level cache returned the first log's value for every later log
+                raise CheckFailed("keeps nothing from an earlier call",
+                                  f"{what}: {_both(float(yours), expected)}, the value yours returned for {before[0]} "
+                                  f"(seed {seed})",
+                                  "compute the fraction from the step_log passed in, on every call: nothing kept "
+                                  "between calls (no module-level cache or list)")
             hint = ("wait = fetch_end - fetch_start for each counted step; divide their sum by the wall time "
                     "from the first counted step's fetch_start to the last step's step_end (gaps between "
                     "steps are part of the wall time)")
@@ -419,6 +438,7 @@ def check_stall_fraction(stall_fraction):
                         "them. Compute in Python floats (float64): torch.tensor(...) and np.float32 make float32 "
                         "(torch.tensor(..., dtype=torch.float64) does not)")
             raise CheckFailed("matches the definition", f"{what}: {_both(float(yours), expected)} (seed {seed})", hint)
+        earlier.append((what, float(yours)))
     for steps, skip in ((3, 3), (3, 5), (0, 0)):          # none left: exactly as many skipped, more, an empty log
         try:
             stall_fraction(_random_log(rng, steps), skip_first=skip)
@@ -495,6 +515,15 @@ def _ours_forms(o, cores):
             (statistics.mean(o.tolist()), OURS_SHARE * cores), (sum(o.tolist()) / len(o) / cores, OURS_SHARE)]
 
 
+def _rebuilt_ours_forms(tl):
+    """The course's mean cores rebuilt from every process's CPU less the other programs' (equal to
+    mean(ours_cores) but for floating point), as (value, threshold) pairs."""
+    total = tl.cpu_percent.sum(axis=1) / 100
+    rebuilt = [np.mean(tl.cpu_percent.sum(axis=1)) / 100 - np.mean(tl.others_cores), np.mean(total - tl.others_cores),
+               np.mean(total) - np.mean(tl.others_cores)]
+    return [(v, OURS_SHARE * tl.cores) for v in rebuilt] + [(v / tl.cores, OURS_SHARE) for v in rebuilt]
+
+
 def _on_edge(x, forms, *args) -> bool:
     return all(value == threshold for value, threshold in forms(x, *args))
 
@@ -564,8 +593,11 @@ def _diagnosis_groups(rng):
                       f"a device busy {low:g}-{high:g}% of the time, {'workers on every core' if workers else 'one thread'}"))
     for cores, target in ((5, 4.0), (10, 8.0), (20, 16.0)):
         ours = _exactly(target, n, _ours_forms, cores)
-        cases.append((_timeline(quiet_device(len(ours)), ours, cores, rng),
-                      f"the course's processes keeping exactly 80% of {cores} cores busy"))
+        for _ in range(100):     # w3-01: the course's cores rebuilt from every process's CPU minus the others'
+            tl = _timeline(quiet_device(len(ours)), ours, cores, rng)   # must land on the edge's right side too
+            if all(value >= threshold for value, threshold in _rebuilt_ours_forms(tl)):
+                break
+        cases.append((tl, f"the course's processes keeping exactly 80% of {cores} cores busy"))
     for low, high in ((0.5, 0.6), (0.6, 0.7), (0.7, 0.79), (0.79, 0.7949), (0.795, 0.7995), (0.7996, 0.7999),
                       (0.8001, 0.8049), (0.805, 0.81), (0.81, 0.9)):
         cores = int(rng.choice([2, 3, 4]))
@@ -711,6 +743,12 @@ def _diagnosis_slips():
              (rule(cores=lambda tl: OURS_SHARE * (tl.cores - 1)),
               "yours answers as if it compared the course's cores with 0.8 x (timeline.cores - 1): the rule counts "
               "every core of the machine, 0.8 x timeline.cores"),
+             (rule(cores=lambda tl: int(OURS_SHARE * tl.cores)),
+              "yours answers as if the threshold were cut to whole cores (int(0.8 x timeline.cores): 1 core on a "
+              "2-core machine): compare with 0.8 x timeline.cores as it is, 1.6 cores on 2"),
+             (rule(cores=lambda tl: round(OURS_SHARE * tl.cores)),
+              "yours answers as if the threshold were rounded to whole cores (round(0.8 x timeline.cores)): compare "
+              "with 0.8 x timeline.cores as it is"),
              (rule(cores=lambda tl: OURS_SHARE * machine),
               f"yours answers as if it read the cores of the machine running the check (os.cpu_count() = {machine}): "
               "the timeline was recorded elsewhere, on timeline.cores cores; compare with 0.8 x timeline.cores")]

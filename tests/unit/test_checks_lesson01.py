@@ -563,6 +563,15 @@ def float32_numpy(log, skip_first=1):
     return float(wait / (f(steps[-1]["step_end"]) - f(steps[0]["fetch_start"])))
 
 
+_CACHE = {}
+
+
+def cached_first_answer(log, skip_first=1):         # w3-01: the first call's result returned on every later call
+    if "r" not in _CACHE:
+        _CACHE["r"] = stall(log, skip_first)
+    return _CACHE["r"]
+
+
 MUTANTS_12 = [
     Mutant("warm-up not skipped", no_skip, "matches the definition", words="warm-up"),
     Mutant("skips one more", skips_one_more, "matches the definition", words="one more than skip_first"),
@@ -583,6 +592,8 @@ MUTANTS_12 = [
     Mutant("raises only when skip_first == len(log)", equal_lengths_only, "raises ValueError when no step is left",
            words="skip_first=5"),
     Mutant("the wall time of every entry", wall_over_every_entry, "matches the definition"),
+    Mutant("the first answer cached (w3-01)", cached_first_answer, "keeps nothing from an earlier call",
+           words="the value yours returned for"),
 ]
 
 
@@ -773,6 +784,35 @@ MUTANTS_13_W2 = [
            "diagnoses each situation", words="os.cpu_count()"),
     Mutant("the rules swapped", rules_swapped, "diagnoses each situation", words="apply the rules in order"),
 ]
+
+
+def test_a_threshold_cut_to_whole_cores_is_named_on_every_seed(monkeypatch):
+    """w3-01: int(0.8 * cores) was told to read the course's own cores (which it did); whichever
+    group fails first on a seed, the hint names the cut threshold."""
+    answer = rule(cpu=lambda tl: np.mean(tl.ours_cores) >= int(0.8 * tl.cores))
+    for seed in range(10):
+        monkeypatch.setenv("COURSE_CHECK_SEED", str(seed))
+        result = run_check("1.3", answer)
+        assert result.status == "fail" and "cut to whole cores (int(0.8 x timeline.cores)" in result.message, result.message
+
+
+def diagnose_rebuilt_from_every_process(tl):       # right (w3-01): every process's CPU less the others'
+    if np.mean(tl.gpu_util) >= 85:
+        return "compute-bound"
+    ours = np.mean(tl.cpu_percent.sum(axis=1)) / 100 - np.mean(tl.others_cores)
+    return "input-bound" if ours >= 0.8 * tl.cores else "sync-bound"
+
+
+def diagnose_rebuilt_per_sample(tl):
+    if np.mean(tl.gpu_util) >= 85:
+        return "compute-bound"
+    ours = np.mean(tl.cpu_percent.sum(axis=1) / 100 - tl.others_cores)
+    return "input-bound" if ours / tl.cores >= 0.8 else "sync-bound"
+
+
+def test_the_course_rebuilt_from_every_process_passes_on_every_seed():
+    passes("1.3", diagnose_rebuilt_from_every_process, range(30))
+    passes("1.3", diagnose_rebuilt_per_sample, range(30))
 
 
 def test_diagnosis_passes():
