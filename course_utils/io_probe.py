@@ -189,7 +189,7 @@ def cold_and_warm_read(paths, block_size: int = 1 << 20, warm_repeats: int = 3) 
         checked = "checked with mincore" if known else "not checkable here"
         cold = read_files(paths, block_size, where="cold: from the disk")
         method = f"dropped from the page cache with posix_fadvise(DONTNEED), {checked}"
-    warm = _fastest([read_files(paths, block_size, where=f"warm: from the page cache, the fastest of {warm_repeats}")
+    warm = _fastest([read_files(paths, block_size, where=f"warm: from the page cache, best of {warm_repeats} reads")
                      for _ in range(max(1, warm_repeats))])
     return ColdWarm(cold, warm, method)
 
@@ -208,7 +208,7 @@ def ram_disk_read(paths, ram_dir: str = "/dev/shm", block_size: int = 1 << 20, r
     try:
         copies = [Path(shutil.copyfile(p, tmp / p.name)) for p in paths]
         read_files(copies, block_size)                 # the first read of a fresh tmpfs file settles it
-        return _fastest([read_files(copies, block_size, where=f"RAM disk: tmpfs at {ram_dir}, the fastest of {repeats}")
+        return _fastest([read_files(copies, block_size, where=f"RAM disk: tmpfs at {ram_dir}, best of {repeats} reads")
                          for _ in range(max(1, repeats))])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

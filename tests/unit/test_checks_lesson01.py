@@ -1,6 +1,7 @@
 """Lesson 01's checks, proven by their mutants (each fails on its property on every seed)."""
 import statistics
 import time
+from time import perf_counter
 
 import numpy as np
 import pytest
@@ -285,11 +286,129 @@ MUTANTS_11 = [
 ]
 
 
+# w3-01: wrong answers that passed (real sleeps hid them) and messages that named another slip
+def every_other_call(fn, device, warmup=3, repeats=10):
+    return statistics.median(_timed(fn, device, warmup, repeats)[::2])
+
+
+def odd_positions(fn, device, warmup=3, repeats=10):
+    times = _timed(fn, device, warmup, repeats)
+    return statistics.median(times[1::2] or times)
+
+
+def last_timed_call_dropped(fn, device, warmup=3, repeats=10):
+    times = _timed(fn, device, warmup, repeats)
+    return statistics.median(times[:-1] or times)
+
+
+def second_half(fn, device, warmup=3, repeats=10):
+    times = _timed(fn, device, warmup, repeats)
+    return statistics.median(times[len(times) // 2:])
+
+
+def whole_ms(fn, device, warmup=3, repeats=10):
+    return round(time_it(fn, device, warmup, repeats))
+
+
+def even_ms(fn, device, warmup=3, repeats=10):
+    return round(time_it(fn, device, warmup, repeats), 0) // 2 * 2
+
+
+def float32_median(fn, device, warmup=3, repeats=10):            # right (w3-01)
+    return float(np.median(np.array(_timed(fn, device, warmup, repeats), dtype=np.float32)))
+
+
+def perf_counter_bound_at_import(fn, device, warmup=3, repeats=10):   # right: `from time import perf_counter`
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        synchronize(device)
+        t0 = perf_counter()
+        fn()
+        synchronize(device)
+        times.append((perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def perf_counter_ns_timer(fn, device, warmup=3, repeats=10):     # right: integer nanoseconds
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        synchronize(device)
+        t0 = time.perf_counter_ns()
+        fn()
+        synchronize(device)
+        times.append((time.perf_counter_ns() - t0) / 1e6)
+    return statistics.median(times)
+
+
+MUTANTS_11 += [
+    Mutant("every other timed call (w3-01)", every_other_call, "reports the median of the repeats",
+           words="every other timed call (times[::2])"),
+    Mutant("the timed calls at odd positions (w3-01)", odd_positions, "reports the median of the repeats",
+           words="odd positions (times[1::2])"),
+    Mutant("the last timed call dropped (w3-01)", last_timed_call_dropped, "reports the median of the repeats",
+           words="the timed calls but the last (times[:-1])"),
+    Mutant("the second half of the timed calls (w3-01)", second_half, "reports the median of the repeats",
+           words="the second half of the timed calls"),
+    Mutant("rounded to whole ms (w3-01)", whole_ms, "reports the median of the repeats",
+           words="always a whole number of milliseconds"),
+    Mutant("rounded to an even ms (w3-01)", even_ms, "reports the median of the repeats",
+           words="always a whole number of milliseconds"),
+]
+
+
+def test_the_timer_cases_tell_every_neighbour_apart():
+    from course_utils.checks.lesson01 import _NEIGHBOURS, _STATISTIC_CASES, _close
+    rows = [[f(timed) for timed, _ in _STATISTIC_CASES] for _, f, _ in _NEIGHBOURS]
+    medians = [statistics.median(timed) for timed, _ in _STATISTIC_CASES]
+    for (what, _, _), row in zip(_NEIGHBOURS, rows):
+        assert any(not _close(v, m) for v, m in zip(row, medians)), what
+        assert any(not _close(round(v), v) or not float(v).is_integer() for v in row)
+    for i in range(len(rows)):
+        for j in range(i + 1, len(rows)):
+            assert any(not _close(a, b) for a, b in zip(rows[i], rows[j])), (_NEIGHBOURS[i][0], _NEIGHBOURS[j][0])
+
+
+def test_the_timer_check_ignores_the_machines_load():
+    """w3-01: under load, real sleeps overshot and failed right answers; the check's clock makes
+    each scripted call take exactly its time: a busy process beside it changes nothing."""
+    import multiprocessing
+    stop = multiprocessing.Event()
+    busy = multiprocessing.Process(target=_spin, args=(stop,), daemon=True)
+    busy.start()
+    try:
+        for k in range(30):
+            result = run_check("1.1", float32_median if k % 10 == 9 else time_it)
+            assert result.status == "pass", result.message
+        result = run_check("1.1", every_other_call)
+        assert "every other timed call" in result.message, result.message
+    finally:
+        stop.set()
+        busy.join(5)
+
+
+def _spin(stop):
+    while not stop.is_set():
+        pass
+
+
+def test_the_timer_check_restores_the_clocks():
+    before = (time.perf_counter, time.time, time.monotonic, time.process_time, time.perf_counter_ns)
+    run_check("1.1", time_it)
+    run_check("1.1", trimmed_mean)          # one that raises
+    assert (time.perf_counter, time.time, time.monotonic, time.process_time, time.perf_counter_ns) == before
+    assert perf_counter is before[0]
+
+
 def test_timer_passes():
     passes("1.1", time_it, range(1))
 
 
-@pytest.mark.parametrize("answer", [synchronises_once_after_the_warmup, percentile_50, wall_clock_time_time],
+@pytest.mark.parametrize("answer", [synchronises_once_after_the_warmup, percentile_50, wall_clock_time_time,
+                                    float32_median, perf_counter_bound_at_import, perf_counter_ns_timer],
                          ids=lambda f: f.__name__)
 def test_other_right_timers_pass(answer):
     passes("1.1", answer, range(1))
@@ -444,6 +563,15 @@ def float32_numpy(log, skip_first=1):
     return float(wait / (f(steps[-1]["step_end"]) - f(steps[0]["fetch_start"])))
 
 
+_CACHE = {}
+
+
+def cached_first_answer(log, skip_first=1):         # w3-01: the first call's result returned on every later call
+    if "r" not in _CACHE:
+        _CACHE["r"] = stall(log, skip_first)
+    return _CACHE["r"]
+
+
 MUTANTS_12 = [
     Mutant("warm-up not skipped", no_skip, "matches the definition", words="warm-up"),
     Mutant("skips one more", skips_one_more, "matches the definition", words="one more than skip_first"),
@@ -464,6 +592,8 @@ MUTANTS_12 = [
     Mutant("raises only when skip_first == len(log)", equal_lengths_only, "raises ValueError when no step is left",
            words="skip_first=5"),
     Mutant("the wall time of every entry", wall_over_every_entry, "matches the definition"),
+    Mutant("the first answer cached (w3-01)", cached_first_answer, "keeps nothing from an earlier call",
+           words="the value yours returned for"),
 ]
 
 
@@ -654,6 +784,35 @@ MUTANTS_13_W2 = [
            "diagnoses each situation", words="os.cpu_count()"),
     Mutant("the rules swapped", rules_swapped, "diagnoses each situation", words="apply the rules in order"),
 ]
+
+
+def test_a_threshold_cut_to_whole_cores_is_named_on_every_seed(monkeypatch):
+    """w3-01: int(0.8 * cores) was told to read the course's own cores (which it did); whichever
+    group fails first on a seed, the hint names the cut threshold."""
+    answer = rule(cpu=lambda tl: np.mean(tl.ours_cores) >= int(0.8 * tl.cores))
+    for seed in range(10):
+        monkeypatch.setenv("COURSE_CHECK_SEED", str(seed))
+        result = run_check("1.3", answer)
+        assert result.status == "fail" and "cut to whole cores (int(0.8 x timeline.cores)" in result.message, result.message
+
+
+def diagnose_rebuilt_from_every_process(tl):       # right (w3-01): every process's CPU less the others'
+    if np.mean(tl.gpu_util) >= 85:
+        return "compute-bound"
+    ours = np.mean(tl.cpu_percent.sum(axis=1)) / 100 - np.mean(tl.others_cores)
+    return "input-bound" if ours >= 0.8 * tl.cores else "sync-bound"
+
+
+def diagnose_rebuilt_per_sample(tl):
+    if np.mean(tl.gpu_util) >= 85:
+        return "compute-bound"
+    ours = np.mean(tl.cpu_percent.sum(axis=1) / 100 - tl.others_cores)
+    return "input-bound" if ours / tl.cores >= 0.8 else "sync-bound"
+
+
+def test_the_course_rebuilt_from_every_process_passes_on_every_seed():
+    passes("1.3", diagnose_rebuilt_from_every_process, range(30))
+    passes("1.3", diagnose_rebuilt_per_sample, range(30))
 
 
 def test_diagnosis_passes():

@@ -229,6 +229,20 @@ def classify_as_shares(run):                         # the same rules written an
     return "cpu-bound" if np.mean(run.loader_cores / min(run.loader_processes, run.usable_cores)) >= 0.8 else "io-bound"
 
 
+def could_use_the_machines_cores(run):               # w3-01: passed on every seed (no container in the draw)
+    if run.stall_fraction < 0.10:
+        return "device-bound"
+    possible = min(run.loader_processes, run.cpu_busy.shape[1])
+    return "cpu-bound" if np.mean(run.loader_cores) >= 0.8 * possible else "io-bound"
+
+
+def only_the_workers(run):                           # w3-01: passed on 11 of 13 seeds
+    if run.stall_fraction < 0.10:
+        return "device-bound"
+    possible = min(run.loader_processes - 1, run.usable_cores) or 1
+    return "cpu-bound" if np.mean(run.loader_cores) >= 0.8 * possible else "io-bound"
+
+
 # -- wrong form, side effects, reading the answer from the object --------------------------------
 
 def other_spelling(run):
@@ -284,6 +298,10 @@ NAMED = {
     every_other_sample_from_the_second: ("judges the whole run", "run.loader_cores[1::2] (every other sample)"),
     could_use_one: ("", "as if the loaders could use one core"),
     could_use_this_machines_cores: ("", "os.cpu_count()"),
+    could_use_the_machines_cores: ("reads the cores the run's machine let the loaders use (run.usable_cores)",
+                                   "every core of the run's machine (run.cpu_busy.shape[1])"),
+    only_the_workers: ("I/O-bound when the loading processes wait instead of computing",
+                       "as if only the workers loaded"),
 }
 
 
