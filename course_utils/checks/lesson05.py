@@ -6,6 +6,7 @@ import io
 import math
 import operator
 import re
+import sys
 
 import numpy as np
 import torch
@@ -108,15 +109,29 @@ def _uses_its_scaler(watched: _ScalerCalls, returned, label, *, scaled: bool) ->
                           "which adjusts the scale from what step() found")
     reads = watched.reads
     if reads.count:
-        where = ", ".join(f"{name} at line {w.rpartition(':')[2]}" for name, w in zip(reads.calls, reads.where))
+        where = ", ".join(f"{name} at {w.rpartition('/')[2]}" for name, w in zip(reads.calls, reads.where))
         got_scale = "get_scale" in calls
+        if got_scale and "unscale_" not in calls[:calls.index("get_scale")]:     # (step() calls unscale_ itself)
+            first = ("get_scale() reads the scale from the device every step: clip after "
+                     "scaler.unscale_(optimizer) instead of scaling max_norm by it. ")
+        elif got_scale:
+            first = ("get_scale() reads the scale from the device every step: to log the scale, read it when you "
+                     "log (once per interval, outside the step), not in every step. ")
+        elif any("synchronize" in c for c in reads.calls):
+            first = ("torch.cuda.synchronize() makes the host wait until the device has run all it was given, "
+                     "every step, guarded by `if torch.cuda.is_available()` or not: the host can no longer queue "
+                     "the next step while this one runs; leave it out (time with events, lesson 04, if you "
+                     "must). ")
+        elif any(c in ("cpu", "to") for c in reads.calls):
+            first = ("loss.detach().cpu() (or .to('cpu')) copies the loss to the host, which waits for the device "
+                     "to finish the step: return loss.detach() and leave it where it is. ")
+        else:
+            first = ""
         raise CheckFailed("reads nothing on the host besides the scaler's own check",
-                          f"{label}: one call read {reads.count} value(s) from the device besides the scaler's check "
-                          f"for inf ({where})",
-                          ("get_scale() reads the scale from the device every step: clip after "
-                           "scaler.unscale_(optimizer) instead of scaling max_norm by it. " if got_scale else "")
-                          + "On a GPU each read makes the host wait for the device: return the loss as a tensor and "
-                          "let the caller read it when it logs")
+                          f"{label}: one call read {reads.count} value(s) from the device or waited for it, besides "
+                          f"the scaler's check for inf ({where})",
+                          first + "On a GPU each read makes the host wait for the device: return the loss as a tensor "
+                          "and let the caller read it when it logs")
 
 
 _UNUSED_SCALER = "the scaler passed to amp_step in this call was not used (its scale() was never called)"
@@ -158,7 +173,9 @@ class _ScalerCalls:
 
     def __init__(self, scaler):
         self.scaler, self.calls = scaler, []
-        self.reads = SyncCounter(host_reads=True, cuda_debug=False)
+        # a copy to the host (.cpu()) counts as the wait it is on a GPU, and so does torch.cuda.synchronize,
+        # also behind `if torch.cuda.is_available():` (walk w3-05)
+        self.reads = _SyncAndCopyCounter(host_reads=True, cuda_debug=False)
         for name in ("scale", "unscale_", "step", "update", "get_scale"):
             setattr(scaler, name, self._watched(name, getattr(scaler, name)))
 
@@ -168,6 +185,11 @@ class _ScalerCalls:
             if name == "step":
                 with self.reads.paused():
                     return method(*args, **kwargs)
+            if name == "get_scale" and not self.reads._paused:
+                with self.reads.paused():
+                    value = method(*args, **kwargs)
+                self.reads._record("scaler.get_scale()")     # one read, at the learner's line
+                return value
             return method(*args, **kwargs)
         return watched
 
@@ -176,7 +198,7 @@ class _ScalerCalls:
         self.calls.clear()
         self.reads.calls.clear()
         self.reads.where.clear()
-        with self.reads:
+        with _pretend_a_gpu(), self.reads:
             yield
 
 
@@ -187,16 +209,18 @@ def _call_amp(amp_step, label, *args, **kwargs):
     except (RuntimeError, AssertionError) as exc:
         text = str(exc)
         if "since the last update()" in text or "called after step()" in text:
-            raise CheckFailed("calls scaler.update() after each step", f"{label}: the scaler said: {text}",
+            raise CheckFailed("calls scaler.update() after each step",
+                              f"{label}: on the next call the scaler raised, as its step() had not been followed by "
+                              "an update()",
                               "end every step with scaler.update(): it resets the scaler for the next step "
                               "and adjusts the scale") from None
         if "prior to update" in text:
-            raise CheckFailed("calls scaler.update() after scaler.step()", f"{label}: the scaler said: {text}",
+            raise CheckFailed("calls scaler.update() after scaler.step()", f"{label}: the scaler said: {text.strip().rstrip('.')}",
                               "scaler.step(optimizer) first (it skips the step after an overflow), then "
                               "scaler.update(), which reads what step() found to adjust the scale") from None
         if "No inf checks were recorded" in text:
             raise CheckFailed("clears the gradients at the start of each step",
-                              f"{label}: scaler.step found no gradients to step with (the scaler said: {text})",
+                              f"{label}: scaler.step found no gradients to step with (the scaler said: {text.strip().rstrip('.')})",
                               "optimizer.zero_grad(set_to_none=True) first, before the forward pass: clearing "
                               "them after backward throws the step's gradients away") from None
         raise
@@ -394,6 +418,14 @@ def _autocast_follows_the_images(amp_step, rng, seed):
     with VirtualCuda() as vc:
         images = vc.to_device(x)
         _call_amp(amp_step, label, model, opt, scaler, images, y, dtype=torch.float16, max_norm=1e9)
+        waits = [s for s in vc.reads()]
+    if waits:
+        raise CheckFailed("reads nothing on the host besides the scaler's own check",
+                          f"{label}: one call made the host wait for the device {len(waits)} time(s): "
+                          + "; ".join(f"{s.what} at {s.where.rpartition('/')[2]}" for s in waits),
+                          "torch.cuda.synchronize() (on any device), .cpu() or .item() in the step stops the host "
+                          "until the device has run the step: it can no longer queue the next one meanwhile. "
+                          "Return loss.detach() and let the caller read it when it logs")
     if not model.seen or model.seen[0] != (True, torch.float16):
         state = "off" if not model.seen or not model.seen[0][0] else f"on, to {model.seen[0][1]}"
         raise CheckFailed("autocasts on the images' device type",
@@ -806,7 +838,9 @@ class _MovesCountMode(_CountingMode):
         counter = self.counter
         if (counter.host_reads and isinstance(first, torch.Tensor) and first.device.type == "cpu"
                 and (name == "cpu" or (name == "to" and _to_host(args, kwargs)))
-                and not counter._is_on_host(first) and not counter._paused):
+                and not counter._is_on_host(first) and not counter._paused
+                and "/torch/" not in sys._getframe(1).f_code.co_filename.replace("\\", "/")):
+            # (torch's own moves of host tensors, a GradScaler's scale put beside a CPU loss, are not the learner's)
             counter._record(name)
             result = func(*args, **kwargs)
             if isinstance(result, torch.Tensor):

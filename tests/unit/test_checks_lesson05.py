@@ -302,6 +302,47 @@ def amp_returns_the_graph(model, optimizer, scaler, images, labels, dtype=torch.
     return loss
 
 
+def _amp_then(after):
+    """amp_step, then `after(loss, images, scaler)` at the end of every call; its return is returned (walk w3-05)."""
+    def step(model, optimizer, scaler, images, labels, dtype=torch.float16, max_norm=1.0):
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device_type=images.device.type, dtype=dtype):
+            loss = F.cross_entropy(model(images), labels)
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        scaler.step(optimizer)
+        scaler.update()
+        return after(loss, images, scaler)
+    return step
+
+
+def _guarded_sync(loss, images, scaler):
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return loss.detach()
+
+
+def _sync_on_the_images_device(loss, images, scaler):
+    if images.device.type == "cuda":
+        torch.cuda.synchronize(images.device)
+    return loss.detach()
+
+
+_SCALES = []
+
+
+def _logs_the_scale(loss, images, scaler):
+    _SCALES.append(scaler.get_scale())
+    return loss.detach()
+
+
+amp_guarded_sync = _amp_then(_guarded_sync)
+amp_sync_on_the_images_device = _amp_then(_sync_on_the_images_device)
+amp_returns_on_the_host = _amp_then(lambda loss, images, scaler: loss.detach().cpu())
+amp_logs_the_scale = _amp_then(_logs_the_scale)
+
+
 _KEPT = {}
 
 
@@ -312,7 +353,7 @@ def amp_keeps_the_first_scaler(model, optimizer, scaler, images, labels, dtype=t
 
 MUTANTS_51 = [
     Mutant("clips scaled gradients at max_norm x get_scale()", amp_clips_scaled_by_the_scale,
-           "reads nothing on the host besides the scaler's own check", words="get_scale"),
+           "reads nothing on the host besides the scaler's own check", words="clip after scaler.unscale_"),
     Mutant("a divergence guard every step", amp_item_every_step,
            "reads nothing on the host besides the scaler's own check"),
     Mutant("zero_grad at the end", amp_zero_grad_at_the_end, "leaves this step's gradients in .grad",
@@ -338,13 +379,23 @@ MUTANTS_51 = [
     Mutant("clip_grad_value_", amp_clips_values, "clips the unscaled gradients to max_norm"),
     Mutant("max_norm ignored", amp_max_norm_one, "clips the unscaled gradients to max_norm"),
     Mutant("optimizer.step, not scaler.step", amp_plain_optimizer_step, "skips the optimizer step when a gradient is inf"),
-    Mutant("no scaler.update", amp_no_update, "calls scaler.update() after each step"),
+    Mutant("no scaler.update", amp_no_update, "calls scaler.update() after each step",
+           words="had not been followed by an update()"),
     Mutant("no zero_grad", amp_no_zero_grad, "clears the gradients at the start of each step"),
     Mutant("zero_grad after backward", amp_zero_grad_after_backward, "clears the gradients at the start of each step"),
     Mutant("returns the scaled loss", amp_returns_the_scaled_loss, "returns the step's loss"),
     Mutant("autocast written for the CPU", amp_autocast_on_the_cpu, "autocasts on the images' device type"),
     Mutant("autocast written for CUDA", amp_cuda_autocast_always, "runs the forward pass under autocast"),
     Mutant("wraps course_utils.train.train", amp_wraps_train, "is your own code"),
+    # walk w3-05: host waits the check did not count
+    Mutant("torch.cuda.synchronize() every step, behind is_available()", amp_guarded_sync,
+           "reads nothing on the host besides the scaler's own check", words="torch.cuda.synchronize at "),
+    Mutant("torch.cuda.synchronize(images.device) every step", amp_sync_on_the_images_device,
+           "reads nothing on the host besides the scaler's own check", words="images on a (virtual) GPU"),
+    Mutant("returns loss.detach().cpu()", amp_returns_on_the_host,
+           "reads nothing on the host besides the scaler's own check", words="copies the loss to the host"),
+    Mutant("logs scaler.get_scale() every step", amp_logs_the_scale,
+           "reads nothing on the host besides the scaler's own check", words="to log the scale, read it when you log"),
 ]
 
 
