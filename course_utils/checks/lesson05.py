@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import io
 import math
 import operator
@@ -905,10 +906,15 @@ def _loop_case(train_fixed, rng, seed, device):
     syncs = _SyncAndCopyCounter(host_reads=device.type == "cpu")
     recorded = []
 
+    from torch.multiprocessing.reductions import StorageWeakRef
+    kept_losses, most_kept = [], [0]     # earlier steps' losses (their memory) still alive at each step (w3-05)
+
     def loss_fn(logits, labels):
         loss = F.cross_entropy(logits, labels)
         with syncs.paused():
             recorded.append(loss.detach().clone())
+            most_kept[0] = max(most_kept[0], sum(not r.expired() for r in kept_losses))
+            kept_losses.append(StorageWeakRef(loss.untyped_storage()))
         return watch.mark(loss)
 
     printed = io.StringIO()
@@ -925,9 +931,20 @@ def _loop_case(train_fixed, rng, seed, device):
     if any(isinstance(v, torch.Tensor) for v in result):
         raise CheckFailed("returns Python floats", f"{label}: yours returned tensors",
                           "read each interval's mean once, with .item()")
+    kept = _mutable_defaults(train_fixed)
+    if len(result) > n_logs and kept:
+        raise CheckFailed("keeps nothing between calls", f"{label}: yours returned {len(result)} values, expected "
+                          f"the means of {n_logs} intervals", _kept_hint(kept))
     if len(result) != n_logs:
+        first_alone = (len(result) > n_logs and len(recorded) > 0 and isinstance(result[0], (int, float))
+                       and math.isclose(float(result[0]), float(recorded[0]), rel_tol=1e-4, abs_tol=1e-6))
         raise CheckFailed("logs once per complete interval", f"{label}: yours returned {len(result)} values, "
-                          f"expected {n_logs} (one per {log_every} steps; a partial interval at the end is not logged)")
+                          f"expected {n_logs}: one after step {log_every}, {2 * log_every}, ... of {steps} "
+                          f"(the {steps % log_every} steps left at the end make no interval)"
+                          + ("; your first value is the first step's loss alone" if first_alone else ""),
+                          "count the steps from 1 (enumerate(batches, start=1)): with steps counted from 0, "
+                          "step 0 % log_every == 0 logs after the very first step" if first_alone else
+                          "log when step % log_every == 0, steps counted from 1, and only then")
     if len(recorded) != steps or n_steps[0] != steps:
         raise CheckFailed("trains on every batch", f"{label}: loss_fn called {len(recorded)} times and "
                           f"optimizer.step {n_steps[0]} times, expected {steps} each",
@@ -950,6 +967,14 @@ def _loop_case(train_fixed, rng, seed, device):
                           "backward() frees the activations it used, unless retain_graph=True asks it to keep "
                           "them: then they live as long as `loss` does, through the next forward pass, at the "
                           "memory peak. Drop retain_graph (one backward per graph needs none)")
+    if most_kept[0] > log_every:
+        raise CheckFailed("keeps each loss only until its interval is logged",
+                          f"{label}: at one step {most_kept[0]} earlier steps' losses were still alive; a window "
+                          f"of log_every={log_every} holds at most {log_every}",
+                          "clear the window once its mean is read (window.clear(), or window = []): a window that "
+                          "keeps every step's loss, even detached, holds one device tensor per step for the whole "
+                          "run (a block of the GPU's memory each), and window[-log_every:] reads the right ones "
+                          "but frees none")
     allowed = n_logs
     if syncs.count > allowed:
         names = ", ".join(f"{k} x{v}" for k, v in syncs.by_name().items()) or f"{syncs.cuda_warnings} flagged by CUDA"
@@ -962,11 +987,34 @@ def _loop_case(train_fixed, rng, seed, device):
     yours = [float(v) for v in result]
     if not np.allclose(yours, expected, rtol=1e-4, atol=1e-6):
         i = next(i for i, (a, b) in enumerate(zip(yours, expected)) if not math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-6))
-        raise CheckFailed("logs the mean loss of each interval", f"{label}: interval {i}: yours {yours[i]:.5f}, "
-                          f"expected {expected[i]:.5f}", f"the mean of the {log_every} losses of that interval"
-                          + (", and only those: a window kept between calls (a default argument such as "
-                             "window=[], a global) starts a call with the losses the last one left over" if i == 0
-                             else ""))
+        lo, hi = i * log_every, (i + 1) * log_every
+        seen = []
+        if any(math.isclose(yours[i], m, rel_tol=1e-4, abs_tol=1e-6) for m in
+               (float(np.median(losses[lo:hi])), float(np.sort(losses[lo:hi])[(log_every - 1) // 2]))):
+            seen.append("yours is their median")
+        elif math.isclose(yours[i], float(losses[hi - 1]), rel_tol=1e-4, abs_tol=1e-6):
+            seen.append("yours is the last loss of the interval alone")
+        elif math.isclose(yours[i], float(losses[:hi].mean()), rel_tol=1e-4, abs_tol=1e-6):
+            seen.append("yours is the mean of every loss so far")
+        else:
+            for shift in (-1, 1):
+                if 0 <= lo + shift and hi + shift <= len(losses) and math.isclose(
+                        yours[i], float(losses[lo + shift:hi + shift].mean()), rel_tol=1e-4, abs_tol=1e-6):
+                    seen.append(f"yours is the mean of steps {lo + shift + 1} to {hi + shift}, one step "
+                                f"{'early' if shift < 0 else 'late'}")
+        state = ""
+        if kept:
+            state = (f". Your default argument {kept[0]}=[] is made once, when `def` runs: it is a window kept "
+                     "between calls, which starts a call with the losses the last one left over")
+        elif i == 0 and not seen:
+            state = (". If your loop keeps anything between calls (a global window), that is a window kept between "
+                     "calls: it starts a call with the losses the last one left over")
+        raise CheckFailed("logs the mean loss of each interval", f"{label}: interval {i + 1} (steps {lo + 1} to "
+                          f"{hi}): yours {yours[i]:.5f}, expected their mean {expected[i]:.5f}"
+                          + (f" ({seen[0]})" if seen else ""),
+                          f"the mean of the {log_every} losses of steps {lo + 1} to {hi} (steps counted from 1), "
+                          "and only those: collect each step's loss.detach() in a window, and at step % log_every "
+                          "== 0 read torch.stack(window).mean().item() and clear the window" + state)
     stale = model.grads_at_forward[1:]
     if any(stale):
         raise CheckFailed("frees the gradients between steps",
@@ -1008,6 +1056,20 @@ def _unprinted(text: str, means: list[float]):
     return None
 
 
+def _mutable_defaults(fn) -> list[str]:
+    """The parameters of `fn` whose default is a list, dict or set: one object shared by every call."""
+    try:
+        return [name for name, p in inspect.signature(fn).parameters.items()
+                if isinstance(p.default, (list, dict, set))]
+    except (TypeError, ValueError):
+        return []
+
+
+def _kept_hint(kept: list[str]) -> str:
+    return (f"the default argument {kept[0]}=[] is made once, when `def` runs, and every call adds to that same "
+            f"object: make it inside the function ({kept[0]} = [] in the body)")
+
+
 def _default_interval(train_fixed, rng, seed):
     """train_fixed(model, optimizer, batches, loss_fn): log_every defaults to 10."""
     steps = 20 + int(rng.integers(1, 10))
@@ -1027,6 +1089,11 @@ def _default_interval(train_fixed, rng, seed):
         result = train_fixed(model, opt, batches, loss_fn)
     expected = [float(np.mean(recorded[i * 10:(i + 1) * 10])) for i in range(steps // 10)]
     label = f"train_fixed(model, optimizer, batches, loss_fn) over {steps} steps, log_every left at its default"
+    kept = _mutable_defaults(train_fixed)
+    if kept and isinstance(result, (list, tuple)) and len(result) != len(expected):
+        raise CheckFailed("keeps nothing between calls", f"{label}, after an earlier call: yours returned "
+                          f"{len(result)} values, expected the means of {len(expected)} intervals of 10 steps "
+                          f"(seed {seed})", _kept_hint(kept))
     if not isinstance(result, (list, tuple)) or len(result) != len(expected):
         got = f"{len(result)} values" if isinstance(result, (list, tuple)) else type(result).__name__
         raise CheckFailed("defaults to log_every=10", f"{label}: yours returned {got}, expected the means of "

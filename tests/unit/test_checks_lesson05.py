@@ -1276,6 +1276,39 @@ def synchronize_when_a_gpu_is_there(model, optimizer, batches, loss_fn, log_ever
     return means
 
 
+def _loop(*, start=1, read=lambda window, log_every: torch.stack(window).mean().item(), clear=True, means=None):
+    """fixed_loop with one thing changed (walk w3-05): where steps count from, how the interval is read,
+    whether the window is cleared, the list of means (a default argument's)."""
+    def loop(model, optimizer, batches, loss_fn, log_every=10):
+        out = [] if means is None else means
+        window = []
+        for step, (images, labels) in enumerate(batches, start):
+            optimizer.zero_grad(set_to_none=True)
+            loss = loss_fn(model(images), labels)
+            loss.backward()
+            optimizer.step()
+            window.append(loss.detach())
+            if step % log_every == 0:
+                mean = read(window, log_every)
+                print(f"step {step}: mean loss {mean:.4f}")
+                out.append(mean)
+                if clear:
+                    window.clear()
+        return out
+    return loop
+
+
+def means_as_a_default_argument(model, optimizer, batches, loss_fn, log_every=10, means=[]):   # noqa: B006
+    """The list of means as a mutable default: every call appends to the one list (walk w3-05)."""
+    return _loop(means=means)(model, optimizer, batches, loss_fn, log_every)
+
+
+loop_counts_from_zero = _loop(start=0)
+loop_median = _loop(read=lambda window, log_every: torch.stack(window).median().item())
+loop_window_never_cleared = _loop(read=lambda window, log_every: torch.stack(window[-log_every:]).mean().item(),
+                                  clear=False)
+
+
 MUTANTS_54 = [
     Mutant("the window as a default argument", window_as_a_default_argument, "logs the mean loss of each interval",
            words="kept between calls"),
@@ -1304,7 +1337,22 @@ MUTANTS_54 = [
     Mutant("returns tensors", returns_tensors, "returns Python floats"),
     Mutant("skips steps", skips_steps, "trains on every batch"),
     Mutant("wraps course_utils.train.train", wraps_train, "is your own code"),
+    # walk w3-05: messages that pointed away, and a window never cleared
+    Mutant("steps counted from 0", loop_counts_from_zero, "logs once per complete interval",
+           words="first value is the first step's loss alone"),
+    Mutant("the median of the interval", loop_median, "logs the mean loss of each interval", words="their median"),
+    Mutant("the list of means as a default argument", means_as_a_default_argument, "keeps nothing between calls",
+           words="means=[] is made once"),
+    Mutant("a window never cleared (window[-log_every:])", loop_window_never_cleared,
+           "keeps each loss only until its interval is logged", words="window.clear()"),
 ]
+
+
+def test_fixed_loop_messages_name_no_state_where_none_is_kept():
+    """The last loss, the median: the message names what the value is, not a window kept between calls (w3-05)."""
+    for answer in (last_loss_not_mean, loop_median):
+        result = run_check("5.4", answer)
+        assert result.status == "fail" and "kept between calls" not in result.message, result.message
 
 
 def test_fixed_loop_passes():
@@ -1332,6 +1380,14 @@ def test_fixed_loop_passes_with_the_walks_valid_variants():
                 window.clear()
         return means
     passes("5.4", variant, range(1))
+
+
+def test_fixed_loop_passes_with_the_third_walks_valid_variants():
+    """The interval read with .tolist() and a Python mean (one read), a guard on the mean (walk w3-05)."""
+    def tolist_mean(window, log_every):
+        values = torch.stack(window).tolist()
+        return sum(values) / len(values)
+    passes("5.4", _loop(read=tolist_mean), range(1))
 
 
 # Check 5.4's draws (steps, interval, data) change the numbers, not what a mutant does wrong,
