@@ -155,7 +155,8 @@ RULES = [
          "torch.cuda.CUDAGraph, torch.cuda.graph, torch.cuda.graphs.*, torch.cuda.Stream/Event (and "
          "torch.cuda.streams.*), torch.Stream/torch.Event for CUDA, torch.accelerator.current_stream/set_stream/"
          "synchronize (torch 2.6+), torch.accelerator.Graph (torch 2.14+)",
-         "all of them but torch.accelerator.Graph (the GPU box runs torch 2.11, which has none), which raises "
+         "all of them but torch.accelerator.Graph (torch 2.14 has it, this course pins 2.14.1; it is not emulated "
+         "because the course's measured H100 run used that box's own torch 2.11, which has none), which raises "
          "'only torch.cuda's graph API is emulated here'"),
 ]
 

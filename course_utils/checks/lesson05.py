@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import io
 import math
 import operator
 import re
+import sys
 
 import numpy as np
 import torch
@@ -108,15 +110,29 @@ def _uses_its_scaler(watched: _ScalerCalls, returned, label, *, scaled: bool) ->
                           "which adjusts the scale from what step() found")
     reads = watched.reads
     if reads.count:
-        where = ", ".join(f"{name} at line {w.rpartition(':')[2]}" for name, w in zip(reads.calls, reads.where))
+        where = ", ".join(f"{name} at {w.rpartition('/')[2]}" for name, w in zip(reads.calls, reads.where))
         got_scale = "get_scale" in calls
+        if got_scale and "unscale_" not in calls[:calls.index("get_scale")]:     # (step() calls unscale_ itself)
+            first = ("get_scale() reads the scale from the device every step: clip after "
+                     "scaler.unscale_(optimizer) instead of scaling max_norm by it. ")
+        elif got_scale:
+            first = ("get_scale() reads the scale from the device every step: to log the scale, read it when you "
+                     "log (once per interval, outside the step), not in every step. ")
+        elif any("synchronize" in c for c in reads.calls):
+            first = ("torch.cuda.synchronize() makes the host wait until the device has run all it was given, "
+                     "every step, guarded by `if torch.cuda.is_available()` or not: the host can no longer queue "
+                     "the next step while this one runs; leave it out (time with events, lesson 04, if you "
+                     "must). ")
+        elif any(c in ("cpu", "to") for c in reads.calls):
+            first = ("loss.detach().cpu() (or .to('cpu')) copies the loss to the host, which waits for the device "
+                     "to finish the step: return loss.detach() and leave it where it is. ")
+        else:
+            first = ""
         raise CheckFailed("reads nothing on the host besides the scaler's own check",
-                          f"{label}: one call read {reads.count} value(s) from the device besides the scaler's check "
-                          f"for inf ({where})",
-                          ("get_scale() reads the scale from the device every step: clip after "
-                           "scaler.unscale_(optimizer) instead of scaling max_norm by it. " if got_scale else "")
-                          + "On a GPU each read makes the host wait for the device: return the loss as a tensor and "
-                          "let the caller read it when it logs")
+                          f"{label}: one call read {reads.count} value(s) from the device or waited for it, besides "
+                          f"the scaler's check for inf ({where})",
+                          first + "On a GPU each read makes the host wait for the device: return the loss as a tensor "
+                          "and let the caller read it when it logs")
 
 
 _UNUSED_SCALER = "the scaler passed to amp_step in this call was not used (its scale() was never called)"
@@ -158,7 +174,9 @@ class _ScalerCalls:
 
     def __init__(self, scaler):
         self.scaler, self.calls = scaler, []
-        self.reads = SyncCounter(host_reads=True, cuda_debug=False)
+        # a copy to the host (.cpu()) counts as the wait it is on a GPU, and so does torch.cuda.synchronize,
+        # also behind `if torch.cuda.is_available():` (walk w3-05)
+        self.reads = _SyncAndCopyCounter(host_reads=True, cuda_debug=False)
         for name in ("scale", "unscale_", "step", "update", "get_scale"):
             setattr(scaler, name, self._watched(name, getattr(scaler, name)))
 
@@ -168,6 +186,11 @@ class _ScalerCalls:
             if name == "step":
                 with self.reads.paused():
                     return method(*args, **kwargs)
+            if name == "get_scale" and not self.reads._paused:
+                with self.reads.paused():
+                    value = method(*args, **kwargs)
+                self.reads._record("scaler.get_scale()")     # one read, at the learner's line
+                return value
             return method(*args, **kwargs)
         return watched
 
@@ -176,7 +199,7 @@ class _ScalerCalls:
         self.calls.clear()
         self.reads.calls.clear()
         self.reads.where.clear()
-        with self.reads:
+        with _pretend_a_gpu(), self.reads:
             yield
 
 
@@ -187,16 +210,18 @@ def _call_amp(amp_step, label, *args, **kwargs):
     except (RuntimeError, AssertionError) as exc:
         text = str(exc)
         if "since the last update()" in text or "called after step()" in text:
-            raise CheckFailed("calls scaler.update() after each step", f"{label}: the scaler said: {text}",
+            raise CheckFailed("calls scaler.update() after each step",
+                              f"{label}: on the next call the scaler raised, as its step() had not been followed by "
+                              "an update()",
                               "end every step with scaler.update(): it resets the scaler for the next step "
                               "and adjusts the scale") from None
         if "prior to update" in text:
-            raise CheckFailed("calls scaler.update() after scaler.step()", f"{label}: the scaler said: {text}",
+            raise CheckFailed("calls scaler.update() after scaler.step()", f"{label}: the scaler said: {text.strip().rstrip('.')}",
                               "scaler.step(optimizer) first (it skips the step after an overflow), then "
                               "scaler.update(), which reads what step() found to adjust the scale") from None
         if "No inf checks were recorded" in text:
             raise CheckFailed("clears the gradients at the start of each step",
-                              f"{label}: scaler.step found no gradients to step with (the scaler said: {text})",
+                              f"{label}: scaler.step found no gradients to step with (the scaler said: {text.strip().rstrip('.')})",
                               "optimizer.zero_grad(set_to_none=True) first, before the forward pass: clearing "
                               "them after backward throws the step's gradients away") from None
         raise
@@ -394,6 +419,14 @@ def _autocast_follows_the_images(amp_step, rng, seed):
     with VirtualCuda() as vc:
         images = vc.to_device(x)
         _call_amp(amp_step, label, model, opt, scaler, images, y, dtype=torch.float16, max_norm=1e9)
+        waits = [s for s in vc.reads()]
+    if waits:
+        raise CheckFailed("reads nothing on the host besides the scaler's own check",
+                          f"{label}: one call made the host wait for the device {len(waits)} time(s): "
+                          + "; ".join(f"{s.what} at {s.where.rpartition('/')[2]}" for s in waits),
+                          "torch.cuda.synchronize() (on any device), .cpu() or .item() in the step stops the host "
+                          "until the device has run the step: it can no longer queue the next one meanwhile. "
+                          "Return loss.detach() and let the caller read it when it logs")
     if not model.seen or model.seen[0] != (True, torch.float16):
         state = "off" if not model.seen or not model.seen[0][0] else f"on, to {model.seen[0][1]}"
         raise CheckFailed("autocasts on the images' device type",
@@ -806,7 +839,9 @@ class _MovesCountMode(_CountingMode):
         counter = self.counter
         if (counter.host_reads and isinstance(first, torch.Tensor) and first.device.type == "cpu"
                 and (name == "cpu" or (name == "to" and _to_host(args, kwargs)))
-                and not counter._is_on_host(first) and not counter._paused):
+                and not counter._is_on_host(first) and not counter._paused
+                and "/torch/" not in sys._getframe(1).f_code.co_filename.replace("\\", "/")):
+            # (torch's own moves of host tensors, a GradScaler's scale put beside a CPU loss, are not the learner's)
             counter._record(name)
             result = func(*args, **kwargs)
             if isinstance(result, torch.Tensor):
@@ -871,10 +906,15 @@ def _loop_case(train_fixed, rng, seed, device):
     syncs = _SyncAndCopyCounter(host_reads=device.type == "cpu")
     recorded = []
 
+    from torch.multiprocessing.reductions import StorageWeakRef
+    kept_losses, most_kept = [], [0]     # earlier steps' losses (their memory) still alive at each step (w3-05)
+
     def loss_fn(logits, labels):
         loss = F.cross_entropy(logits, labels)
         with syncs.paused():
             recorded.append(loss.detach().clone())
+            most_kept[0] = max(most_kept[0], sum(not r.expired() for r in kept_losses))
+            kept_losses.append(StorageWeakRef(loss.untyped_storage()))
         return watch.mark(loss)
 
     printed = io.StringIO()
@@ -891,9 +931,20 @@ def _loop_case(train_fixed, rng, seed, device):
     if any(isinstance(v, torch.Tensor) for v in result):
         raise CheckFailed("returns Python floats", f"{label}: yours returned tensors",
                           "read each interval's mean once, with .item()")
+    kept = _mutable_defaults(train_fixed)
+    if len(result) > n_logs and kept:
+        raise CheckFailed("keeps nothing between calls", f"{label}: yours returned {len(result)} values, expected "
+                          f"the means of {n_logs} intervals", _kept_hint(kept))
     if len(result) != n_logs:
+        first_alone = (len(result) > n_logs and len(recorded) > 0 and isinstance(result[0], (int, float))
+                       and math.isclose(float(result[0]), float(recorded[0]), rel_tol=1e-4, abs_tol=1e-6))
         raise CheckFailed("logs once per complete interval", f"{label}: yours returned {len(result)} values, "
-                          f"expected {n_logs} (one per {log_every} steps; a partial interval at the end is not logged)")
+                          f"expected {n_logs}: one after step {log_every}, {2 * log_every}, ... of {steps} "
+                          f"(the {steps % log_every} steps left at the end make no interval)"
+                          + ("; your first value is the first step's loss alone" if first_alone else ""),
+                          "count the steps from 1 (enumerate(batches, start=1)): with steps counted from 0, "
+                          "step 0 % log_every == 0 logs after the very first step" if first_alone else
+                          "log when step % log_every == 0, steps counted from 1, and only then")
     if len(recorded) != steps or n_steps[0] != steps:
         raise CheckFailed("trains on every batch", f"{label}: loss_fn called {len(recorded)} times and "
                           f"optimizer.step {n_steps[0]} times, expected {steps} each",
@@ -916,6 +967,14 @@ def _loop_case(train_fixed, rng, seed, device):
                           "backward() frees the activations it used, unless retain_graph=True asks it to keep "
                           "them: then they live as long as `loss` does, through the next forward pass, at the "
                           "memory peak. Drop retain_graph (one backward per graph needs none)")
+    if most_kept[0] > log_every:
+        raise CheckFailed("keeps each loss only until its interval is logged",
+                          f"{label}: at one step {most_kept[0]} earlier steps' losses were still alive; a window "
+                          f"of log_every={log_every} holds at most {log_every}",
+                          "clear the window once its mean is read (window.clear(), or window = []): a window that "
+                          "keeps every step's loss, even detached, holds one device tensor per step for the whole "
+                          "run (a block of the GPU's memory each), and window[-log_every:] reads the right ones "
+                          "but frees none")
     allowed = n_logs
     if syncs.count > allowed:
         names = ", ".join(f"{k} x{v}" for k, v in syncs.by_name().items()) or f"{syncs.cuda_warnings} flagged by CUDA"
@@ -928,11 +987,34 @@ def _loop_case(train_fixed, rng, seed, device):
     yours = [float(v) for v in result]
     if not np.allclose(yours, expected, rtol=1e-4, atol=1e-6):
         i = next(i for i, (a, b) in enumerate(zip(yours, expected)) if not math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-6))
-        raise CheckFailed("logs the mean loss of each interval", f"{label}: interval {i}: yours {yours[i]:.5f}, "
-                          f"expected {expected[i]:.5f}", f"the mean of the {log_every} losses of that interval"
-                          + (", and only those: a window kept between calls (a default argument such as "
-                             "window=[], a global) starts a call with the losses the last one left over" if i == 0
-                             else ""))
+        lo, hi = i * log_every, (i + 1) * log_every
+        seen = []
+        if any(math.isclose(yours[i], m, rel_tol=1e-4, abs_tol=1e-6) for m in
+               (float(np.median(losses[lo:hi])), float(np.sort(losses[lo:hi])[(log_every - 1) // 2]))):
+            seen.append("yours is their median")
+        elif math.isclose(yours[i], float(losses[hi - 1]), rel_tol=1e-4, abs_tol=1e-6):
+            seen.append("yours is the last loss of the interval alone")
+        elif math.isclose(yours[i], float(losses[:hi].mean()), rel_tol=1e-4, abs_tol=1e-6):
+            seen.append("yours is the mean of every loss so far")
+        else:
+            for shift in (-1, 1):
+                if 0 <= lo + shift and hi + shift <= len(losses) and math.isclose(
+                        yours[i], float(losses[lo + shift:hi + shift].mean()), rel_tol=1e-4, abs_tol=1e-6):
+                    seen.append(f"yours is the mean of steps {lo + shift + 1} to {hi + shift}, one step "
+                                f"{'early' if shift < 0 else 'late'}")
+        state = ""
+        if kept:
+            state = (f". Your default argument {kept[0]}=[] is made once, when `def` runs: it is a window kept "
+                     "between calls, which starts a call with the losses the last one left over")
+        elif i == 0 and not seen:
+            state = (". If your loop keeps anything between calls (a global window), that is a window kept between "
+                     "calls: it starts a call with the losses the last one left over")
+        raise CheckFailed("logs the mean loss of each interval", f"{label}: interval {i + 1} (steps {lo + 1} to "
+                          f"{hi}): yours {yours[i]:.5f}, expected their mean {expected[i]:.5f}"
+                          + (f" ({seen[0]})" if seen else ""),
+                          f"the mean of the {log_every} losses of steps {lo + 1} to {hi} (steps counted from 1), "
+                          "and only those: collect each step's loss.detach() in a window, and at step % log_every "
+                          "== 0 read torch.stack(window).mean().item() and clear the window" + state)
     stale = model.grads_at_forward[1:]
     if any(stale):
         raise CheckFailed("frees the gradients between steps",
@@ -974,6 +1056,20 @@ def _unprinted(text: str, means: list[float]):
     return None
 
 
+def _mutable_defaults(fn) -> list[str]:
+    """The parameters of `fn` whose default is a list, dict or set: one object shared by every call."""
+    try:
+        return [name for name, p in inspect.signature(fn).parameters.items()
+                if isinstance(p.default, (list, dict, set))]
+    except (TypeError, ValueError):
+        return []
+
+
+def _kept_hint(kept: list[str]) -> str:
+    return (f"the default argument {kept[0]}=[] is made once, when `def` runs, and every call adds to that same "
+            f"object: make it inside the function ({kept[0]} = [] in the body)")
+
+
 def _default_interval(train_fixed, rng, seed):
     """train_fixed(model, optimizer, batches, loss_fn): log_every defaults to 10."""
     steps = 20 + int(rng.integers(1, 10))
@@ -993,6 +1089,11 @@ def _default_interval(train_fixed, rng, seed):
         result = train_fixed(model, opt, batches, loss_fn)
     expected = [float(np.mean(recorded[i * 10:(i + 1) * 10])) for i in range(steps // 10)]
     label = f"train_fixed(model, optimizer, batches, loss_fn) over {steps} steps, log_every left at its default"
+    kept = _mutable_defaults(train_fixed)
+    if kept and isinstance(result, (list, tuple)) and len(result) != len(expected):
+        raise CheckFailed("keeps nothing between calls", f"{label}, after an earlier call: yours returned "
+                          f"{len(result)} values, expected the means of {len(expected)} intervals of 10 steps "
+                          f"(seed {seed})", _kept_hint(kept))
     if not isinstance(result, (list, tuple)) or len(result) != len(expected):
         got = f"{len(result)} values" if isinstance(result, (list, tuple)) else type(result).__name__
         raise CheckFailed("defaults to log_every=10", f"{label}: yours returned {got}, expected the means of "

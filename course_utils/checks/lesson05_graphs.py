@@ -237,7 +237,11 @@ def _scenario(make_graphed_step, rng, device, *, optimizer: str, use_default_war
                (f"a batch of {batch} images of {side + 4}x{side + 4} pixels (the graph's are {side}x{side})",
                 draw(batch, side + 4)),
                ("a batch of 1 sample (copy_ broadcasts it into every row of the captured buffers)", single),
-               (f"{batch} images with 1 label (copy_ broadcasts the label to every row)", (full[0], single[1]))]
+               (f"{batch} images with 1 label (copy_ broadcasts the label to every row)", (full[0], single[1])),
+               # as many values as the graph's batch, in another shape: a numel() comparison lets it through (w3-05)
+               (f"a batch of {batch} images laid out channels last, ({batch}, {side}, {side}, 3): as many values as "
+                f"the graph's ({batch}, 3, {side}, {side}), another shape", (full[0].permute(0, 2, 3, 1).contiguous(),
+                                                                             full[1]))]
     optimizer_name = {"sgd": "SGD (Nesterov momentum, weight decay)", "adam": "Adam(capturable=True)",
                       "adam-not-capturable": "Adam (not capturable)"}[optimizer]
     what = (f"a small CNN with batch norm, batch {batch} of {side}x{side} images, {optimizer_name}, "
@@ -423,10 +427,12 @@ def _after_steps(s: _Run, emulate, vc):
                           f"{what}: every step's returned loss reads {values[0]:.5f} once the steps are done",
                           "the captured loss tensor is overwritten by the next replay: return a copy (clone())")
     if not all(math.isclose(a, b, rel_tol=tol, abs_tol=tol) for a, b in zip(values, ref_losses)):
-        diff = ", ".join(f"{a:.5f} vs {b:.5f}" for a, b in list(zip(values, ref_losses))[:3])
+        pairs = list(zip(values, ref_losses))
+        first = next(i for i, (a, b) in enumerate(pairs) if not math.isclose(a, b, rel_tol=tol, abs_tol=tol))
+        diff = ", ".join(f"{a:.5f} vs {b:.5f}" for a, b in pairs[first:first + 3])    # from the first that differs
         prop, hint = _why_different(s, emulate, vc)
-        raise CheckFailed(prop, f"{what}: the losses of the graphed steps differ from ordinary steps' ({diff}, ...)",
-                          hint)
+        raise CheckFailed(prop, f"{what}: the losses of the graphed steps differ from ordinary steps' from step "
+                          f"{first + 1} of {len(pairs)} on (yours vs ordinary: {diff}, ...)", hint)
     if not _same(_state(yours, s.opt), s.ref_state, tol):
         prop, hint = _why_different(s, emulate, vc)
         if prop == "trains exactly as ordinary steps would":
@@ -438,7 +444,9 @@ def _after_steps(s: _Run, emulate, vc):
         raise CheckFailed("leaves the example batch unchanged",
                           f"{what}: after the steps, the example batch the caller passed to make_graphed_step "
                           "holds other values",
-                          "capture on copies of the example (example_images.clone()): a graph that reads the "
+                          "capture on copies of the example (example_images.clone()); example_images.to(device) "
+                          "or .to('cuda') is no copy when the batch is already there, it returns the very tensor. "
+                          "A graph that reads the "
                           "caller's tensors overwrites them with every batch copied in")
     _refuses_other_shapes(s, emulate, vc)
 
@@ -456,8 +464,9 @@ def _refuses_other_shapes(s: _Run, emulate, vc):
             raise CheckFailed("a batch of another shape raises ValueError",
                               f"{what}: {told} raised {type(exc).__name__}: {str(exc)[:120]}",
                               "compare the whole shape of the images and of the labels with the captured ones "
-                              "(not only the batch size), and raise ValueError saying a graph replays the shapes "
-                              "it captured (drop_last=True)") from None
+                              "(images.shape != static_images.shape; not only the batch size, nor the number of "
+                              "values), and raise ValueError saying a graph replays the shapes it captured "
+                              "(drop_last=True)") from None
         else:
             broadcast = "broadcasts" in told
             raise CheckFailed("a batch of another shape raises ValueError", f"{what}: {told} was accepted",
@@ -616,5 +625,5 @@ def check_graphed_step(make_graphed_step):
             "once per step with no model call or optimizer step in Python and no wait for the device, the same "
             "losses, weights, optimizer state and batch-norm statistics as ordinary steps (SGD and capturable "
             "Adam), no race between streams, a fresh loss tensor per step, the example batch left alone, and "
-            "ValueError for a batch of another shape (1 sample and 1 label included); on "
+            "ValueError for a batch of another shape (1 sample, 1 label, and as many values in another layout included); on "
             f"{' and '.join(told)} (seed {seed}).")

@@ -553,6 +553,43 @@ copies_to_the_host = _waits(returns=lambda loss: loss.cpu())
 
 # -- capture order and gradients ----------------------------------------------------------------------
 
+def checks_the_number_of_values(model, optimizer, example_images, example_labels, warmup=3):
+    """numel() compared, not the shape: a batch of as many values in another layout reaches copy_ (walk w3-05)."""
+    _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+    images, labels = example_images.clone(), example_labels.clone()
+    graph, loss = _capture(model, optimizer, images, labels)
+
+    def step(batch_images, batch_labels):
+        if batch_images.numel() != images.numel() or batch_labels.numel() != labels.numel():
+            raise ValueError("another size")
+        images.copy_(batch_images)
+        labels.copy_(batch_labels)
+        graph.replay()
+        return loss.detach().clone()
+    return step
+
+
+def inputs_moved_with_to_cuda(model, optimizer, example_images, example_labels, warmup=3):
+    """example_images.to('cuda') as the graph's inputs: on the batch's device it is no copy (walk w3-05)."""
+    _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+    images, labels = example_images.to("cuda"), example_labels.to("cuda")
+    graph, loss = _capture(model, optimizer, images, labels)
+    return _stepper(graph, images, labels, loss)
+
+
+def right_stream_on_the_batchs_device(model, optimizer, example_images, example_labels, warmup=3):
+    """torch.cuda.Stream(device=...) and current_stream(device) named: as right as without (walk w3-05)."""
+    device = example_images.device
+    side = torch.cuda.Stream(device=device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        _warm(model, optimizer, example_images, example_labels, warmup)
+    torch.cuda.current_stream(device).wait_stream(side)
+    images, labels = example_images.clone(), example_labels.clone()
+    graph, loss = _capture(model, optimizer, images, labels, stream=side)
+    return _stepper(graph, images, labels, loss)
+
+
 def captured_before_warmup(model, optimizer, example_images, example_labels, warmup=3):
     images, labels = example_images.clone(), example_labels.clone()
     graph, loss = _capture(model, optimizer, images, labels)
@@ -736,7 +773,10 @@ CASES = [
          why="a capture runs nothing: the garbage labels are never checked"),
     Case("right, zeros_like inputs", right_zeros_like_buffers, "pass"),
     Case("right, event.query() per step", right_event_query, "pass", why="cudaEventQuery polls"),
-    Case("right, warm-up on the current stream", right_warmup_on_the_current_stream, "pass"),
+    Case("right, warm-up on the current stream", right_warmup_on_the_current_stream, "pass",
+         why="torch's docs warm up on a side stream; a GPU run must confirm CUDA accepts this (README's GPU list)"),
+    Case("right, stream made on the batch's device", right_stream_on_the_batchs_device, "pass",
+         why="torch.cuda.Stream() without device= is on the current device, the batch's (the contract says so)"),
     Case("right, zero fill inside the capture", right_zero_fill_inside, "pass",
          why="the fill is captured and replayed before backward adds into the gradients"),
     Case("right, device='cuda' literal", right_cuda_literal, "pass", why="the current device: the batch's"),
@@ -785,6 +825,11 @@ CASES = [
          words="a batch of 1 sample (copy_ broadcasts it into every row of the captured buffers) was accepted",
          why="1 sample broadcasts into every row: no error, one sample trained on"),
     Case("a short batch into the buffers", short_batch_into_the_buffers, "fail", SHAPES),
+    Case("checks numel(), not the shape", checks_the_number_of_values, "fail", SHAPES, words="laid out channels last",
+         why="copy_ raises RuntimeError for the channels-last batch, not the ValueError the contract names"),
+    Case("inputs made with .to('cuda')", inputs_moved_with_to_cuda, "fail", "leaves the example batch unchanged",
+         words="is no copy when the batch is already there",
+         why="on the current device, the batch's, .to('cuda') returns the very tensor: each copy_ overwrites it"),
     # a wait every step
     Case("returns float(loss)", returns_a_float, "fail", WAITS, words="__float__"),
     Case("returns loss.item()", returns_item, "fail", WAITS, words="item"),
@@ -795,7 +840,8 @@ CASES = [
     Case("returns loss.cpu()", copies_to_the_host, "fail", WAITS, words="copy to the host"),
     # capture order, gradients, warm-up
     Case("captured before the warm-up", captured_before_warmup, "fail", "captures after the warm-up"),
-    Case("stale gradients at the capture", stale_gradients, "fail", "clears the gradients before the capture"),
+    Case("stale gradients at the capture", stale_gradients, "fail", "clears the gradients before the capture",
+         words="from step "),
     Case("zero_grad(set_to_none=False) before the capture", zeroed_not_freed_gradients, "fail",
          "clears the gradients before the capture"),
     Case("warm-up without optimizer steps", warmup_without_optimizer_steps, "fail",

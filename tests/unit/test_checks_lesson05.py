@@ -302,6 +302,47 @@ def amp_returns_the_graph(model, optimizer, scaler, images, labels, dtype=torch.
     return loss
 
 
+def _amp_then(after):
+    """amp_step, then `after(loss, images, scaler)` at the end of every call; its return is returned (walk w3-05)."""
+    def step(model, optimizer, scaler, images, labels, dtype=torch.float16, max_norm=1.0):
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device_type=images.device.type, dtype=dtype):
+            loss = F.cross_entropy(model(images), labels)
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        scaler.step(optimizer)
+        scaler.update()
+        return after(loss, images, scaler)
+    return step
+
+
+def _guarded_sync(loss, images, scaler):
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return loss.detach()
+
+
+def _sync_on_the_images_device(loss, images, scaler):
+    if images.device.type == "cuda":
+        torch.cuda.synchronize(images.device)
+    return loss.detach()
+
+
+_SCALES = []
+
+
+def _logs_the_scale(loss, images, scaler):
+    _SCALES.append(scaler.get_scale())
+    return loss.detach()
+
+
+amp_guarded_sync = _amp_then(_guarded_sync)
+amp_sync_on_the_images_device = _amp_then(_sync_on_the_images_device)
+amp_returns_on_the_host = _amp_then(lambda loss, images, scaler: loss.detach().cpu())
+amp_logs_the_scale = _amp_then(_logs_the_scale)
+
+
 _KEPT = {}
 
 
@@ -312,7 +353,7 @@ def amp_keeps_the_first_scaler(model, optimizer, scaler, images, labels, dtype=t
 
 MUTANTS_51 = [
     Mutant("clips scaled gradients at max_norm x get_scale()", amp_clips_scaled_by_the_scale,
-           "reads nothing on the host besides the scaler's own check", words="get_scale"),
+           "reads nothing on the host besides the scaler's own check", words="clip after scaler.unscale_"),
     Mutant("a divergence guard every step", amp_item_every_step,
            "reads nothing on the host besides the scaler's own check"),
     Mutant("zero_grad at the end", amp_zero_grad_at_the_end, "leaves this step's gradients in .grad",
@@ -338,13 +379,23 @@ MUTANTS_51 = [
     Mutant("clip_grad_value_", amp_clips_values, "clips the unscaled gradients to max_norm"),
     Mutant("max_norm ignored", amp_max_norm_one, "clips the unscaled gradients to max_norm"),
     Mutant("optimizer.step, not scaler.step", amp_plain_optimizer_step, "skips the optimizer step when a gradient is inf"),
-    Mutant("no scaler.update", amp_no_update, "calls scaler.update() after each step"),
+    Mutant("no scaler.update", amp_no_update, "calls scaler.update() after each step",
+           words="had not been followed by an update()"),
     Mutant("no zero_grad", amp_no_zero_grad, "clears the gradients at the start of each step"),
     Mutant("zero_grad after backward", amp_zero_grad_after_backward, "clears the gradients at the start of each step"),
     Mutant("returns the scaled loss", amp_returns_the_scaled_loss, "returns the step's loss"),
     Mutant("autocast written for the CPU", amp_autocast_on_the_cpu, "autocasts on the images' device type"),
     Mutant("autocast written for CUDA", amp_cuda_autocast_always, "runs the forward pass under autocast"),
     Mutant("wraps course_utils.train.train", amp_wraps_train, "is your own code"),
+    # walk w3-05: host waits the check did not count
+    Mutant("torch.cuda.synchronize() every step, behind is_available()", amp_guarded_sync,
+           "reads nothing on the host besides the scaler's own check", words="torch.cuda.synchronize at "),
+    Mutant("torch.cuda.synchronize(images.device) every step", amp_sync_on_the_images_device,
+           "reads nothing on the host besides the scaler's own check", words="images on a (virtual) GPU"),
+    Mutant("returns loss.detach().cpu()", amp_returns_on_the_host,
+           "reads nothing on the host besides the scaler's own check", words="copies the loss to the host"),
+    Mutant("logs scaler.get_scale() every step", amp_logs_the_scale,
+           "reads nothing on the host besides the scaler's own check", words="to log the scale, read it when you log"),
 ]
 
 
@@ -1225,6 +1276,39 @@ def synchronize_when_a_gpu_is_there(model, optimizer, batches, loss_fn, log_ever
     return means
 
 
+def _loop(*, start=1, read=lambda window, log_every: torch.stack(window).mean().item(), clear=True, means=None):
+    """fixed_loop with one thing changed (walk w3-05): where steps count from, how the interval is read,
+    whether the window is cleared, the list of means (a default argument's)."""
+    def loop(model, optimizer, batches, loss_fn, log_every=10):
+        out = [] if means is None else means
+        window = []
+        for step, (images, labels) in enumerate(batches, start):
+            optimizer.zero_grad(set_to_none=True)
+            loss = loss_fn(model(images), labels)
+            loss.backward()
+            optimizer.step()
+            window.append(loss.detach())
+            if step % log_every == 0:
+                mean = read(window, log_every)
+                print(f"step {step}: mean loss {mean:.4f}")
+                out.append(mean)
+                if clear:
+                    window.clear()
+        return out
+    return loop
+
+
+def means_as_a_default_argument(model, optimizer, batches, loss_fn, log_every=10, means=[]):   # noqa: B006
+    """The list of means as a mutable default: every call appends to the one list (walk w3-05)."""
+    return _loop(means=means)(model, optimizer, batches, loss_fn, log_every)
+
+
+loop_counts_from_zero = _loop(start=0)
+loop_median = _loop(read=lambda window, log_every: torch.stack(window).median().item())
+loop_window_never_cleared = _loop(read=lambda window, log_every: torch.stack(window[-log_every:]).mean().item(),
+                                  clear=False)
+
+
 MUTANTS_54 = [
     Mutant("the window as a default argument", window_as_a_default_argument, "logs the mean loss of each interval",
            words="kept between calls"),
@@ -1253,7 +1337,22 @@ MUTANTS_54 = [
     Mutant("returns tensors", returns_tensors, "returns Python floats"),
     Mutant("skips steps", skips_steps, "trains on every batch"),
     Mutant("wraps course_utils.train.train", wraps_train, "is your own code"),
+    # walk w3-05: messages that pointed away, and a window never cleared
+    Mutant("steps counted from 0", loop_counts_from_zero, "logs once per complete interval",
+           words="first value is the first step's loss alone"),
+    Mutant("the median of the interval", loop_median, "logs the mean loss of each interval", words="their median"),
+    Mutant("the list of means as a default argument", means_as_a_default_argument, "keeps nothing between calls",
+           words="means=[] is made once"),
+    Mutant("a window never cleared (window[-log_every:])", loop_window_never_cleared,
+           "keeps each loss only until its interval is logged", words="window.clear()"),
 ]
+
+
+def test_fixed_loop_messages_name_no_state_where_none_is_kept():
+    """The last loss, the median: the message names what the value is, not a window kept between calls (w3-05)."""
+    for answer in (last_loss_not_mean, loop_median):
+        result = run_check("5.4", answer)
+        assert result.status == "fail" and "kept between calls" not in result.message, result.message
 
 
 def test_fixed_loop_passes():
@@ -1281,6 +1380,14 @@ def test_fixed_loop_passes_with_the_walks_valid_variants():
                 window.clear()
         return means
     passes("5.4", variant, range(1))
+
+
+def test_fixed_loop_passes_with_the_third_walks_valid_variants():
+    """The interval read with .tolist() and a Python mean (one read), a guard on the mean (walk w3-05)."""
+    def tolist_mean(window, log_every):
+        values = torch.stack(window).tolist()
+        return sum(values) / len(values)
+    passes("5.4", _loop(read=tolist_mean), range(1))
 
 
 # Check 5.4's draws (steps, interval, data) change the numbers, not what a mutant does wrong,
