@@ -116,6 +116,8 @@ class _ScriptedLoader:
                 images = torch.full((16 * 2**20,), float(pass_index * 100 + i + 1))
             else:
                 b = int(torch.randint(1, 9, (1,), generator=g))
+                if i == 1:        # batches 0 and 1 of one shape: a staging buffer kept per shape is refilled in flight
+                    b = len(out[0][0])
                 images = torch.randint(0, 256, (b, 3, 5, 6), generator=g, dtype=torch.uint8)
             labels = torch.randint(0, 10, (len(images) if not self._pinned_big else 4,), generator=g)
             out.append((images, labels))
@@ -312,6 +314,7 @@ def check_prefetcher(Prefetcher):
         for _ in _passes(Prefetcher, loader, torch.device("cpu"), what):
             pass
     meta_seed = int(rng.integers(1 << 30))
+    _cpu_with_cuda_present(Prefetcher, int(rng.integers(1 << 30)), sizes[0], seed)
     for n in sizes:
         _virtual_prefetch(Prefetcher, int(rng.integers(1 << 30)), n, seed)
     _meta_pass(Prefetcher, meta_seed, seed)
@@ -320,14 +323,38 @@ def check_prefetcher(Prefetcher):
         return ("same batches, same order; on the CPU and the meta device passed through, moved; on a virtual CUDA "
                 "device (the second of two) copied ahead from the loader's pinned memory on a side stream the "
                 "consumer waits for (for that batch's copy only), memory kept for the consumer's stream, the host "
-                "never blocked, no pinned source rewritten in flight, no batch kept; ends and restarts cleanly, also "
-                "after a pass stopped early. (On this GPU the side stream was held busy, so a missing wait_stream "
+                "never blocked, no pinned source rewritten in flight, no batch kept after the loop let it go (also after the "
+                "pass); the CPU given while CUDA is present; ends and restarts cleanly, also after a pass stopped early. (On this GPU the side stream was held busy, so a missing wait_stream "
                 "would have read unfinished copies; the rest is graded on the virtual device only.)")
     return ("same batches, same order; on the CPU and the meta device passed through, moved; on a virtual CUDA "
             "device (the second of two) copied ahead from the loader's pinned memory on a side stream the consumer "
             "waits for (for that batch's copy only), memory kept for the consumer's stream, the host never blocked, "
-            "no pinned source rewritten in flight, no batch kept; ends and restarts cleanly, also after a pass "
-            "stopped early. (No GPU here: on one, the check also runs it on the real device.)")
+            "no pinned source rewritten in flight, no batch kept after the loop let it go (also after the pass); the CPU "
+            "given while CUDA is present; ends and restarts cleanly, also after a pass stopped early. (No GPU here: on one, the check also runs it on the real device.)")
+
+
+def _cpu_with_cuda_present(Prefetcher, loader_seed, n, seed):
+    """Prefetcher(loader, "cpu") on a machine that has CUDA (the virtual device answers
+    torch.cuda.is_available() with True): the device it is given decides, not the machine."""
+    loader = _ScriptedLoader(loader_seed, n)
+    what = (f"Prefetcher(loader, 'cpu'), a loader of {n} batches, on a machine where CUDA is available "
+            f"({VIRTUAL}; seed {seed})")
+    hint = ("decide by the device you were given, `self.device.type == \"cuda\"`, not by the machine "
+            "(torch.cuda.is_available() is True on every GPU machine, also when the device asked for is the CPU)")
+    with VirtualCuda(second=True) as vc:
+        before = len(vc.streams)
+        try:
+            for _ in _passes(Prefetcher, loader, torch.device("cpu"), what):
+                pass
+        except CheckFailed:
+            raise
+        except Exception as exc:
+            raise CheckFailed("decides by the device it is given", f"{what}: yours raised {type(exc).__name__}: "
+                              f"{exc}{_learner_line(exc)}", hint) from None
+        if len(vc.streams) > before or vc.h2d():
+            raise CheckFailed("decides by the device it is given",
+                              f"{what}: yours made a CUDA stream (or copied to CUDA) for batches that stay on the CPU",
+                              hint)
 
 
 def _meta_pass(Prefetcher, loader_seed, seed):
@@ -411,6 +438,17 @@ def _virtual_prefetch(Prefetcher, loader_seed, n, seed):
             for k, label, got in _passes(Prefetcher, loader, device, what, on_pass=on_pass):
                 vc.settle()
                 _judge_prefetch(vc, got, logs[-1], label, full=k != 2)
+                if k != 2:        # a pass run to its end: the loop is done with every batch, yours keeps none
+                    left = [j for j, allocs in enumerate(logs[-1]["allocs"])
+                            if any(not a.freed for a in allocs.values())]
+                    if left:
+                        raise CheckFailed("keeps no batch the training loop is done with",
+                                          f"{label}: after the pass had ended and the loop had let every batch go, "
+                                          f"batch {left[0]} was still referenced by yours (an attribute on self, "
+                                          "say `self.last = batch`): its device memory stays taken until the next "
+                                          "pass replaces it",
+                                          "keep the batches in local variables of __iter__ only: nothing on self "
+                                          "but the loader, the device and the stream")
         except RuntimeError as exc:
             raise _learner_error(exc, what) or exc
 

@@ -577,9 +577,84 @@ MUTANTS_31_WALKED = [
 ]
 
 
+class KeepsTheLastBatch(GoodPrefetcher):      # w2-03 w31_23: `self.last = batch` "for debugging"
+    def __iter__(self):
+        for batch in super().__iter__():
+            self.last = batch
+            yield batch
+
+
+class AsksTheMachineNotTheDevice(GoodPrefetcher):   # w2-03 w31_24: right on a machine without CUDA only
+    def __init__(self, loader, device):
+        super().__init__(loader, device)
+        self.stream = torch.cuda.Stream(self.device) if torch.cuda.is_available() else None
+
+
+class OnePinnedBufferPerShape(GoodPrefetcher):   # w2-03 w31_14: one pinned buffer, made anew when the shape changes
+    def __iter__(self):
+        if self.stream is None:
+            yield from super().__iter__()
+            return
+        buf = None
+        batches = iter(self.loader)
+
+        def copy_next():
+            nonlocal buf
+            following = next(batches, None)
+            if following is None:
+                return None
+            if buf is None or buf[0].shape != following[0].shape:
+                buf = tuple(torch.empty_like(t).pin_memory() for t in following)
+            for b, t in zip(buf, following):
+                b.copy_(t)
+            with torch.cuda.stream(self.stream):
+                return tuple(b.to(self.device, non_blocking=True) for b in buf)
+
+        upcoming = copy_next()
+        while upcoming is not None:
+            batch, upcoming = self.hand_out(upcoming), copy_next()
+            yield batch
+
+
+class PinsInThePrefetcher(GoodPrefetcher):     # w2-03 w31_12: pin_memory() of a pinned tensor is that tensor
+    def copy(self, batch):
+        with torch.cuda.stream(self.stream):
+            return tuple(t.pin_memory().to(self.device, non_blocking=True) for t in batch)
+
+
+class ApexResetInIter(GoodPrefetcher):        # w2-03 w31_22: __iter__ resets the state on self and returns self
+    def __iter__(self):
+        if self.stream is None:
+            return super().__iter__()
+        self.it = iter(self.loader)
+        self.upcoming = self._copy_next()
+        return self
+
+    def _copy_next(self):
+        following = next(self.it, None)
+        return None if following is None else self.copy(following)
+
+    def __next__(self):
+        if self.upcoming is None:
+            raise StopIteration
+        batch = self.hand_out(self.upcoming)
+        self.upcoming = self._copy_next()
+        return list(batch)                     # w31_19: a list, not a tuple
+
+
+MUTANTS_31_WALKED += [
+    Mutant("keeps the last batch on self", KeepsTheLastBatch, "keeps no batch the training loop is done with",
+           words="after the pass had ended"),
+    Mutant("torch.cuda.is_available() decides, not the device", AsksTheMachineNotTheDevice,
+           "decides by the device it is given", words="self.device.type"),
+    Mutant("one pinned buffer, made anew when the shape changes", OnePinnedBufferPerShape,
+           "leaves pinned memory alone while a copy from it is queued", words="still copying"),
+]
+
+
 def test_3_1_right_answers_of_the_reports_pass():
     for answer in (EventAfterTheCopy, AllocatedOnTheConsumer, CopiesFromAThread, WaitsBackBeforeEachCopy,
-                   RecordsThenWaits, NewStreamEveryBatch):
+                   RecordsThenWaits, NewStreamEveryBatch, PinsInThePrefetcher, ApexResetInIter):
         passes("3.1", answer, SEEDS[:2])
 
 
