@@ -693,6 +693,15 @@ def _launch_count(ops, on, seed):
 def _no_host_traffic(vc, what, result):
     h2d = vc.h2d()
     if h2d:
+        back = vc.reads() or vc.d2h()
+        if back:        # the first mistake is the read back: the copy down again only follows from it
+            raise CheckFailed("makes no copy from the host",
+                              f"{what}: values came back to the host first ({back[0].what} at {back[0].where}), "
+                              f"then went down again: {len(h2d)} copies from the host to the device during the "
+                              f"call ({h2d[0].what} at {h2d[0].where})",
+                              f"do not read the values back ({back[0].what}): use the device tensors themselves "
+                              "(dy[:, None] + torch.arange(h, device=images.device)); both the read back and the "
+                              "copy down make the host wait, every batch")
         raise CheckFailed("makes no copy from the host", f"{what}: {len(h2d)} copies from the host to the device "
                           f"during the call ({h2d[0].what} at {h2d[0].where})",
                           "create every tensor on images.device (torch.randint(..., device=images.device)); a "
@@ -797,7 +806,8 @@ def check_crop_flip(random_crop_flip):
                 raise CheckFailed("with generator=None, reproducible under torch.manual_seed",
                                   f"{what}: two calls after torch.manual_seed({s}) differ",
                                   "use torch's random functions (not Python's random or NumPy)")
-    return ("exact crops of the zero-padded batch, mirrored or not, offsets and flips uniform per sample, "
+    return ("exact crops of the zero-padded batch, mirrored or not, offsets uniform over 0..2*padding (at padding 4 "
+            "and 2) and flips uniform per sample, "
             "reproducible; on a (virtual) GPU no copy from the host, nothing read back, memory in proportion.")
 
 
@@ -859,6 +869,18 @@ def _crop_statistics(fn, to_device, generator, rng, on, seed, vc):
                           f"{what}: some outputs are not crops at an offset within 0..{2 * p}")
     _uniform(dy, k, "vertical offsets", what)
     _uniform(dx, k, "horizontal offsets", what)
+    # the padding passed in sets the range: uniform over 0..2*padding at another padding too
+    p2 = 2
+    what2 = (f"one call random_crop_flip(images, padding={p2}, generator=...) on {n:,} one-channel images "
+             f"{size}x{size}, on {on} (seed {seed})")
+    out2 = _values(_call_crop(fn, images, p2, generator(rng.integers(1 << 31)), what2, vc))
+    dy2, dx2, _ = _offsets_of(out2, size, p2)
+    if dy2 is None:
+        raise CheckFailed("every output is a crop of the padded input, mirrored or not",
+                          f"{what2}: some outputs are not crops at an offset within 0..{2 * p2}")
+    _uniform(dy2, 2 * p2 + 1, "vertical offsets", what2)
+    _uniform(dx2, 2 * p2 + 1, "horizontal offsets", what2)
+    del out2
     share = float(flipped.float().mean())
     if not 0.485 <= share <= 0.515:      # 4.2 standard deviations of a fair coin over 20,000 samples
         raise CheckFailed("flips half the samples", f"{what}: yours flipped {share:.1%}",

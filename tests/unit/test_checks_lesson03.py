@@ -1051,9 +1051,51 @@ MUTANTS_32_WALKED = [
 ]
 
 
+def offsets_for_padding_four_only(images, padding=4, generator=None):   # w2-03 w32_23: 0..8 drawn, clamped at 2p
+    dy = torch.randint(0, 9, (len(images),), device=images.device, generator=generator).clamp(max=2 * padding)
+    dx = torch.randint(0, 9, (len(images),), device=images.device, generator=generator).clamp(max=2 * padding)
+    flip = torch.rand(len(images), device=images.device, generator=generator) < 0.5
+    return _crop_with(images, padding, dy, dx, flip)
+
+
+def offsets_read_back_with_tolist(images, padding=4, generator=None):   # w2-03 w32_19: .tolist(), torch.tensor(...)
+    dy, dx, flip = _draws(len(images), padding, images.device, generator)
+    dy = torch.tensor(dy.tolist(), device=images.device)
+    dx = torch.tensor(dx.tolist(), device=images.device)
+    return _crop_with(images, padding, dy, dx, flip)
+
+
+def flips_above_one_half(images, padding=4, generator=None):   # w2-03 w32_02: rand > 0.5, the same probability
+    dy, dx, _ = _draws(len(images), padding, images.device, generator)
+    flip = torch.rand(len(images), device=images.device, generator=generator) > 0.5
+    return _crop_with(images, padding, dy, dx, flip)
+
+
+def flips_the_padded_image_first(images, padding=4, generator=None):   # w2-03 w32_14: flip, then crop
+    n, _, h, w = images.shape
+    dy, dx, flip = _draws(n, padding, images.device, generator)
+    padded = F.pad(images, (padding,) * 4)
+    padded = torch.where(flip[:, None, None, None], padded.flip(-1), padded)
+    rows = dy[:, None] + torch.arange(h, device=images.device)
+    cols = dx[:, None] + torch.arange(w, device=images.device)
+    idx = torch.arange(n, device=images.device)
+    return padded[idx[:, None, None], :, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2)   # w32_17: a view
+
+
+def test_3_2_offsets_uniform_at_every_padding_the_check_uses():   # w2-03 w32_23 passed: padding 4 was the only one counted
+    rejected("3.2", Mutant("offsets 0..8 clamped at 2*padding", offsets_for_padding_four_only,
+                           "offsets vary across samples, uniformly", words="padding=2"), SEEDS)
+
+
+def test_3_2_a_read_back_is_named_before_the_copy_down():        # w2-03 w32_19: the hint named the copy only
+    rejected("3.2", Mutant("offsets read back with .tolist()", offsets_read_back_with_tolist,
+                           "makes no copy from the host", words="values came back to the host first (Tensor.tolist"),
+             SEEDS[:2])
+
+
 def test_3_2_right_answers_of_the_reports_pass():
     for i, fn in enumerate((where_with_python_numbers, bernoulli_flips, grid_sample_nearest,
-                            one_draw_for_both_offsets)):
+                            one_draw_for_both_offsets, flips_above_one_half, flips_the_padded_image_first)):
         passes("3.2", fn, [SEEDS[i % 3]])
 
 
