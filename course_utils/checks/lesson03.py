@@ -49,7 +49,7 @@ def _kind(obj) -> str:
     return f"a {type(obj).__name__}"
 
 
-def _learner_error(exc: RuntimeError, what: str, *, mixed_hint: str | None = None):
+def _learner_error(exc: RuntimeError, what: str, *, mixed_hint: str | None = None, host_hint: str | None = None):
     """CUDA's own errors, as raised on the virtual device, turned into the property they break."""
     text = str(exc)
     if OTHER_DEVICE in text:
@@ -69,7 +69,7 @@ def _learner_error(exc: RuntimeError, what: str, *, mixed_hint: str | None = Non
         return CheckFailed("keeps all its work on the device",
                            f"{what}: your code mixed a tensor on the device with one on the host, which CUDA "
                            f"refuses ({text})",
-                           mixed_hint or "make every tensor you create on images.device "
+                           host_hint or mixed_hint or "make every tensor you create on images.device "
                            "(torch.arange(n, device=images.device))")
     if "device type for generator" in text:
         return CheckFailed("draws its random numbers on the images' device",
@@ -320,17 +320,20 @@ def check_prefetcher(Prefetcher):
     _meta_pass(Prefetcher, meta_seed, seed)
     if torch.cuda.is_available():
         _check_cuda_streams(Prefetcher)
-        return ("same batches, same order; on the CPU and the meta device passed through, moved; on a virtual CUDA "
-                "device (the second of two) copied ahead from the loader's pinned memory on a side stream the "
-                "consumer waits for (for that batch's copy only), memory kept for the consumer's stream, the host "
-                "never blocked, no pinned source rewritten in flight, no batch kept after the loop let it go (also after the "
-                "pass); the CPU given while CUDA is present; ends and restarts cleanly, also after a pass stopped early. (On this GPU the side stream was held busy, so a missing wait_stream "
-                "would have read unfinished copies; the rest is graded on the virtual device only.)")
-    return ("same batches, same order; on the CPU and the meta device passed through, moved; on a virtual CUDA "
-            "device (the second of two) copied ahead from the loader's pinned memory on a side stream the consumer "
-            "waits for (for that batch's copy only), memory kept for the consumer's stream, the host never blocked, "
-            "no pinned source rewritten in flight, no batch kept after the loop let it go (also after the pass); the CPU "
-            "given while CUDA is present; ends and restarts cleanly, also after a pass stopped early. (No GPU here: on one, the check also runs it on the real device.)")
+        return ("same batches, same order; on the CPU and the meta device passed through, moved; the CPU also "
+                "while CUDA is present; on a virtual CUDA device (the second of two) copied ahead from the loader's "
+                "pinned memory on a side stream the consumer waits for (for that batch's copy only), memory kept for "
+                "the consumer's stream, the host never blocked, no pinned source rewritten in flight, no batch kept "
+                "once the loop is done with it (nor after the pass); ends and restarts cleanly, also after a pass "
+                "stopped early. (On this GPU the side stream was held busy, so a missing "
+                "wait_stream would have read unfinished copies; the rest is graded on the virtual device only.)")
+    return ("same batches, same order; on the CPU and the meta device passed through, moved; the CPU also "
+            "while CUDA is present; on a virtual CUDA device (the second of two) copied ahead from the loader's "
+            "pinned memory on a side stream the consumer waits for (for that batch's copy only), memory kept for "
+            "the consumer's stream, the host never blocked, no pinned source rewritten in flight, no batch kept "
+            "once the loop is done with it (nor after the pass); ends and restarts cleanly, also after a pass "
+            "stopped early. (No GPU here: on one, the check also runs it on the real "
+            "device.)")
 
 
 def _cpu_with_cuda_present(Prefetcher, loader_seed, n, seed):
@@ -1033,7 +1036,11 @@ def check_normalize(normalize_on_device):
                     raise _learner_error(exc, what, mixed_hint=(
                         "keep the constants per device, keyed by the device itself (str(images.device): 'cuda:0' "
                         "and 'cuda:1' are both of type 'cuda'), and make them there: torch.tensor(..., "
-                        "device=images.device)")) or exc
+                        "device=images.device)"), host_hint=(
+                        "your constants are on the CPU (made without device=, or made for an earlier batch on the "
+                        "CPU and kept for every device): make them on the images' device, torch.tensor(..., "
+                        "device=images.device), and keep the constants per device (a dict keyed by "
+                        "str(images.device))")) or exc
                 if not isinstance(result, (tuple, list)) or len(result) != 2:
                     raise CheckFailed("returns (images, labels)", f"{what}: yours returned {_kind(result)}",
                                       "a batch_transform returns both: `return images, labels`")
@@ -1095,6 +1102,10 @@ def _compare_normalized(out, hwc, host, what):
             hint = "ToTensor scales 0..255 to 0..1: divide by 255 first"
         elif abs(yours - raw / 255) < 1e-4:
             hint = "Normalize is missing: subtract the mean and divide by the std of each channel"
+        elif float(err.max()) < 0.02:     # the right formula, rounded: float16 keeps ~3 digits, bfloat16 ~2
+            hint = (f"the formula is right but the values are rounded (off by up to {float(err.max()):.1e}): a "
+                    "16-bit float (half, bfloat16) somewhere in the arithmetic keeps only 2-3 significant digits; "
+                    "compute in float32: images.float() / 255")
         raise CheckFailed("equals ToTensor + Normalize", f"{what}: element {tuple(int(j) for j in i)}: yours "
                           f"{yours:.5f}, expected {want:.5f}", hint)
 

@@ -1337,3 +1337,23 @@ def test_3_3_walked_mutants_rejected(mutant):
     _BY_TYPE.clear()
     _ONCE.clear()
     rejected("3.3", mutant, SEEDS)
+
+
+def half_precision(images, labels):                      # w2-03 w33_07: "float16 to save bytes"
+    mean, std = _consts(images.device)
+    return (images.half() / 255 - mean) / std, labels
+
+
+def constants_on_the_cpu(images, labels):                # w2-03 w33_16: cached per device, but made without device=
+    mean = torch.tensor(CIFAR10_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(CIFAR10_STD).view(1, 3, 1, 1)
+    return (images.float() / 255 - mean) / std, labels
+
+
+@pytest.mark.parametrize("mutant", [
+    Mutant("float16 arithmetic", half_precision, "equals ToTensor + Normalize", words="16-bit float"),
+    Mutant("constants on the CPU", constants_on_the_cpu, "keeps all its work on the device",
+           words="your constants are on the CPU"),
+], ids=repr)
+def test_3_3_messages_name_the_mistake(mutant):          # w2-03: the hints pointed at the order and the keying
+    rejected("3.3", mutant, SEEDS)
