@@ -493,7 +493,7 @@ def rung_baseline(ctx: LadderContext) -> TrainResult:
     return ctx.run(baseline_pipeline(ctx), desc="baseline")
 
 
-@rung("best workers", "workers")
+@rung("best workers", "best workers")
 def rung_best_workers(ctx: LadderContext) -> TrainResult:
     """DataLoader with one worker per usable core (pinned memory on a GPU), float32 batches."""
     return ctx.run(workers_pipeline(ctx), desc="workers")
@@ -614,7 +614,10 @@ class LadderResult:
             lines.append(f"{r['name']:36s} {r['samples_per_s']:10,.0f} {r['fraction_of_ceiling']:10.0%} "
                          f"{_share(r.get('device_util')):>9s} {_share(_in_flight(r)):>9s} "
                          f"{r['stall_fraction']:6.0%} {speedup:>7s}  {diagnose(r).kind}")
-        lines.append(f"best: {self.best['name']} at {self.best['fraction_of_ceiling']:.0%} of the ceiling")
+        ties = [r["name"] for r in self.rungs if not r.get("skipped") and r["name"] != self.best["name"]
+                and r["samples_per_s"] >= 0.95 * self.best["samples_per_s"]]
+        lines.append(f"best: {self.best['name']} at {self.best['fraction_of_ceiling']:.0%} of the ceiling"
+                     + (f" ({', '.join(ties)} within 5% of it: a tie one run of each cannot order)" if ties else ""))
         if self.arithmetic:
             lines.append(f"arithmetic, the best rung: {self.arithmetic}")
         lines.append("dev. busy: share of the wall time the device ran work (" +

@@ -49,7 +49,7 @@ def _kind(obj) -> str:
     return f"a {type(obj).__name__}"
 
 
-def _learner_error(exc: RuntimeError, what: str, *, mixed_hint: str | None = None):
+def _learner_error(exc: RuntimeError, what: str, *, mixed_hint: str | None = None, host_hint: str | None = None):
     """CUDA's own errors, as raised on the virtual device, turned into the property they break."""
     text = str(exc)
     if OTHER_DEVICE in text:
@@ -69,7 +69,7 @@ def _learner_error(exc: RuntimeError, what: str, *, mixed_hint: str | None = Non
         return CheckFailed("keeps all its work on the device",
                            f"{what}: your code mixed a tensor on the device with one on the host, which CUDA "
                            f"refuses ({text})",
-                           mixed_hint or "make every tensor you create on images.device "
+                           host_hint or mixed_hint or "make every tensor you create on images.device "
                            "(torch.arange(n, device=images.device))")
     if "device type for generator" in text:
         return CheckFailed("draws its random numbers on the images' device",
@@ -116,6 +116,8 @@ class _ScriptedLoader:
                 images = torch.full((16 * 2**20,), float(pass_index * 100 + i + 1))
             else:
                 b = int(torch.randint(1, 9, (1,), generator=g))
+                if i == 1:        # batches 0 and 1 of one shape: a staging buffer kept per shape is refilled in flight
+                    b = len(out[0][0])
                 images = torch.randint(0, 256, (b, 3, 5, 6), generator=g, dtype=torch.uint8)
             labels = torch.randint(0, 10, (len(images) if not self._pinned_big else 4,), generator=g)
             out.append((images, labels))
@@ -312,22 +314,50 @@ def check_prefetcher(Prefetcher):
         for _ in _passes(Prefetcher, loader, torch.device("cpu"), what):
             pass
     meta_seed = int(rng.integers(1 << 30))
+    _cpu_with_cuda_present(Prefetcher, int(rng.integers(1 << 30)), sizes[0], seed)
     for n in sizes:
         _virtual_prefetch(Prefetcher, int(rng.integers(1 << 30)), n, seed)
     _meta_pass(Prefetcher, meta_seed, seed)
     if torch.cuda.is_available():
         _check_cuda_streams(Prefetcher)
-        return ("same batches, same order; on the CPU and the meta device passed through, moved; on a virtual CUDA "
-                "device (the second of two) copied ahead from the loader's pinned memory on a side stream the "
-                "consumer waits for (for that batch's copy only), memory kept for the consumer's stream, the host "
-                "never blocked, no pinned source rewritten in flight, no batch kept; ends and restarts cleanly, also "
-                "after a pass stopped early. (On this GPU the side stream was held busy, so a missing wait_stream "
-                "would have read unfinished copies; the rest is graded on the virtual device only.)")
-    return ("same batches, same order; on the CPU and the meta device passed through, moved; on a virtual CUDA "
-            "device (the second of two) copied ahead from the loader's pinned memory on a side stream the consumer "
-            "waits for (for that batch's copy only), memory kept for the consumer's stream, the host never blocked, "
-            "no pinned source rewritten in flight, no batch kept; ends and restarts cleanly, also after a pass "
-            "stopped early. (No GPU here: on one, the check also runs it on the real device.)")
+        return ("same batches, same order; on the CPU and the meta device passed through, moved; the CPU also "
+                "while CUDA is present; on a virtual CUDA device (the second of two) copied ahead from the loader's "
+                "pinned memory on a side stream the consumer waits for (for that batch's copy only), memory kept for "
+                "the consumer's stream, the host never blocked, no pinned source rewritten in flight, no batch kept "
+                "once the loop is done with it (nor after the pass); ends and restarts cleanly, also after a pass "
+                "stopped early. (On this GPU the side stream was held busy, so a missing "
+                "wait_stream would have read unfinished copies; the rest is graded on the virtual device only.)")
+    return ("same batches, same order; on the CPU and the meta device passed through, moved; the CPU also "
+            "while CUDA is present; on a virtual CUDA device (the second of two) copied ahead from the loader's "
+            "pinned memory on a side stream the consumer waits for (for that batch's copy only), memory kept for "
+            "the consumer's stream, the host never blocked, no pinned source rewritten in flight, no batch kept "
+            "once the loop is done with it (nor after the pass); ends and restarts cleanly, also after a pass "
+            "stopped early. (No GPU here: on one, the check also runs it on the real "
+            "device.)")
+
+
+def _cpu_with_cuda_present(Prefetcher, loader_seed, n, seed):
+    """Prefetcher(loader, "cpu") on a machine that has CUDA (the virtual device answers
+    torch.cuda.is_available() with True): the device it is given decides, not the machine."""
+    loader = _ScriptedLoader(loader_seed, n)
+    what = (f"Prefetcher(loader, 'cpu'), a loader of {n} batches, on a machine where CUDA is available "
+            f"({VIRTUAL}; seed {seed})")
+    hint = ("decide by the device you were given, `self.device.type == \"cuda\"`, not by the machine "
+            "(torch.cuda.is_available() is True on every GPU machine, also when the device asked for is the CPU)")
+    with VirtualCuda(second=True) as vc:
+        before = len(vc.streams)
+        try:
+            for _ in _passes(Prefetcher, loader, torch.device("cpu"), what):
+                pass
+        except CheckFailed:
+            raise
+        except Exception as exc:
+            raise CheckFailed("decides by the device it is given", f"{what}: yours raised {type(exc).__name__}: "
+                              f"{exc}{_learner_line(exc)}", hint) from None
+        if len(vc.streams) > before or vc.h2d():
+            raise CheckFailed("decides by the device it is given",
+                              f"{what}: yours made a CUDA stream (or copied to CUDA) for batches that stay on the CPU",
+                              hint)
 
 
 def _meta_pass(Prefetcher, loader_seed, seed):
@@ -411,6 +441,17 @@ def _virtual_prefetch(Prefetcher, loader_seed, n, seed):
             for k, label, got in _passes(Prefetcher, loader, device, what, on_pass=on_pass):
                 vc.settle()
                 _judge_prefetch(vc, got, logs[-1], label, full=k != 2)
+                if k != 2:        # a pass run to its end: the loop is done with every batch, yours keeps none
+                    left = [j for j, allocs in enumerate(logs[-1]["allocs"])
+                            if any(not a.freed for a in allocs.values())]
+                    if left:
+                        raise CheckFailed("keeps no batch the training loop is done with",
+                                          f"{label}: after the pass had ended and the loop had let every batch go, "
+                                          f"batch {left[0]} was still referenced by yours (an attribute on self, "
+                                          "say `self.last = batch`): its device memory stays taken until the next "
+                                          "pass replaces it",
+                                          "keep the batches in local variables of __iter__ only: nothing on self "
+                                          "but the loader, the device and the stream")
         except RuntimeError as exc:
             raise _learner_error(exc, what) or exc
 
@@ -655,6 +696,15 @@ def _launch_count(ops, on, seed):
 def _no_host_traffic(vc, what, result):
     h2d = vc.h2d()
     if h2d:
+        back = vc.reads() or vc.d2h()
+        if back:        # the first mistake is the read back: the copy down again only follows from it
+            raise CheckFailed("makes no copy from the host",
+                              f"{what}: values came back to the host first ({back[0].what} at {back[0].where}), "
+                              f"then went down again: {len(h2d)} copies from the host to the device during the "
+                              f"call ({h2d[0].what} at {h2d[0].where})",
+                              f"do not read the values back ({back[0].what}): use the device tensors themselves "
+                              "(dy[:, None] + torch.arange(h, device=images.device)); both the read back and the "
+                              "copy down make the host wait, every batch")
         raise CheckFailed("makes no copy from the host", f"{what}: {len(h2d)} copies from the host to the device "
                           f"during the call ({h2d[0].what} at {h2d[0].where})",
                           "create every tensor on images.device (torch.randint(..., device=images.device)); a "
@@ -759,7 +809,8 @@ def check_crop_flip(random_crop_flip):
                 raise CheckFailed("with generator=None, reproducible under torch.manual_seed",
                                   f"{what}: two calls after torch.manual_seed({s}) differ",
                                   "use torch's random functions (not Python's random or NumPy)")
-    return ("exact crops of the zero-padded batch, mirrored or not, offsets and flips uniform per sample, "
+    return ("exact crops of the zero-padded batch, mirrored or not, offsets uniform over 0..2*padding (at padding 4 "
+            "and 2) and flips uniform per sample, "
             "reproducible; on a (virtual) GPU no copy from the host, nothing read back, memory in proportion.")
 
 
@@ -821,6 +872,18 @@ def _crop_statistics(fn, to_device, generator, rng, on, seed, vc):
                           f"{what}: some outputs are not crops at an offset within 0..{2 * p}")
     _uniform(dy, k, "vertical offsets", what)
     _uniform(dx, k, "horizontal offsets", what)
+    # the padding passed in sets the range: uniform over 0..2*padding at another padding too
+    p2, n2 = 2, 8_000       # 1,600 expected per offset: the 15% band is over 6 standard deviations wide
+    what2 = (f"one call random_crop_flip(images, padding={p2}, generator=...) on {n2:,} one-channel images "
+             f"{size}x{size}, on {on} (seed {seed})")
+    out2 = _values(_call_crop(fn, images[:n2], p2, generator(rng.integers(1 << 31)), what2, vc))
+    dy2, dx2, _ = _offsets_of(out2, size, p2)
+    if dy2 is None:
+        raise CheckFailed("every output is a crop of the padded input, mirrored or not",
+                          f"{what2}: some outputs are not crops at an offset within 0..{2 * p2}")
+    _uniform(dy2, 2 * p2 + 1, "vertical offsets", what2)
+    _uniform(dx2, 2 * p2 + 1, "horizontal offsets", what2)
+    del out2
     share = float(flipped.float().mean())
     if not 0.485 <= share <= 0.515:      # 4.2 standard deviations of a fair coin over 20,000 samples
         raise CheckFailed("flips half the samples", f"{what}: yours flipped {share:.1%}",
@@ -973,7 +1036,11 @@ def check_normalize(normalize_on_device):
                     raise _learner_error(exc, what, mixed_hint=(
                         "keep the constants per device, keyed by the device itself (str(images.device): 'cuda:0' "
                         "and 'cuda:1' are both of type 'cuda'), and make them there: torch.tensor(..., "
-                        "device=images.device)")) or exc
+                        "device=images.device)"), host_hint=(
+                        "your constants are on the CPU (made without device=, or made for an earlier batch on the "
+                        "CPU and kept for every device): make them on the images' device, torch.tensor(..., "
+                        "device=images.device), and keep the constants per device (a dict keyed by "
+                        "str(images.device))")) or exc
                 if not isinstance(result, (tuple, list)) or len(result) != 2:
                     raise CheckFailed("returns (images, labels)", f"{what}: yours returned {_kind(result)}",
                                       "a batch_transform returns both: `return images, labels`")
@@ -1035,6 +1102,10 @@ def _compare_normalized(out, hwc, host, what):
             hint = "ToTensor scales 0..255 to 0..1: divide by 255 first"
         elif abs(yours - raw / 255) < 1e-4:
             hint = "Normalize is missing: subtract the mean and divide by the std of each channel"
+        elif float(err.max()) < 0.02:     # the right formula, rounded: float16 keeps ~3 digits, bfloat16 ~2
+            hint = (f"the formula is right but the values are rounded (off by up to {float(err.max()):.1e}): a "
+                    "16-bit float (half, bfloat16) somewhere in the arithmetic keeps only 2-3 significant digits; "
+                    "compute in float32: images.float() / 255")
         raise CheckFailed("equals ToTensor + Normalize", f"{what}: element {tuple(int(j) for j in i)}: yours "
                           f"{yours:.5f}, expected {want:.5f}", hint)
 

@@ -577,9 +577,84 @@ MUTANTS_31_WALKED = [
 ]
 
 
+class KeepsTheLastBatch(GoodPrefetcher):      # w2-03 w31_23: `self.last = batch` "for debugging"
+    def __iter__(self):
+        for batch in super().__iter__():
+            self.last = batch
+            yield batch
+
+
+class AsksTheMachineNotTheDevice(GoodPrefetcher):   # w2-03 w31_24: right on a machine without CUDA only
+    def __init__(self, loader, device):
+        super().__init__(loader, device)
+        self.stream = torch.cuda.Stream(self.device) if torch.cuda.is_available() else None
+
+
+class OnePinnedBufferPerShape(GoodPrefetcher):   # w2-03 w31_14: one pinned buffer, made anew when the shape changes
+    def __iter__(self):
+        if self.stream is None:
+            yield from super().__iter__()
+            return
+        buf = None
+        batches = iter(self.loader)
+
+        def copy_next():
+            nonlocal buf
+            following = next(batches, None)
+            if following is None:
+                return None
+            if buf is None or buf[0].shape != following[0].shape:
+                buf = tuple(torch.empty_like(t).pin_memory() for t in following)
+            for b, t in zip(buf, following):
+                b.copy_(t)
+            with torch.cuda.stream(self.stream):
+                return tuple(b.to(self.device, non_blocking=True) for b in buf)
+
+        upcoming = copy_next()
+        while upcoming is not None:
+            batch, upcoming = self.hand_out(upcoming), copy_next()
+            yield batch
+
+
+class PinsInThePrefetcher(GoodPrefetcher):     # w2-03 w31_12: pin_memory() of a pinned tensor is that tensor
+    def copy(self, batch):
+        with torch.cuda.stream(self.stream):
+            return tuple(t.pin_memory().to(self.device, non_blocking=True) for t in batch)
+
+
+class ApexResetInIter(GoodPrefetcher):        # w2-03 w31_22: __iter__ resets the state on self and returns self
+    def __iter__(self):
+        if self.stream is None:
+            return super().__iter__()
+        self.it = iter(self.loader)
+        self.upcoming = self._copy_next()
+        return self
+
+    def _copy_next(self):
+        following = next(self.it, None)
+        return None if following is None else self.copy(following)
+
+    def __next__(self):
+        if self.upcoming is None:
+            raise StopIteration
+        batch = self.hand_out(self.upcoming)
+        self.upcoming = self._copy_next()
+        return list(batch)                     # w31_19: a list, not a tuple
+
+
+MUTANTS_31_WALKED += [
+    Mutant("keeps the last batch on self", KeepsTheLastBatch, "keeps no batch the training loop is done with",
+           words="after the pass had ended"),
+    Mutant("torch.cuda.is_available() decides, not the device", AsksTheMachineNotTheDevice,
+           "decides by the device it is given", words="self.device.type"),
+    Mutant("one pinned buffer, made anew when the shape changes", OnePinnedBufferPerShape,
+           "leaves pinned memory alone while a copy from it is queued", words="still copying"),
+]
+
+
 def test_3_1_right_answers_of_the_reports_pass():
     for answer in (EventAfterTheCopy, AllocatedOnTheConsumer, CopiesFromAThread, WaitsBackBeforeEachCopy,
-                   RecordsThenWaits, NewStreamEveryBatch):
+                   RecordsThenWaits, NewStreamEveryBatch, PinsInThePrefetcher, ApexResetInIter):
         passes("3.1", answer, SEEDS[:2])
 
 
@@ -976,9 +1051,51 @@ MUTANTS_32_WALKED = [
 ]
 
 
+def offsets_for_padding_four_only(images, padding=4, generator=None):   # w2-03 w32_23: 0..8 drawn, clamped at 2p
+    dy = torch.randint(0, 9, (len(images),), device=images.device, generator=generator).clamp(max=2 * padding)
+    dx = torch.randint(0, 9, (len(images),), device=images.device, generator=generator).clamp(max=2 * padding)
+    flip = torch.rand(len(images), device=images.device, generator=generator) < 0.5
+    return _crop_with(images, padding, dy, dx, flip)
+
+
+def offsets_read_back_with_tolist(images, padding=4, generator=None):   # w2-03 w32_19: .tolist(), torch.tensor(...)
+    dy, dx, flip = _draws(len(images), padding, images.device, generator)
+    dy = torch.tensor(dy.tolist(), device=images.device)
+    dx = torch.tensor(dx.tolist(), device=images.device)
+    return _crop_with(images, padding, dy, dx, flip)
+
+
+def flips_above_one_half(images, padding=4, generator=None):   # w2-03 w32_02: rand > 0.5, the same probability
+    dy, dx, _ = _draws(len(images), padding, images.device, generator)
+    flip = torch.rand(len(images), device=images.device, generator=generator) > 0.5
+    return _crop_with(images, padding, dy, dx, flip)
+
+
+def flips_the_padded_image_first(images, padding=4, generator=None):   # w2-03 w32_14: flip, then crop
+    n, _, h, w = images.shape
+    dy, dx, flip = _draws(n, padding, images.device, generator)
+    padded = F.pad(images, (padding,) * 4)
+    padded = torch.where(flip[:, None, None, None], padded.flip(-1), padded)
+    rows = dy[:, None] + torch.arange(h, device=images.device)
+    cols = dx[:, None] + torch.arange(w, device=images.device)
+    idx = torch.arange(n, device=images.device)
+    return padded[idx[:, None, None], :, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2)   # w32_17: a view
+
+
+def test_3_2_offsets_uniform_at_every_padding_the_check_uses():   # w2-03 w32_23 passed: padding 4 was the only one counted
+    rejected("3.2", Mutant("offsets 0..8 clamped at 2*padding", offsets_for_padding_four_only,
+                           "offsets vary across samples, uniformly", words="padding=2"), SEEDS)
+
+
+def test_3_2_a_read_back_is_named_before_the_copy_down():        # w2-03 w32_19: the hint named the copy only
+    rejected("3.2", Mutant("offsets read back with .tolist()", offsets_read_back_with_tolist,
+                           "makes no copy from the host", words="values came back to the host first (Tensor.tolist"),
+             SEEDS[:2])
+
+
 def test_3_2_right_answers_of_the_reports_pass():
     for i, fn in enumerate((where_with_python_numbers, bernoulli_flips, grid_sample_nearest,
-                            one_draw_for_both_offsets)):
+                            one_draw_for_both_offsets, flips_above_one_half, flips_the_padded_image_first)):
         passes("3.2", fn, [SEEDS[i % 3]])
 
 
@@ -1219,4 +1336,24 @@ def test_3_3_right_answers_of_the_reports_pass():
 def test_3_3_walked_mutants_rejected(mutant):
     _BY_TYPE.clear()
     _ONCE.clear()
+    rejected("3.3", mutant, SEEDS)
+
+
+def half_precision(images, labels):                      # w2-03 w33_07: "float16 to save bytes"
+    mean, std = _consts(images.device)
+    return (images.half() / 255 - mean) / std, labels
+
+
+def constants_on_the_cpu(images, labels):                # w2-03 w33_16: cached per device, but made without device=
+    mean = torch.tensor(CIFAR10_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(CIFAR10_STD).view(1, 3, 1, 1)
+    return (images.float() / 255 - mean) / std, labels
+
+
+@pytest.mark.parametrize("mutant", [
+    Mutant("float16 arithmetic", half_precision, "equals ToTensor + Normalize", words="16-bit float"),
+    Mutant("constants on the CPU", constants_on_the_cpu, "keeps all its work on the device",
+           words="your constants are on the CPU"),
+], ids=repr)
+def test_3_3_messages_name_the_mistake(mutant):          # w2-03: the hints pointed at the order and the keying
     rejected("3.3", mutant, SEEDS)

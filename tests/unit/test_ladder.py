@@ -147,3 +147,19 @@ def test_channels_last_runs_on_a_copy_of_the_model():
         ctx.run(ladder.mixed_precision_pipeline(ctx))
         weight = ctx.model.features[0][0].weight
         assert weight.is_contiguous() and torch.equal(next(ctx.model.parameters()), before)
+
+
+def test_the_table_names_a_tie_rather_than_a_winner():     # w2-03: 7,110 against 7,112 samples/s, "best" named
+    def row(name, sps):
+        return {"name": name, "short": name, "samples_per_s": sps, "fraction_of_ceiling": sps / 12_626,
+                "stall_fraction": 0.1, "device_util": 0.3}
+    result = ladder.LadderResult(device="d", simulated=True, config={"batch_size": 128, "steps": 20, "num_workers": 2},
+                                 ceiling=row("ceiling", 12_626), rungs=[row("prefetcher", 7_110),
+                                                                         row("device-resident", 7_112)])
+    assert "best: device-resident at 56% of the ceiling (prefetcher within 5% of it: a tie" in result.table()
+    result.rungs[0]["samples_per_s"] = 5_000
+    assert "within 5%" not in result.table()
+
+
+def test_the_workers_bar_is_labelled_as_the_table_names_it():   # w2-03: the bar said "workers", the table "best workers"
+    assert ladder.rung_best_workers.rung_short == "best workers"
