@@ -441,11 +441,33 @@ def _workers_draw_alike(per_batch, what):
         seen[seq] = k
 
 
+def _order_follows_the_seed(first_batches, second_batches, seeds, what):
+    """Fails when a new loader made after another torch seed hands out a full batch of exactly the
+    samples of a batch of the first run (about 40 or more samples alike by chance: never): the
+    loader shuffles, and seeds its workers, from a generator of its own (generator=
+    torch.Generator().manual_seed(0), or an unseeded torch.Generator(), whose seed is fixed too), so
+    every run repeats the same order and the same augmentations whatever torch.manual_seed says
+    (the walk w2-02, w22_09)."""
+    earlier = {tuple(sorted(b)) for b in first_batches}
+    for batch in second_batches:
+        if tuple(sorted(batch)) in earlier:
+            raise CheckFailed("augmentations follow the torch seed",
+                              f"{what}: after torch.manual_seed({seeds[0]}) and torch.manual_seed({seeds[1]}) your "
+                              f"loader handed out the same {len(batch)} samples in a batch of each run: it shuffled "
+                              "(and seeded its workers) the same way although torch's seed changed",
+                              "a DataLoader with a generator of its own (generator=torch.Generator().manual_seed(0)) "
+                              "repeats the same order and the same augmentations in every run, whatever "
+                              "torch.manual_seed says: reproducible, but training with another seed would not get "
+                              "other augmentations. Leave generator out: the DataLoader then draws its order and its "
+                              "workers' seeds from torch's seed")
+
+
 def _draws_follow_the_seed(first, second, seeds, what):
     """Fails when a run after another torch seed shuffled differently but drew, batch by batch, the
     crops and flips of the first run: workers seeded from something other than torch's seed (a
     worker_init_fn that seeds from the worker id) give every run the same augmentations. A run that
-    repeats the first's order too (a loader with a generator of its own) is reproducible, not wrong."""
+    repeats the first's order too (a loader with a generator of its own) fails before this, in
+    _order_follows_the_seed."""
     earlier = {seq: batch for batch, seq in first if seq is not None}
     for batch, seq in second:
         if seq is not None and seq in earlier and earlier[seq] != batch:
@@ -855,6 +877,7 @@ def _check_fast_loader(make_fast_loader):
     finally:
         del loader
         gc.collect()
+    _order_follows_the_seed(batches1, [b for b in again if len(b) == small_bs], seeds, what)
     _draws_follow_the_seed(draws1, _batch_draws(small, images_again, [b for b in again if len(b) == small_bs]),
                            seeds, what)
 
@@ -915,10 +938,20 @@ def _check_fast_loader(make_fast_loader):
         # machine's bar, with the baseline's one core left to it while it ran (load on the cores your
         # workers need only slows yours); anything else is not graded, and graded again later.
         quiet_bar = required_speedup(base, 0.0)
-        if not (ratio >= quiet_bar and others_base <= max(0.0, cores - 1 - busy_limit(cores))):
+        base_free = max(0.0, cores - 1 - busy_limit(cores))
+        if not (ratio >= quiet_bar and others_base <= base_free):
+            why = (f"yours cleared that bar, but the baseline itself ran with other programs on "
+                   f"{others_base:.1f} cores, more than the {base_free:.1f} its one core leaves free (at most "
+                   f"{busy_limit(cores):.1f} on its own core): load that slows the baseline makes any loader look "
+                   "faster than it is, so this ratio cannot pass it") if ratio >= quiet_bar else (
+                   "below that bar, which the load on the cores your workers need may explain")
             raise MachineBusy(max(others, others_base), cores,
                               f"while your loader and the baseline were timed; {ratio:.2f}x the baseline measured, "
-                              f"{quiet_bar:.2f}x asked on a quiet machine")
+                              f"{quiet_bar:.2f}x asked on a quiet machine: {why}",
+                              held="Every property but speed held: each sample once per epoch, reshuffled, freshly "
+                                   "augmented, other augmentations in other workers and after another torch seed, "
+                                   "worker processes kept alive, at most one per usable core, in the timed rounds "
+                                   "too; only the speed could not be judged")
         required = quiet_bar
     loaded = (f"; other processes used {others:.1f} of the {cores} cores meanwhile, so the bar was fitted to what "
               "the cores they left allow") if others > 0.05 and not busy else (
