@@ -85,6 +85,7 @@ _EDGE_CASES = [
     ({0: 500.0, 1: 948.0, 2: 1000.0}, 0.05, "a point just below the threshold (0.948 x best: 0.95 once rounded)"),
     ({0: 1520.5, 1: 1601.0}, 0.05, "a point 0.45 samples/s below a threshold of 1,520.95 (1,520 once truncated)"),
     ({0: 1520.97, 1: 1601.0}, 0.05, "a point 0.02 samples/s above a threshold of 1,520.95 (1,521 once rounded)"),
+    ({0: 500.0, 1: 949.6, 2: 1000.0}, 0.05, "a point 0.4 samples/s below a threshold of 950 (950 once rounded)"),
     ({0: 300.0, 1: 880.0, 2: 960.0, 3: 1000.0}, 0.15, "a tolerance of 0.15, where 0.05 would pick another count"),
     ({0: 600.0, 1: 899.0, 2: 1000.0, 3: 990.0}, 0.1, "a point just below the threshold of a tolerance of 0.1"),
     ({0: 500.0, 1: 990.0, 2: 600.0, 3: 1000.0}, 0.05, "a near-best point, a dip, then the best"),
@@ -155,6 +156,13 @@ _SLIPS = [
     ("threshold truncated", lambda s, t, p: _smallest(s, lambda v: v >= int((1 - t) * max(s.values()))),
      lambda s, t: (f"the threshold here is {(1 - t) * max(s.values()):,.2f}: compare with it as it is, not cut to "
                    "a whole number (int() drops the fraction)")),
+    ("both sides rounded", lambda s, t, p: _smallest(s, lambda v: round(v) >= round((1 - t) * max(s.values()))),
+     lambda s, t: (f"the threshold here is {(1 - t) * max(s.values()):,.2f}: compare each throughput with it as "
+                   "they are, not rounded to whole samples/s (a point a fraction below the threshold rounds up "
+                   "onto it)")),
+    ("tolerance rounded", lambda s, t, p: _smallest(s, lambda v: v >= round(1 - t, 1) * max(s.values())),
+     lambda s, t: (f"the threshold is (1 - tolerance) x the best with the tolerance as given: 1 - {t:g} = "
+                   f"{1 - t:g}, not {round(1 - t, 1):g} (rounded to one decimal)")),
     ("threshold rounded", lambda s, t, p: _smallest(s, lambda v: v >= round((1 - t) * max(s.values()))),
      lambda s, t: (f"the threshold here is {(1 - t) * max(s.values()):,.2f}: compare with it as it is, not rounded "
                    "to a whole number")),
@@ -215,6 +223,38 @@ def _slip_hint(history, sweep, tolerance) -> str | None:
     return None
 
 
+PICKS_21 = "picks the smallest count within the tolerance of the best"
+_STATE_HINT = ("yours answers a sweep differently once it has seen others: keep nothing between calls (a global, "
+               "or a default argument such as _cache={}, lives as long as the function)")
+
+
+def _keeps_state(choose_num_workers, history, now=None) -> bool:
+    """Whether the answers depend on the calls before: asked again the first sweeps it answered,
+    the function answers any differently (or raises: a global kept between calls), or a copy of it
+    with fresh default arguments answers `now` (sweep, tolerance, its answer) differently (a
+    default such as _cache={}). A function that keeps nothing is never told it does (w2-02, w21_17)."""
+    for s, t, _, y in history[:3]:
+        try:
+            if int(choose_num_workers(dict(s), tolerance=t)) != y:
+                return True
+        except Exception:
+            return True
+    if now is not None and getattr(choose_num_workers, "__defaults__", None):
+        import copy
+        import types
+        try:
+            fresh = types.FunctionType(choose_num_workers.__code__, choose_num_workers.__globals__,
+                                       choose_num_workers.__name__,
+                                       tuple(type(d)() if isinstance(d, (dict, list, set)) else copy.deepcopy(d)
+                                             for d in choose_num_workers.__defaults__),
+                                       choose_num_workers.__closure__)      # a _cache={} as it was at first
+            s, t, y = now
+            return int(fresh(dict(s), tolerance=t)) != y
+        except Exception:
+            return False
+    return False
+
+
 def _number(v: float) -> str:
     return f"{v:,.0f}" if float(v).is_integer() else f"{v:,.2f}"
 
@@ -241,10 +281,30 @@ def check_choose_workers(choose_num_workers):
         passed = not (tolerance is None or (tolerance == 0.05 and rng.random() < 0.5))
         if tolerance is None:
             tolerance = 0.05                                        # the default
-        yours = choose_num_workers(given, tolerance=tolerance) if passed else choose_num_workers(given)
+        try:
+            yours = choose_num_workers(given, tolerance=tolerance) if passed else choose_num_workers(given)
+        except Exception as exc:
+            if not sweep or not isinstance(exc, (ValueError, TypeError, KeyError, IndexError)):
+                raise
+            # a sweep of at least one point always has an answer (the best point qualifies itself)
+            table = ("{" + ", ".join(f"{w}: {_number(given[w])}" for w in given) + "}") if len(given) <= 9 else \
+                f"{len(given)} points"
+            if history and _keeps_state(choose_num_workers, history):
+                raise CheckFailed(PICKS_21, f"{what} ({table}): yours raised {type(exc).__name__}: {exc}, and asked "
+                                  "again the sweeps it had answered before, it answered them differently",
+                                  _STATE_HINT) from None
+            raise CheckFailed(PICKS_21, f"{what} ({table}): yours raised {type(exc).__name__}: {exc}",
+                              "a sweep with at least one point always has an answer: the best point is within the "
+                              "tolerance of itself. If yours answered earlier calls and raises now, keep nothing "
+                              "between calls (a global, or a default argument such as _cache={}, lives as long as "
+                              "the function)") from None
         if given != original or list(given) != list(original):
             raise CheckFailed("leaves the sweep unchanged", f"{what}: the dict passed in was modified")
-        if isinstance(yours, bool) or not isinstance(yours, (int, np.integer)):
+        if isinstance(yours, np.integer):
+            raise CheckFailed("returns a worker count (an int)",
+                              f"{what}: yours returned a NumPy integer, {type(yours).__name__}: {yours!r}",
+                              "the contract asks for a Python int: wrap the NumPy result in int(...)")
+        if isinstance(yours, bool) or not isinstance(yours, int):
             raise CheckFailed("returns a worker count (an int)",
                               f"{what}: yours returned {type(yours).__name__}: {yours!r}",
                               "return the key (num_workers), not its throughput")
@@ -255,11 +315,14 @@ def check_choose_workers(choose_num_workers):
             best_w = max(sweep, key=sweep.get)
             threshold = (1 - tolerance) * sweep[best_w]
             if len(sweep) <= 9:
-                table = "{" + ", ".join(f"{w}: {_number(sweep[w])}" for w in sorted(sweep)) + "}"
+                table = "{" + ", ".join(f"{w}: {_number(sweep[w])}" for w in original) + "}" + (
+                    "" if list(original) == sorted(original) else " in the order given")
             else:
                 table = (f"best {_number(sweep[best_w])} samples/s at {best_w} workers, threshold "
                          f"{_number(threshold)}; at yours {_number(sweep.get(int(yours), float('nan')))}, at "
-                         f"{expected} {_number(sweep[expected])}")
+                         f"{expected} {_number(sweep[expected])}" + (
+                             "" if list(original) == sorted(original) else
+                             f"; keys in the order given: {', '.join(map(str, original))}"))
             # more of your answers, on the cases not asked yet, tell the slips apart (only the hint uses them)
             probe = list(history)
             for j in order[order.index(k) + 1:]:
@@ -272,9 +335,9 @@ def check_choose_workers(choose_num_workers):
             slip = _slip_hint(probe, sweep, tolerance)
             if int(yours) not in sweep:
                 hint = "return one of the sweep's keys"
-            elif previous is not None and int(yours) == previous[3] and slip is None:
-                hint = ("yours returned its answer to the sweep before this one: keep nothing between calls (a "
-                        "default argument such as _cache={} lives as long as the function)")
+            elif previous is not None and slip is None and _keeps_state(choose_num_workers, history[:-1],
+                                                                           (sweep, tolerance, int(yours))):
+                hint = _STATE_HINT
             else:
                 hint = slip or (
                     "take the best throughput, then the smallest worker count whose throughput is at least "

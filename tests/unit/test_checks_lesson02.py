@@ -259,6 +259,49 @@ def with_numpy(sweep, tolerance=0.05):                # returns an np.int64 key
     return ws[ss >= (1 - tolerance) * ss.max()].min()
 
 
+# The walk w2-02: wrong answers that passed, or were refused with words pointing elsewhere
+def rounds_both_sides(sweep, tolerance=0.05):         # w21_15: whole samples/s on both sides
+    if not sweep:
+        raise ValueError("empty")
+    best = max(sweep.values())
+    return min(k for k, v in sweep.items() if round(v) >= round((1 - tolerance) * best))
+
+
+def neighbour_gain(sweep, tolerance=0.05):            # w21_17: keeps no state, stops at a small gain
+    if not sweep:
+        raise ValueError("empty")
+    ws = sorted(sweep)
+    for a, b in zip(ws, ws[1:]):
+        if sweep[b] < (1 + tolerance) * sweep[a]:
+            return a
+    return ws[-1]
+
+
+_running_best = [0.0]
+
+
+def global_running_best(sweep, tolerance=0.05):       # w21_21: real state between calls, in a global
+    if not sweep:
+        raise ValueError("empty")
+    _running_best[0] = max(_running_best[0], max(sweep.values()))
+    return min(k for k, v in sweep.items() if v >= (1 - tolerance) * _running_best[0])
+
+
+def tolerance_rounded_to_1dp(sweep, tolerance=0.05):  # w21_23
+    if not sweep:
+        raise ValueError("empty")
+    best = max(sweep.values())
+    return min(k for k, v in sweep.items() if v >= round(1 - tolerance, 1) * best)
+
+
+def index_not_key(sweep, tolerance=0.05):             # w21_14: a position in sorted order
+    if not sweep:
+        raise ValueError("empty")
+    vals = [sweep[k] for k in sorted(sweep)]
+    best = max(vals)
+    return min(i for i, v in enumerate(vals) if v >= (1 - tolerance) * best)
+
+
 def max_of_empty_raises_value_error(sweep, tolerance=0.05):   # max() of an empty sequence is a ValueError
     best = max(sweep.values())
     return min(w for w, s in sweep.items() if s >= (1 - tolerance) * best)
@@ -296,6 +339,13 @@ MUTANTS_21 = [
     Mutant("the largest count's throughput as the best", last_key_is_best, PICKS, words="wherever it is"),
     Mutant("remembers its first answer", remembers_its_first_answer, PICKS, words="keep nothing between calls"),
     Mutant("returns the throughput", returns_throughput, "returns a worker count (an int)"),
+    Mutant("returns an np.int64 (w21_22)", with_numpy, "returns a worker count (an int)", words="int(...)"),
+    Mutant("both sides rounded (w21_15)", rounds_both_sides, PICKS, words="not rounded to whole samples/s"),
+    Mutant("tolerance rounded to 1 place (w21_23)", tolerance_rounded_to_1dp, PICKS, words="rounded to one decimal"),
+    Mutant("a global running best (w21_21)", global_running_best, PICKS,
+           words="keep nothing between calls"),
+    Mutant("first in dict order, shown in that order (w21_04)", first_in_dict_order, PICKS, words="order given"),
+    Mutant("an index, not a key (w21_14)", index_not_key, PICKS, words="order given"),
     Mutant("no empty guard", no_empty_guard, "raises ValueError on an empty sweep"),
     Mutant("IndexError when empty", empty_raises_index_error, "raises ValueError on an empty sweep"),
     Mutant("sorts the sweep in place", sorts_in_place, "leaves the sweep unchanged"),
@@ -303,7 +353,7 @@ MUTANTS_21 = [
 
 
 @pytest.mark.parametrize("answer", [choose, gap_over_the_best, ratio_to_the_best, best_minus_a_share, sorted_scan,
-                                    with_numpy, max_of_empty_raises_value_error], ids=lambda f: f.__name__)
+                                    max_of_empty_raises_value_error], ids=lambda f: f.__name__)
 def test_choose_workers_passes(answer):
     passes("2.1", answer, range(30))
 
@@ -311,6 +361,18 @@ def test_choose_workers_passes(answer):
 @pytest.mark.parametrize("mutant", MUTANTS_21, ids=repr)
 def test_choose_workers_mutants_rejected(mutant):
     rejected("2.1", mutant, range(30))
+
+
+def test_choose_workers_a_stateless_answer_is_not_told_it_keeps_state():
+    """The walk w2-02 (w21_17): its answer happened to equal the previous case's, and the hint blamed
+    state kept between calls, which it does not keep."""
+    for seed in range(5):
+        os.environ["COURSE_CHECK_SEED"] = str(seed)
+        try:
+            result = run_check("2.1", neighbour_gain)
+        finally:
+            os.environ.pop("COURSE_CHECK_SEED", None)
+        assert result.status == "fail" and "between calls" not in result.message, result.message
 
 
 def test_choose_workers_stub_and_wrong_type():
