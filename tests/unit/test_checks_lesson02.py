@@ -1199,6 +1199,8 @@ MUTANTS_23 = [
 MUTANTS_23_FLIPS = [
     Mutant("flips with probability 0.55", FlipsFiftyFive, "flips half the items"),
     Mutant("flips with probability 0.45", FlipsFortyFive, "flips half the items"),
+    Mutant("flips with probability 0.52 (w23_17)", _variant(flip_p=0.52), "flips half the items", words="0.5 +- 0.010"),
+    Mutant("flips with probability 0.48", _variant(flip_p=0.48), "flips half the items"),
 ]
 MUTANTS_23_LATE = [
     Mutant("the main process's seed read in __init__", MainSeedAtInit,
