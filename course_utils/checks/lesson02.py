@@ -1383,8 +1383,11 @@ def _check_worker_seeding(dataset_class):
     run_a, run_a_epoch2 = _worker_run(dataset, images, labels, padding, torch_seed, what, epochs=2)
     pairs_equal = _fraction_equal(run_a[0::2], run_a[1::2])
     if pairs_equal > 0.5:
-        hint = ("each worker process starts with a copy of the dataset, generator included: "
-                "create the generator inside the worker, seeded from get_worker_info().seed")
+        hint = ("the two workers drew the same numbers: either one generator, made before the workers started "
+                "(in __init__), was copied into each worker process with the dataset, or each worker made its own "
+                "from a seed that is the same in every worker (a fixed number, or get_worker_info().seed - id, "
+                "the loader's base seed): create the generator inside the worker, seeded from "
+                "get_worker_info().seed itself, which differs from worker to worker")
         unused = dataset_class(images, labels, padding=padding)
         fresh_run, = _worker_run(unused, images, labels, padding, torch_seed, what)
         if _fraction_equal(fresh_run[0::2], fresh_run[1::2]) <= 0.5:

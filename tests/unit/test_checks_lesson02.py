@@ -871,6 +871,17 @@ class WorkerSafe(CropFlipBase):
         return self._rng
 
 
+class BaseSeedShared(WorkerSafe):
+    """The walk w2-02 (w23_19): a generator made in each worker, from the base seed (the same in every worker)."""
+
+    def rng(self):
+        info = get_worker_info()
+        seed = info.seed - info.id if info is not None else torch.initial_seed()
+        if self._rng is None or seed != self._seed:
+            self._rng, self._seed = np.random.default_rng(seed), seed
+        return self._rng
+
+
 class TorchGlobal(CropFlipBase):
     """Also right: torch's own generator, which DataLoader seeds in each worker."""
 
@@ -1165,6 +1176,8 @@ MUTANTS_23_WORKERS = [
     Mutant("seeded in __init__", SeededInInit, "different augmentations in different workers"),
     Mutant("unseeded in __init__", UnseededInInit, "different augmentations in different workers"),
     Mutant("made lazily once", LazyOnce, "different augmentations in different workers"),
+    Mutant("seeded per worker from the base seed (w23_19)", BaseSeedShared, "different augmentations in different workers",
+           words="get_worker_info().seed - id"),
     Mutant("seeded by worker id", ByWorkerId, "follows the torch seed"),
     Mutant("fresh OS entropy", FreshEntropy, "reproducible under torch.manual_seed"),
     Mutant("NumPy's global state seeds a throwaway generator", NumpyGlobalThrowaway,
