@@ -107,12 +107,14 @@ class MachineBusy(Exception):
     the grader runs it again later. `others_cores` of the `cores` usable were taken; `what` says
     what was being measured."""
 
-    def __init__(self, others_cores: float, cores: int, what: str = "while it measured speed"):
+    def __init__(self, others_cores: float, cores: int, what: str = "while it measured speed", held: str = ""):
         super().__init__(others_cores)
         self.others_cores, self.cores, self.what = float(others_cores), int(cores), what
+        self.held = held      # what the check did judge before the speed (a sentence), if anything
 
     def sentence(self) -> str:
+        held = f" {self.held}." if self.held else ""
         return (f"not graded: the machine was busy ({self.others_cores:.1f} of its {self.cores} cores taken by other "
-                f"programs {self.what}), too busy to judge speed fairly. Your answer was neither passed nor "
+                f"programs {self.what}), too busy to judge speed fairly.{held} Your answer was neither passed nor "
                 "failed: the grader runs this check again when the machine is quieter; in a notebook, run this "
                 "cell again once the other programs are done (`top` shows them)")

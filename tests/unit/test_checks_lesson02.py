@@ -259,6 +259,49 @@ def with_numpy(sweep, tolerance=0.05):                # returns an np.int64 key
     return ws[ss >= (1 - tolerance) * ss.max()].min()
 
 
+# The walk w2-02: wrong answers that passed, or were refused with words pointing elsewhere
+def rounds_both_sides(sweep, tolerance=0.05):         # w21_15: whole samples/s on both sides
+    if not sweep:
+        raise ValueError("empty")
+    best = max(sweep.values())
+    return min(k for k, v in sweep.items() if round(v) >= round((1 - tolerance) * best))
+
+
+def neighbour_gain(sweep, tolerance=0.05):            # w21_17: keeps no state, stops at a small gain
+    if not sweep:
+        raise ValueError("empty")
+    ws = sorted(sweep)
+    for a, b in zip(ws, ws[1:]):
+        if sweep[b] < (1 + tolerance) * sweep[a]:
+            return a
+    return ws[-1]
+
+
+_running_best = [0.0]
+
+
+def global_running_best(sweep, tolerance=0.05):       # w21_21: real state between calls, in a global
+    if not sweep:
+        raise ValueError("empty")
+    _running_best[0] = max(_running_best[0], max(sweep.values()))
+    return min(k for k, v in sweep.items() if v >= (1 - tolerance) * _running_best[0])
+
+
+def tolerance_rounded_to_1dp(sweep, tolerance=0.05):  # w21_23
+    if not sweep:
+        raise ValueError("empty")
+    best = max(sweep.values())
+    return min(k for k, v in sweep.items() if v >= round(1 - tolerance, 1) * best)
+
+
+def index_not_key(sweep, tolerance=0.05):             # w21_14: a position in sorted order
+    if not sweep:
+        raise ValueError("empty")
+    vals = [sweep[k] for k in sorted(sweep)]
+    best = max(vals)
+    return min(i for i, v in enumerate(vals) if v >= (1 - tolerance) * best)
+
+
 def max_of_empty_raises_value_error(sweep, tolerance=0.05):   # max() of an empty sequence is a ValueError
     best = max(sweep.values())
     return min(w for w, s in sweep.items() if s >= (1 - tolerance) * best)
@@ -296,6 +339,13 @@ MUTANTS_21 = [
     Mutant("the largest count's throughput as the best", last_key_is_best, PICKS, words="wherever it is"),
     Mutant("remembers its first answer", remembers_its_first_answer, PICKS, words="keep nothing between calls"),
     Mutant("returns the throughput", returns_throughput, "returns a worker count (an int)"),
+    Mutant("returns an np.int64 (w21_22)", with_numpy, "returns a worker count (an int)", words="int(...)"),
+    Mutant("both sides rounded (w21_15)", rounds_both_sides, PICKS, words="not rounded to whole samples/s"),
+    Mutant("tolerance rounded to 1 place (w21_23)", tolerance_rounded_to_1dp, PICKS, words="rounded to one decimal"),
+    Mutant("a global running best (w21_21)", global_running_best, PICKS,
+           words="keep nothing between calls"),
+    Mutant("first in dict order, shown in that order (w21_04)", first_in_dict_order, PICKS, words="order given"),
+    Mutant("an index, not a key (w21_14)", index_not_key, PICKS, words="order given"),
     Mutant("no empty guard", no_empty_guard, "raises ValueError on an empty sweep"),
     Mutant("IndexError when empty", empty_raises_index_error, "raises ValueError on an empty sweep"),
     Mutant("sorts the sweep in place", sorts_in_place, "leaves the sweep unchanged"),
@@ -303,7 +353,7 @@ MUTANTS_21 = [
 
 
 @pytest.mark.parametrize("answer", [choose, gap_over_the_best, ratio_to_the_best, best_minus_a_share, sorted_scan,
-                                    with_numpy, max_of_empty_raises_value_error], ids=lambda f: f.__name__)
+                                    max_of_empty_raises_value_error], ids=lambda f: f.__name__)
 def test_choose_workers_passes(answer):
     passes("2.1", answer, range(30))
 
@@ -311,6 +361,18 @@ def test_choose_workers_passes(answer):
 @pytest.mark.parametrize("mutant", MUTANTS_21, ids=repr)
 def test_choose_workers_mutants_rejected(mutant):
     rejected("2.1", mutant, range(30))
+
+
+def test_choose_workers_a_stateless_answer_is_not_told_it_keeps_state():
+    """The walk w2-02 (w21_17): its answer happened to equal the previous case's, and the hint blamed
+    state kept between calls, which it does not keep."""
+    for seed in range(5):
+        os.environ["COURSE_CHECK_SEED"] = str(seed)
+        try:
+            result = run_check("2.1", neighbour_gain)
+        finally:
+            os.environ.pop("COURSE_CHECK_SEED", None)
+        assert result.status == "fail" and "between calls" not in result.message, result.message
 
 
 def test_choose_workers_stub_and_wrong_type():
@@ -491,7 +553,7 @@ def out_of_order(dataset, batch_size):                 # RIGHT (the lesson recom
                       in_order=False)
 
 
-def own_generator(dataset, batch_size):                # RIGHT: the lesson's "full reproducibility" advice
+def own_generator(dataset, batch_size):                # WRONG (w2-02, w22_09): ignores a new torch.manual_seed
     return DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=usable_cores(), persistent_workers=True,
                       generator=torch.Generator().manual_seed(0))
 
@@ -607,6 +669,8 @@ MUTANTS_22_CORRECTNESS = [
     Mutant("2 workers per usable core", two_workers_per_core, "at most one worker per usable core"),
     Mutant("worker_init_fn seeds by worker id", workers_seeded_by_id, "augmentations follow the torch seed",
            words="worker_init_fn"),
+    Mutant("a generator of its own, fixed seed (w2-02)", own_generator, "augmentations follow the torch seed",
+           words="generator=torch.Generator().manual_seed(0)"),
 ]
 if usable_cores() >= 2:
     MUTANTS_22_CORRECTNESS.append(Mutant("a count fixed when the notebook started", count_fixed_at_import,
@@ -680,10 +744,29 @@ def speed_not_graded(monkeypatch):
     monkeypatch.setattr("course_utils.loaders.measure_loader", _loads_without_timing)
 
 
-@pytest.mark.parametrize("answer", [fast_loader, no_prefetch_setting, out_of_order, own_generator],
+@pytest.mark.parametrize("answer", [fast_loader, no_prefetch_setting, out_of_order],
                          ids=lambda f: f.__name__)
 def test_fast_loader_right_answers_hold_every_property(answer, speed_not_graded):
     passes("2.2", answer, range(2))       # in_order=False: its short batch came early on the walk's seeds 2 and 3
+
+
+class BusyMachine(QuietMachine):
+    """Other programs on 1.5 cores whenever the check looks (the walk w2-02: a loaded 2-core host)."""
+    others_cores = 1.5
+
+
+def test_busy_says_what_held_and_why_a_cleared_bar_is_not_graded(monkeypatch):
+    """The walk w2-02: '1.81x the baseline measured, 1.20x asked on a quiet machine' and 'not graded'
+    read as a contradiction, and nothing said the loader was already right. The message now says
+    that every property but speed held and that a baseline slowed by the load cannot pass yours."""
+    monkeypatch.setattr("course_utils.checks.lesson02.OthersCpu", BusyMachine)
+    monkeypatch.setattr("course_utils.checks.lesson02.required_speedup", lambda baseline, others: 1.0)
+    monkeypatch.setattr("course_utils.loaders.measure_loader", _loads_without_timing)
+    result = run_check("2.2", fast_loader)
+    assert result.status == "busy", result.message
+    assert "Every property but speed held" in result.message
+    assert "yours cleared that bar, but the baseline itself ran with other programs on 1.5 cores" in result.message
+    assert "makes any loader look faster than it is" in result.message
 
 
 def test_one_short_batch_may_come_anywhere_in_an_epoch():
@@ -783,6 +866,17 @@ class WorkerSafe(CropFlipBase):
     def rng(self):
         info = get_worker_info()
         seed = info.seed if info is not None else torch.initial_seed()
+        if self._rng is None or seed != self._seed:
+            self._rng, self._seed = np.random.default_rng(seed), seed
+        return self._rng
+
+
+class BaseSeedShared(WorkerSafe):
+    """The walk w2-02 (w23_19): a generator made in each worker, from the base seed (the same in every worker)."""
+
+    def rng(self):
+        info = get_worker_info()
+        seed = info.seed - info.id if info is not None else torch.initial_seed()
         if self._rng is None or seed != self._seed:
             self._rng, self._seed = np.random.default_rng(seed), seed
         return self._rng
@@ -1082,6 +1176,8 @@ MUTANTS_23_WORKERS = [
     Mutant("seeded in __init__", SeededInInit, "different augmentations in different workers"),
     Mutant("unseeded in __init__", UnseededInInit, "different augmentations in different workers"),
     Mutant("made lazily once", LazyOnce, "different augmentations in different workers"),
+    Mutant("seeded per worker from the base seed (w23_19)", BaseSeedShared, "different augmentations in different workers",
+           words="get_worker_info().seed - id"),
     Mutant("seeded by worker id", ByWorkerId, "follows the torch seed"),
     Mutant("fresh OS entropy", FreshEntropy, "reproducible under torch.manual_seed"),
     Mutant("NumPy's global state seeds a throwaway generator", NumpyGlobalThrowaway,
@@ -1116,6 +1212,8 @@ MUTANTS_23 = [
 MUTANTS_23_FLIPS = [
     Mutant("flips with probability 0.55", FlipsFiftyFive, "flips half the items"),
     Mutant("flips with probability 0.45", FlipsFortyFive, "flips half the items"),
+    Mutant("flips with probability 0.52 (w23_17)", _variant(flip_p=0.52), "flips half the items", words="0.5 +- 0.010"),
+    Mutant("flips with probability 0.48", _variant(flip_p=0.48), "flips half the items"),
 ]
 MUTANTS_23_LATE = [
     Mutant("the main process's seed read in __init__", MainSeedAtInit,
