@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import json
 import math
+import secrets
 import tempfile
 from pathlib import Path
 
@@ -175,6 +176,7 @@ def _shard_cases(rng):
 def check_7_1(shard_indices):
     expect_callable(shard_indices, "a function shard_indices(n, num_replicas, rank, *, shuffle, seed, epoch, drop_last)")
     rng, seed = fresh_rng()
+    earlier: dict[tuple, list] = {}          # (n, num_replicas, rank) -> [(args, yours)] of the calls so far
     for prop, hint, settings in _shard_cases(rng):
         for kw in settings:
             n, R = kw["n"], kw["num_replicas"]
@@ -196,8 +198,30 @@ def check_7_1(shard_indices):
                                       "use a private torch.Generator; torch.manual_seed() would reset the random "
                                       "numbers of everything else in the program (augmentation, dropout) each epoch")
                 yours = _as_index_list(yours, what)
+                before = earlier.setdefault((n, R, rank), [])
+                kept = next((a for a, y in before if y == yours and a != args and y != expected), None)
+                before.append((args, yours))
                 if yours != expected:
-                    if not args["shuffle"] and yours == _reference_shard(n, R, rank, **{**args, "shuffle": True}):
+                    fresh = None
+                    if kept is not None and args["shuffle"]:     # the same arguments, on a size never asked for yet
+                        # a size no earlier call (nor an earlier run of the check) is likely to have asked for:
+                        # any fresh size gives the same verdict, so the draw does not make the fate seed-dependent
+                        n2 = max(key[0] for key in earlier) + R + 1 + secrets.randbelow(100_000)
+                        fresh = _as_index_list(shard_indices(n2, R, rank, **args), what) == \
+                            _reference_shard(n2, R, rank, **args)
+                    if fresh:           # right on a fresh size: w3-07 w71_12, a permutation cached by (n, seed)
+                        prop = "computes each call from its own arguments (nothing kept between calls)"
+                        hint = (f"yours is what an earlier call returned ({', '.join(f'{k}={v}' for k, v in kept.items())}): "
+                                "your function kept something from that call (a cache whose key leaves out the epoch "
+                                "or the seed?). Compute the permutation from seed + epoch every time")
+                    elif prop == "the seed changes the order" and \
+                            yours != _reference_shard(n, R, rank, **{**args, "seed": 0}):   # w3-07 w71_15
+                        prop = "seeds the generator with exactly seed + epoch"
+                        hint = (f"with seed=0 yours matched DistributedSampler; with seed={args['seed']} it does not: "
+                                "the generator's seed is seed + epoch, as DistributedSampler's "
+                                "g.manual_seed(self.seed + self.epoch); another mix (seed * 1000 + epoch, a tuple) "
+                                "gives another permutation, so your shards would not match a sampler's")
+                    elif not args["shuffle"] and yours == _reference_shard(n, R, rank, **{**args, "shuffle": True}):
                         prop, hint = "shuffle=False keeps the dataset's order", "only shuffle when shuffle=True"
                     elif len(yours) != len(expected) and yours[:len(expected)] == expected[:len(yours)] and \
                             prop.startswith("rank r takes"):    # the right stride, the wrong length (w3-07 w71_14)
@@ -374,6 +398,20 @@ def judge_7_2(obs: list[dict], seed: int, file) -> str:
                               "model = make_model().to(device), then wrap it. In the check `device` is the CPU, so "
                               "nothing breaks here; on a GPU, DDP(model, device_ids=[local_rank]) of a model in host "
                               "memory raises, and nccl cannot broadcast its weights")
+    for o in obs:                      # the GPU pass: device=cuda:0 on each of 2 nodes of 1 GPU
+        gpu = o.get("gpu_pass") or {}
+        where = (gpu.get("moves") or [None])[-1]
+        error = (gpu.get("error") or {}).get("message", "")
+        if "invalid device ordinal" in error or (where is not None and where not in ("cuda:0", "cuda")):
+            asked = where if where is not None else "a GPU the node does not have"
+            raise CheckFailed("moves the model to `device` before wrapping it in DDP",
+                              f"run as on 2 nodes of 1 GPU each, with device=cuda:0 on both, rank {o['rank']} moved "
+                              f"the model to {asked}, not to the `device` it was given"
+                              + (f" (torch raised: {error[:160]})" if error else "")
+                              + ": on a GPU that is another GPU, or one the node does not have",
+                              "move it to the `device` argument, which the launcher derived from LOCAL_RANK: a device "
+                              "built from dist.get_rank() (the rank in the whole job) is cuda:1 on the second node, "
+                              "which has only cuda:0")
     if any(o.get("made") != 1 for o in obs):
         raise CheckFailed("builds the model once with make_model()",
                           f"make_model() was called {[o.get('made') for o in obs]} times on the ranks")
@@ -646,15 +684,28 @@ def judge_7_3(obs: list[dict], seed: int, file) -> str:
                                   f"rank {r} returned {v.get('bad') if isinstance(v, dict) else v}")
         for r, entry in enumerate(entries):
             if entry.get("types") != ["float", "float"]:
-                raise CheckFailed("returns two Python floats",
-                                  f"rank {r} returned ({', '.join(entry.get('types') or ['?'])})",
-                                  "read the numbers out of the tensor (.tolist() or .item()): a tensor, on a GPU, "
-                                  "keeps device memory alive and makes every later use of it wait for the GPU")
+                types = entry.get("types") or ["?"]
+                hint = ("read the numbers out of the tensor (.tolist() or .item()): a tensor, on a GPU, keeps device "
+                        "memory alive and makes every later use of it wait for the GPU")
+                if "int" in types and "Tensor" not in types:          # w4-07 w73_int_division
+                    hint = ("an int is what integer division (//) or int() gives: it truncates, so an accuracy "
+                            "of 0.7 comes back as 0. Divide with / (a float), after reading the sums out of the "
+                            "tensor")
+                elif "Tensor" not in types:
+                    hint = f"convert each with float(): {', '.join(t for t in types if t != 'float')} is not a Python float"
+                raise CheckFailed("returns two Python floats", f"rank {r} returned ({', '.join(types)})", hint)
         if any(v != values[0] for v in values[1:]):
-            raise CheckFailed("every rank gets the same result",
-                              f"with {_CASE_73[i]}, the ranks returned {values}",
-                              "all_reduce gives every rank the total; dist.reduce only rank 0; a rank that "
-                              "does not reduce at all returns its own numbers")
+            hint = ("all_reduce gives every rank the total; dist.reduce only rank 0; a rank that "
+                    "does not reduce at all returns its own numbers")
+            empty = [r for r, c in enumerate(cases[i]) if c[2] == 0]
+            if empty and any(values[r] == ["nan", "nan"] for r in empty) and \
+                    any(v != ["nan", "nan"] for v in values):            # w4-07 w73_local_nan
+                hint = (f"rank {empty[0]}, with no samples, returned nan without joining the all-reduce: the other "
+                        "rank's all-reduce then met whatever collective rank "
+                        f"{empty[0]} called next, and the ranks fell out of step (in a job: a hang, or silently wrong "
+                        "numbers). Every rank all-reduces, whatever its count; only the global count decides nan")
+            raise CheckFailed("every rank gets the same result", f"with {_CASE_73[i]}, the ranks returned {values}",
+                              hint)
         got = values[0]
         if not all(_same(g, x, rtol) for g, x in zip(got, expected)):
             counts = ", ".join(f"rank {r}: {c[2]:,} samples" for r, c in enumerate(cases[i]))
@@ -796,12 +847,17 @@ def judge_7_4(obs: list[dict], seed: int, file) -> str:
                                   f"k={k}: DDP all-reduced the gradients {res['all_reduces']:g} time(s){extra} "
                                   f"for {k} micro-batch(es)", hint)
             if res["events"] != "FB" * k:
+                hint = ("call backward on each micro-batch's loss as you go: adding up the losses and calling "
+                        "backward once keeps every micro-batch's activations in memory, which is what accumulation "
+                        "is there to avoid")
+                if k > 1 and res["events"].count("F") < k:             # w4-07 w74_one_big_forward
+                    hint = (f"{res['events'].count('F')} forward pass(es) for {k} micro-batches: one forward over "
+                            "the micro-batches joined together is the big batch again, its activations all in "
+                            "memory at once, which is what accumulation is there to avoid. Run forward and "
+                            "backward on each micro-batch in turn")
                 raise CheckFailed("runs backward on each micro-batch before the next forward",
                                   f"k={k}: forward (F) and backward (B) passes came as {res['events'] or 'nothing'}, "
-                                  f"expected {'FB' * k}",
-                                  "call backward on each micro-batch's loss as you go: adding up the losses and "
-                                  "calling backward once keeps every micro-batch's activations in memory, which is "
-                                  "what accumulation is there to avoid")
+                                  f"expected {'FB' * k}", hint)
             backwards = [on for kind, on in res.get("synced", []) if kind == "B"]
             if len(backwards) == k and backwards.count(True) == 1 and not backwards[-1]:
                 which = backwards.index(True) + 1
@@ -836,6 +892,15 @@ def judge_7_4(obs: list[dict], seed: int, file) -> str:
                                   f"k={k}, rank {o['rank']} returned a {res.get('returned_type')}",
                                   "read the number out (.item()): a tensor that still holds the graph keeps every "
                                   "micro-batch's activations alive, and on a GPU each later use of it waits for the GPU")
+            reads = res.get("host_reads") or []
+            if len(reads) > 1:
+                raise CheckFailed("reads the loss from the device once per call",
+                                  f"k={k}, rank {o['rank']}: your function read a tensor's value {len(reads)} times "
+                                  f"({', '.join(dict.fromkeys(reads))}): on a GPU each read (.item(), float(), "
+                                  ".tolist(), print) makes the host wait for the device, so a read per micro-batch "
+                                  "costs a wait per micro-batch",
+                                  "add each micro-batch's loss.detach() to a running tensor and read it once, with "
+                                  "one .item() (or float()) at the end")
             if res["weights_changed"] or res.get("optimizer_steps"):
                 how = "the weights changed" if res["weights_changed"] else \
                     f"your function called {res['optimizer_steps'][0]}.step() (it changed nothing this time)"
@@ -881,7 +946,7 @@ def check_7_5(path, *, seed=None):
 
 
 _CASE_75 = ["shards of unequal sizes, 2 workers per rank", "3 shards, an odd number of samples, no workers",
-            "a single shard, 2 workers per rank"]          # the order of cases_75()
+            "a single shard, 2 workers per rank", "a single shard over six epochs, no workers"]   # cases_75()'s order
 
 
 def _describe_75(case) -> str:
@@ -1097,12 +1162,27 @@ def judge_7_5(obs: list[dict], seed: int, file) -> str:
     # 7. a new split every epoch, the same whichever process iterates the object (nothing kept from an
     #    earlier call), and (dropping) other samples left out
     case = cases[0]
-    e0, e1 = (str(e) for e in case["epochs"])
+    e0, e1 = (str(e) for e in case["epochs"][:2])
+    every = [str(e) for e in case["epochs"]]
     for o in obs:
-        if set(_samples(o["results"][0]["epochs"][e0])) == set(_samples(o["results"][0]["epochs"][e1])):
+        sets = [set(_samples(o["results"][0]["epochs"][e])) for e in every]
+        if all(x == sets[0] for x in sets):
+            here = o["results"][0].get("in_process", {}).get(e1)
+            if here is not None and set(_samples(here)) != set(_samples(o["results"][0]["epochs"][e1])):
+                # w3-07 w75_10: a generator made in __init__: each worker's fresh copy starts it again
+                raise CheckFailed("a different split every epoch",
+                                  f"with {_describe_75(case)}, rank {o['rank']}'s workers read the same samples in "
+                                  f"epochs {', '.join(every)}, while the same object iterated again in this process "
+                                  f"after set_epoch({e1}) gave other ones: your __iter__ draws from something kept "
+                                  "between calls (a generator made in __init__?), which every worker's fresh copy "
+                                  "of the object starts again from the same state",
+                                  "make the generator inside __iter__, from (seed, epoch) alone, e.g. "
+                                  "np.random.default_rng([self.seed, self.epoch]): then every process, every call, "
+                                  "draws the same epoch's plan")
             raise CheckFailed("a different split every epoch",
-                              f"with {_describe_75(case)}, rank {o['rank']} read the same samples in epochs {e0} "
-                              f"and {e1}", "draw the shards' order from (seed, epoch) (set_epoch stores the epoch)")
+                              f"with {_describe_75(case)}, rank {o['rank']} read the same samples in epochs "
+                              f"{', '.join(every)}", "draw the shards' order from (seed, epoch) (set_epoch stores the "
+                              "epoch)")
         for e in (e0, e1):
             here = o["results"][0].get("in_process", {}).get(e)
             if here is not None and set(_samples(here)) != set(_samples(o["results"][0]["epochs"][e])):
@@ -1112,14 +1192,28 @@ def judge_7_5(obs: list[dict], seed: int, file) -> str:
                                   f"epoch {e}", "compute the epoch's plan from (seed, epoch) every time __iter__ runs: "
                                   "a plan kept from an earlier call repeats that epoch (without workers, or with "
                                   "persistent ones, the same object is iterated again)")
-    case = cases[0]
-    e0, e1 = (str(e) for e in case["epochs"])
-    dropped = [left_out.get((0, f"epoch {e}")) for e in (e0, e1)]
-    if dropped[0] is not None and dropped[1] is not None and dropped[0] == dropped[1]:
-        raise CheckFailed("drops other samples every epoch",
-                          f"with {_describe_75(case)}, the same {len(dropped[0])} samples never came in epochs {e0} "
-                          f"and {e1}", "leave out what is left at the end of each epoch's own order (it changes "
-                          "with the epoch), not a fixed tail of the dataset: those samples would never be trained on")
+    # (not on case 0's two epochs: with a remainder of 1 or 2 samples a right answer's random cut repeats
+    # by chance, so that verdict depended on the seed; case 3 asks over six epochs, with a large remainder)
+    if len(cases) > 3:                 # one shard over six epochs: the shard order cannot move the cut
+        case = cases[3]
+        sets = [left_out.get((3, f"epoch {e}")) for e in case["epochs"]]
+        if all(x is not None for x in sets):
+            epochs = case["epochs"]
+            cut = ("draw where the epoch's stream is cut from (seed, epoch), e.g. an offset between 0 and the "
+                   "remainder, so that over the epochs every sample is trained on")
+            if all(x == sets[0] for x in sets):
+                raise CheckFailed("drops other samples every epoch",
+                                  f"with {_describe_75(case)}, the same {len(sets[0])} samples "
+                                  f"{_short(sorted(sets[0]), 4)} never came in any of epochs {epochs[0]} to "
+                                  f"{epochs[-1]}: with one shard the shards' order cannot move the cut, and yours "
+                                  "is always at the same place", cut)
+            if all(sets[j] == sets[j + 2] for j in range(len(sets) - 2)):
+                raise CheckFailed("drops other samples every epoch",
+                                  f"with {_describe_75(case)}, the samples left out alternate between two sets: "
+                                  f"{_short(sorted(sets[0]), 4)} in epochs {', '.join(map(str, epochs[0::2]))} and "
+                                  f"{_short(sorted(sets[1]), 4)} in epochs {', '.join(map(str, epochs[1::2]))}: the "
+                                  "cut depends only on whether the epoch is even or odd, so these samples miss every "
+                                  "other epoch for the whole run", cut)
     # 8. resuming
     for i, case in enumerate(cases):
         if not case["resume"]:

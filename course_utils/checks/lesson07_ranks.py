@@ -144,15 +144,24 @@ class RecordingMLP(MLP):
         self._lookup = lookup
         self.seen: list[list[int]] = []
         self.moves: list[str] = []         # the devices the learner's code moved it to (.to / .cuda)
+        self.record_only = False           # the GPU pass of 7.2: note the move, keep the weights where they are
 
     def to(self, *args, **kwargs):
-        device = torch._C._nn._parse_to(*args, **kwargs)[0]
+        if kwargs.get("device") is not None:    # read as given: the virtual GPU's parse_to reads device= as the CPU
+            device = torch.device(kwargs["device"])
+        else:
+            device = torch._C._nn._parse_to(*args, **{k: v for k, v in kwargs.items() if k != "device"})[0]
         if device is not None:
             self.moves.append(str(device))
+            if self.record_only:
+                return self
         return super().to(*args, **kwargs)
 
     def cuda(self, device=None):
-        self.moves.append(f"cuda:{device}" if device is not None else "cuda")
+        self.moves.append(f"cuda:{torch.device(device).index if isinstance(device, (str, torch.device)) else device}"
+                          if device is not None else "cuda")
+        if self.record_only:
+            return self
         return super().cuda(device)
 
     def forward(self, x):
@@ -335,6 +344,55 @@ def run_72(fn, job, rank, world, workdir, obs) -> None:
         obs["returned_is_made"] = any(returned is m["model"] for m in made)
     loads = [ld for ld in obs["loads"] if ld["weights_before"] is not None]
     obs["trained"] = loads[0]["weights_before"] if loads else obs.get("final")
+    obs["gpu_pass"] = _run_72_as_on_gpus(fn, job, rank, world, workdir, case, dataset, lookup)
+
+
+class _StopHere(BaseException):
+    """Ends the GPU pass of 7.2 where DDP wraps the model (or the model first runs): a BaseException,
+    so that the learner's `except Exception` does not swallow it."""
+
+
+def _run_72_as_on_gpus(fn, job, rank, world, workdir, case, dataset, lookup) -> dict:
+    """The learner's train_ddp once more, as on 2 nodes of 1 GPU each: `device` is cuda:0 (a virtual
+    GPU: torch.cuda says there is one), and the pass stops where DistributedDataParallel wraps the
+    model, noting where the learner's code moved it. Nothing is trained (the moves are recorded, the
+    weights stay in host memory): this pass only asks whether the model went to the `device` the
+    caller gave, and not to one the code guessed (cuda:RANK, the global rank, is cuda:1 on the second
+    node, which has one GPU: w4-07 w72_global_rank_device)."""
+    from torch.nn.parallel import DistributedDataParallel
+    from .virtual_cuda import VirtualCuda
+    found = {"moves": None, "wrapped": False}
+
+    def make_model():
+        torch.manual_seed(1_000_003 * job["seed"] + 7919 * rank)
+        model = RecordingMLP(case["d_in"], case["hidden"], case["classes"], lookup)
+        model.record_only = True
+
+        def stop(*args, **kwargs):
+            found["moves"] = list(model.moves)
+            raise _StopHere
+        model.forward = stop
+        return model
+
+    real_init = DistributedDataParallel.__init__
+
+    def init(self, module, *args, **kwargs):
+        found["moves"], found["wrapped"] = list(getattr(module, "moves", [])), True
+        raise _StopHere
+
+    checkpoint = Path(workdir) / f"gpu-checkpoint-{job['index']}.pt"
+    DistributedDataParallel.__init__ = init
+    try:
+        with as_node(local_rank=0, per_node=1, node=rank, nodes=world), VirtualCuda(index=0, count=1):
+            fn(make_model, dataset, device=torch.device("cuda", 0), epochs=case["epochs"],
+               batch_size=case["batch_size"], lr=case["lr"], seed=case["sampler_seed"], checkpoint=str(checkpoint))
+    except _StopHere:
+        pass
+    except Exception as exc:
+        found["error"] = describe_error(exc, job["file"])
+    finally:
+        DistributedDataParallel.__init__ = real_init
+    return found
 
 
 @contextlib.contextmanager
@@ -540,11 +598,16 @@ def run_74(fn, job, rank, world, workdir, obs) -> None:
         from torch.optim.optimizer import register_optimizer_step_pre_hook
         step_hook = register_optimizer_step_pre_hook(
             lambda optimizer, args, kwargs: steps.append(type(optimizer).__name__))
+        from ..syncs import SyncCounter
+        reads = SyncCounter(host_reads=True, cuda_debug=False)  # a value read here is a wait for the GPU there
         try:
-            with CollectiveCounter() as counter:
+            with CollectiveCounter() as counter, reads:
                 returned = fn(ddp, micro, F.cross_entropy)
         finally:
             step_hook.remove()
+        learner_file = os.path.abspath(job["file"])
+        mine = [(name, where) for name, where in zip(reads.calls, reads.where)
+                if os.path.abspath(where.rpartition(":")[0]) == learner_file]
         results.append({"k": call["k"], "all_reduces": hooks["n"] / max(buckets, 1),
                         "own_collectives": counter.count - hooks["n"], "collective_names": counter.calls,
                         "events": "".join(events), "synced": synced[:],
@@ -552,17 +615,19 @@ def run_74(fn, job, rank, world, workdir, obs) -> None:
                         "grads": [None if p.grad is None else p.grad.detach().double().tolist()
                                   for p in model.parameters()],
                         "returned": _numbers([returned]) if returned is not None else None,
-                        "weights_changed": state_lists(model) != initial, "optimizer_steps": steps})
+                        "weights_changed": state_lists(model) != initial, "optimizer_steps": steps,
+                        "host_reads": [f"{name} at line {where.rpartition(':')[2]}" for name, where in mine]})
 
 
 # -- 7.5 shards for every rank and worker ---------------------------------------------------------------
 
 def cases_75(seed: int, world: int) -> list[dict]:
     """Exercise 7.5's inputs, always in this order: (0) many shards of unequal sizes, two workers
-    per rank, two epochs (then both again in this process, on the same object: nothing may be kept
+    per rank, three epochs (then all again in this process, on the same object: nothing may be kept
     from an earlier call) and a resumed epoch; (1) an odd number of samples, world x batch x m + 1
     (one sample too many for m full batches per rank, one too few for m + 1), read without
-    workers; (2) a single shard, two workers per rank, resumed after an odd number of batches.
+    workers; (2) a single shard, two workers per rank, resumed after an odd number of batches;
+    (3) a single shard over six epochs, without workers.
     No case divides into full batches, so dropping and padding give different epochs."""
     rng = np.random.default_rng([75, seed])
     cases = []
@@ -572,8 +637,10 @@ def cases_75(seed: int, world: int) -> list[dict]:
         if sum(sizes) % (world * batch):
             break
     k = sum(sizes) // (world * batch)
+    # three epochs: a right answer's split repeats between two epochs by chance (about 1 seed in 300),
+    # between three, about 1 in 100,000
     cases.append({"sizes": sizes, "batch_size": batch, "seed": int(rng.integers(0, 10_000)), "workers": 2,
-                  "epochs": [0, 1], "resume": [1, int(rng.integers(2, k - 2))]})
+                  "epochs": [0, 1, 2], "resume": [1, int(rng.integers(2, k - 2))]})
     batch = int(rng.integers(3, 7))
     n = world * batch * int(rng.integers(5, 9)) + 1
     cuts = sorted(int(c) for c in rng.choice(np.arange(1, n), size=2, replace=False))
@@ -586,6 +653,15 @@ def cases_75(seed: int, world: int) -> list[dict]:
             break
     cases.append({"sizes": [n], "batch_size": batch, "seed": int(rng.integers(0, 10_000)), "workers": 2,
                   "epochs": [0], "resume": [0, 1 + 2 * int(rng.integers(0, (n // (world * batch) - 1) // 2))]})
+    # (3) a single shard over six epochs, read without workers, its remainder as large as it can be
+    # (world x batch - 1 samples): dropping, the samples left out must change with the epoch, neither
+    # the same every epoch (a cut always at the stream's start: w4-07 w75_fixed_offset) nor every
+    # other epoch (w75_tail_always_dropped). A cut drawn from (seed, epoch) has world x batch >= 10
+    # places, so a right answer repeats a 2-cycle over six epochs with a chance of 1 in 10,000 at most.
+    batch = int(rng.integers(5, 7))
+    n = world * batch * int(rng.integers(4, 7)) + world * batch - 1
+    cases.append({"sizes": [n], "batch_size": batch, "seed": int(rng.integers(0, 10_000)), "workers": 0,
+                  "epochs": [0, 1, 2, 3, 4, 5], "resume": None})
     return cases
 
 

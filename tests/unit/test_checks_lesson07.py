@@ -17,7 +17,23 @@ from course_utils.checks import lesson07, run_check
 from test_launch import use_old_torchrun
 
 SEEDS_71 = [11, 202, 3003, 40004, 500005, 6, 77, 888]
-SEEDS_RANKS = [5, 1234]          # per mutant of 7.2-7.4 (each seed draws new sizes, k, counts)
+SEEDS_RANKS = [5, 1234]          # right answers of 7.2-7.4 run on both (each seed draws new sizes, k, counts)
+# A mutant's fate does not depend on the seed (its decisive inputs are in every seed's draw), so each
+# runs on one of the two seeds, alternately, to keep the one launch short; those below, whose fate
+# turns on drawn sizes or counts, run on both.
+BOTH_SEEDS = {("7.2", 0), ("7.2", 8), ("7.2", 9), ("7.3", 0), ("7.3", 7), ("7.3", 9), ("7.4", 2), ("7.4", 4),
+              ("7.4", 5), ("7.4", 6)}
+
+
+def seeds_for(ex, name):
+    """Both seeds for each exercise's solution and the mutants in BOTH_SEEDS; one, alternately, for the
+    other right answers (variants the solution's seeds already cover), the errors and the mutants."""
+    if name == "solution":
+        return SEEDS_RANKS
+    if not name.startswith("mutant"):
+        return [SEEDS_RANKS[len(name) % 2]]
+    i = int(name.removeprefix("mutant"))
+    return SEEDS_RANKS if (ex, i) in BOTH_SEEDS else [SEEDS_RANKS[i % 2]]
 
 
 def fails_on(result, prop):
@@ -121,6 +137,29 @@ MUTANTS_71 = [
     (make_shard(pad="floor_plus_one"), "pads to ceil(n / num_replicas) per rank by repeating the first indices"),
 ]
 MESSAGES_71 = {len(MUTANTS_71) - 1: "when num_replicas divides n nothing is padded"}
+
+
+def cached_by_n_and_seed():
+    """w3-07 w71_12: the permutation kept from the first call with this (n, seed): state between calls."""
+    cache = {}
+    def wrong(n, num_replicas, rank, *, shuffle=True, seed=0, epoch=0, drop_last=False):
+        if shuffle and (n, seed) not in cache:
+            cache[(n, seed)] = epoch
+        used = cache.get((n, seed), epoch) if shuffle else epoch
+        return shard_indices(n, num_replicas, rank, shuffle=shuffle, seed=seed, epoch=used, drop_last=drop_last)
+    return wrong
+
+
+def seed_times_1000_plus_epoch(n, num_replicas, rank, *, shuffle=True, seed=0, epoch=0, drop_last=False):
+    """w3-07 w71_15: seed * 1000 + epoch: right with seed 0 only."""
+    return shard_indices(n, num_replicas, rank, shuffle=shuffle, seed=seed * 999, epoch=seed + epoch,
+                         drop_last=drop_last)
+
+
+MUTANTS_71.append((cached_by_n_and_seed(), "computes each call from its own arguments (nothing kept between calls)"))
+MESSAGES_71[len(MUTANTS_71) - 1] = "kept something from that call"
+MUTANTS_71.append((seed_times_1000_plus_epoch, "seeds the generator with exactly seed + epoch"))
+MESSAGES_71[len(MUTANTS_71) - 1] = "with seed=0 yours matched DistributedSampler"
 
 
 @pytest.mark.parametrize("seed", SEEDS_71)
@@ -272,7 +311,13 @@ ERRORS_72 = [
     (body_72(ddp="DDP(model, device_ids=[device.index])"), "leave device_ids out"),
     (body_72(ddp=f"DDP(model, device_ids=[int({ENV}['LOCAL_RANK'])])"), "In the check `device` is the CPU"),
 ]
+# w4-07 w72_global_rank_device: cuda:RANK (the global rank) when CUDA is there, else the CPU, ignoring
+# `device`: right on CPU ranks; the GPU pass (2 nodes of 1 GPU, device=cuda:0) sees rank 1 take cuda:1
+MUTANTS_72.append((body_72(make="make_model().to(torch.device(f'cuda:{dist.get_rank()}') "
+                                "if torch.cuda.is_available() else 'cpu')"),
+                   "moves the model to `device` before wrapping it in DDP"))
 MESSAGES_72 = {     # mutants whose message must name what they did
+    len(MUTANTS_72) - 1: "rank 1 moved the model to cuda:1, not to the `device` it was given",
     19: "nothing moved it to `device`",
     20: "ranks [0, 1] called torch.save",
     21: "trained on all",
@@ -468,7 +513,26 @@ MUTANTS_73 = [
         return finish(*totals.tolist())
     """), "puts the tensor on this rank's own GPU, cuda:LOCAL_RANK"),
 ]
+MUTANTS_73 += [
+    # w4-07 w73_int_division: the accuracy by integer division (an int, truncated)
+    (file_73("""\
+        totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=collective_device())
+        dist.all_reduce(totals)
+        loss_sum, correct, count = totals.tolist()
+        return (math.nan, math.nan) if count == 0 else (loss_sum / count, int(correct) // int(count))
+    """), "returns two Python floats"),
+    # w4-07 w73_local_nan: nan on the rank without samples, before (and instead of) the collective
+    (file_73("""\
+        if count == 0:
+            return math.nan, math.nan
+        totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=collective_device())
+        dist.all_reduce(totals)
+        return finish(*totals.tolist())
+    """), "every rank gets the same result"),
+]
 MESSAGES_73 = {     # mutants whose message must name what they did
+    len(MUTANTS_73) - 2: "integer division (//)",
+    len(MUTANTS_73) - 1: "the ranks fell out of step",
     7: "reduce in float64",                  # the float32 reduction keeps its hint
     10: "an integer tensor (int64) truncates the float loss_sum",     # w3-07 w73_09: no hint before
     11: "divided by the number of ranks",                             # w3-07 w73_11
@@ -490,7 +554,7 @@ def accumulate(ddp_model, micro_batches, loss_fn):
 
 
 def body_74(*, zero=True, quiet="i < len(micro_batches) - 1", weight="len(x) / total", extra="", forward="ddp_model",
-            returned="loss_total", manual=False, step=False):
+            returned="loss_total.item()", manual=False, step=False, read="loss.detach()"):
     lines = ["ddp_model.zero_grad(set_to_none=True)" if zero else "pass",
              "total = sum(len(x) for x, _ in micro_batches)",
              "loss_total, unweighted = 0.0, 0.0",
@@ -498,8 +562,8 @@ def body_74(*, zero=True, quiet="i < len(micro_batches) - 1", weight="len(x) / t
              f"    with ddp_model.no_sync() if {quiet} else contextlib.nullcontext():",
              f"        loss = loss_fn({forward}(x), y) * ({weight}){extra}",
              "        loss.backward()",
-             "    loss_total += loss.item()",
-             f"    unweighted += loss.item() / ({weight}){extra}"]
+             f"    loss_total = loss_total + {read}",             # one read of the value, at the end
+             f"    unweighted = unweighted + loss.detach() / ({weight}){extra}"]
     if manual:
         lines += ["for p in ddp_model.parameters():",
                   "    dist.all_reduce(p.grad)",
@@ -510,7 +574,22 @@ def body_74(*, zero=True, quiet="i < len(micro_batches) - 1", weight="len(x) / t
     return HEADER_74 + textwrap.indent("\n".join(lines) + "\n", "    ")
 
 
-RIGHT_74 = {"solution": body_74()}
+RIGHT_74 = {"solution": body_74(),
+            # w4-07's right answers: zero_grad keeping the tensors, and the forward inside no_sync with
+            # its backward outside it (DDP decides in forward whether the coming backward all-reduces)
+            "zero_grad(set_to_none=False)": body_74().replace("zero_grad(set_to_none=True)",
+                                                              "zero_grad(set_to_none=False)"),
+            "backward outside no_sync": HEADER_74 + textwrap.indent(textwrap.dedent("""\
+                ddp_model.zero_grad(set_to_none=True)
+                total = sum(len(x) for x, _ in micro_batches)
+                running = 0.0
+                for i, (x, y) in enumerate(micro_batches):
+                    with ddp_model.no_sync() if i < len(micro_batches) - 1 else contextlib.nullcontext():
+                        loss = loss_fn(ddp_model(x), y) * (len(x) / total)
+                    loss.backward()
+                    running = running + loss.detach()
+                return float(running)
+            """), "    ")}
 MUTANTS_74 = [
     (body_74(quiet="False"), "all-reduces exactly once per call"),
     (body_74(quiet="True"), "all-reduces exactly once per call"),
@@ -522,7 +601,7 @@ MUTANTS_74 = [
     (body_74(zero=False), "starts from cleared gradients"),
     (body_74(quiet="True", manual=True), "all-reduces exactly once per call"),
     (body_74(forward="ddp_model.module"), "all-reduces exactly once per call"),
-    (body_74(returned="unweighted / len(micro_batches)"), "returns this rank's loss over its whole batch"),
+    (body_74(returned="(unweighted / len(micro_batches)).item()"), "returns this rank's loss over its whole batch"),
     (body_74(step=True), "takes no optimizer step"),
     (HEADER_74 + textwrap.indent(textwrap.dedent("""\
         ddp_model.zero_grad(set_to_none=True)
@@ -532,8 +611,8 @@ MUTANTS_74 = [
         return loss.item()
     """), "    "), "runs backward on each micro-batch before the next forward"),
     # the spec's "a float": a tensor is not
-    (body_74(returned="torch.tensor(loss_total, dtype=torch.float64)"), "returns a Python float"),
-    (body_74(returned="loss * 0 + loss_total"), "returns a Python float"),
+    (body_74(returned="loss_total"), "returns a Python float"),
+    (body_74(returned="loss * 0 + loss_total.item()"), "returns a Python float"),
     # forward outside no_sync, backward inside: DDP has decided in forward
     (HEADER_74 + textwrap.indent(textwrap.dedent("""\
         ddp_model.zero_grad(set_to_none=True)
@@ -556,9 +635,25 @@ MUTANTS_74.append((wraps_course(HEADER_74, "course_accumulate(ddp_model, micro_b
                    "is your own code, not the course's implementation"))
 # w3-07 w74_12: a step that changes nothing (lr=0) passed: the step itself is what the contract forbids
 MUTANTS_74.append((body_74(step=True).replace("lr=0.1", "lr=0.0"), "takes no optimizer step"))
-MESSAGES_74 = {15: "forward pass ran outside no_sync and its backward inside it",
+# w4-07 w74_one_big_forward: the micro-batches joined into one forward and one backward
+MUTANTS_74.append((HEADER_74 + textwrap.indent(textwrap.dedent("""\
+    ddp_model.zero_grad(set_to_none=True)
+    x = torch.cat([x for x, _ in micro_batches])
+    y = torch.cat([y for _, y in micro_batches])
+    loss = loss_fn(ddp_model(x), y)
+    loss.backward()
+    return loss.item()
+"""), "    "), "runs backward on each micro-batch before the next forward"))
+# w4-07 w74_item_per_micro: a value read per micro-batch (a wait for the GPU each); and float() per micro-batch
+MUTANTS_74.append((body_74(read="loss.item()", returned="float(loss_total)"),
+                   "reads the loss from the device once per call"))
+MUTANTS_74.append((body_74(read="float(loss)", returned="float(loss_total)"),
+                   "reads the loss from the device once per call"))
+MESSAGES_74 = {len(MUTANTS_74) - 2: "costs a wait per micro-batch", len(MUTANTS_74) - 1: "__float__ at line",
+               len(MUTANTS_74) - 3: "one forward over the micro-batches joined together",
+               15: "forward pass ran outside no_sync and its backward inside it",
                2: "the one backward that all-reduced was micro-batch 1's",
-               len(MUTANTS_74) - 1: "called SGD.step()"}
+               len(MUTANTS_74) - 4: "called SGD.step()"}
 
 EXERCISES = {
     "7.2": ("train_ddp", RIGHT_72, MUTANTS_72, lesson07.judge_7_2),
@@ -582,7 +677,7 @@ def verdicts(tmp_path_factory):
         for name, source in candidates:
             path = folder / f"{ex.replace('.', '_')}_{name.replace(' ', '_').replace(',', '')}.py"
             path.write_text(source)
-            for seed in SEEDS_RANKS:
+            for seed in seeds_for(ex, name):
                 jobs.append({"exercise": ex, "file": str(path), "function": function, "seed": seed, "timeout_s": 10})
                 keys.append((ex, name, seed, path))
     with pytest.MonkeyPatch.context() as mp:
@@ -610,7 +705,7 @@ MUTANT_CASES = [(ex, f"mutant{i}", prop) for ex, (_, _, mutants, _) in EXERCISES
 
 @pytest.mark.parametrize("ex, name", RIGHT_CASES, ids=[f"{e}-{n}" for e, n in RIGHT_CASES])
 def test_right_answers_pass_on_every_seed(verdicts, ex, name):
-    for seed in SEEDS_RANKS:
+    for seed in seeds_for(ex, name):
         status, message = verdicts[(ex, name, seed)]
         assert status == "pass", f"seed {seed}: {message}"
 
@@ -618,7 +713,7 @@ def test_right_answers_pass_on_every_seed(verdicts, ex, name):
 @pytest.mark.parametrize("ex, name, prop", MUTANT_CASES, ids=[f"{e}-{n}" for e, n, _ in MUTANT_CASES])
 def test_mutants_fail_on_the_right_property_on_every_seed(verdicts, ex, name, prop):
     said = {"7.2": MESSAGES_72, "7.3": MESSAGES_73, "7.4": MESSAGES_74}.get(ex, {}).get(int(name.removeprefix("mutant")))
-    for seed in SEEDS_RANKS:
+    for seed in seeds_for(ex, name):
         status, message = verdicts[(ex, name, seed)]
         assert status == "fail", f"seed {seed}: {status}: {message}"
         assert f"'{prop}'" in message, f"seed {seed}: {message}"
@@ -628,7 +723,7 @@ def test_mutants_fail_on_the_right_property_on_every_seed(verdicts, ex, name, pr
 
 @pytest.mark.parametrize("index", range(len(ERRORS_72)))
 def test_7_2_device_ids_for_a_gpu_is_an_error_that_says_why(verdicts, index):
-    for seed in SEEDS_RANKS:
+    for seed in seeds_for("7.2", f"error{index}"):
         status, message = verdicts[("7.2", f"error{index}", seed)]
         assert status == "error" and ERRORS_72[index][1] in message, f"seed {seed}: {status}: {message}"
 
