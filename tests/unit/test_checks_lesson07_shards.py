@@ -307,8 +307,8 @@ def test_right_answers_pass_on_100_seeds_in_process():
     """Chance must not fail a right answer: the six-epoch single-shard case (remainder world x batch
     - 1, so 10 or 12 places for the cut) fails a cut drawn from (seed, epoch) only if it repeats a
     2-cycle four times (1 in 10,000 at most), and case 0's split only if three epochs read the same
-    samples (two did at seeds 126 and 235, and failed right answers there). No seed of 300 failed (tried once; 100 here, for time) 
-    the drop answers seeded both ways w4-07 wrote, nor the padding one."""
+    samples (two epochs did at seeds 126 and 235, which failed right answers there). 300 seeds were
+    tried once; 100 here, for time: the drop answers seeded both ways w4-07 wrote, and padding."""
     for name in ("solution", "seed plus epoch", "padding"):
         for seed in range(100):
             assert _verdict(_observe(RIGHT[name], seed), seed)[0] == "pass", (name, seed)
