@@ -751,3 +751,24 @@ def test_stubs_and_wrong_objects_need_no_launch(tmp_path):
     renamed = tmp_path / "renamed.py"
     renamed.write_text("def accumulate_gradients(ddp_model, micro_batches, loss_fn):\n    return 0.0\n")
     assert "defines accumulate()" in run_check("7.4", renamed).message
+
+
+def test_the_lesson_removes_its_work_folder_when_the_kernel_stops(tmp_path):
+    """Lesson 07 writes the exercise files, the tar shards (16 MB) and checkpoints into WORK: the
+    folder goes when the kernel's interpreter exits, normally or after an error (dozens of
+    /tmp/lesson07-* were left behind by mkdtemp)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    cells = json.loads((Path(__file__).parents[2] / "solutions" / "07-distributed-data-parallel.ipynb").read_text())
+    source = "".join("".join(c["source"]) for c in cells["cells"] if c["cell_type"] == "code")
+    assert "mkdtemp(" not in source
+    lines = [line for line in source.splitlines() if "_WORK = " in line or line.startswith("WORK = ")]
+    for ending in ("", "raise RuntimeError('a cell failed')"):
+        program = "\n".join(["import tempfile", "from pathlib import Path", *lines,
+                             "(WORK / 'shards').mkdir()", "print(WORK)", ending])
+        run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                             env={"TMPDIR": str(tmp_path), "PATH": "/usr/bin:/bin"})
+        folder = Path(run.stdout.strip())
+        assert folder.parent == tmp_path and not folder.exists(), (run.stdout, run.stderr)
