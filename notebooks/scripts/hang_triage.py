@@ -322,7 +322,8 @@ def check_nccl(fitted_gbps=None, nproc=None):
         print("nccl-tests' all_reduce_perf " + ("is not installed" if not perf else "needs 2 GPUs") +
               f" here. Where it runs: `all_reduce_perf -b 8 -e 256M -f 4 -g {max(2, nproc or 2)}` (one process, "
               "all GPUs; `mpirun -np N all_reduce_perf -g 1` across nodes); its busbw column is the same bus "
-              "bandwidth lesson 07 fits (latency + 2(N-1)/N x bytes / bandwidth)" +
+              "bandwidth lesson 07 measures (its fit of latency + 2(N-1)/N x bytes / bandwidth, or its best size where "
+              "the fit lies above every size)" +
               (f": {fitted_gbps:.2f} GB/s here" if fitted_gbps else "") +
               ". Well below the link's figure at 256 MiB: a slow or misconfigured link; equal: look elsewhere")
 
