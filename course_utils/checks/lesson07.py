@@ -537,7 +537,8 @@ def judge_7_2(obs: list[dict], seed: int, file) -> str:
             raise CheckFailed("returns the model it trained (with the checkpoint loaded)",
                               f"rank {o['rank']}'s returned weights are not the checkpoint's")
     return (f"identical weights on {world} ranks, equal to one process on the concatenated batches; "
-            "disjoint shards reshuffled every epoch; rank 0 wrote the checkpoint, every rank read it.")
+            "disjoint shards reshuffled every epoch; rank 0 wrote the checkpoint, every rank read it; the model "
+            "moved to the `device` given (as on 2 nodes of 1 GPU, cuda:0 on both) before DDP wrapped it.")
 
 
 def _replay_72(case, obs):
@@ -907,7 +908,7 @@ def judge_7_4(obs: list[dict], seed: int, file) -> str:
                 raise CheckFailed("takes no optimizer step", f"k={k}: {how}",
                                   "only accumulate gradients; the training loop steps the optimizer")
     return ("one all-reduce per call, and DDP's average of the ranks' gradients on every rank (the big batch's when "
-            "the ranks hold equal counts), for every k.")
+            "the ranks hold equal counts), for every k; the loss read from the tensors once per call.")
 
 
 def _forward_outside_backward_inside(synced) -> int | None:
