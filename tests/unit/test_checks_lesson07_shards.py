@@ -12,8 +12,11 @@ MORE_SEEDS = [0, 2, 3, 11, 77, 4321]     # every mutant, in this process (the si
 
 def seeds_for(name):
     """In the launch, a mutant runs on one seed (alternately): its fate does not depend on the seed,
-    and the in-process simulator tries it on MORE_SEEDS besides."""
-    return [SEEDS[int(name.removeprefix("mutant")) % 2]] if name.startswith("mutant") else SEEDS
+    and the in-process simulator tries it on MORE_SEEDS besides. The solution and the padding answer
+    run on both; the other right answers, variants of the solution, on one."""
+    if name.startswith("mutant"):
+        return [SEEDS[int(name.removeprefix("mutant")) % 2]]
+    return SEEDS if name in ("solution", "padding") else [SEEDS[len(name) % 2]]
 
 HEADER = '''"""Exercise 7.5"""
 import math
@@ -179,7 +182,7 @@ def verdicts(tmp_path_factory):
 
 @pytest.mark.parametrize("name", list(RIGHT))
 def test_right_answers_pass_on_every_seed(verdicts, name):
-    for seed in SEEDS:
+    for seed in seeds_for(name):
         status, message = verdicts[(name, seed)]
         assert status == "pass", f"seed {seed}: {message}"
 
@@ -291,7 +294,7 @@ def test_in_process_observations_agree_with_the_launch(verdicts, seed):
 
 # the mutants whose record the simulator reproduces (not those that read the rank in the workers,
 # keep state in the object the simulator iterates once per worker, or draw from the global generator)
-SIMULATED = [i for i, m in enumerate(MUTANTS) if i not in (1, 2, 8, 20)]
+SIMULATED = [i for i, m in enumerate(MUTANTS) if i not in (1, 2, 8, 16, 20)]
 
 
 @pytest.mark.parametrize("i", SIMULATED, ids=[f"mutant{i}" for i in SIMULATED])
