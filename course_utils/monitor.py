@@ -114,8 +114,11 @@ class Timeline:
             dev_ax.set_title(title or self.device, fontsize=10)
         cpu = np.asarray(self.cpu_percent, dtype=float)
         if self.cores <= MAX_CORE_LINES:
+            # a style of its own per core, wider lines first: two cores at the same 100% stay both visible
+            styles = ["-", "--", ":", "-."]
             for core in range(self.cores):
-                cpu_ax.plot(self.t_s, cpu[:, core], lw=1, alpha=0.8, label=f"core {core}")
+                cpu_ax.plot(self.t_s, cpu[:, core], lw=2.2 - 1.2 * core / max(self.cores - 1, 1), alpha=0.8,
+                            ls=styles[core % len(styles)], label=f"core {core}")
         else:                                          # a line per core is unreadable on a big node: the spread
             cpu_ax.fill_between(self.t_s, cpu.min(axis=1), cpu.max(axis=1), color="tab:blue", alpha=0.2,
                                 label=f"{self.cores} cores: least to most busy")
