@@ -280,5 +280,7 @@ def _safe_len(loader, epochs: int):
 
 
 def _progress(total, desc):
-    from tqdm.auto import tqdm
-    return tqdm(total=total, desc=desc, leave=False, mininterval=0.5)
+    # a line that ends on its final count, also in a notebook saved after a headless run (not a
+    # tqdm widget, whose saved text stays at 0/N: course_utils.progress)
+    from .progress import progress
+    return progress(total=total, desc=desc)
