@@ -111,6 +111,9 @@ def train(model: nn.Module | None, loader, *, device, steps: int | None = None, 
             else None
     timer = timer or StepTimer(device)
     total = steps if steps is not None else _safe_len(loader, epochs)
+    skip = getattr(timer, "skip_first", 0)
+    if progress and total and 0 < skip < total:   # the line counts every step; say which are timed (w2-03: "0/21"
+        desc = f"{desc}, {skip} warm-up + {total - skip} timed"     # beside "20 steps per rung")
     bar = _progress(total, desc) if progress else None
     losses, done = [], 0
     held = device.active() if sim and hasattr(device, "active") else contextlib.nullcontext()  # the sim's device memory

@@ -46,3 +46,4 @@ def test_the_training_loop_ends_its_line_on_the_steps_it_ran(monkeypatch):
     finally:
         sim.close()
     assert updated and "5/5" in updated[-1]
+    assert "ceiling, 1 warm-up + 4 timed" in updated[-1], "the line says which of its steps are timed"
