@@ -114,8 +114,14 @@ class Timeline:
             dev_ax.set_title(title or self.device, fontsize=10)
         cpu = np.asarray(self.cpu_percent, dtype=float)
         if self.cores <= MAX_CORE_LINES:
+            # a style of its own per core, wider lines first: two cores at the same 100% stay both visible
+            styles = ["-", "--", ":", "-."]
             for core in range(self.cores):
-                cpu_ax.plot(self.t_s, cpu[:, core], lw=1, alpha=0.8, label=f"core {core}")
+                cpu_ax.plot(self.t_s, cpu[:, core], lw=2.2 - 1.2 * core / max(self.cores - 1, 1), alpha=0.8,
+                            ls=styles[core % len(styles)], label=f"core {core}")
+            if self.cores > 1 and len(cpu) and float(np.nanmax(cpu.max(axis=1) - cpu.min(axis=1))) < 3:
+                cpu_ax.text(0.99, 0.04, f"the {self.cores} cores' lines lie on top of each other (within 3 points "
+                            "all along)", transform=cpu_ax.transAxes, ha="right", va="bottom", fontsize=7)
         else:                                          # a line per core is unreadable on a big node: the spread
             cpu_ax.fill_between(self.t_s, cpu.min(axis=1), cpu.max(axis=1), color="tab:blue", alpha=0.2,
                                 label=f"{self.cores} cores: least to most busy")

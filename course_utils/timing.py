@@ -198,7 +198,18 @@ class StepStats:
                 "synced_every_step": self.synced_every_step, "device": self.device}
 
     def __str__(self) -> str:
-        dev = f" (device {self.device_median_ms:.2f} ms)" if self.device_ms else ""
+        dev = ""
+        if self.device_ms:
+            # The span from the step's first event to its last is the step *in flight* on the
+            # device, not the device's work: where the host launches slower than the device
+            # runs, the device idles inside it. Say which is which, and give the busy time
+            # per step (the busy share of the wall time, per step) beside it when it is known,
+            # so the line agrees with a "device busy N%" printed from `device_util`.
+            dev = f" (in flight on the device {self.device_median_ms:.2f} ms"
+            if self.device_util is not None:
+                dev += (f", of which the device ran work {self.device_util * self.step_time_ms:.2f} ms "
+                        f"= busy {self.device_util:.0%} of the wall time")
+            dev += ")"
         sync = "; synchronised every step" if self.synced_every_step else ""
         return (f"{self.samples_per_s:,.0f} samples/s over {self.steps} steps; per step (median) "
                 f"data-wait {self.data_wait_median_ms:.2f} ms + step {self.compute_median_ms:.2f} ms{dev}; "

@@ -111,6 +111,9 @@ def train(model: nn.Module | None, loader, *, device, steps: int | None = None, 
             else None
     timer = timer or StepTimer(device)
     total = steps if steps is not None else _safe_len(loader, epochs)
+    skip = getattr(timer, "skip_first", 0)
+    if progress and total and 0 < skip < total:   # the line counts every step; say which are timed (w2-03: "0/21"
+        desc = f"{desc}, {skip} warm-up + {total - skip} timed"     # beside "20 steps per rung")
     bar = _progress(total, desc) if progress else None
     losses, done = [], 0
     held = device.active() if sim and hasattr(device, "active") else contextlib.nullcontext()  # the sim's device memory
@@ -280,5 +283,7 @@ def _safe_len(loader, epochs: int):
 
 
 def _progress(total, desc):
-    from tqdm.auto import tqdm
-    return tqdm(total=total, desc=desc, leave=False, mininterval=0.5)
+    # a line that ends on its final count, also in a notebook saved after a headless run (not a
+    # tqdm widget, whose saved text stays at 0/N: course_utils.progress)
+    from .progress import progress
+    return progress(total=total, desc=desc)

@@ -34,3 +34,25 @@ def test_flops_of_the_course_model_and_the_rate_against_a_peak():
     assert peak_tflops("NVIDIA H100 PCIe", "fp32") == pytest.approx(378.0)
     assert peak_tflops("Tesla V100-SXM2-16GB", "bf16") is None
     assert peak_tflops("a laptop", "fp32") is None
+
+
+def test_the_simulated_peak_named_does_not_move_with_the_scale():
+    """w2-03: the scale is measured at every start (x0.45 in one run, x0.42 in the next); the
+    peak the sentence names is the card's own, and the rate is brought back to its clock."""
+    import re
+
+    from course_utils.bottleneck import rate_against_peak
+    from course_utils.sim import H100, SimulatedAccelerator
+
+    said = []
+    for scale in (0.42, 0.45):
+        sim = SimulatedAccelerator(profile=H100, scale=scale)
+        try:
+            said.append(rate_against_peak(4_000 / scale, sim))    # the same run on the card's own clock
+        finally:
+            sim.close()
+    peaks = [re.search(r"peak, ([\d,]+) TFLOP/s", s).group(1) for s in said]
+    shares = [re.search(r"([\d.]+)% of its dense", s).group(1) for s in said]
+    assert peaks[0] == peaks[1] == f"{peak_tflops(H100.name, 'fp32'):.0f}", said
+    assert shares[0] == shares[1], said
+    assert "x0.42" in said[0] and "x0.45" in said[1] and "own clock" in said[0]

@@ -285,3 +285,17 @@ def test_jpeg_shards_cut_one_order_and_draw_their_own_augmentation(tmp_path):
     assert set(whole[:20]) == set(a)                   # shard 0 is the first half of the same permutation
     assert widths(9, 0, shards=1)[0] != whole          # another seed, another order
     assert p0.seed != p1.seed                          # each rank its own augmentation draws
+
+
+def test_feeding_verdict_reads_every_turn_and_says_a_range_not_one_lucky_turn():
+    """w2-04 cell 32: "fed the device 4.5x as well" in one run, "6.7x" in the next, each from the
+    best turns only. With the turns given, the factor is a range and a verdict needs every turn."""
+    fed = {"torchvision 2 workers": (0.15, 0.8), "DALI CPU": (1.03, 0.1)}
+    lines = dp.feeding_verdict(fed, {"torchvision 2 workers": [1_000, 1_400], "DALI CPU": [5_055, 9_383]})
+    assert "DALI CPU fed the device 5.1-6.7x as well as torchvision 2 workers, turn by turn (5.1x, 6.7x)" in lines[-1]
+    lines = dp.feeding_verdict({"a": (0.9, 0.1), "b": (0.7, 0.1)}, {"a": [900, 600], "b": [700, 650]})
+    assert "the turns disagree" in lines[-1] and "1.3x, 0.9x" in lines[-1]
+    lines = dp.feeding_verdict({"a": (0.9, 0.1), "b": (0.88, 0.1)}, {"a": [900, 880], "b": [880, 890]})
+    assert "about as well in every turn" in lines[-1]
+    # one turn each: the old one-run sentence
+    assert "1.7x as well" in dp.feeding_verdict({"a": (0.96, 0.2), "b": (0.57, 0.7)}, {"a": [960], "b": [570]})[-1]

@@ -300,3 +300,23 @@ def test_a_big_nodes_cores_are_a_band_and_nvml_readings_say_what_they_are():
     fig = small.plot()
     assert len(fig.axes[1].lines) == 4
     plt.close(fig)
+
+
+def test_cores_on_top_of_each_other_are_said_to_be():
+    """w3-01: both cores at 100% the whole run, one line hidden under the other; the panel says so."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from course_utils.monitor import synthetic_timeline
+
+    t = synthetic_timeline("input-bound", cores=2, seconds=3, rng=np.random.default_rng(0))
+    t.cpu_percent = np.full_like(np.asarray(t.cpu_percent, dtype=float), 100.0)
+    fig = t.plot()
+    assert any("lie on top of each other" in x.get_text() for x in fig.axes[1].texts)
+    plt.close(fig)
+    t.cpu_percent[:, 1] = 50.0
+    fig = t.plot()
+    assert not any("lie on top" in x.get_text() for x in fig.axes[1].texts)
+    plt.close(fig)

@@ -114,3 +114,23 @@ def test_a_timer_on_the_cpu_measures_the_body():
     stats = timer.stats()
     assert all(9 <= d <= 40 for d in stats.device_ms)
     assert 0.5 <= stats.device_busy_fraction <= 1.0 and stats.stall_fraction < 0.1
+
+
+def test_step_stats_line_names_the_span_in_flight_and_the_busy_time_that_agrees_with_the_busy_share():
+    """w3-01: "(device 25.43 ms)" was printed beside "device busy 2%" for a 125 ms step: the
+    25 ms was the step's span in flight, not the device's work. The line says which is which,
+    and the busy time per step it quotes is the busy share times the step."""
+    import re
+
+    from course_utils.timing import StepStats
+
+    stats = StepStats(steps=4, samples=512, total_s=0.5, data_wait_ms=[95.0] * 4, compute_ms=[25.5] * 4,
+                      device="simulated", device_ms=[25.43] * 4, device_util=0.02)
+    line = str(stats)
+    assert "in flight on the device 25.43 ms" in line and "(device 25.43" not in line
+    busy_ms = float(re.search(r"the device ran work ([\d.]+) ms", line).group(1))
+    assert busy_ms == pytest.approx(0.02 * stats.step_time_ms, abs=0.01)      # 2% of a 125 ms step
+    assert "busy 2% of the wall time" in line
+    no_util = str(StepStats(steps=4, samples=512, total_s=0.5, data_wait_ms=[95.0] * 4, compute_ms=[25.5] * 4,
+                            device="x", device_ms=[25.43] * 4))
+    assert "in flight on the device 25.43 ms)" in no_util and "ran work" not in no_util
