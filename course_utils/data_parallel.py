@@ -46,7 +46,7 @@ import torch
 from .monitor import nvml_close, nvml_find, nvml_open, nvml_reading
 from .scaling import StageCosts, dp_chunk_sizes, host_ms
 from .sim import (_ACTIVE, DEFAULT_BANDWIDTH_GBS, DEFAULT_KERNEL_US, DEFAULT_PER_SAMPLE_MS, DEFAULT_STEP_MS, GIL_SHARE,
-                  H100, SimEvent, _batch_size, _KernelCost, _on_device, _signature, _sleep_until, burn_host)
+                  H100, SimEvent, _batch_size, _counted, _KernelCost, _on_device, _signature, _sleep_until, burn_host)
 from .sim import _nbytes as _batch_nbytes
 
 __all__ = ["SimulatedDataParallel", "StageInterval", "HOST", "HostWork", "DPSizes", "dp_sizes", "replica_launch_ms",
@@ -204,27 +204,14 @@ class SimulatedDataParallel:
         here (each tensor operation: `kernel_us` and its bytes on device 0, `launch_us` on the
         host), counted from the operations it runs now, uncharged: for a model that adds the
         device's own work on the batch (lesson 06's fixed pipeline) to its stages."""
-        cost = _KernelCost()
-        _ACTIVE.append(None)
-        try:
-            with cost:
-                fn(*args, **kwargs)
-        finally:
-            _ACTIVE.pop()
-        return self._device_ms(cost.kernels, cost.bytes), cost.kernels * self.launch_us / 1e3
+        _, kernels, nbytes, _ = _counted(fn, *args, **kwargs)
+        return self._device_ms(kernels, nbytes), kernels * self.launch_us / 1e3
 
     def run(self, fn, *args, **kwargs):
         """Device-side tensor work on device 0: compute `fn(*args, **kwargs)` now (its result is
         real), charge it as the simulated accelerator does (see the class docstring) and return it."""
-        cost = _KernelCost()
-        t0 = time.thread_time()
-        _ACTIVE.append(None)                      # the operations are counted here, not again by the tensors
-        try:
-            with cost:
-                out = fn(*args, **kwargs)
-        finally:
-            _ACTIVE.pop()
-        self._charge(cost.kernels, cost.bytes, time.thread_time() - t0)
+        out, kernels, nbytes, host_s = _counted(fn, *args, **kwargs)
+        self._charge(kernels, nbytes, host_s)
         return out
 
     def run_timed(self, fn, *args) -> int:
@@ -237,16 +224,9 @@ class SimulatedDataParallel:
         key = (id(fn), _signature(args))
         known = self._timed.get(key)
         if known is None:
-            cost = _KernelCost()
-            t0 = time.thread_time()
-            _ACTIVE.append(None)
-            try:
-                with cost:
-                    out = fn(*args)
-            finally:
-                _ACTIVE.pop()
-            self._charge(cost.kernels, cost.bytes, time.thread_time() - t0)
-            self._timed[key] = (fn, cost.kernels, self._device_ms(cost.kernels, cost.bytes), _batch_size(out))
+            out, kernels, nbytes, host_s = _counted(fn, *args)
+            self._charge(kernels, nbytes, host_s)
+            self._timed[key] = (fn, kernels, self._device_ms(kernels, nbytes), _batch_size(out))
             return self._timed[key][3]
         _, kernels, ms, size = known
         self._burn(kernels * self.launch_us / 1e6)

@@ -325,6 +325,22 @@ def _nbytes(obj) -> int:
     return 0
 
 
+def _counted(fn, *args, **kwargs):
+    """Compute `fn(*args, **kwargs)` here, uncharged, counting its tensor operations: returns
+    (its result, operations, bytes, host CPU seconds spent computing it). Meanwhile no simulator
+    is active, so tensors in simulated device memory do not charge their operations a second
+    time. `SimulatedAccelerator.run` and `SimulatedDataParallel.run` charge what it counts."""
+    cost = _KernelCost()
+    t0 = time.thread_time()
+    _ACTIVE.append(None)
+    try:
+        with cost:
+            result = fn(*args, **kwargs)
+    finally:
+        _ACTIVE.pop()
+    return result, cost.kernels, cost.bytes, time.thread_time() - t0
+
+
 # -- the simulated device's memory ----------------------------------------------------------------
 
 _ACTIVE: list = []          # the simulated accelerator whose training loop is running (innermost last)
@@ -555,15 +571,8 @@ class SimulatedAccelerator:
         longer than launching them would, and the difference is taken off the launch time of the
         next step (never more than that), so that the host spends what a GPU's host spends.
         Returns what `fn` returns."""
-        cost = _KernelCost()
-        t0 = time.thread_time()
-        _ACTIVE.append(None)                      # the operations are counted here, not again by the tensors
-        try:
-            with cost:
-                result = fn(*args, **kwargs)
-        finally:
-            _ACTIVE.pop()
-        self._charge(cost.kernels, cost.bytes, time.thread_time() - t0)
+        result, kernels, nbytes, host_s = _counted(fn, *args, **kwargs)
+        self._charge(kernels, nbytes, host_s)
         return result
 
     def run_timed(self, fn, *args) -> int:

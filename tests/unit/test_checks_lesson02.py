@@ -1171,7 +1171,8 @@ class SeedCutTo32Bits(WorkerSafe):
 
 
 # These fail once DataLoader workers run (a second or more per run, worker start-up): what they
-# do wrong is how they seed, whatever the check draws, so two seeds each.
+# do wrong is how they seed, whatever the check draws (its torch seeds and pictures only change
+# which values come out alike, never whether they do), so one seed each, as 2.2's mutants.
 MUTANTS_23_WORKERS = [
     Mutant("seeded in __init__", SeededInInit, "different augmentations in different workers"),
     Mutant("unseeded in __init__", UnseededInInit, "different augmentations in different workers"),
@@ -1235,19 +1236,29 @@ def test_worker_seeding_flip_near_misses_rejected_on_every_seed(mutant):
     rejected("2.3", mutant, range(8))
 
 
+# Where a seeding mistake shows does not depend on the check's draws (see MUTANTS_23_WORKERS): one
+# seed each (a run costs seconds: the workers start).
 @pytest.mark.parametrize("mutant", MUTANTS_23_LATE, ids=repr)
 def test_worker_seeding_mutants_rejected_after_the_workers(mutant):
-    rejected("2.3", mutant, range(2))
+    rejected("2.3", mutant, range(1))
+
+
+# A mistake of shape, padding, mirroring, dtype, a flip rate of 0, 1 or 1/3 (75 standard errors
+# from 0.5 in the check's 51,000 draws, _FLIP_DRAWS) or a generator's seed is the same on every
+# draw: one seed.
+# Offsets are judged by statistics of the draws (coverage, uniformity, independence), where a
+# mutant's fate could depend on them: those run on four seeds, as the flip rate's near misses on eight.
+STATISTICAL_23 = {"exclusive upper bound", "triangular offsets", "one offset for both axes"}
 
 
 @pytest.mark.parametrize("mutant", MUTANTS_23, ids=repr)
 def test_worker_seeding_mutants_rejected(mutant):
-    rejected("2.3", mutant, range(4))
+    rejected("2.3", mutant, range(4) if mutant.name in STATISTICAL_23 else range(1))
 
 
 @pytest.mark.parametrize("mutant", MUTANTS_23_WORKERS, ids=repr)
 def test_worker_seeding_mutants_rejected_in_the_workers(mutant):
-    rejected("2.3", mutant, range(2))
+    rejected("2.3", mutant, range(1))
 
 
 def test_worker_seeding_stub_and_wrong_type():
