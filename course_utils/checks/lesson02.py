@@ -369,12 +369,17 @@ class IndexRevealingCIFAR(Dataset):
         from ..data import baseline_transform
         self.images, self.codes = images, codes
         self.transform = baseline_transform()
+        # items loaded by the process that made the dataset (the check's): a worker counts in its
+        # own copy, which the check never reads
+        self._made_in, self.main_process_loads = os.getpid(), 0
 
     def __len__(self) -> int:
         return len(self.codes)
 
     def __getitem__(self, index):
         from PIL import Image
+        if os.getpid() == self._made_in:
+            self.main_process_loads += 1
         return self.transform(Image.fromarray(self.images[index])), int(self.codes[index])
 
 
@@ -877,6 +882,7 @@ def _check_fast_loader(make_fast_loader):
             found = _find_dataloader(loader)
             pinned = bool(getattr(found, "pin_memory", False)) if found is not None else None
         finally:
+            main_loads = small.main_process_loads
             del loader
             gc.collect()
     if first == sorted(first):
@@ -903,6 +909,13 @@ def _check_fast_loader(make_fast_loader):
                           "sample itself, as the num_workers=0 baseline does",
                           "num_workers > 0: worker processes load the next batches while the main process runs "
                           "the step (this lesson's sweep)")
+    if main_loads > small_bs:
+        raise CheckFailed("loads in worker processes",
+                          f"{what}: the main process loaded {main_loads:,} of the {2 * small_n:,} samples of the "
+                          f"two epochs itself; your {len(workers1)} worker process(es) ran, but did not load them",
+                          "the per-sample work (decode, augment) belongs in the dataset's __getitem__, which a "
+                          "DataLoader's workers call: return the DataLoader over the dataset itself (what a "
+                          "wrapper's __iter__ does runs in the main process, on the training loop's time)")
     if not workers1 & workers2:
         raise CheckFailed("keeps its worker processes alive between epochs",
                           f"{what}: epoch 1 was loaded by {len(workers1)} worker process(es), epoch 2 by new ones "

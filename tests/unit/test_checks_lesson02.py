@@ -672,6 +672,10 @@ MUTANTS_22_CORRECTNESS = [
     Mutant("a generator of its own, fixed seed (w2-02)", own_generator, "augmentations follow the torch seed",
            words="generator=torch.Generator().manual_seed(0)"),
 ]
+# found passing at 2.07x under load when graded by speed alone (the machine's load judged quiet):
+# the main process loads while worker processes only hand out indices
+MUTANTS_22_CORRECTNESS.append(Mutant("the main process loads, workers hand out indices", MainProcessLoads,
+                                     "loads in worker processes", words="did not load them"))
 if usable_cores() >= 2:
     MUTANTS_22_CORRECTNESS.append(Mutant("a count fixed when the notebook started", count_fixed_at_import,
                                          "num_workers follows the cores this process may use",
@@ -686,8 +690,6 @@ if not (torch.cuda.is_available() or getattr(getattr(torch, "accelerator", None)
 # These fail in the timed rounds. What they do there does not depend on the seed (a batch size,
 # a cache, the baseline's speed), so one seed each proves them.
 MUTANTS_22_TIMED = [
-    Mutant("the main process loads, workers hand out indices", MainProcessLoads,
-           "is faster than the baseline loader on this machine", words="runs in the main process"),
     Mutant("caches when the dataset is big", CacheWhenBig, "augments afresh every epoch"),
     Mutant("bigger batches when the dataset is big", bigger_batches_when_big, SHORT_BATCH),
 ]
