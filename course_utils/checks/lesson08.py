@@ -388,7 +388,7 @@ def _extra_copies(copies, sizes: list[int]) -> list:
     return extra
 
 
-def _virtual_epochs(make_pipeline, config, workload, n: int, batch_size: int, what: str):
+def _virtual_epochs(make_pipeline, config, workload, n: int, batch_size: int, what: str, observed: dict | None = None):
     """Two epochs of what the model gets on a GPU, run on the virtual CUDA device (`virtual_cuda`):
     the batches must be on the device, the work done there (no tensor of the host mixed in, random
     numbers drawn on the device), nothing copied from the host batch after batch but the batch
@@ -396,7 +396,8 @@ def _virtual_epochs(make_pipeline, config, workload, n: int, batch_size: int, wh
     model (on its stream, as the forward pass would) only after the work that made it, with its
     memory kept for the model's stream (`record_stream`) when another stream made it. Returns the
     epochs' arrays, or None with the reason when the pipeline uses a part only a real GPU runs
-    (DALI's GPU stages)."""
+    (DALI's GPU stages). `observed`, when given, gets what was tolerated, per epoch: "waits" and "copies", each a
+    list of (count, batches, where the first one was)."""
     from ..ladder import LadderContext
     from .lesson03 import _learner_error
 
@@ -433,6 +434,9 @@ def _virtual_epochs(make_pipeline, config, workload, n: int, batch_size: int, wh
                                       "for every batch are copied to the device every step: make them on the device "
                                       "(device=images.device, a generator there), and constants once")
                 waits = vc.reads() + [c for c in vc.h2d() if not c.non_blocking]
+                if observed is not None:
+                    observed.setdefault("copies", []).append((len(extra), len(sizes), extra[0].where if extra else ""))
+                    observed.setdefault("waits", []).append((len(waits), len(sizes), waits[0].where if waits else ""))
                 if len(waits) > (MAX_WAITS_PER_EPOCH if e == 0 else MAX_WAITS_LATER_EPOCH):
                     first = waits[0]
                     kind = f"a blocking copy, {first.what}" if hasattr(first, "nbytes") else first.what
@@ -488,19 +492,99 @@ def _virtual_epochs(make_pipeline, config, workload, n: int, batch_size: int, wh
 MAX_BATCHES_KEPT = 8
 
 
-def _kept_alive(kept: list, what: str) -> None:
-    """Fail when the pipeline still holds most of the batches it gave the model, two epochs later."""
-    alive = sum(ref() is not None for ref in kept)
-    if alive > MAX_BATCHES_KEPT and alive > len(kept) // 2:
-        raise CheckFailed("keeps no batch once the model has had it",
-                          f"{what}: {alive} of the {len(kept)} batches of two epochs were still alive after them, "
-                          "held by your pipeline (a list, a cache, a closure)",
-                          "on a GPU every batch kept is device memory never given back (600 MB an epoch of "
-                          "CIFAR-10 in float32) until it runs out: keep nothing once a batch is handed out")
+def _alive(refs: list) -> int:
+    """How many distinct tensors of `refs` (weak references) are still alive (a static buffer served every batch
+    counts once)."""
+    return len({id(t) for t in (ref() for ref in refs) if t is not None})
+
+
+def _kept_alive(kept: list, inputs: list, batches: int, what: str) -> None:
+    """Fail when the pipeline still holds most of the batches of two epochs once they are over: the batches the
+    model got (`kept`) or the batches its loader gave the batch_transform (`inputs`), as weak references.
+    `batches`: how many batches the two epochs served."""
+    for refs, which in ((kept, "batches the model got"),
+                        (inputs, "batches your loader gave the batch_transform (before augmenting)")):
+        alive = _alive(refs)
+        if alive > MAX_BATCHES_KEPT and alive > batches // 2:
+            raise CheckFailed("keeps no batch once the model has had it",
+                              f"{what}: {alive} of the {batches} {which} in two epochs were still alive after them, "
+                              "held by your pipeline (a list, a cache, a closure): the memory it holds grows with "
+                              "every batch",
+                              "on a GPU every batch kept is device memory never given back (150 MB an epoch of "
+                              "CIFAR-10 as uint8, 600 MB as float32) until it runs out: keep nothing once a batch is "
+                              "handed out")
+
+
+class _Inputs:
+    """Stands in for the pipeline's batch_transform in the correctness pass on this machine's device: calls it,
+    and keeps weak references to the batches it was given (`refs`) and their format (`first`: dtype, device, the
+    smallest and largest value of the first batch), for `_kept_alive` and `_flip_probe`."""
+
+    def __init__(self, transform):
+        self.transform, self.refs, self.first = transform, [], None
+
+    def __call__(self, images, labels):
+        if self.first is None and isinstance(images, torch.Tensor) and images.dim() == 4 and images.numel():
+            self.first = (images.dtype, images.device, float(images.min()), float(images.max()))
+        try:
+            self.refs.append(weakref.ref(images))
+        except TypeError:
+            pass
+        return self.transform(images, labels)
+
+
+# enough draws to tell a flip probability of 0.49 from 0.5 on every seed (w2-08 r35: 0.49 passed the ~13,000
+# samples the stages trace): 4.5 standard deviations of a fair coin are 0.005 here, half way from 0.50 to 0.49, which a
+# right answer leaves, and a flip probability of 0.49 (or 0.51) stays inside, about once in 150,000 runs
+FLIP_PROBE_DRAWS = 204_800
+FLIP_PROBE_CHUNK = 1024
+
+
+def _flip_probe(transform, first, batch_size: int, what: str) -> None:
+    """The share of images `transform` (the pipeline's batch_transform) flips, over FLIP_PROBE_DRAWS images that
+    show which way they face at a glance: a left-to-right ramp (the same in every row and channel), in the dtype,
+    on the device and over the range of the batches the loader gave it (`first`). Columns 12 and 20 of any pad-4
+    crop come from inside the image (columns 8-16 and 16-24), so the ramp rises from one to the other unless the
+    image was flipped; the normalisation keeps the order. Cheap: no image is decoded."""
+    dtype, device, lo, hi = first
+    if dtype == torch.uint8:
+        lo, hi = 16.0, 233.0
+    if not hi > lo:
+        return
+    ramp = torch.linspace(lo, hi, 32).to(dtype).to(device)
+    flipped = total = 0
+    chunk = FLIP_PROBE_CHUNK
+    while total < FLIP_PROBE_DRAWS:
+        images = ramp.view(1, 1, 1, 32).expand(chunk, 3, 32, 32).contiguous()
+        labels = torch.zeros(chunk, dtype=torch.int64, device=device)
+        try:
+            out = transform(images, labels)
+            x = out[0] if isinstance(out, (tuple, list)) else None
+            shaped = isinstance(x, torch.Tensor) and tuple(x.shape) == (chunk, 3, 32, 32)
+        except Exception:
+            if chunk == batch_size:
+                raise
+            shaped = False
+        if not shaped:
+            if chunk == batch_size:
+                return                          # what the correctness pass judged already; nothing more to see
+            chunk = batch_size                  # a transform written for ctx.batch_size only: as many calls as it takes
+            continue
+        row = _host(x[:, 0, 16]).float()
+        flipped += int((row[:, 12] > row[:, 20]).sum())
+        total += chunk
+    share, band = flipped / total, 4.5 * 0.5 / math.sqrt(total)
+    if abs(share - 0.5) > band:
+        raise CheckFailed("flips half of the samples",
+                          f"{what}: your batch_transform, given {total:,} more images (a left-to-right ramp, which "
+                          f"shows at a glance which way an image faces), flipped {share:.2%} of them (50% asked; "
+                          f"{band:.1%} either way is 4.5 standard deviations of a fair coin)",
+                          "flip each sample with probability exactly 1/2 (torch.rand(n) < 0.5, "
+                          "RandomHorizontalFlip(), AugmentBatch)")
 
 
 def _check_correctness(make_pipeline, rng, seed: int, device: str | None, *, virtual: bool = False,
-                       flips: list | None = None) -> str:
+                       flips: list | None = None, observed: dict | None = None) -> str:
     """Two epochs through the pipeline, as the model sees them, on a fresh self-identifying workload:
     on `device` (None: the machine's own), or with `virtual` on the virtual CUDA device. Returns a
     note for the check's message ("" when there is nothing to say)."""
@@ -514,7 +598,7 @@ def _check_correctness(make_pipeline, rng, seed: int, device: str | None, *, vir
     config = LadderConfig(batch_size=batch_size, num_workers=min(2, usable_cores()), device=device)
     what = f"a workload of {n} images, ctx.batch_size={batch_size} (seed {seed})"
     if virtual:
-        epochs, note = _virtual_epochs(make_pipeline, config, workload, n, batch_size, what)
+        epochs, note = _virtual_epochs(make_pipeline, config, workload, n, batch_size, what, observed)
         if epochs is None:
             return note
         what += f", on {VIRTUAL}"
@@ -528,10 +612,14 @@ def _check_correctness(make_pipeline, rng, seed: int, device: str | None, *, vir
                 pass
         with ladder_context(config, progress=False, training_set=workload) as ctx:
             pipeline = _expect_pipeline(make_pipeline(ctx), "make_pipeline(ctx)")
-            epochs = [_one_epoch(ctx, pipeline, n, batch_size, f"epoch {e + 1} of {what}", model_reads)
+            inputs = None if pipeline.batch_transform is None else _Inputs(pipeline.batch_transform)
+            watched = pipeline if inputs is None else dataclasses.replace(pipeline, batch_transform=inputs)
+            epochs = [_one_epoch(ctx, watched, n, batch_size, f"epoch {e + 1} of {what}", model_reads)
                       for e in range(2)]
             gc.collect()
-            _kept_alive(kept, what)
+            _kept_alive(kept, [] if inputs is None else inputs.refs, len(kept), what)
+            probe = None if inputs is None or inputs.first is None else (pipeline.batch_transform, inputs.first)
+            del watched, inputs
         del pipeline
     gc.collect()
     found, order = [], []
@@ -589,6 +677,8 @@ def _check_correctness(make_pipeline, rng, seed: int, device: str | None, *, vir
     _augmentation_statistics(found, batch_size, what)
     if flips is not None:
         flips.extend(f.flipped for f in found)
+    if not virtual and probe is not None:
+        _flip_probe(*probe, batch_size, f"{what}, after the two epochs")
     return ""
 
 
@@ -875,7 +965,8 @@ def _check_speed(make_pipeline, rng, seed: int, device: str | None, smoke: bool,
     capacity = statistics.median(r[2]["reference"].samples_per_s / r[2]["ceiling"].samples_per_s for r in rounds)
     median_round = sorted(rounds, key=lambda r: r[0])[len(rounds) // 2][2]
     others = statistics.median(r[3] for r in rounds)
-    return passed, fraction, share, capacity, len(rounds), label, kind, median_round, others, sorted(flags_changed)
+    shares = [r[1] for r in rounds]
+    return passed, fraction, share, capacity, shares, label, kind, median_round, others, sorted(flags_changed)
 
 
 # -- (c) parity, traced ----------------------------------------------------------------------------
@@ -984,6 +1075,36 @@ def _flips_over_the_check(flips: list) -> None:
 
 # -- 8.1 ------------------------------------------------------------------------------------------
 
+def measured_words(fraction: float, share: float, capacity: float, shares: list[float]) -> str:
+    """The speed stage's three figures, each said for what it is: the median over the rounds of each round's own
+    ratio (yours to the device-resident pipeline that ran next to it, yours to the ceiling, the device-resident
+    pipeline's to the ceiling). Medians of ratios from different rounds: the first is not the second divided by the
+    third (w2-08 contradiction 5 read "X% of the ceiling and Y% of the device-resident, which was Z%" as one sum)."""
+    spread = ", ".join(f"{s:.0%}" for s in shares)
+    return (f"{share:.0%} of what the course's device-resident pipeline reached next to it (the median of "
+            f"{len(shares)} rounds, each yours over the device-resident pipeline timed beside it: {spread}); "
+            f"{fraction:.0%} of the ceiling, and the device-resident pipeline {capacity:.0%} of it (each the median "
+            "of the same rounds' own ratios: medians of ratios need not divide into the first figure)")
+
+
+def tolerated(observed: dict) -> str:
+    """What the pass on the virtual CUDA device saw of the host waits and extra copies it tolerates (a few an
+    epoch, not batch after batch), epoch by epoch: the pass message says what was seen, not "none" (w2-08 r31, r33:
+    a wait every 40th batch, or once an epoch, passed under the words "no host waits")."""
+    parts = []
+    for key, none, many in (("copies", "nothing copied per batch but the batch", "copies from the host besides the batches"),
+                            ("waits", "no host waits", "host waits for the device")):
+        seen = observed.get(key, [])
+        if not any(count for count, _, _ in seen):
+            parts.append(none)
+            continue
+        first = next(where for count, _, where in seen if count)
+        epochs = ", ".join(f"{count} in epoch {e + 1} ({batches} batches)" for e, (count, batches, _) in enumerate(seen))
+        parts.append(f"{many}: {epochs}, the first at {first} (tolerated: not batch after batch, but on a GPU each "
+                     "one stalls it once)")
+    return ", ".join(parts)
+
+
 @exercise("8.1", "The fastest correct pipeline for this machine", points=4, time_limit_s=580)
 def check_pipeline(make_pipeline):
     from ..parity import parity_steps
@@ -1005,14 +1126,14 @@ def check_pipeline(make_pipeline):
     # real GPU's timings do not show them all
     flips: list = []                      # every traced sample's flip, over all stages (`_flips_over_the_check`)
     _check_correctness(make_pipeline, rng, seed, device, flips=flips)
-    virtual_note = _check_correctness(make_pipeline, rng, seed, None, virtual=True, flips=flips)
+    observed: dict = {}                  # host waits and extra copies per epoch on the virtual device, as tolerated
+    virtual_note = _check_correctness(make_pipeline, rng, seed, None, virtual=True, flips=flips, observed=observed)
     _verify_course_code("after make_pipeline(ctx) ran in the correctness stage")
     # (a) speed against the ceiling; with COURSE_DEVICE=cpu, beside the simulated device
     speed_device = "sim" if kind == "cpu" else device
-    passed, fraction, share, capacity, n_rounds, label, speed_kind, runs, others, flags_changed = _check_speed(
+    passed, fraction, share, capacity, shares, label, speed_kind, runs, others, flags_changed = _check_speed(
         make_pipeline, rng, seed, speed_device, smoke, flips)
-    measured = (f"{fraction:.0%} of the ceiling and {share:.0%} of what the course's device-resident pipeline "
-                f"reached next to it, which was {capacity:.0%} of the ceiling (medians of {n_rounds} rounds)")
+    measured = measured_words(fraction, share, capacity, shares)
     bar = (f"at least {SIM_SHARE:.0%} of the device-resident pipeline's throughput asked (what this machine can "
            f"feed), or {GPU_BAR:.0%} of the ceiling")
     if not passed and others >= busy_limit(usable_cores()):
@@ -1052,8 +1173,7 @@ def check_pipeline(make_pipeline):
     cpu_note = (" COURSE_DEVICE=cpu: speed graded beside the simulated device (the real model shares the CPU "
                 "with the loader); correctness and parity through the GPU code path on the CPU.") if kind == "cpu" else ""
     gpu_path = " on this machine's device" + ("" if virtual_note else (
-        f" and on {VIRTUAL} (batches on the device, nothing copied per batch but the batch, no host waits, every "
-        "stream waited for)"))
+        f" and on {VIRTUAL} (batches on the device, {tolerated(observed)}, every stream waited for)"))
     return (f"every sample once per epoch, reshuffled, exact crops with uniform offsets and half flipped, labels "
             f"intact{gpu_path}; {measured}, {bar}, on {label}; parity: {100 * difference:+.1f} points (within +/-"
             f"{100 * parity.tolerance:.0f}), every batch of yours traced on CIFAR-10's images too.{cpu_note}"

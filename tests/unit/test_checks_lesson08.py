@@ -708,6 +708,133 @@ def test_review_mutants_fail_on_their_own_property(mutant):
         assert AugmentBatch.__call__ is original, "the check put the course's code back"
 
 
+# walk w2-08's wrong answers that passed (its wrong/ folder), and its right ones
+
+class KeepsLoaderBatches:
+    """w2-08 r15: the loader appends every batch it serves (before the batch_transform) to a list: the augmented batches
+    the model gets die, the loader's own ones pile up (device memory growing with the epoch)."""
+    device_resident = True
+
+    def __init__(self, inner):
+        self.inner, self.kept = inner, []
+
+    def __iter__(self):
+        for batch in self.inner:
+            self.kept.append(batch)
+            yield batch
+
+    def __len__(self):
+        return len(self.inner)
+
+
+def keeps_the_loaders_batches(ctx):
+    images, labels = ctx.on_device()
+    return Pipeline(KeepsLoaderBatches(DeviceLoader(images, labels, ctx.batch_size, drop_last=False)),
+                    batch_transform=AugmentBatch())
+
+
+class FlipsAt(AugmentBatch):
+    """w2-08 r35 (its MyAugment(p_flip=0.49)): the course's crop, a flip probability of `rate`."""
+
+    def __init__(self, rate):
+        super().__init__()
+        self.rate = rate
+
+    def __call__(self, images, labels):
+        n = len(images)
+        padded = torch.nn.functional.pad(images, (4, 4, 4, 4))
+        dy = torch.randint(0, 9, (n,), device=images.device)
+        dx = torch.randint(0, 9, (n,), device=images.device)
+        rows = (dy.view(n, 1) + torch.arange(32, device=images.device)).view(n, 1, 32, 1)
+        cols = (dx.view(n, 1) + torch.arange(32, device=images.device)).view(n, 1, 1, 32)
+        crops = padded[torch.arange(n, device=images.device).view(n, 1, 1, 1),
+                       torch.arange(3, device=images.device).view(1, 3, 1, 1), rows, cols]
+        flip = (torch.rand(n, device=images.device) < self.rate).view(n, 1, 1, 1)
+        return normalize_batch(torch.where(flip, crops.flip(3), crops), labels)
+
+
+def flips_at(rate):
+    def make_pipeline(ctx):
+        images, labels = ctx.on_device()
+        return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False), batch_transform=FlipsAt(rate))
+    make_pipeline.__name__ = f"flips_at_{rate}"
+    return make_pipeline
+
+
+W2_MUTANTS = [
+    Mutant("keeps_the_loaders_batches", keeps_the_loaders_batches, "keeps no batch once the model has had it",
+           words="before augmenting"),
+    Mutant("flips_at_0.49", flips_at(0.49), "flips half of the samples", words="a left-to-right ramp"),
+    Mutant("flips_at_0.51", flips_at(0.51), "flips half of the samples", words="exactly 1/2"),
+]
+
+
+@pytest.mark.parametrize("mutant", W2_MUTANTS, ids=repr)
+def test_w2_mutants_fail_on_their_own_property(mutant):
+    rejected("8.1", mutant, seeds_for(mutant.name) + [1, 2])
+
+
+class SyncsEveryTwentieth(AugmentBatch):
+    """w2-08 r31: a NaN check with .item() every 40th batch (a counter kept across calls); every 20th here, so that the
+    virtual pass's two epochs (24 to 64 batches) see one."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def __call__(self, images, labels):
+        x, y = super().__call__(images, labels)
+        self.calls += 1
+        if self.calls % 20 == 0 and bool(torch.isnan(x).any().item()):
+            raise RuntimeError("NaN")
+        return x, y
+
+
+def syncs_every_twentieth_batch(ctx):
+    images, labels = ctx.on_device()
+    return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False), batch_transform=SyncsEveryTwentieth())
+
+
+def test_a_few_host_waits_are_tolerated_and_said_not_denied():
+    """w2-08 r31/r33 passed with the words "no host waits": a wait once an epoch is tolerated (not batch after batch),
+    and the pass message now counts it; a right answer's still says "no host waits"."""
+    from course_utils.checks.lesson08 import _check_correctness, tolerated
+    observed = {}
+    assert _check_correctness(syncs_every_twentieth_batch, np.random.default_rng(4), 4, None, virtual=True,
+                              observed=observed) == ""
+    words = tolerated(observed)
+    assert "no host waits" not in words and "host waits for the device: " in words, words
+    assert "tolerated: not batch after batch" in words and "in epoch 2" in words, words
+    assert [count for count, _, _ in observed["waits"]][1] == 1, words     # the .item() of the 20th batch
+    assert tolerated({"copies": [(0, 16, ""), (0, 16, "")], "waits": [(0, 16, ""), (0, 16, "")]}) == (
+        "nothing copied per batch but the batch, no host waits")
+
+
+def test_the_speed_figures_say_which_rounds_each_comes_from():
+    from course_utils.checks.lesson08 import measured_words
+    words = measured_words(0.92, 0.96, 0.87, [0.96, 1.01, 0.93, 0.96, 0.99])
+    assert "96% of what the course's device-resident pipeline reached next to it" in words
+    assert "the median of 5 rounds" in words and "96%, 101%, 93%, 96%, 99%" in words
+    assert "92% of the ceiling, and the device-resident pipeline 87% of it" in words
+    assert "need not divide" in words
+
+
+def test_a_batch_transform_written_for_the_batch_size_gets_the_flip_probe_at_that_size(monkeypatch):
+    """The probe hands the transform 1,024 images at a time; one written for ctx.batch_size only gets its own size."""
+    from course_utils.checks import lesson08
+    from course_utils.checks.lesson08 import _flip_probe
+    monkeypatch.setattr(lesson08, "FLIP_PROBE_DRAWS", 64 * 40)
+    calls = []
+
+    def fixed(images, labels):
+        if len(images) != 64:
+            raise RuntimeError("static buffers of 64")
+        calls.append(len(images))
+        return AugmentBatch()(images, labels)
+    _flip_probe(fixed, (torch.uint8, torch.device("cpu"), 0.0, 255.0), 64, "probe")
+    assert calls and set(calls) == {64} and sum(calls) >= 64 * 40
+
+
 def test_a_course_method_replaced_before_the_check_fails_it_and_is_put_back():
     from course_utils.device_data import AugmentBatch
     original = AugmentBatch.__call__
