@@ -1439,3 +1439,53 @@ def test_flips_are_judged_over_every_stage_of_the_check():
         with pytest.raises(CheckFailed, match="flips half of the samples"):
             _flips_over_the_check(stages)
         _flips_over_the_check([rng.random(n) < 0.5 for n in (1800, 1800, 1200, 3840)])
+
+
+# walk w2-08's 8.2 answers whose message pointed away (its wrong/c06, c12-c14): each now named for its own mistake
+
+def _w2_speed(report, rung, per_gpu, combine=min):
+    speed = report["ceiling"] * (1 - rung.get("device_cost", 0.0))
+    if "cpu_per_core" in rung:
+        cores = per_gpu if rung.get("parallel", True) else min(1.0, per_gpu)
+        cpu = rung["cpu_per_core"] * cores
+        speed = combine(speed, cpu) if cpu > 0 else 0.0
+    return speed
+
+
+def _w2_choose(report, tolerance, per_gpu, combine=min, of_ceiling=False):
+    if not report.get("rungs"):
+        raise ValueError("the report has no rungs")
+    speed = {name: _w2_speed(report, r, per_gpu, combine) for name, r in report["rungs"].items()}
+    best = report["ceiling"] if of_ceiling else max(speed.values())
+    return next(n for n, v in speed.items() if v >= (1 - tolerance) * best)
+
+
+def threshold_of_the_ceiling(report, tolerance=0.05):           # c06
+    return _w2_choose(report, tolerance, report["cores"] / report["gpus"], of_ceiling=True)
+
+
+def harmonic_limits(report, tolerance=0.05):                    # c12
+    return _w2_choose(report, tolerance, report["cores"] / report["gpus"], lambda a, b: 1 / (1 / a + 1 / b))
+
+
+def a_core_for_the_main_process(report, tolerance=0.05):        # c13
+    return _w2_choose(report, tolerance, (report["cores"] - 1) / report["gpus"])
+
+
+def whole_cores_per_gpu(report, tolerance=0.05):                # c14
+    return _w2_choose(report, tolerance, report["cores"] // report["gpus"])
+
+
+W2_82_MUTANTS = [
+    Mutant("threshold_of_the_ceiling", threshold_of_the_ceiling, "picks the simplest rung within the tolerance of the "
+           "fastest", words="the tolerance is a share of the fastest rung's speed"),
+    Mutant("harmonic_limits", harmonic_limits, "picks the simplest rung within the tolerance of the fastest",
+           words="1 / (1/device + 1/cpu)"),
+    Mutant("a_core_for_the_main_process", a_core_for_the_main_process, "", words="(cores - 1) / gpus"),
+    Mutant("whole_cores_per_gpu", whole_cores_per_gpu, "", words="cores // gpus"),
+]
+
+
+@pytest.mark.parametrize("mutant", W2_82_MUTANTS, ids=repr)
+def test_choose_rung_w2_mutants_are_named_for_their_own_mistake(mutant):
+    rejected("8.2", mutant, [zlib.crc32(mutant.name.encode()) % 1000 + k for k in range(5 * EXTRA_SEEDS)])
