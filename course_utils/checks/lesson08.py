@@ -156,6 +156,29 @@ def _identify(images: np.ndarray, n: int, what: str) -> np.ndarray:
         if (decode(_pixels(images, mean, std), n) >= 0).mean() > max(0.9, share):
             raise CheckFailed("normalised as the baseline: (x/255 - CIFAR10_MEAN) / CIFAR10_STD",
                               f"{what}: the images' normalisation is {name}", hint)
+    # w2-08 r06, r07: one hint of five causes for a wrong std and for a vertical flip; name the one the images show
+    upside_down = decode(_pixels(np.ascontiguousarray(images[:, :, ::-1, :]), data.CIFAR10_MEAN, data.CIFAR10_STD),
+                         n) >= 0 if len(images) else np.zeros(0, bool)
+    if len(images) and upside_down[found < 0].mean() > 0.9:
+        raise CheckFailed("every image is a pad-4 crop of a sample of the workload",
+                          f"{what}: {int((found < 0).sum())} of {len(found)} images are not a window of their sample "
+                          "as it is or mirrored left-right, and every one of them is one mirrored upside down",
+                          "flip left-right, along the width (images.flip(3), or dims=[-1]), not along the height "
+                          "(flip(2) mirrors upside down)")
+    if len(images):
+        # the normalisation the images show: padding (0) is each channel's lowest value, 255 its highest
+        low = images.min(axis=(0, 2, 3)).astype(np.float64)
+        high = images.max(axis=(0, 2, 3)).astype(np.float64)
+        if (high > low).all():
+            std = 1 / (high - low)
+            mean = -low * std
+            if (decode(_pixels(images, mean, std), n) >= 0).mean() > max(0.9, share):
+                said = ", ".join(f"{m:.3f}" for m in mean), ", ".join(f"{v:.3f}" for v in std)
+                raise CheckFailed("normalised as the baseline: (x/255 - CIFAR10_MEAN) / CIFAR10_STD",
+                                  f"{what}: the images read as normalised with mean ({said[0]}) and std ({said[1]}), "
+                                  f"not CIFAR-10's ({', '.join(f'{m:.3f}' for m in data.CIFAR10_MEAN)}) and "
+                                  f"({', '.join(f'{v:.3f}' for v in data.CIFAR10_STD)})",
+                                  "normalise with data.CIFAR10_MEAN and data.CIFAR10_STD, both of them")
     raise CheckFailed("every image is a pad-4 crop of a sample of the workload",
                       f"{what}: {int((found < 0).sum())} of {len(found)} images are not a 32x32 window of a "
                       "workload image padded with 4 black pixels (flipped or not), normalised with CIFAR-10's "
@@ -434,6 +457,20 @@ def _virtual_epochs(make_pipeline, config, workload, n: int, batch_size: int, wh
     return epochs, note
 
 
+def _race_hint(race) -> str:
+    """The hint for the first race the virtual device saw, by its kind (w2-08 r25, r26: one hint about prefetching
+    for a pinned buffer refilled under its copy and for a copy to the host read at once)."""
+    if "destination of a non-blocking copy to the host" in race.what:
+        return ("the host read numbers that a non-blocking copy to the host had not delivered yet: keep those numbers "
+                "on the device (index and compute with device tensors) and read nothing back per batch")
+    if "pinned memory that a non-blocking copy" in race.what:
+        return ("one pinned buffer refilled while its non-blocking copy to the device was still reading it: gather "
+                "each batch into a fresh buffer (or wait for that copy's event before refilling: "
+                "torch.cuda.Event.record() after the copy, .synchronize() before the next fill)")
+    return ("let the course's prefetcher copy ahead (Pipeline(..., prefetch=True)), or make the consuming stream wait "
+            "for the copy (lesson 03)")
+
+
 def _virtual_epochs_held(make_pipeline, config, workload, n: int, batch_size: int, what: str,
                          observed: dict | None = None):
     """Two epochs of what the model gets on a GPU, run on the virtual CUDA device (`virtual_cuda`):
@@ -496,10 +533,8 @@ def _virtual_epochs_held(make_pipeline, config, workload, n: int, batch_size: in
                 if vc.races:
                     race = vc.races[0]
                     raise CheckFailed("each batch is read after the work that made it finished",
-                                      f"{where}: {len(vc.races)} reads of device memory before the work that wrote "
-                                      f"it was visible on the reading stream ({race.what} at {race.where})",
-                                      "let the course's prefetcher copy ahead (Pipeline(..., prefetch=True)), or "
-                                      "make the consuming stream wait for the copy (lesson 03)")
+                                      f"{where}: {len(vc.races)} reads or writes of memory before the work on it was "
+                                      f"finished where they happened ({race.what} at {race.where})", _race_hint(race))
                 if late:
                     raise CheckFailed("each batch is read after the work that made it finished",
                                       f"{where}: the model, on the stream the training loop runs on, read "
@@ -592,7 +627,8 @@ def _flip_probe(transform, first, batch_size: int, what: str) -> None:
     show which way they face at a glance: a left-to-right ramp (the same in every row and channel), in the dtype,
     on the device and over the range of the batches the loader gave it (`first`). Columns 12 and 20 of any pad-4
     crop come from inside the image (columns 8-16 and 16-24), so the ramp rises from one to the other unless the
-    image was flipped; the normalisation keeps the order. Cheap: no image is decoded."""
+    image was flipped; the normalisation keeps the order. Cheap: no image is decoded. A transform that neither
+    flips nor crops the first chunk (normalising only: the loader augments) is not probed."""
     dtype, device, lo, hi = first
     if dtype == torch.uint8:
         lo, hi = 16.0, 233.0
@@ -618,7 +654,10 @@ def _flip_probe(transform, first, batch_size: int, what: str) -> None:
             chunk = batch_size                  # a transform written for ctx.batch_size only: as many calls as it takes
             continue
         row = _host(x[:, 0, 16]).float()
-        flipped += int((row[:, 12] > row[:, 20]).sum())
+        now = int((row[:, 12] > row[:, 20]).sum())
+        if total == 0 and now == 0 and bool((row[:, 12] == row[0, 12]).all()):
+            return                              # neither flips nor crops: the loader augments (the stages saw it)
+        flipped += now
         total += chunk
     share, band = flipped / total, 4.5 * 0.5 / math.sqrt(total)
     if abs(share - 0.5) > band:
@@ -685,6 +724,16 @@ def _check_correctness(make_pipeline, rng, seed: int, device: str | None, *, vir
                                   "a loader that drops the last, short batch (drop_last=True: DeviceLoader's and "
                                   "ctx.loader's default, and the ladder's DALI rung) leaves samples out of every "
                                   "epoch when the batch size does not divide the data: drop_last=False")
+            labels_off = float((epochs[e][1] != workload.labels[index]).mean()) if len(index) else 0.0
+            if labels_off > 0.5:
+                # w2-08 r16: a dataset kept from an earlier ctx (another workload: other images, other labels)
+                raise CheckFailed("every sample exactly once per epoch",
+                                  f"{where}: {missing} samples never came out, {twice} came out more than once, and "
+                                  f"{labels_off:.0%} of the images came with another label than this workload "
+                                  "gives them: the images are not this ctx's",
+                                  "take every image from the ctx you are given, each time make_pipeline is called "
+                                  "(ctx.on_device(), ctx.dataset(...)): the check calls it with workloads of its "
+                                  "own, so nothing kept from an earlier ctx (a module-level cache) is this one's")
             raise CheckFailed("every sample exactly once per epoch",
                               f"{where}: {missing} samples never came out, {twice} came out more than once",
                               "shuffle a permutation of every sample each epoch (no replacement, no repeated or "
