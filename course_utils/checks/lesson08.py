@@ -581,13 +581,14 @@ def _alive(refs: list) -> int:
 
 
 def _kept_alive(kept: list, inputs: list, batches: int, what: str) -> None:
-    """Fail when the pipeline still holds most of the batches of two epochs once they are over: the batches the
+    """Fail when the pipeline still holds more than MAX_BATCHES_KEPT batches of two epochs (24 to 64 batches) once
+    they are over (a prefetcher's few ahead are fewer; a list of every batch, or of every other one, more): the batches the
     model got (`kept`) or the batches its loader gave the batch_transform (`inputs`), as weak references.
     `batches`: how many batches the two epochs served."""
     for refs, which in ((kept, "batches the model got"),
                         (inputs, "batches your loader gave the batch_transform (before augmenting)")):
         alive = _alive(refs)
-        if alive > MAX_BATCHES_KEPT and alive > batches // 2:
+        if alive > MAX_BATCHES_KEPT:        # not "most of them": every other batch kept grows with the epoch too
             raise CheckFailed("keeps no batch once the model has had it",
                               f"{what}: {alive} of the {batches} {which} in two epochs were still alive after them, "
                               "held by your pipeline (a list, a cache, a closure): the memory it holds grows with "

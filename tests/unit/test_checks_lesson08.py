@@ -727,6 +727,22 @@ class KeepsLoaderBatches:
         return len(self.inner)
 
 
+class KeepsEveryOtherBatch(KeepsLoaderBatches):
+    """The near miss of r15: every other batch kept (half of them: memory still grows with the epoch)."""
+
+    def __iter__(self):
+        for i, batch in enumerate(self.inner):
+            if i % 2 == 0:
+                self.kept.append(batch)
+            yield batch
+
+
+def keeps_every_other_batch(ctx):
+    images, labels = ctx.on_device()
+    return Pipeline(KeepsEveryOtherBatch(DeviceLoader(images, labels, ctx.batch_size, drop_last=False)),
+                    batch_transform=AugmentBatch())
+
+
 def keeps_the_loaders_batches(ctx):
     images, labels = ctx.on_device()
     return Pipeline(KeepsLoaderBatches(DeviceLoader(images, labels, ctx.batch_size, drop_last=False)),
@@ -803,6 +819,8 @@ W2_MUTANTS = [
            "workload", words="not along the height"),
     Mutant("keeps_the_loaders_batches", keeps_the_loaders_batches, "keeps no batch once the model has had it",
            words="before augmenting"),
+    Mutant("keeps_every_other_batch", keeps_every_other_batch, "keeps no batch once the model has had it",
+           words="the memory it holds grows with every batch"),
     Mutant("flips_at_0.49", flips_at(0.49), "flips half of the samples", words="a left-to-right ramp"),
 ]
 
@@ -1550,3 +1568,57 @@ W2_82_MUTANTS = [
 @pytest.mark.parametrize("mutant", W2_82_MUTANTS, ids=repr)
 def test_choose_rung_w2_mutants_are_named_for_their_own_mistake(mutant):
     rejected("8.2", mutant, [zlib.crc32(mutant.name.encode()) % 1000 + k for k in range(5 * EXTRA_SEEDS)])
+
+
+# walk w2-08's right answers (its wrong/r10, r21, r29, r34): they keep passing the stages the new probes joined
+# (correctness on the device and on the virtual device: batches kept, the flip probe, the waits counted)
+
+class HostPermutationOnceAnEpoch:
+    """w2-08 r34: the epoch's permutation drawn on the host and copied once an epoch."""
+    device_resident = True
+
+    def __init__(self, images, labels, batch_size):
+        self.images, self.labels, self.batch_size = images, labels, batch_size
+
+    def __iter__(self):
+        n = len(self.labels)
+        order = torch.randperm(n).to(self.images.device)
+        for i in range(0, n, self.batch_size):
+            idx = order[i:i + self.batch_size]
+            yield self.images.index_select(0, idx), self.labels.index_select(0, idx)
+
+    def __len__(self):
+        return -(-len(self.labels) // self.batch_size)
+
+
+def host_permutation_once_an_epoch(ctx):
+    images, labels = ctx.on_device()
+    return Pipeline(HostPermutationOnceAnEpoch(images, labels, ctx.batch_size), batch_transform=AugmentBatch())
+
+
+def graph_bf16_channels_last(ctx):
+    images, labels = ctx.on_device()
+    return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False), batch_transform=AugmentBatch(),
+                    amp="bf16", channels_last=True, cuda_graph=ctx.kind in ("sim", "cuda"))
+
+
+def device_resident_prefetched(ctx):
+    images, labels = ctx.on_device()
+    return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False), batch_transform=AugmentBatch(),
+                    prefetch=True)
+
+
+def own_batched_augmentation(ctx):
+    """w2-08 r10: crop and flip by advanced indexing, the flip at 0.5 (FlipsAt above)."""
+    images, labels = ctx.on_device()
+    return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False), batch_transform=FlipsAt(0.5))
+
+
+def test_the_walks_right_answers_pass_correctness_with_the_new_probes():
+    from course_utils.checks.lesson08 import _check_correctness
+    for k, answer in enumerate((host_permutation_once_an_epoch, graph_bf16_channels_last, device_resident_prefetched,
+                                own_batched_augmentation)):
+        if answer in (host_permutation_once_an_epoch, own_batched_augmentation):   # the others: AugmentBatch's, as right's
+            assert _check_correctness(answer, np.random.default_rng(30 + k), 30 + k, None) == "", answer.__name__
+        assert _check_correctness(answer, np.random.default_rng(40 + k), 40 + k, None, virtual=True) == "", \
+            answer.__name__
