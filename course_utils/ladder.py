@@ -533,6 +533,10 @@ def rung_cuda_graph(ctx: LadderContext) -> TrainResult:
     return ctx.run(cuda_graph_pipeline(ctx), desc="CUDA graph")
 
 
+# how these two rungs change the model's step (their rows' "step": the line on the rungs above the ceiling reads it)
+rung_mixed_precision.rung_step = {"amp": "bf16", "channels_last": True}
+rung_cuda_graph.rung_step = {"amp": "bf16", "channels_last": True, "graph": True}
+
 # The ladder, bottom to top. Later lessons append their rungs.
 RUNGS = [rung_baseline, rung_best_workers, rung_prefetcher, rung_device_resident, rung_dali, rung_mixed_precision,
          rung_cuda_graph]
@@ -720,7 +724,7 @@ def measure_rung(ctx: LadderContext, fn, ceiling, *, name: str | None = None, sh
     description = " ".join((fn.__doc__ or "").split())
     try:
         out = fn(ctx)
-        step = {}
+        step = dict(getattr(fn, "rung_step", {}))      # how a rung that measures itself changes the step
         if isinstance(out, Pipeline):
             description = description or out.describe()
             step = step_of(out)

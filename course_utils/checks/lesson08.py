@@ -1188,17 +1188,20 @@ def tolerated(observed: dict) -> str:
     """What the pass on the virtual CUDA device saw of the host waits and extra copies it tolerates (a few an
     epoch, not batch after batch), epoch by epoch: the pass message says what was seen, not "none" (w2-08 r31, r33:
     a wait every 40th batch, or once an epoch, passed under the words "no host waits")."""
-    parts = []
-    for key, none, many in (("copies", "nothing copied per batch but the batch", "copies from the host besides the batches"),
-                            ("waits", "no host waits", "host waits for the device")):
+    parts, firsts = [], []
+    for key, none, many in (("copies", "nothing copied per batch but the batch", "copies from the host besides the "
+                             "batches"), ("waits", "no host waits", "host waits for the device")):
         seen = observed.get(key, [])
         if not any(count for count, _, _ in seen):
             parts.append(none)
             continue
-        first = next(where for count, _, where in seen if count)
-        epochs = ", ".join(f"{count} in epoch {e + 1} ({batches} batches)" for e, (count, batches, _) in enumerate(seen))
-        parts.append(f"{many}: {epochs}, the first at {first} (tolerated: not batch after batch, but on a GPU each "
-                     "one stalls it once)")
+        firsts.append(next(where for count, _, where in seen if count))
+        parts.append(f"{many}: " + ", ".join(str(count) for count, _, _ in seen) + " in epochs of "
+                     + ", ".join(str(batches) for _, batches, _ in seen) + " batches")
+    if firsts:
+        places = sorted(set(firsts), key=firsts.index)
+        parts[-1] += (f" (the first at {' and '.join(places)}; tolerated: not batch after batch, but on a GPU each one "
+                      "stalls it once)")
     return ", ".join(parts)
 
 
