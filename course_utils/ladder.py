@@ -49,7 +49,7 @@ import torchvision.transforms as T
 from torch.utils.data import DataLoader
 
 from . import data
-from .bottleneck import diagnose
+from .bottleneck import COMPUTE_UTIL, diagnose
 from .device_data import AugmentBatch, DeviceLoader, normalize_batch
 from .env import device_label, has_dali, usable_cores
 from .loaders import in_flight_batches
@@ -533,6 +533,10 @@ def rung_cuda_graph(ctx: LadderContext) -> TrainResult:
     return ctx.run(cuda_graph_pipeline(ctx), desc="CUDA graph")
 
 
+# how these two rungs change the model's step (their rows' "step": the line on the rungs above the ceiling reads it)
+rung_mixed_precision.rung_step = {"amp": "bf16", "channels_last": True}
+rung_cuda_graph.rung_step = {"amp": "bf16", "channels_last": True, "graph": True}
+
 # The ladder, bottom to top. Later lessons append their rungs.
 RUNGS = [rung_baseline, rung_best_workers, rung_prefetcher, rung_device_resident, rung_dali, rung_mixed_precision,
          rung_cuda_graph]
@@ -613,7 +617,7 @@ class LadderResult:
             speedup = f"{r['speedup_over_baseline']:.1f}x" if r.get("speedup_over_baseline") else ""
             lines.append(f"{r['name']:36s} {r['samples_per_s']:10,.0f} {r['fraction_of_ceiling']:10.0%} "
                          f"{_share(r.get('device_util')):>9s} {_share(_in_flight(r)):>9s} "
-                         f"{r['stall_fraction']:6.0%} {speedup:>7s}  {diagnose(r).kind}")
+                         f"{r['stall_fraction']:6.0%} {speedup:>7s}  {limited_by(r)}")
         ties = [r["name"] for r in self.rungs if not r.get("skipped") and r["name"] != self.best["name"]
                 and r["samples_per_s"] >= 0.95 * self.best["samples_per_s"]]
         lines.append(f"best: {self.best['name']} at {self.best['fraction_of_ceiling']:.0%} of the ceiling"
@@ -624,7 +628,9 @@ class LadderResult:
                      ("the simulated device's own busy time" if self.simulated else "NVML's utilisation, where read")
                      + "); in flight: share with a step started and not finished (the device may idle inside it, "
                        "waiting for the host to launch kernels); waits: share the loop spent blocked on the next "
-                       "batch. Limited by: course_utils.bottleneck.diagnose.")
+                       "batch; the last two overlap (the loop may wait for data while queued steps still run). "
+                       "Limited by: course_utils.bottleneck.diagnose, except that a device busy "
+                       f"{COMPUTE_UTIL:.0%} of the time or more is the limit whatever the waits (compute-bound).")
         return "\n".join(lines)
 
     def plot(self, path=None):
@@ -718,17 +724,80 @@ def measure_rung(ctx: LadderContext, fn, ceiling, *, name: str | None = None, sh
     description = " ".join((fn.__doc__ or "").split())
     try:
         out = fn(ctx)
+        step = dict(getattr(fn, "rung_step", {}))      # how a rung that measures itself changes the step
         if isinstance(out, Pipeline):
             description = description or out.describe()
+            step = step_of(out)
             out = ctx.run(out, desc=name)
     except RungSkipped as why:
         return {"name": name, "short": short, "description": description, "skipped": str(why)}
-    return rung_row(name, out.stats, ceiling, short=short, description=description)
+    return rung_row(name, out.stats, ceiling, short=short, description=description, step=step)
 
 
-def rung_row(name: str, stats, ceiling, *, short: str | None = None, description: str = "") -> dict:
-    """A row of the ladder's table from a run's `StepStats` and the ceiling's, measured in the same run."""
-    row = {"name": name, "short": short or name, "description": description, **stats.as_row()}
+def step_of(pipeline: Pipeline) -> dict:
+    """How `pipeline` changes the model's step from the ceiling's (fp32, eager): {} when it does not."""
+    return {k: v for k, v in (("amp", pipeline.amp), ("channels_last", pipeline.channels_last),
+                              ("graph", pipeline.cuda_graph)) if v}
+
+
+def limited_by(row) -> str:
+    """What limits a rung, for the ladder's table and the report card: `bottleneck.diagnose`, except that a device
+    busy COMPUTE_UTIL of the time or more is the limit whatever the loop's waits for data (w2-08: "input-bound" for
+    the CUDA-graph rung with the device busy 93%: its loop waited for data while queued steps kept the device
+    working; waits and steps in flight overlap)."""
+    util = row.get("device_util") if isinstance(row, dict) else getattr(row, "device_util", None)
+    if util is not None and util >= COMPUTE_UTIL:
+        return "compute-bound"
+    return diagnose(row).kind
+
+
+def above_ceiling_words(rows, ceiling: dict, sim=None, batch_size: int = 128) -> str:
+    """One sentence on the rungs above the fp32 ceiling, from the numbers: a rung that runs the ceiling's own step
+    (fp32, eager) cannot beat it, so one that measured above it says the ceiling's single measurement was slow; a
+    rung that changes the step (bf16, a CUDA graph) can, and beside the simulator the measured H100 figures say by
+    how much for the step alone (w2-08: DALI at 174% and a CUDA graph at 950% of the ceiling, against the 3x the
+    H100's figures give). `sim`: the simulated accelerator, or None on a real device."""
+    above = [r for r in rows if not r.get("skipped") and (r.get("fraction_of_ceiling") or 0) > 1.0]
+    if not above:
+        return "rungs above the fp32 ceiling here: none"
+    modelled = sim is not None and getattr(sim, "profile", None) is not None
+    eager_ms = sim.ceiling_step_ms(batch_size) if modelled else None
+    ceiling_ms = 1e3 * batch_size / ceiling["samples_per_s"]
+    parts, wider = [], False
+    changed = [r for r in above if r.get("step")]
+    same = [r for r in above if not r.get("step")]
+    if changed:
+        said = []
+        for r in changed:
+            text = f"{r['name']} ({r['fraction_of_ceiling']:.0%})"
+            if modelled:
+                step = r["step"]
+                alone = eager_ms / sim.ceiling_step_ms(batch_size, amp=step.get("amp"),
+                                                       channels_last=bool(step.get("channels_last")),
+                                                       graph=bool(step.get("graph")))
+                text += f", where the H100's figures give its step alone {alone:.0%} of the ceiling's speed"
+                wider = wider or r["fraction_of_ceiling"] > 1.25 * alone
+            said.append(text)
+        parts.append("above the fp32 ceiling, as rungs that change the step itself can: " + "; ".join(said))
+    if same:
+        charged = f", where the simulated device charges {eager_ms:.1f} ms" if modelled else ""
+        parts.append("above it although they run its own fp32 eager step: "
+                     + ", ".join(f"{r['name']} ({r['fraction_of_ceiling']:.0%})" for r in same)
+                     + f"; no rung beats the step it runs, so the ceiling's one measurement was slow (its step took "
+                       f"{ceiling_ms:.1f} ms{charged}: a busy host launches the kernels late)")
+    elif wider:
+        parts.append(f"the ceiling's step took {ceiling_ms:.1f} ms against the {eager_ms:.1f} ms the simulated device "
+                     "charges: a busy host launched its kernels late, which a CUDA graph's one launch hardly feels, "
+                     "so the measured gap is wider than the steps' own")
+    return "; ".join(parts)
+
+
+def rung_row(name: str, stats, ceiling, *, short: str | None = None, description: str = "",
+             step: dict | None = None) -> dict:
+    """A row of the ladder's table from a run's `StepStats` and the ceiling's, measured in the same run; `step`:
+    how its pipeline changes the model's step (`step_of`), {} for the ceiling's own (fp32, eager)."""
+    row = {"name": name, "short": short or name, "description": description, "step": dict(step or {}),
+           **stats.as_row()}
     row["fraction_of_ceiling"] = round(stats.samples_per_s / ceiling.samples_per_s, 4)
     return row
 

@@ -687,10 +687,10 @@ REVIEW_MUTANTS = [
            words="AugmentBatch.__call__"),
     Mutant("keeps_every_batch", keeps_every_batch, "keeps no batch once the model has had it", words="a list"),
     Mutant("pinned_buffer_refilled_in_flight", pinned_buffer_refilled_in_flight,
-           "each batch is read after the work that made it finished", words="pinned memory that a non-blocking copy"),
+           "each batch is read after the work that made it finished", words="gather each batch into a fresh buffer"),
     Mutant("order_read_before_its_copy_landed", order_read_before_its_copy_landed,
            "each batch is read after the work that made it finished",
-           words="the destination of a non-blocking copy to the host"),
+           words="read nothing back per batch"),
 ]
 # x-08 F4: the driver call (torch.empty(..., pin_memory=True)) is pinned memory on the virtual CUDA device now (lesson
 # 03's review), so the pass on it goes on and finds the mistake itself: the offsets copied from the host every batch
@@ -706,6 +706,212 @@ def test_review_mutants_fail_on_their_own_property(mutant):
         rejected("8.1", mutant, seeds_for(mutant.name))
     finally:
         assert AugmentBatch.__call__ is original, "the check put the course's code back"
+
+
+# walk w2-08's wrong answers that passed (its wrong/ folder), and its right ones
+
+class KeepsLoaderBatches:
+    """w2-08 r15: the loader appends every batch it serves (before the batch_transform) to a list: the augmented batches
+    the model gets die, the loader's own ones pile up (device memory growing with the epoch)."""
+    device_resident = True
+
+    def __init__(self, inner):
+        self.inner, self.kept = inner, []
+
+    def __iter__(self):
+        for batch in self.inner:
+            self.kept.append(batch)
+            yield batch
+
+    def __len__(self):
+        return len(self.inner)
+
+
+class KeepsEveryOtherBatch(KeepsLoaderBatches):
+    """The near miss of r15: every other batch kept (half of them: memory still grows with the epoch)."""
+
+    def __iter__(self):
+        for i, batch in enumerate(self.inner):
+            if i % 2 == 0:
+                self.kept.append(batch)
+            yield batch
+
+
+def keeps_every_other_batch(ctx):
+    images, labels = ctx.on_device()
+    return Pipeline(KeepsEveryOtherBatch(DeviceLoader(images, labels, ctx.batch_size, drop_last=False)),
+                    batch_transform=AugmentBatch())
+
+
+def keeps_the_loaders_batches(ctx):
+    images, labels = ctx.on_device()
+    return Pipeline(KeepsLoaderBatches(DeviceLoader(images, labels, ctx.batch_size, drop_last=False)),
+                    batch_transform=AugmentBatch())
+
+
+class FlipsAt(AugmentBatch):
+    """w2-08 r35 (its MyAugment(p_flip=0.49)): the course's crop, a flip probability of `rate`."""
+
+    def __init__(self, rate):
+        super().__init__()
+        self.rate = rate
+
+    def __call__(self, images, labels):
+        n = len(images)
+        padded = torch.nn.functional.pad(images, (4, 4, 4, 4))
+        dy = torch.randint(0, 9, (n,), device=images.device)
+        dx = torch.randint(0, 9, (n,), device=images.device)
+        rows = (dy.view(n, 1) + torch.arange(32, device=images.device)).view(n, 1, 32, 1)
+        cols = (dx.view(n, 1) + torch.arange(32, device=images.device)).view(n, 1, 1, 32)
+        crops = padded[torch.arange(n, device=images.device).view(n, 1, 1, 1),
+                       torch.arange(3, device=images.device).view(1, 3, 1, 1), rows, cols]
+        flip = (torch.rand(n, device=images.device) < self.rate).view(n, 1, 1, 1)
+        return normalize_batch(torch.where(flip, crops.flip(3), crops), labels)
+
+
+def flips_at(rate):
+    def make_pipeline(ctx):
+        images, labels = ctx.on_device()
+        return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False), batch_transform=FlipsAt(rate))
+    make_pipeline.__name__ = f"flips_at_{rate}"
+    return make_pipeline
+
+
+_W2_CACHE = {}
+
+
+def dataset_kept_from_an_earlier_ctx(ctx):
+    """w2-08 r16: ctx.on_device() kept in a module-level dict on the first call and served to every later ctx."""
+    if "data" not in _W2_CACHE:
+        _W2_CACHE["data"] = ctx.on_device()
+    images, labels = _W2_CACHE["data"]
+    return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False), batch_transform=AugmentBatch())
+
+
+def std_one_half(ctx):
+    """w2-08 r06: CIFAR-10's mean with a std of 0.5 on every channel."""
+    images, labels = ctx.on_device()
+
+    def augment(x, y):
+        return normalize_uint8(random_crop_flip(x), std=(0.5, 0.5, 0.5)), y
+    return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False), batch_transform=augment)
+
+
+def flips_upside_down_instead(ctx):
+    """w2-08 r07: the coin flips along the height (flip(2)) instead of the width: half the images upside down."""
+    images, labels = ctx.on_device()
+
+    def augment(x, y):
+        n = len(x)
+        out = random_crop_flip(x)                                    # crop and a left-right coin ...
+        again = torch.rand(n, device=x.device) < 0.5                 # ... undone and redone upside down instead
+        out = torch.where(again.view(n, 1, 1, 1), out.flip(2), out)
+        return normalize_uint8(out.contiguous()), y
+    return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False), batch_transform=augment)
+
+
+W2_MUTANTS = [
+    Mutant("dataset_kept_from_an_earlier_ctx", dataset_kept_from_an_earlier_ctx, "every sample exactly once per epoch",
+           words="take every image from the ctx you are given"),
+    Mutant("std_one_half", std_one_half, "normalised as the baseline: (x/255 - CIFAR10_MEAN) / CIFAR10_STD",
+           words="std (0.500, 0.500, 0.500)"),
+    Mutant("flips_upside_down_instead", flips_upside_down_instead, "every image is a pad-4 crop of a sample of the "
+           "workload", words="not along the height"),
+    Mutant("keeps_the_loaders_batches", keeps_the_loaders_batches, "keeps no batch once the model has had it",
+           words="before augmenting"),
+    Mutant("keeps_every_other_batch", keeps_every_other_batch, "keeps no batch once the model has had it",
+           words="the memory it holds grows with every batch"),
+    Mutant("flips_at_0.49", flips_at(0.49), "flips half of the samples", words="a left-to-right ramp"),
+]
+
+
+@pytest.mark.parametrize("mutant", W2_MUTANTS, ids=repr)
+def test_w2_mutants_fail_on_their_own_property(mutant):
+    # the flip probe costs ~25 s on a busy 2-core machine (204,800 images through the transform): one seed for it,
+    # and the probe's own edges below on many, with a transform that costs nothing
+    rejected("8.1", mutant, seeds_for(mutant.name) + ([] if mutant.name.startswith("flips_at") else [1, 2]))
+
+
+def _coin(rate):
+    def transform(images, labels):
+        flip = torch.rand(len(images)) < rate
+        return torch.where(flip.view(-1, 1, 1, 1), images.flip(3), images).float(), labels
+    return transform
+
+
+@pytest.mark.parametrize("seed", [7])
+def test_the_flip_probe_tells_049_and_051_from_a_fair_coin_on_every_seed(seed):
+    from course_utils.checks import CheckFailed
+    from course_utils.checks.lesson08 import _flip_probe
+    first = (torch.uint8, torch.device("cpu"), 0.0, 255.0)
+    torch.manual_seed(seed)
+    _flip_probe(_coin(0.5), first, 64, "probe")
+    for rate in (0.49, 0.51):
+        with pytest.raises(CheckFailed) as failed:
+            _flip_probe(_coin(rate), first, 64, "probe")
+        words = failed.value.sentence()
+        assert "flips half of the samples" in words and "% of them (50% asked; 0.5% either way" in words, words
+
+
+class SyncsEveryTwentieth(AugmentBatch):
+    """w2-08 r31: a NaN check with .item() every 40th batch (a counter kept across calls); every 20th here, so that the
+    virtual pass's two epochs (24 to 64 batches) see one."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def __call__(self, images, labels):
+        x, y = super().__call__(images, labels)
+        self.calls += 1
+        if self.calls % 20 == 0 and bool(torch.isnan(x).any().item()):
+            raise RuntimeError("NaN")
+        return x, y
+
+
+def syncs_every_twentieth_batch(ctx):
+    images, labels = ctx.on_device()
+    return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False), batch_transform=SyncsEveryTwentieth())
+
+
+def test_a_few_host_waits_are_tolerated_and_said_not_denied():
+    """w2-08 r31/r33 passed with the words "no host waits": a wait once an epoch is tolerated (not batch after batch),
+    and the pass message now counts it; a right answer's still says "no host waits"."""
+    from course_utils.checks.lesson08 import _check_correctness, tolerated
+    observed = {}
+    assert _check_correctness(syncs_every_twentieth_batch, np.random.default_rng(4), 4, None, virtual=True,
+                              observed=observed) == ""
+    words = tolerated(observed)
+    assert "no host waits" not in words and "host waits for the device: " in words, words
+    assert "tolerated: not batch after batch" in words and ", 1 in epochs of" in words, words
+    assert [count for count, _, _ in observed["waits"]][1] == 1, words     # the .item() of the 20th batch
+    assert tolerated({"copies": [(0, 16, ""), (0, 16, "")], "waits": [(0, 16, ""), (0, 16, "")]}) == (
+        "nothing copied per batch but the batch, no host waits")
+
+
+def test_the_speed_figures_say_which_rounds_each_comes_from():
+    from course_utils.checks.lesson08 import measured_words
+    words = measured_words(0.92, 0.96, 0.87, [0.96, 1.01, 0.93, 0.96, 0.99])
+    assert "96% of what the course's device-resident pipeline reached next to it" in words
+    assert "the median of 5 rounds" in words and "96%, 101%, 93%, 96%, 99%" in words
+    assert "92% of the ceiling, and the device-resident pipeline 87% of it" in words
+    assert "need not divide" in words
+
+
+def test_a_batch_transform_written_for_the_batch_size_gets_the_flip_probe_at_that_size(monkeypatch):
+    """The probe hands the transform 1,024 images at a time; one written for ctx.batch_size only gets its own size."""
+    from course_utils.checks import lesson08
+    from course_utils.checks.lesson08 import _flip_probe
+    monkeypatch.setattr(lesson08, "FLIP_PROBE_DRAWS", 64 * 40)
+    calls = []
+
+    def fixed(images, labels):
+        if len(images) != 64:
+            raise RuntimeError("static buffers of 64")
+        calls.append(len(images))
+        return AugmentBatch()(images, labels)
+    _flip_probe(fixed, (torch.uint8, torch.device("cpu"), 0.0, 255.0), 64, "probe")
+    assert calls and set(calls) == {64} and sum(calls) >= 64 * 40
 
 
 def test_a_course_method_replaced_before_the_check_fails_it_and_is_put_back():
@@ -1312,3 +1518,107 @@ def test_flips_are_judged_over_every_stage_of_the_check():
         with pytest.raises(CheckFailed, match="flips half of the samples"):
             _flips_over_the_check(stages)
         _flips_over_the_check([rng.random(n) < 0.5 for n in (1800, 1800, 1200, 3840)])
+
+
+# walk w2-08's 8.2 answers whose message pointed away (its wrong/c06, c12-c14): each now named for its own mistake
+
+def _w2_speed(report, rung, per_gpu, combine=min):
+    speed = report["ceiling"] * (1 - rung.get("device_cost", 0.0))
+    if "cpu_per_core" in rung:
+        cores = per_gpu if rung.get("parallel", True) else min(1.0, per_gpu)
+        cpu = rung["cpu_per_core"] * cores
+        speed = combine(speed, cpu) if cpu > 0 else 0.0
+    return speed
+
+
+def _w2_choose(report, tolerance, per_gpu, combine=min, of_ceiling=False):
+    if not report.get("rungs"):
+        raise ValueError("the report has no rungs")
+    speed = {name: _w2_speed(report, r, per_gpu, combine) for name, r in report["rungs"].items()}
+    best = report["ceiling"] if of_ceiling else max(speed.values())
+    return next(n for n, v in speed.items() if v >= (1 - tolerance) * best)
+
+
+def threshold_of_the_ceiling(report, tolerance=0.05):           # c06
+    return _w2_choose(report, tolerance, report["cores"] / report["gpus"], of_ceiling=True)
+
+
+def harmonic_limits(report, tolerance=0.05):                    # c12
+    return _w2_choose(report, tolerance, report["cores"] / report["gpus"], lambda a, b: 1 / (1 / a + 1 / b))
+
+
+def a_core_for_the_main_process(report, tolerance=0.05):        # c13
+    return _w2_choose(report, tolerance, (report["cores"] - 1) / report["gpus"])
+
+
+def whole_cores_per_gpu(report, tolerance=0.05):                # c14
+    return _w2_choose(report, tolerance, report["cores"] // report["gpus"])
+
+
+W2_82_MUTANTS = [
+    Mutant("threshold_of_the_ceiling", threshold_of_the_ceiling, "picks the simplest rung within the tolerance of the "
+           "fastest", words="the tolerance is a share of the fastest rung's speed"),
+    Mutant("harmonic_limits", harmonic_limits, "picks the simplest rung within the tolerance of the fastest",
+           words="1 / (1/device + 1/cpu)"),
+    Mutant("a_core_for_the_main_process", a_core_for_the_main_process, "", words="(cores - 1) / gpus"),
+    Mutant("whole_cores_per_gpu", whole_cores_per_gpu, "", words="cores // gpus"),
+]
+
+
+@pytest.mark.parametrize("mutant", W2_82_MUTANTS, ids=repr)
+def test_choose_rung_w2_mutants_are_named_for_their_own_mistake(mutant):
+    rejected("8.2", mutant, [zlib.crc32(mutant.name.encode()) % 1000 + k for k in range(5 * EXTRA_SEEDS)])
+
+
+# walk w2-08's right answers (its wrong/r10, r21, r29, r34): they keep passing the stages the new probes joined
+# (correctness on the device and on the virtual device: batches kept, the flip probe, the waits counted)
+
+class HostPermutationOnceAnEpoch:
+    """w2-08 r34: the epoch's permutation drawn on the host and copied once an epoch."""
+    device_resident = True
+
+    def __init__(self, images, labels, batch_size):
+        self.images, self.labels, self.batch_size = images, labels, batch_size
+
+    def __iter__(self):
+        n = len(self.labels)
+        order = torch.randperm(n).to(self.images.device)
+        for i in range(0, n, self.batch_size):
+            idx = order[i:i + self.batch_size]
+            yield self.images.index_select(0, idx), self.labels.index_select(0, idx)
+
+    def __len__(self):
+        return -(-len(self.labels) // self.batch_size)
+
+
+def host_permutation_once_an_epoch(ctx):
+    images, labels = ctx.on_device()
+    return Pipeline(HostPermutationOnceAnEpoch(images, labels, ctx.batch_size), batch_transform=AugmentBatch())
+
+
+def graph_bf16_channels_last(ctx):
+    images, labels = ctx.on_device()
+    return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False), batch_transform=AugmentBatch(),
+                    amp="bf16", channels_last=True, cuda_graph=ctx.kind in ("sim", "cuda"))
+
+
+def device_resident_prefetched(ctx):
+    images, labels = ctx.on_device()
+    return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False), batch_transform=AugmentBatch(),
+                    prefetch=True)
+
+
+def own_batched_augmentation(ctx):
+    """w2-08 r10: crop and flip by advanced indexing, the flip at 0.5 (FlipsAt above)."""
+    images, labels = ctx.on_device()
+    return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False), batch_transform=FlipsAt(0.5))
+
+
+def test_the_walks_right_answers_pass_correctness_with_the_new_probes():
+    from course_utils.checks.lesson08 import _check_correctness
+    for k, answer in enumerate((host_permutation_once_an_epoch, graph_bf16_channels_last, device_resident_prefetched,
+                                own_batched_augmentation)):
+        if answer in (host_permutation_once_an_epoch, own_batched_augmentation):   # the others: AugmentBatch's, as right's
+            assert _check_correctness(answer, np.random.default_rng(30 + k), 30 + k, None) == "", answer.__name__
+        assert _check_correctness(answer, np.random.default_rng(40 + k), 40 + k, None, virtual=True) == "", \
+            answer.__name__

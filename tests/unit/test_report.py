@@ -101,3 +101,56 @@ def test_the_headline_names_rungs_faster_than_the_final_one():
     assert card.headline().endswith("; faster in the same run: CUDA graph (188%)")
     assert "faster in the same run" not in _card().headline()
     assert "cores used by this course | by other programs |" in _card().markdown()
+
+
+def test_the_same_code_within_the_measured_spread_is_not_ranked():
+    """w2-08: the card named the course's device-resident rung (88%) "faster in the same run" than the learner's
+    identical pipeline (69%): a rung is faster only beyond the spread of one pipeline measured twice in the run."""
+    climb = _climb()
+    climb.rungs.insert(1, {"name": "device-resident", "short": "resident", "samples_per_s": 15200.0 * 88 / 69,
+                           "fraction_of_ceiling": 1.21, "stall_fraction": 0.0, "speedup_over_baseline": 8.1})
+    climb.rungs.insert(2, {"name": "CUDA graph", "short": "graph", "samples_per_s": 60000.0,
+                           "fraction_of_ceiling": 3.75, "stall_fraction": 0.0, "speedup_over_baseline": 25.0})
+    spread = {"rung": "device-resident", "first": 17100.0, "again": 14900.0}
+    card = report.ReportCard.from_climb(climb, final="yours", spread=spread)
+    words = card.headline()
+    assert "faster in the same run: CUDA graph (375%)" in words and "faster in the same run: device" not in words
+    assert ("the same within the noise of one measurement (at least 20%, or twice the spread of the device-resident "
+            "pipeline measured twice here, 17,100 and 14,900 samples/s: 30%): device-resident (121%)") in words
+    # a pair closer than 10% apart: the floor, 20% (w2-08's second smoke run: the same code 11% apart, called faster)
+    climb.rungs[1].update(samples_per_s=15200.0 * 97 / 87, fraction_of_ceiling=0.97 * 1.1)
+    close = report.ReportCard.from_climb(climb, final="yours", spread=dict(spread, again=16500.0))
+    assert "faster in the same run: device" not in close.headline() and ": 20%): device-resident" in close.headline()
+    # without a second measurement: 5%, as the ladder's ties
+    assert "faster in the same run: device-resident" in report.ReportCard.from_climb(climb, final="yours").headline()
+
+
+def test_a_device_busy_most_of_the_time_is_the_limit_whatever_the_waits():
+    """w2-08: the CUDA-graph rung read "input-bound" with the device busy 93% (its waits overlapped queued steps)."""
+    from course_utils.ladder import limited_by
+    assert limited_by({"stall_fraction": 0.35, "device_util": 0.93, "steps_in_flight_fraction": 0.95}) == "compute-bound"
+    assert limited_by({"stall_fraction": 0.35, "device_util": 0.60, "steps_in_flight_fraction": 0.95}) == "input-bound"
+    assert limited_by({"stall_fraction": 0.35, "device_util": None}) == "input-bound"
+
+
+def test_rungs_above_the_ceiling_are_said_from_the_numbers():
+    """w2-08: "rungs above the fp32 ceiling here: DALI (174%), ... CUDA graph (950%)" under a markdown that said only
+    rungs changing the step can pass it, and an H100 whose figures give the graph about 3x."""
+    from course_utils.ladder import above_ceiling_words
+    from course_utils.sim import H100, SimulatedAccelerator
+    sim = SimulatedAccelerator(profile=H100, scale=0.41)
+    ceiling = {"samples_per_s": 128 / 12.73e-3}
+    rows = [{"name": "device-resident", "fraction_of_ceiling": 0.88, "step": {}},
+            {"name": "DALI", "fraction_of_ceiling": 1.74, "step": {}},
+            {"name": "device-resident + bf16 + CUDA graph", "fraction_of_ceiling": 9.5,
+             "step": {"amp": "bf16", "channels_last": True, "graph": True}}]
+    words = above_ceiling_words(rows, ceiling, sim, 128)
+    assert "device-resident + bf16 + CUDA graph (950%), where the H100's figures give its step alone 333% " in words
+    assert "above it although they run its own fp32 eager step: DALI (174%)" in words
+    assert "its step took 12.7 ms, where the simulated device charges 4.5 ms" in words
+    assert above_ceiling_words(rows[:1], ceiling, sim, 128) == "rungs above the fp32 ceiling here: none"
+    # a graph far above its own figure, with no fp32 rung above: the slow ceiling is still said
+    words = above_ceiling_words(rows[:1] + rows[2:], ceiling, sim, 128)
+    assert "the ceiling's step took 12.7 ms against the 4.5 ms the simulated device charges" in words
+    # on a real device: no figures to compare with
+    assert "H100's figures" not in above_ceiling_words(rows, ceiling, None, 128)
