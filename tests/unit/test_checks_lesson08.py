@@ -1570,6 +1570,72 @@ def test_choose_rung_w2_mutants_are_named_for_their_own_mistake(mutant):
     rejected("8.2", mutant, [zlib.crc32(mutant.name.encode()) % 1000 + k for k in range(5 * EXTRA_SEEDS)])
 
 
+# walk w3-08's 8.2 answers: three that passed (device_cost charged to both limits, a tolerance a hair wide, speeds
+# rounded to whole samples/s) and four whose message pointed at the speed model when the choice among the rungs
+# within the tolerance was the mistake
+
+def device_cost_on_both(report, tolerance=0.05):
+    if not report["rungs"]:
+        raise ValueError("no rungs")
+    speed = _speeds(report, costs=False)
+    speed = {n: v * (1 - report["rungs"][n].get("device_cost", 0.0)) for n, v in speed.items()}
+    return _first_within(speed, tolerance)
+
+
+def tolerance_a_hair_wide(report, tolerance=0.05):
+    if not report["rungs"]:
+        raise ValueError("no rungs")
+    return _first_within(_speeds(report), tolerance * 1.02)
+
+
+def speeds_rounded(report, tolerance=0.05):
+    if not report["rungs"]:
+        raise ValueError("no rungs")
+    return _first_within({n: round(v) for n, v in _speeds(report).items()}, tolerance)
+
+
+def last_within(report, tolerance=0.05):
+    if not report["rungs"]:
+        raise ValueError("no rungs")
+    speed = _speeds(report)
+    best = max(speed.values())
+    return [n for n, v in speed.items() if v >= (1 - tolerance) * best][-1]
+
+
+def sorted_names(report, tolerance=0.05):
+    if not report["rungs"]:
+        raise ValueError("no rungs")
+    speed = _speeds(report)
+    return _first_within({n: speed[n] for n in sorted(speed)}, tolerance)
+
+
+def tolerance_as_a_percentage(report, tolerance=0.05):
+    if not report["rungs"]:
+        raise ValueError("no rungs")
+    return _first_within(_speeds(report), tolerance / 100)
+
+
+W3_82_MUTANTS = [
+    Mutant("device_cost_on_both", device_cost_on_both, "picks the simplest rung within the tolerance of the fastest",
+           words="charged to the smaller of the two limits"),
+    Mutant("tolerance_a_hair_wide", tolerance_a_hair_wide,
+           "picks the simplest rung within the tolerance of the fastest", words="below 1 - tolerance = 0.95"),
+    Mutant("speeds_rounded", speeds_rounded, "picks the simplest rung within the tolerance of the fastest",
+           words="not once both are rounded"),
+    Mutant("last_within", last_within, "picks the simplest rung within the tolerance of the fastest",
+           words="in the report's order"),
+    Mutant("sorted_names", sorted_names, "picks the simplest rung within the tolerance of the fastest",
+           words="in the report's order"),
+    Mutant("tolerance_as_a_percentage", tolerance_as_a_percentage,
+           "picks the simplest rung within the tolerance of the fastest", words="in the report's order"),
+]
+
+
+@pytest.mark.parametrize("mutant", W3_82_MUTANTS, ids=repr)
+def test_choose_rung_w3_mutants_fail_on_every_seed_named_for_their_own_mistake(mutant):
+    rejected("8.2", mutant, [zlib.crc32(mutant.name.encode()) % 1000 + k for k in range(5 * EXTRA_SEEDS)])
+
+
 # walk w2-08's right answers (its wrong/r10, r21, r29, r34): they keep passing the stages the new probes joined
 # (correctness on the device and on the virtual device: batches kept, the flip probe, the waits counted)
 
