@@ -922,6 +922,22 @@ def _expect_exact_epoch(batches, records, members, batch_size, drop_last, what, 
     return idx
 
 
+def _shard_rule_named(got: int, s: int, shards: int, n: int) -> str:
+    """Which common rule gives shard `s` of `shards` over `n` records `got` records (w3-04: the count
+    alone did not name the mistake)."""
+    rules = [("every S-th record of the order (order[k::S])", len(range(s, n, shards))),
+             ("round(k*N/S) for the bounds", round((s + 1) * n / shards) - round(s * n / shards)),
+             ("N // S records each and the remainder to the last shard",
+              n - s * (n // shards) if s == shards - 1 else n // shards),
+             ("ceil(N/S) records each", min(n, (s + 1) * -(-n // shards)) - min(n, s * -(-n // shards))),
+             ("np.array_split (the first shards one more)", n // shards + (1 if s < n % shards else 0))]
+    named = [name for name, count in rules if count == got]
+    if not named:
+        return ""
+    return (f": {' or '.join(named)} gives that count; floor(k*N/S) .. floor((k+1)*N/S) gives "
+            f"{n * (s + 1) // shards - n * s // shards}")
+
+
 def _sizes(sizes):
     if len(sizes) <= 4:
         return str(sizes)
@@ -1108,8 +1124,9 @@ def check_epochs(cifar_epochs):
                     firsts.append(batches)
                 _, idx = _epoch_summary(batches)
                 if len(idx) != hi - lo:
+                    named = _shard_rule_named(len(idx), s, shards, n)
                     raise CheckFailed("shards split the records evenly", f"shard {s} of {shards}, epoch {e}: "
-                                      f"{len(idx)} records, expected {hi - lo} of {n} (seed {seed})",
+                                      f"{len(idx)} records, expected {hi - lo} of {n}{named} (seed {seed})",
                                       "shard k of S gets positions floor(k*N/S) .. floor((k+1)*N/S) of the epoch's order")
                 _expect_exact_epoch(batches, records, np.unique(idx), batch_size, False,
                                     f"shard {s} of {shards}, epoch {e}", seed, per_sample=per_sample)
