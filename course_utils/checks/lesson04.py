@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 import tempfile
 from collections import Counter
 from dataclasses import dataclass
@@ -217,28 +218,107 @@ def _expect_placement(pipe, device: str, what: str, seed: int, *, decoder: bool 
                           "there, on the process's GPU, and the CPU is left free")
 
 
-def _coin_flips(pipe, output: int = 0) -> list[float]:
-    """The probabilities of the fn.random.coin_flip operators output `output` depends on (0.5 where
-    none was given), read from the graph; [] where the graph cannot be read."""
+_COMPARISON = re.compile(r"^(lt|gt|leq|geq)\((\S+) (\S+)\)$")
+
+
+def _choice_values(op: _Op) -> list[float] | None:
+    """The values an fn.random.choice draws from (its constant input, or 0..n-1 for an integer n)."""
+    inputs = list(op.node.inputs)
+    src = inputs[0].source if inputs and inputs[0].source is not None else None
+    const = getattr(src, "_op", None)
+    args = getattr(const, "_init_args", {}) if const is not None else {}
+    for key in ("fdata", "idata"):
+        if key in args:
+            data = args[key]
+            values = [float(v) for v in (data if isinstance(data, (list, tuple)) else [data])]
+            if len(values) == 1 and key == "idata" and values[0] >= 1:
+                return [float(k) for k in range(int(values[0]))]
+            return values
+    return None
+
+
+def _random_draws(pipe, output: int = 0) -> list[tuple[str, str, object]]:
+    """The random draws output `output` depends on, read from the graph: ("flip", how, p) for a coin
+    (fn.random.coin_flip, fn.random.uniform(range=...) compared with a constant, fn.random.choice of two
+    values), ("choice", how, p-list) for a weighted fn.random.choice of more values. [] where the graph
+    cannot be read."""
     ops = _graph(pipe)
     if ops is None:
         return []
-    odds = []
+    by_name = {op.node.name: op for op in ops}
+    found = []
     for op in _upstream(pipe, ops, output, data_only=False):
         if op.kind == "CoinFlip":
             p = op.args.get("probability", 0.5)
             if isinstance(p, (int, float)):
-                odds.append(float(p))
-    return odds
+                found.append(("flip", f"fn.random.coin_flip(probability={float(p):g})", float(p)))
+        elif op.kind == "Choice":
+            values = _choice_values(op)
+            weights = op.args.get("p")
+            if values is None:
+                continue
+            if weights is None:
+                weights = [1 / len(values)] * len(values)
+            weights = [float(w) for w in (weights if isinstance(weights, (list, tuple)) else [weights])]
+            if len(weights) != len(values):
+                continue
+            shown = ", ".join(f"{w:g}" for w in weights)
+            if len(values) == 2:
+                p = sum(w for v, w in zip(values, weights) if v != 0) / sum(weights)
+                found.append(("flip", f"fn.random.choice of 2 values with p=[{shown}]", p))
+            elif max(weights) - min(weights) > 1e-9:
+                found.append(("choice", f"fn.random.choice of {len(values)} values with p=[{shown}]", weights))
+        elif op.kind == "_ArithmeticGenericOp":
+            m = _COMPARISON.match(str(op.args.get("expression_desc", "")))
+            inputs = list(op.node.inputs)
+            consts = list(op.args.get("real_constants", []) or []) + list(op.args.get("integer_constants", []) or [])
+            if not m or len(inputs) != 1 or inputs[0].source is None or len(consts) != 1:
+                continue
+            src = by_name.get(inputs[0].source.name)
+            if src is None or src.kind != "Uniform" or "values" in src.args:
+                continue
+            lo, hi = (float(v) for v in src.args.get("range", (-1.0, 1.0)))
+            c = float(consts[0])
+            below = min(max((c - lo) / (hi - lo), 0.0), 1.0)
+            name, a, b = m.groups()
+            less = name in ("lt", "leq")
+            if a.startswith("$"):           # the constant first: c < u is u > c
+                less = not less
+            p = below if less else 1 - below
+            sign = "<" if less else ">"
+            found.append(("flip", f"fn.random.uniform(range=[{lo:g}, {hi:g}]) {sign} {c:g}", p))
+    return found
 
 
-def _expect_fair_coin(pipe, prop: str, what: str, seed: int) -> None:
-    odds = [p for p in _coin_flips(pipe) if abs(p - 0.5) > 1e-9]
-    if odds:
-        raise CheckFailed(prop, f"{what}: your fn.random.coin_flip draws with probability={odds[0]:g} (read from the "
-                          f"pipeline's graph); the contract says exactly 1/2 (seed {seed})",
-                          "mirror=fn.random.coin_flip(probability=0.5): a rate a few points off shows in no single "
-                          "batch, but it changes what the model learns from, every epoch")
+def _expect_fair_coin(pipe, prop: str, what: str, seed: int) -> bool:
+    """Fails a flip drawn from the graph with another probability than 1/2; True where the graph showed
+    how the flip is drawn (and it is 1/2), False where it did not (the rate is then only measured)."""
+    flips = [(how, p) for kind, how, p in _random_draws(pipe) if kind == "flip"]
+    for how, p in flips:
+        if abs(p - 0.5) > 1e-9:
+            raise CheckFailed(prop, f"{what}: your flip is {how}, a probability of {p:.4g} (read from the "
+                              f"pipeline's graph); the contract says exactly 1/2 (seed {seed})",
+                              "mirror=fn.random.coin_flip(probability=0.5): a rate a few points off shows in no single "
+                              "batch, but it changes what the model learns from, every epoch")
+    return bool(flips)
+
+
+def _expect_uniform_choice(pipe, what: str, seed: int) -> None:
+    """A weighted fn.random.choice for the crop position: not uniform, read from the graph (a weight
+    a point off shows in no sample of this size)."""
+    for kind, how, weights in _random_draws(pipe):
+        if kind == "choice":
+            raise CheckFailed("crop offsets are uniform over 0..8",
+                              f"{what}: your crop position is drawn by {how} (read from the pipeline's graph): not "
+                              f"every offset equally likely (seed {seed})",
+                              "every offset 0..8 equally likely: fn.random.uniform(values=[k / 8 for k in range(9)]), "
+                              "or fn.random.choice without p")
+
+
+def _coin_words(read: bool) -> str:
+    return ("a coin of probability 1/2, read from the pipeline's graph" if read else
+            "within the measured band around 1/2; the graph did not show how the flag is drawn, so its "
+            "probability was not read")
 
 
 def _expect_settings(pipe, num_threads: int, what: str, seed: int) -> None:
@@ -447,8 +527,9 @@ def _nothing_built():
 
 def _expect_local_gpu(build, what: str, seed: int, *, decoder: bool = False, iterator: bool = False) -> None:
     """`build()` makes a device="gpu" pipeline (or, `iterator=True`, DALI's iterator over one): its
-    device_id must be this process's GPU, the local rank, or None (DALI then takes the current CUDA
-    device when it builds), and the work on the images must run there (`_expect_placement`)."""
+    device_id must be this process's GPU, the local rank, and the work on the images must run there
+    (`_expect_placement`). None fails (w3-04): DALI then takes whichever CUDA device is current when it
+    builds, this process's GPU only if the caller ran torch.cuda.set_device, which the pipeline cannot know."""
     with _pretend_local_rank(_LOCAL_RANK), _nothing_built() as given:
         with calling(what):
             made = build()
@@ -457,7 +538,7 @@ def _expect_local_gpu(build, what: str, seed: int, *, decoder: bool = False, ite
                                 f"pipeline, but it made none (it returned {type(made).__name__}).")
             pipe = _expect_pipeline(given[0] if iterator else made, what)
             _graph(pipe)       # the learner's graph function runs here, in the pretended process
-    if pipe.device_id not in (_LOCAL_RANK, None):
+    if pipe.device_id is not None and pipe.device_id != _LOCAL_RANK:
         raise CheckFailed("runs on this process's GPU",
                           f"with device='gpu' in a process whose GPU is cuda:{_LOCAL_RANK} (LOCAL_RANK={_LOCAL_RANK}, "
                           f"as torchrun's fourth process on a node), your pipeline asks for device_id="
@@ -465,6 +546,14 @@ def _expect_local_gpu(build, what: str, seed: int, *, decoder: bool = False, ite
                           "under DistributedDataParallel every process has its own GPU: take its index from "
                           "course_utils.env.local_cuda_index() (LOCAL_RANK, else the current device), never a fixed 0")
     _expect_placement(pipe, "gpu", what, seed, decoder=decoder)
+    if pipe.device_id is None:
+        raise CheckFailed("runs on this process's GPU",
+                          f"with device='gpu' in a process whose GPU is cuda:{_LOCAL_RANK} (LOCAL_RANK={_LOCAL_RANK}, "
+                          f"as torchrun's fourth process on a node), your pipeline asks for device_id=None: no GPU "
+                          f"by name, so DALI takes whichever device is current when it builds, cuda:0 unless the "
+                          f"caller ran torch.cuda.set_device first (seed {seed})",
+                          "ask for this process's GPU by name: device_id=course_utils.env.local_cuda_index() "
+                          "(LOCAL_RANK, else the current device); device_id=None is for device='cpu'")
 
 
 def _coordinate_images(n: int) -> np.ndarray:
@@ -561,6 +650,8 @@ def _check_randomness(batches, on, seed, pipe=None):
             raise CheckFailed("crop offsets cover 0..8", f"{on}: over {n} samples the {axis} offset never took "
                               f"the values {missing} (seed {seed})",
                               "draw the crop position per sample, uniformly over the 9 possible offsets")
+    if pipe is not None:
+        _expect_uniform_choice(pipe, on, seed)
     ends = float(np.mean(np.isin(np.concatenate([dy, dx]), [0, 8])))
     if not 0.2 <= ends <= 0.245:
         raise CheckFailed("crop offsets are uniform over 0..8", f"{on}: offsets 0 and 8 make up {ends:.1%} of "
@@ -593,8 +684,7 @@ def _check_randomness(batches, on, seed, pipe=None):
                               f"{on}: whether a sample is flipped depends on its {axis} offset: flipped at offsets "
                               f"0..8: {', '.join(f'{b:.0%}' for b in by)} (seed {seed})",
                               "draw the mirror flag with its own fn.random.coin_flip, not from the crop position")
-    if pipe is not None:
-        _expect_fair_coin(pipe, "flips half of the samples", on, seed)
+    read = pipe is not None and _expect_fair_coin(pipe, "flips half of the samples", on, seed)
     rate = float(flipped.mean())
     if abs(rate - 0.5) > _FLIP_TOLERANCE:
         raise CheckFailed("flips half of the samples", f"{on}: {rate:.1%} of {n} samples are flipped; a fair coin "
@@ -604,7 +694,7 @@ def _check_randomness(batches, on, seed, pipe=None):
         if len(set(zip(bdy.tolist(), bdx.tolist(), bflip.tolist()))) == 1:
             raise CheckFailed("each sample draws its own crop and flip", f"{on}: every sample of batch {k} has "
                               "the same crop and flip", "random operators in a DALI pipeline draw one value per sample")
-    return rate
+    return rate, read
 
 
 @exercise("4.1", "The CIFAR pipeline: pad, random crop, flip and normalise in DALI", points=2)
@@ -662,7 +752,7 @@ def check_cifar_pipeline(cifar_pipeline):
                               f"{on}: {int((~found.exact).sum())} of {len(found.exact)} samples match no window (seed {seed})",
                               _diagnose_crops(x_all[~found.exact][:64], src[~found.exact][:64])[0])
         stats, stats_pipe = _run_statistics(cifar_pipeline, device, rng, seed)
-        rate = _check_randomness(stats, on, seed, stats_pipe)
+        rate, read = _check_randomness(stats, on, seed, stats_pipe)
     _check_seed(cifar_pipeline, records, batch_size, rng, seed)
     _expect_local_gpu(lambda: cifar_pipeline(_BatchSource(records, batch_size, 1, rng), batch_size, device="gpu",
                                              num_threads=_threads(), seed=1),
@@ -671,7 +761,7 @@ def check_cifar_pipeline(cifar_pipeline):
     n = _STAT_BATCH * _STAT_BATCHES
     return (f"{len(x_all)} samples on the CPU{where}: CHW float32, each an exact crop of its padded record, normalised; "
             f"labels and indices intact (int64); over {n:,} more, offsets 0..8 uniform and independent on each axis, "
-            f"{rate:.1%} flipped (a coin of probability 1/2); the seed reproduces it; num_threads={_threads()} as "
+            f"{rate:.1%} flipped ({_coin_words(read)}); the seed reproduces it; num_threads={_threads()} as "
             f"given, and DALI's prefetching; with device='gpu', read from its graph without building it: GPU {_LOCAL_RANK} in a process whose "
             f"LOCAL_RANK is {_LOCAL_RANK}, and the crop and normalisation on that GPU.")
 
@@ -718,10 +808,11 @@ def _empty_batch(what, records, batch_size, after, said=None) -> CheckFailed:
 
 def _strided(what: str) -> CheckFailed:
     return CheckFailed("the source returns C-contiguous arrays",
-                       f"{what}: DALI refused a batch of your source: \"{_STRIDED}\" (a view such as rows[:, 1:] "
-                       "skips the label byte of every record, so its rows are not packed in memory)",
-                       "copy the view into packed memory before returning it: "
-                       "np.ascontiguousarray(rows[:, 1:]).reshape(-1, 3, 32, 32)")
+                       f"{what}: DALI refused a batch of your source: \"{_STRIDED}\": one of the arrays it returned is "
+                       "a view whose rows are not packed in memory, the images rows[:, 1:] (which skip the label byte "
+                       "of every record) or the labels rows[:, 0] (one byte out of every 3,073)",
+                       "the images: np.ascontiguousarray(rows[:, 1:]).reshape(-1, 3, 32, 32); the labels: "
+                       "rows[:, 0].astype(np.int64), the int64 the contract asks for, which is a packed copy too")
 
 
 def _epoch_items(iterator, limit_batches, what):
@@ -829,6 +920,22 @@ def _expect_exact_epoch(batches, records, members, batch_size, drop_last, what, 
         if tuple(b["images"].shape[1:]) != (3, 32, 32):
             raise CheckFailed("images are (b, 3, 32, 32)", f"{what}: yours {tuple(b['images'].shape)}")
     return idx
+
+
+def _shard_rule_named(got: int, s: int, shards: int, n: int) -> str:
+    """Which common rule gives shard `s` of `shards` over `n` records `got` records (w3-04: the count
+    alone did not name the mistake)."""
+    rules = [("every S-th record of the order (order[k::S])", len(range(s, n, shards))),
+             ("round(k*N/S) for the bounds", round((s + 1) * n / shards) - round(s * n / shards)),
+             ("N // S records each and the remainder to the last shard",
+              n - s * (n // shards) if s == shards - 1 else n // shards),
+             ("ceil(N/S) records each", min(n, (s + 1) * -(-n // shards)) - min(n, s * -(-n // shards))),
+             ("np.array_split (the first shards one more)", n // shards + (1 if s < n % shards else 0))]
+    named = [name for name, count in rules if count == got]
+    if not named:
+        return ""
+    return (f": {' or '.join(named)} gives that count; floor(k*N/S) .. floor((k+1)*N/S) gives "
+            f"{n * (s + 1) // shards - n * s // shards}")
 
 
 def _sizes(sizes):
@@ -953,6 +1060,22 @@ def check_epochs(cifar_epochs):
                                   f"np.random.default_rng((seed, {e})).permutation(N) gives (seed {seed})",
                                   "the order of epoch e is np.random.default_rng((seed, e)).permutation(N), with the "
                                   "seed you are given and BatchInfo.epoch_idx")
+        # the same seed and another size (w3-04: an order cached by (seed, epoch), not by N, passed): two loaders
+        # with one seed, a training set and a subset, must not share an order
+        sub = n - batch_size - 1
+        try:
+            part = _one_epoch(make(of=records[:sub]), limit, f"records[:{sub}], the same seed", records=sub,
+                              batch_size=batch_size)
+            _, idx_sub, said = *_epoch_summary(part), ""
+        except Exception as exc:       # an index past the subset's end, read from an order of all N
+            idx_sub, said = None, f" (it raised {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''})"
+        if idx_sub is None or not np.array_equal(idx_sub, np.random.default_rng((pipe_seed, 0)).permutation(sub)):
+            raise CheckFailed("the order depends on the call's own records",
+                              f"called again with the same seed on records[:{sub}] (after a call on all {n}), epoch 1 "
+                              f"did not visit np.random.default_rng((seed, 0)).permutation({sub}){said} (seed {seed})",
+                              "something is kept between calls and not keyed on the dataset's size (an order cached "
+                              "by seed and epoch only?): what a call returns must depend on its own arguments alone, "
+                              "so compute the permutation of len(records) in the call, or key a cache on N too")
         # another seed than the calls before: an ignored flag shuffles with this call's seed, an order kept
         # between calls is the earlier call's (w2-04 w42_15: the two were told apart by neither)
         other_seed = int(rng.integers(0, 2**31 - 1))
@@ -1001,8 +1124,9 @@ def check_epochs(cifar_epochs):
                     firsts.append(batches)
                 _, idx = _epoch_summary(batches)
                 if len(idx) != hi - lo:
+                    named = _shard_rule_named(len(idx), s, shards, n)
                     raise CheckFailed("shards split the records evenly", f"shard {s} of {shards}, epoch {e}: "
-                                      f"{len(idx)} records, expected {hi - lo} of {n} (seed {seed})",
+                                      f"{len(idx)} records, expected {hi - lo} of {n}{named} (seed {seed})",
                                       "shard k of S gets positions floor(k*N/S) .. floor((k+1)*N/S) of the epoch's order")
                 _expect_exact_epoch(batches, records, np.unique(idx), batch_size, False,
                                     f"shard {s} of {shards}, epoch {e}", seed, per_sample=per_sample)
@@ -1296,6 +1420,9 @@ def _expect_jpeg_outputs(images, labels, shapes, crop, what) -> np.ndarray:
     return shapes.reshape(len(labels), per_image)
 
 
+_RANGE_TOLERANCE = 0.005    # each end of a range, relative: 1.33 for 4/3 passes (0.25% off), 0.081 for 0.08 fails (1.25%)
+
+
 def _expect_crop_ranges(pipe, what: str, seed: int) -> None:
     """The random crop draws 8-100% of the area at an aspect ratio of 3/4 to 4/3, read from the
     graph (a range a little off shows in no single batch)."""
@@ -1314,11 +1441,11 @@ def _expect_crop_ranges(pipe, what: str, seed: int) -> None:
                 got = tuple(float(v) for v in value)
             except TypeError:
                 continue
-            if len(got) != 2 or abs(got[0] - lo) > 2e-3 or abs(got[1] - hi) > 2e-3:
+            if len(got) != 2 or abs(got[0] / lo - 1) > _RANGE_TOLERANCE or abs(got[1] / hi - 1) > _RANGE_TOLERANCE:
                 shown = ", ".join(f"{v:g}" for v in got)
                 raise CheckFailed("crops a random window of each image",
                                   f"{what}: your {op.kind} draws {arg}=[{shown}] (read from the pipeline's graph); the "
-                                  f"contract says {lo:g} to {hi:.4g} (seed {seed})",
+                                  f"contract says {lo:g} to {hi:.4g}, each end within {_RANGE_TOLERANCE:.1%} (seed {seed})",
                                   "a random 8-100% of the area (random_area=[0.08, 1.0]) at an aspect ratio of 3/4 to "
                                   "4/3 (random_aspect_ratio=[0.75, 1.333]): fn.random_resized_crop's defaults, "
                                   "torchvision's RandomResizedCrop")
@@ -1410,7 +1537,7 @@ def check_jpeg_pipeline(jpeg_pipeline):
         _expect_crop_ranges(pipe, "on the CPU", seed)
         _expect_imagenet_constants(pipe, "on the CPU", seed)
         _check_crops(first, "on the CPU", seed)
-        _expect_fair_coin(pipe, "mirrors half of the images", "on the CPU", seed)
+        read = _expect_fair_coin(pipe, "mirrors half of the images", "on the CPU", seed)
         flips = [x.mirrored for x in first if x.clear]
         share = float(np.mean(flips))
         if abs(share - 0.5) > 0.05:
@@ -1449,7 +1576,7 @@ def check_jpeg_pipeline(jpeg_pipeline):
     where = " and on the GPU" if "gpu" in devices else ""
     return (f"{n} JPEGs in {len(folder.label_of)} class folders, two epochs on the CPU{where}: decoded sizes, labels "
             f"(sorted folders), random {crop}x{crop} crops (8-100% of the area, aspect 3/4-4/3), normalised values, "
-            f"{share:.0%} mirrored (a coin of probability 1/2), a new order of all files each epoch, following the "
+            f"{share:.0%} mirrored ({_coin_words(read)}), a new order of all files each epoch, following the "
             "seed; two shards given the same seed split an epoch into the same number of full batches (DALI's FILL "
             "policy), draw their own augmentation, and move on; with device='gpu', read from its graph without "
             f"building it: GPU {_LOCAL_RANK} in a process whose LOCAL_RANK is {_LOCAL_RANK}, decoding (mixed) and "

@@ -96,6 +96,10 @@ def make_cifar_pipeline(*, mean=CIFAR_MEAN255, std=CIFAR_STD255, positions="nine
             elif positions == "int_range":   # an integer 0..8 rounded from a continuous draw, then / 8 (w1-04 4.1 #2)
                 pos_y, pos_x = (fn.random.uniform(range=[0, 8], dtype=types.INT32) / 8.0,
                                 fn.random.uniform(range=[0, 8], dtype=types.INT32) / 8.0)
+            elif positions in ("choice", "choice_skewed"):   # w3-04: fn.random.choice, uniform or p(0)=0.10
+                p = None if positions == "choice" else [0.10] + [0.1125] * 8
+                pos_y, pos_x = (fn.random.choice(NINE, p=p), fn.random.choice(NINE, p=p)) if p else \
+                    (fn.random.choice(NINE), fn.random.choice(NINE))
             else:
                 pos_y, pos_x = fn.random.uniform(range=[0.0, 1.0]), fn.random.uniform(range=[0.0, 1.0])
             if positions_range9:             # integers 0..9 from range=[0, 9], / 8: an anchor past 1 (w2-04 w41_28)
@@ -104,6 +108,10 @@ def make_cifar_pipeline(*, mean=CIFAR_MEAN255, std=CIFAR_STD255, positions="nine
             if shared_offset:                # one draw for both axes
                 pos_x = pos_y
             flip = fn.random.coin_flip(probability=flip_probability) if mirror and not vertical_flip else 0
+            if isinstance(mirror_kind, tuple):   # w3-04: uniform() compared with a constant, not a coin_flip
+                side, c = mirror_kind
+                u = fn.random.uniform(range=[0.0, 1.0])
+                flip = fn.cast(u < c if side == "lt" else c > u, dtype=types.INT32)
             if mirror_kind == "uniform01":   # 0 or 1 with probability 1/2 each, not a coin (w2-04 w41_16: right)
                 flip = fn.cast(fn.random.uniform(values=[0.0, 1.0]), dtype=types.INT32)
             if flip_after:                   # no mirror in CMN, fn.flip after it (w2-04 w41_29: right)
@@ -293,6 +301,17 @@ MUTANTS_41_WALK = [
            "each sample is an exact crop of its padded record, normalised", words="0..1 units"),
     Mutant("std of 1", make_cifar_pipeline(std=[1.0] * 3),
            "each sample is an exact crop of its padded record, normalised", words="nothing is divided"),
+    # w3-04: flips and offsets that are not a coin_flip, read from the graph on every seed; device_id=None
+    Mutant("mirror = uniform() < 0.52", make_cifar_pipeline(mirror_kind=("lt", 0.52)), "flips half of the samples",
+           words="fn.random.uniform(range=[0, 1]) < 0.52, a probability of 0.52"),
+    Mutant("mirror = uniform() < 0.53", make_cifar_pipeline(mirror_kind=("lt", 0.53)), "flips half of the samples",
+           words="a probability of 0.53"),
+    Mutant("mirror = 0.48 > uniform()", make_cifar_pipeline(mirror_kind=("gt", 0.48)), "flips half of the samples",
+           words="a probability of 0.48"),
+    Mutant("offsets by fn.random.choice with p(0)=0.10", make_cifar_pipeline(positions="choice_skewed"),
+           "crop offsets are uniform over 0..8", words="p=[0.1, 0.1125"),
+    Mutant("device_id=None on the GPU", make_cifar_pipeline(device_id="none"), "runs on this process's GPU",
+           words="torch.cuda.set_device"),
     Mutant("mean and std swapped", make_cifar_pipeline(mean=CIFAR_STD255, std=CIFAR_MEAN255),
            "each sample is an exact crop of its padded record, normalised", words="swapped"),
 ]
@@ -304,12 +323,27 @@ def test_4_1_correct_pipeline_passes():
 
 
 def test_4_1_right_answers_of_the_second_walk_pass():
-    """w2-04: the flip from uniform(values=[0, 1]) (w41_16), device_id=None (w41_22: the current
-    device, which the contract allows), seed + 1 (w41_25), fn.flip(horizontal=coin) after the
-    normalisation (w41_29)."""
-    for answer in (make_cifar_pipeline(mirror_kind="uniform01"), make_cifar_pipeline(device_id="none"),
+    """w2-04: the flip from uniform(values=[0, 1]) (w41_16), seed + 1 (w41_25), fn.flip(horizontal=coin)
+    after the normalisation (w41_29). (device_id=None, w41_22, fails since w3-04: the contract asks for
+    GPU 3 by name.)"""
+    for answer in (make_cifar_pipeline(mirror_kind="uniform01"),
                    make_cifar_pipeline(seed_offset=1), make_cifar_pipeline(flip_after=True)):
         passes("4.1", answer, [5])
+
+
+def test_4_1_right_answers_of_the_third_walk_pass():
+    """w3-04: the flip as uniform() < 0.5 or 0.5 > uniform(), the offsets from fn.random.choice without
+    weights: read from the graph as fair, and the pass message says so."""
+    for answer in (make_cifar_pipeline(mirror_kind=("lt", 0.5)), make_cifar_pipeline(mirror_kind=("gt", 0.5)),
+                   make_cifar_pipeline(positions="choice")):
+        passes("4.1", answer, [5])
+    os.environ["COURSE_CHECK_SEED"] = "5"
+    try:
+        assert "a coin of probability 1/2, read from the pipeline's graph" in run_check("4.1", make_cifar_pipeline()).message
+        said = run_check("4.1", make_cifar_pipeline(mirror_kind="uniform01")).message
+        assert "probability was not read" in said and "a coin of probability 1/2" not in said
+    finally:
+        os.environ["COURSE_CHECK_SEED"] = "2404"
 
 
 def test_dali_error_shows_its_sentence_first():
@@ -344,7 +378,7 @@ def test_4_1_other_right_answers_pass():
 @pytest.mark.parametrize("mutant", MUTANTS_41_WALK, ids=repr)
 def test_4_1_walk_mutants_rejected(mutant):
     _kept.clear()
-    rejected("4.1", mutant, [3, 4] if mutant.name in ("a pipeline kept between calls",
+    rejected("4.1", mutant, [3, 4] if mutant.name in ("a pipeline kept between calls", "mirror = uniform() < 0.52",
                                                       "two threads, whatever it is given") else [3])
 
 
@@ -374,7 +408,8 @@ def make_cifar_epochs(*, per_sample=False, stateful=False, reshuffle=True, shard
                       same_augmentation=False, positions_as_indices=False, device_ignored=False,
                       always_drop_last=False, cache_orders=False, auto_reset=True, int_slices=False,
                       whole_copy=False, copy_once=False, smallest_count=False, aug_shard_only=False,
-                      epoch_positions=False, largest_drop_last=False, pad_last=False, undeclared_int32=False):
+                      epoch_positions=False, largest_drop_last=False, pad_last=False, undeclared_int32=False,
+                      strided_uint8_labels=False):
     """A cifar_epochs builder with one knob per typical mistake (the defaults are right)."""
     cached = {}
     def cifar_epochs(records, batch_size, *, shuffle=True, seed=0, shard_id=0, num_shards=1, drop_last=False,
@@ -409,9 +444,10 @@ def make_cifar_epochs(*, per_sample=False, stateful=False, reshuffle=True, shard
 
         def order(epoch):
             if cache_orders:          # kept at module level, by epoch only: the first call's order for ever
-                if epoch not in cached:
-                    cached[epoch] = np.random.default_rng((seed, epoch)).permutation(n) if shuffle else np.arange(n)
-                return cached[epoch][start:stop]
+                key = epoch if cache_orders is True else (seed, epoch, shuffle)   # w3-04: keyed, but not on N
+                if key not in cached:
+                    cached[key] = np.random.default_rng((seed, epoch)).permutation(n) if shuffle else np.arange(n)
+                return cached[key][start:stop]
             base = 12345 if own_seed else seed + (shard_id if shard_seed else 0)
             rng = np.random.default_rng((base, epoch if reshuffle else 0))
             if fixed_block:          # each shard a fixed block of arange(N), shuffled inside itself
@@ -435,6 +471,8 @@ def make_cifar_epochs(*, per_sample=False, stateful=False, reshuffle=True, shard
                 idx = np.arange(len(idx))
             if undeclared_int32:               # int32 labels to a source declared INT64 (w2-04 w42_09)
                 return images, rows[:, 0].astype(np.int32), idx
+            if strided_uint8_labels:           # w3-04: rows[:, 0] left uint8, a strided view
+                return images, rows[:, 0], idx
             return images, rows[:, 0].astype(label_dtype), idx
 
         if per_sample:
@@ -523,7 +561,8 @@ MUTANTS_42 = [
     Mutant("a seed of its own", make_cifar_epochs(own_seed=True), "visits the epoch's order"),
     Mutant("shuffle ignored", make_cifar_epochs(honour_shuffle=False), "shuffle=False keeps the records' order"),
     Mutant("shards ignored", make_cifar_epochs(shard=False), "shards split the records evenly"),
-    Mutant("numpy's array_split", make_cifar_epochs(array_split=True), "shards split the records evenly"),
+    Mutant("numpy's array_split", make_cifar_epochs(array_split=True), "shards split the records evenly",
+           words="np.array_split"),
     Mutant("a seed per shard", make_cifar_epochs(shard_seed=True), "shards are disjoint and cover every record",
            words="same seed"),
     Mutant("drop_last ignored", make_cifar_epochs(honour_drop_last=False), "batch sizes follow the last-batch policy",
@@ -559,7 +598,11 @@ MUTANTS_42_WALK = [
     Mutant("the whole record file copied on every batch", make_cifar_epochs(whole_copy=True),
            "reads only the batch's records", words="records[idx]"),
     Mutant("orders cached between calls, by epoch only", make_cifar_epochs(cache_orders=True),
-           "shuffle=False keeps the records' order", words="kept between calls"),
+           "the order depends on the call's own records", words="kept between calls"),
+    Mutant("orders cached by (seed, epoch, shuffle), not N", make_cifar_epochs(cache_orders="keyed"),
+           "the order depends on the call's own records", words="not keyed on the dataset's size"),
+    Mutant("labels left uint8, a strided view", make_cifar_epochs(strided_uint8_labels=True),
+           "the source returns C-contiguous arrays", words="rows[:, 0].astype(np.int64)"),
     # w2-04: two wrong answers that passed on every seed, four messages that pointed elsewhere, DALI's page
     Mutant("every shard the smallest shard's batch count", make_cifar_epochs(smallest_count=True),
            "each record once per epoch", words="the count of the shorter shard"),
@@ -629,7 +672,7 @@ def make_jpeg_pipeline(*, output_type="RGB", mean=NET_MEAN255, std=NET_STD255, s
                        shuffle="after_epoch", mirror=True, pad_last_batch=True, crop_kind="random_resized",
                        stick_to_shard=False, flip_probability=0.5, device_id=None, shuffle_seed="seed",
                        aug_seed="per_shard", decoder_device=None, area=None, aspect=None, outputs="ILS",
-                       split_by_hand=False, fill=None, threads=None, prefetch=None):
+                       split_by_hand=False, fill=None, threads=None, prefetch=None, mirror_lt=None):
     """A jpeg_pipeline builder with one knob per typical mistake (the defaults are right)."""
     def jpeg_pipeline(file_root, batch_size, *, crop=224, device="cpu", shard_id=0, num_shards=1, num_threads=2, seed=0):
         kw = dict(shard_id=shard_id, num_shards=num_shards) if shard else {}
@@ -682,6 +725,8 @@ def make_jpeg_pipeline(*, output_type="RGB", mean=NET_MEAN255, std=NET_STD255, s
             if shape_after_crop:
                 shapes = images.shape()
             flip = fn.random.coin_flip(probability=flip_probability) if mirror else 0
+            if mirror_lt is not None:        # w3-04: uniform() < c, not a coin_flip
+                flip = fn.cast(fn.random.uniform(range=[0.0, 1.0]) < mirror_lt, dtype=types.INT32)
             images = fn.crop_mirror_normalize(images, mirror=flip, mean=mean, std=std, dtype=types.FLOAT,
                                               output_layout=layout)
             if device == "gpu" and decoder_device == "cpu":
@@ -809,6 +854,15 @@ MUTANTS_43_WALK = [
            words="your pipeline runs 2"),
     Mutant("the augmentation's seed from shard_id alone", make_jpeg_pipeline(aug_seed="shard"),
            "each shard's augmentation follows the seed", words="ignores `seed`"),
+    # w3-04: a flip that is no coin_flip, read from the graph; a range 1.25% off; device_id=None
+    Mutant("mirror = uniform() < 0.53", make_jpeg_pipeline(mirror_lt=0.53), "mirrors half of the images",
+           words="fn.random.uniform(range=[0, 1]) < 0.53"),
+    Mutant("mirror = uniform() < 0.55", make_jpeg_pipeline(mirror_lt=0.55), "mirrors half of the images",
+           words="a probability of 0.55"),
+    Mutant("random_area [0.081, 1] (1.25% off)", make_jpeg_pipeline(area=(0.081, 1.0)),
+           "crops a random window of each image", words="within 0.5%"),
+    Mutant("device_id=None on the GPU", make_jpeg_pipeline(device_id="none"), "runs on this process's GPU",
+           words="device_id=None"),
     # the near-miss rule, a second look (issue 37): ImageNet's std rounded to two decimals
     Mutant("ImageNet's std rounded", make_jpeg_pipeline(std=[255 * 0.23, 255 * 0.22, 255 * 0.23]),
            "values are normalised with ImageNet's mean and std", words="rounded ones"),
@@ -834,6 +888,8 @@ def test_4_3_other_right_answers_pass():
     # w2-04: the mean 0.3% off (inside the contract's 0.5%, w43_18), seed * 1000 + shard_id (w43_20)
     passes("4.3", make_jpeg_pipeline(mean=[1.003 * m for m in NET_MEAN255]), [5])
     passes("4.3", make_jpeg_pipeline(aug_seed="times1000"), [5])
+    # w3-04: 4/3 written 1.33 (0.25% off, within the stated 0.5%), the flip as uniform() < 0.5
+    passes("4.3", make_jpeg_pipeline(aspect=(0.75, 1.33), mirror_lt=0.5), [5])
 
 
 @pytest.mark.parametrize("mutant", MUTANTS_43_WALK, ids=repr)
