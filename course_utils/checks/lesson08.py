@@ -1236,13 +1236,19 @@ def check_pipeline(make_pipeline):
     measured = measured_words(fraction, share, capacity, shares)
     bar = (f"at least {SIM_SHARE:.0%} of the device-resident pipeline's throughput asked (what this machine can "
            f"feed), or {GPU_BAR:.0%} of the ceiling")
-    if not passed and others >= busy_limit(usable_cores()):
+    far_below = bool(shares) and statistics.median(shares) < 0.5 * SIM_SHARE and max(shares) < 0.6 * SIM_SHARE
+    if not passed and others >= busy_limit(usable_cores()) and not far_below:
         # other programs took the cores the pipelines needed: not a fair grade of speed either way (yours and
         # the reference ran next to each other, so a pass under load stands; a miss is graded again later)
         raise MachineBusy(others, usable_cores(), f"while the pipelines were timed; yours reached {measured}")
     if not passed:
+        # a busy machine, but every round far below the bar (walk w3-08: 22-45% of the device-resident pipeline
+        # timed beside it, with 85% asked): the reference ran in the same rounds, so that much is yours, not the load
+        loaded = (f" Other programs took {others:.1f} of the {usable_cores()} cores meanwhile, but every round was "
+                  f"below {0.6 * SIM_SHARE:.0%} of the device-resident pipeline timed beside yours: a gap that wide "
+                  "is your pipeline's, not the load's." if far_below and others >= busy_limit(usable_cores()) else "")
         raise CheckFailed("runs at the speed this machine allows (fraction of the model-only ceiling)",
-                          f"yours reached {measured}; {bar}; on {label} (in the median round yours "
+                          f"{loaded.strip()} " * bool(loaded) + f"yours reached {measured}; {bar}; on {label} (in the median round yours "
                           f"{runs['yours'].samples_per_s:,.0f} samples/s, the ceiling {runs['ceiling'].samples_per_s:,.0f})",
                           "diagnose it as lesson 01 did (stall fraction): keep the data where the model is and "
                           "augment whole batches there (lesson 03), or let DALI do it (lesson 04)")

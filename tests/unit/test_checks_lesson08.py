@@ -1050,6 +1050,26 @@ def test_pipeline_mutants_fail_on_speed(mutant, monkeypatch):
     rejected("8.1", mutant, seeds_for(mutant.name))
 
 
+def test_a_pipeline_far_below_the_bar_in_every_round_fails_on_a_busy_machine_too(monkeypatch):
+    """Walk w3-08: a pipeline at 22-45% of the device-resident pipeline timed beside it, in every round, was "not
+    graded: the machine was busy"; the reference ran in the same rounds, so a gap that wide is the pipeline's."""
+    from course_utils.checks._busy import busy_limit
+    from course_utils.env import usable_cores
+
+    class BusyMachine:          # other programs took the cores while the pipelines were timed
+        others_cores = busy_limit(usable_cores()) + 0.1
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+    monkeypatch.setattr("course_utils.checks.lesson08.OthersCpu", BusyMachine)
+    rejected("8.1", Mutant("augments_sample_by_sample", augments_sample_by_sample,
+                           "runs at the speed this machine allows (fraction of the model-only ceiling)",
+                           words="a gap that wide is your pipeline's"), [3])
+
+
 class ClassSorted:
     """Every sample once per epoch, reshuffled within each class, but the classes one after the other
     (what shard-level shuffling of class-sorted shards gives): the model forgets the early classes."""
