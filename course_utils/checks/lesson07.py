@@ -8,7 +8,8 @@
   record what the learner's code did; the verdict is computed here, from every rank's record.
   What would differ on GPUs or between machines is made visible where it can be on a CPU: 7.2
   runs as 2 nodes x 1 process (each rank sees LOCAL_RANK=0 and LOCAL_WORLD_SIZE=1, as torchrun
-  sets them there), and the model must have been moved to `device` before DDP wraps it; 7.3 runs
+  sets them there), and the model must have been moved to `device` before DDP wraps it (then, up to
+  that wrap, as 2 nodes of 1 virtual GPU and as one node of 2, where rank 1's device is cuda:1); 7.3 runs
   once more as under nccl, as the second node of 2 x 2 GPUs, on virtual CUDA devices, one per local
   rank (a host tensor is refused, as nccl refuses it, and so is a tensor on another rank's GPU, or
   on a GPU the node does not have). Waiting for another rank is proven by the collectives run in between, never
@@ -209,7 +210,17 @@ def check_7_1(shard_indices):
                         n2 = max(key[0] for key in earlier) + R + 1 + secrets.randbelow(100_000)
                         fresh = _as_index_list(shard_indices(n2, R, rank, **args), what) == \
                             _reference_shard(n2, R, rank, **args)
-                    if fresh:           # right on a fresh size: w3-07 w71_12, a permutation cached by (n, seed)
+                    again = None
+                    if not fresh and args["shuffle"]:      # w5-07 w71_13: a generator kept (and advanced) between calls
+                        again = _as_index_list(shard_indices(n, R, rank, **args), what)
+                    if again is not None and again != yours:
+                        prop = "computes each call from its own arguments (nothing kept between calls)"
+                        hint = ("a second call with the same arguments returned another list "
+                                f"({_short(again, 6)}): your function draws from something that lives on between "
+                                "calls and moves on with each (a torch.Generator made once, at module level or as a "
+                                "default argument, or an unseeded generator). Make the generator inside the "
+                                "function and seed it with seed + epoch on every call")
+                    elif fresh:           # right on a fresh size: w3-07 w71_12, a permutation cached by (n, seed)
                         prop = "computes each call from its own arguments (nothing kept between calls)"
                         hint = (f"yours is what an earlier call returned ({', '.join(f'{k}={v}' for k, v in kept.items())}): "
                                 "your function kept something from that call (a cache whose key leaves out the epoch "
@@ -330,6 +341,29 @@ def _error_sentence(o, file):
     return f"rank {o['rank']} raised {e['type']}: {e['message']}{where}"
 
 
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+
+
+def _peer_left(obs: list[dict], file) -> None:
+    """A rank that waited in a collective its peer never joined: gloo reports the peer's exit as a
+    closed connection (w5-07 w72_14: dist.barrier() only on the ranks other than 0)."""
+    for o in obs:
+        e = o.get("error") or {}
+        if any(words in e.get("message", "") for words in PEER_GONE):
+            others = [p["rank"] for p in obs if p is not o and not p.get("error")]
+            line = e.get("where") or {}
+            at = f" ({line['code']} at line {line['line']} of {Path(file).name})" if line else ""
+            raise CheckFailed("every rank calls the same collectives, in the same order",
+                              f"rank {o['rank']} waited in a collective{at} that "
+                              + (f"rank {others[0]} never called: rank {others[0]} went on, returned and exited, "
+                                 if others else "another rank never called: it went on and exited, ")
+                              + "and gloo reported its closed connection (" + e.get("type", "") + ": "
+                              + next(w for w in PEER_GONE if w in e.get("message", "")) + ")",
+                              "a collective (dist.barrier(), all_reduce) completes only when every rank calls it: "
+                              "put dist.barrier() where every rank runs it, outside `if dist.get_rank() == 0` "
+                              "and its opposite")
+
+
 def _seed_for(seed):
     if seed is not None:
         return int(seed)
@@ -382,6 +416,7 @@ def judge_7_2(obs: list[dict], seed: int, file) -> str:
             raise RankError(_error_sentence(o, file) + ". In the check `device` is the CPU (gloo ranks), and DDP "
                             "takes device_ids only for a module on a GPU: leave device_ids out (DDP then uses the "
                             "module's device) or pass `[device.index] if device.type == 'cuda' else None`")
+    _peer_left(obs, file)
     _raise_rank_errors(obs, "7.2", file)
 
     if not all(o.get("ddp") for o in obs):
@@ -412,6 +447,27 @@ def judge_7_2(obs: list[dict], seed: int, file) -> str:
                               "move it to the `device` argument, which the launcher derived from LOCAL_RANK: a device "
                               "built from dist.get_rank() (the rank in the whole job) is cuda:1 on the second node, "
                               "which has only cuda:0")
+    for o in obs:                      # the GPU pass as one node of 2 GPUs: device=cuda:RANK (w5-07 w72_22, w72_26)
+        gpu = o.get("gpu_pass_one_node") or {}
+        own = gpu.get("device", f"cuda:{o['rank']}")
+        where = (gpu.get("moves") or [None])[-1]
+        if where is not None and where not in (own, "cuda"):
+            raise CheckFailed("moves the model to `device` before wrapping it in DDP",
+                              f"run as on one node of 2 GPUs, where rank {o['rank']}'s `device` is {own}, rank "
+                              f"{o['rank']} moved the model to {where}: every rank's model would share GPU "
+                              f"{where.split(':')[-1]} (a GPU named in the code, not the `device` given)",
+                              "move it to the `device` argument (`make_model().to(device)`): the launcher derived it "
+                              "from LOCAL_RANK, so each process of a node gets its own GPU; a GPU written into the "
+                              "code is right only for the process that happens to own it")
+        ids = gpu.get("device_ids")
+        if gpu.get("wrapped") and ids is not None and ids != [own]:
+            raise CheckFailed("gives DDP the rank's own GPU (device_ids=[device.index])",
+                              f"run as on one node of 2 GPUs, rank {o['rank']}'s model was on {own} and its DDP "
+                              f"got device_ids={gpu.get('device_ids_given', ids)}: a GPU named in the code, right "
+                              f"for rank 0 only (DDP raises on rank "
+                              f"{o['rank']}: the module's device and device_ids[0] differ)",
+                              "device_ids=[device.index] if device.type == 'cuda' else None, or leave device_ids out "
+                              "(DDP then uses the module's device)")
     if any(o.get("made") != 1 for o in obs):
         raise CheckFailed("builds the model once with make_model()",
                           f"make_model() was called {[o.get('made') for o in obs]} times on the ranks")
@@ -428,6 +484,14 @@ def judge_7_2(obs: list[dict], seed: int, file) -> str:
                               f"rank {o['rank']} trained on all {case['n']} samples in every epoch",
                               "give the DataLoader a DistributedSampler(dataset, shuffle=True, seed=seed): "
                               "each rank then gets a disjoint share")
+        if world > 1 and case["n"] % world and sum(sizes) == (case["n"] // world) * epochs:
+            raise CheckFailed("gives each rank ceil(n / world_size) samples per epoch, as DistributedSampler "
+                              "pads them (drop_last=False)",
+                              f"rank {o['rank']} trained on {case['n'] // world} samples per epoch; {case['n']} "
+                              f"samples do not divide between {world} ranks, and DistributedSampler(dataset, "
+                              f"shuffle=True, seed=seed) gives each {per_rank} (it repeats a sample to pad the "
+                              "last share): yours dropped the remainder (a sampler with drop_last=True?)",
+                              "keep the sampler's default drop_last=False: every sample is trained in every epoch")
         if len(sizes) != steps_per_epoch * epochs or sum(sizes) != per_rank * epochs:
             raise CheckFailed("trains `epochs` epochs over the rank's shard",
                               f"rank {o['rank']} ran {len(sizes)} training steps; {epochs} epochs of {per_rank} "
@@ -438,7 +502,7 @@ def judge_7_2(obs: list[dict], seed: int, file) -> str:
     for e in range(epochs):
         parts = [set(by_epoch[r][e]) for r in range(world)]
         everything = sorted(sum((by_epoch[r][e] for r in range(world)), []))
-        if everything != list(range(case["n"])):
+        if set(everything) != set(range(case["n"])) or len(everything) != per_rank * world:
             overlap = len(parts[0] & parts[1]) if world == 2 else 0
             raise CheckFailed("gives each rank its own shard of every epoch",
                               f"epoch {e}: the ranks trained on {len(set(everything))} distinct samples of "
@@ -538,7 +602,8 @@ def judge_7_2(obs: list[dict], seed: int, file) -> str:
                               f"rank {o['rank']}'s returned weights are not the checkpoint's")
     return (f"identical weights on {world} ranks, equal to one process on the concatenated batches; "
             "disjoint shards reshuffled every epoch; rank 0 wrote the checkpoint, every rank read it; the model "
-            "moved to the `device` given (as on 2 nodes of 1 GPU, cuda:0 on both) before DDP wrapped it.")
+            "moved to the `device` given before DDP wrapped it (as on 2 nodes of 1 GPU, cuda:0 on both, and as on one "
+            "node of 2 GPUs, cuda:0 and cuda:1), with no other GPU in device_ids.")
 
 
 def _replay_72(case, obs):
@@ -629,6 +694,22 @@ def _hint_73(i, case, got, expected, default_hint):
                             "the global loss sum and the global correct count by the global count")
 
 
+def _kept_73(cases, got) -> bool:
+    """Whether the last case's result is what a tensor kept between calls gives (w5-07 w73_12): this
+    call's sums added to the last result (kept += local; all_reduce(kept): world x the earlier total
+    plus this one), or to the earlier sums (kept reset to the earlier total)."""
+    world = len(cases[0])
+    sums = [np.array([sum(c[j] for c in case) for j in range(3)], dtype=float) for case in cases]
+    for scale in (world, 1):
+        total = sums[0]
+        for g in sums[1:]:
+            total = scale * total + g
+        if total[2] and all(isinstance(v, float) and math.isclose(v, t, rel_tol=1e-9)
+                            for v, t in zip(got, (total[0] / total[2], total[1] / total[2]))):
+            return True
+    return False
+
+
 def judge_7_3(obs: list[dict], seed: int, file) -> str:
     world = len(obs)
     if any(o.get("error", {}).get("not_implemented") for o in obs):
@@ -708,6 +789,14 @@ def judge_7_3(obs: list[dict], seed: int, file) -> str:
             raise CheckFailed("every rank gets the same result", f"with {_CASE_73[i]}, the ranks returned {values}",
                               hint)
         got = values[0]
+        if i and not all(_same(g, x, rtol) for g, x in zip(got, expected)) and _kept_73(cases[:i + 1], got):
+            raise CheckFailed("computes each call from its own arguments (nothing kept between calls)",
+                              f"with {_CASE_73[i]}, yours ({got[0]!r}, {got[1]!r}) is what this call's sums give "
+                              f"added to the earlier calls' (expected ({expected[0]!r}, {expected[1]!r})): a tensor "
+                              "kept between calls (at module level, on an object, or as a default argument) still "
+                              "held the last all-reduce's result",
+                              "make the tensor inside the function, from this call's three numbers, on every call: "
+                              "all_reduce works in place, so a kept tensor carries every earlier call's totals")
         if not all(_same(g, x, rtol) for g, x in zip(got, expected)):
             counts = ", ".join(f"rank {r}: {c[2]:,} samples" for r, c in enumerate(cases[i]))
             raise CheckFailed(prop, f"with {_CASE_73[i]} ({counts}) yours ({got[0]!r}, {got[1]!r}), expected "
@@ -890,9 +979,15 @@ def judge_7_4(obs: list[dict], seed: int, file) -> str:
                                   f"expected {mine!r}", "return the sum of the weighted micro-batch losses as a float")
             if res.get("returned_type") != "float":
                 raise CheckFailed("returns a Python float",
-                                  f"k={k}, rank {o['rank']} returned a {res.get('returned_type')}",
-                                  "read the number out (.item()): a tensor that still holds the graph keeps every "
-                                  "micro-batch's activations alive, and on a GPU each later use of it waits for the GPU")
+                                  f"k={k}, rank {o['rank']} returned a {res.get('returned_type')}"
+                                  + (" that still holds the graph" if res.get("returned_graph") else
+                                     " (detached)" if res.get("returned_type") == "Tensor" else ""),
+                                  ("read the number out (.item()): a tensor that still holds the graph keeps every "
+                                   "micro-batch's autograd graph alive, and on a GPU each later use of it waits for "
+                                   "the GPU") if res.get("returned_graph") or res.get("returned_type") != "Tensor" else
+                                  ("read the number out once, at the end (.item()): the spec asks for a float, which "
+                                   "a caller can log, compare and format; a tensor on the GPU makes each of those uses "
+                                   "a hidden wait for the GPU (and a detached one still holds device memory)"))
             reads = res.get("host_reads") or []
             if len(reads) > 1:
                 raise CheckFailed("reads the loss from the device once per call",
@@ -947,7 +1042,9 @@ def check_7_5(path, *, seed=None):
 
 
 _CASE_75 = ["shards of unequal sizes, 2 workers per rank", "3 shards, an odd number of samples, no workers",
-            "a single shard, 2 workers per rank", "a single shard over six epochs, no workers"]   # cases_75()'s order
+            "a single shard, 2 workers per rank", "a single shard over six epochs, no workers",
+            "a single shard, a remainder of one, over 21 epochs, no workers",
+            "16 small shards over ten epochs, no workers"]   # cases_75()'s order
 
 
 def _describe_75(case) -> str:
@@ -1091,6 +1188,26 @@ def judge_7_5(obs: list[dict], seed: int, file) -> str:
                               f"with {n} samples, batch_size={b}, {world} ranks ({what}): {shares}",
                               "a rank with one batch more waits forever at that batch's all-reduce: give every rank "
                               "the same number of samples, a multiple of batch_size")
+        twice = sorted(s for s, c in seen.items() if c > 1)
+        if policy == "pad" and (everything - set(seen)) and counts[0] == n // (world * b) and \
+                any(per_rank[r] != per_rank[0] for r in per_rank):
+            # w5-07 w75_17, w75_19: a drop's batch count, yet samples repeat while others never come: the
+            # ranks (or a rank's workers) cut different plans, each from random numbers of its own
+            by_ranks = any(len({r for r, x in per_rank.items() if s in set(_samples(x))}) > 1 for s in twice)
+            by_workers = any(len({w for w, pairs in x if list(s) in pairs}) > 1
+                             for x in per_rank.values() for s in twice)
+            who = " and ".join(w for w, yes in (("ranks", by_ranks), ("workers of a rank", by_workers)) if yes) \
+                or "ranks"
+            raise CheckFailed("a different split every epoch, drawn from (seed, epoch) alone",
+                              f"with {_describe_75(case)}, in {what}: each rank yielded {counts[0]} batches (dropping "
+                              f"the remainder), yet {len(twice)} samples such as {_short(twice, 2)} came twice and "
+                              f"{len(everything - set(seen))} never came: the {who} did not compute the same plan of the epoch, so "
+                              "each drew its own random numbers (the global np.random, random or torch generator, "
+                              "which every process seeds differently, or a generator seeded with the worker id or "
+                              "the rank)",
+                              "make every random number of the plan from one generator seeded with (seed, epoch) "
+                              "alone, np.random.default_rng([self.seed, self.epoch]), in every process: the order "
+                              "and the offset alike")
         within = next(((r, s) for r, x in per_rank.items() for s, c in Counter(_samples(x)).items()
                        if c > 1 and len({w for w, pairs in x if list(s) in pairs}) > 1), None)
         never = everything - set(seen)
@@ -1215,6 +1332,36 @@ def judge_7_5(obs: list[dict], seed: int, file) -> str:
                                   f"{_short(sorted(sets[1]), 4)} in epochs {', '.join(map(str, epochs[1::2]))}: the "
                                   "cut depends only on whether the epoch is even or odd, so these samples miss every "
                                   "other epoch for the whole run", cut)
+    if len(cases) > 4:          # w5-07 w75_15: one shard, a remainder of one: every sample in some epoch
+        case = cases[4]
+        sets = [left_out.get((4, f"epoch {e}")) for e in case["epochs"]]
+        if all(x is not None for x in sets):
+            never = set.intersection(*map(set, sets))
+            if never:
+                n = case["sizes"][0]
+                raise CheckFailed("every sample is trained in some epoch",
+                                  f"with a single shard of {n} samples, batch_size={case['batch_size']}, 2 ranks "
+                                  f"(one sample left over each epoch), {_short(sorted(never), 4)} never came in any of "
+                                  f"{len(sets)} epochs: the cut's offset never reached the remainder (1), so the "
+                                  "shard's last sample is never trained",
+                                  "draw the offset from 0 to the remainder inclusive: rng.integers(0, remainder + 1) "
+                                  "(numpy's upper bound is exclusive; rng.integers(0, remainder) never gives the "
+                                  "remainder itself)")
+    if len(cases) > 5:          # w5-07 w75_16: the shards a rank reads change with the epoch
+        case = cases[5]
+        for o in obs:
+            runs5 = o["results"][5]["epochs"]
+            shard_sets = [{s for s, _ in _samples(runs5[str(e)])} for e in case["epochs"]]
+            always = sorted(set.intersection(*shard_sets))
+            if len(always) >= 5:
+                raise CheckFailed("a different split every epoch: the shards a rank reads change with the epoch",
+                                  f"with {_describe_75(case)}, rank {o['rank']} read from shards "
+                                  f"{_short(always, 8)} in every one of epochs {case['epochs'][0]} to "
+                                  f"{case['epochs'][-1]} ({len(always)} of {len(case['sizes'])}): the shards' order "
+                                  "never changes, so each rank trains on the same part of the data every epoch "
+                                  "(only the cut moves)",
+                                  "draw the shards' order from (seed, epoch), e.g. rng.permutation(len(shard_sizes)), "
+                                  "before chaining them into the stream")
     # 8. resuming
     for i, case in enumerate(cases):
         if not case["resume"]:
@@ -1233,6 +1380,19 @@ def judge_7_5(obs: list[dict], seed: int, file) -> str:
                                   "the DataLoader takes one batch from each worker in turn, starting with worker 0, "
                                   "in a resumed epoch too: work out how many batches each worker had delivered, and "
                                   "which worker's batch comes next")
+    for o in obs:                    # the epoch after a resumed one starts at its beginning (w5-07 w75_18)
+        after = o["results"][0].get("after_resume")
+        if after:
+            epoch, got = after
+            want = o["results"][0]["in_process"][str(epoch)]
+            if [p for _, p in got] != [p for _, p in want]:
+                raise CheckFailed("resumes where it stopped",
+                                  f"with {_describe_75(cases[0])}: after set_epoch({cases[0]['resume'][0]}, "
+                                  f"start={cases[0]['resume'][1]}) and that epoch, set_epoch({epoch}) on the same "
+                                  f"object made rank {o['rank']} yield {len(got)} batches; epoch {epoch} has "
+                                  f"{len(want)}: the start of the resumed epoch was kept",
+                                  "set_epoch(epoch) with no start begins the epoch at its first batch (start=0): "
+                                  "only the resumed epoch skips its first k")
     return ("full batches, the same number on every rank, the remainder dropped or padded (fewer than world_size x "
             "batch_size), every worker busy reading its own stretch of its rank's part of the shards, the rank read in "
             "the main process, a new split every epoch, and a resumed epoch that continues where it stopped.")

@@ -51,15 +51,18 @@ GRADING_ENV = "COURSE_GRADING_RANKS"   # the course's own answers (notebooks/scr
 # -- the inputs, from the seed alone (the check rebuilds them) ------------------------------------
 
 def case_72(seed: int, world: int) -> dict:
-    """Exercise 7.2's problem: a float64 classification set that divides evenly among the ranks,
-    a batch size that does not divide a rank's share (so each epoch ends on a partial batch)."""
+    """Exercise 7.2's problem: a float64 classification set one sample short of dividing evenly
+    among the ranks (DistributedSampler pads the last rank's share with a repeat; a sampler with
+    drop_last=True gives each rank one sample fewer: w5-07 w72_16), a batch size that does not
+    divide a rank's share (so each epoch ends on a partial batch). `per_rank` is each rank's share,
+    ceil(n / world)."""
     rng = np.random.default_rng([72, seed])
     while True:
         per_rank = int(rng.integers(14, 30))
         batch = int(rng.integers(3, 8))
-        if per_rank % batch:
+        if per_rank % batch > 1:      # a loader's drop_last drops 2 or more: never one sample, as a sampler's does
             break
-    n, d_in, classes = per_rank * world, 5, 3
+    n, d_in, classes = per_rank * world - (1 if world > 1 else 0), 5, 3
     x = rng.normal(size=(n, d_in))
     centers = rng.normal(0, 1.5, size=(classes, d_in))
     y = rng.integers(0, classes, size=n)
@@ -345,6 +348,10 @@ def run_72(fn, job, rank, world, workdir, obs) -> None:
     loads = [ld for ld in obs["loads"] if ld["weights_before"] is not None]
     obs["trained"] = loads[0]["weights_before"] if loads else obs.get("final")
     obs["gpu_pass"] = _run_72_as_on_gpus(fn, job, rank, world, workdir, case, dataset, lookup)
+    # and as one node of `world` GPUs: rank r's device is cuda:r, so that a hard-coded cuda:0 (in
+    # .to() or in device_ids) shows on rank 1 (w5-07 w72_22, w72_26)
+    obs["gpu_pass_one_node"] = _run_72_as_on_gpus(fn, job, rank, world, workdir, case, dataset, lookup,
+                                                  one_node=True)
 
 
 class _StopHere(BaseException):
@@ -352,13 +359,15 @@ class _StopHere(BaseException):
     so that the learner's `except Exception` does not swallow it."""
 
 
-def _run_72_as_on_gpus(fn, job, rank, world, workdir, case, dataset, lookup) -> dict:
+def _run_72_as_on_gpus(fn, job, rank, world, workdir, case, dataset, lookup, one_node=False) -> dict:
     """The learner's train_ddp once more, as on 2 nodes of 1 GPU each: `device` is cuda:0 (a virtual
     GPU: torch.cuda says there is one), and the pass stops where DistributedDataParallel wraps the
     model, noting where the learner's code moved it. Nothing is trained (the moves are recorded, the
     weights stay in host memory): this pass only asks whether the model went to the `device` the
     caller gave, and not to one the code guessed (cuda:RANK, the global rank, is cuda:1 on the second
-    node, which has one GPU: w4-07 w72_global_rank_device)."""
+    node, which has one GPU: w4-07 w72_global_rank_device). With `one_node`, as one node of
+    `world` GPUs instead: rank r's `device` is cuda:r, so a GPU the code named itself (cuda:0,
+    device_ids=[0]) is another rank's GPU on rank 1 (w5-07). DDP's device_ids are noted too."""
     from torch.nn.parallel import DistributedDataParallel
     from .virtual_cuda import VirtualCuda
     found = {"moves": None, "wrapped": False}
@@ -376,15 +385,22 @@ def _run_72_as_on_gpus(fn, job, rank, world, workdir, case, dataset, lookup) -> 
 
     real_init = DistributedDataParallel.__init__
 
-    def init(self, module, *args, **kwargs):
+    def init(self, module, device_ids=None, output_device=None, *args, **kwargs):
         found["moves"], found["wrapped"] = list(getattr(module, "moves", [])), True
+        found["device_ids"] = None if device_ids is None else [str(torch.device("cuda", d) if isinstance(d, int)
+                                                                   else torch.device(d)) for d in device_ids]
+        found["device_ids_given"] = None if device_ids is None else repr(list(device_ids))
         raise _StopHere
 
-    checkpoint = Path(workdir) / f"gpu-checkpoint-{job['index']}.pt"
+    checkpoint = Path(workdir) / f"gpu-checkpoint-{job['index']}{'-one-node' if one_node else ''}.pt"
+    node = as_node(local_rank=rank, per_node=world, node=0, nodes=1) if one_node else \
+        as_node(local_rank=0, per_node=1, node=rank, nodes=world)
+    index, count = (rank, world) if one_node else (0, 1)
+    found["device"] = f"cuda:{index}"
     DistributedDataParallel.__init__ = init
     try:
-        with as_node(local_rank=0, per_node=1, node=rank, nodes=world), VirtualCuda(index=0, count=1):
-            fn(make_model, dataset, device=torch.device("cuda", 0), epochs=case["epochs"],
+        with node, VirtualCuda(index=index, count=count):
+            fn(make_model, dataset, device=torch.device("cuda", index), epochs=case["epochs"],
                batch_size=case["batch_size"], lr=case["lr"], seed=case["sampler_seed"], checkpoint=str(checkpoint))
     except _StopHere:
         pass
@@ -612,6 +628,7 @@ def run_74(fn, job, rank, world, workdir, obs) -> None:
                         "own_collectives": counter.count - hooks["n"], "collective_names": counter.calls,
                         "events": "".join(events), "synced": synced[:],
                         "returned_type": "float" if isinstance(returned, float) else type(returned).__name__,
+                        "returned_graph": bool(isinstance(returned, torch.Tensor) and returned.requires_grad),
                         "grads": [None if p.grad is None else p.grad.detach().double().tolist()
                                   for p in model.parameters()],
                         "returned": _numbers([returned]) if returned is not None else None,
@@ -627,7 +644,8 @@ def cases_75(seed: int, world: int) -> list[dict]:
     from an earlier call) and a resumed epoch; (1) an odd number of samples, world x batch x m + 1
     (one sample too many for m full batches per rank, one too few for m + 1), read without
     workers; (2) a single shard, two workers per rank, resumed after an odd number of batches;
-    (3) a single shard over six epochs, without workers.
+    (3) a single shard over six epochs, without workers; (4) a single shard with a remainder of one
+    over 21 epochs and (5) 16 small shards over ten epochs, both without workers.
     No case divides into full batches, so dropping and padding give different epochs."""
     rng = np.random.default_rng([75, seed])
     cases = []
@@ -662,6 +680,26 @@ def cases_75(seed: int, world: int) -> list[dict]:
     n = world * batch * int(rng.integers(4, 7)) + world * batch - 1
     cases.append({"sizes": [n], "batch_size": batch, "seed": int(rng.integers(0, 10_000)), "workers": 0,
                   "epochs": [0, 1, 2, 3, 4, 5], "resume": None})
+    # (4) a single shard with a remainder of one sample, over 21 epochs, without workers: dropping,
+    # the cut's offset is 0 or 1, and each sample must be trained in some epoch: an offset drawn below
+    # the remainder (an exclusive bound: w5-07 w75_15) never trains the shard's last sample. A right
+    # answer never reaches offset 1 in 21 epochs with a chance of 2**-21 (5e-7)
+    batch = int(rng.integers(3, 6))
+    n = world * batch * int(rng.integers(3, 6)) + 1
+    cases.append({"sizes": [n], "batch_size": batch, "seed": int(rng.integers(0, 10_000)), "workers": 0,
+                  "epochs": list(range(21)), "resume": None})
+    # (5) 16 small shards over ten epochs, without workers: the shards a rank reads change with the
+    # epoch (their order is drawn anew, not only the cut: w5-07 w75_16 read the same half of the data
+    # every epoch; the check fails 5 or more shards read in all ten). A right answer's rank reads a
+    # given shard in all ten epochs with a chance near 0.55**10 (1 in 400): five such shards of 16,
+    # about 1e-9 (4,000 seeds: at most 2); the unshuffled answer had 6 or more on every one of them
+    batch = int(rng.integers(2, 4))
+    while True:
+        sizes = [int(v) for v in rng.integers(4, 9, size=16)]
+        if sum(sizes) % (world * batch):
+            break
+    cases.append({"sizes": sizes, "batch_size": batch, "seed": int(rng.integers(0, 10_000)), "workers": 0,
+                  "epochs": list(range(10)), "resume": None})
     return cases
 
 
@@ -765,6 +803,10 @@ def run_75(cls, job, rank, world, workdir, obs) -> None:
                 again = cls(list(case["sizes"]), case["batch_size"], seed=case["seed"])   # as a restarted job
                 again.set_epoch(epoch, start=start)
                 entry["resume"] = _read_stream(again, case["workers"], timeout)
+                if i == 0 and str(epoch + 1) in entry.get("in_process", {}):
+                    # the next epoch, set without start, after the resumed one (w5-07 w75_18: a start kept)
+                    again.set_epoch(epoch + 1)
+                    entry["after_resume"] = [epoch + 1, _read_stream(again, 0, timeout)]
         except Exception as exc:
             if isinstance(exc, NotImplementedError) or "NotImplementedError" in str(exc).split("\n", 1)[0]:
                 raise NotImplementedError("Exercise 7.5") from None

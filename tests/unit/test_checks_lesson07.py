@@ -162,6 +162,24 @@ MUTANTS_71.append((seed_times_1000_plus_epoch, "seeds the generator with exactly
 MESSAGES_71[len(MUTANTS_71) - 1] = "with seed=0 yours matched DistributedSampler"
 
 
+def generator_kept_between_calls():
+    """w5-07 w71_13: one torch.Generator made once and drawn from on every call (it moves on)."""
+    kept = torch.Generator()
+    kept.manual_seed(0)
+    def wrong(n, num_replicas, rank, *, shuffle=True, seed=0, epoch=0, drop_last=False):
+        order = torch.randperm(n, generator=kept).tolist() if shuffle else list(range(n))
+        total = num_replicas * (n // num_replicas if drop_last else math.ceil(n / num_replicas))
+        while len(order) < total:
+            order = order + order
+        return order[:total][rank:total:num_replicas]
+    return wrong
+
+
+MUTANTS_71.append((generator_kept_between_calls(), "computes each call from its own arguments (nothing kept between calls)"))
+MESSAGES_71[len(MUTANTS_71) - 1] = "a second call with the same arguments returned another list"
+
+
+
 @pytest.mark.parametrize("seed", SEEDS_71)
 def test_7_1_solution_passes(monkeypatch, seed):
     monkeypatch.setenv("COURSE_CHECK_SEED", str(seed))
@@ -316,8 +334,28 @@ ERRORS_72 = [
 MUTANTS_72.append((body_72(make="make_model().to(torch.device(f'cuda:{dist.get_rank()}') "
                                 "if torch.cuda.is_available() else 'cpu')"),
                    "moves the model to `device` before wrapping it in DDP"))
+# w5-07: graded as 2 nodes of 1 GPU only, `device` was cuda:0 on both ranks and a GPU written into
+# the code passed (w72_22 .to('cuda:0'), w72_26 device_ids=[0]); a pass as one node of 2 GPUs
+# (rank 1's device cuda:1) fails them. w72_16: the sampler's drop_last on a dataset one sample short
+# of dividing; w72_14: the barrier only on the ranks other than 0
+MUTANTS_72 += [
+    (body_72(make="make_model().to('cuda:0' if device.type == 'cuda' else device)"),
+     "moves the model to `device` before wrapping it in DDP"),
+    (body_72(ddp="DDP(model, device_ids=[0] if device.type == 'cuda' else None)"),
+     "gives DDP the rank's own GPU (device_ids=[device.index])"),
+    (body_72(sampler="DistributedSampler(dataset, shuffle=True, seed=seed, drop_last=True)"),
+     "gives each rank ceil(n / world_size) samples per epoch, as DistributedSampler pads them (drop_last=False)"),
+    (body_72(barrier="if dist.get_rank() != 0: dist.barrier()"),
+     "every rank calls the same collectives, in the same order"),
+]
+RIGHT_72["device_ids=[device.index] on a GPU"] = body_72(
+    ddp="DDP(model, device_ids=[device.index] if device.type == 'cuda' else None)")
 MESSAGES_72 = {     # mutants whose message must name what they did
-    len(MUTANTS_72) - 1: "rank 1 moved the model to cuda:1, not to the `device` it was given",
+    len(MUTANTS_72) - 4: "rank 1 moved the model to cuda:0: every rank's model would share GPU 0",
+    len(MUTANTS_72) - 3: "its DDP got device_ids=[0]",
+    len(MUTANTS_72) - 2: "drop_last=True?",
+    len(MUTANTS_72) - 1: "that rank 0 never called",
+    len(MUTANTS_72) - 5: "rank 1 moved the model to cuda:1, not to the `device` it was given",
     19: "nothing moved it to `device`",
     20: "ranks [0, 1] called torch.save",
     21: "trained on all",
@@ -654,6 +692,28 @@ MESSAGES_74 = {len(MUTANTS_74) - 2: "costs a wait per micro-batch", len(MUTANTS_
                15: "forward pass ran outside no_sync and its backward inside it",
                2: "the one backward that all-reduced was micro-batch 1's",
                len(MUTANTS_74) - 4: "called SGD.step()"}
+
+# w5-07 w74_11: a detached tensor returned: the hint no longer says it holds the graph; one that does, says so
+MESSAGES_74[next(i for i, (src, _) in enumerate(MUTANTS_74) if src == body_74(returned="loss_total"))] = \
+    "returned a Tensor (detached)"
+MESSAGES_74[next(i for i, (src, _) in enumerate(MUTANTS_74)
+                 if src == body_74(returned="loss * 0 + loss_total.item()"))] = "returned a Tensor that still holds the graph"
+# w5-07 w74_15: the running loss summed without detach, read once with .item(): harmless (backward freed
+# the saved activations; the kept autograd nodes are small), accepted
+RIGHT_74["running loss not detached"] = body_74(read="loss")
+# w5-07 w73_12: a tensor kept between calls (at module level) and added to: every later call's totals
+# carry the earlier ones
+MUTANTS_73.append((file_73("""\
+    global _T
+    if "_T" not in globals():
+        _T = torch.zeros(3, dtype=torch.float64, device=collective_device())
+    _T += torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=_T.device)
+    dist.all_reduce(_T)
+    l, c, n = _T.tolist()
+    return (l / n, c / n) if n else (math.nan, math.nan)
+""").replace("def global_metrics", "_T = None\n\n\ndef global_metrics").replace(
+    'if "_T" not in globals():', "if _T is None:"), "computes each call from its own arguments (nothing kept between calls)"))
+MESSAGES_73[len(MUTANTS_73) - 1] = "a tensor kept between calls"
 
 EXERCISES = {
     "7.2": ("train_ddp", RIGHT_72, MUTANTS_72, lesson07.judge_7_2),

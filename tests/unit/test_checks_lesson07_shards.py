@@ -138,7 +138,8 @@ MUTANTS = [
     (answer(last="drop_by_parity"), "drops other samples every epoch", "alternate between two sets"),
     (answer(resume="ignored"), "resumes where it stopped"),                                  # restarts the epoch
     (answer(resume="unrotated"), "resumes where it stopped"),                                # worker 0 first again
-    (answer(order="global"), "every sample at least once per epoch"),                        # unseeded: ranks disagree
+    (answer(order="global"), "a different split every epoch, drawn from (seed, epoch) alone",
+     "did not compute the same plan"),                                                      # unseeded: ranks disagree
     (answer(order="samples"), "each rank reads only its part of the shards"),
     (answer(batch="(self.batch_size - 1)"), "every batch holds batch_size samples"),
     (answer().replace("yield from batches[lo + done:lo + counts[role]]",
@@ -149,6 +150,33 @@ MUTANTS = [
                       "self._rng = getattr(self, '_rng', None) or np.random.default_rng(self.seed)\n"
                       "        rng = self._rng"), "a different split every epoch", "something kept between calls"),
 ]
+
+SOLUTION_OFFSET = "offset = int(rng.integers(0, n - k * world * self.batch_size + 1))"
+SOLUTION_ORDER = "order = rng.permutation(len(self.shard_sizes)).tolist()"
+MUTANTS += [
+    # w5-07 w75_15: the offset's upper bound exclusive: with one shard its last sample is never trained
+    (answer().replace(SOLUTION_OFFSET, "offset = int(rng.integers(0, max(1, n - k * world * self.batch_size)))"),
+     "every sample is trained in some epoch", "the shard's last sample is never trained"),
+    # w5-07 w75_16: the shards never shuffled, only the cut moves: each rank reads the same half every epoch
+    (answer().replace(SOLUTION_ORDER, "order = list(range(len(self.shard_sizes)))"),
+     "a different split every epoch: the shards a rank reads change with the epoch", "the shards' order never changes"),
+    # w5-07 w75_17: the offset from the global, unseeded np.random (each process draws its own)
+    (answer().replace(SOLUTION_OFFSET, "offset = int(np.random.randint(0, n - k * world * self.batch_size + 1))"),
+     "a different split every epoch, drawn from (seed, epoch) alone", "did not compute the same plan"),
+    # w5-07 w75_18: set_epoch keeps the resumed epoch's start when none is given
+    (answer().replace("    def set_epoch(self, epoch, start=0):\n        self.epoch, self.start = epoch, start\n",
+                      "    def set_epoch(self, epoch, start=None):\n        self.epoch = epoch\n"
+                      "        if start is not None:\n            self.start = start\n"),
+     "resumes where it stopped", "the start of the resumed epoch was kept"),
+    # w5-07 w75_19: a generator seeded with the worker id: the workers of a rank cut different plans
+    (answer().replace("rng = np.random.default_rng([self.seed, self.epoch])",
+                      "rng = np.random.default_rng([self.seed, self.epoch, worker])"),
+     "a different split every epoch, drawn from (seed, epoch) alone", "workers of a rank"),
+]
+assert all(src != RIGHT["solution"] for src, *_ in MUTANTS[-5:])
+RIGHT["Python random offset"] = answer().replace(         # w5-07 w75_14: another seeded generator, right
+    SOLUTION_OFFSET, "offset = __import__('random').Random(self.seed * 1000003 + self.epoch).randint("
+                     "0, n - k * world * self.batch_size)")
 
 
 @pytest.fixture(scope="module")
@@ -205,7 +233,7 @@ def test_mutants_fail_on_the_right_property_on_every_seed(verdicts, i, prop, wor
 
 
 def test_at_least_eight_mutants():
-    assert len(MUTANTS) >= 21
+    assert len(MUTANTS) >= 26
 
 
 def test_stub_and_wrong_objects_need_no_launch(tmp_path):
@@ -294,7 +322,7 @@ def test_in_process_observations_agree_with_the_launch(verdicts, seed):
 
 # the mutants whose record the simulator reproduces (not those that read the rank in the workers,
 # keep state in the object the simulator iterates once per worker, or draw from the global generator)
-SIMULATED = [i for i, m in enumerate(MUTANTS) if i not in (1, 2, 8, 16, 20)]
+SIMULATED = [i for i, m in enumerate(MUTANTS) if i not in (1, 2, 8, 16, 20, 23, 24)]
 
 
 @pytest.mark.parametrize("i", SIMULATED, ids=[f"mutant{i}" for i in SIMULATED])
