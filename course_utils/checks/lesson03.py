@@ -977,7 +977,6 @@ def _crop_statistics(fn, to_device, generator, rng, on, seed, vc):
                               f"{chi:,.0f} for the pairs of neighbours; independent draws stay below "
                               f"{_chi2_limit(kk * kk - 1):.0f}): a pattern by position, not a draw",
                               "draw all N values at once at random (torch.randint(..., (n,)), torch.rand(n) < 0.5)")
-    _per_position(fn, images, generator, rng, on, seed, vc, size, p)
     # a second call draws anew, sample by sample (a pattern by position is the same in every call)
     again = _values(_call_crop(fn, images, p, None, what + ", called again", vc, defaults=True))
     dy2, dx2, flipped2 = _offsets_of(again, size, p)
@@ -991,6 +990,7 @@ def _crop_statistics(fn, to_device, generator, rng, on, seed, vc):
                                   f"(independent calls agree for about {rate:.0%}): a pattern fixed by the sample's "
                                   "position, the same in every batch",
                                   "draw the offsets and flips at random on every call")
+    _per_position(fn, images, generator, rng, on, seed, vc, size, p)
 
 
 ROUNDS, BATCH = 48, 16     # the per-position statistics: 48 calls on batches of 16

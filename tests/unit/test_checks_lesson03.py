@@ -881,7 +881,8 @@ MUTANTS_32 = [
     Mutant("a Python loop over samples", python_loop, "never waits for the device"),
     Mutant("round trip through the host", round_trip_through_the_host, "makes no copy from the host"),
     Mutant("materialises every window", materialises_every_window, "uses memory in proportion to the batch"),
-    Mutant("identity on small batches", identity_on_small_batches, "draws new crops on every call"),
+    Mutant("identity on small batches", identity_on_small_batches, "augments every sample, at every position of the batch",
+           words="not augmented as the others are"),   # found first by the per-position calls (w3-03)
     Mutant("a Python loop slicing with 0-d device tensors", python_loop_slicing_with_device_offsets,
            "never waits for the device", words="a device tensor used as an index or a slice bound"),
     Mutant("re-seeds the generator on every call", reseeds_the_generator, "draws new crops on every call"),
