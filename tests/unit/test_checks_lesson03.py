@@ -1496,7 +1496,7 @@ def in_place_on_a_float_copy(images, labels):                    # w3-03 #27 (ri
 
 @pytest.mark.parametrize("mutant", [
     Mutant("constants filled on the device every call", constants_filled_every_call,
-           "makes the constants once per device, not every batch", words="torch.full"),
+           "makes the constants once per device, not every batch", words="torch.full at " + __file__),
     Mutant("torchvision's Normalize", torchvision_normalize, "never waits for the device",
            words="torchvision's Normalize builds its mean and std from host values on every call"),
 ], ids=repr)
