@@ -317,6 +317,7 @@ def check_prefetcher(Prefetcher):
     _cpu_with_cuda_present(Prefetcher, int(rng.integers(1 << 30)), sizes[0], seed)
     for n in sizes:
         _virtual_prefetch(Prefetcher, int(rng.integers(1 << 30)), n, seed)
+    _unpinned_pass(Prefetcher, int(rng.integers(1 << 30)), sizes[0], seed)
     _meta_pass(Prefetcher, meta_seed, seed)
     if torch.cuda.is_available():
         _check_cuda_streams(Prefetcher)
@@ -358,6 +359,29 @@ def _cpu_with_cuda_present(Prefetcher, loader_seed, n, seed):
             raise CheckFailed("decides by the device it is given",
                               f"{what}: yours made a CUDA stream (or copied to CUDA) for batches that stay on the CPU",
                               hint)
+
+
+def _unpinned_pass(Prefetcher, loader_seed, n, seed):
+    """One pass over a loader whose batches are not pinned (`DataLoader(pin_memory=False)`): a
+    prefetcher pins nothing. With the pinned batches of the other passes, `pin_memory()` of a
+    pinned tensor is that tensor, so a prefetcher that pins every batch itself only shows here."""
+    with VirtualCuda(second=True) as vc:
+        loader = _ScriptedLoader(loader_seed, n)
+        what = (f"a loader of {n} batches that are not pinned (DataLoader(pin_memory=False)) on {VIRTUAL} "
+                f"{vc.device} (seed {seed})")
+        try:
+            _one_pass(Prefetcher(loader, vc.device), loader, 0, vc.device, what)
+        except RuntimeError as exc:
+            raise _learner_error(exc, what) or exc
+        if vc.pins:
+            raise CheckFailed("pins nothing in the training loop",
+                              f"{what}: yours called pin_memory() {len(vc.pins)} times for {n} batches (first at "
+                              f"{vc.pins[0]}): a prefetcher pins nothing; pin_memory() copies each batch into new "
+                              "page-locked memory, on the host, in the training loop. (with the loader's pinned "
+                              "batches it costs nothing, which is why only this pass shows it)",
+                              "leave pinning to the loader (DataLoader(pin_memory=True) pins in its own thread): copy "
+                              "each batch as you get it, .to(device, non_blocking=True); from pageable memory that "
+                              "copy is staged by the host, but it is still right")
 
 
 def _meta_pass(Prefetcher, loader_seed, seed):
@@ -522,12 +546,22 @@ def _judge_prefetch(vc, got, log, what, *, full=True):
     races = [r for r in vc.races if r.kind == "device"]
     if races:
         race = races[0]
+        reader = vc._by_id.get(race.stream)
+        if reader is not None and race.writer in reader.waited:
+            how = (": the loop's stream did wait for your side stream, but for a point before this batch's copy "
+                   "was queued (an event recorded on the side stream before the copy, or a wait made before it): "
+                   "the event was misplaced")
+        else:
+            how = (": the loop's stream never waited for your side stream (an event recorded on the loop's own "
+                   "stream, or a wait for any other stream, does not cover the side stream's copies)")
         raise CheckFailed("the consumer waits for the copy",
                           f"{what}: {race.label or 'a batch'} was read on the training loop's stream before that "
-                          f"stream waited for the side stream that copies it ({len(races)} such reads)",
+                          f"stream waited for the side stream that copies it ({len(races)} such reads){how}",
                           "before handing out a batch: torch.cuda.current_stream(device).wait_stream(self.stream) "
                           "(the stream current when the batch is handed out, not the default one, and with the "
-                          "device: without it, it is the current device's)")
+                          "device: without it, it is the current device's); with an event: record it on the side "
+                          "stream after the copy is queued (event.record(self.stream) inside the stream block, "
+                          "after .to()), then current_stream(device).wait_event(event)")
     for i in range(len(log["horizons"]) - 1):
         mine, following = log["allocs"][i], log["allocs"][i + 1]
         if not following or set(mine) & set(following):
@@ -543,17 +577,28 @@ def _judge_prefetch(vc, got, log, what, *, full=True):
     hazards = [a for a in vc.reuse_hazards() if a.label.startswith("batch ")]
     if hazards:
         recorded_elsewhere = [a for a in hazards if a.recorded]
-        detail = (f"record_stream was called for stream {sorted(recorded_elsewhere[0].recorded)} (your side stream), "
-                  "not for the training loop's, which reads them" if recorded_elsewhere
-                  else "no record_stream for the training loop's stream, and no wait of the side stream for it")
+        side = vc._by_id.get(hazards[0].stream)
+        readers = sorted(hazards[0].used_on - {hazards[0].stream})
+        waited_for = sorted(side.waited) if side is not None else []
+        if recorded_elsewhere:
+            detail = (f"record_stream was called for stream {sorted(recorded_elsewhere[0].recorded)} (your side "
+                      "stream), not for the training loop's, which reads them")
+        elif waited_for:
+            detail = (f"no record_stream; your side stream waited for stream {waited_for} before its copies, but "
+                      f"the batch was read on stream {readers} (the stream current when it was handed out): the "
+                      "wait must cover the stream that read the batch, not the one current at the next copy, and "
+                      "the loop may change streams between passes")
+        else:
+            detail = "no record_stream for the training loop's stream, and no wait of the side stream for it"
         raise CheckFailed("keeps a batch's memory for the consumer's stream (record_stream)",
                           f"{what}: {', '.join(a.label for a in hazards[:3])} were allocated on the side stream, "
                           f"read on the training loop's stream, freed, and their memory handed to the next copy on "
                           f"the side stream while the loop's reads could still be queued ({detail}): on a GPU the "
                           "next batch can overwrite a batch the model still reads",
                           "tensor.record_stream(torch.cuda.current_stream(device)) for both tensors of each batch, "
-                          "the consumer's stream at hand-out (or make the side stream wait for the consumer before "
-                          "each copy)")
+                          "the consumer's stream at hand-out (or make the side stream wait, before each copy, for "
+                          "the stream that read the batch being freed: keep the stream current at hand-out, and "
+                          "self.stream.wait_stream(that stream))")
     if vc.syncs:
         raise CheckFailed("never makes the host wait", f"{what}: the host waited for the device {len(vc.syncs)} times "
                           f"({vc.syncs[0].what} at {vc.syncs[0].where})",
@@ -945,6 +990,63 @@ def _crop_statistics(fn, to_device, generator, rng, on, seed, vc):
                                   f"(independent calls agree for about {rate:.0%}): a pattern fixed by the sample's "
                                   "position, the same in every batch",
                                   "draw the offsets and flips at random on every call")
+    _per_position(fn, images, generator, rng, on, seed, vc, size, p)
+
+
+ROUNDS, BATCH = 48, 16     # the per-position statistics: 48 calls on batches of 16
+
+
+def _per_position(fn, images, generator, rng, on, seed, vc, size, p):
+    """Every sample, every batch: {ROUNDS} calls on batches of {BATCH}, each position of the batch
+    seen in every call. Each position must get varied offsets and flips (a position left as is, the
+    first sample say, is a subset the whole-batch shares cannot see), and the number of flips in a
+    batch must vary as a binomial count does (exactly half by a permutation is not a flip per
+    sample)."""
+    what = (f"{ROUNDS} calls random_crop_flip(images, padding={p}, generator=...) on batches of {BATCH} one-channel "
+            f"images {size}x{size}, on {on} (seed {seed})")
+    g = generator(rng.integers(1 << 31))
+    dys, dxs, flips = [], [], []
+    for r in range(ROUNDS):
+        out = _values(_call_crop(fn, images[:BATCH], p, g, what, vc))
+        dy, dx, flipped = _offsets_of(out, size, p)
+        if dy is None:
+            raise CheckFailed("every output is a crop of the padded input, mirrored or not",
+                              f"{what}, call {r + 1}: some outputs are not crops at an offset within 0..{2 * p}")
+        dys.append(dy), dxs.append(dx), flips.append(flipped)
+    dy, dx, fl = torch.stack(dys), torch.stack(dxs), torch.stack(flips).long()     # (ROUNDS, BATCH)
+    k = 2 * p + 1
+    # a position: flipped in 6..42 of the 48 calls (a fair coin stays inside by 5.2 standard
+    # deviations), and no single offset in more than half of them (expected 1/9: 8 standard deviations)
+    for i in range(BATCH):
+        flipped_share = float(fl[:, i].float().mean())
+        top = max(int(torch.bincount(dy[:, i], minlength=k).max()), int(torch.bincount(dx[:, i], minlength=k).max()))
+        if not 6 <= int(fl[:, i].sum()) <= ROUNDS - 6 or top > ROUNDS // 2:
+            common = (int(torch.mode(dy[:, i]).values), int(torch.mode(dx[:, i]).values))
+            raise CheckFailed("augments every sample, at every position of the batch",
+                              f"{what}: sample {i} of the batch was flipped in {flipped_share:.0%} of the calls, and "
+                              f"its most common offset (dy, dx) = {common} came {top} times in {ROUNDS} (random "
+                              f"draws: about 50% flipped, each offset about {ROUNDS // k} times): that position is "
+                              "not augmented as the others are",
+                              "draw the offsets and flips for every sample, index 0 included, and use them all: "
+                              "no sample left as is")
+    counts = fl.sum(1).double()                       # flips per batch
+    var = float(counts.var())
+    binomial = BATCH / 4
+    low = _chi2_limit_low(ROUNDS - 1) / (ROUNDS - 1) * binomial
+    if var < low:
+        raise CheckFailed("flips each sample independently, with probability 1/2",
+                          f"{what}: yours flipped {int(counts.min())}..{int(counts.max())} samples per batch of "
+                          f"{BATCH} (variance of the count {var:.2f}; independent flips with probability 1/2 make "
+                          f"a binomial count, variance {binomial:.0f}, at least {low:.1f} over {ROUNDS} calls): "
+                          "exactly half flipped (a permutation, say) is not a flip per sample",
+                          "one draw per sample, torch.rand(n, generator=generator, device=...) < 0.5: the number "
+                          "flipped varies from batch to batch")
+
+
+def _chi2_limit_low(df: int, z: float = 5.2) -> float:
+    """The chi-square value that independent draws fall below with probability about 1e-7."""
+    k = 2 / (9 * df)
+    return df * max(0.0, 1 - k - z * k ** 0.5) ** 3
 
 
 def _offsets_of(out, size, p):
@@ -1030,6 +1132,7 @@ def check_normalize(normalize_on_device):
                 else:
                     images, labels = host.to(place), host_labels.to(place)
                 what = f"batch {call + 1}: {n} uint8 images 3x{h}x{w} on {on} (seed {seed})"
+                made = _count_made(vc)
                 try:
                     result = normalize_on_device(images, labels)
                 except RuntimeError as exc:
@@ -1062,6 +1165,15 @@ def check_normalize(normalize_on_device):
                 _compare_normalized(_values(out), hwc, host, what)
                 if vc is not None:
                     _judge_normalize_traffic(vc, call, what)
+                    if call > 0 and made:
+                        raise CheckFailed("makes the constants once per device, not every batch",
+                                          f"{what}: yours created {len(made)} tensors on the device during this "
+                                          f"call ({made[0]} first): the constants are made again for every batch, "
+                                          "each a kernel launched from the host (about 30 us of host time on a GPU) "
+                                          "for values that never change",
+                                          "make mean and std once per device and keep them (a dict keyed by "
+                                          "str(images.device)); a call then runs only the arithmetic on the images")
+                    del vc._create, vc._wrap_new          # the device's own methods again
                 before = earlier.get((n, h, w))
                 held = out._inner if isinstance(out, DeviceTensor) else out.detach()   # its memory, not the object
                 if before is not None:
@@ -1088,6 +1200,35 @@ def check_normalize(normalize_on_device):
     return ("float32 on the device, equal to ToTensor + Normalize within 1e-4, labels passed through, a new tensor "
             "every batch and nothing kept; on a (virtual) GPU, two devices in turn, no copy from the host after the "
             "first batch, nothing read back.")
+
+
+def _count_made(vc) -> list[str]:
+    """Tensors created on the virtual device from nothing (torch.full/zeros/tensor(..., device=...),
+    Tensor.new_*) until the caller puts the methods back: where each was made."""
+    made: list[str] = []
+    if vc is None:
+        return made
+    create, wrap_new = vc._create, vc._wrap_new
+
+    def _where():            # the learner's line: not this module's, the virtual device's or torch's
+        for frame in reversed(traceback.extract_stack()[:-1]):
+            path = frame.filename.replace("\\", "/")
+            if not (path.endswith(("checks/virtual_cuda.py", "checks/lesson03.py", "contextlib.py"))
+                    or "/torch/" in path):
+                return f"{frame.filename}:{frame.lineno}"
+        return "?"
+
+    def counted_create(func, name, args, kwargs):
+        made.append(f"torch.{name} at {_where()}")
+        return create(func, name, args, kwargs)
+
+    def counted_wrap_new(t, label=""):
+        if label.startswith("Tensor.new_"):
+            made.append(f"{label} at {_where()}")
+        return wrap_new(t, label)
+
+    vc._create, vc._wrap_new = counted_create, counted_wrap_new
+    return made
 
 
 def _compare_normalized(out, hwc, host, what):
@@ -1123,6 +1264,15 @@ def _judge_normalize_traffic(vc, call, what):
                              "that never change"))
     if vc.d2h() or vc.reads():
         first = (vc.reads() or vc.d2h())[0]
+        if "torchvision" in first.where:
+            raise CheckFailed("never waits for the device",
+                              f"{what}: the host waited for the device inside torchvision ({first.what} at "
+                              f"{first.where}): torchvision's Normalize builds its mean and std from host values on "
+                              "every call, copies them to the device and checks them on the host "
+                              "((std == 0).any()), which reads a value back every batch; your images were not read "
+                              "back",
+                              "do what Normalize does with constants of your own, made once per device: "
+                              "(images.float() / 255 - mean) / std with mean and std shaped (1, 3, 1, 1)")
         raise CheckFailed("never waits for the device", f"{what}: the images (or values computed from them) came back "
                           f"to the host ({first.what} at {first.where})",
                           "normalise with tensor operations on images.device; no .cpu(), .numpy(), .item()")

@@ -647,6 +647,8 @@ MUTANTS_31_WALKED += [
            words="after the pass had ended"),
     Mutant("torch.cuda.is_available() decides, not the device", AsksTheMachineNotTheDevice,
            "decides by the device it is given", words="self.device.type"),
+    Mutant("pins the pinned batches again (w3-03 #16 too)", PinsInThePrefetcher, "pins nothing in the training loop",
+           words="called pin_memory()"),
     Mutant("one pinned buffer, made anew when the shape changes", OnePinnedBufferPerShape,
            "leaves pinned memory alone while a copy from it is queued", words="still copying"),
 ]
@@ -654,7 +656,7 @@ MUTANTS_31_WALKED += [
 
 def test_3_1_right_answers_of_the_reports_pass():
     for answer in (EventAfterTheCopy, AllocatedOnTheConsumer, CopiesFromAThread, WaitsBackBeforeEachCopy,
-                   RecordsThenWaits, NewStreamEveryBatch, PinsInThePrefetcher, ApexResetInIter):
+                   RecordsThenWaits, NewStreamEveryBatch, ApexResetInIter):
         passes("3.1", answer, SEEDS[:2])
 
 
@@ -879,7 +881,8 @@ MUTANTS_32 = [
     Mutant("a Python loop over samples", python_loop, "never waits for the device"),
     Mutant("round trip through the host", round_trip_through_the_host, "makes no copy from the host"),
     Mutant("materialises every window", materialises_every_window, "uses memory in proportion to the batch"),
-    Mutant("identity on small batches", identity_on_small_batches, "draws new crops on every call"),
+    Mutant("identity on small batches", identity_on_small_batches, "augments every sample, at every position of the batch",
+           words="not augmented as the others are"),   # found first by the per-position calls (w3-03)
     Mutant("a Python loop slicing with 0-d device tensors", python_loop_slicing_with_device_offsets,
            "never waits for the device", words="a device tensor used as an index or a slice bound"),
     Mutant("re-seeds the generator on every call", reseeds_the_generator, "draws new crops on every call"),
@@ -1357,3 +1360,149 @@ def constants_on_the_cpu(images, labels):                # w2-03 w33_16: cached 
 ], ids=repr)
 def test_3_3_messages_name_the_mistake(mutant):          # w2-03: the hints pointed at the order and the keying
     rejected("3.3", mutant, SEEDS)
+
+
+# -- w3-03: wrong answers that passed, and messages that pointed away ------------------------------
+
+class PinsEachBatchItself(GoodPrefetcher):     # w3-03 #16: pin_memory() of every batch before the copy
+    def copy(self, batch):
+        batch = tuple(t.pin_memory() for t in batch)
+        return super().copy(batch)
+
+
+class SideStreamWaitsForTheStreamAtCopyTime(GoodPrefetcher):   # w3-03 #32: the hint's alternative, written naturally
+    def copy(self, batch):
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        return super().copy(batch)
+
+    def hand_out(self, batch):
+        torch.cuda.current_stream(self.device).wait_stream(self.stream)
+        return batch
+
+
+class EventBeforeTheCopy(GoodPrefetcher):      # w3-03 #17: the event recorded on the side stream before the copy
+    def copy(self, batch):
+        images, labels = batch
+        with torch.cuda.stream(self.stream):
+            self.event = torch.cuda.Event()
+            self.event.record(self.stream)
+            return images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
+
+    def hand_out(self, batch):
+        consumer = torch.cuda.current_stream(self.device)
+        consumer.wait_event(self.event)
+        for t in batch:
+            t.record_stream(consumer)
+        return batch
+
+
+class EventOnTheConsumer(GoodPrefetcher):      # w3-03 #18: recorded after the copy, but on the consumer's stream
+    def copy(self, batch):
+        out = super().copy(batch)
+        self.event = torch.cuda.Event()
+        self.event.record(torch.cuda.current_stream(self.device))
+        return out
+
+    def hand_out(self, batch):
+        consumer = torch.cuda.current_stream(self.device)
+        consumer.wait_event(self.event)
+        for t in batch:
+            t.record_stream(consumer)
+        return batch
+
+
+MUTANTS_31_W3 = [
+    Mutant("pins each batch itself", PinsEachBatchItself, "pins nothing in the training loop",
+           words="called pin_memory()"),
+    Mutant("side stream waits for the stream current at copy time", SideStreamWaitsForTheStreamAtCopyTime,
+           "keeps a batch's memory for the consumer's stream (record_stream)", words="the wait must cover the stream"),
+    Mutant("event recorded before the copy", EventBeforeTheCopy, "the consumer waits for the copy",
+           words="the event was misplaced"),
+    Mutant("event recorded on the consumer's stream", EventOnTheConsumer, "the consumer waits for the copy",
+           words="an event recorded on the loop's own stream"),
+]
+
+
+@pytest.mark.parametrize("mutant", MUTANTS_31_W3, ids=repr)
+def test_3_1_w3_mutants_rejected(mutant):
+    rejected("3.1", mutant, SEEDS[:2])
+
+
+def first_sample_left_as_is(images, padding=4, generator=None):   # w3-03 #28: a subset, invisible in the shares
+    dy, dx, flip = _draws(len(images), padding, images.device, generator)
+    dy = torch.cat([dy.new_full((1,), padding), dy[1:]])
+    dx = torch.cat([dx.new_full((1,), padding), dx[1:]])
+    flip = torch.cat([flip.new_zeros(1), flip[1:]])
+    return _crop_with(images, padding, dy, dx, flip)
+
+
+def exactly_half_flipped(images, padding=4, generator=None):      # w3-03 #18: flips not independent
+    dy, dx, _ = _draws(len(images), padding, images.device, generator)
+    flip = torch.randperm(len(images), device=images.device, generator=generator) < len(images) // 2
+    return _crop_with(images, padding, dy, dx, flip)
+
+
+def flips_47_percent(images, padding=4, generator=None):          # w3-03 s3 (0.49 and 0.48 lie inside the
+    dy, dx, _ = _draws(len(images), padding, images.device, generator)   # check's 4.2-sd band: their fate is the
+    flip = torch.rand(len(images), device=images.device, generator=generator) < 0.47    # seed's, not tested)
+    return _crop_with(images, padding, dy, dx, flip)
+
+
+def other_draw_order(images, padding=4, generator=None):          # w3-03 #24 (right): one (2, N) draw, flips first
+    n, dev = len(images), images.device
+    flip = torch.rand(n, device=dev, generator=generator) < 0.5
+    d = torch.randint(0, 2 * padding + 1, (2, n), device=dev, generator=generator)
+    return _crop_with(images, padding, d[0], d[1], flip)
+
+
+def flip_then_crop(images, padding=4, generator=None):            # w3-03 #21 (right): mirror first, then crop
+    dy, dx, flip = _draws(len(images), padding, images.device, generator)
+    mirrored = torch.where(flip.view(-1, 1, 1, 1), images.flip(-1), images)
+    return _crop_with(mirrored, padding, dy, dx, torch.zeros_like(flip))
+
+
+@pytest.mark.parametrize("mutant", [
+    Mutant("first sample never augmented", first_sample_left_as_is,
+           "augments every sample, at every position of the batch", words="sample 0 of the batch"),
+    Mutant("exactly half flipped by a permutation", exactly_half_flipped,
+           "flips each sample independently, with probability 1/2", words="exactly half flipped"),
+    Mutant("flips 47%", flips_47_percent, "flips half the samples"),
+], ids=repr)
+def test_3_2_w3_mutants_rejected(mutant):
+    rejected("3.2", mutant, SEEDS[:3])
+
+
+def test_3_2_w3_right_answers_pass():
+    for i, fn in enumerate((other_draw_order, flip_then_crop)):
+        passes("3.2", fn, [SEEDS[i]])
+
+
+def constants_filled_every_call(images, labels):                  # w3-03 #28: 6 fills + 2 stacks per batch
+    dev = images.device
+    m = torch.stack([torch.full((), v, device=dev) for v in CIFAR10_MEAN]).view(1, 3, 1, 1)
+    s = torch.stack([torch.full((), v, device=dev) for v in CIFAR10_STD]).view(1, 3, 1, 1)
+    return (images.float() / 255 - m) / s, labels
+
+
+def torchvision_normalize(images, labels):                        # w3-03 #24: torchvision's Normalize on the device
+    import torchvision.transforms as T
+    return T.Normalize(CIFAR10_MEAN, CIFAR10_STD)(images.float() / 255), labels
+
+
+def in_place_on_a_float_copy(images, labels):                    # w3-03 #27 (right)
+    mean, std = _consts(images.device)
+    return images.float().div_(255).sub_(mean).div_(std), labels
+
+
+@pytest.mark.parametrize("mutant", [
+    Mutant("constants filled on the device every call", constants_filled_every_call,
+           "makes the constants once per device, not every batch", words="torch.full at " + __file__),
+    Mutant("torchvision's Normalize", torchvision_normalize, "never waits for the device",
+           words="torchvision's Normalize builds its mean and std from host values on every call"),
+], ids=repr)
+def test_3_3_w3_mutants_rejected(mutant):
+    rejected("3.3", mutant, SEEDS[:2])
+
+
+def test_3_3_w3_right_answers_pass():
+    passes("3.3", in_place_on_a_float_copy, SEEDS[:2])
