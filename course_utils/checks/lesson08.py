@@ -1199,10 +1199,26 @@ def tolerated(observed: dict) -> str:
         parts.append(f"{many}: " + ", ".join(str(count) for count, _, _ in seen) + " in epochs of "
                      + ", ".join(str(batches) for _, batches, _ in seen) + " batches")
     if firsts:
-        places = sorted(set(firsts), key=firsts.index)
+        places = [_course_relative(p) for p in sorted(set(firsts), key=firsts.index)]
         parts[-1] += (f" (the first at {' and '.join(places)}; tolerated: not batch after batch, but on a GPU each one "
                       "stalls it once)")
     return ", ".join(parts)
+
+
+def _course_relative(place: str) -> str:
+    """A 'file:line' in the course's own package as the learner's copy names it (course_utils/...: the course's code,
+    e.g. its normalize_uint8 making its constants once per device), not as an absolute path of the install (walk
+    w3-08)."""
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    path, _, line = place.rpartition(":")
+    if not Path(path).is_absolute():
+        return place
+    try:
+        rel = Path(path).resolve().relative_to(root)
+    except (ValueError, OSError):
+        return place
+    return f"the course's own {root.name}/{rel.as_posix()}:{line}"
 
 
 @exercise("8.1", "The fastest correct pipeline for this machine", points=4, time_limit_s=580)

@@ -1708,3 +1708,16 @@ def test_the_walks_right_answers_pass_correctness_with_the_new_probes():
             assert _check_correctness(answer, np.random.default_rng(30 + k), 30 + k, None) == "", answer.__name__
         assert _check_correctness(answer, np.random.default_rng(40 + k), 40 + k, None, virtual=True) == "", \
             answer.__name__
+
+
+def test_a_tolerated_wait_in_the_courses_own_code_is_named_as_the_learners_copy_names_it():
+    """Walk w3-08: the pass message cited /work/main/course_utils/device_data.py:132, a path outside the learner's
+    copy; the course's own code is named course_utils/..., the learner's own files and cells as they are."""
+    import os
+
+    import course_utils
+    from course_utils.checks.lesson08 import _course_relative
+    inside = os.path.join(os.path.dirname(course_utils.__file__), "device_data.py") + ":132"
+    assert _course_relative(inside) == "the course's own course_utils/device_data.py:132"
+    assert _course_relative("/home/learner/mine.py:3") == "/home/learner/mine.py:3"
+    assert _course_relative("<ipython-input-3-abc>:5") == "<ipython-input-3-abc>:5"
