@@ -261,7 +261,9 @@ def _one_epoch(ctx, pipeline, n: int, batch_size: int, what: str, model_reads=No
         if len(x) > batch_size:
             raise CheckFailed("batches of ctx.batch_size samples",
                               f"{what}: batch {i} has {len(x)} samples; ctx.batch_size is {batch_size}",
-                              "use ctx.batch_size for every loader")
+                              "use ctx.batch_size for every loader, the ctx's you are given: the check calls "
+                              "make_pipeline with contexts of other batch sizes, so a pipeline (or its loader) kept "
+                              "from an earlier call has another's")
         served += len(x)
         if served > n:
             raise CheckFailed("every sample exactly once per epoch",
@@ -340,8 +342,18 @@ def _augmentation_statistics(runs, batch_size: int, what: str):
         counts = np.bincount(values, minlength=K)
         if _chi2_uniform(values, K) > CHI2_LIMIT[8]:
             missing = [int(i) for i in np.nonzero(counts == 0)[0]]
-            hint = ("offsets must cover 0..8: randint's upper bound is exclusive" if missing else
-                    "draw each offset uniformly in 0..2*padding, as RandomCrop(32, padding=4) does")
+            seen = [int(i) for i in np.nonzero(counts)[0]]
+            if missing and seen and seen[0] > 0 and seen[-1] < K - 1:
+                # walk w3-08: AugmentBatch(padding=3) draws 1..7 of the 4-padded image, never 0 or 8
+                hint = (f"your {name} offsets span {seen[0]}..{seen[-1]} only, as a padding of "
+                        f"{(seen[-1] - seen[0]) // 2} would: the spec's padding is 4, so offsets run 0..8 "
+                        "(RandomCrop(32, padding=4), AugmentBatch() as it is)")
+            elif missing == [K - 1]:
+                hint = "offsets must cover 0..8: randint's upper bound is exclusive"
+            elif missing:
+                hint = f"offsets must cover 0..8; yours never took {missing}"
+            else:
+                hint = "draw each offset uniformly in 0..2*padding, as RandomCrop(32, padding=4) does"
             raise CheckFailed("crop offsets uniform over 0..8", f"{what}: {name} offsets counted {counts.tolist()} "
                               f"over {total} samples (about {total / K:.0f} each expected)", hint)
     if _chi2_uniform(joint, K * K) > CHI2_LIMIT[80]:
@@ -738,7 +750,9 @@ def _check_correctness(make_pipeline, rng, seed: int, device: str | None, *, vir
             raise CheckFailed("every sample exactly once per epoch",
                               f"{where}: {missing} samples never came out, {twice} came out more than once",
                               "shuffle a permutation of every sample each epoch (no replacement, no repeated or "
-                              "cached batches)")
+                              "cached batches); if your loader is the course's own, look at the values instead: "
+                              "the check tells the samples apart by their pixels, and a scale other than /255 or "
+                              "another mean or std makes them unreadable")
         order.append(index)
         found.append(_verify_crops(x, y, index, workload, where))
     first, second = order

@@ -832,6 +832,52 @@ def test_w2_mutants_fail_on_their_own_property(mutant):
     rejected("8.1", mutant, seeds_for(mutant.name) + ([] if mutant.name.startswith("flips_at") else [1, 2]))
 
 
+# walk w3-08's 8.1 answers whose message pointed away: each now named for its own mistake
+_W3_KEPT = {}
+
+
+def pipeline_kept_from_the_first_call(ctx):
+    """w3-08 #2: the whole pipeline made on the first call and returned to every later ctx (another batch size)."""
+    if "pipeline" not in _W3_KEPT:
+        _W3_KEPT["pipeline"] = right(ctx)
+    return _W3_KEPT["pipeline"]
+
+
+def padding_three(ctx):
+    """w3-08 #3: AugmentBatch(padding=3), a near miss on the pad."""
+    images, labels = ctx.on_device()
+    return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False),
+                    batch_transform=AugmentBatch(padding=3))
+
+
+def scaled_by_256(ctx):
+    """w3-08 #24: normalised as if by /256 (the augmented batch x 255/256)."""
+    images, labels = ctx.on_device()
+    augment = AugmentBatch()
+    std = torch.tensor(CIFAR10_STD).view(1, 3, 1, 1)
+    mean = torch.tensor(CIFAR10_MEAN).view(1, 3, 1, 1)
+
+    def transform(x, y):
+        out, y = augment(x, y)
+        s, m = std.to(out.device), mean.to(out.device)
+        return ((out * s + m) * (255 / 256) - m) / s, y
+    return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False), batch_transform=transform)
+
+
+W3_81_MUTANTS = [
+    Mutant("pipeline_kept_from_the_first_call", pipeline_kept_from_the_first_call, "",
+           words="kept from an earlier call"),
+    Mutant("padding_three", padding_three, "crop offsets uniform over 0..8", words="as a padding of 3 would"),
+    Mutant("scaled_by_256", scaled_by_256, "", words="a scale other than /255"),
+]
+
+
+@pytest.mark.parametrize("mutant", W3_81_MUTANTS, ids=repr)
+def test_w3_81_mutants_are_named_for_their_own_mistake(mutant):
+    _W3_KEPT.clear()
+    rejected("8.1", mutant, [seeds_for(mutant.name)[0]])
+
+
 def _coin(rate):
     def transform(images, labels):
         flip = torch.rand(len(images)) < rate
