@@ -268,7 +268,9 @@ def _one_epoch(ctx, pipeline, n: int, batch_size: int, what: str, model_reads=No
         if served > n:
             raise CheckFailed("every sample exactly once per epoch",
                               f"{what}: the workload has {n} samples, and one pass over your pipeline gave more",
-                              "each `for` over the loader is one epoch; do not repeat or cycle batches")
+                              "each `for` over the loader is one epoch; do not repeat or cycle batches; and make the "
+                              "pipeline from the ctx you are given each time: the check calls make_pipeline with "
+                              "workloads of other sizes, so a pipeline kept from an earlier call serves another's")
         if after_short:
             raise CheckFailed("batches of ctx.batch_size samples",
                               f"{what}: batch {i} came after a batch of {len(images[-1])} samples; ctx.batch_size "
