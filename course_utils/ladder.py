@@ -63,7 +63,8 @@ __all__ = ["LadderConfig", "LadderContext", "LadderResult", "RungSkipped", "rung
            "climb", "rung_baseline", "rung_best_workers", "rung_prefetcher", "rung_device_resident", "rung_dali",
            "rung_mixed_precision", "main", "Pipeline", "TrainingSet", "ImageArrays", "ladder_context", "measure_rung",
            "baseline_pipeline", "workers_pipeline", "prefetcher_pipeline", "device_resident_pipeline",
-           "dali_pipeline", "mixed_precision_pipeline", "cuda_graph_pipeline", "rung_cuda_graph", "rung_row"]
+           "dali_pipeline", "mixed_precision_pipeline", "cuda_graph_pipeline", "rung_cuda_graph", "rung_row",
+           "SAME_RUN_FLOOR", "RATIO_NOISE", "precision_words", "one_run_words", "ceiling_share_words"]
 
 
 class RungSkipped(Exception):
@@ -519,7 +520,7 @@ def rung_dali(ctx: LadderContext) -> TrainResult:
     return ctx.run(dali_pipeline(ctx), desc="DALI")
 
 
-@rung("device-resident + bf16", "data on device\n+ bf16, chan. last")
+@rung("device-resident + bf16", "device-resident\n+ bf16")     # the table's name (w3-08: the bar read "chan. last")
 def rung_mixed_precision(ctx: LadderContext) -> TrainResult:
     """Device-resident data, and the model step itself made cheaper: bf16 autocast and
     channels_last (lesson 05). Measured against the fp32 ceiling, so it may exceed 100%."""
@@ -783,13 +784,91 @@ def above_ceiling_words(rows, ceiling: dict, sim=None, batch_size: int = 128) ->
         charged = f", where the simulated device charges {eager_ms:.1f} ms" if modelled else ""
         parts.append("above it although they run its own fp32 eager step: "
                      + ", ".join(f"{r['name']} ({r['fraction_of_ceiling']:.0%})" for r in same)
-                     + f"; no rung beats the step it runs, so the ceiling's one measurement was slow (its step took "
+                     + f"; no rung beats the step it runs, so the ceiling's measurement was slow (its step took "
                        f"{ceiling_ms:.1f} ms{charged}: a busy host launches the kernels late)")
     elif wider:
         parts.append(f"the ceiling's step took {ceiling_ms:.1f} ms against the {eager_ms:.1f} ms the simulated device "
                      "charges: a busy host launched its kernels late, which a CUDA graph's one launch hardly feels, "
                      "so the measured gap is wider than the steps' own")
     return "; ".join(parts)
+
+
+# the least spread of one measurement on a machine others share: the H100 the course measured moved the ladder's rungs
+# by up to 23 points between two runs (README, "GPU: one NVIDIA H100"), and walk w2-08's smoke runs moved the same code
+# by 11-35% within one run. The ratio of two such measurements moves by up to (1 + floor)^2 - 1, 44%.
+SAME_RUN_FLOOR = 0.20
+RATIO_NOISE = (1 + SAME_RUN_FLOOR) ** 2 - 1
+
+
+def _within(ratio: float, reference: float, noise: float = RATIO_NOISE) -> bool:
+    return reference / (1 + noise) <= ratio <= reference * (1 + noise)
+
+
+def precision_words(rows, ceiling: dict | None = None, sim=None, batch_size: int = 128) -> str:
+    """One sentence on bf16 against fp32 in this climb, from its numbers: the bf16 rung over the device-resident one
+    (the same pipeline in fp32), against the noise of a ratio of two single measurements (RATIO_NOISE) and, beside
+    the simulator, against what the H100's figures charge each step. Walk w3-08: the lesson said the simulator charges
+    bf16 the H100's slower step under a table with bf16 3% faster (one run) and 17% slower (the next)."""
+    measured = {r["name"]: r for r in rows if not r.get("skipped") and r.get("samples_per_s")}
+    bf16, fp32 = measured.get("device-resident + bf16"), measured.get("device-resident")
+    if not bf16 or not fp32:
+        return "bf16 against fp32: not both measured here"
+    ratio = bf16["samples_per_s"] / fp32["samples_per_s"]
+    said = (f"bf16 against fp32 here: {bf16['samples_per_s']:,.0f} against {fp32['samples_per_s']:,.0f} samples/s "
+            f"({ratio:.0%}), one measurement each; two single measurements on a busy machine can differ by "
+            f"{RATIO_NOISE:.0%} (up to {SAME_RUN_FLOOR:.0%} each)")
+    tie = _within(ratio, 1.0)
+    modelled = sim is not None and getattr(sim, "profile", None) is not None
+    if not modelled:
+        if tie:
+            return said + ": the same within that noise; this run cannot order them"
+        return said + (": bf16 slower beyond it" if ratio < 1 else ": bf16 faster beyond it")
+    charged = sim.ceiling_step_ms(batch_size) / sim.ceiling_step_ms(batch_size, amp="bf16", channels_last=True)
+    said += (f"; the simulated device charges the H100's figures, which give bf16's step alone {charged:.0%} of "
+             "fp32's speed (autocast adds launches for the host)")
+    if tie and _within(ratio, charged):
+        return said + ": both that and a tie lie within the noise, so this run cannot tell them apart"
+    if _within(ratio, charged):
+        return said + ": slower, as that charge"
+    if tie:
+        slow = ""
+        if ceiling and ceiling.get("samples_per_s"):
+            took, charge = 1e3 * batch_size / ceiling["samples_per_s"], sim.ceiling_step_ms(batch_size)
+            if took > (1 + SAME_RUN_FLOOR) * charge:
+                slow = (f" (the ceiling's step took {took:.1f} ms against the {charge:.1f} ms charged: a busy host set "
+                        "the pace)")
+        return said + ": the same within the noise, not as far apart as that charge" + slow
+    return said + (": slower than even that charge, beyond the noise" if ratio < charged
+                   else ": faster, beyond the noise, than both that charge and a tie")
+
+
+def one_run_words(rows) -> str:
+    """What the climb's table rests on (walk w3-08: "best workers" 1.3x the baseline in one run, 0.9x in the next;
+    DALI "launch-bound", then "input-bound"): one measurement per rung, and the rungs this run cannot tell from the
+    baseline."""
+    near = [r for r in rows if not r.get("skipped") and r["name"] != "baseline" and r.get("speedup_over_baseline")
+            and _within(r["speedup_over_baseline"], 1.0)]
+    said = (f"one measurement each: on a machine others share, one measurement moves by {SAME_RUN_FLOOR:.0%} or more, "
+            f"so two rungs within {RATIO_NOISE:.0%} of each other are not ordered by this run")
+    if near:
+        said += (": " + ", ".join(f"{r['name']} ({r['speedup_over_baseline']:.1f}x the baseline)" for r in near)
+                 + " cannot be told from the baseline here")
+    return (said + "; a rung's 'limited by' is that measurement's too (its waits move with the load); run this cell "
+            "again to see how far the rungs move on this machine")
+
+
+def ceiling_share_words(row: dict, ceiling: str = "the ceiling") -> str:
+    """A row's share of the ceiling as printed with it (walk w3-08: "yours: 133% of the ceiling" for an fp32 eager
+    pipeline, a caveat only under the climb's table): above 100%, why."""
+    share = row["fraction_of_ceiling"]
+    said = f"{share:.0%} of {ceiling}"
+    if share <= 1.0:
+        return said
+    if row.get("step"):
+        return said + " (above the fp32 ceiling: its pipeline changes the step itself)"
+    return said + (" (above 100% with the ceiling's own step, fp32 and eager, which no pipeline beats: the "
+                   "ceiling's measurement was slow here (a busy host, or a device's drift); read it as the ceiling, "
+                   "within the noise)")
 
 
 def rung_row(name: str, stats, ceiling, *, short: str | None = None, description: str = "",

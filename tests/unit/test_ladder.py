@@ -163,3 +163,43 @@ def test_the_table_names_a_tie_rather_than_a_winner():     # w2-03: 7,110 agains
 
 def test_the_workers_bar_is_labelled_as_the_table_names_it():   # w2-03: the bar said "workers", the table "best workers"
     assert ladder.rung_best_workers.rung_short == "best workers"
+
+
+def test_the_bf16_bar_is_labelled_as_the_table_names_it():   # w3-08: the bar said "chan. last", the table did not
+    assert ladder.rung_mixed_precision.rung_short.replace("\n", " ") == ladder.rung_mixed_precision.rung_name
+
+
+def test_bf16_against_fp32_is_said_from_the_numbers_and_the_same_in_both_runs():
+    """w3-08: the lesson said the simulator charges bf16 the H100's slower step; run 1's table had bf16 3% faster,
+    run 2's 17% slower. One measurement of each cannot tell the charge (81%) from a tie: both runs say so."""
+    from course_utils.sim import H100, SimulatedAccelerator
+
+    def rows(fp32, bf16):
+        return [{"name": "device-resident", "samples_per_s": fp32}, {"name": "device-resident + bf16", "samples_per_s": bf16}]
+    said = []
+    for scale, fp32, bf16, ceiling in ((0.55, 10857, 11160, 15639), (0.43, 9717, 8052, 9530)):
+        words = ladder.precision_words(rows(fp32, bf16), {"samples_per_s": ceiling},
+                                       SimulatedAccelerator(profile=H100, scale=scale), 128)
+        assert f"bf16 against fp32 here: {bf16:,} against {fp32:,} samples/s" in words
+        said.append(words.split(": ")[-1])
+    assert said == ["both that and a tie lie within the noise, so this run cannot tell them apart"] * 2
+    sim = SimulatedAccelerator(profile=H100, scale=0.43)
+    assert ladder.precision_words(rows(9717, 6600), None, sim, 128).endswith(": slower, as that charge")
+    assert "the same within the noise, not as far apart as that charge (the ceiling's step took 13.4 ms" in \
+        ladder.precision_words(rows(9717, 12000), {"samples_per_s": 9530}, sim, 128)
+    assert ladder.precision_words(rows(9717, 3000), None, sim, 128).endswith("slower than even that charge, beyond the noise")
+    # on a real device, no charge to compare with
+    assert ladder.precision_words(rows(9717, 8052)).endswith(": the same within that noise; this run cannot order them")
+    assert ladder.precision_words(rows(9717, 4000)).endswith(": bf16 slower beyond it")
+    assert ladder.precision_words(rows(9717, 8052)[:1]) == "bf16 against fp32: not both measured here"
+
+
+def test_the_table_says_what_one_measurement_cannot_order():
+    """w3-08: "best workers" 1.3x the baseline in one run and 0.9x in the next: both runs name it as not told apart."""
+    for speedup in (1.3, 0.9):
+        rows = [{"name": "baseline", "speedup_over_baseline": 1.0},
+                {"name": "best workers", "speedup_over_baseline": speedup},
+                {"name": "prefetcher", "speedup_over_baseline": 2.8}, {"name": "DALI", "skipped": "no DALI"}]
+        words = ladder.one_run_words(rows)
+        assert f": best workers ({speedup:.1f}x the baseline) cannot be told from the baseline here" in words
+        assert "prefetcher" not in words and "'limited by' is that measurement's too" in words

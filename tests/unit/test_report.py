@@ -98,8 +98,9 @@ def test_the_headline_names_rungs_faster_than_the_final_one():
     climb.rungs.insert(1, {"name": "CUDA graph", "short": "graph", "samples_per_s": 30000.0,
                            "fraction_of_ceiling": 1.875, "stall_fraction": 0.0, "speedup_over_baseline": 12.5})
     card = report.ReportCard.from_climb(climb, final="yours")
-    assert card.headline().endswith("; faster in the same run: CUDA graph (188%)")
+    assert card.headline().endswith("; faster in the same run: CUDA graph (188%); slower in the same run: baseline (15%)")
     assert "faster in the same run" not in _card().headline()
+    assert _card().headline().endswith("; slower in the same run: baseline (15%)")
     assert "cores used by this course | by other programs |" in _card().markdown()
 
 
@@ -115,8 +116,9 @@ def test_the_same_code_within_the_measured_spread_is_not_ranked():
     card = report.ReportCard.from_climb(climb, final="yours", spread=spread)
     words = card.headline()
     assert "faster in the same run: CUDA graph (375%)" in words and "faster in the same run: device" not in words
-    assert ("the same within the noise of one measurement (at least 20%, or twice the spread of the device-resident "
-            "pipeline measured twice here, 17,100 and 14,900 samples/s: 30%): device-resident (121%)") in words
+    assert ("the same within the noise of one measurement (at least 20%, or twice the widest spread of a pipeline "
+            "measured more than once here (device-resident 17,100, 14,900 samples/s; each such pipeline compared by its "
+            "median): 30%): device-resident (121%)") in words
     # a pair closer than 10% apart: the floor, 20% (w2-08's second smoke run: the same code 11% apart, called faster)
     climb.rungs[1].update(samples_per_s=15200.0 * 97 / 87, fraction_of_ceiling=0.97 * 1.1)
     close = report.ReportCard.from_climb(climb, final="yours", spread=dict(spread, again=16500.0))
@@ -154,3 +156,52 @@ def test_rungs_above_the_ceiling_are_said_from_the_numbers():
     assert "the ceiling's step took 12.7 ms against the 4.5 ms the simulated device charges" in words
     # on a real device: no figures to compare with
     assert "H100's figures" not in above_ceiling_words(rows, ceiling, None, 128)
+
+
+def _w3_climb():
+    """Walk w3-08's second run: yours (device-resident with drop_last=False, the same code) at 133% of a slow ceiling,
+    the course's device-resident at 102%."""
+    climb = _climb()
+    climb.rungs[1:2] = [
+        {"name": "prefetcher", "short": "prefetcher", "samples_per_s": 10712.0, "fraction_of_ceiling": 1.12,
+         "stall_fraction": 0.02, "speedup_over_baseline": 5.4, "step": {}},
+        {"name": "device-resident", "short": "device-resident", "samples_per_s": 9717.0, "fraction_of_ceiling": 1.02,
+         "stall_fraction": 0.06, "speedup_over_baseline": 4.9, "step": {}},
+        {"name": "device-resident + bf16 + CUDA graph", "short": "graph", "samples_per_s": 86506.0,
+         "fraction_of_ceiling": 9.08, "stall_fraction": 0.25, "speedup_over_baseline": 43.5,
+         "step": {"amp": "bf16", "channels_last": True, "graph": True}}]
+    climb.rungs[-1].update(samples_per_s=12628.0, fraction_of_ceiling=1.33, step={})
+    return climb
+
+
+def test_the_same_code_measured_in_turns_is_never_ranked_by_one_lucky_measurement():
+    """w3-08: "the same within the noise (... 9,717 and 8,873 samples/s: 20%): prefetcher (112%)" with yours at 133% and
+    device-resident (102%, the same code) in no group: yours is measured again in turns with device-resident, the noise
+    is the widest spread of every pipeline measured more than once, and every rung is in a group."""
+    spread = {"rung": "device-resident", "first": 9717.0, "again": [8873.0, 9100.0], "final_again": [9500.0]}
+    words = report.ReportCard.from_climb(_w3_climb(), final="yours", spread=spread).headline()
+    assert "(device-resident 9,717, 8,873, 9,100; yours 12,628, 9,500 samples/s; each such pipeline compared by its " \
+           "median): 66%): prefetcher (112%), device-resident (102%)" in words
+    assert "faster in the same run: device-resident + bf16 + CUDA graph (908%)" in words
+    # every measured rung is named in one of the three groups
+    for name in ("baseline", "prefetcher", "device-resident", "device-resident + bf16 + CUDA graph"):
+        assert f"{name} (" in words
+    # yours faster than device-resident in every turn, beyond the noise: then device-resident is named slower, not left out
+    steady = dict(spread, again=[9300.0, 9500.0], final_again=[12400.0])
+    words = report.ReportCard.from_climb(_w3_climb(), final="yours", spread=steady).headline()
+    assert words.endswith("; slower in the same run: baseline (15%), device-resident (102%)")
+    # an old card's spread (one number again) still loads and reads
+    old = report.ReportCard.from_climb(_w3_climb(), final="yours", spread=dict(rung="device-resident", first=9717.0,
+                                                                              again=8873.0))
+    assert "(device-resident 9,717, 8,873 samples/s; each" in old.headline()
+
+
+def test_a_share_above_the_ceiling_says_why_where_it_is_printed():
+    """w3-08: "yours runs at 133% of the model-only ceiling" on the card and in cell 20, with no caveat."""
+    from course_utils.ladder import ceiling_share_words
+    words = report.ReportCard.from_climb(_w3_climb(), final="yours").headline()
+    assert words.startswith("yours runs at 133% of the model-only ceiling (above 100% with the ceiling's own step, fp32 "
+                            "and eager, which no pipeline beats: the ceiling's measurement was slow here")
+    assert ceiling_share_words({"fraction_of_ceiling": 0.62, "step": {}}) == "62% of the ceiling"
+    assert ceiling_share_words({"fraction_of_ceiling": 9.08, "step": {"graph": True}}) == \
+        "908% of the ceiling (above the fp32 ceiling: its pipeline changes the step itself)"
