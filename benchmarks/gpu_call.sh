@@ -19,6 +19,20 @@ t0=$(date +%s)
 if [ -d .dev/whl ] && [ ! -f "$SITE/.installed" ]; then
   python3 -m pip install -q --no-index --no-deps --target "$SITE" .dev/whl/*.whl && touch "$SITE/.installed"
 fi
+# .dev/whl/extra: packages a box may or may not have (tornado was missing on the 2026-11-27 H200):
+# each installed only where its import fails, so the box's own builds are never shadowed.
+if [ -d .dev/whl/extra ] && [ ! -f "$SITE/.extra" ]; then
+  for whl in .dev/whl/extra/*.whl; do
+    name=$(basename "$whl" | sed 's/-[0-9].*//')
+    case "$name" in
+      ansicolors) mod=colors ;; attrs) mod=attr ;; python_dateutil) mod=dateutil ;; pyyaml) mod=yaml ;;
+      *) mod=$name ;;
+    esac
+    PYTHONPATH="$SITE" python3 -c "import $mod" 2>/dev/null \
+      || python3 -m pip install -q --no-index --no-deps --target "$SITE" "$whl" 2>&1 | grep -v "already exists" | tail -2
+  done
+  touch "$SITE/.extra"
+fi
 if ls /tmp/dali/part-* >/dev/null 2>&1 && [ ! -f "$SITE/.dali" ]; then
   (cd /tmp/dali && cat part-* | tar -x && python3 -m pip install -q --no-index --no-deps --target "$SITE" ./*.whl) \
     && touch "$SITE/.dali"

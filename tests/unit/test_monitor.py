@@ -221,10 +221,17 @@ def test_a_child_found_late_is_counted_from_its_birth():
     course.start()
     course.read()
     time.sleep(0.3)
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2)"])
+    child = subprocess.Popen([sys.executable, "-c",
+                              "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.2: pass\n"
+                              "time.sleep(5)"])
     born = time.perf_counter() - course._start_perf
     try:
-        time.sleep(0.5)
+        # on a loaded machine (CI) the child may not have run at all 0.5 s after its start: wait until
+        # it has used CPU time to hand back (a fixed sleep read 0.0 s of it once)
+        deadline = time.monotonic() + 20
+        while psutil.Process(child.pid).cpu_times().user + psutil.Process(child.pid).cpu_times().system < 0.1:
+            assert time.monotonic() < deadline, "the child never ran"
+            time.sleep(0.05)
         course.rescan_now()
         _, late = course.read()
     finally:
