@@ -254,8 +254,9 @@ def test_the_real_gpu_pass_of_check_3_1_sees_a_missing_wait_stream():
     from course_utils.checks.lesson03 import _check_cuda_streams
     from test_checks_lesson03 import GoodPrefetcher, NoWaitStream
     _check_cuda_streams(GoodPrefetcher)
-    with pytest.raises(CheckFailed, match="before their copy had finished"):
+    with pytest.raises(CheckFailed, match="the consumer waits for the copy") as failed:
         _check_cuda_streams(NoWaitStream)
+    assert "before their copy had finished" in failed.value.detail      # (str() is the property only)
 
 
 def test_memory_of_an_exited_virtual_device_is_finished_work():
