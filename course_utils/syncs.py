@@ -23,6 +23,7 @@ count is the larger of the two tallies.
 from __future__ import annotations
 
 import contextlib
+import os
 import traceback
 import warnings
 import weakref
@@ -108,6 +109,7 @@ class SyncCounter:
         self.calls: list[str] = []
         self.where: list[str] = []
         self.cuda_warnings = 0
+        self.cuda_warned: list[str] = []     # each flagged warning's text and the Python line it came from
         self.host_reads = (not torch.cuda.is_available()) if host_reads is None else bool(host_reads)
         self._cuda_debug = cuda_debug and torch.cuda.is_available()
         self._paused = False
@@ -173,7 +175,10 @@ class SyncCounter:
         return self
 
     def _count_cuda_warnings(self, caught) -> None:
-        self.cuda_warnings += sum("synchroniz" in str(w.message) for w in caught)
+        flagged = [w for w in caught if "synchroniz" in str(w.message)]
+        self.cuda_warnings += len(flagged)
+        self.cuda_warned.extend(f"{str(w.message)[:120]} ({os.path.basename(w.filename)}:{w.lineno})"
+                                for w in flagged)
 
     def __exit__(self, *exc) -> None:
         stack, self._stack = self._stack, None
