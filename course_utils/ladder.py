@@ -610,6 +610,10 @@ class LadderResult:
                  + (", SIMULATED device" if self.simulated else ""),
                  f"{'rung':36s} {'samples/s':>10s} {'of ceiling':>10s} {'dev. busy':>9s} {'in flight':>9s} "
                  f"{'waits':>6s} {'vs base':>7s}  limited by"]
+        twice = self.ceiling.get("measurements_samples_per_s")
+        if twice:
+            lines.append("ceiling: the faster of two measurements, before and after the rungs ("
+                         + " and ".join(f"{v:,.0f}" for v in twice) + " samples/s)")
         rows = [dict(self.ceiling, name="ceiling (model)", fraction_of_ceiling=1.0)] + list(self.rungs)
         for r in rows:
             if r.get("skipped"):
@@ -882,7 +886,8 @@ def rung_row(name: str, stats, ceiling, *, short: str | None = None, description
 
 
 def climb(config: LadderConfig | None = None, rungs=None, *, progress: bool = True, sim=None) -> LadderResult:
-    """Measure the ceiling, then every rung, in one run; return the `LadderResult`.
+    """Measure the ceiling, then every rung, then the ceiling again (the faster of the two is the ceiling), in one
+    run; return the `LadderResult`.
 
     Where is `course_utils.target.pick_target(config.device)`: on a GPU, or on the CPU with
     COURSE_DEVICE=cpu, the model `config.resolved_model()` trains for real; beside the simulator
@@ -893,9 +898,18 @@ def climb(config: LadderConfig | None = None, rungs=None, *, progress: bool = Tr
     rungs = _select(rungs if rungs is not None else RUNGS, config.rungs)
     with ladder_context(config, sim=sim, progress=progress) as ctx:
         ctx.warm_up()
-        ceiling = measure_ceiling(ctx).stats
-        rows = [measure_rung(ctx, fn, ceiling) for fn in rungs]
-    return LadderResult.from_rows(ctx, ceiling, rows)
+        first = measure_ceiling(ctx).stats
+        rows = [measure_rung(ctx, fn, first) for fn in rungs]
+        # measured again after the rungs, the faster kept: on an H200 (2026-11-27) the first measurement ran its
+        # launch-bound step slow enough that three fp32 eager rungs measured 101-131% "of the ceiling"
+        last = measure_ceiling(ctx).stats
+    ceiling = max((first, last), key=lambda stats: stats.samples_per_s)
+    for row in rows:
+        if not row.get("skipped"):
+            row["fraction_of_ceiling"] = round(row["samples_per_s"] / ceiling.samples_per_s, 4)
+    result = LadderResult.from_rows(ctx, ceiling, rows)
+    result.ceiling["measurements_samples_per_s"] = [round(first.samples_per_s, 1), round(last.samples_per_s, 1)]
+    return result
 
 
 def main(argv=None) -> int:

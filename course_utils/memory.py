@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 __all__ = ["SavedTensorMeter", "GraphWatch", "state_bytes", "measure_step_memory", "StepMemory",
-           "fit_linear", "LinearFit", "StepReadings", "mib", "is_out_of_memory", "usable_device_memory",
+           "fit_linear", "LinearFit", "StepReadings", "mib", "is_out_of_memory", "usable_device_memory", "limit_device_memory",
            "sweep_batch_sizes", "release_device_memory"]
 
 # How an allocation failure can surface: torch's own OutOfMemoryError, or a plain RuntimeError
@@ -63,6 +63,21 @@ def usable_device_memory(device) -> int:
         raise ValueError("usable_device_memory() is for CUDA devices; a CPU's limit is the machine's RAM")
     free, _total = torch.cuda.mem_get_info(device)
     return int(free + torch.cuda.memory_reserved(device))
+
+
+def limit_device_memory(device, cap_bytes: int) -> int:
+    """Let this process's caching allocator hold at most `cap_bytes` on a CUDA device
+    (`torch.cuda.set_per_process_memory_fraction`: past it an allocation raises
+    `torch.OutOfMemoryError`, as a card of that size would), and return the bytes it can use:
+    `cap_bytes`, or `usable_device_memory(device)` when that is less (nothing is capped then).
+    Lesson 05 caps a big card so that its sweep and search of real training steps take seconds."""
+    device = torch.device(device)
+    usable = usable_device_memory(device)
+    if cap_bytes >= usable:
+        return usable
+    total = torch.cuda.get_device_properties(device).total_memory
+    torch.cuda.set_per_process_memory_fraction(cap_bytes / total, device)
+    return int(cap_bytes)
 
 
 def sweep_batch_sizes(fit: "LinearFit", budget_bytes: float, *, start: int = 16, fraction: float = 0.7,

@@ -98,3 +98,21 @@ def test_target_on_the_gpu_trains_the_full_model(gpu, monkeypatch):
     monkeypatch.delenv("COURSE_DEVICE", raising=False)
     target = pick_target()
     assert target.cuda and target.model_width == 64 and target.gpu_section("anything")
+
+
+def test_lesson_05s_memory_cap_is_a_real_limit(gpu):
+    """On a big card lesson 05 caps the allocator (its sweep and search took minutes on an H200):
+    an allocation past the cap runs out of memory, one under it does not."""
+    from course_utils.memory import is_out_of_memory, limit_device_memory, release_device_memory
+
+    try:
+        cap = limit_device_memory(gpu, 2 * 2**30)
+        assert cap == 2 * 2**30
+        kept = torch.empty(2**30, dtype=torch.uint8, device=gpu)
+        with pytest.raises(Exception) as info:
+            torch.empty(2 * 2**30, dtype=torch.uint8, device=gpu)
+        assert is_out_of_memory(info.value)
+        del kept
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, gpu)
+        release_device_memory(gpu)
