@@ -42,6 +42,8 @@ if [ -z "${GPU_CALL_NO_KERNEL:-}" ]; then    # (its test sets it: no kernel spec
   python3 -m ipykernel install --user >/dev/null 2>&1 || echo "gpu_call: could not register the python3 kernel"
 fi
 mkdir -p "$OUT/gpu-check" "$KEEP"
+# GPU_CALL_FRESH=1: forget the earlier calls' report, so stages they ran (and failed) run again (--pending skips them)
+[ -n "${GPU_CALL_FRESH:-}" ] && rm -rf "${KEEP:?}"/* 
 cp -r "$KEEP/." "$OUT/gpu-check/" 2>/dev/null
 spent=$(( $(date +%s) - t0 ))
 budget=$(( ${BUDGET:-480} - spent ))
