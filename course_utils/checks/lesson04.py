@@ -415,6 +415,16 @@ def _diagnose_crops(out, src) -> tuple[str, bool]:
          "RandomCrop(32, padding=4) does), e.g. fn.crop(..., crop=(40, 40), out_of_bounds_policy='pad', fill_values=0)"),
         (dict(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)), "that is ImageNet's mean and std: use "
          "course_utils.data.CIFAR10_MEAN and CIFAR10_STD"),
+        # walk w3-04: each of these got the generic rule, not its mistake
+        (dict(std=tuple(v / 255 for v in std)), "the mean is times 255 but the std is not: the pipeline's input "
+         "is uint8 0..255, so both are (std=[255*s for s in CIFAR10_STD])"),
+        (dict(mean=tuple(m / 255 for m in mean)), "the std is times 255 but the mean is not: the pipeline's input "
+         "is uint8 0..255, so both are (mean=[255*m for m in CIFAR10_MEAN])"),
+        (dict(mean=tuple(mean[::-1]), std=tuple(std[::-1])), "mean and std are in BGR order; the images are RGB: "
+         "CIFAR10_MEAN and CIFAR10_STD as they are, red first"),
+        (dict(mean=data.CIFAR10_MEAN, std=data.CIFAR10_STD, fill=(128.0, 128.0, 128.0)),
+         "the padding is grey (128): pad the uint8 image with 0, black, as torchvision's RandomCrop(32, padding=4) "
+         "does (fill_values=0)"),
     ]
     for kwargs, hint in tries:
         m = dict(mean=mean, std=std)
@@ -422,6 +432,14 @@ def _diagnose_crops(out, src) -> tuple[str, bool]:
         fill = m.pop("fill", 0.0)
         if match_crops(out, src, m["mean"], m["std"], fill=fill, atol=2e-2).exact_fraction > 0.9:
             return hint, True
+    wide = match_crops(out, src, mean, std, pad=8, atol=2e-2)
+    if wide.exact_fraction > 0.9:       # windows of a wider or one-sided padding (fn.pad pads after the image)
+        ends = np.mean((wide.dy >= 8) & (wide.dx >= 8)) > 0.9
+        starts = np.mean((wide.dy <= 8) & (wide.dx <= 8)) > 0.9
+        side = ("at the end only (bottom and right: fn.pad puts its padding after the image)" if ends else
+                "at the start only (top and left)" if starts else "by more than 4 pixels")
+        return (f"the windows are crops of the record padded {side}: pad 4 black pixels on every side, so that the "
+                "window's offset runs 0..8 in both directions around the image"), True
     plain = match_crops(out, src, mean, std, atol=1e-3).exact
     upside_down = match_crops(np.ascontiguousarray(out[:, :, ::-1, :]), src, mean, std, atol=1e-3).exact
     if np.mean(plain | upside_down) > 0.9:
@@ -1557,6 +1575,9 @@ def check_jpeg_pipeline(jpeg_pipeline):
         n = len(folder.truth)
         shift = _shift_resultant([_key(x) for x in first], [_key(x) for x in second])
         if shift > _SHUFFLE_BAR:
+            given = {k: v for op in (_graph(pipe) or []) if op.source for k, v in op.args.items()}
+            also = (" stick_to_shard=True, also given here, would keep each rank on one slice for ever besides: "
+                    "leave it False." if given.get("stick_to_shard") else "")
             raise CheckFailed("shuffles all the files every epoch",
                               f"from epoch 1 to epoch 2 of {n} files, each file stayed near its place (the moves' "
                               f"resultant is {shift:.2f}; a new permutation of all files gives about "
@@ -1564,7 +1585,7 @@ def check_jpeg_pipeline(jpeg_pipeline):
                               "random_shuffle=True shuffles the files once, with a fixed seed, then only inside a "
                               "buffer of initial_fill (1,024) samples: batches come from a window that moves through "
                               "the same order every epoch. Ask the reader for a new permutation of every file each "
-                              "epoch")
+                              "epoch" + ("." + also if also else ""))
         # two processes of a DDP job: the same seed, shards 0 and 1, DALI's FILL policy (what a training loop runs)
         shards, pipes = [], []
         for s in range(2):

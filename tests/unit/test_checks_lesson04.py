@@ -69,7 +69,7 @@ def make_cifar_pipeline(*, mean=CIFAR_MEAN255, std=CIFAR_STD255, positions="nine
                         pad_first=True, pad=True, swap_outputs=False, flip_probability=0.5, fixed_seed=None,
                         shared_offset=False, label_dtype=None, device_id=None, vertical_flip=False, move="before",
                         threads=None, pipe_kw=None, prebuilt=False, flip_from_x=False, seed_offset=0,
-                        mirror_kind="coin", flip_after=False, positions_range9=False):
+                        mirror_kind="coin", flip_after=False, positions_range9=False, fill=0):
     """A CIFAR pipeline builder with one knob per typical mistake (the defaults are right).
     `move`: where a device="gpu" pipeline moves the images to the GPU: "before" the crop (right),
     "after" the augmentation, or "never". `device_id="none"`: None whatever the device."""
@@ -87,8 +87,10 @@ def make_cifar_pipeline(*, mean=CIFAR_MEAN255, std=CIFAR_STD255, positions="nine
             if not pad_first:   # normalise, then pad with 0 (the mean colour), then crop
                 images = fn.crop_mirror_normalize(images, mean=mean, std=std, dtype=types.FLOAT, output_layout="CHW")
                 norm = dict(mean=[0.0] * 3, std=[1.0] * 3)
-            if pad:
-                images = fn.crop(images, crop=(40, 40), out_of_bounds_policy="pad", fill_values=0)
+            if pad == "end":                 # w3-04: fn.pad puts its padding after the image
+                images = fn.pad(images, axis_names="HW", shape=(40, 40), fill_value=fill)
+            elif pad:
+                images = fn.crop(images, crop=(40, 40), out_of_bounds_policy="pad", fill_values=fill)
             if positions == "nine":
                 pos_y, pos_x = fn.random.uniform(values=NINE), fn.random.uniform(values=NINE)
             elif positions == "eight":       # offsets 0..7: one short
@@ -314,6 +316,15 @@ MUTANTS_41_WALK = [
            words="torch.cuda.set_device"),
     Mutant("mean and std swapped", make_cifar_pipeline(mean=CIFAR_STD255, std=CIFAR_MEAN255),
            "each sample is an exact crop of its padded record, normalised", words="swapped"),
+    # w3-04: four mistakes that got the generic rule, each now named
+    Mutant("the std alone not times 255", make_cifar_pipeline(std=list(data.CIFAR10_STD)),
+           "each sample is an exact crop of its padded record, normalised", words="the std is not"),
+    Mutant("mean and std in BGR order", make_cifar_pipeline(mean=CIFAR_MEAN255[::-1], std=CIFAR_STD255[::-1]),
+           "each sample is an exact crop of its padded record, normalised", words="BGR order"),
+    Mutant("grey padding", make_cifar_pipeline(fill=128), "each sample is an exact crop of its padded record, normalised",
+           words="grey"),
+    Mutant("fn.pad to 40x40: padding at the end only", make_cifar_pipeline(pad="end"),
+           "each sample is an exact crop of its padded record, normalised", words="at the end only"),
 ]
 
 
@@ -773,7 +784,7 @@ MUTANTS_43 = [
     Mutant("a centre crop", make_jpeg_pipeline(crop_kind="centre"), "crops a random window of each image",
            words="centre"),
     Mutant("random_shuffle, stick_to_shard", make_jpeg_pipeline(shuffle="buffer", stick_to_shard=True),
-           "shuffles all the files every epoch", words="initial_fill"),
+           "shuffles all the files every epoch", words="stick_to_shard=True, also given"),
     Mutant("mirrors 35%", make_jpeg_pipeline(flip_probability=0.35), "mirrors half of the images"),
 ]
 
