@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import re
 from dataclasses import dataclass
 
 import torch
@@ -497,7 +498,11 @@ def _short(where: str) -> str:
 def _explain_capture_failure(exc: BaseException, what: str) -> None:
     """make_graphed_step raised: say which rule of capture it broke, when the error tells."""
     text = _chain(exc)
-    if "same device" in text or "Expected all tensors to be on the same" in text:
+    # a host tensor into a convolution on the GPU says "Input type (torch.FloatTensor) and weight type
+    # (torch.cuda.FloatTensor) should be the same": a device mismatch, though it reads like a dtype one (H200, 2026-11-27)
+    types_named = re.search(r"Input type \(([\w.]+)\) and weight type \(([\w.]+)\)", text)
+    device_mismatch = bool(types_named) and (".cuda." in types_named.group(1)) != (".cuda." in types_named.group(2))
+    if "same device" in text or "Expected all tensors to be on the same" in text or device_mismatch:
         raise CheckFailed("keeps the graph's inputs on the device",
                           f"{what}: make_graphed_step raised: {text[:260]}",
                           "make the static inputs where the example batch lives: example_images.clone(), "

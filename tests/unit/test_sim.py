@@ -159,14 +159,16 @@ def test_a_cuda_graph_removes_the_launches_and_batch_512_amortises_them():
     device = SimulatedAccelerator(profile=H100, scale=0.5)
     per_sample = {}
     bf16 = {"amp": "bf16", "channels_last": True}
-    for label, kwargs, n in (("eager 128", {}, 128), ("eager 512", {}, 512), ("bf16 eager 128", bf16, 128),
-                             ("bf16 eager 512", bf16, 512), ("graph 128", dict(bf16, graph=True), 128)):
-        device.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(5):
-            device.step(n, **kwargs)
-        device.synchronize()
-        per_sample[label] = (time.perf_counter() - t0) / (5 * n)
+    for _ in range(3):       # the fastest of three rounds: a loaded machine (walkers beside it) once slowed one
+        for label, kwargs, n in (("eager 128", {}, 128), ("eager 512", {}, 512), ("bf16 eager 128", bf16, 128),
+                                 ("bf16 eager 512", bf16, 512), ("graph 128", dict(bf16, graph=True), 128)):
+            device.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(5):
+                device.step(n, **kwargs)
+            device.synchronize()
+            took = (time.perf_counter() - t0) / (5 * n)
+            per_sample[label] = min(per_sample.get(label, took), took)
     # TF32 at 512 is the GPU's work already (25.5 ms): 1.7x the samples/s of 128; bf16 + channels_last at
     # 512 still fits in the launches (9.6 ms of work): about 4x, as the H100 measured
     assert per_sample["eager 512"] < per_sample["eager 128"] * 0.65
