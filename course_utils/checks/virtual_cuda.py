@@ -23,16 +23,19 @@ and every operation finishes before the next starts. Inside `with VirtualCuda() 
   that stream at which it is done (`seq`), and whether it made the host wait;
 - a copy that does not make the host wait (`non_blocking=True` from pinned memory, either
   way) is done only when the host has waited for its stream's work (a synchronize, an event's
-  synchronize, a blocking read or copy on that stream, an event's `query()`): until then a host
+  synchronize, a blocking read or copy on that stream, a `query()` loop): until then a host
   write into the pinned memory it copies from, and a host read of the pinned memory it copies
   into, is a race (`vc.races`, kind "host_write" / "host_read"), as on a GPU, where the DMA runs
   when the stream reaches it; the destination of a non-blocking copy to the host holds
   garbage until then (NaN, or zeros), as a GPU's would;
 - every call that makes the host wait for the device is logged (`vc.syncs`): `.item()`,
   `.cpu()`, `.tolist()`, `print(t)`, `torch.equal`, `nonzero`, a blocking copy,
-  `torch.cuda.synchronize()`, `stream.synchronize()`, `event.synchronize()`;
+  `torch.cuda.synchronize()`, `stream.synchronize()`, `event.synchronize()`, and a loop on
+  `stream.query()` / `event.query()`: the first query about work not waited for answers False (on
+  a GPU the copy is still in flight), the next about the same work is the host spinning until it is
+  done (logged as a wait, then True);
 - streams and events follow CUDA's ordering rules (`torch.cuda.Stream`, `torch.cuda.stream`,
-  `current_stream`, `wait_stream`, `wait_event`, `Event.record`, `Tensor.record_stream`):
+  `current_stream`, `set_stream`, `wait_stream`, `wait_event`, `Event.record`, `Tensor.record_stream`):
   work queued on one stream is not visible on another until that one waits for it (or the
   host synchronised). Reading a tensor before the work that wrote it is visible is logged as
   a race (`vc.races`); a tensor allocated on one stream and used on another without
@@ -69,6 +72,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import sys
 import threading
 import time
 import traceback
@@ -187,13 +191,27 @@ class _Landing:
     flagged: bool = False
 
 
+# code objects of a check's own wrappers around the device's methods (`passes_through`): never
+# named as the line that asked for a copy or a wait
+_PASS_THROUGH: set = set()
+
+
+def passes_through(fn):
+    """Mark `fn` (a check's wrapper around a method of the device) as not the code that asked: a
+    copy or a wait made inside it is located at the line that called it."""
+    _PASS_THROUGH.add(fn.__code__)
+    return fn
+
+
 def _where() -> str:
-    for frame in reversed(traceback.extract_stack()[:-1]):
-        path = frame.filename.replace("\\", "/")
-        if (path.endswith("checks/virtual_cuda.py") or "/torch/" in path or path.endswith("contextlib.py")
-                or path.endswith("/threading.py")):
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = frame.f_code.co_filename.replace("\\", "/")
+        if (frame.f_code in _PASS_THROUGH or path.endswith("checks/virtual_cuda.py") or "/torch/" in path
+                or path.endswith("contextlib.py") or path.endswith("/threading.py")):
+            frame = frame.f_back
             continue
-        return f"{frame.filename}:{frame.lineno}"
+        return f"{frame.f_code.co_filename}:{frame.f_lineno}"
     return "?"
 
 
@@ -300,10 +318,13 @@ class VirtualStream:
     def synchronize(self) -> None:
         self.vc._host_waits(self._horizon(), "stream.synchronize")
 
+    @property
+    def stream_id(self) -> int:
+        return self.id
+
     def query(self) -> bool:
-        """True: the virtual device finishes work at once, so the host now knows this stream's work is done."""
-        self.vc._host_waits(self._horizon(), "stream.query", log=False)
-        return True
+        """Whether the work queued on this stream is done (see `VirtualCuda._poll`)."""
+        return self.vc._poll(self._horizon(), "stream.query()")
 
     def __enter__(self):
         self._ctx = self.vc.stream(self)
@@ -345,10 +366,10 @@ class VirtualEvent:
             self._vc._host_waits(self._horizon, "event.synchronize")
 
     def query(self) -> bool:
-        """True: the virtual device finishes work at once, so the host now knows the event's work is done."""
-        if self._vc is not None:
-            self._vc._host_waits(self._horizon, "event.query", log=False)
-        return True
+        """Whether the work before the event is done (see `VirtualCuda._poll`)."""
+        if self._vc is None:
+            return True
+        return self._vc._poll(self._horizon, "event.query()")
 
     def elapsed_time(self, end: "VirtualEvent") -> float:
         return (end._time - self._time) * 1e3
@@ -605,6 +626,8 @@ class VirtualCuda:
         self.copies: list[Copy] = []
         self.syncs: list[Sync] = []
         self.races: list[Race] = []
+        self.set_streams: list[str] = []             # where torch.cuda.set_stream was called
+        self._polled: set = set()                    # work query() has answered False about once
         self.pins: list[str] = []                    # where memory was pinned by a copy (pin_memory() of pageable memory)
         self._completed: dict[int, int] = {}
         self._cross: dict[int, _Alloc] = {}          # allocations used on a stream they were not made on
@@ -744,15 +767,18 @@ class VirtualCuda:
             raise TypeError(f"expected a torch.cuda.Stream, got {type(stream).__name__}")
         tls = self._tls
         previous = tls.device
-        tls.stacks.setdefault(stream.index, []).append(stream)
+        stack = tls.stacks.setdefault(stream.index, [])
+        slot = len(stack)
+        stack.append(stream)
         if select_device:
             tls.device = stream.index             # as torch.cuda.stream does: the stream's device is current
         try:
             yield stream
         finally:
-            stack = tls.stacks.get(stream.index, [])
             if stream in stack:
                 del stack[len(stack) - 1 - stack[::-1].index(stream)]
+            elif len(stack) > slot:              # torch.cuda.set_stream replaced it inside the block
+                del stack[slot]
             tls.device = previous
 
     def synchronize(self, device=None) -> None:
@@ -771,6 +797,37 @@ class VirtualCuda:
         self._retire()
         if log:
             self._sync(what, cause)
+
+    def _poll(self, horizon: dict[int, int], what: str) -> bool:
+        """`query()`: work the host has not waited for is not done the first time it is asked about
+        (nothing on the virtual device runs until the host waits, as a copy is still in flight on a
+        GPU when the host asks at once); asked again about the same work, with nothing queued in
+        between, it is a poll loop: the host spun until the work was done, which is a host wait
+        (logged, `cause` "wait") that returns True."""
+        pending = tuple(sorted((s, q) for s, q in horizon.items() if q > self._completed.get(s, -1)))
+        if not pending:
+            return True
+        if pending not in self._polled:
+            self._polled.add(pending)
+            return False
+        self._host_waits(horizon, f"{what} in a loop (the host spun until the work was done)")
+        return True
+
+    def _set_stream(self, stream) -> None:
+        """`torch.cuda.set_stream(stream)`: this thread's current stream (and device) from now on, not
+        a context: it stays until something sets another (a `with torch.cuda.stream(...)` block
+        entered before puts its own previous stream back when it ends)."""
+        if stream is None:
+            return
+        if not isinstance(stream, VirtualStream):
+            raise TypeError(f"expected a torch.cuda.Stream, got {type(stream).__name__}")
+        self.set_streams.append(_where())
+        stack = self._tls.stacks.setdefault(stream.index, [])
+        if stack:
+            stack[-1] = stream
+        else:
+            stack.append(stream)
+        self._tls.device = stream.index
 
     def _done(self, stream: int, seq: int) -> bool:
         return self._completed.get(stream, -1) >= seq
@@ -870,6 +927,7 @@ class VirtualCuda:
         patch("Event", VirtualEvent)
         patch("stream", lambda stream: vc.stream(stream))
         patch("current_stream", vc.current_stream)
+        patch("set_stream", vc._set_stream)
         patch("default_stream", lambda device=None: vc._default(vc._resolve(device)))
         patch("synchronize", vc.synchronize)
         patch("empty_cache", lambda: vc._sync("torch.cuda.empty_cache"))

@@ -1506,3 +1506,193 @@ def test_3_3_w3_mutants_rejected(mutant):
 
 def test_3_3_w3_right_answers_pass():
     passes("3.3", in_place_on_a_float_copy, SEEDS[:2])
+
+
+# -- w6-03: wrong answers that passed, and messages that pointed away ------------------------------
+
+class SpinsOnStreamQuery(GoodPrefetcher):      # w6-03 3.1 #1: the host polls the side stream, no wait_stream
+    def hand_out(self, batch):
+        while not self.stream.query():
+            pass
+        consumer = torch.cuda.current_stream(self.device)
+        for t in batch:
+            t.record_stream(consumer)
+        return batch
+
+
+class SpinsOnEventQuery(GoodPrefetcher):       # w6-03 3.1 #2: an event after the copy, polled by the host
+    def copy(self, batch):
+        out = super().copy(batch)
+        event = torch.cuda.Event()
+        event.record(self.stream)
+        self.events[id(out)] = event
+        return out
+
+    def hand_out(self, batch):
+        event = self.events.pop(id(batch))
+        while not event.query():
+            pass
+        consumer = torch.cuda.current_stream(self.device)
+        for t in batch:
+            t.record_stream(consumer)
+        return batch
+
+    def __iter__(self):
+        self.events = {}
+        yield from super().__iter__()
+
+
+class ConsumerAskedOncePerPass(GoodPrefetcher):   # w6-03 3.1 #3: the loop's stream asked at the top of __iter__
+    def __iter__(self):
+        if self.stream is None:
+            yield from super().__iter__()
+            return
+        consumer = torch.cuda.current_stream(self.device)
+        batches = iter(self.loader)
+        following = next(batches, None)
+        upcoming = self.copy(following) if following is not None else None
+        while upcoming is not None:
+            consumer.wait_stream(self.stream)
+            for t in upcoming:
+                t.record_stream(consumer)
+            batch = upcoming
+            following = next(batches, None)
+            upcoming = self.copy(following) if following is not None else None
+            yield batch
+
+
+class SetsTheStreamForGood(GoodPrefetcher):    # w6-03: torch.cuda.set_stream before the copies, never reset
+    def copy(self, batch):
+        torch.cuda.set_stream(self.stream)
+        images, labels = batch
+        return images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
+
+
+class DecidesByTheDeviceString(GoodPrefetcher):  # w6-03: str(device) == "cuda" is False for cuda:1
+    def __init__(self, loader, device):
+        super().__init__(loader, device)
+        self.stream = torch.cuda.Stream(self.device) if str(device) == "cuda" else None
+
+
+MUTANTS_31_W6 = [
+    Mutant("spins on stream.query()", SpinsOnStreamQuery, "never makes the host wait", words="a loop on query()"),
+    Mutant("spins on event.query()", SpinsOnEventQuery, "never makes the host wait",
+           words="event.query() in a loop"),
+    Mutant("the loop's stream asked once per pass", ConsumerAskedOncePerPass, "the consumer waits for the copy",
+           words="not once per pass"),
+    Mutant("torch.cuda.set_stream, never reset", SetsTheStreamForGood,
+           "hands each batch to the training loop on the loop's own stream", words="torch.cuda.set_stream (at "),
+    Mutant("str(device) == 'cuda'", DecidesByTheDeviceString, "copies asynchronously", words="self.device.type"),
+]
+
+
+@pytest.mark.parametrize("mutant", MUTANTS_31_W6, ids=repr)
+def test_3_1_w6_mutants_rejected(mutant):
+    rejected("3.1", mutant, SEEDS)
+
+
+def test_virtual_query_is_false_while_a_copy_is_in_flight():
+    from course_utils.checks.virtual_cuda import VirtualCuda
+    with VirtualCuda() as vc:
+        side = torch.cuda.Stream(vc.device)
+        with torch.cuda.stream(side):
+            x = torch.ones(4).pin_memory().to(vc.device, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(side)
+        assert not side.query() and not vc.syncs          # asked once: in flight, no wait
+        assert side.query() and len(vc.syncs) == 1          # asked again: the host spun until it was done
+        assert event.query() and "stream.query() in a loop" in vc.syncs[0].what
+        del x
+
+
+def test_virtual_set_stream_is_the_current_stream_until_set_again():
+    from course_utils.checks.virtual_cuda import VirtualCuda
+    with VirtualCuda() as vc:
+        a, b = torch.cuda.Stream(vc.device), torch.cuda.Stream(vc.device)
+        torch.cuda.set_stream(a)
+        assert torch.cuda.current_stream(vc.device) is a
+        with torch.cuda.stream(b):
+            torch.cuda.set_stream(vc.default_stream)
+            assert torch.cuda.current_stream(vc.device) is vc.default_stream
+        assert torch.cuda.current_stream(vc.device) is a     # the block put back what was current before it
+        assert vc.set_streams
+
+
+def float32_round_trip(images, padding=4, generator=None):        # w6-03 3.2: right values, 4 bytes a pixel
+    dy, dx, flip = _draws(len(images), padding, images.device, generator)
+    return _crop_with(images.float(), padding, dy, dx, flip).to(images.dtype)
+
+
+def both_orientations_then_where(images, padding=4, generator=None):   # w6-03 3.2: right, at extra cost
+    dy, dx, flip = _draws(len(images), padding, images.device, generator)
+    plain = _crop_with(images, padding, dy, dx, torch.zeros_like(flip))
+    return torch.where(flip[:, None, None, None], plain.flip(-1), plain)
+
+
+def test_3_2_w6_float_round_trip_named():
+    rejected("3.2", Mutant("a float32 round trip", float32_round_trip, "uses memory in proportion to the batch",
+                           words="wider dtype"), SEEDS[:2])
+
+
+def test_3_2_w6_right_at_extra_cost_passes():    # the spec asks for exact crops in memory in proportion: it is
+    passes("3.2", both_orientations_then_where, SEEDS[:1])
+
+
+_KEPT_INPUTS = {}
+
+
+def keeps_the_input_batch(images, labels):               # w6-03 3.3 #1: the uint8 batch kept in the cache's dict
+    _KEPT_INPUTS["last_in"] = images
+    return good_normalize(images, labels)
+
+
+def keeps_a_view_of_the_input(images, labels):          # the same, through a view in a closure's dict
+    _KEPT_INPUTS["first"] = images[0]
+    return good_normalize(images, labels)
+
+
+_WIDE = {}
+
+
+def float64_round_trip(images, labels):                  # w6-03 3.3 #2: right values through float64
+    key = str(images.device)
+    if key not in _WIDE:
+        _WIDE[key] = (torch.tensor(CIFAR10_MEAN, dtype=torch.float64, device=images.device).view(1, 3, 1, 1),
+                      torch.tensor(CIFAR10_STD, dtype=torch.float64, device=images.device).view(1, 3, 1, 1))
+    m, s = _WIDE[key]
+    return ((images.double() / 255 - m) / s).float(), labels
+
+
+def divides_by_256(images, labels):
+    mean, std = _consts(images.device)
+    return (images.float() / 256 - mean) / std, labels
+
+
+def std_plus_epsilon(images, labels):
+    mean, std = _consts(images.device)
+    return (images.float() / 255 - mean) / (std + 1e-3), labels
+
+
+def batch_statistics(images, labels):                    # the neighbouring statistic: the batch's own
+    x = images.float() / 255
+    return (x - x.mean(dim=(0, 2, 3), keepdim=True)) / x.std(dim=(0, 2, 3), keepdim=True), labels
+
+
+MUTANTS_33_W6 = [
+    Mutant("keeps the input batch", keeps_the_input_batch, "keeps nothing of a batch after returning it",
+           words="the uint8 images passed in"),
+    Mutant("keeps a view of the input", keeps_a_view_of_the_input, "keeps nothing of a batch after returning it",
+           words="the uint8 images passed in"),
+    Mutant("a float64 round trip", float64_round_trip, "computes in float32", words="float64"),
+    Mutant("/ 256", divides_by_256, "equals ToTensor + Normalize", words="(not 256)"),
+    Mutant("std + 1e-3", std_plus_epsilon, "equals ToTensor + Normalize", words="no epsilon"),
+    Mutant("the batch's statistics", batch_statistics, "equals ToTensor + Normalize", words="batch's own statistics"),
+    Mutant("constants made every call, located", constants_every_call,
+           "makes no copy from the host after the first batch", words="torch.tensor at " + __file__),
+]
+
+
+@pytest.mark.parametrize("mutant", MUTANTS_33_W6, ids=repr)
+def test_3_3_w6_mutants_rejected(mutant):
+    _KEPT_INPUTS.clear()
+    rejected("3.3", mutant, SEEDS[:3])
