@@ -323,15 +323,15 @@ def check_prefetcher(Prefetcher):
         _check_cuda_streams(Prefetcher)
         return ("same batches, same order; on the CPU and the meta device passed through, moved; the CPU also "
                 "while CUDA is present; on a virtual CUDA device (the second of two) copied ahead from the loader's "
-                "pinned memory on a side stream the consumer waits for (for that batch's copy only), memory kept for "
-                "the consumer's stream, the host never blocked, no pinned source rewritten in flight, no batch kept "
+                "pinned memory on a side stream the consumer's stream waits for on the device (for that batch's copy only, the stream current at each hand-out, also when the loop changed streams mid-pass), memory kept for "
+                "the consumer's stream, the host never blocked (nor polled with query()), no pinned source rewritten in flight, no batch kept "
                 "once the loop is done with it (nor after the pass); ends and restarts cleanly, also after a pass "
                 "stopped early. (On this GPU the side stream was held busy, so a missing "
                 "wait_stream would have read unfinished copies; the rest is graded on the virtual device only.)")
     return ("same batches, same order; on the CPU and the meta device passed through, moved; the CPU also "
             "while CUDA is present; on a virtual CUDA device (the second of two) copied ahead from the loader's "
-            "pinned memory on a side stream the consumer waits for (for that batch's copy only), memory kept for "
-            "the consumer's stream, the host never blocked, no pinned source rewritten in flight, no batch kept "
+            "pinned memory on a side stream the consumer's stream waits for on the device (for that batch's copy only, the stream current at each hand-out, also when the loop changed streams mid-pass), memory kept for "
+            "the consumer's stream, the host never blocked (nor polled with query()), no pinned source rewritten in flight, no batch kept "
             "once the loop is done with it (nor after the pass); ends and restarts cleanly, also after a pass "
             "stopped early. (No GPU here: on one, the check also runs it on the real "
             "device.)")
