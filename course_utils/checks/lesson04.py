@@ -31,7 +31,7 @@ from ..env import has_dali, usable_cores
 from ._core import CheckFailed, WrongType, calling, exercise, expect_callable
 from ._util import forbids, fresh_rng
 
-DALI_MISSING = ("NVIDIA DALI cannot be imported on this machine (install the nvidia-dali wheel at the version "
+DALI_MISSING = ("NVIDIA DALI cannot be imported on this machine (install the nvidia-dali-cuda130 wheel at the version "
                 "requirements.txt pins), so this exercise cannot be graded here.")
 
 
