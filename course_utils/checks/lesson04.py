@@ -31,7 +31,7 @@ from ..env import has_dali, usable_cores
 from ._core import CheckFailed, WrongType, calling, exercise, expect_callable
 from ._util import forbids, fresh_rng
 
-DALI_MISSING = ("NVIDIA DALI cannot be imported on this machine (install the nvidia-dali wheel at the version "
+DALI_MISSING = ("NVIDIA DALI cannot be imported on this machine (install the nvidia-dali-cuda130 wheel at the version "
                 "requirements.txt pins), so this exercise cannot be graded here.")
 
 
@@ -385,13 +385,55 @@ class _BatchSource:
 
     def __call__(self, info):
         self.calls += 1
-        iteration = int(getattr(info, "iteration", info))
+        if not hasattr(info, "epoch_idx"):      # w5-04 w36: without batch_info=True DALI passes the iteration alone
+            raise TypeError(f"{_NO_BATCH_INFO} (called with {type(info).__name__} {info!r})")
+        iteration = int(info.iteration)
         if iteration >= self.batches:
             raise StopIteration
         idx = self.given(iteration)
         rows = self.records[idx]
         return (np.ascontiguousarray(rows[:, 1:]).reshape(-1, 3, 32, 32), rows[:, 0].astype(np.int64),
                 idx.astype(np.int64))
+
+
+_NO_DRIVER = ("Found no NVIDIA driver", "Torch not compiled with CUDA", "no CUDA GPUs are available",
+              "CUDA driver version is insufficient")
+
+
+@contextlib.contextmanager
+def _calling_cpu(what: str, device: str, seed: int):
+    """`calling(what)`, and where a device='cpu' call dies asking CUDA for a GPU this machine lacks
+    (w5-04 w34: device_id=local_cuda_index() for a CPU pipeline gave torch's raw "Found no NVIDIA
+    driver"), the property that says so."""
+    try:
+        with calling(what):
+            yield
+    except Exception as exc:
+        said = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else type(exc).__name__
+        if device == "cpu" and any(w in str(exc) for w in _NO_DRIVER):
+            raise CheckFailed("a CPU pipeline needs no GPU",
+                              f"{what}: building it asked CUDA for a GPU, and this machine has none (\"{said}\") "
+                              f"(seed {seed})",
+                              "with device='cpu' pass device_id=None to @pipeline_def: a pipeline of CPU operators "
+                              "only uses no GPU and no CUDA; device_id=local_cuda_index() only for device='gpu' "
+                              "(device_id=local_cuda_index() if device == 'gpu' else None)") from None
+        raise
+
+
+_NO_BATCH_INFO = "the check's source wants a BatchInfo"
+
+
+def _expect_batch_info(exc: BaseException, what: str, seed: int) -> None:
+    """Turn the check's source refusing a plain iteration number (external_source without
+    batch_info=True) into the property it breaks; any other error goes on as it was."""
+    if _NO_BATCH_INFO in str(exc):
+        raise CheckFailed("the source is called with a BatchInfo",
+                          f"{what}: DALI called the source with the iteration number alone, not a BatchInfo: without "
+                          "batch_info=True the source never learns the epoch, so a source that reshuffles every epoch "
+                          "(the course's CifarRecordBatches, exercise 4.2's) gives the same order in every epoch "
+                          f"(seed {seed})",
+                          "fn.external_source(source=source, ..., batch=True, batch_info=True): DALI then passes "
+                          "a BatchInfo (info.iteration, info.epoch_idx)") from None
 
 
 def _diagnose_crops(out, src) -> tuple[str, bool]:
@@ -451,7 +493,7 @@ def _diagnose_crops(out, src) -> tuple[str, bool]:
 def _run_cifar(cifar_pipeline, records, batch_size, batches, device, rng, seed):
     source = _BatchSource(records, batch_size, batches, rng)
     what = f"cifar_pipeline(source, {batch_size}, device={device!r}, num_threads={_threads()}, seed=...)"
-    with calling(what):
+    with _calling_cpu(what, device, seed):
         pipe = _expect_pipeline(cifar_pipeline(source, batch_size, device=device, num_threads=_threads(),
                                                seed=int(rng.integers(1, 2**31 - 1))), "cifar_pipeline(...)")
     _expect_new_pipeline(pipe, what, seed, source)
@@ -461,7 +503,11 @@ def _run_cifar(cifar_pipeline, records, batch_size, batches, device, rng, seed):
     _num_outputs(pipe, 3, "images, labels, indices")
     outs = []
     for k in range(batches):
-        o = pipe.run()
+        try:
+            o = pipe.run()
+        except Exception as exc:
+            _expect_batch_info(exc, what, seed)
+            raise
         images = o[0]
         kind = type(images).__name__
         want = "TensorListGPU" if device == "gpu" else "TensorListCPU"
@@ -645,11 +691,17 @@ def _check_randomness(batches, on, seed, pipe=None):
     if np.any((dy < 0) | (dy > 8) | (dx < 0) | (dx > 8)):
         raise CheckFailed("crop offsets cover 0..8", f"{on}: some crops start outside the 40x40 padded image (seed {seed})",
                           "pad 4 pixels on every side (40x40), then crop 32x32 at an offset of 0..8 on each axis")
-    for axis, values in (("vertical", dy), ("horizontal", dx)):
-        if np.bincount(values, minlength=9)[4] == n:
-            raise CheckFailed("crop offsets cover 0..8", f"{on}: every sample is the unpadded image (offset 4 of "
-                              f"the padded one) (seed {seed})", "pad 4 black pixels on every side, then crop 32x32 "
-                              "at a random position")
+    fixed = [axis for axis, values in (("vertical", dy), ("horizontal", dx)) if np.bincount(values, minlength=9)[4] == n]
+    if len(fixed) == 2:
+        raise CheckFailed("crop offsets cover 0..8", f"{on}: every sample is the unpadded image (offset 4 of "
+                          f"the padded one) (seed {seed})", "pad 4 black pixels on every side, then crop 32x32 "
+                          "at a random position")
+    if fixed:       # w5-04 w22: crop_pos_x=0.5 with a random y was told "every sample is the unpadded image"
+        other = "horizontal" if fixed[0] == "vertical" else "vertical"
+        arg = "crop_pos_y" if fixed[0] == "vertical" else "crop_pos_x"
+        raise CheckFailed("crop offsets cover 0..8", f"{on}: every sample has the same {fixed[0]} offset, 4 (the "
+                          f"centre, {arg}=0.5); the {other} one varies (seed {seed})",
+                          f"draw {arg} per sample too: {arg}=fn.random.uniform(values=[k / 8 for k in range(9)])")
     # one draw per sample: a batch whose samples all share an offset drew it once for the batch
     for axis, k in (("vertical", 0), ("horizontal", 1)):
         shared = [j for j, b in enumerate(batches) if len(np.unique(b[k])) == 1]
@@ -758,9 +810,11 @@ def check_cifar_pipeline(cifar_pipeline):
         probe = match_crops(x_all[:64], src[:64], data.CIFAR10_MEAN, data.CIFAR10_STD)
         if not probe.exact.all():
             hint, named = _diagnose_crops(x_all[:64], src[:64])
+            padding = hint.startswith(("the padding is", "the windows are crops of the record padded"))
             detail = (f"{on}: the samples are crops of their records, but "
                       + ("some are flipped upside down" if hint.startswith("the flip is vertical") else
-                         "not normalised as asked") + f" (seed {seed})" if named
+                         "not of the record padded with 4 black pixels on every side (normalised as asked)"
+                         if padding else "not normalised as asked") + f" (seed {seed})" if named
                       else f"{on}: {int((~probe.exact).sum())} of 64 samples match no 32x32 window (flipped or not) "
                       f"of their record padded by 4 (seed {seed})")
             raise CheckFailed("each sample is an exact crop of its padded record, normalised", detail, hint)
@@ -972,6 +1026,44 @@ def _source_is_per_sample(iterator) -> bool | None:
     return None if not modes else not all(modes)
 
 
+def _expect_stateless_source(iterator, records, batch_size, n, pipe_seed, seed) -> None:
+    """The source is a function of its BatchInfo alone (w5-04 w10: a counter kept in the closure and
+    reset on StopIteration passed; in worker processes, parallel=True, it repeats and loses records):
+    the source of a fresh iterator, called directly out of order, must return the batch each
+    BatchInfo names."""
+    from nvidia.dali.types import BatchInfo
+
+    pipes = getattr(iterator, "_pipes", None)
+    ops = _graph(pipes[0]) if pipes else None
+    callbacks = [getattr(op.node, "_callback", None) for op in ops or [] if op.kind == "ExternalSource"]
+    callbacks = list({id(cb): cb for cb in callbacks if callable(cb)}.values())    # num_outputs=3: one op each
+    if len(callbacks) != 1:
+        return                                  # not readable here: the epochs above are the test
+    source = callbacks[0]
+    batches = (n - 1) // batch_size             # full batches of the whole set; the calls ask for earlier ones
+    asks = [(1, min(1, batches - 1)), (0, batches - 1), (1, 0), (0, 0)]
+    for epoch, i in asks:
+        want = np.random.default_rng((pipe_seed, epoch)).permutation(n)[i * batch_size:(i + 1) * batch_size]
+        said = ""
+        try:
+            out = source(BatchInfo(i, epoch))
+            found = [np.asarray(a).reshape(-1) for a in out if np.size(a) == len(want)]
+            got = next((a for a in found if np.array_equal(a, want)), found[-1] if found else np.zeros(0))
+        except StopIteration:
+            got, said = None, ": it raised StopIteration"
+        except Exception as exc:
+            got, said = None, f": it raised {type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
+        if got is None or not np.array_equal(got, want):
+            raise CheckFailed("the source depends only on its BatchInfo",
+                              f"the external source of a fresh cifar_epochs(records, {batch_size}, seed=...), called "
+                              f"directly with BatchInfo(iteration={i}, epoch_idx={epoch}) (after DALI had called it "
+                              f"for the batches it prepares ahead), did not return batch {i} of epoch {epoch}{said} "
+                              f"(seed {seed})",
+                              "compute the batch from info.iteration and info.epoch_idx alone, with no counter or "
+                              "state of your own: DALI calls the source ahead of the loop, and with parallel=True "
+                              "in worker processes, each with its own copy of any state, in no fixed order")
+
+
 def _augmentation(batches, records) -> np.ndarray:
     """(dy, dx, flip) of each sample of `batches` (crops of their records), one row per sample."""
     x = np.concatenate([b["images"] for b in batches])
@@ -1047,7 +1139,7 @@ def check_epochs(cifar_epochs):
             call = (f"cifar_epochs({'records' if of is None else f'records[:{len(of)}]'}, {batch_size}, seed=..."
                     + "".join(f", {a}={v!r}" for a, v in kw.items()) + ")")
             try:        # DALI's iterator runs the first batches as it is created
-                with calling(call):
+                with _calling_cpu(call, kw.get("device", "cpu"), seed):
                     it = cifar_epochs(given, batch_size, seed=pipe_seed if seed_ is None else seed_,
                                       num_threads=_threads(), **kw)
             except RuntimeError as exc:
@@ -1203,6 +1295,20 @@ def check_epochs(cifar_epochs):
                               "the short batch that holds it")
         _expect_exact_epoch(longer, records, np.random.default_rng((seed2, 0)).permutation(n2)[lo2:hi2], batch_size,
                             False, what2, seed, per_sample=per_sample)
+        # and the shorter shard, whose size the batch divides (w5-04 w27: ceil(N / (S*B)) batches for every shard,
+        # the average shard's count, asked shard 0 for a batch after its last record, and passed)
+        what0 = f"records[:{n2}] in 2 shards of {lo2} and {hi2 - lo2}, shard 0, epoch 1"
+        try:
+            shorter = _one_epoch(make(of=records[:n2], seed_=seed2, shard_id=0, num_shards=2), limit, what0,
+                                 records=lo2, batch_size=batch_size)
+        except CheckFailed as exc:
+            if exc.prop == "ends the epoch after its last record" and -(-n2 // (2 * batch_size)) > lo2 // batch_size:
+                exc.hint = (f"ceil(N / (num_shards * batch_size)) = {-(-n2 // (2 * batch_size))} batches, the "
+                            f"average shard's count, is one more than this shard of {lo2} holds: count each shard's "
+                            "batches from its own size, ceil((stop - start) / batch_size)")
+            raise
+        _expect_exact_epoch(shorter, records, np.random.default_rng((seed2, 0)).permutation(n2)[:lo2], batch_size,
+                            False, what0, seed, per_sample=per_sample)
         a, b = _augmentation(firsts[1][:1], records), _augmentation(longer[:1], records)
         m = min(len(a), len(b))
         if np.array_equal(a[:m], b[:m]):
@@ -1249,6 +1355,8 @@ def check_epochs(cifar_epochs):
                               f"(seed {seed})",
                               "shards differ by a record at most: with drop_last every shard yields (N // S) // "
                               "batch_size batches (N // num_shards, the smallest shard's size, cut into full batches)")
+        if per_sample is not True:
+            _expect_stateless_source(make(), records, batch_size, n, pipe_seed, seed)
         _expect_batch_reads(cifar_epochs, batch_size, Path(tmp), rng, seed)
         gpu = ""
         if torch.cuda.is_available():
@@ -1269,7 +1377,8 @@ def check_epochs(cifar_epochs):
             f"{n % batch_size} (or dropped), reshuffled; 3 shards of {', '.join(str(hi - lo) for lo, hi in bounds)} "
             f"records, each its slice of every epoch's order, its own augmentation, and with drop_last {expected} "
             f"full batch{'es' if expected != 1 else ''} each; a shard of {hi2 - lo2} beside one of {lo2}: every record, "
-            f"and another seed, another augmentation{gpu}; with device='gpu', read without building it: GPU {_LOCAL_RANK} in a process "
+            f"and another seed, another augmentation; beside it the shorter shard, every record and no empty batch; the "
+            f"source, called out of order, gave the batch each BatchInfo named{gpu}; with device='gpu', read without building it: GPU {_LOCAL_RANK} in a process "
             f"whose LOCAL_RANK is {_LOCAL_RANK}, and the augmentation on that GPU.")
 
 
@@ -1377,7 +1486,7 @@ def _jpeg_run(jpeg_pipeline, folder, batch_size, crop, device, shard_id, num_sha
 
     call = (f"jpeg_pipeline(file_root, {batch_size}, crop={crop}, device={device!r}, shard_id={shard_id}, "
             f"num_shards={num_shards}, num_threads={_threads()}, seed={pipe_seed})")
-    with calling(call):
+    with _calling_cpu(call, device, seed):
         pipe = _expect_pipeline(jpeg_pipeline(str(folder.root), batch_size, crop=crop, device=device,
                                               shard_id=shard_id, num_shards=num_shards, num_threads=_threads(),
                                               seed=pipe_seed), "jpeg_pipeline(...)")

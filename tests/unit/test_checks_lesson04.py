@@ -69,17 +69,18 @@ def make_cifar_pipeline(*, mean=CIFAR_MEAN255, std=CIFAR_STD255, positions="nine
                         pad_first=True, pad=True, swap_outputs=False, flip_probability=0.5, fixed_seed=None,
                         shared_offset=False, label_dtype=None, device_id=None, vertical_flip=False, move="before",
                         threads=None, pipe_kw=None, prebuilt=False, flip_from_x=False, seed_offset=0,
-                        mirror_kind="coin", flip_after=False, positions_range9=False, fill=0):
+                        mirror_kind="coin", flip_after=False, positions_range9=False, fill=0, batch_info=True):
     """A CIFAR pipeline builder with one knob per typical mistake (the defaults are right).
     `move`: where a device="gpu" pipeline moves the images to the GPU: "before" the crop (right),
     "after" the augmentation, or "never". `device_id="none"`: None whatever the device."""
     def cifar_pipeline(source, batch_size, device="cpu", num_threads=2, seed=0):
         @pipeline_def(batch_size=batch_size, num_threads=(os.cpu_count() if threads == "cores" else threads) or num_threads,
-                      device_id=None if device_id == "none" else this_gpu(device, device_id),
+                      device_id=None if device_id == "none" else local_cuda_index() if device_id == "always"
+                      else this_gpu(device, device_id),
                       seed=(seed if fixed_seed is None else fixed_seed) + seed_offset, **(pipe_kw or {}))
         def graph():
             images, labels, indices = fn.external_source(
-                source=source, num_outputs=3, batch=True, batch_info=True, layout=["CHW", "", ""],
+                source=source, num_outputs=3, batch=True, batch_info=batch_info, layout=["CHW", "", ""],
                 dtype=[types.UINT8, types.INT64, types.INT64])
             if device == "gpu" and move == "before":
                 images = images.gpu()
@@ -102,6 +103,8 @@ def make_cifar_pipeline(*, mean=CIFAR_MEAN255, std=CIFAR_STD255, positions="nine
                 p = None if positions == "choice" else [0.10] + [0.1125] * 8
                 pos_y, pos_x = (fn.random.choice(NINE, p=p), fn.random.choice(NINE, p=p)) if p else \
                     (fn.random.choice(NINE), fn.random.choice(NINE))
+            elif positions == "centre_x":    # w5-04 w22: crop_pos_x=0.5 fixed, y random
+                pos_y, pos_x = fn.random.uniform(values=NINE), 0.5
             else:
                 pos_y, pos_x = fn.random.uniform(range=[0.0, 1.0]), fn.random.uniform(range=[0.0, 1.0])
             if positions_range9:             # integers 0..9 from range=[0, 9], / 8: an anchor past 1 (w2-04 w41_28)
@@ -325,8 +328,30 @@ MUTANTS_41_WALK = [
            words="grey"),
     Mutant("fn.pad to 40x40: padding at the end only", make_cifar_pipeline(pad="end"),
            "each sample is an exact crop of its padded record, normalised", words="at the end only"),
+    # w5-04
+    Mutant("external_source without batch_info=True", make_cifar_pipeline(batch_info=False),
+           "the source is called with a BatchInfo", words="batch_info=True"),
+    Mutant("crop_pos_x=0.5 fixed, y random", make_cifar_pipeline(positions="centre_x"), "crop offsets cover 0..8",
+           words="the same horizontal offset, 4 (the centre, crop_pos_x=0.5); the vertical one varies"),
 ]
 
+
+
+def test_4_1_padding_mistakes_lead_with_the_padding():
+    """w5-04 w09/w10: grey padding and fn.pad's padding at the end were headed "not normalised as
+    asked" while the hint named the padding: the headline names the padding now."""
+    for answer in (make_cifar_pipeline(fill=128), make_cifar_pipeline(pad="end")):
+        said = run_check("4.1", answer).message
+        assert "not of the record padded with 4 black pixels on every side (normalised as asked)" in said, said
+        assert "not normalised as asked" not in said, said
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU answers local_cuda_index() here")
+def test_4_1_device_id_of_a_gpu_on_a_cpu_pipeline_says_none():
+    """w5-04 w34: device_id=local_cuda_index() for device='cpu' too gave torch's raw "Found no
+    NVIDIA driver" on a machine without a GPU; the check says a CPU pipeline wants device_id=None."""
+    rejected("4.1", Mutant("device_id=local_cuda_index() on the CPU too", make_cifar_pipeline(device_id="always"),
+                           "a CPU pipeline needs no GPU", words="pass device_id=None"), [3])
 
 
 def test_4_1_correct_pipeline_passes():
@@ -420,7 +445,7 @@ def make_cifar_epochs(*, per_sample=False, stateful=False, reshuffle=True, shard
                       always_drop_last=False, cache_orders=False, auto_reset=True, int_slices=False,
                       whole_copy=False, copy_once=False, smallest_count=False, aug_shard_only=False,
                       epoch_positions=False, largest_drop_last=False, pad_last=False, undeclared_int32=False,
-                      strided_uint8_labels=False):
+                      strided_uint8_labels=False, average_count=False):
     """A cifar_epochs builder with one knob per typical mistake (the defaults are right)."""
     cached = {}
     def cifar_epochs(records, batch_size, *, shuffle=True, seed=0, shard_id=0, num_shards=1, drop_last=False,
@@ -450,6 +475,8 @@ def make_cifar_epochs(*, per_sample=False, stateful=False, reshuffle=True, shard
             batches = full + 1                           # one batch too many when the batch divides the shard
         if smallest_count and not drop_last:             # w2-04 w42_20: the smallest shard's count for every shard
             batches = -(-(n // num_shards) // batch_size)
+        if average_count and not drop_last:              # w5-04 w27: ceil(N / (S*B)), the average shard's count
+            batches = -(-n // num_shards // batch_size)
         if largest_drop_last and drop_last:              # w2-04 w42_13: the largest shard's count, ceil(N/S)//B
             batches = -(-n // num_shards) // batch_size
 
@@ -508,16 +535,20 @@ def make_cifar_epochs(*, per_sample=False, stateful=False, reshuffle=True, shard
         else:
             calls = [0]
 
+            epochs = [0]
+
             def source(info):
                 iteration = calls[0] if stateful else info.iteration   # a counter that never restarts
+                epoch = epochs[0] if stateful == "resets both" else info.epoch_idx
                 calls[0] += 1
                 if iteration >= batches:
-                    if stateful == "resets":      # w2-04 w42_03: a counter that restarts at each epoch's end
-                        calls[0] = 0
+                    if stateful in ("resets", "resets both"):   # w2-04 w42_03: restarts at each epoch's end
+                        calls[0] = 0                            # (w5-04 w10: the epoch counted too)
+                        epochs[0] += 1
                     raise StopIteration
-                idx = order(info.epoch_idx)[iteration * batch_size:(iteration + 1) * batch_size]
+                idx = order(epoch)[iteration * batch_size:(iteration + 1) * batch_size]
                 if pad_last and len(idx) < batch_size:       # w2-04 w42_19: the short batch filled up with repeats
-                    idx = np.concatenate([idx, order(info.epoch_idx)[:batch_size - len(idx)]])
+                    idx = np.concatenate([idx, order(epoch)[:batch_size - len(idx)]])
                 images, labels, got = rows_of(idx.astype(np.int64))
                 if epoch_positions:                # w2-04 w42_10: positions in the epoch as the indices
                     got = np.arange(iteration * batch_size, iteration * batch_size + len(idx), dtype=np.int64)
@@ -629,6 +660,9 @@ MUTANTS_42_WALK = [
            "each record at most once per epoch", words="filled up with records already seen"),
     Mutant("int32 labels from a source declared INT64", make_cifar_epochs(undeclared_int32=True),
            "DALI stopped the pipeline", status="error", words="expected data of type int64 and got: int32"),
+    # w5-04 w27: the shorter of two shards, whose size the batch divides, asked for an empty batch
+    Mutant("ceil(N / (S*B)) batches on every shard", make_cifar_epochs(average_count=True),
+           "ends the epoch after its last record", words="ceil(N / (num_shards * batch_size))"),
 ]
 
 
@@ -644,14 +678,15 @@ def test_4_2_other_right_answers_pass():
         passes("4.2", answer, [5])
 
 
-def test_4_2_a_counter_that_restarts_passes():
-    """w2-04 w42_03: a counter of the source's own, set back to 0 where it raises StopIteration. The
-    contract asks for the epoch's order and batches, not for a source without state, and this counter
-    counts exactly as info.iteration does for every use DALI's iterator makes of it (called ahead, a
-    new for loop per epoch): accepted, as the hint's "a counter of your own would never restart"
-    says of the other kind (which fails: 'a counter of its own')."""
-    for answer in (make_cifar_epochs(stateful="resets"),):
-        passes("4.2", answer, [5])
+def test_4_2_a_counter_that_restarts_is_rejected():
+    """w2-04 w42_03 and w5-04 w10: a counter of the source's own, set back to 0 where it raises
+    StopIteration, passed (w2-04 accepted it). The lesson recommends parallel=True for a source like
+    this exercise's, where each worker process holds its own copy of the counter (w5-04: 1,768
+    samples in epoch 0, 1,000 distinct): the contract now says the source depends on its BatchInfo
+    alone, and the check calls the source of a fresh iterator out of order."""
+    for answer in (make_cifar_epochs(stateful="resets"), make_cifar_epochs(stateful="resets both")):
+        rejected("4.2", Mutant("a counter that restarts", answer, "the source depends only on its BatchInfo",
+                               words="called directly with BatchInfo(iteration=1, epoch_idx=1)"), [3, 4])
 
 
 @pytest.mark.parametrize("mutant", MUTANTS_42_WALK, ids=repr)
@@ -660,7 +695,8 @@ def test_4_2_walk_mutants_rejected(mutant):
 
 
 # w2-04's false passes: their decisive inputs are in every seed's draw; two seeds show it
-TWO_SEEDS_42 = {"every shard the smallest shard's batch count", "the augmentation's seed from shard_id alone"}
+TWO_SEEDS_42 = {"every shard the smallest shard's batch count", "the augmentation's seed from shard_id alone",
+                "ceil(N / (S*B)) batches on every shard"}
 
 
 @pytest.mark.parametrize("mutant", MUTANTS_42, ids=repr)
