@@ -34,7 +34,7 @@ import torch
 
 from ._core import CheckFailed, WrongType, exercise, expect_callable
 from ._util import fresh_rng
-from .lesson07_ranks import MLP, NCCL_CASE_73, case_72, case_74, cases_73, cases_75
+from .lesson07_ranks import LABEL_SMOOTHING_74, MLP, NCCL_CASE_73, case_72, case_74, cases_73, cases_75, loss_fn_74
 
 WORLD = 2                       # ranks the checks run with (gloo on the CPU, on any machine)
 JOB_TIMEOUT_S = 20              # a collective that waits longer than this is a hang
@@ -134,9 +134,13 @@ def _shard_cases(rng):
                   [dict(n=n, num_replicas=R, shuffle=False, seed=0, epoch=0, drop_last=False)]))
     R = int(rng.integers(5, 9))
     n = int(rng.integers(1, (R + 1) // 2))          # padding longer than the dataset itself
+    # every seed: padding that needs three or more copies of the list (w6-07 W14: a list repeated only
+    # twice left rank 4 of n=1 with 5 ranks an empty share)
     cases.append(("pads even when the dataset is smaller than the number of ranks",
                   "when more padding is needed than there are indices, repeat the whole list as often as needed",
-                  [dict(n=n, num_replicas=R, shuffle=False, seed=0, epoch=0, drop_last=False)]))
+                  [dict(n=n, num_replicas=R, shuffle=False, seed=0, epoch=0, drop_last=False),
+                   dict(n=1, num_replicas=int(rng.integers(5, 9)), shuffle=False, seed=0, epoch=0, drop_last=False),
+                   dict(n=2, num_replicas=int(rng.integers(9, 13)), shuffle=False, seed=0, epoch=0, drop_last=False)]))
     R = int(rng.integers(3, 6))
     n = R * int(rng.integers(2, 7)) + int(rng.integers(1, R))
     cases.append(("drop_last drops the tail so every rank gets floor(n / num_replicas)",
@@ -239,6 +243,15 @@ def check_7_1(shard_indices):
                         prop = "pads to ceil(n / num_replicas) per rank by repeating the first indices"
                         hint = (f"each rank gets ceil(n / num_replicas) = {len(expected)} indices here: when "
                                 "num_replicas divides n nothing is padded (n // num_replicas + 1 is one too many)")
+                    elif sorted(yours) == sorted(expected) and yours == sorted(yours):      # w6-07 W16
+                        prop = "keeps DistributedSampler's order within the rank's share"
+                        hint = ("yours holds the right indices, sorted: the sampler yields them in the order they "
+                                "were dealt (the shuffled order, the padding last); do not sort the share")
+                    elif prop.startswith("pads even") and len(yours) < len(expected):
+                        copies = math.ceil(R / n)
+                        hint = (f"n={n} with {R} ranks needs {R} indices, {copies} copies of the list (more than "
+                                f"two); yours gave rank {rank} {len(yours)} index(es), not {len(expected)}, and every "
+                                "rank must get as many as the others, or DDP hangs. " + hint)
                     raise CheckFailed(prop, f"{what}: {_yours_expected(yours, expected)} (check seed {seed})", hint)
     return "every rank's indices equal DistributedSampler's, for every case."
 
@@ -395,6 +408,40 @@ def check_7_2(path, *, seed=None):
     return judge_7_2(obs, seed, file)
 
 
+SYNC_CALLS = ("barrier", "all_reduce", "broadcast", "broadcast_object_list", "all_gather", "all_gather_object")
+
+
+def _sync_only_on_rank_0(file) -> tuple[int, str] | None:
+    """(line, code) of a collective (dist.barrier(), ...) written only inside `if <rank> == 0:`, where
+    rank 0 alone calls it (w6-07 w72_24): its barrier has no partner. None where there is none or the
+    file cannot be read."""
+    try:
+        tree = ast.parse(Path(file).read_text())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.If):
+            continue
+        test = ast.unparse(node.test).replace(" ", "")
+        if "rank" not in test.lower() or not (test.endswith("==0") or test.startswith("0==")):
+            continue
+        for stmt in node.body:
+            for call in ast.walk(stmt):
+                if isinstance(call, ast.Call) and isinstance(call.func, (ast.Attribute, ast.Name)) and \
+                        (getattr(call.func, "attr", None) or getattr(call.func, "id", None)) in SYNC_CALLS:
+                    return call.lineno, ast.unparse(call)
+    return None
+
+
+def _no_partner(file, rank) -> str:
+    alone = _sync_only_on_rank_0(file)
+    if not alone:
+        return ""
+    return (f"; your {alone[1]} (line {alone[0]}) is inside the rank-0 branch: rank 0's barrier has no partner "
+            f"(rank {rank} never calls it and goes straight to the load; in a real job rank 0 then waits until the "
+            "timeout, or meets another rank's next collective)")
+
+
 def judge_7_2(obs: list[dict], seed: int, file) -> str:
     world = len(obs)
     case = case_72(seed, world)
@@ -408,8 +455,9 @@ def judge_7_2(obs: list[dict], seed: int, file) -> str:
                 (e["type"] != "RuntimeError" or "PytorchStreamReader" in e["message"]):
             raise CheckFailed("every rank waits for rank 0's checkpoint before loading it",
                               f"rank {o['rank']} tried to read the checkpoint before it was complete: "
-                              f"{e['type']}: {e['message'][:120]}",
-                              "rank 0 saves; then every rank calls dist.barrier(); only then does every rank load")
+                              f"{e['type']}: {e['message'][:120]}" + _no_partner(file, o["rank"]),
+                              "rank 0 saves; then every rank calls dist.barrier(), outside the `if`; only then does "
+                              "every rank load")
     for o in obs:        # device_ids for a GPU, where the check's `device` is the CPU (x-07 F14)
         e = o.get("error") or {}
         if e.get("type") == "ValueError" and "device_ids" in e.get("message", ""):
@@ -447,6 +495,15 @@ def judge_7_2(obs: list[dict], seed: int, file) -> str:
                               "move it to the `device` argument, which the launcher derived from LOCAL_RANK: a device "
                               "built from dist.get_rank() (the rank in the whole job) is cuda:1 on the second node, "
                               "which has only cuda:0")
+        ids = gpu.get("device_ids")
+        if gpu.get("wrapped") and ids is not None and ids != ["cuda:0"]:      # w6-07 W11: device_ids=[dist.get_rank()]
+            raise CheckFailed("gives DDP the rank's own GPU (device_ids=[device.index])",
+                              f"run as on 2 nodes of 1 GPU each, rank {o['rank']}'s model was on cuda:0 (its node's "
+                              f"only GPU) and its DDP got device_ids={gpu.get('device_ids_given', ids)}: on the second "
+                              "node that names a GPU the node does not have (dist.get_rank() is the rank in the whole "
+                              "job, not a GPU index on the node: rank 5 of 2 nodes x 4 GPUs would name cuda:5)",
+                              "device_ids=[device.index] if device.type == 'cuda' else None (the launcher derived "
+                              "`device` from LOCAL_RANK), or leave device_ids out (DDP then uses the module's device)")
     for o in obs:                      # the GPU pass as one node of 2 GPUs: device=cuda:RANK (w5-07 w72_22, w72_26)
         gpu = o.get("gpu_pass_one_node") or {}
         own = gpu.get("device", f"cuda:{o['rank']}")
@@ -581,7 +638,7 @@ def judge_7_2(obs: list[dict], seed: int, file) -> str:
                               f"rank {o['rank']} read the checkpoint without a collective between rank 0's save and "
                               f"its load (it had run {first.get('collectives_before')} collectives, rank 0 "
                               f"{saved.get('collectives_before_end')} when its save ended): nothing made it wait for "
-                              "rank 0, it got there first or by luck",
+                              "rank 0, it got there first or by luck" + _no_partner(file, o["rank"]),
                               "only a collective that rank 0 joins after saving orders the ranks: dist.barrier() on "
                               "every rank after the save. A sleep is a guess that a slow disk outlasts, and a file "
                               "exists before it is completely written")
@@ -776,6 +833,14 @@ def judge_7_3(obs: list[dict], seed: int, file) -> str:
                 elif "Tensor" not in types:
                     hint = f"convert each with float(): {', '.join(t for t in types if t != 'float')} is not a Python float"
                 raise CheckFailed("returns two Python floats", f"rank {r} returned ({', '.join(types)})", hint)
+        if any(v != values[0] for v in values[1:]) and _async_unwaited(file):       # w6-07 w73_12
+            line, code = _async_unwaited(file)
+            raise CheckFailed("waits for the all-reduce before reading its result",
+                              f"with {_CASE_73[i]}, the ranks returned {values}: your {code} (line {line}) returns "
+                              "a handle (a Work) that nothing waits on, so the tensor was read while the all-reduce "
+                              "was still running (each rank read its own numbers, or a partial total)",
+                              "drop async_op=True, or keep the handle and call handle.wait() before reading the "
+                              "tensor")
         if any(v != values[0] for v in values[1:]):
             hint = ("all_reduce gives every rank the total; dist.reduce only rank 0; a rank that "
                     "does not reduce at all returns its own numbers")
@@ -811,9 +876,33 @@ def judge_7_3(obs: list[dict], seed: int, file) -> str:
                                   "every collective is a round trip between all ranks (all_gather_object makes "
                                   "two, and pickles): put the three numbers in one float64 tensor and all_reduce "
                                   "it once")
+    unwaited = _async_unwaited(file)
+    if unwaited:               # right here by luck (the all-reduce finished before the read): never waited for
+        raise CheckFailed("waits for the all-reduce before reading its result",
+                          f"your {unwaited[1]} (line {unwaited[0]}) returns a handle (a Work) that nothing waits on: "
+                          "the results were right here only because the all-reduce happened to finish before the "
+                          "tensor was read",
+                          "drop async_op=True, or keep the handle and call handle.wait() before reading the tensor")
     _judge_73_nccl(obs, cases[NCCL_CASE_73], file)
     return ("the same exact global mean loss and accuracy on every rank, with one all-reduce, its tensor on the "
             "collective's device (gloo: the CPU; as under nccl: the GPU).")
+
+
+def _async_unwaited(file) -> tuple[int, str] | None:
+    """(line, code) of a collective called with async_op=True in a file that never calls .wait()
+    (w6-07 w73_12): its handle is dropped and the tensor read before the collective ends."""
+    try:
+        tree = ast.parse(Path(file).read_text())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+    if any(isinstance(c.func, ast.Attribute) and c.func.attr == "wait" for c in calls):
+        return None
+    for c in calls:
+        if any(k.arg == "async_op" and not (isinstance(k.value, ast.Constant) and not k.value.value)
+               for k in c.keywords):
+            return c.lineno, ast.unparse(c)
+    return None
 
 
 def _mentions_cuda(error: dict) -> bool:
@@ -879,8 +968,7 @@ def check_7_4(path, *, seed=None):
     return judge_7_4(obs, seed, file)
 
 
-def _expected_74(case, initial, world):
-    import torch.nn.functional as F
+def _expected_74(case, initial, world, loss_fn=loss_fn_74):
     model = MLP(case["d_in"], case["hidden"], case["classes"])
     model.load_state_dict({k: torch.tensor(v, dtype=torch.float64) for k, v in initial.items()})
     out = []
@@ -889,7 +977,7 @@ def _expected_74(case, initial, world):
         losses = []
         for r in range(world):
             model.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(torch.tensor(call["x"][r])), torch.tensor(call["y"][r]))
+            loss = loss_fn(model(torch.tensor(call["x"][r])), torch.tensor(call["y"][r]))
             loss.backward()
             losses.append(loss.item())
             for g, p in zip(grads, model.parameters()):
@@ -905,6 +993,7 @@ def judge_7_4(obs: list[dict], seed: int, file) -> str:
     _raise_rank_errors(obs, "7.4", file)
     case = case_74(seed, world)
     expected = _expected_74(case, obs[0]["initial"], world)
+    plain = None          # the same with plain cross-entropy, computed when a gradient differs
     for i, call in enumerate(case["calls"]):
         k = call["k"]
         for o in obs:
@@ -940,6 +1029,12 @@ def judge_7_4(obs: list[dict], seed: int, file) -> str:
                 hint = ("call backward on each micro-batch's loss as you go: adding up the losses and calling "
                         "backward once keeps every micro-batch's activations in memory, which is what accumulation "
                         "is there to avoid")
+                F_, B_ = res["events"].count("F"), res["events"].count("B")
+                if k > 1 and F_ == k and res["events"] == "F" * k + "B" * B_:       # w6-07 w74_10
+                    hint = (f"all {k} forward passes ran before the first backward: whether the losses were kept "
+                            "and each given its own backward afterwards, or summed for one backward, every "
+                            "micro-batch's activations were in memory at once, which is what accumulation is there "
+                            "to avoid. Run each micro-batch's backward right after its forward")
                 if k > 1 and res["events"].count("F") < k:             # w4-07 w74_one_big_forward
                     hint = (f"{res['events'].count('F')} forward pass(es) for {k} micro-batches: one forward over "
                             "the micro-batches joined together is the big batch again, its activations all in "
@@ -965,6 +1060,16 @@ def judge_7_4(obs: list[dict], seed: int, file) -> str:
                 what = ("the gradient of the mean loss over all ranks' samples" if call["equal_counts"] else
                         f"the average over the ranks of each rank's mean-loss gradient (the ranks hold different "
                         f"numbers of samples, {counts}: DDP gives each rank's mean the same weight)")
+                if plain is None:
+                    import torch.nn.functional as F
+                    plain = _expected_74(case, obs[0]["initial"], world, F.cross_entropy)
+                if all(_close(g, x, rtol=1e-8, atol=1e-11) for g, x in zip(grads, plain[i]["grads"])):
+                    raise CheckFailed("uses the loss_fn it is given",               # w6-07 w74_18
+                                      f"k={k}: .grad is the gradient of plain cross-entropy (rank {o['rank']}), but "
+                                      f"the check's loss_fn is cross-entropy with label_smoothing={LABEL_SMOOTHING_74}: "
+                                      "your code computes its own loss instead of calling loss_fn",
+                                      "loss = loss_fn(ddp_model(x), y) * (len(x) / total): the caller chooses the loss "
+                                      "(label smoothing, class weights, another task's loss)")
                 raise CheckFailed("leaves the big batch's gradient, averaged over the ranks",
                                   f"k={k}, micro-batches of {[len(t) for t in np.array_split(np.arange(local), k)]} "
                                   f"samples: .grad differs from {what} by up to {worst:.3g} (rank {o['rank']})",
@@ -1372,11 +1477,22 @@ def judge_7_5(obs: list[dict], seed: int, file) -> str:
             resumed = [pairs for _, pairs in o["results"][i]["resume"]]
             if resumed != full[start:]:
                 first = resumed[0][:3] if resumed else "nothing"
+                W, K = case["workers"], len(full)
+                split = ""
+                if W > 2:             # w6-07 w75_14, w75_15: a split right with two workers only
+                    per = Counter(w for w, _ in o["results"][i]["epochs"][str(epoch)])
+                    got = [per.get(w, 0) for w in range(W)]
+                    want = [K // W + (w < K % W) for w in range(W)]
+                    if got != want:
+                        split = (f". Your {W} workers delivered {got} batches of the {K}; the split the resume rule "
+                                 f"assumes is {want}: the first K % W workers one more (K // W + (w < K % W)), the "
+                                 "longer runs first. Another split (the longer runs last, ceil(K / W) each) can be right "
+                                 "with two workers and not with more")
                 raise CheckFailed("resumes where it stopped",
                                   f"with {_describe_75(case)}: after set_epoch({epoch}, start={start}), rank "
                                   f"{o['rank']} yielded {len(resumed)} batches starting with {first}; the epoch's "
                                   f"batches after its first {start} are {len(full) - start}, starting with "
-                                  f"{full[start][:3] if start < len(full) else 'nothing'}",
+                                  f"{full[start][:3] if start < len(full) else 'nothing'}" + split,
                                   "the DataLoader takes one batch from each worker in turn, starting with worker 0, "
                                   "in a resumed epoch too: work out how many batches each worker had delivered, and "
                                   "which worker's batch comes next")

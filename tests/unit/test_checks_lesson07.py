@@ -179,6 +179,36 @@ MUTANTS_71.append((generator_kept_between_calls(), "computes each call from its 
 MESSAGES_71[len(MUTANTS_71) - 1] = "a second call with the same arguments returned another list"
 
 
+def padded_twice_at_most(n, num_replicas, rank, *, shuffle=True, seed=0, epoch=0, drop_last=False):
+    """w6-07 W14: the list repeated once more when the dataset is smaller than the ranks, but never a
+    third time: right unless three or more copies are needed (n=1 with 5 ranks: rank 4 gets [])."""
+    if shuffle:
+        g = torch.Generator()
+        g.manual_seed(seed + epoch)
+        indices = torch.randperm(n, generator=g).tolist()
+    else:
+        indices = list(range(n))
+    if drop_last:
+        total = num_replicas * (n // num_replicas)
+        indices = indices[:total]
+    else:
+        total = num_replicas * math.ceil(n / num_replicas)
+        indices = indices + indices[:total - n]
+        if len(indices) < total:
+            indices = (indices * 2)[:total]
+    return indices[rank:total:num_replicas]
+
+
+def sorted_share(n, num_replicas, rank, **kwargs):
+    """w6-07 W16: the right indices, sorted (the order is the mistake, not the padding)."""
+    return sorted(shard_indices(n, num_replicas, rank, **kwargs))
+
+
+MUTANTS_71.append((padded_twice_at_most, "pads even when the dataset is smaller than the number of ranks"))
+MESSAGES_71[len(MUTANTS_71) - 1] = "copies of the list (more than two)"
+MUTANTS_71.append((sorted_share, "keeps DistributedSampler's order within the rank's share"))
+MESSAGES_71[len(MUTANTS_71) - 1] = "yours holds the right indices, sorted"
+
 
 @pytest.mark.parametrize("seed", SEEDS_71)
 def test_7_1_solution_passes(monkeypatch, seed):
@@ -360,6 +390,15 @@ MESSAGES_72 = {     # mutants whose message must name what they did
     20: "ranks [0, 1] called torch.save",
     21: "trained on all",
 }
+# w6-07 w72_24: dist.barrier() only inside `if rank == 0:` is named as rank 0's barrier without a partner
+assert MUTANTS_72[12][0] == body_72(barrier_in_if=True)
+MESSAGES_72[12] = "rank 0's barrier has no partner"
+# w6-07 w72_11: the global rank as the GPU index passed (only the one-node pass compared device_ids)
+MUTANTS_72.append((body_72(ddp="DDP(model, device_ids=[dist.get_rank()] if device.type == 'cuda' else None)"),
+                   "gives DDP the rank's own GPU (device_ids=[device.index])"))
+MESSAGES_72[len(MUTANTS_72) - 1] = "its DDP got device_ids=[1]: on the second node that names a GPU the node does not have"
+RIGHT_72["device_ids=[LOCAL_RANK] on a GPU"] = body_72(
+    ddp=f"DDP(model, device_ids=[int({ENV}['LOCAL_RANK'])] if device.type == 'cuda' else None)")
 
 HEADER_73 = '''
 import math
@@ -714,6 +753,41 @@ MUTANTS_73.append((file_73("""\
 """).replace("def global_metrics", "_T = None\n\n\ndef global_metrics").replace(
     'if "_T" not in globals():', "if _T is None:"), "computes each call from its own arguments (nothing kept between calls)"))
 MESSAGES_73[len(MUTANTS_73) - 1] = "a tensor kept between calls"
+# w6-07 w73_12: async_op=True and no .wait(): named as the un-awaited handle, not as a missing reduce
+MUTANTS_73.append((file_73("""\
+    t = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=collective_device())
+    dist.all_reduce(t, async_op=True)
+    return finish(*t.tolist())
+"""), "waits for the all-reduce before reading its result"))
+MESSAGES_73[len(MUTANTS_73) - 1] = "returns a handle (a Work) that nothing waits on"
+RIGHT_73["async_op=True, then wait()"] = file_73("""\
+    t = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=collective_device())
+    dist.all_reduce(t, async_op=True).wait()
+    return finish(*t.tolist())
+""")
+# w6-07 w74_18: F.cross_entropy(reduction='sum') / total in place of the loss_fn given: the check's loss_fn
+# is label-smoothed, so ignoring it shows
+MUTANTS_74.append((body_74().replace("loss_fn(ddp_model(x), y) * (len(x) / total)",
+                                     "torch.nn.functional.cross_entropy(ddp_model(x), y, reduction='sum') / total"),
+                   "uses the loss_fn it is given"))
+MESSAGES_74[len(MUTANTS_74) - 1] = "the check's loss_fn is cross-entropy with label_smoothing"
+# w6-07 w74_10: every forward first, then a backward per loss: the hint names both orders, not only a sum
+MUTANTS_74.append((HEADER_74 + textwrap.indent(textwrap.dedent("""\
+    ddp_model.zero_grad(set_to_none=True)
+    total = sum(len(x) for x, _ in micro_batches)
+    losses = []
+    with ddp_model.no_sync():
+        for x, y in micro_batches[:-1]:
+            losses.append(loss_fn(ddp_model(x), y) * (len(x) / total))
+    x, y = micro_batches[-1]
+    losses.append(loss_fn(ddp_model(x), y) * (len(x) / total))
+    with ddp_model.no_sync():
+        for loss in losses[:-1]:
+            loss.backward()
+    losses[-1].backward()
+    return float(sum(loss.detach() for loss in losses))
+"""), "    "), "runs backward on each micro-batch before the next forward"))
+MESSAGES_74[len(MUTANTS_74) - 1] = "kept and each given its own backward afterwards"
 
 EXERCISES = {
     "7.2": ("train_ddp", RIGHT_72, MUTANTS_72, lesson07.judge_7_2),
