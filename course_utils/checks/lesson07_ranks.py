@@ -126,6 +126,15 @@ def case_74(seed: int, world: int) -> dict:
             "stale": float(rng.uniform(3.0, 9.0)), "calls": calls}
 
 
+LABEL_SMOOTHING_74 = 0.3
+
+
+def loss_fn_74(logits, labels):
+    """Exercise 7.4's loss_fn: a mean loss that is not plain cross-entropy, so that code ignoring the
+    loss_fn it is given (F.cross_entropy(..., reduction='sum') / total: w6-07 w74_18) shows."""
+    return F.cross_entropy(logits, labels, label_smoothing=LABEL_SMOOTHING_74)
+
+
 class MLP(nn.Module):
     """Linear-tanh-Linear in float64 (no BatchNorm: micro-batches and shards change nothing)."""
 
@@ -618,7 +627,7 @@ def run_74(fn, job, rank, world, workdir, obs) -> None:
         reads = SyncCounter(host_reads=True, cuda_debug=False)  # a value read here is a wait for the GPU there
         try:
             with CollectiveCounter() as counter, reads:
-                returned = fn(ddp, micro, F.cross_entropy)
+                returned = fn(ddp, micro, loss_fn_74)
         finally:
             step_hook.remove()
         learner_file = os.path.abspath(job["file"])
@@ -645,7 +654,8 @@ def cases_75(seed: int, world: int) -> list[dict]:
     (one sample too many for m full batches per rank, one too few for m + 1), read without
     workers; (2) a single shard, two workers per rank, resumed after an odd number of batches;
     (3) a single shard over six epochs, without workers; (4) a single shard with a remainder of one
-    over 21 epochs and (5) 16 small shards over ten epochs, both without workers.
+    over 21 epochs and (5) 16 small shards over ten epochs, both without workers; (6) a single
+    shard, four workers per rank, resumed before its last batch.
     No case divides into full batches, so dropping and padding give different epochs."""
     rng = np.random.default_rng([75, seed])
     cases = []
@@ -700,6 +710,20 @@ def cases_75(seed: int, world: int) -> list[dict]:
             break
     cases.append({"sizes": sizes, "batch_size": batch, "seed": int(rng.integers(0, 10_000)), "workers": 0,
                   "epochs": list(range(10)), "resume": None})
+    # (6) a single shard, FOUR workers per rank, K = 4m + 2 batches per rank, resumed before its last
+    # batch: the split of K batches among W workers shows only when W does not divide K, and only near
+    # the epoch's end, where a worker runs dry. With two workers, ceil(K/W) per worker and the longer runs
+    # last are right (w6-07 w75_14, w75_15); with three, each is right for one of K % 3 = 1, 2; with
+    # four and K % 4 = 2 both resume wrongly from batch K - 1 (a simulation of the DataLoader's
+    # round-robin, on every K; the fewest workers and the one resume point that catch both)
+    batch = int(rng.integers(3, 6))
+    while True:
+        n = int(rng.integers(60, 161))
+        k = n // (world * batch)
+        if n % (world * batch) and k % 4 == 2 and k >= 10:      # 6 would leave a ceil(K/W) split's worker idle
+            break
+    cases.append({"sizes": [n], "batch_size": batch, "seed": int(rng.integers(0, 10_000)), "workers": 4,
+                  "epochs": [0], "resume": [0, k - 1]})
     return cases
 
 

@@ -173,7 +173,17 @@ MUTANTS += [
                       "rng = np.random.default_rng([self.seed, self.epoch, worker])"),
      "a different split every epoch, drawn from (seed, epoch) alone", "workers of a rank"),
 ]
-assert all(src != RIGHT["solution"] for src, *_ in MUTANTS[-5:])
+# w6-07 w75_14, w75_15: two splits of a rank's K batches among its workers that are right with two workers
+# only (the longer runs last; ceil(K/W) each); case (6) reads with four workers, K % 4 = 2, resumed at K - 1
+SOLUTION_COUNTS = "counts = [k // workers + (w < k % workers) for w in range(workers)]"
+MUTANTS += [
+    (answer().replace(SOLUTION_COUNTS, "counts = [k // workers + (w >= workers - k % workers) for w in range(workers)]"),
+     "resumes where it stopped", "the longer runs first"),
+    (answer().replace(SOLUTION_COUNTS, "counts = [max(0, min(-(-k // workers), k - w * -(-k // workers))) "
+                                       "for w in range(workers)]"),
+     "resumes where it stopped", "ceil(K / W) each"),
+]
+assert all(src != RIGHT["solution"] for src, *_ in MUTANTS[-7:])
 RIGHT["Python random offset"] = answer().replace(         # w5-07 w75_14: another seeded generator, right
     SOLUTION_OFFSET, "offset = __import__('random').Random(self.seed * 1000003 + self.epoch).randint("
                      "0, n - k * world * self.batch_size)")
