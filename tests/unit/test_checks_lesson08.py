@@ -1886,3 +1886,19 @@ def test_the_82_pass_message_counts_the_machines_the_spec_counts():
     spec = "".join("".join(c["source"]) for c in json.loads(
         (Path(__file__).resolve().parents[2] / "solutions" / "08-capstone-feed-the-gpu.ipynb").read_text())["cells"])
     assert "every run: 35 machines" in spec
+
+
+def test_the_notebooks_two_noise_bars_are_explained_and_the_bf16_line_judged_by_the_wider():
+    """w4-08: the climb called bf16 (5,554) slower than fp32 (8,067) against 44%, 1% past the bar; the card, from the
+    same numbers, called them the same within 88%. The climb's line now says when it sits at the bar's edge, and the
+    line under the card says why the bars differ and judges bf16 again by the wider."""
+    from course_utils import ladder
+    rows = [{"name": "device-resident", "samples_per_s": 8067.0},
+            {"name": "device-resident + bf16", "samples_per_s": 5554.0}]
+    assert "lies at the edge of that noise (69%)" in ladder.precision_words(rows)
+    assert "at the edge" not in ladder.precision_words([rows[0], dict(rows[1], samples_per_s=4000.0)])
+    words = ladder.noise_bars_words(0.88, rows)
+    assert "the card uses 88%" in words and "read both by the card's 88%" in words, words
+    assert words.endswith("bf16 against fp32 (69%) is not ordered by this run"), words
+    narrow = ladder.noise_bars_words(0.20, rows)
+    assert "a rung measured once still needs 44%" in narrow and "is slower beyond it; 69% lies at the edge" in narrow
