@@ -497,12 +497,14 @@ class _DriverLinesHeld:
 
 
 def _virtual_epochs(make_pipeline, config, workload, n: int, batch_size: int, what: str, observed: dict | None = None):
+    """`_virtual_epochs_held`, DALI's driver line held back: (epochs, a failure to raise once the epochs' samples are
+    judged or None, a note)."""
     with _DriverLinesHeld() as held:
-        epochs, note = _virtual_epochs_held(make_pipeline, config, workload, n, batch_size, what, observed)
+        epochs, deferred, note = _virtual_epochs_held(make_pipeline, config, workload, n, batch_size, what, observed)
     if note and held.dropped:
         note += ("; DALI printed 'dlopen libcuda.so failed' there, looking for a GPU driver as it does on any machine "
                  "without one: the check held that line back")
-    return epochs, note
+    return epochs, deferred, note
 
 
 def _race_hint(race) -> str:
@@ -527,7 +529,8 @@ def _virtual_epochs_held(make_pipeline, config, workload, n: int, batch_size: in
     itself, the host never waiting for the device batch after batch, and every batch read by the
     model (on its stream, as the forward pass would) only after the work that made it, with its
     memory kept for the model's stream (`record_stream`) when another stream made it. Returns the
-    epochs' arrays, or None with the reason when the pipeline uses a part only a real GPU runs
+    epochs' arrays, the failure for batches copied from pageable memory (raised by the caller once it has judged the
+    samples) or None, and "" ; or None, None and the reason when the pipeline uses a part only a real GPU runs
     (DALI's GPU stages). `observed`, when given, gets what was tolerated, per epoch: "waits" and "copies", each a
     list of (count, batches, where the first one was)."""
     from ..ladder import LadderContext
@@ -537,7 +540,7 @@ def _virtual_epochs_held(make_pipeline, config, workload, n: int, batch_size: in
         ctx = LadderContext(config, vc.device, vc.device, None, progress=False, training_set=workload)
         try:
             pipeline = _expect_pipeline(make_pipeline(ctx), f"make_pipeline(ctx) on {VIRTUAL}")
-            epochs = []
+            epochs, deferred = [], None
             for e in range(2):
                 where = f"epoch {e + 1} of {what}, on {VIRTUAL} (a GPU's code path)"
                 vc.reset_log()
@@ -578,7 +581,8 @@ def _virtual_epochs_held(make_pipeline, config, workload, n: int, batch_size: in
                 if len(waits) > (MAX_WAITS_PER_EPOCH if e == 0 else MAX_WAITS_LATER_EPOCH):
                     extra_ids = {id(c) for c in extra}
                     batch_copies = [c for c in vc.h2d() if c.blocks_host and id(c) not in extra_ids]
-                    if len(batch_copies) > (MAX_WAITS_PER_EPOCH if e == 0 else MAX_WAITS_LATER_EPOCH):
+                    if deferred is None and len(batch_copies) > (MAX_WAITS_PER_EPOCH if e == 0
+                                                                 else MAX_WAITS_LATER_EPOCH):
                         first = batch_copies[0]
                         place = _course_relative(first.where)
                         who = ("the training loop's copy of each batch your loader gives, at "
@@ -586,7 +590,9 @@ def _virtual_epochs_held(make_pipeline, config, workload, n: int, batch_size: in
                                if place.startswith("the course's own ") else f"{first.what} at {place}")
                         how = ("with non_blocking=True, which from pageable memory waits all the same"
                                if first.non_blocking else "a blocking copy")
-                        raise CheckFailed("never makes the host wait for the device",
+                        # raised once the epochs' samples are judged: a dataset kept from an earlier ctx (on the
+                        # host there) is named for that, not for its copies (w2-08 r16)
+                        deferred = CheckFailed("never makes the host wait for the device",
                                           f"{where}: the host waited for the device {len(waits)} times in "
                                           f"{len(sizes)} batches: {len(batch_copies)} of them copies of the batches "
                                           f"themselves from host memory that is not pinned (first: {first.nbytes} "
@@ -596,6 +602,7 @@ def _virtual_epochs_held(make_pipeline, config, workload, n: int, batch_size: in
                                           "the ladder's last rung does; a copy every batch from pageable memory "
                                           "makes the host wait once a step, .to(device) with or without "
                                           "non_blocking=True (only pinned memory copies without a wait)")
+                if deferred is None and len(waits) > (MAX_WAITS_PER_EPOCH if e == 0 else MAX_WAITS_LATER_EPOCH):
                     first = waits[0]
                     kind = f"a blocking copy, {first.what}" if hasattr(first, "nbytes") else first.what
                     raise CheckFailed("never makes the host wait for the device",
@@ -638,14 +645,14 @@ def _virtual_epochs_held(make_pipeline, config, workload, n: int, batch_size: in
             if part is not None:
                 # walk w4-08: the learner's DALI ran its CPU stages on this machine (ctx.cuda False) and the note
                 # said "DALI's GPU stages": on the virtual device ctx.cuda is True, and the same code asks for them
-                return None, (f"the pass on {VIRTUAL} was skipped: there ctx.cuda is True, and your pipeline asked for "
+                return None, None, (f"the pass on {VIRTUAL} was skipped: there ctx.cuda is True, and your pipeline asked for "
                               f"a part only a real GPU runs ({part}), whatever it ran on this machine; so the host "
                               "waits and copies a GPU would see are not checked for it here: a GPU run does")
             failure = _driver_call(exc, f"{what}, on {VIRTUAL}")
             if failure is not None:
                 raise failure from None
             raise
-    return epochs, ""
+    return epochs, deferred, ""
 
 
 # a loader may hold a few batches ahead (a prefetcher, DALI's queue); a pipeline holding more keeps every batch
@@ -763,11 +770,12 @@ def _check_correctness(make_pipeline, rng, seed: int, device: str | None, *, vir
     config = LadderConfig(batch_size=batch_size, num_workers=min(2, usable_cores()), device=device)
     what = f"a workload of {n} images, ctx.batch_size={batch_size} (seed {seed})"
     if virtual:
-        epochs, note = _virtual_epochs(make_pipeline, config, workload, n, batch_size, what, observed)
+        epochs, deferred, note = _virtual_epochs(make_pipeline, config, workload, n, batch_size, what, observed)
         if epochs is None:
             return note
         what += f", on {VIRTUAL}"
     else:
+        deferred = None
         kept = []                               # the batches the model got, weakly: which of them outlive the epochs
 
         def model_reads(i, images, labels):
@@ -821,6 +829,8 @@ def _check_correctness(make_pipeline, rng, seed: int, device: str | None, *, vir
                               "another mean or std makes them unreadable")
         order.append(index)
         found.append(_verify_crops(x, y, index, workload, where))
+    if deferred is not None:
+        raise deferred
     first, second = order
     if trusted.array_equal(first, np.sort(first)):
         raise CheckFailed("shuffles", f"{what}: epoch 1 came in the workload's order 0, 1, 2, ...",
