@@ -1902,3 +1902,5 @@ def test_the_notebooks_two_noise_bars_are_explained_and_the_bf16_line_judged_by_
     assert words.endswith("bf16 against fp32 (69%) is not ordered by this run"), words
     narrow = ladder.noise_bars_words(0.20, rows)
     assert "a rung measured once still needs 44%" in narrow and "is slower beyond it; 69% lies at the edge" in narrow
+    card = ladder.noise_bars_words(0.20, rows + [{"name": "yours", "samples_per_s": 7300.0}], "yours")
+    assert "the card's faster or slower for device-resident + bf16 (76% of yours) is within the climb's 44%" in card
