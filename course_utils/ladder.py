@@ -38,6 +38,7 @@ import contextlib
 import copy
 import datetime
 import itertools
+import math
 import json
 import sys
 from dataclasses import asdict, dataclass, field
@@ -64,7 +65,7 @@ __all__ = ["LadderConfig", "LadderContext", "LadderResult", "RungSkipped", "rung
            "rung_mixed_precision", "main", "Pipeline", "TrainingSet", "ImageArrays", "ladder_context", "measure_rung",
            "baseline_pipeline", "workers_pipeline", "prefetcher_pipeline", "device_resident_pipeline",
            "dali_pipeline", "mixed_precision_pipeline", "cuda_graph_pipeline", "rung_cuda_graph", "rung_row",
-           "SAME_RUN_FLOOR", "RATIO_NOISE", "precision_words", "one_run_words", "ceiling_share_words"]
+           "SAME_RUN_FLOOR", "RATIO_NOISE", "precision_words", "noise_bars_words", "one_run_words", "ceiling_share_words"]
 
 
 class RungSkipped(Exception):
@@ -823,6 +824,9 @@ def precision_words(rows, ceiling: dict | None = None, sim=None, batch_size: int
             f"{RATIO_NOISE:.0%} (up to {SAME_RUN_FLOOR:.0%} each)")
     tie = _within(ratio, 1.0)
     modelled = sim is not None and getattr(sim, "profile", None) is not None
+    said += _edge_words(ratio, [1.0] + ([sim.ceiling_step_ms(batch_size)
+                                         / sim.ceiling_step_ms(batch_size, amp="bf16", channels_last=True)]
+                                        if modelled else []))
     if not modelled:
         if tie:
             return said + ": the same within that noise; this run cannot order them"
@@ -844,6 +848,53 @@ def precision_words(rows, ceiling: dict | None = None, sim=None, batch_size: int
         return said + ": the same within the noise, not as far apart as that charge" + slow
     return said + (": slower than even that charge, beyond the noise" if ratio < charged
                    else ": faster, beyond the noise, than both that charge and a tie")
+
+
+def _edge_words(ratio: float, references: list[float], noise: float = RATIO_NOISE, share: float = 0.05) -> str:
+    """Words for a ratio within `share` of the noise's edge around any of `references` (in log terms): walk w4-08,
+    bf16 at 69% of fp32 against a bar at 69.4% called "slower" in one run and a tie in the next."""
+    width = math.log1p(noise)
+    for ref in references:
+        for edge in (ref / (1 + noise), ref * (1 + noise)):
+            if abs(math.log(ratio / edge)) < share * width:
+                return (f"; {ratio:.0%} lies at the edge of that noise ({edge:.0%}), so the verdict that follows "
+                        "could go the other way in the next run")
+    return ""
+
+
+def noise_bars_words(card_noise: float, rows, final: str | None = None) -> str:
+    """Why the report card's noise and the climb's differ, and the bf16 line judged again by the wider (walk w4-08: the
+    climb called bf16 slower than fp32 against 44%, the card, from the same numbers, the same within 88%). The climb's
+    lines judge two single measurements against RATIO_NOISE; the card widens its own to twice the widest spread of the
+    pipelines measured more than once in the run (at least SAME_RUN_FLOOR)."""
+    bar = max(card_noise, RATIO_NOISE)
+    said = (f"two noise bars in this notebook: the climb's lines order two single measurements only beyond "
+            f"{RATIO_NOISE:.0%} (up to {SAME_RUN_FLOOR:.0%} each), set before anything was measured twice; the card "
+            f"uses {card_noise:.0%}, from this run's repeats. ")
+    if card_noise > RATIO_NOISE:
+        said += (f"The repeats spread more than the climb assumed, so read both by the card's {bar:.0%}")
+    else:
+        said += (f"The card's is the narrower because it compares medians of repeated measurements; a rung measured "
+                 f"once still needs {bar:.0%} to be ordered")
+    measured = {r["name"]: r for r in rows if not r.get("skipped") and r.get("samples_per_s")}
+    bf16, fp32 = measured.get("device-resident + bf16"), measured.get("device-resident")
+    if bf16 and fp32:
+        ratio = bf16["samples_per_s"] / fp32["samples_per_s"]
+        verdict = ("not ordered by this run" if _within(ratio, 1.0, bar)
+                   else "slower beyond it" if ratio < 1 else "faster beyond it")
+        said += f": bf16 against fp32 ({ratio:.0%}) is {verdict}" + _edge_words(ratio, [1.0], bar)
+    mine = measured.get(final) if final else None
+    if mine and card_noise < RATIO_NOISE:
+        # the card sorted these against yours by its narrower bar, each from one measurement (walk w4-08: bf16 at 76%
+        # "slower in the same run" under the card in one run, "the same" in the next)
+        ratios = {r["name"]: r["samples_per_s"] / mine["samples_per_s"] for r in measured.values()
+                  if r is not mine and r["name"] != "device-resident"}       # device-resident: measured three times
+        unsure = [f"{name} ({ratio:.0%} of yours)" for name, ratio in ratios.items()
+                  if _within(ratio, 1.0) and not _within(ratio, 1.0, card_noise)]
+        if unsure:
+            said += ("; the card's faster or slower for " + ", ".join(unsure) + " is within the climb's "
+                     f"{RATIO_NOISE:.0%}, so not an ordering one measurement of each can make")
+    return said
 
 
 def one_run_words(rows) -> str:

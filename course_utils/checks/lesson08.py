@@ -132,11 +132,13 @@ def decode(pixels: np.ndarray, n: int) -> np.ndarray:
 _NORMALISATIONS = [
     ("CIFAR-10's", data.CIFAR10_MEAN, data.CIFAR10_STD, ""),
     ("none (raw 0..255)", (0.0, 0.0, 0.0), (1 / 255,) * 3,
-     "the values are the raw 0..255 pixels: scale to 0..1, then normalise with data.CIFAR10_MEAN and CIFAR10_STD"),
+     "the values are the raw 0..255 pixels: divide by 255 first, then normalise with course_utils.data.CIFAR10_MEAN "
+     "and CIFAR10_STD"),
     ("none (0..1)", (0.0, 0.0, 0.0), (1.0, 1.0, 1.0),
-     "the values are scaled to 0..1 but not normalised: subtract data.CIFAR10_MEAN and divide by data.CIFAR10_STD"),
+     "the values are scaled to 0..1 but not normalised: subtract course_utils.data.CIFAR10_MEAN and divide by "
+     "CIFAR10_STD"),
     ("ImageNet's", (0.485, 0.456, 0.406), (0.229, 0.224, 0.225),
-     "that is ImageNet's mean and std: use data.CIFAR10_MEAN and data.CIFAR10_STD"),
+     "that is ImageNet's mean and std: use course_utils.data.CIFAR10_MEAN and CIFAR10_STD"),
 ]
 
 
@@ -174,11 +176,18 @@ def _identify(images: np.ndarray, n: int, what: str) -> np.ndarray:
             mean = -low * std
             if (decode(_pixels(images, mean, std), n) >= 0).mean() > max(0.9, share):
                 said = ", ".join(f"{m:.3f}" for m in mean), ", ".join(f"{v:.3f}" for v in std)
+                # walk w4-08 w25: the right constants on the raw 0..255 values read as CIFAR-10's mean and std
+                # divided by 255: the /255 was left out, not the constants
+                unscaled = np.allclose(np.asarray(mean) * 255, data.CIFAR10_MEAN, rtol=0.05, atol=0.005) and \
+                    np.allclose(np.asarray(std) * 255, data.CIFAR10_STD, rtol=0.05)
+                hint = ("your constants are CIFAR-10's, but the pixels were not divided by 255 first: "
+                        "(x.float() / 255 - mean) / std" if unscaled else
+                        "normalise with course_utils.data.CIFAR10_MEAN and CIFAR10_STD, both of them, after x / 255")
                 raise CheckFailed("normalised as the baseline: (x/255 - CIFAR10_MEAN) / CIFAR10_STD",
                                   f"{what}: the images read as normalised with mean ({said[0]}) and std ({said[1]}), "
                                   f"not CIFAR-10's ({', '.join(f'{m:.3f}' for m in data.CIFAR10_MEAN)}) and "
-                                  f"({', '.join(f'{v:.3f}' for v in data.CIFAR10_STD)})",
-                                  "normalise with data.CIFAR10_MEAN and data.CIFAR10_STD, both of them")
+                                  f"({', '.join(f'{v:.3f}' for v in data.CIFAR10_STD)})"
+                                  + (": CIFAR-10's divided by 255" if unscaled else ""), hint)
     raise CheckFailed("every image is a pad-4 crop of a sample of the workload",
                       f"{what}: {int((found < 0).sum())} of {len(found)} images are not a 32x32 window of a "
                       "workload image padded with 4 black pixels (flipped or not), normalised with CIFAR-10's "
@@ -197,7 +206,7 @@ def _verify_crops(images: np.ndarray, labels: np.ndarray, index: np.ndarray, wor
                           f"{what}: {bad} of {len(index)} images differ from every window of their sample "
                           f"(largest difference {float(found.max_error.max()):.3g})",
                           "crop the zero-padded image (not a resized or rotated one), flip left-right only, and "
-                          "normalise with data.CIFAR10_MEAN / CIFAR10_STD in float32")
+                          "normalise with course_utils.data.CIFAR10_MEAN / CIFAR10_STD in float32")
     want = workload.labels[index]
     if not trusted.array_equal(labels, want):
         wrong = int((labels != want).sum())
@@ -209,11 +218,36 @@ def _verify_crops(images: np.ndarray, labels: np.ndarray, index: np.ndarray, wor
 
 # -- one epoch, as the model sees it ---------------------------------------------------------------
 
+# every Pipeline (and its loader) make_pipeline returned during one check, by id, as weak references: the parity run
+# names a pipeline kept from an earlier call (walk w4-08 w16: cached on the batch size, it served the check's random
+# images to the parity run, and the message blamed the crop)
+_SEEN: dict[int, weakref.ref] = {}
+
+
+def _seen_before(obj, before: dict) -> bool:
+    ref = before.get(id(obj))
+    return ref is not None and ref() is obj
+
+
 def _expect_pipeline(pipeline, what: str):
     from ..ladder import Pipeline
     if isinstance(pipeline, Pipeline):
         if pipeline.loader is None:
             raise WrongType("type", f"{what} returned a Pipeline without a loader.")
+        kept = [name for name, obj in (("the Pipeline", pipeline), ("its loader", pipeline.loader))
+                if _seen_before(obj, _SEEN)]
+        if kept:
+            raise CheckFailed("makes the pipeline from the ctx it is given",
+                              f"{what} returned {' and '.join(kept)} it had returned to an earlier call, for another "
+                              "workload (other images, another device or batch size): that call's images, not this "
+                              "ctx's, would reach the model",
+                              "a pipeline kept from an earlier call (in a dict, a global, a default argument) serves "
+                              "that call's images: make a new one from the ctx you are given every time")
+        for obj in (pipeline, pipeline.loader):
+            try:
+                _SEEN[id(obj)] = weakref.ref(obj)
+            except TypeError:           # a loader that takes no weak reference: not told apart
+                pass
         return pipeline
     got = "None (did make_pipeline forget to return?)" if pipeline is None else type(pipeline).__name__
     raise WrongType("type", f"{what} should return a course_utils.ladder.Pipeline(loader, batch_transform=..., "
@@ -463,12 +497,14 @@ class _DriverLinesHeld:
 
 
 def _virtual_epochs(make_pipeline, config, workload, n: int, batch_size: int, what: str, observed: dict | None = None):
+    """`_virtual_epochs_held`, DALI's driver line held back: (epochs, a failure to raise once the epochs' samples are
+    judged or None, a note)."""
     with _DriverLinesHeld() as held:
-        epochs, note = _virtual_epochs_held(make_pipeline, config, workload, n, batch_size, what, observed)
+        epochs, deferred, note = _virtual_epochs_held(make_pipeline, config, workload, n, batch_size, what, observed)
     if note and held.dropped:
-        note += ("; DALI's line 'dlopen libcuda.so failed' was DALI looking for a GPU driver there, as it does on any "
-                 "machine without one")
-    return epochs, note
+        note += ("; DALI printed 'dlopen libcuda.so failed' there, looking for a GPU driver as it does on any machine "
+                 "without one: the check held that line back")
+    return epochs, deferred, note
 
 
 def _race_hint(race) -> str:
@@ -493,7 +529,8 @@ def _virtual_epochs_held(make_pipeline, config, workload, n: int, batch_size: in
     itself, the host never waiting for the device batch after batch, and every batch read by the
     model (on its stream, as the forward pass would) only after the work that made it, with its
     memory kept for the model's stream (`record_stream`) when another stream made it. Returns the
-    epochs' arrays, or None with the reason when the pipeline uses a part only a real GPU runs
+    epochs' arrays, the failure for batches copied from pageable memory (raised by the caller once it has judged the
+    samples) or None, and "" ; or None, None and the reason when the pipeline uses a part only a real GPU runs
     (DALI's GPU stages). `observed`, when given, gets what was tolerated, per epoch: "waits" and "copies", each a
     list of (count, batches, where the first one was)."""
     from ..ladder import LadderContext
@@ -503,7 +540,7 @@ def _virtual_epochs_held(make_pipeline, config, workload, n: int, batch_size: in
         ctx = LadderContext(config, vc.device, vc.device, None, progress=False, training_set=workload)
         try:
             pipeline = _expect_pipeline(make_pipeline(ctx), f"make_pipeline(ctx) on {VIRTUAL}")
-            epochs = []
+            epochs, deferred = [], None
             for e in range(2):
                 where = f"epoch {e + 1} of {what}, on {VIRTUAL} (a GPU's code path)"
                 vc.reset_log()
@@ -531,11 +568,41 @@ def _virtual_epochs_held(make_pipeline, config, workload, n: int, batch_size: in
                                       "numbers drawn on the host (offsets, flips, a permutation) or constants made "
                                       "for every batch are copied to the device every step: make them on the device "
                                       "(device=images.device, a generator there), and constants once")
-                waits = vc.reads() + [c for c in vc.h2d() if not c.non_blocking]
+                # every copy that makes the host wait: blocking ones, and copies from pageable (unpinned) memory,
+                # non_blocking=True or not: the host stages those itself (lesson 03), so a dataset kept on the host
+                # and copied batch after batch from pageable memory waits once a batch (walk w4-08 w21, w21b: a
+                # blocking .to(device) of every batch passed, while the course's one-off copy of its constants
+                # counted)
+                waits = vc.reads() + [c for c in vc.h2d() if c.blocks_host]
                 if observed is not None:
                     observed.setdefault("copies", []).append((len(extra), len(sizes), extra[0].where if extra else ""))
                     observed.setdefault("waits", []).append((len(waits), len(sizes), waits[0].where if waits else ""))
+                    observed.setdefault("places", []).extend(c.where for c in extra + waits)
                 if len(waits) > (MAX_WAITS_PER_EPOCH if e == 0 else MAX_WAITS_LATER_EPOCH):
+                    extra_ids = {id(c) for c in extra}
+                    batch_copies = [c for c in vc.h2d() if c.blocks_host and id(c) not in extra_ids]
+                    if deferred is None and len(batch_copies) > (MAX_WAITS_PER_EPOCH if e == 0
+                                                                 else MAX_WAITS_LATER_EPOCH):
+                        first = batch_copies[0]
+                        place = _course_relative(first.where)
+                        who = ("the training loop's copy of each batch your loader gives, at "
+                               f"{place[len('the course' + chr(39) + 's own '):]}"
+                               if place.startswith("the course's own ") else f"{first.what} at {place}")
+                        how = ("with non_blocking=True, which from pageable memory waits all the same"
+                               if first.non_blocking else "a blocking copy")
+                        # raised once the epochs' samples are judged: a dataset kept from an earlier ctx (on the
+                        # host there) is named for that, not for its copies (w2-08 r16)
+                        deferred = CheckFailed("never makes the host wait for the device",
+                                          f"{where}: the host waited for the device {len(waits)} times in "
+                                          f"{len(sizes)} batches: {len(batch_copies)} of them copies of the batches "
+                                          f"themselves from host memory that is not pinned (first: {first.nbytes} "
+                                          f"bytes, {how}: {who})",
+                                          "your loader gives the batches from the host: keep the dataset on the "
+                                          "device (ctx.on_device()) and slice each batch there (DeviceLoader), as "
+                                          "the ladder's last rung does; a copy every batch from pageable memory "
+                                          "makes the host wait once a step, .to(device) with or without "
+                                          "non_blocking=True (only pinned memory copies without a wait)")
+                if deferred is None and len(waits) > (MAX_WAITS_PER_EPOCH if e == 0 else MAX_WAITS_LATER_EPOCH):
                     first = waits[0]
                     kind = f"a blocking copy, {first.what}" if hasattr(first, "nbytes") else first.what
                     raise CheckFailed("never makes the host wait for the device",
@@ -576,12 +643,16 @@ def _virtual_epochs_held(make_pipeline, config, workload, n: int, batch_size: in
                 raise failure from None
             part = _needs_a_real_gpu(exc)
             if part is not None:
-                return None, f"the pass on {VIRTUAL} was skipped: your pipeline uses a part only a real GPU runs ({part})"
+                # walk w4-08: the learner's DALI ran its CPU stages on this machine (ctx.cuda False) and the note
+                # said "DALI's GPU stages": on the virtual device ctx.cuda is True, and the same code asks for them
+                return None, None, (f"the pass on {VIRTUAL} was skipped: there ctx.cuda is True, and your pipeline asked for "
+                              f"a part only a real GPU runs ({part}), whatever it ran on this machine; so the host "
+                              "waits and copies a GPU would see are not checked for it here: a GPU run does")
             failure = _driver_call(exc, f"{what}, on {VIRTUAL}")
             if failure is not None:
                 raise failure from None
             raise
-    return epochs, ""
+    return epochs, deferred, ""
 
 
 # a loader may hold a few batches ahead (a prefetcher, DALI's queue); a pipeline holding more keeps every batch
@@ -699,11 +770,12 @@ def _check_correctness(make_pipeline, rng, seed: int, device: str | None, *, vir
     config = LadderConfig(batch_size=batch_size, num_workers=min(2, usable_cores()), device=device)
     what = f"a workload of {n} images, ctx.batch_size={batch_size} (seed {seed})"
     if virtual:
-        epochs, note = _virtual_epochs(make_pipeline, config, workload, n, batch_size, what, observed)
+        epochs, deferred, note = _virtual_epochs(make_pipeline, config, workload, n, batch_size, what, observed)
         if epochs is None:
             return note
         what += f", on {VIRTUAL}"
     else:
+        deferred = None
         kept = []                               # the batches the model got, weakly: which of them outlive the epochs
 
         def model_reads(i, images, labels):
@@ -757,6 +829,8 @@ def _check_correctness(make_pipeline, rng, seed: int, device: str | None, *, vir
                               "another mean or std makes them unreadable")
         order.append(index)
         found.append(_verify_crops(x, y, index, workload, where))
+    if deferred is not None:
+        raise deferred
     first, second = order
     if trusted.array_equal(first, np.sort(first)):
         raise CheckFailed("shuffles", f"{what}: epoch 1 came in the workload's order 0, 1, 2, ...",
@@ -1158,7 +1232,8 @@ def _traced_parity(make_pipeline, steps: int, seed: int, device, marked, flips: 
             "this)")
 
     def traced(ctx):
-        pipeline = _expect_pipeline(make_pipeline(ctx), "make_pipeline(ctx) in the parity run")
+        made = make_pipeline(ctx)
+        pipeline = _expect_pipeline(made, "make_pipeline(ctx) in the parity run")
         traces.append(_ParityTrace(pipeline.batch_transform, ctx.data, what))
         return dataclasses.replace(pipeline, batch_transform=traces[-1])
 
@@ -1215,9 +1290,20 @@ def tolerated(observed: dict) -> str:
         parts.append(f"{many}: " + ", ".join(str(count) for count, _, _ in seen) + " in epochs of "
                      + ", ".join(str(batches) for _, batches, _ in seen) + " batches")
     if firsts:
-        places = [_course_relative(p) for p in sorted(set(firsts), key=firsts.index)]
-        parts[-1] += (f" (the first at {' and '.join(places)}; tolerated: not batch after batch, but on a GPU each one "
-                      "stalls it once)")
+        everywhere = observed.get("places") or firsts
+        places = [_course_relative(p) for p in sorted(set(everywhere), key=everywhere.index)]
+        if all(p.startswith("the course's own ") for p in places):
+            # walk w4-08: "(the first at the course's own course_utils/device_data.py:132 ...)" read as the learner's
+            # own waits: every one of them is in the course's code, and the message says so, and what it is
+            own = [p[len("the course's own "):] for p in places]
+            what = (": its normalisation constants, copied to the device once, at the first batch"
+                    if all("device_data.py" in p for p in own) else "")
+            parts[-1] += (f" (all of them in the course's own code, not yours ({' and '.join(own)}{what}); tolerated: "
+                          "not batch after batch, but on a GPU each one stalls it once)")
+        else:
+            firsts = [_course_relative(p) for p in sorted(set(firsts), key=firsts.index)]
+            parts[-1] += (f" (the first at {' and '.join(firsts)}; tolerated: not batch after batch, but on a GPU "
+                          "each one stalls it once)")
     return ", ".join(parts)
 
 
@@ -1243,6 +1329,7 @@ def check_pipeline(make_pipeline):
     from ..target import pick_target
 
     expect_callable(make_pipeline, "a function make_pipeline(ctx) -> course_utils.ladder.Pipeline")
+    _SEEN.clear()
     _verify_course_code("before the check ran your code (an earlier cell)")
     rng, seed = fresh_rng()
     torch.manual_seed(seed)               # the course's pieces that draw from torch follow the check's seed
@@ -1387,7 +1474,18 @@ _MODEL_MISTAKES = [
     ("device_cost left out: the GPU's limit of a rung is ceiling x (1 - device_cost), the share of the GPU's time "
      "its own work on the device takes",
      lambda report: _speeds(report, lambda c, g: c / g, cost="none")),
+    # walk w4-08 v10
+    ("the CPU's limit alone for a rung with cpu_per_core: the GPU's limit, ceiling x (1 - device_cost), binds it "
+     "too, and its speed is the smaller of the two: min(device, cpu)",
+     lambda report: _speeds(report, lambda c, g: c / g, lambda a, b: b)),
 ]
+
+# mistakes in the choice once the speeds are right (walk w4-08 v21: the median taken as "the fastest")
+_BEST_MISTAKES = [
+    ("the fastest is the largest predicted speed, max(speeds), not their median", statistics.median),
+    ("the fastest is the largest predicted speed, max(speeds), not their mean", statistics.fmean),
+]
+_PROBE_TOLERANCES = (0.0, 0.05, 0.1, 0.5)
 
 
 def _choice(speed: dict, tolerance: float) -> str | None:
@@ -1590,15 +1688,24 @@ def check_choose_rung(choose_rung):
                                   "is") from None
             case.judge(yours, given, earlier, lambda report, **kw: trip.call(choose_rung, copy.deepcopy(report), **kw))
             earlier.append((case, yours))
-        try:
-            trip.call(choose_rung, {"machine": "empty", "cores": 4, "gpus": 1, "ceiling": 1000.0, "rungs": {}})
-        except ValueError:
-            pass
-        else:
-            raise CheckFailed("raises ValueError on a report without rungs", "an empty 'rungs' did not raise",
+        # no rungs: an empty 'rungs', and no 'rungs' at all (walk w4-08 v25: len(report["rungs"]) raised KeyError
+        # there and passed; the spec says both)
+        for words, report in (("an empty 'rungs'", {"rungs": {}}), ("a report without a 'rungs' key", {})):
+            report = {"machine": "empty", "cores": 4, "gpus": 1, "ceiling": 1000.0, **report}
+            try:
+                trip.call(choose_rung, report)
+            except ValueError:
+                continue
+            except KeyError as exc:
+                raise CheckFailed("raises ValueError on a report without rungs",
+                                  f"{words}: your choose_rung raised KeyError: {exc}",
+                                  "a report without a 'rungs' key has no rungs either: report.get('rungs'), and "
+                                  "raise ValueError when it gives nothing") from None
+            raise CheckFailed("raises ValueError on a report without rungs", f"{words} did not raise",
                               "nothing to choose from: raise ValueError")
-    return (f"the right rung on {len(cases)} machines (the spec's default and threshold cases, the source articles' "
-            "boxes, many GPUs per core, fresh made-up ones).")
+    return (f"the right rung on {len(cases)} machines ({len(contract)} the spec states, {len(curated)} built to "
+            f"separate the usual mistakes, the source articles' boxes among them, {len(drawn)} fresh made-up ones), "
+            "and ValueError for a report with no rungs (an empty 'rungs', and none at all).")
 
 
 class _Case:
@@ -1631,10 +1738,28 @@ class _Case:
         top = max(shared.values())
         self.serial_shared = next(n for n, v in shared.items() if v >= (1 - tolerance) * top)
         self.other_models = {}              # the choices the mistakes in the speed model give: {choice: [words]}
+        # and each mistake's choices at every probe tolerance (walk w4-08: an answer that follows one of them at
+        # every tolerance is named for it first, not for the choice rule it got right)
+        self.mistake_at = []
+        self.probes = tuple(sorted(set(_PROBE_TOLERANCES) | {tolerance}))
+        self.at.update({t: reference_choice(report, t) for t in self.probes if t not in self.at})
         for words, speeds in _MODEL_MISTAKES:
-            other = _choice(speeds(report), tolerance)
+            theirs = speeds(report)
+            other = _choice(theirs, tolerance)
             if other is not None and other != self.want:
                 self.other_models.setdefault(other, []).append(words)
+            self.mistake_at.append((words, {t: _choice(theirs, t) for t in self.probes}))
+        # the choice rules' usual mistakes on the spec's own speeds (the fastest, the last or the slowest within the
+        # tolerance): an answer that follows one of them is the choice rule's, not a speed model's
+        def within(t):
+            return [n for n, v in self.speed.items() if v >= (1 - t) * best]
+        self.rule_at = [{t: max(self.speed, key=self.speed.get) for t in self.probes},
+                        {t: within(t)[-1] for t in self.probes},
+                        {t: min(within(t), key=self.speed.get) for t in self.probes}]
+        for words, middle in _BEST_MISTAKES:
+            centre = middle(list(self.speed.values()))
+            self.mistake_at.append((words, {t: next((n for n, v in self.speed.items() if v >= (1 - t) * centre),
+                                                    None) for t in self.probes}))
 
     def _cached(self, yours, earlier, call) -> bool:
         """Whether `yours` is an earlier report's answer kept (keyed on the machine, or its cores, GPUs and ceiling):
@@ -1650,6 +1775,21 @@ class _Case:
             return False
         fresh = self.fresh
         return (call(fresh, tolerance=self.tolerance) if self.keyword else call(fresh)) == self.want
+
+    def _followed_mistakes(self, yours, call) -> list[str]:
+        """The usual mistakes (speed model, or the fastest taken as the median) whose choices the answer gives at
+        every probe tolerance, where the spec's model gives another somewhere: the mistake it made, named first."""
+        candidates = [(words, at) for words, at in self.mistake_at
+                      if at[self.tolerance] == yours and any(at[t] != self.at[t] for t in self.probes)]
+        if not candidates:
+            return []
+        try:
+            answers = {t: call(self.report, tolerance=t) for t in self.probes}
+        except Exception:           # an answer that raises at another tolerance follows none of them
+            return []
+        if any(all(at[t] == answers[t] for t in self.probes) for at in self.rule_at):
+            return []
+        return [words for words, at in candidates if all(at[t] == answers[t] for t in self.probes)]
 
     def judge(self, yours, given, earlier=(), call=None) -> None:
         report, tolerance, want, speed = self.report, self.tolerance, self.want, self.speed
@@ -1683,6 +1823,10 @@ class _Case:
         elif call is not None and self._cached(yours, earlier, call):
             hint = ("that is the answer to an earlier report of the same machine, whose rungs differed: compute "
                     "every answer from the report's own rungs, and keep nothing from one call to the next")
+        elif call is not None and (named := self._followed_mistakes(yours, call)):
+            hint = (f"{yours!r}, and your answers at every tolerance tried here "
+                    f"({', '.join(f'{t:g}' for t in self.probes)}), are what this mistake gives: "
+                    + "; or ".join(named) + ". Compare your predicted speeds with the predicted fractions above")
         elif (not self.keyword and yours in (self.at[0.0], self.at[0.1]) and call is not None
               and call(report, tolerance=0.05) == want):
             hint = "called without a tolerance, choose_rung uses 0.05 (the spec's default)"
