@@ -1380,7 +1380,16 @@ class SideStreamWaitsForTheStreamAtCopyTime(GoodPrefetcher):   # w3-03 #32: the 
         return batch
 
 
-class EventBeforeTheCopy(GoodPrefetcher):      # w3-03 #17: the event recorded on the side stream before the copy
+class _WaitsForItsEvent(GoodPrefetcher):     # the consumer waits for self.event instead of the side stream
+    def hand_out(self, batch):
+        consumer = torch.cuda.current_stream(self.device)
+        consumer.wait_event(self.event)
+        for t in batch:
+            t.record_stream(consumer)
+        return batch
+
+
+class EventBeforeTheCopy(_WaitsForItsEvent):   # w3-03 #17: the event recorded on the side stream before the copy
     def copy(self, batch):
         images, labels = batch
         with torch.cuda.stream(self.stream):
@@ -1388,27 +1397,13 @@ class EventBeforeTheCopy(GoodPrefetcher):      # w3-03 #17: the event recorded o
             self.event.record(self.stream)
             return images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
 
-    def hand_out(self, batch):
-        consumer = torch.cuda.current_stream(self.device)
-        consumer.wait_event(self.event)
-        for t in batch:
-            t.record_stream(consumer)
-        return batch
 
-
-class EventOnTheConsumer(GoodPrefetcher):      # w3-03 #18: recorded after the copy, but on the consumer's stream
+class EventOnTheConsumer(_WaitsForItsEvent):   # w3-03 #18: recorded after the copy, but on the consumer's stream
     def copy(self, batch):
         out = super().copy(batch)
         self.event = torch.cuda.Event()
         self.event.record(torch.cuda.current_stream(self.device))
         return out
-
-    def hand_out(self, batch):
-        consumer = torch.cuda.current_stream(self.device)
-        consumer.wait_event(self.event)
-        for t in batch:
-            t.record_stream(consumer)
-        return batch
 
 
 MUTANTS_31_W3 = [
