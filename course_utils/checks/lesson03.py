@@ -328,15 +328,17 @@ def check_prefetcher(Prefetcher):
                 "while CUDA is present; on a virtual CUDA device (the second of two) copied ahead from the loader's "
                 "pinned memory on a side stream the consumer's stream waits for on the device (for that batch's copy only, the stream current at each hand-out, also when the loop changed streams mid-pass), memory kept for "
                 "the consumer's stream, the host never blocked (nor polled with query()), no pinned source rewritten in flight, no batch kept "
-                "once the loop is done with it (nor after the pass); ends and restarts cleanly, also after a pass "
-                "stopped early. (On this GPU the side stream was held busy, so a missing "
+                "once the loop is done with it (nor after the pass, nor after a `break`), nothing launched on the "
+                "loop's stream; ends and restarts cleanly, also after a pass stopped early, and two passes at once "
+                "are each a pass of their own. (On this GPU the side stream was held busy, so a missing "
                 "wait_stream would have read unfinished copies; the rest is graded on the virtual device only.)")
     return ("same batches, same order; on the CPU and the meta device passed through, moved; the CPU also "
             "while CUDA is present; on a virtual CUDA device (the second of two) copied ahead from the loader's "
             "pinned memory on a side stream the consumer's stream waits for on the device (for that batch's copy only, the stream current at each hand-out, also when the loop changed streams mid-pass), memory kept for "
             "the consumer's stream, the host never blocked (nor polled with query()), no pinned source rewritten in flight, no batch kept "
-            "once the loop is done with it (nor after the pass); ends and restarts cleanly, also after a pass "
-            "stopped early. (No GPU here: on one, the check also runs it on the real "
+            "once the loop is done with it (nor after the pass, nor after a `break`), nothing launched on the "
+            "loop's stream; ends and restarts cleanly, also after a pass stopped early, and two passes at once "
+            "are each a pass of their own. (No GPU here: on one, the check also runs it on the real "
             "device.)")
 
 
@@ -1428,7 +1430,8 @@ def check_normalize(normalize_on_device):
                                   "(nor a view of them) in a global, a dict or a closure")
     return ("float32 on the device, equal to ToTensor + Normalize within 1e-4, labels passed through, a new tensor "
             "every batch and nothing kept; on a (virtual) GPU, two devices in turn, no copy from the host after the "
-            "first batch, nothing read back.")
+            "first batch, nothing read back, no host wait, the constants made once per device and at most "
+            f"{MAX_NORMALIZE_OPS} operations a batch.")
 
 
 MAX_NORMALIZE_OPS = 6     # operations on the device per batch (the course's answer runs 4; a loop over the channels, 9)

@@ -455,23 +455,19 @@ class UnguardedNext(GoodPrefetcher):           # w1-03 M18: next() without a def
 
 # right answers the reports list (GPU-right): they must pass
 class EventAfterTheCopy(GoodPrefetcher):       # w1-03 M36, x-03 X2: the consumer waits for an event
-    def copy(self, batch):
+    def copy(self, batch):                     # the event travels with its batch (not on self: two passes at once)
         out = super().copy(batch)
         event = torch.cuda.Event()
         event.record(self.stream)
-        self.events[id(out)] = event
-        return out
+        return out, event
 
     def hand_out(self, batch):
+        batch, event = batch
         consumer = torch.cuda.current_stream(self.device)
-        consumer.wait_event(self.events.pop(id(batch)))
+        consumer.wait_event(event)
         for t in batch:
             t.record_stream(consumer)
         return batch
-
-    def __iter__(self):
-        self.events = {}
-        yield from super().__iter__()
 
 
 class AllocatedOnTheConsumer(GoodPrefetcher):  # x-03 X3: no record_stream, a wait back instead (torch's preferred)
