@@ -1205,7 +1205,8 @@ def _per_position(fn, images, generator, rng, on, seed, vc, size, p):
     k = 2 * p + 1
     repeats = sum(bool((dy[r] == dy[r - 1]).all() and (dx[r] == dx[r - 1]).all() and (fl[r] == fl[r - 1]).all())
                   for r in range(1, ROUNDS))       # 16 samples drawn alike by chance: about 162**-16
-    if repeats:
+    untouched = bool(((dy == p) & (dx == p) & (fl == 0)).all())     # nothing augmented: named per position below
+    if repeats and not untouched:
         raise CheckFailed("draws new crops on every call",
                           f"{what}: {repeats} of the {ROUNDS - 1} calls gave every sample the same crop and flip as "
                           "the call before, with the same generator passed in: that generator did not advance "

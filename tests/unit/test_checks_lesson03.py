@@ -1327,7 +1327,7 @@ MUTANTS_33_WALKED = [
 
 
 def test_3_3_right_answers_of_the_reports_pass():
-    for answer in (one_kernel_addcmul, python_numbers_per_channel):
+    for answer in (one_kernel_addcmul,):
         passes("3.3", answer, SEEDS)
 
 
@@ -1931,5 +1931,28 @@ def test_3_3_w7_mutants_rejected(mutant):
     rejected("3.3", mutant, SEEDS[:1])
 
 
+def test_3_3_w7_python_numbers_per_channel_now_rejected():
+    # x-03 X41 / w1-03 judged it right (the values are); w7-03: 9 launches a batch where torch.full constants made
+    # every call (2 launches more than the course's 4) are rejected for their launches: one rule for both
+    rejected("3.3", Mutant("x-03 X41 Python numbers per channel", python_numbers_per_channel,
+                           "runs a few operations per batch", words="loop over the channels"), SEEDS[:1])
+
+
 def test_3_3_w7_labels_cloned_passes():
     passes("3.3", labels_cloned, SEEDS[:1])
+
+
+def _clones(k):
+    def normalize(images, labels):
+        out, labels = good_normalize(images, labels)
+        for _ in range(k):
+            out = out.clone()
+        return out, labels
+    normalize.__name__ = f"good_normalize_then_{k}_clones"
+    return normalize
+
+
+def test_3_3_the_operations_limit_is_where_the_verdict_flips():   # the near-miss rule: 6 pass, 7 fail
+    passes("3.3", _clones(2), SEEDS[:1])
+    rejected("3.3", Mutant("7 operations a batch", _clones(3), "runs a few operations per batch",
+                           words="7 operations"), SEEDS[:1])
