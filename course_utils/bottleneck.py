@@ -61,9 +61,9 @@ def diagnose(run) -> Verdict:
         if stall < 0.5:         # the waits are the part a faster model would not remove, not most of the time
             rest = (f" (a step in flight {in_flight:.0%} of it" + (f", the device busy {util:.0%}" if util is not None
                                                                     else "") + ")") if in_flight is not None else ""
-            return Verdict("input-bound", f"in part: the loop waited for data {stall:.0%} of the time, and the "
-                                          f"other {1 - stall:.0%} it did not{rest}: faster loading removes the "
-                                          "waits, not the rest")
+            return Verdict("input-bound", f"the loop waited for data {stall:.0%} of the time, and the other "
+                                          f"{1 - stall:.0%} it did not{rest}: input-bound in part, faster loading "
+                                          "removes the waits, not the rest")
         return Verdict("input-bound", f"the loop waited for data {stall:.0%} of the time")
     if synced and util is not None and util < COMPUTE_UTIL:
         return Verdict("sync-bound", f"the loop synchronised every step; the device was busy {util:.0%} of the time")
