@@ -58,6 +58,14 @@ def diagnose(run) -> Verdict:
     in_flight = _get(run, "steps_in_flight_fraction")
     synced = bool(_get(run, "synced_every_step"))
     if stall >= INPUT_STALL:
+        if stall < 0.5:         # the waits are the part a faster model would not remove, not most of the time
+            rest = (f" (a step in flight {in_flight:.0%} of it" + (f", the device busy {util:.0%}" if util is not None
+                                                                    else "") + ")") if in_flight is not None else ""
+            near = (f" ({INPUT_STALL:.0%} is the line: another run may land below it)" if stall < 1.5 * INPUT_STALL
+                    else "")
+            return Verdict("input-bound", f"the loop waited for data {stall:.0%} of the time, and the other "
+                                          f"{1 - stall:.0%} it did not{rest}: input-bound in part, faster loading "
+                                          f"removes the waits, not the rest{near}")
         return Verdict("input-bound", f"the loop waited for data {stall:.0%} of the time")
     if synced and util is not None and util < COMPUTE_UTIL:
         return Verdict("sync-bound", f"the loop synchronised every step; the device was busy {util:.0%} of the time")
@@ -69,8 +77,10 @@ def diagnose(run) -> Verdict:
     if util >= COMPUTE_UTIL:
         return Verdict("compute-bound", f"the device was busy {util:.0%} of the time")
     flight = f", a step in flight {in_flight:.0%} of it" if in_flight is not None else ""
+    near = (f" (waiting for data {stall:.0%} is near the {INPUT_STALL:.0%} at which this reads input-bound: another "
+            "run may land on that side)" if stall >= INPUT_STALL / 2 else "")
     return Verdict("launch-bound", f"waiting for data only {stall:.0%}{flight}, yet the device was busy "
-                                   f"{util:.0%}: it waited for the host to launch kernels")
+                                   f"{util:.0%}: it waited for the host to launch kernels{near}")
 
 
 # -- arithmetic rates ---------------------------------------------------------------------------

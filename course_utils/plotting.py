@@ -17,9 +17,11 @@ def stamp(fig, device: str) -> None:
     width (a line wider than the figure would make the notebook's tight bounding box widen the
     image and squeeze the axes); when it takes more than one line, the axes move up to make room."""
     import textwrap
+    import re
     text = f"measured on: {device}"
     per_line = max(40, int(fig.get_figwidth() * 72 / (7 * 0.58)))     # 7-point characters across the figure
-    lines = textwrap.wrap(text, per_line) or [text]
+    glued = re.sub(r"(\d) (?=[A-Za-z%/]+\b)", "\\1\u00a0", text)   # a number and its unit on one line ("1500 GB/s")
+    lines = [line.replace("\u00a0", " ") for line in textwrap.wrap(glued, per_line)] or [text]
     fig.text(0.995, 0.005, "\n".join(lines), ha="right", va="bottom", fontsize=7, color="dimgrey")
     if len(lines) > 1:
         extra = (len(lines) - 1) * 7 * 1.3 / 72 / fig.get_figheight()

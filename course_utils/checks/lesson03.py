@@ -278,11 +278,13 @@ def _streams_in(*objects) -> list:
     return found
 
 
-def _passes(Prefetcher, loader, device, what, *, on_pass=None, first=0):
+def _passes(Prefetcher, loader, device, what, *, on_pass=None, first=0, made=None):
     """The passes every device gets: a full pass, a second one, one stopped after two batches (as
     `train(steps=...)` stops), and a full one after it. `on_pass(pass_index)` gives the
-    `on_batch` of each pass and the context it runs in."""
+    `on_batch` of each pass and the context it runs in. `made`: a list the prefetcher is put in."""
     pf = Prefetcher(loader, device)
+    if made is not None:
+        made.append(pf)
     previous = None
     for k, stop_after in enumerate((None, None, 2, None)):
         pass_index = first + k
@@ -318,6 +320,7 @@ def check_prefetcher(Prefetcher):
     for n in sizes:
         _virtual_prefetch(Prefetcher, int(rng.integers(1 << 30)), n, seed)
     _unpinned_pass(Prefetcher, int(rng.integers(1 << 30)), sizes[0], seed)
+    _two_passes_at_once(Prefetcher, int(rng.integers(1 << 30)), max(sizes[0], 3), seed)
     _meta_pass(Prefetcher, meta_seed, seed)
     if torch.cuda.is_available():
         _check_cuda_streams(Prefetcher)
@@ -325,15 +328,17 @@ def check_prefetcher(Prefetcher):
                 "while CUDA is present; on a virtual CUDA device (the second of two) copied ahead from the loader's "
                 "pinned memory on a side stream the consumer's stream waits for on the device (for that batch's copy only, the stream current at each hand-out, also when the loop changed streams mid-pass), memory kept for "
                 "the consumer's stream, the host never blocked (nor polled with query()), no pinned source rewritten in flight, no batch kept "
-                "once the loop is done with it (nor after the pass); ends and restarts cleanly, also after a pass "
-                "stopped early. (On this GPU the side stream was held busy, so a missing "
+                "once the loop is done with it (nor after the pass, nor after a `break`), nothing launched on the "
+                "loop's stream; ends and restarts cleanly, also after a pass stopped early, and two passes at once "
+                "are each a pass of their own. (On this GPU the side stream was held busy, so a missing "
                 "wait_stream would have read unfinished copies; the rest is graded on the virtual device only.)")
     return ("same batches, same order; on the CPU and the meta device passed through, moved; the CPU also "
             "while CUDA is present; on a virtual CUDA device (the second of two) copied ahead from the loader's "
             "pinned memory on a side stream the consumer's stream waits for on the device (for that batch's copy only, the stream current at each hand-out, also when the loop changed streams mid-pass), memory kept for "
             "the consumer's stream, the host never blocked (nor polled with query()), no pinned source rewritten in flight, no batch kept "
-            "once the loop is done with it (nor after the pass); ends and restarts cleanly, also after a pass "
-            "stopped early. (No GPU here: on one, the check also runs it on the real "
+            "once the loop is done with it (nor after the pass, nor after a `break`), nothing launched on the "
+            "loop's stream; ends and restarts cleanly, also after a pass stopped early, and two passes at once "
+            "are each a pass of their own. (No GPU here: on one, the check also runs it on the real "
             "device.)")
 
 
@@ -384,6 +389,49 @@ def _unpinned_pass(Prefetcher, loader_seed, n, seed):
                               "copy is staged by the host, but it is still right")
 
 
+def _two_passes_at_once(Prefetcher, loader_seed, n, seed):
+    """Two passes over one prefetcher, alive at once (as zip(p, p) or a loop nested in another
+    makes them): the first takes a batch, the second runs to its end, the first goes on. Each
+    must be a pass of its own over the loader."""
+    with VirtualCuda(second=True) as vc:
+        loader = _ScriptedLoader(loader_seed, n, pin=lambda t: vc._pin(t, log=False))
+        what = (f"two passes at once over one prefetcher on {VIRTUAL} {vc.device}, a loader of {n} pinned batches: "
+                "a = iter(p); next(a); then a whole pass `for batch in p`; then the rest of a (as zip(p, p) or a "
+                f"loop nested in another does; seed {seed})")
+        try:
+            pf = Prefetcher(loader, vc.device)
+            first = iter(pf)
+            got_a = [b for b in (_next(first, what),) if b is not _STOP]
+            second = iter(pf)
+            got_b = list(itertools.islice(iter(lambda: _next(second, what), _STOP), n + 1))
+            got_a += list(itertools.islice(iter(lambda: _next(first, what), _STOP), n + 1))
+        except RuntimeError as exc:
+            raise _learner_error(exc, what) or exc
+
+        def values(batches):
+            return [tuple(_values(t) for t in _as_pair(b, what)) for b in batches]
+
+        want_a, want_b = loader._batches(0), loader._batches(1)
+
+        def same(got, want):
+            return len(got) == len(want) and all(
+                x.shape == wx.shape and trusted.torch_equal(x, wx) and y.shape == wy.shape and trusted.torch_equal(y, wy)
+                for (x, y), (wx, wy) in zip(got, want))
+
+        va, vb = values(got_a), values(got_b)
+        if not (same(va, want_a) and same(vb, want_b)):
+            attrs = [k for k in vars(pf) if k not in ("loader", "device", "stream")] if hasattr(pf, "__dict__") else []
+            shared = "your __iter__ returns self, so both passes are one iterator" if second is first else (
+                "both passes share what yours keeps on self")
+            raise CheckFailed("each pass is a pass of its own, also two at once",
+                              f"{what}: the first pass yielded {len(va)} batches, the second {len(vb)}, of {n} "
+                              f"each{'' if same(vb, want_b) else ', not the batches of a fresh pass'}: {shared}"
+                              + (f" (self.{', self.'.join(attrs)})" if attrs else ""),
+                              "make __iter__ a generator that keeps the loader's iterator and the batch in flight in "
+                              "local variables: each `for batch in prefetcher` (each iter()) then gets a pass of its "
+                              "own; no __next__, no pass state on self")
+
+
 def _meta_pass(Prefetcher, loader_seed, seed):
     """A device that is neither the CPU nor CUDA (the meta device, which keeps shapes only, stands
     for mps or xpu): the batches must arrive there."""
@@ -420,6 +468,16 @@ def _virtual_prefetch(Prefetcher, loader_seed, n, seed):
         device = vc.device
         home = torch.cuda.current_device()
         threads = threading.active_count()
+        allocs = {}                       # every device allocation, by id (a copy's destination names its id)
+        new_alloc = vc._new_alloc
+
+        @passes_through
+        def tracked(*args, **kwargs):
+            alloc, token = new_alloc(*args, **kwargs)
+            allocs[alloc.id] = alloc
+            return alloc, token
+
+        vc._new_alloc = tracked
 
         def on_pass(k, what):
             # the second pass runs on streams of the loop's own, and changes stream after its first
@@ -442,6 +500,18 @@ def _virtual_prefetch(Prefetcher, loader_seed, n, seed):
 
             def consume(i, images, labels):
                 consumer = consumers[min(i, len(consumers) - 1)]
+                spent = sum(s.kernels for s in consumers) - log["loop_kernels"]
+                if spent > 0:
+                    name, where = next(s.first_kernel for s in consumers if s.first_kernel)
+                    raise CheckFailed("launches nothing on the device but the copies",
+                                      f"{what}: before batch {i} reached the training loop, yours ran {spent} "
+                                      f"operation{'s' if spent != 1 else ''} on the loop's own stream ({name} at "
+                                      f"{where}): work on every batch that the copy does not need, queued in the "
+                                      "training step's way (a .clone() is one more copy of the batch on the device, "
+                                      "and one more batch of memory)",
+                                      "hand out the tensors the copy made, as they are: the copy itself gives new "
+                                      "tensors on the device (no .clone(), no conversion: a conversion belongs in "
+                                      "the step, as exercise 3.3's normalize does)")
                 need = 2 * min(i + 2, loader._n)
                 if len(vc.h2d()) < need and threading.active_count() > threads:
                     deadline = time.perf_counter() + 0.5      # a copy issued by a thread of yours: its moment to run
@@ -484,15 +554,37 @@ def _virtual_prefetch(Prefetcher, loader_seed, n, seed):
                 labels.sum()
                 if i + 1 < len(consumers) and len(stack) > slot:
                     stack[slot] = consumers[i + 1]    # the loop's next step runs on its other stream
+                log["loop_kernels"] = sum(s.kernels for s in consumers)      # the model's own reads, above
+                for s in consumers:
+                    s.first_kernel = None
             vc.reset_log()
+            log["loop_kernels"] = 0
+            for s in consumers:
+                s.first_kernel = None
             return consume, on_loop_streams()     # the loop's device stays the current one
 
         logs = []
+        made = []
+        stopped = None            # what a pass stopped by a `break` left referenced, named after the next pass
         what = f"a loader of {n} pinned batch{'es' if n != 1 else ''} on {VIRTUAL} {device} (seed {seed})"
         try:
-            for k, label, got in _passes(Prefetcher, loader, device, what, on_pass=on_pass):
+            for k, label, got in _passes(Prefetcher, loader, device, what, on_pass=on_pass, made=made):
                 vc.settle()
                 _judge_prefetch(vc, got, logs[-1], label, full=k != 2)
+                if k == 2:
+                    stopped = _kept_after_break(vc, allocs, made[0], label)
+                if k == 3 and stopped:
+                    label2, attrs = stopped
+                    raise CheckFailed("keeps no batch the training loop is done with",
+                                      f"{label2}: once the `break` had ended the pass (train(steps=...) makes one), "
+                                      "the batch yours had already copied ahead was still referenced by yours"
+                                      + (f" (self.{', self.'.join(attrs)})" if attrs else "")
+                                      + " until the next pass replaced it: its device memory stays taken. State "
+                                      "kept on self is also shared by two passes at once (zip(p, p), a loop "
+                                      "nested in another), which then hand out each other's batches",
+                                      "keep the loader's iterator and the batch in flight in local variables of "
+                                      "__iter__, a generator (each `for` gets a new one, and a `break` frees it): "
+                                      "nothing on self but the loader, the device and the stream")
                 if k != 2:        # a pass run to its end: the loop is done with every batch, yours keeps none
                     left = [j for j, allocs in enumerate(logs[-1]["allocs"])
                             if any(not a.freed for a in allocs.values())]
@@ -506,6 +598,31 @@ def _virtual_prefetch(Prefetcher, loader_seed, n, seed):
                                           "but the loader, the device and the stream")
         except RuntimeError as exc:
             raise _learner_error(exc, what) or exc
+
+
+def _holds_device_tensor(value, depth=0) -> bool:
+    if isinstance(value, DeviceTensor):
+        return True
+    if isinstance(value, (tuple, list)) and depth < 2:
+        return any(_holds_device_tensor(v, depth + 1) for v in value)
+    return False
+
+
+def _kept_after_break(vc, allocs, pf, what):
+    """After a pass stopped by a `break` (its generator let go): the batches copied in that pass
+    that something still references, and the attributes of the prefetcher that hold one."""
+    copied = {c.dst for c in vc.h2d() if c.dst is not None}
+
+    def kept():
+        return [allocs[d] for d in copied if d in allocs and not allocs[d].freed]
+
+    if kept():
+        import gc
+        gc.collect()              # a reference cycle is not a reference kept
+        if kept():
+            attrs = [k for k, v in vars(pf).items() if _holds_device_tensor(v)] if hasattr(pf, "__dict__") else []
+            return what, attrs
+    return None
 
 
 def _judge_prefetch(vc, got, log, what, *, full=True):
@@ -585,7 +702,11 @@ def _judge_prefetch(vc, got, log, what, *, full=True):
         race = races[0]
         reader = vc._by_id.get(race.stream)
         others = [s for s in log.get("consumers", []) if s.id != race.stream and race.writer in s.waited]
-        if reader is not None and race.writer in reader.waited:
+        if all(r.label.startswith("batch 0's") for r in races) and len(got) > 1:
+            how = (": the loop's stream waited for your side stream before every later batch, but not before the "
+                   "first batch of the pass: batch 0 was read with no wait at all (however long the start-up, on a "
+                   "GPU nothing orders the read after the copy but the wait)")
+        elif reader is not None and race.writer in reader.waited:
             how = (": the loop's stream did wait for your side stream, but for a point before this batch's copy "
                    "was queued (an event recorded on the side stream before the copy, or a wait made before it): "
                    "the event was misplaced")
@@ -917,7 +1038,10 @@ def check_crop_flip(random_crop_flip):
             if not trusted.torch_equal(*runs):
                 raise CheckFailed("with generator=None, reproducible under torch.manual_seed",
                                   f"{what}: two calls after torch.manual_seed({s}) differ",
-                                  "use torch's random functions (not Python's random or NumPy)")
+                                  "with generator=None, draw from torch's global generator: pass generator=None "
+                                  "on to torch.randint and torch.rand (that is their default), and torch.manual_seed "
+                                  "resets it. A generator of your own kept between calls (made once with a fixed "
+                                  "seed), Python's random or NumPy ignore torch.manual_seed")
     return ("exact crops of the zero-padded batch, mirrored or not, offsets uniform over 0..2*padding (at padding 4 "
             "and 2) and flips uniform per sample, "
             "reproducible; on a (virtual) GPU no copy from the host, nothing read back, memory in proportion.")
@@ -1079,6 +1203,17 @@ def _per_position(fn, images, generator, rng, on, seed, vc, size, p):
         dys.append(dy), dxs.append(dx), flips.append(flipped)
     dy, dx, fl = torch.stack(dys), torch.stack(dxs), torch.stack(flips).long()     # (ROUNDS, BATCH)
     k = 2 * p + 1
+    repeats = sum(bool((dy[r] == dy[r - 1]).all() and (dx[r] == dx[r - 1]).all() and (fl[r] == fl[r - 1]).all())
+                  for r in range(1, ROUNDS))       # 16 samples drawn alike by chance: about 162**-16
+    untouched = bool(((dy == p) & (dx == p) & (fl == 0)).all())     # nothing augmented: named per position below
+    if repeats and not untouched:
+        raise CheckFailed("draws new crops on every call",
+                          f"{what}: {repeats} of the {ROUNDS - 1} calls gave every sample the same crop and flip as "
+                          "the call before, with the same generator passed in: that generator did not advance "
+                          "between calls, so every batch of an epoch is augmented alike",
+                          "draw from the generator passed in itself (torch.randint(..., generator=generator)): a "
+                          "copy of its state (get_state/set_state into a new Generator) or a re-seed leaves the "
+                          "caller's generator where it was, and the next call draws the same numbers")
     # a position: flipped in 6..42 of the 48 calls (a fair coin stays inside by 5.2 standard
     # deviations), and no single offset in more than half of them (expected 1/9: 8 standard deviations)
     for i in range(BATCH):
@@ -1201,6 +1336,7 @@ def check_normalize(normalize_on_device):
                 wide = _watch_dtypes(vc, (torch.float64,)) if vc is not None else []
                 try:
                     result = normalize_on_device(images, labels)
+                    ops = vc.ops if vc is not None else 0
                 except RuntimeError as exc:
                     raise _learner_error(exc, what, mixed_hint=(
                         "keep the constants per device, keyed by the device itself (str(images.device): 'cuda:0' "
@@ -1249,6 +1385,15 @@ def check_normalize(normalize_on_device):
                                           "for values that never change",
                                           "make mean and std once per device and keep them (a dict keyed by "
                                           "str(images.device)); a call then runs only the arithmetic on the images")
+                    if call > 0 and ops > MAX_NORMALIZE_OPS:
+                        raise CheckFailed("runs a few operations per batch",
+                                          f"{what}: yours ran {ops} operations on the device for one batch (the "
+                                          f"course's answer runs 4): each a kernel launch of about 30 us of host time "
+                                          "on a GPU, for every batch. A Python loop over the channels launches the "
+                                          "same arithmetic once per channel",
+                                          "constants shaped (1, 3, 1, 1) broadcast over the whole batch: "
+                                          "(images.float() / 255 - mean) / std is four operations for all channels "
+                                          "at once; no loop, no torch.stack or torch.cat of the channels")
                     del vc._create, vc._wrap_new          # the device's own methods again
                 before = earlier.get((n, h, w))
                 held = out._inner if isinstance(out, DeviceTensor) else out.detach()   # its memory, not the object
@@ -1286,7 +1431,11 @@ def check_normalize(normalize_on_device):
                                   "(nor a view of them) in a global, a dict or a closure")
     return ("float32 on the device, equal to ToTensor + Normalize within 1e-4, labels passed through, a new tensor "
             "every batch and nothing kept; on a (virtual) GPU, two devices in turn, no copy from the host after the "
-            "first batch, nothing read back.")
+            "first batch, nothing read back, no host wait, the constants made once per device and at most "
+            f"{MAX_NORMALIZE_OPS} operations a batch.")
+
+
+MAX_NORMALIZE_OPS = 6     # operations on the device per batch (the course's answer runs 4; a loop over the channels, 9)
 
 
 def _learner_where() -> str:
@@ -1341,6 +1490,16 @@ def _count_made(vc) -> list[str]:
 
 def _compare_normalized(out, hwc, host, what):
     expected = _reference_normalize(hwc)
+    finite = torch.isfinite(out)
+    if not bool(finite.all()):
+        i = tuple(int(j) for j in (~finite).nonzero()[0])
+        raise CheckFailed("equals ToTensor + Normalize",
+                          f"{what}: {int((~finite).sum())} of {out.numel()} values of yours are not finite numbers "
+                          f"(element {i}: yours {float(out[i])}, expected {float(expected[i]):.5f}): a division by "
+                          "zero, by a std that is 0",
+                          "make mean and std float32 tensors (torch.tensor's default for Python floats): in an "
+                          "integer dtype (dtype=images.dtype, uint8) CIFAR10_STD's 0.247, 0.243 and 0.261 all "
+                          "become 0, and the means 0 too")
     err = (out - expected).abs()
     if not bool(torch.isfinite(out).all()) or float(err.max()) > 1e-4:
         i = np.unravel_index(int(torch.nan_to_num(err, nan=1e9).argmax()), tuple(err.shape))
@@ -1410,6 +1569,14 @@ def _judge_normalize_traffic(vc, call, what):
                               "back",
                               "do what Normalize does with constants of your own, made once per device: "
                               "(images.float() / 255 - mean) / std with mean and std shaped (1, 3, 1, 1)")
+        if all(s.cause == "wait" for s in vc.reads()) and not vc.d2h():
+            raise CheckFailed("never waits for the device",
+                              f"{what}: the host waited for the device ({first.what} at {first.where}): nothing came "
+                              "back, but the host stopped until every kernel queued on the device had run, and the "
+                              "GPU's run-ahead of the host is lost" + (" every batch" if call > 0 else ""),
+                              "return the result as it is: the training step, queued on the same stream, runs after "
+                              "the normalisation without any wait (no torch.cuda.synchronize, no stream or event "
+                              ".synchronize())")
         raise CheckFailed("never waits for the device", f"{what}: the images (or values computed from them) came back "
                           f"to the host ({first.what} at {first.where})",
                           "normalise with tensor operations on images.device; no .cpu(), .numpy(), .item()")

@@ -19,6 +19,16 @@ def test_each_verdict_follows_from_its_numbers(row, kind):
     assert "%" in verdict.reason
 
 
+def test_an_input_bound_loop_that_waits_less_than_half_the_time_says_so():   # w7-03: 22-30% waits read "input-bound"
+    verdict = diagnose({"stall_fraction": 0.3, "device_util": 0.06, "steps_in_flight_fraction": 0.6})
+    assert verdict.kind == "input-bound" and "in part" in verdict.reason and "other 70%" in verdict.reason
+    assert "in part" not in diagnose({"stall_fraction": 0.8, "device_util": 0.03}).reason
+    # near the line, on either side, the verdict says another run may land on the other side (w7-03: 14-30%)
+    assert "another run" in diagnose({"stall_fraction": 0.22, "device_util": 0.09, "steps_in_flight_fraction": 0.79}).reason
+    assert "another run" in diagnose({"stall_fraction": 0.14, "device_util": 0.09, "steps_in_flight_fraction": 0.79}).reason
+    assert "another run" not in diagnose({"stall_fraction": 0.02, "device_util": 0.09}).reason
+
+
 def test_the_threshold_is_where_the_verdict_flips():
     assert diagnose({"stall_fraction": 0.199, "device_util": 0.9}).kind == "compute-bound"
     assert diagnose({"stall_fraction": 0.2, "device_util": 0.9}).kind == "input-bound"

@@ -455,23 +455,19 @@ class UnguardedNext(GoodPrefetcher):           # w1-03 M18: next() without a def
 
 # right answers the reports list (GPU-right): they must pass
 class EventAfterTheCopy(GoodPrefetcher):       # w1-03 M36, x-03 X2: the consumer waits for an event
-    def copy(self, batch):
+    def copy(self, batch):                     # the event travels with its batch (not on self: two passes at once)
         out = super().copy(batch)
         event = torch.cuda.Event()
         event.record(self.stream)
-        self.events[id(out)] = event
-        return out
+        return out, event
 
     def hand_out(self, batch):
+        batch, event = batch
         consumer = torch.cuda.current_stream(self.device)
-        consumer.wait_event(self.events.pop(id(batch)))
+        consumer.wait_event(event)
         for t in batch:
             t.record_stream(consumer)
         return batch
-
-    def __iter__(self):
-        self.events = {}
-        yield from super().__iter__()
 
 
 class AllocatedOnTheConsumer(GoodPrefetcher):  # x-03 X3: no record_stream, a wait back instead (torch's preferred)
@@ -656,7 +652,7 @@ MUTANTS_31_WALKED += [
 
 def test_3_1_right_answers_of_the_reports_pass():
     for answer in (EventAfterTheCopy, AllocatedOnTheConsumer, CopiesFromAThread, WaitsBackBeforeEachCopy,
-                   RecordsThenWaits, NewStreamEveryBatch, ApexResetInIter):
+                   RecordsThenWaits, NewStreamEveryBatch):
         passes("3.1", answer, SEEDS[:2])
 
 
@@ -1331,7 +1327,7 @@ MUTANTS_33_WALKED = [
 
 
 def test_3_3_right_answers_of_the_reports_pass():
-    for answer in (one_kernel_addcmul, python_numbers_per_channel):
+    for answer in (one_kernel_addcmul,):
         passes("3.3", answer, SEEDS)
 
 
@@ -1691,3 +1687,272 @@ MUTANTS_33_W6 = [
 def test_3_3_w6_mutants_rejected(mutant):
     _KEPT_INPUTS.clear()
     rejected("3.3", mutant, SEEDS[:3])
+
+
+# -- walk w7-03 -----------------------------------------------------------------------------------
+# 3.1: state of a pass on self (the iterator protocol, or a generator's batch in flight on self)
+# passed: a `break` left the batch copied ahead referenced, and two passes at once (zip(p, p), a
+# loop nested in another) handed out each other's batches. w2-03 had judged ApexResetInIter (the
+# same design) acceptable; the walk showed zip(p, p) wrong on the CPU, so it is a mutant now.
+
+class IteratorProtocolStateOnSelf:               # w7-03 w31_41, the walker's code
+    def __init__(self, loader, device):
+        self.loader = loader
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self.stream = torch.cuda.Stream(self.device) if self.cuda else None
+
+    def _copy_next(self):
+        batch = next(self.batches, None)
+        if batch is None:
+            return None
+        if not self.cuda:
+            return tuple(t.to(self.device) for t in batch)
+        with torch.cuda.stream(self.stream):
+            return tuple(t.to(self.device, non_blocking=True) for t in batch)
+
+    def __iter__(self):
+        self.batches = iter(self.loader)
+        self.upcoming = self._copy_next()
+        return self
+
+    def __next__(self):
+        if self.upcoming is None:
+            raise StopIteration
+        if self.cuda:
+            consumer = torch.cuda.current_stream(self.device)
+            consumer.wait_stream(self.stream)
+            for t in self.upcoming:
+                t.record_stream(consumer)
+        current, self.upcoming = self.upcoming, self._copy_next()
+        return current
+
+
+class InFlightOnSelf(GoodPrefetcher):            # w7-03 w31_32: a generator, the batch in flight on self
+    def __iter__(self):
+        if self.stream is None:
+            yield from super().__iter__()
+            return
+        batches = iter(self.loader)
+
+        def copy_next():
+            following = next(batches, None)
+            return None if following is None else self.copy(following)
+
+        self.upcoming = copy_next()
+        while self.upcoming is not None:
+            current = self.hand_out(self.upcoming)
+            self.upcoming = copy_next()
+            yield current
+
+
+class LoaderIteratorOnSelf(GoodPrefetcher):      # near miss of w31_32: only the loader's iterator on self
+    def __iter__(self):
+        if self.stream is None:
+            yield from super().__iter__()
+            return
+        self.batches = iter(self.loader)
+        upcoming = next(self.batches, None)
+        upcoming = None if upcoming is None else self.copy(upcoming)
+        while upcoming is not None:
+            current = self.hand_out(upcoming)
+            following = next(self.batches, None)
+            upcoming = None if following is None else self.copy(following)
+            yield current
+
+
+class CloneOnTheConsumer(GoodPrefetcher):        # w7-03 w31_34: one more device copy per batch, on the loop's stream
+    def __iter__(self):
+        for batch in super().__iter__():
+            yield tuple(t.clone() for t in batch) if self.stream is not None else batch
+
+
+class ConvertsOnTheConsumer(GoodPrefetcher):     # its near miss: a float conversion at hand-out
+    def hand_out(self, batch):
+        images, labels = super().hand_out(batch)
+        return images.float().to(torch.uint8), labels
+
+
+class FirstBatchNotWaited(GoodPrefetcher):       # w7-03 w31_45: "the first copy had the whole start-up to finish"
+    def __iter__(self):
+        if self.stream is None:
+            yield from super().__iter__()
+            return
+        batches = iter(self.loader)
+        upcoming = next(batches, None)
+        upcoming = None if upcoming is None else self.copy(upcoming)
+        first = True
+        while upcoming is not None:
+            consumer = torch.cuda.current_stream(self.device)
+            if not first:
+                consumer.wait_stream(self.stream)
+            first = False
+            for t in upcoming:
+                t.record_stream(consumer)
+            following = next(batches, None)
+            current, upcoming = upcoming, None if following is None else self.copy(following)
+            yield current
+
+
+MUTANTS_31_W7 = [
+    Mutant("w31_41 iterator protocol, state on self", IteratorProtocolStateOnSelf,
+           "keeps no batch the training loop is done with", words="self.upcoming"),
+    Mutant("w2-03 w31_22 apex style reset in __iter__", ApexResetInIter,
+           "keeps no batch the training loop is done with", words="two passes at once"),
+    Mutant("w31_32 the batch in flight on self", InFlightOnSelf, "keeps no batch the training loop is done with",
+           words="self.upcoming"),
+    Mutant("the loader's iterator on self", LoaderIteratorOnSelf, "each pass is a pass of its own, also two at once",
+           words="self.batches"),
+    Mutant("w31_34 a clone on the loop's stream", CloneOnTheConsumer, "launches nothing on the device but the copies",
+           words="on the loop's own stream (aten.clone"),
+    Mutant("a conversion at hand-out", ConvertsOnTheConsumer, "launches nothing on the device but the copies",
+           words="loop's own stream"),
+    Mutant("w31_45 no wait for the first batch", FirstBatchNotWaited, "the consumer waits for the copy",
+           words="not before the first batch of the pass"),
+]
+
+
+@pytest.mark.parametrize("mutant", MUTANTS_31_W7, ids=repr)
+def test_3_1_w7_mutants_rejected(mutant):
+    rejected("3.1", mutant, SEEDS[:1])
+
+
+def test_3_1_w7_zip_of_two_passes_is_right_for_the_right_answer():
+    passes("3.1", GoodPrefetcher, SEEDS[1:2])
+
+
+# 3.2
+
+
+def generator_state_copied(images, padding=4, generator=None):   # w7-03 w32_33: the caller's generator never moves
+    if generator is not None:
+        g = torch.Generator(device=images.device)
+        g.set_state(generator.get_state())
+        generator = g
+    return crop_flip(images, padding, generator)
+
+
+_OWN = {}
+
+
+def own_generator_at_seed_0(images, padding=4, generator=None):  # w7-03 w32_16: a private generator for None
+    if generator is None:
+        generator = _OWN.setdefault(str(images.device), torch.Generator(device=images.device).manual_seed(0))
+    return crop_flip(images, padding, generator)
+
+
+def both_crops_then_where_walked(images, padding=4, generator=None):   # w7-03 w32_24 (w6-03: allowed)
+    n, c, h, w = images.shape
+    dev = images.device
+    dy = torch.randint(0, 2 * padding + 1, (n,), device=dev, generator=generator)
+    dx = torch.randint(0, 2 * padding + 1, (n,), device=dev, generator=generator)
+    flip = torch.rand(n, device=dev, generator=generator) < 0.5
+    padded = F.pad(images, (padding,) * 4)
+    rows = dy[:, None] + torch.arange(h, device=dev)
+    cols = dx[:, None] + torch.arange(w, device=dev)
+    idx = torch.arange(n, device=dev)
+    out = padded[idx[:, None, None], :, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2)
+    mirrored = out.flip(-1)
+    return torch.where(flip[:, None, None, None], mirrored, out)
+
+
+MUTANTS_32_W7 = [
+    Mutant("w32_33 the generator's state copied", generator_state_copied, "draws new crops on every call",
+           words="did not advance"),
+    Mutant("w32_16 a private generator at seed 0", own_generator_at_seed_0,
+           "with generator=None, reproducible under torch.manual_seed", words="A generator of your own"),
+]
+
+
+@pytest.mark.parametrize("mutant", MUTANTS_32_W7, ids=repr)
+def test_3_2_w7_mutants_rejected(mutant):
+    _OWN.clear()
+    rejected("3.2", mutant, SEEDS[:1])
+
+
+def test_3_2_w7_both_crops_then_where_passes():   # twice the memory, a constant number of launches: in the spec
+    passes("3.2", both_crops_then_where_walked, SEEDS[:1])
+
+
+# 3.3
+
+_U8 = {}
+
+
+def uint8_constants(images, labels):             # w7-03 w33_41: the check crashed in its own lstsq on inf
+    key = str(images.device)
+    if key not in _U8:
+        _U8[key] = (torch.tensor(CIFAR10_MEAN, device=images.device, dtype=images.dtype).view(1, 3, 1, 1),
+                    torch.tensor(CIFAR10_STD, device=images.device, dtype=images.dtype).view(1, 3, 1, 1))
+    mean, std = _U8[key]
+    return (images.float() / 255 - mean) / std, labels
+
+
+def channel_loop(images, labels):                # w7-03 w33_24: 9 operations a batch, as many launches
+    x = images.float() / 255
+    return torch.stack([(x[:, c] - m) / s for c, (m, s) in enumerate(zip(CIFAR10_MEAN, CIFAR10_STD))], 1), labels
+
+
+def synchronize_every_call(images, labels):      # w7-03 w33_36
+    out = good_normalize(images, labels)
+    if images.is_cuda:
+        torch.cuda.synchronize(images.device)
+    return out
+
+
+_SYNCED = set()
+
+
+def synchronize_first_call(images, labels):      # w7-03 w33_43
+    if images.is_cuda and str(images.device) not in _SYNCED:
+        _SYNCED.add(str(images.device))
+        torch.cuda.synchronize(images.device)
+    return good_normalize(images, labels)
+
+
+def labels_cloned(images, labels):               # w7-03 w33_28: 5 operations, passes
+    out, _ = good_normalize(images, labels)
+    return out, labels.clone()
+
+
+MUTANTS_33_W7 = [
+    Mutant("w33_41 uint8 constants (inf)", uint8_constants, "equals ToTensor + Normalize", words="not finite"),
+    Mutant("w33_24 a loop over the channels", channel_loop, "runs a few operations per batch", words="9 operations"),
+    Mutant("w33_36 synchronize every call", synchronize_every_call, "never waits for the device",
+           words="the host waited for the device (torch.cuda.synchronize"),
+    Mutant("w33_43 synchronize on the first call", synchronize_first_call, "never waits for the device",
+           words="the host waited for the device (torch.cuda.synchronize"),
+]
+
+
+@pytest.mark.parametrize("mutant", MUTANTS_33_W7, ids=repr)
+def test_3_3_w7_mutants_rejected(mutant):
+    _U8.clear(), _SYNCED.clear()
+    rejected("3.3", mutant, SEEDS[:1])
+
+
+def test_3_3_w7_python_numbers_per_channel_now_rejected():
+    # x-03 X41 / w1-03 judged it right (the values are); w7-03: 9 launches a batch where torch.full constants made
+    # every call (2 launches more than the course's 4) are rejected for their launches: one rule for both
+    rejected("3.3", Mutant("x-03 X41 Python numbers per channel", python_numbers_per_channel,
+                           "runs a few operations per batch", words="loop over the channels"), SEEDS[:1])
+
+
+def test_3_3_w7_labels_cloned_passes():
+    passes("3.3", labels_cloned, SEEDS[:1])
+
+
+def _clones(k):
+    def normalize(images, labels):
+        out, labels = good_normalize(images, labels)
+        for _ in range(k):
+            out = out.clone()
+        return out, labels
+    normalize.__name__ = f"good_normalize_then_{k}_clones"
+    return normalize
+
+
+def test_3_3_the_operations_limit_is_where_the_verdict_flips():   # the near-miss rule: 6 pass, 7 fail
+    passes("3.3", _clones(2), SEEDS[:1])
+    rejected("3.3", Mutant("7 operations a batch", _clones(3), "runs a few operations per batch",
+                           words="7 operations"), SEEDS[:1])

@@ -31,3 +31,16 @@ def test_a_long_stamp_wraps_inside_the_figure():
     stamp(fig, "short")
     assert [t.get_text() for t in fig.texts] == ["measured on: short"]
     plt.close(fig)
+
+
+def test_the_stamp_keeps_a_number_with_its_unit():   # w7-03: "... + 1500" / "GB/s; host 2 cores)"
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from course_utils.plotting import stamp
+    fig = plt.figure(figsize=(6, 3))
+    stamp(fig, "simulated accelerator (79.7 ms/step; on-device tensor work charged at 4 us/kernel + 1500 GB/s; "
+               "host 2 cores)")
+    text = fig.texts[-1].get_text()
+    plt.close(fig)
+    assert "1500 GB/s" in text and "\u00a0" not in text
