@@ -881,9 +881,10 @@ def check_cifar_pipeline(cifar_pipeline):
     n = _STAT_BATCH * _STAT_BATCHES
     return (f"{len(x_all)} samples on the CPU{where}: CHW float32, each an exact crop of its padded record, normalised; "
             f"labels and indices intact (int64); over {n:,} more, offsets 0..8 uniform and independent on each axis, "
-            f"{rate:.1%} flipped ({_coin_words(read)}); the seed reproduces it; num_threads={_threads()} as "
+            f"{rate:.1%} flipped ({_coin_words(read)}); the seed reproduces it (seed=0 too), the next seed changes the "
+            f"crops and the flips; num_threads={_threads()} as "
             f"given, and DALI's prefetching; with device='gpu', read from its graph without building it: GPU {_LOCAL_RANK} in a process whose "
-            f"LOCAL_RANK is {_LOCAL_RANK}, and the crop and normalisation on that GPU.")
+            f"LOCAL_RANK is {_LOCAL_RANK} (its current device still 0), and the crop and normalisation on that GPU.")
 
 
 # -- 4.2 exact epochs --------------------------------------------------------------------------
@@ -1477,8 +1478,9 @@ def check_epochs(cifar_epochs):
             f"records, each its slice of every epoch's order, its own augmentation, and with drop_last {expected} "
             f"full batch{'es' if expected != 1 else ''} each; a shard of {hi2 - lo2} beside one of {lo2}: every record, "
             f"and another seed, another augmentation; beside it the shorter shard, every record and no empty batch; the "
-            f"source, called out of order, gave the batch each BatchInfo named{gpu}; with device='gpu', read without building it: GPU {_LOCAL_RANK} in a process "
-            f"whose LOCAL_RANK is {_LOCAL_RANK}, and the augmentation on that GPU.")
+            f"source, called out of order, gave the batch each BatchInfo named, and read each batch's rows in one "
+            f"call{gpu}; with device='gpu', read without building it: GPU {_LOCAL_RANK} in a process "
+            f"whose LOCAL_RANK is {_LOCAL_RANK} (its current device still 0), and the augmentation on that GPU.")
 
 
 # -- 4.3 the JPEG pipeline -------------------------------------------------------------------
@@ -1827,7 +1829,8 @@ def check_jpeg_pipeline(jpeg_pipeline):
             f"{share:.0%} mirrored ({_coin_words(read)}), a new order of all files each epoch, following the "
             "seed; two shards given the same seed split an epoch into the same number of full batches (DALI's FILL "
             "policy), draw their own augmentation, and move on; with device='gpu', read from its graph without "
-            f"building it: GPU {_LOCAL_RANK} in a process whose LOCAL_RANK is {_LOCAL_RANK}, decoding (mixed) and "
+            f"building it: GPU {_LOCAL_RANK} in a process whose LOCAL_RANK is {_LOCAL_RANK} (its current device "
+            f"still 0), decoding (mixed) and "
             "augmenting on that GPU.")
 
 
