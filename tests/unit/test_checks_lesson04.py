@@ -70,7 +70,7 @@ def make_cifar_pipeline(*, mean=CIFAR_MEAN255, std=CIFAR_STD255, positions="nine
                         shared_offset=False, label_dtype=None, device_id=None, vertical_flip=False, move="before",
                         threads=None, pipe_kw=None, prebuilt=False, flip_from_x=False, seed_offset=0,
                         mirror_kind="coin", flip_after=False, positions_range9=False, fill=0, batch_info=True,
-                        crop_op_seed=None, zero_seed_random=False):
+                        crop_op_seed=None, zero_seed_random=False, flip_op_seed=None):
     """A CIFAR pipeline builder with one knob per typical mistake (the defaults are right).
     `move`: where a device="gpu" pipeline moves the images to the GPU: "before" the crop (right),
     "after" the augmentation, or "never". `device_id="none"`: None whatever the device; "current":
@@ -128,6 +128,8 @@ def make_cifar_pipeline(*, mean=CIFAR_MEAN255, std=CIFAR_STD255, positions="nine
             if shared_offset:                # one draw for both axes
                 pos_x = pos_y
             flip = fn.random.coin_flip(probability=flip_probability) if mirror and not vertical_flip else 0
+            if flip_op_seed is not None:     # the near-miss rule: the flips' operator seeded, the crops not
+                flip = fn.random.coin_flip(probability=flip_probability, seed=flip_op_seed)
             if isinstance(mirror_kind, tuple):   # w3-04: uniform() compared with a constant, not a coin_flip
                 side, c = mirror_kind
                 u = fn.random.uniform(range=[0.0, 1.0])
@@ -351,6 +353,8 @@ MUTANTS_41_WALK = [
     # w6-04: three that passed, one message that named the draw for a one-sided pad
     Mutant("crop positions drawn with fixed operator seeds", make_cifar_pipeline(crop_op_seed=1234),
            "another seed changes the crops and the flips", words="the same crop window (only the flips changed)"),
+    Mutant("the flip drawn with a fixed operator seed", make_cifar_pipeline(flip_op_seed=99),
+           "another seed changes the crops and the flips", words="the same flip (only the crops changed)"),
     Mutant("seed if seed else None", make_cifar_pipeline(zero_seed_random=True), "reproducible under a seed",
            words="seed=0 is a seed like any other"),
     Mutant("device_id=torch.cuda.current_device()", make_cifar_pipeline(device_id="current"),
