@@ -941,7 +941,7 @@ class SourceResult:
     cold_rounds: list = field(default_factory=list)    # each round's cold epoch, images/s (empty: not measured)
 
 
-def round_verdict(mine: list, theirs: list, *, margin: float = 0.1) -> tuple[str, list]:
+def round_verdict(mine: list, theirs: list, *, margin: float = 0.1, spread: float | None = None) -> tuple[str, list]:
     """How the rates `mine` compare with `theirs`, measured in the same rounds (lesson 04): the
     per-round ratios, and "faster than" / "slower than" only when every round says so by more than
     `margin`, "about as fast as" when every round is within it, else "undecided (the rounds disagree)
@@ -949,6 +949,10 @@ def round_verdict(mine: list, theirs: list, *, margin: float = 0.1) -> tuple[str
     ratios = [a / b for a, b in zip(mine, theirs) if b]
     if not ratios:
         return "not measured", []
+    if spread is not None and min(ratios) > 0 and max(ratios) / min(ratios) > spread:
+        # w6-04: rounds at 0.08x, 0.28x, 0.06x said "slower than" in one run and 4.11x, 0.15x, 0.02x
+        # "undecided" in the next: rounds a factor `spread` apart show the load, not the sources
+        return "undecided (the rounds disagree) against", ratios
     if all(r > 1 + margin for r in ratios):
         return "faster than", ratios
     if all(r < 1 - margin for r in ratios):

@@ -69,15 +69,25 @@ def make_cifar_pipeline(*, mean=CIFAR_MEAN255, std=CIFAR_STD255, positions="nine
                         pad_first=True, pad=True, swap_outputs=False, flip_probability=0.5, fixed_seed=None,
                         shared_offset=False, label_dtype=None, device_id=None, vertical_flip=False, move="before",
                         threads=None, pipe_kw=None, prebuilt=False, flip_from_x=False, seed_offset=0,
-                        mirror_kind="coin", flip_after=False, positions_range9=False, fill=0, batch_info=True):
+                        mirror_kind="coin", flip_after=False, positions_range9=False, fill=0, batch_info=True,
+                        crop_op_seed=None, zero_seed_random=False, flip_op_seed=None):
     """A CIFAR pipeline builder with one knob per typical mistake (the defaults are right).
     `move`: where a device="gpu" pipeline moves the images to the GPU: "before" the crop (right),
-    "after" the augmentation, or "never". `device_id="none"`: None whatever the device."""
+    "after" the augmentation, or "never". `device_id="none"`: None whatever the device; "current":
+    torch.cuda.current_device() (w6-04 w41_22). `pad="end36"`: fn.pad to 36x36, 4 pixels at the bottom
+    and right only (w6-04 w41_21). `crop_op_seed`: the crop positions' operators seeded with it
+    (w6-04 w41_31); `zero_seed_random`: `seed if seed else None` (w6-04 w41_26)."""
     def cifar_pipeline(source, batch_size, device="cpu", num_threads=2, seed=0):
+        import torch
+        pipe_seed = (seed if fixed_seed is None else fixed_seed) + seed_offset
+        if zero_seed_random:
+            pipe_seed = seed if seed else None
+
         @pipeline_def(batch_size=batch_size, num_threads=(os.cpu_count() if threads == "cores" else threads) or num_threads,
                       device_id=None if device_id == "none" else local_cuda_index() if device_id == "always"
+                      else (torch.cuda.current_device() if device == "gpu" else None) if device_id == "current"
                       else this_gpu(device, device_id),
-                      seed=(seed if fixed_seed is None else fixed_seed) + seed_offset, **(pipe_kw or {}))
+                      seed=pipe_seed, **(pipe_kw or {}))
         def graph():
             images, labels, indices = fn.external_source(
                 source=source, num_outputs=3, batch=True, batch_info=batch_info, layout=["CHW", "", ""],
@@ -90,9 +100,14 @@ def make_cifar_pipeline(*, mean=CIFAR_MEAN255, std=CIFAR_STD255, positions="nine
                 norm = dict(mean=[0.0] * 3, std=[1.0] * 3)
             if pad == "end":                 # w3-04: fn.pad puts its padding after the image
                 images = fn.pad(images, axis_names="HW", shape=(40, 40), fill_value=fill)
+            elif pad == "end36":             # w6-04 w41_21: 4 pixels at the bottom and right only
+                images = fn.pad(images, axis_names="HW", shape=(36, 36), fill_value=fill)
             elif pad:
                 images = fn.crop(images, crop=(40, 40), out_of_bounds_policy="pad", fill_values=fill)
-            if positions == "nine":
+            if positions == "nine" and crop_op_seed is not None:
+                pos_y, pos_x = (fn.random.uniform(values=NINE, seed=crop_op_seed),
+                                fn.random.uniform(values=NINE, seed=crop_op_seed + 1))
+            elif positions == "nine":
                 pos_y, pos_x = fn.random.uniform(values=NINE), fn.random.uniform(values=NINE)
             elif positions == "eight":       # offsets 0..7: one short
                 pos_y, pos_x = fn.random.uniform(values=NINE[:8]), fn.random.uniform(values=NINE[:8])
@@ -113,6 +128,8 @@ def make_cifar_pipeline(*, mean=CIFAR_MEAN255, std=CIFAR_STD255, positions="nine
             if shared_offset:                # one draw for both axes
                 pos_x = pos_y
             flip = fn.random.coin_flip(probability=flip_probability) if mirror and not vertical_flip else 0
+            if flip_op_seed is not None:     # the near-miss rule: the flips' operator seeded, the crops not
+                flip = fn.random.coin_flip(probability=flip_probability, seed=flip_op_seed)
             if isinstance(mirror_kind, tuple):   # w3-04: uniform() compared with a constant, not a coin_flip
                 side, c = mirror_kind
                 u = fn.random.uniform(range=[0.0, 1.0])
@@ -333,6 +350,17 @@ MUTANTS_41_WALK = [
            "the source is called with a BatchInfo", words="batch_info=True"),
     Mutant("crop_pos_x=0.5 fixed, y random", make_cifar_pipeline(positions="centre_x"), "crop offsets cover 0..8",
            words="the same horizontal offset, 4 (the centre, crop_pos_x=0.5); the vertical one varies"),
+    # w6-04: three that passed, one message that named the draw for a one-sided pad
+    Mutant("crop positions drawn with fixed operator seeds", make_cifar_pipeline(crop_op_seed=1234),
+           "another seed changes the crops and the flips", words="the same crop window (only the flips changed)"),
+    Mutant("the flip drawn with a fixed operator seed", make_cifar_pipeline(flip_op_seed=99),
+           "another seed changes the crops and the flips", words="the same flip (only the crops changed)"),
+    Mutant("seed if seed else None", make_cifar_pipeline(zero_seed_random=True), "reproducible under a seed",
+           words="seed=0 is a seed like any other"),
+    Mutant("device_id=torch.cuda.current_device()", make_cifar_pipeline(device_id="current"),
+           "runs on this process's GPU", words="torch.cuda.current_device() and a fixed 0 both send"),
+    Mutant("fn.pad to 36x36: 4 pixels at the bottom and right only", make_cifar_pipeline(pad="end36"),
+           "crop offsets cover 0..8", words="as if it were padded at the bottom and on the right only"),
 ]
 
 
@@ -445,7 +473,8 @@ def make_cifar_epochs(*, per_sample=False, stateful=False, reshuffle=True, shard
                       always_drop_last=False, cache_orders=False, auto_reset=True, int_slices=False,
                       whole_copy=False, copy_once=False, smallest_count=False, aug_shard_only=False,
                       epoch_positions=False, largest_drop_last=False, pad_last=False, undeclared_int32=False,
-                      strided_uint8_labels=False, average_count=False):
+                      strided_uint8_labels=False, average_count=False, row_loop=False, sort_batch=False,
+                      int32_indices=False):
     """A cifar_epochs builder with one knob per typical mistake (the defaults are right)."""
     cached = {}
     def cifar_epochs(records, batch_size, *, shuffle=True, seed=0, shard_id=0, num_shards=1, drop_last=False,
@@ -503,12 +532,16 @@ def make_cifar_epochs(*, per_sample=False, stateful=False, reshuffle=True, shard
         def rows_of(idx):
             # the whole file copied into memory on every batch (w1-04 4.2 #27), then indexed
             rows = np.array(records)[idx] if whole_copy else held[idx]
+            if row_loop:                       # w6-04 w42_23: right rows, one Python call each
+                rows = np.stack([records[j] for j in idx])
             images = rows[:, 1:].reshape(-1, 3, 32, 32) if strided_view else \
                 np.ascontiguousarray(rows[:, 1:]).reshape(-1, 3, 32, 32)
             if positions_as_indices:           # the positions within the batch, not the records' indices
                 idx = np.arange(len(idx))
             if undeclared_int32:               # int32 labels to a source declared INT64 (w2-04 w42_09)
                 return images, rows[:, 0].astype(np.int32), idx
+            if int32_indices:                  # w6-04 w42_24: int32 indices to the course's pipeline
+                return images, rows[:, 0].astype(np.int64), idx.astype(np.int32)
             if strided_uint8_labels:           # w3-04: rows[:, 0] left uint8, a strided view
                 return images, rows[:, 0], idx
             return images, rows[:, 0].astype(label_dtype), idx
@@ -549,6 +582,8 @@ def make_cifar_epochs(*, per_sample=False, stateful=False, reshuffle=True, shard
                 idx = order(epoch)[iteration * batch_size:(iteration + 1) * batch_size]
                 if pad_last and len(idx) < batch_size:       # w2-04 w42_19: the short batch filled up with repeats
                     idx = np.concatenate([idx, order(epoch)[:batch_size - len(idx)]])
+                if sort_batch:                     # w6-04 w42_21: "sequential reads"
+                    idx = np.sort(idx)
                 images, labels, got = rows_of(idx.astype(np.int64))
                 if epoch_positions:                # w2-04 w42_10: positions in the epoch as the indices
                     got = np.arange(iteration * batch_size, iteration * batch_size + len(idx), dtype=np.int64)
@@ -659,7 +694,15 @@ MUTANTS_42_WALK = [
     Mutant("the last batch filled up with repeats", make_cifar_epochs(pad_last=True),
            "each record at most once per epoch", words="filled up with records already seen"),
     Mutant("int32 labels from a source declared INT64", make_cifar_epochs(undeclared_int32=True),
-           "DALI stopped the pipeline", status="error", words="expected data of type int64 and got: int32"),
+           "labels and indices are int64", words="your source returned int32 where the pipeline's external_source "
+           "declares int64"),
+    # w6-04: a row loop passed; a sorted batch and int32 indices got messages about something else
+    Mutant("rows read in a Python loop", make_cifar_epochs(row_loop=True), "reads each batch's rows in one call",
+           words="one Python call per row"),
+    Mutant("each batch's indices sorted", make_cifar_epochs(sort_batch=True), "visits the epoch's order",
+           words="sorted within the batch"),
+    Mutant("int32 indices", make_cifar_epochs(int32_indices=True), "labels and indices are int64",
+           words="your source returned int32"),
     # w5-04 w27: the shorter of two shards, whose size the batch divides, asked for an empty batch
     Mutant("ceil(N / (S*B)) batches on every shard", make_cifar_epochs(average_count=True),
            "ends the epoch after its last record", words="ceil(N / (num_shards * batch_size))"),
@@ -759,6 +802,10 @@ def make_jpeg_pipeline(*, output_type="RGB", mean=NET_MEAN255, std=NET_STD255, s
             size = fixed_crop or crop
             if crop_kind == "resize":                # the whole image squeezed to size x size
                 images = fn.resize(images, size=(size, size))
+            elif crop_kind == "resize_random_position":   # w6-04 w43_29: no random area or aspect
+                images = fn.resize(images, resize_shorter=int(size * 1.14))
+                images = fn.crop(images, crop=(size, size), crop_pos_x=fn.random.uniform(range=[0.0, 1.0]),
+                                 crop_pos_y=fn.random.uniform(range=[0.0, 1.0]))
             elif crop_kind == "centre":              # resized, then always the centre
                 images = fn.resize(images, resize_shorter=size + size // 8)
                 images = fn.crop(images, crop=(size, size))
@@ -910,6 +957,11 @@ MUTANTS_43_WALK = [
            "crops a random window of each image", words="within 0.5%"),
     Mutant("device_id=None on the GPU", make_jpeg_pipeline(device_id="none"), "runs on this process's GPU",
            words="device_id=None"),
+    # w6-04: a resize and a crop at a random position passed; random_area in percent crashed the process
+    Mutant("resized, then cropped at a random position", make_jpeg_pipeline(crop_kind="resize_random_position"),
+           "crops a random window of each image", words="no operator that draws a random area and aspect ratio"),
+    Mutant("random_area in percent", make_jpeg_pipeline(area=(8, 100)), "crops a random window of each image",
+           words="a fraction of the image's, 0 to 1, not a percent"),
     # the near-miss rule, a second look (issue 37): ImageNet's std rounded to two decimals
     Mutant("ImageNet's std rounded", make_jpeg_pipeline(std=[255 * 0.23, 255 * 0.22, 255 * 0.23]),
            "values are normalised with ImageNet's mean and std", words="rounded ones"),

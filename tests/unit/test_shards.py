@@ -416,3 +416,11 @@ def test_measure_sources_takes_turns_and_keeps_every_round(shard_set, data, tmp_
         assert len(r.warm_rounds) == 2 and r.warm_per_s == sorted(r.warm_rounds)[0] + (
             sorted(r.warm_rounds)[1] - sorted(r.warm_rounds)[0]) / 2
         assert len(r.cold_rounds) in (0, 2)
+
+
+def test_round_verdict_with_a_spread_bar():
+    """w6-04: rounds of 0.08x, 0.28x, 0.06x said 'slower than' in one run of lesson 04 and 4.11x,
+    0.15x, 0.02x 'undecided' in the next; with `spread`, rounds further apart than that are undecided."""
+    assert shards.round_verdict([8, 28, 6], [100, 100, 100])[0] == "slower than"
+    assert shards.round_verdict([8, 28, 6], [100, 100, 100], spread=2.0)[0] == "undecided (the rounds disagree) against"
+    assert shards.round_verdict([8, 12, 10], [100, 100, 100], spread=2.0)[0] == "slower than"

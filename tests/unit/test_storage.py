@@ -146,3 +146,11 @@ def test_jpeg_error_structure_tells_speckle_from_structure():
     assert "follows the image" in jpeg_error_structure(smooth, roundtrip(smooth, 75))["verdict"]
     assert "blocking" in jpeg_error_structure(smooth, roundtrip(smooth, 20))["verdict"].split(", ")[-1]
     assert jpeg_error_structure(smooth, roundtrip(smooth, 20))["blocking"] >= 1.2
+
+
+def test_read_verdicts_need_rounds_within_2x():
+    """w6-04: a warm read at 1.04-1.36x one run and "2.43x: slower" the next: a verdict now also needs
+    the rounds within a factor 2 of each other."""
+    from course_utils.storage import _rounds_say
+    assert _rounds_say([150, 300, 120], [100, 100, 100]) == "the rounds disagree: 1.50x, 3.00x, 1.20x"
+    assert _rounds_say([150, 200, 120], [100, 100, 100]) == "slower"
