@@ -149,6 +149,10 @@ def _shard_cases(rng):
                   [dict(n=n, num_replicas=R, shuffle=False, seed=0, epoch=0, drop_last=True),
                    # on the edge, every seed: an exact multiple drops nothing
                    dict(n=R * int(rng.integers(2, 7)), num_replicas=R, shuffle=False, seed=0, epoch=0,
+                        drop_last=True),
+                   # every seed: n / num_replicas with a fraction above one half (w7-07 w71_17: round() in
+                   # place of floor passed on the seeds whose draw had none)
+                   dict(n=R * int(rng.integers(2, 7)) + R - 1, num_replicas=R, shuffle=False, seed=0, epoch=0,
                         drop_last=True)]))
     R = int(rng.integers(2, 5))
     n = R * int(rng.integers(5, 20))
@@ -247,6 +251,11 @@ def check_7_1(shard_indices):
                         prop = "keeps DistributedSampler's order within the rank's share"
                         hint = ("yours holds the right indices, sorted: the sampler yields them in the order they "
                                 "were dealt (the shuffled order, the padding last); do not sort the share")
+                    elif args["drop_last"] and len(yours) != len(expected):     # w7-07 w71_17 (seeds 5, 10)
+                        prop = "drop_last drops the tail so every rank gets floor(n / num_replicas)"
+                        hint = (f"with drop_last each rank gets floor(n / num_replicas) = {n} // {R} = "
+                                f"{len(expected)} indices; yours gave rank {rank} {len(yours)} (round() or ceil() "
+                                "where floor belongs?)")
                     elif prop.startswith("pads even") and len(yours) < len(expected):
                         copies = math.ceil(R / n)
                         hint = (f"n={n} with {R} ranks needs {R} indices, {copies} copies of the list (more than "

@@ -210,6 +210,71 @@ MUTANTS_71.append((sorted_share, "keeps DistributedSampler's order within the ra
 MESSAGES_71[len(MUTANTS_71) - 1] = "yours holds the right indices, sorted"
 
 
+def drop_last_rounded(n, num_replicas, rank, *, shuffle=True, seed=0, epoch=0, drop_last=False):
+    """w7-07 w71_17: round(n / num_replicas) for drop_last's share, in place of floor: right whenever
+    the fraction is at most one half (it passed check seeds 1, 3 and 8)."""
+    if shuffle:
+        g = torch.Generator()
+        g.manual_seed(seed + epoch)
+        indices = torch.randperm(n, generator=g).tolist()
+    else:
+        indices = list(range(n))
+    per_rank = round(n / num_replicas) if drop_last else math.ceil(n / num_replicas)
+    total = per_rank * num_replicas
+    if not drop_last:
+        indices += (indices * math.ceil((total - n) / n))[:total - n]
+    else:
+        indices = indices[:total]
+    return indices[rank:total:num_replicas]
+
+
+MUTANTS_71.append((drop_last_rounded, "drop_last drops the tail so every rank gets floor(n / num_replicas)"))
+MESSAGES_71[len(MUTANTS_71) - 1] = "round() or ceil() where floor belongs"
+
+
+def test_7_1_drop_last_rounded_fails_on_the_seeds_it_passed_and_on_those_it_was_misnamed(monkeypatch):
+    """w7-07 w71_17 passed check seeds 1, 3, 8 and was told about the padding's order on 5 and 10."""
+    for seed in (1, 3, 8, 5, 10):
+        monkeypatch.setenv("COURSE_CHECK_SEED", str(seed))
+        result = run_check("7.1", drop_last_rounded)
+        fails_on(result, "drop_last drops the tail so every rank gets floor(n / num_replicas)")
+        assert "round() or ceil() where floor belongs" in result.message
+
+
+def global_rng_saved_and_restored(n, num_replicas, rank, **kwargs):
+    """w7-07 w71_15: torch.manual_seed on the global generator, its state saved before and restored
+    after: the contract's property (the global random state is left as it was) holds. Right."""
+    if not kwargs.get("shuffle", True):
+        return shard_indices(n, num_replicas, rank, **kwargs)
+    state = torch.get_rng_state()
+    torch.manual_seed(kwargs.get("seed", 0) + kwargs.get("epoch", 0))
+    order = torch.randperm(n).tolist()
+    torch.set_rng_state(state)
+    reference = shard_indices(n, num_replicas, rank, **kwargs)
+    assert order == shard_indices(n, 1, 0, seed=kwargs.get("seed", 0), epoch=kwargs.get("epoch", 0))
+    return reference
+
+
+def generator_warmed_with_randperm_1(n, num_replicas, rank, *, shuffle=True, seed=0, epoch=0, drop_last=False):
+    """w7-07 w71_18: torch.randperm(1, generator=g) before the real draw: it consumes no random
+    numbers, so the permutation is DistributedSampler's. Right (randperm(3) first is rejected)."""
+    if shuffle:
+        g = torch.Generator()
+        g.manual_seed(seed + epoch)
+        torch.randperm(1, generator=g)
+    return shard_indices(n, num_replicas, rank, shuffle=shuffle, seed=seed, epoch=epoch, drop_last=drop_last)
+
+
+@pytest.mark.parametrize("fn", [global_rng_saved_and_restored, generator_warmed_with_randperm_1,
+                                lambda *a, **k: __import__("numpy").asarray(shard_indices(*a, **k))],
+                         ids=["w71_15 global RNG restored", "w71_18 randperm(1) first", "w71_16 numpy array"])
+def test_7_1_right_answers_of_walk_w7_pass(monkeypatch, fn):
+    for seed in (1, 2):
+        monkeypatch.setenv("COURSE_CHECK_SEED", str(seed))
+        result = run_check("7.1", fn)
+        assert result.status == "pass", result.message
+
+
 @pytest.mark.parametrize("seed", SEEDS_71)
 def test_7_1_solution_passes(monkeypatch, seed):
     monkeypatch.setenv("COURSE_CHECK_SEED", str(seed))
