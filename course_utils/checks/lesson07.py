@@ -1052,6 +1052,17 @@ def judge_7_4(obs: list[dict], seed: int, file) -> str:
                 raise CheckFailed("runs backward on each micro-batch before the next forward",
                                   f"k={k}: forward (F) and backward (B) passes came as {res['events'] or 'nothing'}, "
                                   f"expected {'FB' * k}", hint)
+            alive = res.get("alive_at_forward") or []
+            if any(alive):                                                      # w7-07 w74_13
+                j = next(j for j, a in enumerate(alive) if a)
+                raise CheckFailed("keeps one micro-batch's activations alive at a time",
+                                  f"k={k}: when micro-batch {j + 1}'s forward began, {alive[j]} tensor(s) that "
+                                  f"autograd saved for an earlier micro-batch's backward were still in memory: its "
+                                  "backward ran, but kept them (backward(retain_graph=True)?)",
+                                  "call loss.backward() without retain_graph: backward then frees the micro-batch's "
+                                  "saved activations; a retained graph holds them for as long as anything refers to "
+                                  "it (the loss, a running total built from it), so memory grows with the "
+                                  "micro-batches as if you had not accumulated. Add loss.detach() to the total")
             backwards = [on for kind, on in res.get("synced", []) if kind == "B"]
             if len(backwards) == k and backwards.count(True) == 1 and not backwards[-1]:
                 which = backwards.index(True) + 1
@@ -1088,6 +1099,16 @@ def judge_7_4(obs: list[dict], seed: int, file) -> str:
             mine = expected[i]["losses"][o["rank"]]
             if not (isinstance(value, list) and len(value) == 1 and isinstance(value[0], float)
                     and math.isclose(value[0], mine, rel_tol=1e-9, abs_tol=1e-12)):
+                before = o["results"][i - 1]["returned"] if i > 0 else None
+                if isinstance(value, list) and len(value) == 1 and isinstance(before, list) and len(before) == 1 \
+                        and isinstance(value[0], float) and isinstance(before[0], float) \
+                        and math.isclose(value[0] - before[0], mine, rel_tol=1e-6, abs_tol=1e-9):   # w7-07 w74_18
+                    raise CheckFailed("computes each call from its own arguments (nothing kept between calls)",
+                                      f"k={k}, rank {o['rank']}: yours {value[0]!r}, expected {mine!r}: yours is the "
+                                      f"previous call's value ({before[0]!r}) plus this call's loss, so the running "
+                                      "total lives on between calls",
+                                      "start the total at 0 inside the function, on every call (a variable at module "
+                                      "level, global, or on the model keeps the earlier calls' losses)")
                 raise CheckFailed("returns this rank's loss over its whole batch",
                                   f"k={k}, rank {o['rank']}: yours {value[0] if isinstance(value, list) else value!r}, "
                                   f"expected {mine!r}", "return the sum of the weighted micro-batch losses as a float")
@@ -1458,9 +1479,11 @@ def judge_7_5(obs: list[dict], seed: int, file) -> str:
                                   f"(one sample left over each epoch), {_short(sorted(never), 4)} never came in any of "
                                   f"{len(sets)} epochs: the cut's offset never reached the remainder (1), so the "
                                   "shard's last sample is never trained",
-                                  "draw the offset from 0 to the remainder inclusive: rng.integers(0, remainder + 1) "
-                                  "(numpy's upper bound is exclusive; rng.integers(0, remainder) never gives the "
-                                  "remainder itself)")
+                                  "draw the offset in samples, from 0 to the remainder inclusive: "
+                                  "rng.integers(0, remainder + 1). Two ways to miss the remainder: numpy's upper "
+                                  "bound is exclusive (rng.integers(0, remainder) never gives the remainder itself), "
+                                  "and an offset in whole batches (rng.integers(0, remainder // batch_size + 1) * "
+                                  "batch_size) is always 0 when fewer than a batch are left over")
     if len(cases) > 5:          # w5-07 w75_16: the shards a rank reads change with the epoch
         case = cases[5]
         for o in obs:

@@ -29,6 +29,7 @@ import importlib.util
 import json
 import math
 import os
+import weakref
 import sys
 import time
 import traceback
@@ -591,6 +592,26 @@ def run_74(fn, job, rank, world, workdir, obs) -> None:
         synced.append(("B", ddp.require_backward_grad_sync))
 
     model.register_forward_hook(on_forward)
+    # w7-07 w74_13: backward(retain_graph=True), or a loss kept with its graph: each tensor autograd
+    # saves for backward is packed in a holder; at each forward's start, the holders still alive are
+    # earlier micro-batches' activations (backward without retain_graph frees them)
+    saved = []                   # weak references to the holders of the call's saved tensors
+    alive_at_forward = []        # for each forward: how many earlier saved tensors were still alive
+
+    class _Saved:
+        __slots__ = ("tensor", "__weakref__")
+
+        def __init__(self, tensor):
+            self.tensor = tensor
+
+    def pack(tensor):
+        holder = _Saved(tensor)
+        saved.append(weakref.ref(holder))
+        return holder
+
+    model.register_forward_pre_hook(
+        lambda module, inputs: alive_at_forward.append(sum(ref() is not None for ref in saved))
+        if torch.is_grad_enabled() else None)
     ddp = DistributedDataParallel(model)
     hooks = {"n": 0}
 
@@ -619,6 +640,8 @@ def run_74(fn, job, rank, world, workdir, obs) -> None:
         hooks["n"] = 0
         events.clear()
         synced.clear()
+        saved.clear()
+        alive_at_forward.clear()
         steps = []          # any optimizer's step() during the call (even one with lr=0, which changes nothing)
         from torch.optim.optimizer import register_optimizer_step_pre_hook
         step_hook = register_optimizer_step_pre_hook(
@@ -626,7 +649,8 @@ def run_74(fn, job, rank, world, workdir, obs) -> None:
         from ..syncs import SyncCounter
         reads = SyncCounter(host_reads=True, cuda_debug=False)  # a value read here is a wait for the GPU there
         try:
-            with CollectiveCounter() as counter, reads:
+            with CollectiveCounter() as counter, reads, \
+                    torch.autograd.graph.saved_tensors_hooks(pack, lambda holder: holder.tensor):
                 returned = fn(ddp, micro, loss_fn_74)
         finally:
             step_hook.remove()
@@ -635,7 +659,7 @@ def run_74(fn, job, rank, world, workdir, obs) -> None:
                 if os.path.abspath(where.rpartition(":")[0]) == learner_file]
         results.append({"k": call["k"], "all_reduces": hooks["n"] / max(buckets, 1),
                         "own_collectives": counter.count - hooks["n"], "collective_names": counter.calls,
-                        "events": "".join(events), "synced": synced[:],
+                        "events": "".join(events), "synced": synced[:], "alive_at_forward": alive_at_forward[:],
                         "returned_type": "float" if isinstance(returned, float) else type(returned).__name__,
                         "returned_graph": bool(isinstance(returned, torch.Tensor) and returned.requires_grad),
                         "grads": [None if p.grad is None else p.grad.detach().double().tolist()

@@ -853,6 +853,22 @@ MUTANTS_74.append((HEADER_74 + textwrap.indent(textwrap.dedent("""\
     return float(sum(loss.detach() for loss in losses))
 """), "    "), "runs backward on each micro-batch before the next forward"))
 MESSAGES_74[len(MUTANTS_74) - 1] = "kept and each given its own backward afterwards"
+# w7-07 w74_13: every backward with retain_graph=True and the running loss not detached: the right
+# .grad and order (FBFB), but every micro-batch's saved activations stay alive; retain_graph alone
+# keeps the previous one's during the next forward
+MUTANTS_74.append((body_74(read="loss").replace("loss.backward()", "loss.backward(retain_graph=True)"),
+                   "keeps one micro-batch's activations alive at a time"))
+MESSAGES_74[len(MUTANTS_74) - 1] = "retain_graph=True"
+MUTANTS_74.append((body_74().replace("loss.backward()", "loss.backward(retain_graph=True)"),
+                   "keeps one micro-batch's activations alive at a time"))
+MESSAGES_74[len(MUTANTS_74) - 1] = "were still in memory"
+# w7-07 w74_18: the running total kept at module level between calls: named as state kept, not as the value
+MUTANTS_74.append((body_74().replace("loss_total, unweighted = 0.0, 0.0",
+                                     "global _total\n    loss_total, unweighted = _total, 0.0").replace(
+    "return loss_total.item()", "_total = loss_total\n    return loss_total.item()").replace(
+    "def accumulate", "_total = 0.0\n\n\ndef accumulate"),
+    "computes each call from its own arguments (nothing kept between calls)"))
+MESSAGES_74[len(MUTANTS_74) - 1] = "the running total lives on between calls"
 
 EXERCISES = {
     "7.2": ("train_ddp", RIGHT_72, MUTANTS_72, lesson07.judge_7_2),
