@@ -935,14 +935,18 @@ def _judge_73_nccl(obs, case, file):
         if "error" in entry:
             e = entry["error"]
             if "invalid device ordinal" in e["message"] or "but backend constrained to" in e["message"]:
+                from .lesson07_ranks import NCCL_GPUS_PER_NODE_73
                 raise CheckFailed("puts the tensor on this rank's own GPU, cuda:LOCAL_RANK",
-                                  f"run as under nccl as the second node of a job of 2 nodes x {world} GPUs, rank "
-                                  f"{world + o['rank']} (local rank {o['rank']}, GPU cuda:{o['rank']}) raised "
+                                  f"run as under nccl as the second node of a job of 2 nodes x {world} processes, "
+                                  f"on machines of {NCCL_GPUS_PER_NODE_73(world)} GPUs, rank {world + o['rank']} "
+                                  f"(local rank {o['rank']}, GPU cuda:{o['rank']}) raised "
                                   f"{e['type']}: {e['message'][:160]}",
                                   "use collective_device(): torch.cuda.current_device(), which the rank's setup "
                                   "set to LOCAL_RANK. dist.get_rank() is the rank in the whole job (rank 8 is GPU 0 "
-                                  "of the second node of 8-GPU machines), and a fixed cuda:0 puts every rank of a "
-                                  "node on one GPU, which nccl refuses")
+                                  "of the second node of 8-GPU machines); dist.get_rank() % "
+                                  "torch.cuda.device_count() is the local rank only when every node runs one "
+                                  "process per GPU; and a fixed cuda:0 puts every rank of a node on one GPU, which "
+                                  "nccl refuses")
             if NCCL_CPU_TENSOR in e["message"]:
                 raise CheckFailed("puts the tensor it reduces on collective_device()",
                                   f"run as under nccl (on a virtual GPU), rank {o['rank']} handed a tensor in host "

@@ -105,6 +105,11 @@ def cases_73(seed: int, world: int) -> list[list[tuple[float, int, int]]]:
 NCCL_CASE_73 = 1          # the case (unequal counts) run a second time as under nccl
 
 
+def NCCL_GPUS_PER_NODE_73(world: int) -> int:
+    """The GPUs of each machine in 7.3's pass as under nccl: twice the processes a node runs."""
+    return 2 * world
+
+
 def case_74(seed: int, world: int) -> dict:
     """Exercise 7.4's inputs: a float64 MLP, and for each call a local batch per rank split into
     k micro-batches (k = 1, and sizes that do not divide the batch). The ranks hold the same
@@ -460,8 +465,11 @@ def run_73(fn, job, rank, world, workdir, obs) -> None:
     # (cuda:LOCAL_RANK, what init_process_group set as the current device); a tensor on another
     # GPU of the node, or on a GPU the node does not have, fails as it does there (x-07 F2)
     from .virtual_cuda import VirtualCuda
+    # w7-07 w73_17: machines of 2 x `world` GPUs, more than the processes a node runs, so that
+    # cuda:{rank % device_count()} is not the local rank there (it is only with one process per GPU)
     with as_node(local_rank=rank, per_node=world, node=1, nodes=2, global_rank=world + rank), \
-            VirtualCuda(index=rank, count=world, other_device=NCCL_OTHER_DEVICE) as vc, as_if_nccl(vc):
+            VirtualCuda(index=rank, count=NCCL_GPUS_PER_NODE_73(world), other_device=NCCL_OTHER_DEVICE) as vc, \
+            as_if_nccl(vc):
         fn_nccl = load_learner(job["file"], job["function"], f"{job['index']}-nccl")
         entry = _call_73(fn_nccl, cases[NCCL_CASE_73][rank], job)
     obs["nccl"] = entry

@@ -680,7 +680,7 @@ MESSAGES_73 = {     # mutants whose message must name what they did
     11: "divided by the number of ranks",                             # w3-07 w73_11
     15: "No backend type associated with device type cpu",
     21: "but backend constrained to cuda:1",
-    22: "invalid device ordinal",
+    22: "but backend constrained to cuda:0",    # machines of 4 GPUs since w7-07: cuda:2 exists, not this rank's
     18: "the division ran in float32",       # ... and the exact int64 sums divided in float32 get their own
 }
 
@@ -869,6 +869,20 @@ MUTANTS_74.append((body_74().replace("loss_total, unweighted = 0.0, 0.0",
     "def accumulate", "_total = 0.0\n\n\ndef accumulate"),
     "computes each call from its own arguments (nothing kept between calls)"))
 MESSAGES_74[len(MUTANTS_74) - 1] = "the running total lives on between calls"
+# w7-07 w72_23: device_ids=[torch.cuda.current_device()]: right where the rank's setup called
+# torch.cuda.set_device(LOCAL_RANK), as the lesson's does (and w6-07's grey .to('cuda') relies on the same)
+RIGHT_72["device_ids=[current_device()] on a GPU"] = body_72(
+    ddp="DDP(model, device_ids=[torch.cuda.current_device()] if device.type == 'cuda' else None)")
+# w7-07 w73_17: cuda:{rank % device_count()}: the local rank only with one process per GPU; the pass as
+# under nccl runs 2 processes on machines of 4 GPUs, where global rank 2 would take cuda:2
+MUTANTS_73.append((file_73("""\
+    device = collective_device() if dist.get_backend() != "nccl" else \\
+        torch.device("cuda", dist.get_rank() % torch.cuda.device_count())
+    totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=device)
+    dist.all_reduce(totals)
+    return finish(*totals.tolist())
+"""), "puts the tensor on this rank's own GPU, cuda:LOCAL_RANK"))
+MESSAGES_73[len(MUTANTS_73) - 1] = "is the local rank only when every node runs one process per GPU"
 
 EXERCISES = {
     "7.2": ("train_ddp", RIGHT_72, MUTANTS_72, lesson07.judge_7_2),
