@@ -873,6 +873,11 @@ MESSAGES_74[len(MUTANTS_74) - 1] = "the running total lives on between calls"
 # torch.cuda.set_device(LOCAL_RANK), as the lesson's does (and w6-07's grey .to('cuda') relies on the same)
 RIGHT_72["device_ids=[current_device()] on a GPU"] = body_72(
     ddp="DDP(model, device_ids=[torch.cuda.current_device()] if device.type == 'cuda' else None)")
+# w7-07 w72_21: the device taken from LOCAL_RANK on a GPU (what torchrun's setup binds each rank to): right
+RIGHT_72["device from LOCAL_RANK on a GPU"] = body_72(
+    make=f"make_model().to(torch.device('cuda', int({ENV}.get('LOCAL_RANK', 0))) if torch.device(device).type == "
+         "'cuda' else device)",
+    ddp=f"DDP(model, device_ids=[int({ENV}.get('LOCAL_RANK', 0))] if torch.device(device).type == 'cuda' else None)")
 # w7-07 w73_17: cuda:{rank % device_count()}: the local rank only with one process per GPU; the pass as
 # under nccl runs 2 processes on machines of 4 GPUs, where global rank 2 would take cuda:2
 MUTANTS_73.append((file_73("""\
