@@ -149,6 +149,10 @@ def _shard_cases(rng):
                   [dict(n=n, num_replicas=R, shuffle=False, seed=0, epoch=0, drop_last=True),
                    # on the edge, every seed: an exact multiple drops nothing
                    dict(n=R * int(rng.integers(2, 7)), num_replicas=R, shuffle=False, seed=0, epoch=0,
+                        drop_last=True),
+                   # every seed: n / num_replicas with a fraction above one half (w7-07 w71_17: round() in
+                   # place of floor passed on the seeds whose draw had none)
+                   dict(n=R * int(rng.integers(2, 7)) + R - 1, num_replicas=R, shuffle=False, seed=0, epoch=0,
                         drop_last=True)]))
     R = int(rng.integers(2, 5))
     n = R * int(rng.integers(5, 20))
@@ -247,6 +251,11 @@ def check_7_1(shard_indices):
                         prop = "keeps DistributedSampler's order within the rank's share"
                         hint = ("yours holds the right indices, sorted: the sampler yields them in the order they "
                                 "were dealt (the shuffled order, the padding last); do not sort the share")
+                    elif args["drop_last"] and len(yours) != len(expected):     # w7-07 w71_17 (seeds 5, 10)
+                        prop = "drop_last drops the tail so every rank gets floor(n / num_replicas)"
+                        hint = (f"with drop_last each rank gets floor(n / num_replicas) = {n} // {R} = "
+                                f"{len(expected)} indices; yours gave rank {rank} {len(yours)} (round() or ceil() "
+                                "where floor belongs?)")
                     elif prop.startswith("pads even") and len(yours) < len(expected):
                         copies = math.ceil(R / n)
                         hint = (f"n={n} with {R} ranks needs {R} indices, {copies} copies of the list (more than "
@@ -926,14 +935,18 @@ def _judge_73_nccl(obs, case, file):
         if "error" in entry:
             e = entry["error"]
             if "invalid device ordinal" in e["message"] or "but backend constrained to" in e["message"]:
+                from .lesson07_ranks import NCCL_GPUS_PER_NODE_73
                 raise CheckFailed("puts the tensor on this rank's own GPU, cuda:LOCAL_RANK",
-                                  f"run as under nccl as the second node of a job of 2 nodes x {world} GPUs, rank "
-                                  f"{world + o['rank']} (local rank {o['rank']}, GPU cuda:{o['rank']}) raised "
+                                  f"run as under nccl as the second node of a job of 2 nodes x {world} processes, "
+                                  f"on machines of {NCCL_GPUS_PER_NODE_73(world)} GPUs, rank {world + o['rank']} "
+                                  f"(local rank {o['rank']}, GPU cuda:{o['rank']}) raised "
                                   f"{e['type']}: {e['message'][:160]}",
                                   "use collective_device(): torch.cuda.current_device(), which the rank's setup "
                                   "set to LOCAL_RANK. dist.get_rank() is the rank in the whole job (rank 8 is GPU 0 "
-                                  "of the second node of 8-GPU machines), and a fixed cuda:0 puts every rank of a "
-                                  "node on one GPU, which nccl refuses")
+                                  "of the second node of 8-GPU machines); dist.get_rank() % "
+                                  "torch.cuda.device_count() is the local rank only when every node runs one "
+                                  "process per GPU; and a fixed cuda:0 puts every rank of a node on one GPU, which "
+                                  "nccl refuses")
             if NCCL_CPU_TENSOR in e["message"]:
                 raise CheckFailed("puts the tensor it reduces on collective_device()",
                                   f"run as under nccl (on a virtual GPU), rank {o['rank']} handed a tensor in host "
@@ -1043,6 +1056,17 @@ def judge_7_4(obs: list[dict], seed: int, file) -> str:
                 raise CheckFailed("runs backward on each micro-batch before the next forward",
                                   f"k={k}: forward (F) and backward (B) passes came as {res['events'] or 'nothing'}, "
                                   f"expected {'FB' * k}", hint)
+            alive = res.get("alive_at_forward") or []
+            if any(alive):                                                      # w7-07 w74_13
+                j = next(j for j, a in enumerate(alive) if a)
+                raise CheckFailed("keeps one micro-batch's activations alive at a time",
+                                  f"k={k}: when micro-batch {j + 1}'s forward began, {alive[j]} tensor(s) that "
+                                  f"autograd saved for an earlier micro-batch's backward were still in memory: its "
+                                  "backward ran, but kept them (backward(retain_graph=True)?)",
+                                  "call loss.backward() without retain_graph: backward then frees the micro-batch's "
+                                  "saved activations; a retained graph holds them for as long as anything refers to "
+                                  "it (the loss, a running total built from it), so memory grows with the "
+                                  "micro-batches as if you had not accumulated. Add loss.detach() to the total")
             backwards = [on for kind, on in res.get("synced", []) if kind == "B"]
             if len(backwards) == k and backwards.count(True) == 1 and not backwards[-1]:
                 which = backwards.index(True) + 1
@@ -1079,6 +1103,16 @@ def judge_7_4(obs: list[dict], seed: int, file) -> str:
             mine = expected[i]["losses"][o["rank"]]
             if not (isinstance(value, list) and len(value) == 1 and isinstance(value[0], float)
                     and math.isclose(value[0], mine, rel_tol=1e-9, abs_tol=1e-12)):
+                before = o["results"][i - 1]["returned"] if i > 0 else None
+                if isinstance(value, list) and len(value) == 1 and isinstance(before, list) and len(before) == 1 \
+                        and isinstance(value[0], float) and isinstance(before[0], float) \
+                        and math.isclose(value[0] - before[0], mine, rel_tol=1e-6, abs_tol=1e-9):   # w7-07 w74_18
+                    raise CheckFailed("computes each call from its own arguments (nothing kept between calls)",
+                                      f"k={k}, rank {o['rank']}: yours {value[0]!r}, expected {mine!r}: yours is the "
+                                      f"previous call's value ({before[0]!r}) plus this call's loss, so the running "
+                                      "total lives on between calls",
+                                      "start the total at 0 inside the function, on every call (a variable at module "
+                                      "level, global, or on the model keeps the earlier calls' losses)")
                 raise CheckFailed("returns this rank's loss over its whole batch",
                                   f"k={k}, rank {o['rank']}: yours {value[0] if isinstance(value, list) else value!r}, "
                                   f"expected {mine!r}", "return the sum of the weighted micro-batch losses as a float")
@@ -1449,9 +1483,11 @@ def judge_7_5(obs: list[dict], seed: int, file) -> str:
                                   f"(one sample left over each epoch), {_short(sorted(never), 4)} never came in any of "
                                   f"{len(sets)} epochs: the cut's offset never reached the remainder (1), so the "
                                   "shard's last sample is never trained",
-                                  "draw the offset from 0 to the remainder inclusive: rng.integers(0, remainder + 1) "
-                                  "(numpy's upper bound is exclusive; rng.integers(0, remainder) never gives the "
-                                  "remainder itself)")
+                                  "draw the offset in samples, from 0 to the remainder inclusive: "
+                                  "rng.integers(0, remainder + 1). Two ways to miss the remainder: numpy's upper "
+                                  "bound is exclusive (rng.integers(0, remainder) never gives the remainder itself), "
+                                  "and an offset in whole batches (rng.integers(0, remainder // batch_size + 1) * "
+                                  "batch_size) is always 0 when fewer than a batch are left over")
     if len(cases) > 5:          # w5-07 w75_16: the shards a rank reads change with the epoch
         case = cases[5]
         for o in obs:

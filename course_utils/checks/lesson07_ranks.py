@@ -29,6 +29,7 @@ import importlib.util
 import json
 import math
 import os
+import weakref
 import sys
 import time
 import traceback
@@ -102,6 +103,11 @@ def cases_73(seed: int, world: int) -> list[list[tuple[float, int, int]]]:
 
 
 NCCL_CASE_73 = 1          # the case (unequal counts) run a second time as under nccl
+
+
+def NCCL_GPUS_PER_NODE_73(world: int) -> int:
+    """The GPUs of each machine in 7.3's pass as under nccl: twice the processes a node runs."""
+    return 2 * world
 
 
 def case_74(seed: int, world: int) -> dict:
@@ -459,8 +465,11 @@ def run_73(fn, job, rank, world, workdir, obs) -> None:
     # (cuda:LOCAL_RANK, what init_process_group set as the current device); a tensor on another
     # GPU of the node, or on a GPU the node does not have, fails as it does there (x-07 F2)
     from .virtual_cuda import VirtualCuda
+    # w7-07 w73_17: machines of 2 x `world` GPUs, more than the processes a node runs, so that
+    # cuda:{rank % device_count()} is not the local rank there (it is only with one process per GPU)
     with as_node(local_rank=rank, per_node=world, node=1, nodes=2, global_rank=world + rank), \
-            VirtualCuda(index=rank, count=world, other_device=NCCL_OTHER_DEVICE) as vc, as_if_nccl(vc):
+            VirtualCuda(index=rank, count=NCCL_GPUS_PER_NODE_73(world), other_device=NCCL_OTHER_DEVICE) as vc, \
+            as_if_nccl(vc):
         fn_nccl = load_learner(job["file"], job["function"], f"{job['index']}-nccl")
         entry = _call_73(fn_nccl, cases[NCCL_CASE_73][rank], job)
     obs["nccl"] = entry
@@ -591,6 +600,26 @@ def run_74(fn, job, rank, world, workdir, obs) -> None:
         synced.append(("B", ddp.require_backward_grad_sync))
 
     model.register_forward_hook(on_forward)
+    # w7-07 w74_13: backward(retain_graph=True), or a loss kept with its graph: each tensor autograd
+    # saves for backward is packed in a holder; at each forward's start, the holders still alive are
+    # earlier micro-batches' activations (backward without retain_graph frees them)
+    saved = []                   # weak references to the holders of the call's saved tensors
+    alive_at_forward = []        # for each forward: how many earlier saved tensors were still alive
+
+    class _Saved:
+        __slots__ = ("tensor", "__weakref__")
+
+        def __init__(self, tensor):
+            self.tensor = tensor
+
+    def pack(tensor):
+        holder = _Saved(tensor)
+        saved.append(weakref.ref(holder))
+        return holder
+
+    model.register_forward_pre_hook(
+        lambda module, inputs: alive_at_forward.append(sum(ref() is not None for ref in saved))
+        if torch.is_grad_enabled() else None)
     ddp = DistributedDataParallel(model)
     hooks = {"n": 0}
 
@@ -619,6 +648,8 @@ def run_74(fn, job, rank, world, workdir, obs) -> None:
         hooks["n"] = 0
         events.clear()
         synced.clear()
+        saved.clear()
+        alive_at_forward.clear()
         steps = []          # any optimizer's step() during the call (even one with lr=0, which changes nothing)
         from torch.optim.optimizer import register_optimizer_step_pre_hook
         step_hook = register_optimizer_step_pre_hook(
@@ -626,7 +657,8 @@ def run_74(fn, job, rank, world, workdir, obs) -> None:
         from ..syncs import SyncCounter
         reads = SyncCounter(host_reads=True, cuda_debug=False)  # a value read here is a wait for the GPU there
         try:
-            with CollectiveCounter() as counter, reads:
+            with CollectiveCounter() as counter, reads, \
+                    torch.autograd.graph.saved_tensors_hooks(pack, lambda holder: holder.tensor):
                 returned = fn(ddp, micro, loss_fn_74)
         finally:
             step_hook.remove()
@@ -635,7 +667,7 @@ def run_74(fn, job, rank, world, workdir, obs) -> None:
                 if os.path.abspath(where.rpartition(":")[0]) == learner_file]
         results.append({"k": call["k"], "all_reduces": hooks["n"] / max(buckets, 1),
                         "own_collectives": counter.count - hooks["n"], "collective_names": counter.calls,
-                        "events": "".join(events), "synced": synced[:],
+                        "events": "".join(events), "synced": synced[:], "alive_at_forward": alive_at_forward[:],
                         "returned_type": "float" if isinstance(returned, float) else type(returned).__name__,
                         "returned_graph": bool(isinstance(returned, torch.Tensor) and returned.requires_grad),
                         "grads": [None if p.grad is None else p.grad.detach().double().tolist()

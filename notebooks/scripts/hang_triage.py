@@ -356,7 +356,7 @@ def check_cores(nproc=None):
     print(f"{len(mine)} usable cores, {len(nodes) or 'unknown number of'} NUMA node(s)"
           + (": " + ", ".join(f"{n} {len(c)} cores" for n, c in nodes.items()) if nodes else ""))
     per_rank = len(mine) / nproc
-    print(f"{nproc} ranks: {per_rank:g} cores each, for the rank's main thread and its DataLoader workers"
+    print(f"{nproc} ranks: {per_rank:g} core{'' if per_rank == 1 else 's'} each, for the rank's main thread and its DataLoader workers"
           + (" (fewer than 2: the loader and the training loop share a core)" if per_rank < 2 else ""))
     if shutil.which("nvidia-smi"):
         code, out = _run(["nvidia-smi", "topo", "-m"], timeout=20)

@@ -210,6 +210,71 @@ MUTANTS_71.append((sorted_share, "keeps DistributedSampler's order within the ra
 MESSAGES_71[len(MUTANTS_71) - 1] = "yours holds the right indices, sorted"
 
 
+def drop_last_rounded(n, num_replicas, rank, *, shuffle=True, seed=0, epoch=0, drop_last=False):
+    """w7-07 w71_17: round(n / num_replicas) for drop_last's share, in place of floor: right whenever
+    the fraction is at most one half (it passed check seeds 1, 3 and 8)."""
+    if shuffle:
+        g = torch.Generator()
+        g.manual_seed(seed + epoch)
+        indices = torch.randperm(n, generator=g).tolist()
+    else:
+        indices = list(range(n))
+    per_rank = round(n / num_replicas) if drop_last else math.ceil(n / num_replicas)
+    total = per_rank * num_replicas
+    if not drop_last:
+        indices += (indices * math.ceil((total - n) / n))[:total - n]
+    else:
+        indices = indices[:total]
+    return indices[rank:total:num_replicas]
+
+
+MUTANTS_71.append((drop_last_rounded, "drop_last drops the tail so every rank gets floor(n / num_replicas)"))
+MESSAGES_71[len(MUTANTS_71) - 1] = "round() or ceil() where floor belongs"
+
+
+def test_7_1_drop_last_rounded_fails_on_the_seeds_it_passed_and_on_those_it_was_misnamed(monkeypatch):
+    """w7-07 w71_17 passed check seeds 1, 3, 8 and was told about the padding's order on 5 and 10."""
+    for seed in (1, 3, 8, 5, 10):
+        monkeypatch.setenv("COURSE_CHECK_SEED", str(seed))
+        result = run_check("7.1", drop_last_rounded)
+        fails_on(result, "drop_last drops the tail so every rank gets floor(n / num_replicas)")
+        assert "round() or ceil() where floor belongs" in result.message
+
+
+def global_rng_saved_and_restored(n, num_replicas, rank, **kwargs):
+    """w7-07 w71_15: torch.manual_seed on the global generator, its state saved before and restored
+    after: the contract's property (the global random state is left as it was) holds. Right."""
+    if not kwargs.get("shuffle", True):
+        return shard_indices(n, num_replicas, rank, **kwargs)
+    state = torch.get_rng_state()
+    torch.manual_seed(kwargs.get("seed", 0) + kwargs.get("epoch", 0))
+    order = torch.randperm(n).tolist()
+    torch.set_rng_state(state)
+    reference = shard_indices(n, num_replicas, rank, **kwargs)
+    assert order == shard_indices(n, 1, 0, seed=kwargs.get("seed", 0), epoch=kwargs.get("epoch", 0))
+    return reference
+
+
+def generator_warmed_with_randperm_1(n, num_replicas, rank, *, shuffle=True, seed=0, epoch=0, drop_last=False):
+    """w7-07 w71_18: torch.randperm(1, generator=g) before the real draw: it consumes no random
+    numbers, so the permutation is DistributedSampler's. Right (randperm(3) first is rejected)."""
+    if shuffle:
+        g = torch.Generator()
+        g.manual_seed(seed + epoch)
+        torch.randperm(1, generator=g)
+    return shard_indices(n, num_replicas, rank, shuffle=shuffle, seed=seed, epoch=epoch, drop_last=drop_last)
+
+
+@pytest.mark.parametrize("fn", [global_rng_saved_and_restored, generator_warmed_with_randperm_1,
+                                lambda *a, **k: __import__("numpy").asarray(shard_indices(*a, **k))],
+                         ids=["w71_15 global RNG restored", "w71_18 randperm(1) first", "w71_16 numpy array"])
+def test_7_1_right_answers_of_walk_w7_pass(monkeypatch, fn):
+    for seed in (1, 2):
+        monkeypatch.setenv("COURSE_CHECK_SEED", str(seed))
+        result = run_check("7.1", fn)
+        assert result.status == "pass", result.message
+
+
 @pytest.mark.parametrize("seed", SEEDS_71)
 def test_7_1_solution_passes(monkeypatch, seed):
     monkeypatch.setenv("COURSE_CHECK_SEED", str(seed))
@@ -615,7 +680,7 @@ MESSAGES_73 = {     # mutants whose message must name what they did
     11: "divided by the number of ranks",                             # w3-07 w73_11
     15: "No backend type associated with device type cpu",
     21: "but backend constrained to cuda:1",
-    22: "invalid device ordinal",
+    22: "but backend constrained to cuda:0",    # machines of 4 GPUs since w7-07: cuda:2 exists, not this rank's
     18: "the division ran in float32",       # ... and the exact int64 sums divided in float32 get their own
 }
 
@@ -788,6 +853,41 @@ MUTANTS_74.append((HEADER_74 + textwrap.indent(textwrap.dedent("""\
     return float(sum(loss.detach() for loss in losses))
 """), "    "), "runs backward on each micro-batch before the next forward"))
 MESSAGES_74[len(MUTANTS_74) - 1] = "kept and each given its own backward afterwards"
+# w7-07 w74_13: every backward with retain_graph=True and the running loss not detached: the right
+# .grad and order (FBFB), but every micro-batch's saved activations stay alive; retain_graph alone
+# keeps the previous one's during the next forward
+MUTANTS_74.append((body_74(read="loss").replace("loss.backward()", "loss.backward(retain_graph=True)"),
+                   "keeps one micro-batch's activations alive at a time"))
+MESSAGES_74[len(MUTANTS_74) - 1] = "retain_graph=True"
+MUTANTS_74.append((body_74().replace("loss.backward()", "loss.backward(retain_graph=True)"),
+                   "keeps one micro-batch's activations alive at a time"))
+MESSAGES_74[len(MUTANTS_74) - 1] = "were still in memory"
+# w7-07 w74_18: the running total kept at module level between calls: named as state kept, not as the value
+MUTANTS_74.append((body_74().replace("loss_total, unweighted = 0.0, 0.0",
+                                     "global _total\n    loss_total, unweighted = _total, 0.0").replace(
+    "return loss_total.item()", "_total = loss_total\n    return loss_total.item()").replace(
+    "def accumulate", "_total = 0.0\n\n\ndef accumulate"),
+    "computes each call from its own arguments (nothing kept between calls)"))
+MESSAGES_74[len(MUTANTS_74) - 1] = "the running total lives on between calls"
+# w7-07 w72_23: device_ids=[torch.cuda.current_device()]: right where the rank's setup called
+# torch.cuda.set_device(LOCAL_RANK), as the lesson's does (and w6-07's grey .to('cuda') relies on the same)
+RIGHT_72["device_ids=[current_device()] on a GPU"] = body_72(
+    ddp="DDP(model, device_ids=[torch.cuda.current_device()] if device.type == 'cuda' else None)")
+# w7-07 w72_21: the device taken from LOCAL_RANK on a GPU (what torchrun's setup binds each rank to): right
+RIGHT_72["device from LOCAL_RANK on a GPU"] = body_72(
+    make=f"make_model().to(torch.device('cuda', int({ENV}.get('LOCAL_RANK', 0))) if torch.device(device).type == "
+         "'cuda' else device)",
+    ddp=f"DDP(model, device_ids=[int({ENV}.get('LOCAL_RANK', 0))] if torch.device(device).type == 'cuda' else None)")
+# w7-07 w73_17: cuda:{rank % device_count()}: the local rank only with one process per GPU; the pass as
+# under nccl runs 2 processes on machines of 4 GPUs, where global rank 2 would take cuda:2
+MUTANTS_73.append((file_73("""\
+    device = collective_device() if dist.get_backend() != "nccl" else \\
+        torch.device("cuda", dist.get_rank() % torch.cuda.device_count())
+    totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=device)
+    dist.all_reduce(totals)
+    return finish(*totals.tolist())
+"""), "puts the tensor on this rank's own GPU, cuda:LOCAL_RANK"))
+MESSAGES_73[len(MUTANTS_73) - 1] = "is the local rank only when every node runs one process per GPU"
 
 EXERCISES = {
     "7.2": ("train_ddp", RIGHT_72, MUTANTS_72, lesson07.judge_7_2),

@@ -183,7 +183,18 @@ MUTANTS += [
                                        "for w in range(workers)]"),
      "resumes where it stopped", "ceil(K / W) each"),
 ]
-assert all(src != RIGHT["solution"] for src, *_ in MUTANTS[-7:])
+# w7-07 w75_18: the offset drawn in whole batches: with one sample left over it is always 0 (the hint
+# named only the exclusive bound, which this answer did not have)
+MUTANTS.append((answer().replace(SOLUTION_OFFSET, "offset = int(rng.integers(0, (n - k * world * self.batch_size) "
+                                                  "// self.batch_size + 1)) * self.batch_size"),
+                "every sample is trained in some epoch", "an offset in whole batches"))
+# w7-07 w75_19 (and w6-07's grey epoch % (remainder + 1)): a cut that walks along with the epoch. With one
+# sample left over it alternates, which the contract's "nor the same ones every other epoch" could be read to
+# forbid; w6-07's decision keeps this family passing (each sample comes in some epoch; the cut moves), so
+# both stay right here, and the check's parity test is the large-remainder case (3) only
+RIGHT["offset walks with the epoch"] = answer().replace(
+    SOLUTION_OFFSET, "offset = (self.seed + self.epoch) % (n - k * world * self.batch_size + 1)")
+assert all(src != RIGHT["solution"] for src, *_ in MUTANTS[-8:])
 RIGHT["Python random offset"] = answer().replace(         # w5-07 w75_14: another seeded generator, right
     SOLUTION_OFFSET, "offset = __import__('random').Random(self.seed * 1000003 + self.epoch).randint("
                      "0, n - k * world * self.batch_size)")
