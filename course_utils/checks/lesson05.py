@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import torch
 import torch.nn.functional as F
+import torch.utils._pytree
 from torch import nn
 
 from ..memory import GraphWatch, SavedTensorMeter, StepReadings
@@ -847,7 +848,21 @@ class _MovesCountMode(_CountingMode):
             if isinstance(result, torch.Tensor):
                 counter._mark_on_host(result)
             return result
-        return super().__torch_function__(func, types, args, kwargs)
+        if name in ("tensor", "as_tensor") and args and isinstance(args[0], (list, tuple)) and not counter._paused:
+            # torch.tensor(window) of device scalars copies each one to the host, inside torch's own code
+            # (walk w4-05): one wait per element on a GPU, which the value reads above never see
+            on_device = [t for t in torch.utils._pytree.tree_leaves(args[0]) if isinstance(t, torch.Tensor)
+                         and (t.device.type != "cpu" or (counter.host_reads and not counter._is_on_host(t)))]
+            for _ in on_device:
+                counter._record("torch.tensor(a list of device tensors)")
+        result = super().__torch_function__(func, types, args, kwargs)
+        if counter._on_host and isinstance(result, torch.Tensor) and result.device.type == "cpu":
+            # what is computed from tensors already copied to the host is on the host too: reading it
+            # waits for nothing (float(torch.stack(window).cpu().mean()), walk w4-05)
+            inputs = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+            if inputs and all(counter._is_on_host(t) for t in inputs):
+                counter._mark_on_host(result)
+        return result
 
 
 class _SyncAndCopyCounter(SyncCounter):
@@ -978,9 +993,12 @@ def _loop_case(train_fixed, rng, seed, device):
     allowed = n_logs
     if syncs.count > allowed:
         names = ", ".join(f"{k} x{v}" for k, v in syncs.by_name().items()) or f"{syncs.cuda_warnings} flagged by CUDA"
+        listed = any(c.startswith("torch.tensor(") for c in syncs.calls)
         raise CheckFailed("synchronises at most once per logging interval",
                           f"{label}: yours made {syncs.count} synchronising calls ({names}); at most {allowed} allowed",
-                          "collect loss.detach() of each step on the device and read the interval's mean with one "
+                          ("torch.tensor(window) of device tensors copies each one to the host, a wait per step's "
+                           "loss: torch.stack(window) keeps them on the device, and " if listed else "")
+                          + "collect loss.detach() of each step on the device and read the interval's mean with one "
                           ".item(); no print(loss), float(loss), .item() or torch.cuda.empty_cache() per step")
     losses = torch.stack(recorded).float().cpu().numpy()
     expected = [float(losses[i * log_every:(i + 1) * log_every].mean()) for i in range(n_logs)]

@@ -1399,3 +1399,20 @@ def test_fixed_loop_mutants_rejected(mutant):
 
 def test_fixed_loop_stub():
     assert run_check("5.4", stub).status == "not_implemented"
+
+
+# -- walk w4-05 ---------------------------------------------------------------------------------
+
+def test_fixed_loop_passes_with_one_copy_then_a_host_mean():
+    """float(torch.stack(window).cpu().mean()): one copy per interval, the mean taken on the host; it was
+    counted as two waits (the float() of a tensor computed from the copy), walk w4-05 (5.4-21)."""
+    passes("5.4", _loop(read=lambda window, log_every: float(torch.stack(window).cpu().mean())), range(1))
+    passes("5.4", _loop(read=lambda window, log_every: (torch.stack(window).cpu() / log_every).sum().item()),
+           range(1))
+
+
+def test_fixed_loop_rejects_torch_tensor_of_the_window():
+    """torch.tensor(window) of device scalars: one copy to the host per step's loss, inside torch (w4-05, 5.4-26)."""
+    rejected("5.4", Mutant("torch.tensor(window)", _loop(read=lambda window, log_every: torch.tensor(window).mean().item()),
+                           "synchronises at most once per logging interval", words="torch.stack(window) keeps them"),
+             range(1))
