@@ -74,6 +74,7 @@ class _AutocastProbeNet(nn.Module):
         self.fc2 = nn.Linear(hidden, n_classes)
         self.seen = []
         self.backward_autocast = []
+        self.graphs = GraphWatch()      # each step's graph, tagged at the model's output: alive while a loss is kept
 
     def forward(self, x):
         kind = x.device.type
@@ -81,7 +82,7 @@ class _AutocastProbeNet(nn.Module):
         self.seen.append((enabled, torch.get_autocast_dtype(kind) if enabled else None))
         if isinstance(x, DeviceTensor):     # images that say they are on a GPU: the work stays on the host
             x = x._inner
-        return _BackwardProbe.apply(self.fc2(torch.relu(self.fc1(x))), kind, self.backward_autocast)
+        return self.graphs.mark(_BackwardProbe.apply(self.fc2(torch.relu(self.fc1(x))), kind, self.backward_autocast))
 
 
 class _LossWatch(torch.overrides.TorchFunctionMode):
@@ -124,6 +125,11 @@ def _uses_its_scaler(watched: _ScalerCalls, returned, label, *, scaled: bool) ->
                      "every step, guarded by `if torch.cuda.is_available()` or not: the host can no longer queue "
                      "the next step while this one runs; leave it out (time with events, lesson 04, if you "
                      "must). ")
+        elif any(c in ("__bool__", "__float__", "__int__", "__index__", "item") for c in reads.calls):
+            first = ("a guard on the loss or the gradients (`if torch.isfinite(loss):`, "
+                     "clip_grad_norm_(..., error_if_nonfinite=True), float(loss)) reads a value on the host, which "
+                     "waits for the device every step: leave inf and NaN to the scaler, whose step() skips the "
+                     "update after an overflow, and check the loss when you log it. ")
         elif any(c in ("cpu", "to") for c in reads.calls):
             first = ("loss.detach().cpu() (or .to('cpu')) copies the loss to the host, which waits for the device "
                      "to finish the step: return loss.detach() and leave it where it is. ")
@@ -132,8 +138,9 @@ def _uses_its_scaler(watched: _ScalerCalls, returned, label, *, scaled: bool) ->
         raise CheckFailed("reads nothing on the host besides the scaler's own check",
                           f"{label}: one call read {reads.count} value(s) from the device or waited for it, besides "
                           f"the scaler's check for inf ({where})",
-                          first + "On a GPU each read makes the host wait for the device: return the loss as a tensor "
-                          "and let the caller read it when it logs")
+                          first + "On a GPU each read makes the host wait for the device: "
+                          + ("" if first.startswith("a guard") else "return the loss as a tensor and ")
+                          + "let the caller read the loss when it logs")
 
 
 _UNUSED_SCALER = "the scaler passed to amp_step in this call was not used (its scale() was never called)"
@@ -283,6 +290,14 @@ def _amp_case(amp_step, rng, seed, device, dtype, *, use_scaler):
                                   "operation in the precision its forward used, and PyTorch's AMP notes say "
                                   "backward under autocast is not recommended (leave scaler.scale(loss).backward() "
                                   "outside the block)")
+            if isinstance(returned, torch.Tensor) and returned.dtype != torch.float32:
+                raise CheckFailed("returns the step's loss",
+                                  f"{label}: yours returned the loss in {str(returned.dtype).replace('torch.', '')}; "
+                                  "under autocast cross_entropy computes it in float32 (seed {seed})".replace(
+                                      "{seed}", str(seed)),
+                                  "return loss.detach() as it is: autocast runs the loss in float32 on purpose, and "
+                                  "a copy in float16 or bfloat16 keeps 3 or 4 digits of it (bfloat16 reads 2.34 "
+                                  "where the loss is 2.3412), too few to see a loss curve flatten")
             if not math.isfinite(loss) or not math.isclose(loss, expected_loss, rel_tol=3e-2, abs_tol=1e-2):
                 raise CheckFailed("returns the step's loss", f"{label}: yours {loss:.4f}, the batch's loss "
                                   f"before the step is {expected_loss:.4f} (seed {seed})")
@@ -394,6 +409,13 @@ def _amp_case(amp_step, rng, seed, device, dtype, *, use_scaler):
                               f"{_UNUSED_SCALER}", _UNUSED_SCALER_HINT)
         with fresh.reads.paused():
             scales.append(scaler.get_scale() if use_scaler else 1.0)
+        if model.graphs.alive > 1:
+            raise CheckFailed("keeps no graph past its step",
+                              f"{label}: after {len(losses)} calls, {model.graphs.alive} steps' autograd graphs were "
+                              "still alive, though each step had returned (seed {seed})".replace("{seed}", str(seed)),
+                              "something the step keeps (a list, a global, an attribute) holds the loss itself, and "
+                              "with it the step's whole graph: keep loss.detach() (or nothing) there, as the "
+                              "returned loss is, the habit exercise 5.4 fixes")
     with fresh.reads.paused():
         losses = [_as_float(v, f"amp_step ({label})") for v in losses]
     first, last = float(np.mean(losses[:5])), float(np.mean(losses[-5:]))

@@ -1416,3 +1416,112 @@ def test_fixed_loop_rejects_torch_tensor_of_the_window():
     rejected("5.4", Mutant("torch.tensor(window)", _loop(read=lambda window, log_every: torch.tensor(window).mean().item()),
                            "synchronises at most once per logging interval", words="torch.stack(window) keeps them"),
              range(1))
+
+
+_HISTORY_51 = []
+
+
+def amp_keeps_every_loss(model, optimizer, scaler, images, labels, dtype=torch.float16, max_norm=1.0):
+    """A global list of the losses themselves, kept inside the step 'for a loss curve later' (w4-05, 5.1-39)."""
+    loss = amp_step.__wrapped_loss__(model, optimizer, scaler, images, labels, dtype, max_norm)
+    _HISTORY_51.append(loss)
+    return loss.detach()
+
+
+def _amp_step_loss(model, optimizer, scaler, images, labels, dtype, max_norm):
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=images.device.type, dtype=dtype):
+        loss = F.cross_entropy(model(images), labels)
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss
+
+
+amp_step.__wrapped_loss__ = _amp_step_loss
+
+
+def amp_returns_low_precision(model, optimizer, scaler, images, labels, dtype=torch.float16, max_norm=1.0):
+    """The loss returned in the autocast dtype: 3 or 4 digits of it (w4-05, 5.1-26)."""
+    return _amp_step_loss(model, optimizer, scaler, images, labels, dtype, max_norm).detach().to(dtype)
+
+
+def amp_guards_the_loss(model, optimizer, scaler, images, labels, dtype=torch.float16, max_norm=1.0):
+    """`if torch.isfinite(loss): scaler.step(...)`: a read each step (w4-05, 5.1-14)."""
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=images.device.type, dtype=dtype):
+        loss = F.cross_entropy(model(images), labels)
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    if torch.isfinite(loss):
+        scaler.step(optimizer)
+    scaler.update()
+    return loss.detach()
+
+
+def _nan_to_num(model):
+    for p in model.parameters():
+        if p.grad is not None:
+            torch.nan_to_num_(p.grad, nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def amp_nan_to_num_before_unscale(model, optimizer, scaler, images, labels, dtype=torch.float16, max_norm=1.0):
+    """inf gradients zeroed before unscale_: the scaler never sees the overflow."""
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=images.device.type, dtype=dtype):
+        loss = F.cross_entropy(model(images), labels)
+    scaler.scale(loss).backward()
+    _nan_to_num(model)
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss.detach()
+
+
+def amp_nan_to_num_after_unscale(model, optimizer, scaler, images, labels, dtype=torch.float16, max_norm=1.0):
+    """inf gradients zeroed after unscale_ (w4-05, 5.1-27): unscale_ has recorded the overflow already, so
+    the step is still skipped and the scale still backs off; a kernel per parameter, no wait. A right answer."""
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=images.device.type, dtype=dtype):
+        loss = F.cross_entropy(model(images), labels)
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    _nan_to_num(model)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss.detach()
+
+
+MUTANTS_51_W4 = [
+    Mutant("a global list of the losses themselves", amp_keeps_every_loss, "keeps no graph past its step",
+           words="holds the loss itself"),
+    Mutant("returns the loss in the autocast dtype", amp_returns_low_precision, "returns the step's loss",
+           words="in float16"),
+    Mutant("an isfinite guard on the loss", amp_guards_the_loss,
+           "reads nothing on the host besides the scaler's own check", words="leave inf and NaN to the scaler"),
+    Mutant("nan_to_num_ on the gradients before unscale_", amp_nan_to_num_before_unscale,
+           "skips the optimizer step when a gradient is inf"),
+]
+
+
+@pytest.mark.parametrize("mutant", MUTANTS_51_W4, ids=repr)
+def test_amp_step_fourth_walks_mutants_rejected(mutant):
+    _HISTORY_51.clear()
+    rejected("5.1", mutant, range(1))
+    _HISTORY_51.clear()
+
+
+def test_amp_step_guard_names_the_learners_line():
+    """The location of a read in a guard is the learner's line, not the grader's (w4-05: 'lesson05.py:850')."""
+    result = run_check("5.1", amp_guards_the_loss)
+    assert "at lesson05.py" not in result.message and "at test_checks_lesson05.py:" in result.message, result.message
+    assert "return the loss as a tensor" not in result.message, result.message
+
+
+def test_amp_step_passes_with_nan_to_num_after_unscale():
+    passes("5.1", amp_nan_to_num_after_unscale, range(1))
