@@ -777,7 +777,7 @@ def check_largest_batch(largest_batch):
         cap = int(2 ** rng.uniform(1, 20))
         threshold = min(int(2 ** rng.uniform(0, math.log2(cap) + 0.5)), cap)
         cases.append((threshold, cap, "a random threshold"))
-    worst = 0.0
+    worst, first_settled = 0.0, None
     for threshold, cap, what in cases:
         probe, calls = make_probe(threshold, cap)
         label = f"{what} (fits up to {threshold}, cap {cap}; seed {seed})"
@@ -830,8 +830,34 @@ def check_largest_batch(largest_batch):
                               "start small and grow (1, 2, 4, ...): a probe that does not fit is a step that ran out "
                               "of memory, and the bigger it is the more it allocated first; probing cap first is "
                               "the most expensive failure there is")
+        found = _settled_probe(calls, threshold)
+        if found is not None and first_settled is None:     # reported after every other property, on every case
+            first_settled = (label, calls, *found)
+    if first_settled is not None:
+        label, calls, i, b, lo, hi = first_settled
+        known = (f"fits({lo}) had said yes" if b <= lo else f"fits({hi}) had said no")
+        raise CheckFailed("asks nothing its earlier probes already answered",
+                          f"{label}: probe {i + 1} asked fits({b}) after {known} (probes: "
+                          f"{', '.join(map(str, calls[:12]))}{', ...' if len(calls) > 12 else ''})",
+                          "each probe is a training step, and fits is monotone: a size at or below one that fit "
+                          "fits, one at or above a size that did not does not. Search only between the last "
+                          "size that fit and the first that did not (not from 1 again), and return the last "
+                          "size that fit without asking it again")
     return (f"right on {len(cases)} monotone probes, edges included, each answer shown by its own probes, none far "
-            f"above the answer, using at most {worst:.0%} of the probe budget.")
+            f"above the answer, none asked twice or already answered, using at most {worst:.0%} of the probe budget.")
+
+
+def _settled_probe(calls, threshold):
+    """(index, size, largest yes, smallest no) of the first probe whose answer the earlier ones settled, or None."""
+    lo, hi = 0, math.inf
+    for i, b in enumerate(calls):
+        if b <= lo or b >= hi:
+            return i, b, lo, hi
+        if b <= threshold:
+            lo = b
+        else:
+            hi = b
+    return None
 
 
 # -- 5.4 fix a loop that keeps graphs and syncs every step ---------------------------------------

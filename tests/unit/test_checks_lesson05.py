@@ -843,7 +843,7 @@ def _padded(extra):
     return search
 
 
-largest_at_the_budget, largest_one_over_the_budget = _padded(0), _padded(1)
+largest_one_over_the_budget = _padded(1)
 
 
 def largest_probes_cap_first(fits, cap):
@@ -900,7 +900,8 @@ MUTANTS_53 = [
 
 def test_largest_batch_passes():
     passes("5.3", largest, range(20))
-    passes("5.3", largest_at_the_budget, range(3))      # on the edge: exactly the budget
+    # (exactly the budget: growth x4 below reaches it; padding with repeated probes now fails on "asks
+    # nothing its earlier probes already answered", walk w4-05)
     passes("5.3", largest_x4_growth, range(3))          # on the other edge: no probe above 4 x (answer + 1)
 
 
@@ -1525,3 +1526,37 @@ def test_amp_step_guard_names_the_learners_line():
 
 def test_amp_step_passes_with_nan_to_num_after_unscale():
     passes("5.1", amp_nan_to_num_after_unscale, range(1))
+
+
+def largest_search_from_one_again(fits, cap):
+    """The binary search restarted from 1, forgetting what the gallop learned (w4-05, 5.3-10)."""
+    if not fits(1):
+        return 0
+    good, b = 1, 2
+    while b <= cap and fits(b):
+        good, b = b, 2 * b
+    bad, good = min(b, cap + 1), 1
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        if fits(mid):
+            good = mid
+        else:
+            bad = mid
+    return good
+
+
+def largest_confirms_the_answer(fits, cap):
+    """`assert fits(good)` before returning: a size already probed, asked again (w4-05, 5.3-11)."""
+    good = largest(fits, cap)
+    assert good == 0 or fits(good)
+    return good
+
+
+@pytest.mark.parametrize("mutant", [
+    Mutant("the search restarted from 1", largest_search_from_one_again,
+           "asks nothing its earlier probes already answered", words="not from 1 again"),
+    Mutant("a confirming probe of the answer", largest_confirms_the_answer,
+           "asks nothing its earlier probes already answered", words="without asking it again"),
+], ids=repr)
+def test_largest_batch_rejects_settled_probes(mutant):
+    rejected("5.3", mutant, range(3))
