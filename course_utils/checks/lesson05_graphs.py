@@ -124,6 +124,9 @@ class _Run:
     ref_warm: list
     tol: float
     races: list
+    spare: object = None           # a copy of the model as it was handed over (to replay a warm-up that went wrong)
+    optimizer: str = "sgd"
+    lr: float = 0.0
 
 
 class _Watch:
@@ -224,6 +227,7 @@ def _scenario(make_graphed_step, rng, device, *, optimizer: str, use_default_war
     torch.manual_seed(int(rng.integers(1 << 30)))
     reference = _Net(width).to(dtype)
     yours = copy.deepcopy(reference)
+    spare = copy.deepcopy(reference)
 
     def draw(n, size=side):
         return (torch.from_numpy(rng.standard_normal((n, 3, size, size))).to(dtype),
@@ -258,8 +262,9 @@ def _scenario(make_graphed_step, rng, device, *, optimizer: str, use_default_war
                 vc.put(t)
             vc.put_module(reference)
             vc.put_module(yours)
+            vc.put_module(spare)
         else:
-            reference.to(device), yours.to(device)
+            reference.to(device), yours.to(device), spare.to(device)
             example = tuple(t.to(device) for t in example)
             batches = [tuple(t.to(device) for t in b) for b in batches]
             refused = [(w, tuple(t.to(device) for t in b)) for w, b in refused]
@@ -328,7 +333,9 @@ def _scenario(make_graphed_step, rng, device, *, optimizer: str, use_default_war
                     waits.extend(f"a synchronising operation flagged by CUDA: {w}" for w in flagged)
         races = list(vc.graphs.races) if emulate else []
         run = _Run(what, step, yours, opt, watch, warmup, steps, made, steps_after_capture, batches, refused,
-                   example, example_before, losses, waits, ref_losses, ref_state, ref_warm, tol, races)
+                   example, example_before, losses, waits, ref_losses, ref_state, ref_warm, tol, races,
+                   spare, optimizer, lr)
+        losses = None       # the run holds them: _after_steps drops them to see what the step itself keeps
         with quiet():
             _after_steps(run, emulate, vc)
             return steps, warmup
@@ -427,8 +434,36 @@ def _after_steps(s: _Run, emulate, vc):
         if loss.numel() != 1:
             raise CheckFailed("returns each step's loss as a tensor", f"{what}: step {i + 1} returned a tensor of "
                               f"shape {tuple(loss.shape)}, expected a single value")
+        if loss.requires_grad or loss.grad_fn is not None:
+            raise CheckFailed("returns each step's loss as a detached tensor",
+                              f"{what}: step {i + 1} returned a loss that still holds the captured graph's autograd "
+                              f"history (grad_fn {type(loss.grad_fn).__name__})",
+                              "return static_loss.detach().clone(): a clone alone keeps the capture's graph "
+                              "attached, and a caller that keeps the losses keeps it alive (check 5.1 asks the same "
+                              "of an ordinary step)")
         values.append(float(loss.detach().double().cpu()))
+    refs = _weak(losses)
+    losses = s.losses = loss = None     # the check's own references dropped: what stays alive, the step keeps
+    alive = _still_alive(refs)
+    if alive > 1:
+        raise CheckFailed("keeps nothing per call: memory stays flat over the steps",
+                          f"{what}: after {steps} calls, {alive} of the losses step() returned were still alive once "
+                          "the caller had dropped them",
+                          "step() keeps a reference to every loss it returns (a list in the closure, say): one "
+                          "device tensor per step for as long as the step function lives, the growing window that "
+                          "check 5.4 refuses. Return the loss and keep nothing; the caller logs it")
     ref_losses = s.ref_losses
+    late = len(values) > 2 and all(math.isclose(a, b, rel_tol=tol, abs_tol=tol) for a, b in zip(values[1:], ref_losses[:-1]))
+    if late:
+        raise CheckFailed("returns each step's own loss",
+                          f"{what}: each call returned the loss of the step before it (yours vs ordinary: "
+                          + ", ".join(f"{a:.5f} vs {b:.5f}" for a, b in zip(values[:3], ref_losses[:3]))
+                          + ", ...); the first call's value is what the captured loss tensor held before any replay "
+                          "had written it" + (" (nan: the emulation fills a capture's outputs with NaN until the "
+                                              "first replay; on a GPU it is whatever that memory held)"
+                                              if not math.isfinite(values[0]) else ""),
+                          "clone the loss after graph.replay(), not before: the replay writes this batch's loss "
+                          "into the captured tensor, and a clone taken before it copies the last one")
     if steps > 1 and len(set(values)) == 1 and len(set(round(v, 9) for v in ref_losses)) > 1:
         raise CheckFailed("returns each step's own loss",
                           f"{what}: every step's returned loss reads {values[0]:.5f} once the steps are done",
@@ -551,6 +586,12 @@ def _why_different(s: _Run, emulate, vc) -> tuple[str, str]:
                 "which also creates the optimizer's state the graph must capture")
     if capture["no_state"]:
         return before_warmup
+    if not _same(capture["weights"], s.ref_warm, s.tol) and _warmup_without_zero_grad(s):
+        return ("clears the gradients in each warm-up step",
+                "when the capture began, the weights were those of warm-up steps on the example batch that never "
+                "cleared the gradients: each warm-up step's backward added to the gradients of the steps before "
+                "it. The warm-up steps are ordinary training steps: optimizer.zero_grad(set_to_none=True) at the "
+                "start of each")
     if not _same(capture["weights"], s.ref_warm, s.tol):
         return ("warms up on the example batch",
                 "when the capture began, the weights differed from those of ordinary steps on the example batch: "
@@ -572,6 +613,37 @@ def _why_different(s: _Run, emulate, vc) -> tuple[str, str]:
             "the usual causes: the batch rebound instead of copied into the captured tensors "
             "(static.copy_(images)); gradients left from the warm-up when capturing; a capture before the "
             "warm-up; an extra replay, or none, per step")
+
+
+def _weak(tensors) -> list:
+    import weakref
+    refs = []
+    for t in tensors:
+        try:
+            refs.append(weakref.ref(t))
+        except TypeError:
+            pass
+    return refs
+
+
+def _still_alive(refs) -> int:
+    """How many of the losses step() returned are still alive once the check has dropped its own references."""
+    import gc
+    gc.collect()
+    return sum(r() is not None for r in refs)
+
+
+def _warmup_without_zero_grad(s: _Run) -> bool:
+    """Whether the weights at the capture are those of `warmup` steps on the example batch that never cleared
+    the gradients (each step's gradients added to the last's)."""
+    if s.spare is None:
+        return False
+    model, s.spare = s.spare, None           # used once, on the way to a failure
+    opt = _optimizer("adam" if s.optimizer != "sgd" else "sgd", model, s.lr)
+    for _ in range(s.warmup):
+        F.cross_entropy(model(s.example[0]), s.example[1]).backward()
+        opt.step()
+    return _same([p.detach() for p in model.parameters()], s.watch.captures[0]["weights"], s.tol)
 
 
 def _never_reached_the_graph(s: _Run, vc) -> list[str]:
