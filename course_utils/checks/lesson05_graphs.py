@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..graph_capture import CAPTURE_ERROR, OTHER_STREAM
+from ..graph_capture import CAPTURE_ERROR, OTHER_DEVICE_STREAM, OTHER_STREAM
 from ..syncs import SyncCounter
 from ._core import CheckFailed, exercise, expect_callable, trusted
 from ._util import forbids, fresh_rng, one_thread, single_threaded
@@ -551,6 +551,13 @@ def _explain_capture_failure(exc: BaseException, what: str) -> None:
                           "make the static inputs like the example batch: example_images.clone() or "
                           "torch.empty_like(example_images) keep its dtype (and device); torch.zeros(shape, "
                           "device=...) is float32 whatever the batch is") from None
+    if OTHER_DEVICE_STREAM.split("{")[0] in text:
+        raise CheckFailed("captures on a stream of the batch's device",
+                          f"{what}: capturing raised: {text[:200]}",
+                          "make the side stream where the batch lives: torch.cuda.Stream() (the caller made the "
+                          "batch's device current) or torch.cuda.Stream(device=example_images.device); a device "
+                          "written into the code (device=0) is another GPU when the batch lives on cuda:1, and "
+                          "a capture there records none of the step's work") from None
     if OTHER_STREAM in text:
         raise CheckFailed("captures on one stream", f"{what}: capturing raised: {text[:200]}",
                           "call capture_end() on the stream capture_begin() ran on: keep both inside the same "

@@ -810,6 +810,15 @@ def clones_before_the_replay(model, optimizer, example_images, example_labels, w
     return step
 
 
+def stream_on_device_zero(model, optimizer, example_images, example_labels, warmup=3):
+    """torch.cuda.Stream(device=0) while the batch lives on cuda:1 (w4-05, 5.5-27)."""
+    side = _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup,
+                                side=torch.cuda.Stream(device=0))
+    images, labels = example_images.clone(), example_labels.clone()
+    graph, loss = _capture(model, optimizer, images, labels, stream=side)
+    return _stepper(graph, images, labels, loss)
+
+
 def right_warmup_on_side_capture_on_its_own(model, optimizer, example_images, example_labels, warmup=3):
     """Warm-up on a side stream, torch.cuda.graph(g) on its own stream: PyTorch's documented example (w4-05, 5.5-23)."""
     _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
@@ -943,6 +952,9 @@ CASES = [
          "clears the gradients in each warm-up step", words="never cleared the gradients"),
     Case("clones the loss before the replay", clones_before_the_replay, "fail", "returns each step's own loss",
          words="clone the loss after graph.replay()"),
+    Case("a side stream made on cuda:0, the batch on cuda:1", stream_on_device_zero, "fail",
+         "captures on a stream of the batch's device", words="device=0",
+         why="emulated (the capture stream's device is not the work's); a box with two GPUs must confirm (README)"),
     Case("right, warm-up on a side stream, capture on the graph's own", right_warmup_on_side_capture_on_its_own,
          "pass", why="PyTorch's CUDA-graph docs example exactly; README's GPU list: confirm with the model here"),
 ]
