@@ -289,12 +289,22 @@ def _scenario(make_graphed_step, rng, device, *, optimizer: str, use_default_war
             vc.graphs.listeners.append(began)
         kwargs = {} if use_default_warmup else {"warmup": warmup}
         example_before = [t.clone() for t in example]
+        settings = _cudnn_settings()
         with watch.spying(), (contextlib.nullcontext() if emulate else _RealCapture(watch)):
             try:
                 step = make_graphed_step(yours, opt, *example, **kwargs)
             except (RuntimeError, TypeError) as exc:
                 _explain_capture_failure(exc, what)
                 raise
+            finally:
+                changed = _restore_cudnn(settings)
+        if changed:
+            raise CheckFailed("leaves the caller's global settings alone",
+                              f"{what}: make_graphed_step changed {', '.join(changed)}",
+                              "a switch such as torch.backends.cudnn.benchmark is the caller's, for its whole "
+                              "program; and turned on between the warm-up and the capture it makes the capture the "
+                              "first pass that tunes, which is what the warm-up is for. Set it (if at all) before "
+                              "the warm-up, outside make_graphed_step")
         if watch.graphed_callables:
             raise CheckFailed("captures the whole step as one graph",
                               f"{what}: make_graphed_step used torch.cuda.make_graphed_callables, which graphs the "
@@ -339,6 +349,21 @@ def _scenario(make_graphed_step, rng, device, *, optimizer: str, use_default_war
         with quiet():
             _after_steps(run, emulate, vc)
             return steps, warmup
+
+
+def _cudnn_settings() -> dict:
+    return {name: getattr(torch.backends.cudnn, name) for name in ("benchmark", "deterministic", "enabled")}
+
+
+def _restore_cudnn(settings: dict) -> list[str]:
+    """Put cuDNN's switches back; the names of those the learner's code changed (walk w4-05)."""
+    changed = []
+    for name, value in settings.items():
+        now = getattr(torch.backends.cudnn, name)
+        if now != value:
+            changed.append(f"torch.backends.cudnn.{name} from {value} to {now}")
+            setattr(torch.backends.cudnn, name, value)
+    return changed
 
 
 def _one_capture(what, made, captures, warmup, watch) -> None:
@@ -424,7 +449,7 @@ def _after_steps(s: _Run, emulate, vc):
         if replays != steps:
             raise CheckFailed("one replay per step", f"{what}: {replays} replays for {steps} calls of step()",
                               "each call of step() trains on its batch exactly once: one graph.replay()")
-    values = []
+    values, attached = [], None
     for i, loss in enumerate(losses):
         if not isinstance(loss, torch.Tensor):
             raise CheckFailed("returns each step's loss as a tensor",
@@ -434,13 +459,8 @@ def _after_steps(s: _Run, emulate, vc):
         if loss.numel() != 1:
             raise CheckFailed("returns each step's loss as a tensor", f"{what}: step {i + 1} returned a tensor of "
                               f"shape {tuple(loss.shape)}, expected a single value")
-        if loss.requires_grad or loss.grad_fn is not None:
-            raise CheckFailed("returns each step's loss as a detached tensor",
-                              f"{what}: step {i + 1} returned a loss that still holds the captured graph's autograd "
-                              f"history (grad_fn {type(loss.grad_fn).__name__})",
-                              "return static_loss.detach().clone(): a clone alone keeps the capture's graph "
-                              "attached, and a caller that keeps the losses keeps it alive (check 5.1 asks the same "
-                              "of an ordinary step)")
+        if (loss.requires_grad or loss.grad_fn is not None) and attached is None:
+            attached = (i, type(loss.grad_fn).__name__)
         values.append(float(loss.detach().double().cpu()))
     refs = _weak(losses)
     losses = s.losses = loss = None     # the check's own references dropped: what stays alive, the step keeps
@@ -468,6 +488,13 @@ def _after_steps(s: _Run, emulate, vc):
         raise CheckFailed("returns each step's own loss",
                           f"{what}: every step's returned loss reads {values[0]:.5f} once the steps are done",
                           "the captured loss tensor is overwritten by the next replay: return a copy (clone())")
+    if attached is not None:
+        raise CheckFailed("returns each step's loss as a detached tensor",
+                          f"{what}: step {attached[0] + 1} returned a loss that still holds the captured graph's "
+                          f"autograd history (grad_fn {attached[1]})",
+                          "return static_loss.detach().clone(): a clone alone keeps the capture's graph "
+                          "attached, and a caller that keeps the losses keeps it alive (check 5.1 asks the same "
+                          "of an ordinary step)")
     if not all(math.isclose(a, b, rel_tol=tol, abs_tol=tol) for a, b in zip(values, ref_losses)):
         pairs = list(zip(values, ref_losses))
         first = next(i for i, (a, b) in enumerate(pairs) if not math.isclose(a, b, rel_tol=tol, abs_tol=tol))
@@ -637,7 +664,7 @@ def _still_alive(refs) -> int:
     """How many of the losses step() returned are still alive once the check has dropped its own references."""
     import gc
     gc.collect()
-    return sum(r() is not None for r in refs)
+    return len({id(r()) for r in refs if r() is not None})     # distinct tensors: the captured loss itself is one
 
 
 def _warmup_without_zero_grad(s: _Run) -> bool:

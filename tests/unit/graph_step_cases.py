@@ -819,6 +819,15 @@ def stream_on_device_zero(model, optimizer, example_images, example_labels, warm
     return _stepper(graph, images, labels, loss)
 
 
+def cudnn_benchmark_before_the_capture(model, optimizer, example_images, example_labels, warmup=3):
+    """torch.backends.cudnn.benchmark switched on between the warm-up and the capture (w4-05, 5.5-33)."""
+    side = _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+    torch.backends.cudnn.benchmark = True
+    images, labels = example_images.clone(), example_labels.clone()
+    graph, loss = _capture(model, optimizer, images, labels, stream=side)
+    return _stepper(graph, images, labels, loss)
+
+
 def right_warmup_on_side_capture_on_its_own(model, optimizer, example_images, example_labels, warmup=3):
     """Warm-up on a side stream, torch.cuda.graph(g) on its own stream: PyTorch's documented example (w4-05, 5.5-23)."""
     _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
@@ -955,6 +964,9 @@ CASES = [
     Case("a side stream made on cuda:0, the batch on cuda:1", stream_on_device_zero, "fail",
          "captures on a stream of the batch's device", words="device=0",
          why="emulated (the capture stream's device is not the work's); a box with two GPUs must confirm (README)"),
+    Case("cudnn.benchmark switched on before the capture", cudnn_benchmark_before_the_capture, "fail",
+         "leaves the caller's global settings alone", words="torch.backends.cudnn.benchmark from False to True",
+         why="the caller's switch; on a GPU the capture would be the first pass that tunes (README's GPU list)"),
     Case("right, warm-up on a side stream, capture on the graph's own", right_warmup_on_side_capture_on_its_own,
          "pass", why="PyTorch's CUDA-graph docs example exactly; README's GPU list: confirm with the model here"),
 ]
