@@ -772,7 +772,9 @@ def check_largest_batch(largest_batch):
     rng, seed = fresh_rng()
     cases = [(0, 1, "nothing fits, cap 1"), (1, 1, "cap 1 and it fits"), (0, 1000, "nothing fits"),
              (1000, 1000, "everything up to cap=1000 fits"), (1024, 1024, "everything up to cap=1024 fits"),
-             (1, 4096, "only batch 1 fits"), (255, 256, "all but the cap fit"), (256, 2**20, "a power of two")]
+             (1, 4096, "only batch 1 fits"), (255, 256, "all but the cap fit"), (256, 2**20, "a power of two"),
+             # a cap just under a power of two that does not fit: a search whose upper end is cap + 1 asks cap again
+             (2, 3, "all but the cap fit"), (1022, 1023, "all but the cap fit")]
     for _ in range(60):
         cap = int(2 ** rng.uniform(1, 20))
         threshold = min(int(2 ** rng.uniform(0, math.log2(cap) + 0.5)), cap)

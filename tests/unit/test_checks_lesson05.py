@@ -1560,3 +1560,35 @@ def largest_confirms_the_answer(fits, cap):
 ], ids=repr)
 def test_largest_batch_rejects_settled_probes(mutant):
     rejected("5.3", mutant, range(3))
+
+
+def largest_probes_cap_once_past_it(fits, cap):
+    """The gallop passes cap, so cap is probed; when it does not fit, the search's upper end is cap + 1 and
+    cap can be asked again (w4-05, 5.3-16: a walker's 'legitimate' variant that re-asks a settled size)."""
+    if cap < 1 or not fits(1):
+        return 0
+    good, candidate = 1, 2
+    while candidate <= cap and fits(candidate):
+        good, candidate = candidate, candidate * 2
+    if candidate > cap and good < cap and fits(cap):
+        return cap
+    bad = min(candidate, cap + 1)
+    while bad - good > 1:
+        middle = (good + bad) // 2
+        if fits(middle):
+            good = middle
+        else:
+            bad = middle
+    return good
+
+
+def test_largest_batch_rejects_a_second_probe_of_cap():
+    rejected("5.3", Mutant("cap probed twice", largest_probes_cap_once_past_it,
+                           "asks nothing its earlier probes already answered", words="had said no"), range(3))
+
+
+def test_amp_step_passes_returning_the_loss_in_float64():
+    """A float64 copy of the loss keeps every digit: not the low-precision copy 5.1-26 returns."""
+    def double(model, optimizer, scaler, images, labels, dtype=torch.float16, max_norm=1.0):
+        return _amp_step_loss(model, optimizer, scaler, images, labels, dtype, max_norm).detach().double()
+    passes("5.1", double, range(1))
