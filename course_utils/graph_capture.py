@@ -105,7 +105,9 @@ RULES = [
          "`stream=`; capture_end must run on the stream the capture began on; warm-up belongs on the stream that "
          "will capture (per-stream library state, cuBLAS workspaces, DDP's own warm-up)",
          "capture_begin on the default stream raises the same error, capture_end on another stream raises "
-         "torch's 'Capture must end on the same stream it began on.'; which stream the warm-up ran on is not "
+         "torch's 'Capture must end on the same stream it began on.'; a capture on a stream made for another "
+         "device than the work's (torch.cuda.Stream(device=0), the batch on cuda:1) raises an error of the "
+         "emulation's own (a GPU's answer is still to confirm); which stream the warm-up ran on is not "
          "checked (no library state to miss on the CPU)"),
     Rule("streams order the work",
          "streams made by torch.cuda.Stream() run concurrently with the default stream: work on one sees another "
@@ -172,6 +174,10 @@ ALREADY_CAPTURED = ("This CUDAGraph instance already owns a captured graph. To c
                     "instance.")
 NOT_CAPTURED = "Called CUDAGraph::replay without a preceding successful capture."
 OTHER_STREAM = "Capture must end on the same stream it began on."
+# (emulation's words, walk w4-05: a stream made with device=0 while the batch lives on another GPU; on a GPU the
+# capture then records that device's stream while the model's kernels go to the batch's device: README's GPU list)
+OTHER_DEVICE_STREAM = ("CUDA graph capture on a stream of cuda:{stream}, while the work runs on cuda:{work}: "
+                       "the capture would record none of it")
 SEED_WHILE_CAPTURING = ("Cannot call CUDAGeneratorImpl::set_current_seed during CUDA graph capture. If you need this "
                         "call to be captured, please file an issue. Current cudaStreamCaptureStatus: "
                         "cudaStreamCaptureStatusActive")
@@ -446,6 +452,8 @@ class EmulatedGraph:
         stream = owner.current_stream()
         if stream is owner.default_stream:
             raise RuntimeError(DEFAULT_STREAM)
+        if getattr(stream, "device_index", owner.device.index) != owner.device.index:
+            raise RuntimeError(OTHER_DEVICE_STREAM.format(stream=stream.device_index, work=owner.device.index))
         self.capture_error_mode, self.capture_stream = capture_error_mode, stream
         self.pool_token = pool
         for listener in owner.listeners:
@@ -534,9 +542,13 @@ class _Stream:
         self._owner = owner
         self.id = next(owner._stream_ids)
         self.priority = priority
-        self.device = owner.device
+        index = owner.device.index
+        if device is not None:          # the device asked for (an int, "cuda:0", a torch.device): kept, to be checked
+            asked = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+            index = asked.index if asked.index is not None else index
+        self.device = torch.device("cuda", index)
         self.device_type = "cuda"
-        self.device_index = owner.device.index
+        self.device_index = index
         self.clock: dict[int, int] = {self.id: 0}
         owner.streams.append(self)
 

@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import torch
 import torch.nn.functional as F
+import torch.utils._pytree
 from torch import nn
 
 from ..memory import GraphWatch, SavedTensorMeter, StepReadings
@@ -73,6 +74,7 @@ class _AutocastProbeNet(nn.Module):
         self.fc2 = nn.Linear(hidden, n_classes)
         self.seen = []
         self.backward_autocast = []
+        self.graphs = GraphWatch()      # each step's graph, tagged at the model's output: alive while a loss is kept
 
     def forward(self, x):
         kind = x.device.type
@@ -80,7 +82,7 @@ class _AutocastProbeNet(nn.Module):
         self.seen.append((enabled, torch.get_autocast_dtype(kind) if enabled else None))
         if isinstance(x, DeviceTensor):     # images that say they are on a GPU: the work stays on the host
             x = x._inner
-        return _BackwardProbe.apply(self.fc2(torch.relu(self.fc1(x))), kind, self.backward_autocast)
+        return self.graphs.mark(_BackwardProbe.apply(self.fc2(torch.relu(self.fc1(x))), kind, self.backward_autocast))
 
 
 class _LossWatch(torch.overrides.TorchFunctionMode):
@@ -123,6 +125,11 @@ def _uses_its_scaler(watched: _ScalerCalls, returned, label, *, scaled: bool) ->
                      "every step, guarded by `if torch.cuda.is_available()` or not: the host can no longer queue "
                      "the next step while this one runs; leave it out (time with events, lesson 04, if you "
                      "must). ")
+        elif any(c in ("__bool__", "__float__", "__int__", "__index__", "item") for c in reads.calls):
+            first = ("a guard on the loss or the gradients (`if torch.isfinite(loss):`, "
+                     "clip_grad_norm_(..., error_if_nonfinite=True), float(loss)) reads a value on the host, which "
+                     "waits for the device every step: leave inf and NaN to the scaler, whose step() skips the "
+                     "update after an overflow, and check the loss when you log it. ")
         elif any(c in ("cpu", "to") for c in reads.calls):
             first = ("loss.detach().cpu() (or .to('cpu')) copies the loss to the host, which waits for the device "
                      "to finish the step: return loss.detach() and leave it where it is. ")
@@ -131,8 +138,9 @@ def _uses_its_scaler(watched: _ScalerCalls, returned, label, *, scaled: bool) ->
         raise CheckFailed("reads nothing on the host besides the scaler's own check",
                           f"{label}: one call read {reads.count} value(s) from the device or waited for it, besides "
                           f"the scaler's check for inf ({where})",
-                          first + "On a GPU each read makes the host wait for the device: return the loss as a tensor "
-                          "and let the caller read it when it logs")
+                          first + "On a GPU each read makes the host wait for the device: "
+                          + ("" if first.startswith("a guard") else "return the loss as a tensor and ")
+                          + "let the caller read the loss when it logs")
 
 
 _UNUSED_SCALER = "the scaler passed to amp_step in this call was not used (its scale() was never called)"
@@ -282,6 +290,14 @@ def _amp_case(amp_step, rng, seed, device, dtype, *, use_scaler):
                                   "operation in the precision its forward used, and PyTorch's AMP notes say "
                                   "backward under autocast is not recommended (leave scaler.scale(loss).backward() "
                                   "outside the block)")
+            if isinstance(returned, torch.Tensor) and returned.dtype in (torch.float16, torch.bfloat16):
+                raise CheckFailed("returns the step's loss",
+                                  f"{label}: yours returned the loss in {str(returned.dtype).replace('torch.', '')}; "
+                                  "under autocast cross_entropy computes it in float32 (seed {seed})".replace(
+                                      "{seed}", str(seed)),
+                                  "return loss.detach() as it is: autocast runs the loss in float32 on purpose, and "
+                                  "a copy in float16 or bfloat16 keeps 3 or 4 digits of it (bfloat16 reads 2.34 "
+                                  "where the loss is 2.3412), too few to see a loss curve flatten")
             if not math.isfinite(loss) or not math.isclose(loss, expected_loss, rel_tol=3e-2, abs_tol=1e-2):
                 raise CheckFailed("returns the step's loss", f"{label}: yours {loss:.4f}, the batch's loss "
                                   f"before the step is {expected_loss:.4f} (seed {seed})")
@@ -393,6 +409,13 @@ def _amp_case(amp_step, rng, seed, device, dtype, *, use_scaler):
                               f"{_UNUSED_SCALER}", _UNUSED_SCALER_HINT)
         with fresh.reads.paused():
             scales.append(scaler.get_scale() if use_scaler else 1.0)
+        if model.graphs.alive > 1:
+            raise CheckFailed("keeps no graph past its step",
+                              f"{label}: after {len(losses)} calls, {model.graphs.alive} steps' autograd graphs were "
+                              "still alive, though each step had returned (seed {seed})".replace("{seed}", str(seed)),
+                              "something the step keeps (a list, a global, an attribute) holds the loss itself, and "
+                              "with it the step's whole graph: keep loss.detach() (or nothing) there, as the "
+                              "returned loss is, the habit exercise 5.4 fixes")
     with fresh.reads.paused():
         losses = [_as_float(v, f"amp_step ({label})") for v in losses]
     first, last = float(np.mean(losses[:5])), float(np.mean(losses[-5:]))
@@ -749,12 +772,14 @@ def check_largest_batch(largest_batch):
     rng, seed = fresh_rng()
     cases = [(0, 1, "nothing fits, cap 1"), (1, 1, "cap 1 and it fits"), (0, 1000, "nothing fits"),
              (1000, 1000, "everything up to cap=1000 fits"), (1024, 1024, "everything up to cap=1024 fits"),
-             (1, 4096, "only batch 1 fits"), (255, 256, "all but the cap fit"), (256, 2**20, "a power of two")]
+             (1, 4096, "only batch 1 fits"), (255, 256, "all but the cap fit"), (256, 2**20, "a power of two"),
+             # a cap just under a power of two that does not fit: a search whose upper end is cap + 1 asks cap again
+             (2, 3, "all but the cap fit"), (1022, 1023, "all but the cap fit")]
     for _ in range(60):
         cap = int(2 ** rng.uniform(1, 20))
         threshold = min(int(2 ** rng.uniform(0, math.log2(cap) + 0.5)), cap)
         cases.append((threshold, cap, "a random threshold"))
-    worst = 0.0
+    worst, first_settled = 0.0, None
     for threshold, cap, what in cases:
         probe, calls = make_probe(threshold, cap)
         label = f"{what} (fits up to {threshold}, cap {cap}; seed {seed})"
@@ -807,8 +832,34 @@ def check_largest_batch(largest_batch):
                               "start small and grow (1, 2, 4, ...): a probe that does not fit is a step that ran out "
                               "of memory, and the bigger it is the more it allocated first; probing cap first is "
                               "the most expensive failure there is")
+        found = _settled_probe(calls, threshold)
+        if found is not None and first_settled is None:     # reported after every other property, on every case
+            first_settled = (label, calls, *found)
+    if first_settled is not None:
+        label, calls, i, b, lo, hi = first_settled
+        known = (f"fits({lo}) had said yes" if b <= lo else f"fits({hi}) had said no")
+        raise CheckFailed("asks nothing its earlier probes already answered",
+                          f"{label}: probe {i + 1} asked fits({b}) after {known} (probes: "
+                          f"{', '.join(map(str, calls[:12]))}{', ...' if len(calls) > 12 else ''})",
+                          "each probe is a training step, and fits is monotone: a size at or below one that fit "
+                          "fits, one at or above a size that did not does not. Search only between the last "
+                          "size that fit and the first that did not (not from 1 again), and return the last "
+                          "size that fit without asking it again")
     return (f"right on {len(cases)} monotone probes, edges included, each answer shown by its own probes, none far "
-            f"above the answer, using at most {worst:.0%} of the probe budget.")
+            f"above the answer, none asked twice or already answered, using at most {worst:.0%} of the probe budget.")
+
+
+def _settled_probe(calls, threshold):
+    """(index, size, largest yes, smallest no) of the first probe whose answer the earlier ones settled, or None."""
+    lo, hi = 0, math.inf
+    for i, b in enumerate(calls):
+        if b <= lo or b >= hi:
+            return i, b, lo, hi
+        if b <= threshold:
+            lo = b
+        else:
+            hi = b
+    return None
 
 
 # -- 5.4 fix a loop that keeps graphs and syncs every step ---------------------------------------
@@ -847,7 +898,21 @@ class _MovesCountMode(_CountingMode):
             if isinstance(result, torch.Tensor):
                 counter._mark_on_host(result)
             return result
-        return super().__torch_function__(func, types, args, kwargs)
+        if name in ("tensor", "as_tensor") and args and isinstance(args[0], (list, tuple)) and not counter._paused:
+            # torch.tensor(window) of device scalars copies each one to the host, inside torch's own code
+            # (walk w4-05): one wait per element on a GPU, which the value reads above never see
+            on_device = [t for t in torch.utils._pytree.tree_leaves(args[0]) if isinstance(t, torch.Tensor)
+                         and (t.device.type != "cpu" or (counter.host_reads and not counter._is_on_host(t)))]
+            for _ in on_device:
+                counter._record("torch.tensor(a list of device tensors)")
+        result = super().__torch_function__(func, types, args, kwargs)
+        if counter._on_host and isinstance(result, torch.Tensor) and result.device.type == "cpu":
+            # what is computed from tensors already copied to the host is on the host too: reading it
+            # waits for nothing (float(torch.stack(window).cpu().mean()), walk w4-05)
+            inputs = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+            if inputs and all(counter._is_on_host(t) for t in inputs):
+                counter._mark_on_host(result)
+        return result
 
 
 class _SyncAndCopyCounter(SyncCounter):
@@ -978,9 +1043,12 @@ def _loop_case(train_fixed, rng, seed, device):
     allowed = n_logs
     if syncs.count > allowed:
         names = ", ".join(f"{k} x{v}" for k, v in syncs.by_name().items()) or f"{syncs.cuda_warnings} flagged by CUDA"
+        listed = any(c.startswith("torch.tensor(") for c in syncs.calls)
         raise CheckFailed("synchronises at most once per logging interval",
                           f"{label}: yours made {syncs.count} synchronising calls ({names}); at most {allowed} allowed",
-                          "collect loss.detach() of each step on the device and read the interval's mean with one "
+                          ("torch.tensor(window) of device tensors copies each one to the host, a wait per step's "
+                           "loss: torch.stack(window) keeps them on the device, and " if listed else "")
+                          + "collect loss.detach() of each step on the device and read the interval's mean with one "
                           ".item(); no print(loss), float(loss), .item() or torch.cuda.empty_cache() per step")
     losses = torch.stack(recorded).float().cpu().numpy()
     expected = [float(losses[i * log_every:(i + 1) * log_every].mean()) for i in range(n_logs)]

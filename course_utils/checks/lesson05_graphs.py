@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..graph_capture import CAPTURE_ERROR, OTHER_STREAM
+from ..graph_capture import CAPTURE_ERROR, OTHER_DEVICE_STREAM, OTHER_STREAM
 from ..syncs import SyncCounter
 from ._core import CheckFailed, exercise, expect_callable, trusted
 from ._util import forbids, fresh_rng, one_thread, single_threaded
@@ -124,6 +124,9 @@ class _Run:
     ref_warm: list
     tol: float
     races: list
+    spare: object = None           # a copy of the model as it was handed over (to replay a warm-up that went wrong)
+    optimizer: str = "sgd"
+    lr: float = 0.0
 
 
 class _Watch:
@@ -224,6 +227,7 @@ def _scenario(make_graphed_step, rng, device, *, optimizer: str, use_default_war
     torch.manual_seed(int(rng.integers(1 << 30)))
     reference = _Net(width).to(dtype)
     yours = copy.deepcopy(reference)
+    spare = copy.deepcopy(reference)
 
     def draw(n, size=side):
         return (torch.from_numpy(rng.standard_normal((n, 3, size, size))).to(dtype),
@@ -258,8 +262,9 @@ def _scenario(make_graphed_step, rng, device, *, optimizer: str, use_default_war
                 vc.put(t)
             vc.put_module(reference)
             vc.put_module(yours)
+            vc.put_module(spare)
         else:
-            reference.to(device), yours.to(device)
+            reference.to(device), yours.to(device), spare.to(device)
             example = tuple(t.to(device) for t in example)
             batches = [tuple(t.to(device) for t in b) for b in batches]
             refused = [(w, tuple(t.to(device) for t in b)) for w, b in refused]
@@ -284,12 +289,22 @@ def _scenario(make_graphed_step, rng, device, *, optimizer: str, use_default_war
             vc.graphs.listeners.append(began)
         kwargs = {} if use_default_warmup else {"warmup": warmup}
         example_before = [t.clone() for t in example]
+        settings = _cudnn_settings()
         with watch.spying(), (contextlib.nullcontext() if emulate else _RealCapture(watch)):
             try:
                 step = make_graphed_step(yours, opt, *example, **kwargs)
             except (RuntimeError, TypeError) as exc:
                 _explain_capture_failure(exc, what)
                 raise
+            finally:
+                changed = _restore_cudnn(settings)
+        if changed:
+            raise CheckFailed("leaves the caller's global settings alone",
+                              f"{what}: make_graphed_step changed {', '.join(changed)}",
+                              "a switch such as torch.backends.cudnn.benchmark is the caller's, for its whole "
+                              "program; and turned on between the warm-up and the capture it makes the capture the "
+                              "first pass that tunes, which is what the warm-up is for. Set it (if at all) before "
+                              "the warm-up, outside make_graphed_step")
         if watch.graphed_callables:
             raise CheckFailed("captures the whole step as one graph",
                               f"{what}: make_graphed_step used torch.cuda.make_graphed_callables, which graphs the "
@@ -328,10 +343,27 @@ def _scenario(make_graphed_step, rng, device, *, optimizer: str, use_default_war
                     waits.extend(f"a synchronising operation flagged by CUDA: {w}" for w in flagged)
         races = list(vc.graphs.races) if emulate else []
         run = _Run(what, step, yours, opt, watch, warmup, steps, made, steps_after_capture, batches, refused,
-                   example, example_before, losses, waits, ref_losses, ref_state, ref_warm, tol, races)
+                   example, example_before, losses, waits, ref_losses, ref_state, ref_warm, tol, races,
+                   spare, optimizer, lr)
+        losses = None       # the run holds them: _after_steps drops them to see what the step itself keeps
         with quiet():
             _after_steps(run, emulate, vc)
             return steps, warmup
+
+
+def _cudnn_settings() -> dict:
+    return {name: getattr(torch.backends.cudnn, name) for name in ("benchmark", "deterministic", "enabled")}
+
+
+def _restore_cudnn(settings: dict) -> list[str]:
+    """Put cuDNN's switches back; the names of those the learner's code changed (walk w4-05)."""
+    changed = []
+    for name, value in settings.items():
+        now = getattr(torch.backends.cudnn, name)
+        if now != value:
+            changed.append(f"torch.backends.cudnn.{name} from {value} to {now}")
+            setattr(torch.backends.cudnn, name, value)
+    return changed
 
 
 def _one_capture(what, made, captures, warmup, watch) -> None:
@@ -417,7 +449,7 @@ def _after_steps(s: _Run, emulate, vc):
         if replays != steps:
             raise CheckFailed("one replay per step", f"{what}: {replays} replays for {steps} calls of step()",
                               "each call of step() trains on its batch exactly once: one graph.replay()")
-    values = []
+    values, attached = [], None
     for i, loss in enumerate(losses):
         if not isinstance(loss, torch.Tensor):
             raise CheckFailed("returns each step's loss as a tensor",
@@ -427,12 +459,42 @@ def _after_steps(s: _Run, emulate, vc):
         if loss.numel() != 1:
             raise CheckFailed("returns each step's loss as a tensor", f"{what}: step {i + 1} returned a tensor of "
                               f"shape {tuple(loss.shape)}, expected a single value")
+        if (loss.requires_grad or loss.grad_fn is not None) and attached is None:
+            attached = (i, type(loss.grad_fn).__name__)
         values.append(float(loss.detach().double().cpu()))
+    refs = _weak(losses)
+    losses = s.losses = loss = None     # the check's own references dropped: what stays alive, the step keeps
+    alive = _still_alive(refs)
+    if alive > 1:
+        raise CheckFailed("keeps nothing per call: memory stays flat over the steps",
+                          f"{what}: after {steps} calls, {alive} of the losses step() returned were still alive once "
+                          "the caller had dropped them",
+                          "step() keeps a reference to every loss it returns (a list in the closure, say): one "
+                          "device tensor per step for as long as the step function lives, the growing window that "
+                          "check 5.4 refuses. Return the loss and keep nothing; the caller logs it")
     ref_losses = s.ref_losses
+    late = len(values) > 2 and all(math.isclose(a, b, rel_tol=tol, abs_tol=tol) for a, b in zip(values[1:], ref_losses[:-1]))
+    if late:
+        raise CheckFailed("returns each step's own loss",
+                          f"{what}: each call returned the loss of the step before it (yours vs ordinary: "
+                          + ", ".join(f"{a:.5f} vs {b:.5f}" for a, b in zip(values[:3], ref_losses[:3]))
+                          + ", ...); the first call's value is what the captured loss tensor held before any replay "
+                          "had written it" + (" (nan: the emulation fills a capture's outputs with NaN until the "
+                                              "first replay; on a GPU it is whatever that memory held)"
+                                              if not math.isfinite(values[0]) else ""),
+                          "clone the loss after graph.replay(), not before: the replay writes this batch's loss "
+                          "into the captured tensor, and a clone taken before it copies the last one")
     if steps > 1 and len(set(values)) == 1 and len(set(round(v, 9) for v in ref_losses)) > 1:
         raise CheckFailed("returns each step's own loss",
                           f"{what}: every step's returned loss reads {values[0]:.5f} once the steps are done",
                           "the captured loss tensor is overwritten by the next replay: return a copy (clone())")
+    if attached is not None:
+        raise CheckFailed("returns each step's loss as a detached tensor",
+                          f"{what}: step {attached[0] + 1} returned a loss that still holds the captured graph's "
+                          f"autograd history (grad_fn {attached[1]})",
+                          "return static_loss.detach().clone(): a clone alone keeps the capture's graph "
+                          "attached, and a caller that keeps the losses keeps it alive (check 5.1 asks the same "
+                          "of an ordinary step)")
     if not all(math.isclose(a, b, rel_tol=tol, abs_tol=tol) for a, b in zip(values, ref_losses)):
         pairs = list(zip(values, ref_losses))
         first = next(i for i, (a, b) in enumerate(pairs) if not math.isclose(a, b, rel_tol=tol, abs_tol=tol))
@@ -516,6 +578,13 @@ def _explain_capture_failure(exc: BaseException, what: str) -> None:
                           "make the static inputs like the example batch: example_images.clone() or "
                           "torch.empty_like(example_images) keep its dtype (and device); torch.zeros(shape, "
                           "device=...) is float32 whatever the batch is") from None
+    if OTHER_DEVICE_STREAM.split("{")[0] in text:
+        raise CheckFailed("captures on a stream of the batch's device",
+                          f"{what}: capturing raised: {text[:200]}",
+                          "make the side stream where the batch lives: torch.cuda.Stream() (the caller made the "
+                          "batch's device current) or torch.cuda.Stream(device=example_images.device); a device "
+                          "written into the code (device=0) is another GPU when the batch lives on cuda:1, and "
+                          "a capture there records none of the step's work") from None
     if OTHER_STREAM in text:
         raise CheckFailed("captures on one stream", f"{what}: capturing raised: {text[:200]}",
                           "call capture_end() on the stream capture_begin() ran on: keep both inside the same "
@@ -551,6 +620,12 @@ def _why_different(s: _Run, emulate, vc) -> tuple[str, str]:
                 "which also creates the optimizer's state the graph must capture")
     if capture["no_state"]:
         return before_warmup
+    if not _same(capture["weights"], s.ref_warm, s.tol) and _warmup_without_zero_grad(s):
+        return ("clears the gradients in each warm-up step",
+                "when the capture began, the weights were those of warm-up steps on the example batch that never "
+                "cleared the gradients: each warm-up step's backward added to the gradients of the steps before "
+                "it. The warm-up steps are ordinary training steps: optimizer.zero_grad(set_to_none=True) at the "
+                "start of each")
     if not _same(capture["weights"], s.ref_warm, s.tol):
         return ("warms up on the example batch",
                 "when the capture began, the weights differed from those of ordinary steps on the example batch: "
@@ -572,6 +647,37 @@ def _why_different(s: _Run, emulate, vc) -> tuple[str, str]:
             "the usual causes: the batch rebound instead of copied into the captured tensors "
             "(static.copy_(images)); gradients left from the warm-up when capturing; a capture before the "
             "warm-up; an extra replay, or none, per step")
+
+
+def _weak(tensors) -> list:
+    import weakref
+    refs = []
+    for t in tensors:
+        try:
+            refs.append(weakref.ref(t))
+        except TypeError:
+            pass
+    return refs
+
+
+def _still_alive(refs) -> int:
+    """How many of the losses step() returned are still alive once the check has dropped its own references."""
+    import gc
+    gc.collect()
+    return len({id(r()) for r in refs if r() is not None})     # distinct tensors: the captured loss itself is one
+
+
+def _warmup_without_zero_grad(s: _Run) -> bool:
+    """Whether the weights at the capture are those of `warmup` steps on the example batch that never cleared
+    the gradients (each step's gradients added to the last's)."""
+    if s.spare is None:
+        return False
+    model, s.spare = s.spare, None           # used once, on the way to a failure
+    opt = _optimizer("adam" if s.optimizer != "sgd" else "sgd", model, s.lr)
+    for _ in range(s.warmup):
+        F.cross_entropy(model(s.example[0]), s.example[1]).backward()
+        opt.step()
+    return _same([p.detach() for p in model.parameters()], s.watch.captures[0]["weights"], s.tol)
 
 
 def _never_reached_the_graph(s: _Run, vc) -> list[str]:

@@ -752,6 +752,90 @@ CAPTURE_READ = "reads nothing on the host while capturing"
 WAITS = "returns without waiting for the device"
 SHAPES = "a batch of another shape raises ValueError"
 
+# -- walk w4-05 ------------------------------------------------------------------------------------------
+
+def returns_a_clone_with_its_graph(model, optimizer, example_images, example_labels, warmup=3):
+    """static_loss.clone() without detach: the captured graph's history rides along (w4-05, 5.5-28)."""
+    _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+    images, labels = example_images.clone(), example_labels.clone()
+    graph, loss = _capture(model, optimizer, images, labels)
+
+    def step(batch_images, batch_labels):
+        if batch_images.shape != images.shape or batch_labels.shape != labels.shape:
+            raise ValueError("another shape")
+        images.copy_(batch_images)
+        labels.copy_(batch_labels)
+        graph.replay()
+        return loss.clone()
+    return step
+
+
+def keeps_every_returned_loss(model, optimizer, example_images, example_labels, warmup=3):
+    """Every returned loss kept in a list in the closure: one device tensor per step (w4-05, 5.5-32)."""
+    _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+    images, labels = example_images.clone(), example_labels.clone()
+    graph, loss = _capture(model, optimizer, images, labels)
+    history = []
+    return _stepper(graph, images, labels, loss, after=history.append)
+
+
+def no_zero_grad_in_the_warmup(model, optimizer, example_images, example_labels, warmup=3):
+    """The warm-up never clears the gradients: each warm-up step adds to the last's (w4-05, 5.5-29)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            F.cross_entropy(model(example_images), example_labels).backward()
+            optimizer.step()
+    torch.cuda.current_stream().wait_stream(side)
+    images, labels = example_images.clone(), example_labels.clone()
+    graph, loss = _capture(model, optimizer, images, labels, stream=side)
+    return _stepper(graph, images, labels, loss)
+
+
+def clones_before_the_replay(model, optimizer, example_images, example_labels, warmup=3):
+    """The loss cloned before graph.replay(): each call returns the step before's (w4-05, 5.5-30)."""
+    side = _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+    images, labels = example_images.clone(), example_labels.clone()
+    graph, loss = _capture(model, optimizer, images, labels, stream=side)
+
+    def step(batch_images, batch_labels):
+        if batch_images.shape != images.shape or batch_labels.shape != labels.shape:
+            raise ValueError("another shape")
+        images.copy_(batch_images)
+        labels.copy_(batch_labels)
+        out = loss.detach().clone()
+        graph.replay()
+        return out
+    return step
+
+
+def stream_on_device_zero(model, optimizer, example_images, example_labels, warmup=3):
+    """torch.cuda.Stream(device=0) while the batch lives on cuda:1 (w4-05, 5.5-27)."""
+    side = _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup,
+                                side=torch.cuda.Stream(device=0))
+    images, labels = example_images.clone(), example_labels.clone()
+    graph, loss = _capture(model, optimizer, images, labels, stream=side)
+    return _stepper(graph, images, labels, loss)
+
+
+def cudnn_benchmark_before_the_capture(model, optimizer, example_images, example_labels, warmup=3):
+    """torch.backends.cudnn.benchmark switched on between the warm-up and the capture (w4-05, 5.5-33)."""
+    side = _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+    torch.backends.cudnn.benchmark = True
+    images, labels = example_images.clone(), example_labels.clone()
+    graph, loss = _capture(model, optimizer, images, labels, stream=side)
+    return _stepper(graph, images, labels, loss)
+
+
+def right_warmup_on_side_capture_on_its_own(model, optimizer, example_images, example_labels, warmup=3):
+    """Warm-up on a side stream, torch.cuda.graph(g) on its own stream: PyTorch's documented example (w4-05, 5.5-23)."""
+    _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
+    images, labels = example_images.clone(), example_labels.clone()
+    graph, loss = _capture(model, optimizer, images, labels)
+    return _stepper(graph, images, labels, loss)
+
+
 CASES = [
     # right answers: a GPU captures and trains them exactly as ordinary steps
     Case("right", right, "pass", why="the lesson's answer"),
@@ -868,6 +952,23 @@ CASES = [
          "captures a graph of the model it is given, in every call", words="earlier call",
          why="the check's scenarios share one shape on every seed"),
     Case("the course's _GraphedStep", course_graph, "fail", "is your own code"),
+    # walk w4-05
+    Case("returns static_loss.clone() without detach", returns_a_clone_with_its_graph, "fail",
+         "returns each step's loss as a detached tensor", words="a clone alone keeps the capture's graph"),
+    Case("keeps every returned loss in the closure", keeps_every_returned_loss, "fail",
+         "keeps nothing per call: memory stays flat over the steps", words="a list in the closure"),
+    Case("no zero_grad in the warm-up steps", no_zero_grad_in_the_warmup, "fail",
+         "clears the gradients in each warm-up step", words="never cleared the gradients"),
+    Case("clones the loss before the replay", clones_before_the_replay, "fail", "returns each step's own loss",
+         words="clone the loss after graph.replay()"),
+    Case("a side stream made on cuda:0, the batch on cuda:1", stream_on_device_zero, "fail",
+         "captures on a stream of the batch's device", words="device=0",
+         why="emulated (the capture stream's device is not the work's); a box with two GPUs must confirm (README)"),
+    Case("cudnn.benchmark switched on before the capture", cudnn_benchmark_before_the_capture, "fail",
+         "leaves the caller's global settings alone", words="torch.backends.cudnn.benchmark from False to True",
+         why="the caller's switch; on a GPU the capture would be the first pass that tunes (README's GPU list)"),
+    Case("right, warm-up on a side stream, capture on the graph's own", right_warmup_on_side_capture_on_its_own,
+         "pass", why="PyTorch's CUDA-graph docs example exactly; README's GPU list: confirm with the model here"),
 ]
 
 

@@ -843,7 +843,7 @@ def _padded(extra):
     return search
 
 
-largest_at_the_budget, largest_one_over_the_budget = _padded(0), _padded(1)
+largest_one_over_the_budget = _padded(1)
 
 
 def largest_probes_cap_first(fits, cap):
@@ -900,7 +900,8 @@ MUTANTS_53 = [
 
 def test_largest_batch_passes():
     passes("5.3", largest, range(20))
-    passes("5.3", largest_at_the_budget, range(3))      # on the edge: exactly the budget
+    # (exactly the budget: growth x4 below reaches it; padding with repeated probes now fails on "asks
+    # nothing its earlier probes already answered", walk w4-05)
     passes("5.3", largest_x4_growth, range(3))          # on the other edge: no probe above 4 x (answer + 1)
 
 
@@ -1399,3 +1400,195 @@ def test_fixed_loop_mutants_rejected(mutant):
 
 def test_fixed_loop_stub():
     assert run_check("5.4", stub).status == "not_implemented"
+
+
+# -- walk w4-05 ---------------------------------------------------------------------------------
+
+def test_fixed_loop_passes_with_one_copy_then_a_host_mean():
+    """float(torch.stack(window).cpu().mean()): one copy per interval, the mean taken on the host; it was
+    counted as two waits (the float() of a tensor computed from the copy), walk w4-05 (5.4-21)."""
+    passes("5.4", _loop(read=lambda window, log_every: float(torch.stack(window).cpu().mean())), range(1))
+    passes("5.4", _loop(read=lambda window, log_every: (torch.stack(window).cpu() / log_every).sum().item()),
+           range(1))
+
+
+def test_fixed_loop_rejects_torch_tensor_of_the_window():
+    """torch.tensor(window) of device scalars: one copy to the host per step's loss, inside torch (w4-05, 5.4-26)."""
+    rejected("5.4", Mutant("torch.tensor(window)", _loop(read=lambda window, log_every: torch.tensor(window).mean().item()),
+                           "synchronises at most once per logging interval", words="torch.stack(window) keeps them"),
+             range(1))
+
+
+_HISTORY_51 = []
+
+
+def amp_keeps_every_loss(model, optimizer, scaler, images, labels, dtype=torch.float16, max_norm=1.0):
+    """A global list of the losses themselves, kept inside the step 'for a loss curve later' (w4-05, 5.1-39)."""
+    loss = amp_step.__wrapped_loss__(model, optimizer, scaler, images, labels, dtype, max_norm)
+    _HISTORY_51.append(loss)
+    return loss.detach()
+
+
+def _amp_step_loss(model, optimizer, scaler, images, labels, dtype, max_norm):
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=images.device.type, dtype=dtype):
+        loss = F.cross_entropy(model(images), labels)
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss
+
+
+amp_step.__wrapped_loss__ = _amp_step_loss
+
+
+def amp_returns_low_precision(model, optimizer, scaler, images, labels, dtype=torch.float16, max_norm=1.0):
+    """The loss returned in the autocast dtype: 3 or 4 digits of it (w4-05, 5.1-26)."""
+    return _amp_step_loss(model, optimizer, scaler, images, labels, dtype, max_norm).detach().to(dtype)
+
+
+def amp_guards_the_loss(model, optimizer, scaler, images, labels, dtype=torch.float16, max_norm=1.0):
+    """`if torch.isfinite(loss): scaler.step(...)`: a read each step (w4-05, 5.1-14)."""
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=images.device.type, dtype=dtype):
+        loss = F.cross_entropy(model(images), labels)
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    if torch.isfinite(loss):
+        scaler.step(optimizer)
+    scaler.update()
+    return loss.detach()
+
+
+def _nan_to_num(model):
+    for p in model.parameters():
+        if p.grad is not None:
+            torch.nan_to_num_(p.grad, nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def amp_nan_to_num_before_unscale(model, optimizer, scaler, images, labels, dtype=torch.float16, max_norm=1.0):
+    """inf gradients zeroed before unscale_: the scaler never sees the overflow."""
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=images.device.type, dtype=dtype):
+        loss = F.cross_entropy(model(images), labels)
+    scaler.scale(loss).backward()
+    _nan_to_num(model)
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss.detach()
+
+
+def amp_nan_to_num_after_unscale(model, optimizer, scaler, images, labels, dtype=torch.float16, max_norm=1.0):
+    """inf gradients zeroed after unscale_ (w4-05, 5.1-27): unscale_ has recorded the overflow already, so
+    the step is still skipped and the scale still backs off; a kernel per parameter, no wait. A right answer."""
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=images.device.type, dtype=dtype):
+        loss = F.cross_entropy(model(images), labels)
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    _nan_to_num(model)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss.detach()
+
+
+MUTANTS_51_W4 = [
+    Mutant("a global list of the losses themselves", amp_keeps_every_loss, "keeps no graph past its step",
+           words="holds the loss itself"),
+    Mutant("returns the loss in the autocast dtype", amp_returns_low_precision, "returns the step's loss",
+           words="in float16"),
+    Mutant("an isfinite guard on the loss", amp_guards_the_loss,
+           "reads nothing on the host besides the scaler's own check", words="leave inf and NaN to the scaler"),
+    Mutant("nan_to_num_ on the gradients before unscale_", amp_nan_to_num_before_unscale,
+           "skips the optimizer step when a gradient is inf"),
+]
+
+
+@pytest.mark.parametrize("mutant", MUTANTS_51_W4, ids=repr)
+def test_amp_step_fourth_walks_mutants_rejected(mutant):
+    _HISTORY_51.clear()
+    rejected("5.1", mutant, range(1))
+    _HISTORY_51.clear()
+
+
+def test_amp_step_guard_names_the_learners_line():
+    """The location of a read in a guard is the learner's line, not the grader's (w4-05: 'lesson05.py:850')."""
+    result = run_check("5.1", amp_guards_the_loss)
+    assert "at lesson05.py" not in result.message and "at test_checks_lesson05.py:" in result.message, result.message
+    assert "return the loss as a tensor" not in result.message, result.message
+
+
+def test_amp_step_passes_with_nan_to_num_after_unscale():
+    passes("5.1", amp_nan_to_num_after_unscale, range(1))
+
+
+def largest_search_from_one_again(fits, cap):
+    """The binary search restarted from 1, forgetting what the gallop learned (w4-05, 5.3-10)."""
+    if not fits(1):
+        return 0
+    good, b = 1, 2
+    while b <= cap and fits(b):
+        good, b = b, 2 * b
+    bad, good = min(b, cap + 1), 1
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        if fits(mid):
+            good = mid
+        else:
+            bad = mid
+    return good
+
+
+def largest_confirms_the_answer(fits, cap):
+    """`assert fits(good)` before returning: a size already probed, asked again (w4-05, 5.3-11)."""
+    good = largest(fits, cap)
+    assert good == 0 or fits(good)
+    return good
+
+
+@pytest.mark.parametrize("mutant", [
+    Mutant("the search restarted from 1", largest_search_from_one_again,
+           "asks nothing its earlier probes already answered", words="not from 1 again"),
+    Mutant("a confirming probe of the answer", largest_confirms_the_answer,
+           "asks nothing its earlier probes already answered", words="without asking it again"),
+], ids=repr)
+def test_largest_batch_rejects_settled_probes(mutant):
+    rejected("5.3", mutant, range(3))
+
+
+def largest_probes_cap_once_past_it(fits, cap):
+    """The gallop passes cap, so cap is probed; when it does not fit, the search's upper end is cap + 1 and
+    cap can be asked again (w4-05, 5.3-16: a walker's 'legitimate' variant that re-asks a settled size)."""
+    if cap < 1 or not fits(1):
+        return 0
+    good, candidate = 1, 2
+    while candidate <= cap and fits(candidate):
+        good, candidate = candidate, candidate * 2
+    if candidate > cap and good < cap and fits(cap):
+        return cap
+    bad = min(candidate, cap + 1)
+    while bad - good > 1:
+        middle = (good + bad) // 2
+        if fits(middle):
+            good = middle
+        else:
+            bad = middle
+    return good
+
+
+def test_largest_batch_rejects_a_second_probe_of_cap():
+    rejected("5.3", Mutant("cap probed twice", largest_probes_cap_once_past_it,
+                           "asks nothing its earlier probes already answered", words="had said no"), range(3))
+
+
+def test_amp_step_passes_returning_the_loss_in_float64():
+    """A float64 copy of the loss keeps every digit: not the low-precision copy 5.1-26 returns."""
+    def double(model, optimizer, scaler, images, labels, dtype=torch.float16, max_norm=1.0):
+        return _amp_step_loss(model, optimizer, scaler, images, labels, dtype, max_norm).detach().double()
+    passes("5.1", double, range(1))
