@@ -958,6 +958,11 @@ def _exact_crops(out, host, p, what):
                 "0..2*padding inclusive, take the H x W window there, and flip the last (width) axis")
         if bool(trusted.torch_equal(out[i], host[i].flip(-2))):
             hint = "a horizontal flip mirrors the width (last) axis, not the height"
+        elif host.dtype == torch.int64 and not bool(torch.isin(out[i], torch.cat([host[i].flatten(),
+                                                                                 host.new_zeros(1)])).all()):
+            hint = ("yours changed pixel values that are not in the image: int64 values above 2**24 do not survive "
+                    "a trip through float32 (a flip blended with a float mask, a .float() and back); crop and flip "
+                    "by indexing, in the images' own dtype (torch.where or indexing, not arithmetic)")
         raise CheckFailed("every output is a crop of the padded input, mirrored or not",
                           f"{what}: sample {i} is not the H x W window of its zero-padded image at any "
                           f"offset in 0..{2 * p}, plain or mirrored", hint)
@@ -986,10 +991,17 @@ def check_crop_flip(random_crop_flip):
             # (a) every output is an exact crop of the zero-padded input, mirrored or not; on the
             # virtual device, as many operations for 40 images as for 96 (no loop over the samples)
             ops = {}
+            # "any dtype": int64 values far beyond float32's 2**24, which a trip through float changes
+            # (w8-03: a flip blended with a float mask, exact on uint8)
             for n, c, h, w, p, dtype in [(96, 3, 32, 32, 4, torch.uint8), (40, 3, 32, 32, 4, torch.uint8),
-                                         (40, 3, 11, 14, 2, torch.float32)]:
+                                         (40, 3, 11, 14, 2, torch.float32), (24, 2, 9, 10, 3, torch.int64)]:
                 what = f"{n} random {dtype} images {c}x{h}x{w}, padding={p}, on {on} (seed {seed})"
-                host = torch.from_numpy(rng.integers(0, 256, (n, c, h, w), dtype=np.uint8)).to(dtype)
+                if dtype == torch.int64:
+                    what = (f"{n} random int64 images {c}x{h}x{w} with values up to 2**40, padding={p}, on {on} "
+                            f"(seed {seed})")
+                    host = torch.from_numpy(rng.integers(-2 ** 40, 2 ** 40, (n, c, h, w), dtype=np.int64))
+                else:
+                    host = torch.from_numpy(rng.integers(0, 256, (n, c, h, w), dtype=np.uint8)).to(dtype)
                 out = _call_crop(random_crop_flip, to_device(host), p, generator(rng.integers(1 << 31)), what, vc)
                 if vc is not None and h == 32:
                     ops[n] = vc.ops
@@ -1334,6 +1346,8 @@ def check_normalize(normalize_on_device):
                 what = f"batch {call + 1}: {n} uint8 images 3x{h}x{w} on {on} (seed {seed})"
                 made = _count_made(vc)
                 wide = _watch_dtypes(vc, (torch.float64,)) if vc is not None else []
+                ran = _watch_dtypes(vc, (torch.uint8, torch.int64, torch.float16, torch.bfloat16, torch.float32,
+                                         torch.float64), min_numel=1) if vc is not None else []
                 try:
                     result = normalize_on_device(images, labels)
                     ops = vc.ops if vc is not None else 0
@@ -1386,14 +1400,23 @@ def check_normalize(normalize_on_device):
                                           "make mean and std once per device and keep them (a dict keyed by "
                                           "str(images.device)); a call then runs only the arithmetic on the images")
                     if call > 0 and ops > MAX_NORMALIZE_OPS:
+                        names = [r.split(" to ")[0] for r in ran]
+                        looped = any(names.count(x) >= 3 for x in set(names))
+                        listed = f" ({'; '.join(ran[:8])}{'; ...' if len(ran) > 8 else ''})" if ran else ""
                         raise CheckFailed("runs a few operations per batch",
                                           f"{what}: yours ran {ops} operations on the device for one batch (the "
-                                          f"course's answer runs 4): each a kernel launch of about 30 us of host time "
-                                          "on a GPU, for every batch. A Python loop over the channels launches the "
-                                          "same arithmetic once per channel",
-                                          "constants shaped (1, 3, 1, 1) broadcast over the whole batch: "
-                                          "(images.float() / 255 - mean) / std is four operations for all channels "
-                                          "at once; no loop, no torch.stack or torch.cat of the channels")
+                                          f"course's answer runs 4, at most {MAX_NORMALIZE_OPS} pass){listed}: each "
+                                          "a kernel launch of about 30 us of host time on a GPU, and each a pass "
+                                          "over the batch, for every batch" + (
+                                              ". The same operation several times: a Python loop over the "
+                                              "channels launches the arithmetic once per channel" if looped else ""),
+                                          ("constants shaped (1, 3, 1, 1) broadcast over the whole batch: "
+                                           "(images.float() / 255 - mean) / std is four operations for all channels "
+                                           "at once; no loop, no torch.stack or torch.cat of the channels") if looped
+                                          else ("(images.float() / 255 - mean) / std is four operations: no .clone() "
+                                                "or copy the arithmetic does not need, and what depends only on the "
+                                                "constants (a scale 1 / (255 * std), a shift) computed once with "
+                                                "them, per device, not every batch"))
                     del vc._create, vc._wrap_new          # the device's own methods again
                 before = earlier.get((n, h, w))
                 held = out._inner if isinstance(out, DeviceTensor) else out.detach()   # its memory, not the object
@@ -1435,7 +1458,8 @@ def check_normalize(normalize_on_device):
             f"{MAX_NORMALIZE_OPS} operations a batch.")
 
 
-MAX_NORMALIZE_OPS = 6     # operations on the device per batch (the course's answer runs 4; a loop over the channels, 9)
+MAX_NORMALIZE_OPS = 5     # operations on the device per batch (the course's answer runs 4, + a labels clone 5; two
+#                           needless clones of the batch, 6 (w8-03); a loop over the channels, 9)
 
 
 def _learner_where() -> str:
