@@ -1436,17 +1436,18 @@ def predicted_throughput(report: dict) -> dict:
 
 
 def _speeds(report: dict, cores_per_gpu, combine=min, *, cost: str = "device",
-            is_parallel=lambda rung: rung.get("parallel", True)) -> dict:
+            is_parallel=lambda rung: rung.get("parallel", True), parallel_cores=lambda per_gpu: per_gpu,
+            serial_cores=lambda per_gpu: min(1.0, per_gpu)) -> dict:
     """Per rung, the speed under a variant of the spec's model (the usual mistakes in it: `_MODEL_MISTAKES`):
     `cost` says where device_cost is charged ("device": the spec's; "both": to the smaller of the two limits;
-    "none": left out)."""
+    "none": left out); `parallel_cores` and `serial_cores` give a rung its cores from the cores per GPU."""
     per_gpu = cores_per_gpu(report["cores"], report["gpus"])
     out = {}
     for name, rung in report["rungs"].items():
         share = 1 - rung.get("device_cost", 0.0)
         device = report["ceiling"] * (share if cost == "device" else 1.0)
         if "cpu_per_core" in rung:
-            cores = per_gpu if is_parallel(rung) else min(1.0, per_gpu)
+            cores = parallel_cores(per_gpu) if is_parallel(rung) else serial_cores(per_gpu)
             cpu = rung["cpu_per_core"] * cores
             value = combine(device, cpu) if cpu > 0 else 0.0
         else:
@@ -1478,6 +1479,18 @@ _MODEL_MISTAKES = [
     ("the CPU's limit alone for a rung with cpu_per_core: the GPU's limit, ceiling x (1 - device_cost), binds it "
      "too, and its speed is the smaller of the two: min(device, cpu)",
      lambda report: _speeds(report, lambda c, g: c / g, lambda a, b: b)),
+    # walk w5-08 (w82_04, w82_02, w82_20, w82_15): the cores a rung gets, each mistake named for itself
+    ("all the machine's cores for one GPU: every GPU has a loader of its own, and a rung gets the cores of one "
+     "GPU's share, cores / gpus (at most one core for a rung that is not parallel)",
+     lambda report: _speeds(report, lambda c, g: c)),
+    ("a whole core for a rung that is not parallel, where one GPU's share is less than a core: such a rung gets "
+     "min(1, cores / gpus), half a core where the GPUs outnumber the cores twice",
+     lambda report: _speeds(report, lambda c, g: c / g, serial_cores=lambda per_gpu: 1.0)),
+    ("at least one core for a parallel rung, max(1, cores / gpus): a parallel rung gets cores / gpus, half a core "
+     "where the GPUs outnumber the cores twice (its workers share that half)",
+     lambda report: _speeds(report, lambda c, g: c / g, parallel_cores=lambda per_gpu: max(1.0, per_gpu))),
+    ("the same rounded down but kept at one core at least, max(1, cores // gpus)",
+     lambda report: _speeds(report, lambda c, g: max(1, c // g))),
 ]
 
 # mistakes in the choice once the speeds are right (walk w4-08 v21: the median taken as "the fastest")
@@ -1486,6 +1499,14 @@ _BEST_MISTAKES = [
     ("the fastest is the largest predicted speed, max(speeds), not their mean", statistics.fmean),
 ]
 _PROBE_TOLERANCES = (0.0, 0.05, 0.1, 0.5)
+
+# mistakes in the threshold once the speeds are right (walk w5-08 w82_16: "within 5%" as speed x (1 + tolerance)
+# >= the fastest), each (words, threshold(best, tolerance))
+_THRESHOLD_MISTAKES = [
+    ("the threshold taken as the fastest / (1 + tolerance), speed x (1 + tolerance) >= the fastest; 'within the "
+     "tolerance' is speed >= (1 - tolerance) x the fastest (at tolerance 0.25: 0.75 x the fastest, not 0.8 x)",
+     lambda best, t: best / (1 + t)),
+]
 
 
 def _choice(speed: dict, tolerance: float) -> str | None:
@@ -1595,7 +1616,17 @@ def _contract_cases() -> list[tuple[dict, float, bool]]:
         ({"machine": "a rung at 0.952 x the fastest: 4 cores, 1 GPU", "cores": 4, "gpus": 1, "ceiling": 10000.0,
           "rungs": {"baseline": rung(1000, parallel=False), "best workers": rung(2380, parallel=True),
                     "device-resident": rung(cost=0.0)}}, 0.05, True),
-        ({"machine": "half a core per GPU for a serial rung: 4 cores, 8 GPUs", "cores": 4, "gpus": 8,
+        # walk w5-08 w82_04: every core of the machine for one GPU (cores, not cores / gpus) picks 'best workers'
+        # here; a GPU's share, 4 cores, keeps it at 800 of 1,000
+        ({"machine": "four GPUs sharing 16 cores: 16 cores, 4 GPUs", "cores": 16, "gpus": 4, "ceiling": 1000.0,
+          "rungs": {"baseline": rung(700, parallel=False), "best workers": rung(200, parallel=True),
+                    "device-resident": rung(cost=0.0), "DALI": rung(4096, 0.0, True)}}, 0.05, True),
+        # walk w5-08 w82_15: a GPU's share rounded down to whole cores (cores // gpus, at least one) gives 'best
+        # workers' 640 of its 960 here, and picks 'device-resident'
+        ({"machine": "a core and a half per GPU: 6 cores, 4 GPUs", "cores": 6, "gpus": 4, "ceiling": 1000.0,
+          "rungs": {"baseline": rung(400, parallel=False), "best workers": rung(640, parallel=True),
+                    "device-resident": rung(cost=0.0)}}, 0.05, False),
+        ({"machine": "half a core per GPU: 4 cores, 8 GPUs", "cores": 4, "gpus": 8,
           "ceiling": 1000.0,
           "rungs": {"baseline": rung(1800, parallel=False), "best workers": rung(1700, parallel=True),
                     "prefetcher": rung(2000, 0.02, True), "device-resident": rung(cost=0.0)}}, 0.05, True),
@@ -1760,6 +1791,11 @@ class _Case:
             centre = middle(list(self.speed.values()))
             self.mistake_at.append((words, {t: next((n for n, v in self.speed.items() if v >= (1 - t) * centre),
                                                     None) for t in self.probes}))
+        # the threshold's mistakes on the spec's own speeds (walk w5-08: the fastest / (1 + tolerance))
+        for words, threshold in _THRESHOLD_MISTAKES:
+            self.mistake_at.append((words, {t: next((n for n, v in self.speed.items() if v >= threshold(best, t)),
+                                                    None) for t in self.probes}))
+        self.speed_model_words = {words for words, _ in _MODEL_MISTAKES}
 
     def _cached(self, yours, earlier, call) -> bool:
         """Whether `yours` is an earlier report's answer kept (keyed on the machine, or its cores, GPUs and ceiling):
@@ -1776,11 +1812,16 @@ class _Case:
         fresh = self.fresh
         return (call(fresh, tolerance=self.tolerance) if self.keyword else call(fresh)) == self.want
 
-    def _followed_mistakes(self, yours, call) -> list[str]:
+    def _followed_mistakes(self, yours, call, earlier=()) -> list[str]:
         """The usual mistakes (speed model, or the fastest taken as the median) whose choices the answer gives at
-        every probe tolerance, where the spec's model gives another somewhere: the mistake it made, named first."""
+        every probe tolerance, where the spec's model gives another somewhere: the mistake it made, named first.
+        A mistake that an earlier case answered right would have shown (its choice there was another) is not it
+        (walk w5-08: a serial rung's whole core, named beside "all the machine's cores" an earlier case ruled out)."""
+        ruled_out = {words for case, answer in earlier if answer == case.want
+                     for words, at in case.mistake_at if at[case.tolerance] != case.want}
         candidates = [(words, at) for words, at in self.mistake_at
-                      if at[self.tolerance] == yours and any(at[t] != self.at[t] for t in self.probes)]
+                      if words not in ruled_out
+                      and at[self.tolerance] == yours and any(at[t] != self.at[t] for t in self.probes)]
         if not candidates:
             return []
         try:
@@ -1823,10 +1864,13 @@ class _Case:
         elif call is not None and self._cached(yours, earlier, call):
             hint = ("that is the answer to an earlier report of the same machine, whose rungs differed: compute "
                     "every answer from the report's own rungs, and keep nothing from one call to the next")
-        elif call is not None and (named := self._followed_mistakes(yours, call)):
+        elif call is not None and (named := self._followed_mistakes(yours, call, earlier)):
             hint = (f"{yours!r}, and your answers at every tolerance tried here "
                     f"({', '.join(f'{t:g}' for t in self.probes)}), are what this mistake gives: "
-                    + "; or ".join(named) + ". Compare your predicted speeds with the predicted fractions above")
+                    + "; or ".join(named)
+                    + (". Compare your predicted speeds with the predicted fractions above"
+                       if any(words in self.speed_model_words for words in named) else
+                       ". That mistake is in the choice, not in the speeds: yours can agree with the predicted fractions above"))
         elif (not self.keyword and yours in (self.at[0.0], self.at[0.1]) and call is not None
               and call(report, tolerance=0.05) == want):
             hint = "called without a tolerance, choose_rung uses 0.05 (the spec's default)"
