@@ -1479,7 +1479,7 @@ _MODEL_MISTAKES = [
     ("the CPU's limit alone for a rung with cpu_per_core: the GPU's limit, ceiling x (1 - device_cost), binds it "
      "too, and its speed is the smaller of the two: min(device, cpu)",
      lambda report: _speeds(report, lambda c, g: c / g, lambda a, b: b)),
-    # walk w5-08 (w82_04, w82_02, w82_20, w82_15): the cores a rung gets, each mistake named for itself
+    # walk w5-08 (w82_04, w82_02, w82_20, w82_03, w82_15): the cores a rung gets, each mistake named for itself
     ("all the machine's cores for one GPU: every GPU has a loader of its own, and a rung gets the cores of one "
      "GPU's share, cores / gpus (at most one core for a rung that is not parallel)",
      lambda report: _speeds(report, lambda c, g: c)),
@@ -1489,6 +1489,9 @@ _MODEL_MISTAKES = [
     ("at least one core for a parallel rung, max(1, cores / gpus): a parallel rung gets cores / gpus, half a core "
      "where the GPUs outnumber the cores twice (its workers share that half)",
      lambda report: _speeds(report, lambda c, g: c / g, parallel_cores=lambda per_gpu: max(1.0, per_gpu))),
+    ("`parallel` ignored, every rung spread over cores / gpus: a rung whose `parallel` is false runs in one "
+     "process, on one core at most: min(1, cores / gpus)",
+     lambda report: _speeds(report, lambda c, g: c / g, serial_cores=lambda per_gpu: per_gpu)),
     ("the same rounded down but kept at one core at least, max(1, cores // gpus)",
      lambda report: _speeds(report, lambda c, g: max(1, c // g))),
 ]

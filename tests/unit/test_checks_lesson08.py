@@ -1933,6 +1933,10 @@ def parallel_at_least_one_core(report, tolerance=0.05):      # w82_20: max(1, co
     return _cores_given(report, tolerance, lambda c: max(1.0, c), lambda c: min(1.0, c))
 
 
+def parallel_ignored(report, tolerance=0.05):                # w82_03: every rung over cores / gpus
+    return _cores_given(report, tolerance, lambda c: c, lambda c: c)
+
+
 def integer_cores_at_least_one(report, tolerance=0.05):      # w82_15: max(1, cores // gpus)
     return _cores_given(report, tolerance, lambda c: c, lambda c: min(1, c),
                         per_gpu=max(1, report["cores"] // report["gpus"]) if report.get("rungs") else None)
@@ -1952,6 +1956,7 @@ W5_82_MUTANTS = [
     Mutant("serial_whole_core", serial_whole_core, _PICKS, words="a whole core for a rung that is not parallel"),
     Mutant("parallel_at_least_one_core", parallel_at_least_one_core, _PICKS,
            words="at least one core for a parallel rung, max(1, cores / gpus)"),
+    Mutant("parallel_ignored", parallel_ignored, _PICKS, words="`parallel` ignored, every rung spread over"),
     Mutant("integer_cores_at_least_one", integer_cores_at_least_one, _PICKS, words="max(1, cores // gpus)"),
     Mutant("divides_the_tolerance", divides_the_tolerance, _PICKS,
            words="the threshold taken as the fastest / (1 + tolerance)"),
