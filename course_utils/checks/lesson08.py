@@ -536,7 +536,7 @@ def _virtual_epochs_held(make_pipeline, config, workload, n: int, batch_size: in
     from ..ladder import LadderContext
     from .lesson03 import _learner_error
 
-    with VirtualCuda() as vc:
+    with VirtualCuda(second=True) as vc:
         ctx = LadderContext(config, vc.device, vc.device, None, progress=False, training_set=workload)
         try:
             pipeline = _expect_pipeline(make_pipeline(ctx), f"make_pipeline(ctx) on {VIRTUAL}")

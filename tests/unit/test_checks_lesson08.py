@@ -1981,3 +1981,22 @@ def test_w5_82_messages_name_only_the_mistake_made():
     assert "a whole core for a rung that is not parallel" not in message, message
     message = run_check("8.2", divides_the_tolerance).message
     assert "not in sorted order" not in message and "in the choice, not in the speeds" in message, message
+
+
+# walk w5-08 w81_26 (passed 4/4): batches sent to "cuda:0" whatever device the pipeline was given. The virtual CUDA
+# device of check 8.1 is now the second of two (cuda:1 on a CPU machine), as lesson 03's is, so that code that only
+# works on device 0 is caught; the right answers keep passing there (test above, and the one below)
+def sends_batches_to_cuda0(ctx):
+    images, labels = ctx.on_device()
+    augment = AugmentBatch()
+
+    def to0(x, y):
+        if x.is_cuda:
+            x, y = x.to("cuda:0", non_blocking=True), y.to("cuda:0", non_blocking=True)
+        return augment(x, y)
+    return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False), batch_transform=to0)
+
+
+def test_w5_81_a_pipeline_that_sends_batches_to_cuda0_fails_on_the_device_it_is_given():
+    rejected("8.1", Mutant("sends_batches_to_cuda0", sends_batches_to_cuda0, "uses the device it is given",
+                           words='"cuda:0"'), [zlib.crc32(b"sends_batches_to_cuda0") % 1000])
