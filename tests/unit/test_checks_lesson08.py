@@ -2000,3 +2000,12 @@ def sends_batches_to_cuda0(ctx):
 def test_w5_81_a_pipeline_that_sends_batches_to_cuda0_fails_on_the_device_it_is_given():
     rejected("8.1", Mutant("sends_batches_to_cuda0", sends_batches_to_cuda0, "uses the device it is given",
                            words='"cuda:0"'), [zlib.crc32(b"sends_batches_to_cuda0") % 1000])
+
+
+def test_a_figure_beside_its_bar_is_printed_on_its_own_side_of_it():
+    """w5-08: a median of 84.5% of the device-resident pipeline was printed "85%" beside the 85% asked (BUSY)."""
+    from course_utils.checks.lesson08 import beside_the_bar, measured_words
+    assert beside_the_bar(0.8451, 0.85) == "84.5%" and beside_the_bar(0.86, 0.85) == "86%"
+    assert beside_the_bar(0.8499, 0.85) == "84.99%" and beside_the_bar(0.85, 0.85) == "85%"
+    assert measured_words(0.896, 0.8451, 0.99, [0.87, 0.82]).startswith("84.5% of what")
+    assert "89.6% of the ceiling" in measured_words(0.896, 0.8451, 0.99, [0.87, 0.82])
