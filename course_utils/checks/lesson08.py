@@ -68,7 +68,7 @@ from ..env import smoke_mode, usable_cores
 from ._busy import MachineBusy, OthersCpu, busy_limit
 from ._core import Tripwire, CheckFailed, WrongType, exercise, expect_callable, trusted
 from ._util import fresh_rng
-from .virtual_cuda import DeviceTensor, VirtualCuda
+from .virtual_cuda import OTHER_DEVICE, DeviceTensor, VirtualCuda
 
 PAD = 4
 K = 2 * PAD + 1                       # crop offsets 0..8 on each axis
@@ -536,7 +536,7 @@ def _virtual_epochs_held(make_pipeline, config, workload, n: int, batch_size: in
     from ..ladder import LadderContext
     from .lesson03 import _learner_error
 
-    with VirtualCuda(second=True) as vc:
+    with VirtualCuda() as vc:
         ctx = LadderContext(config, vc.device, vc.device, None, progress=False, training_set=workload)
         try:
             pipeline = _expect_pipeline(make_pipeline(ctx), f"make_pipeline(ctx) on {VIRTUAL}")
@@ -755,6 +755,32 @@ def _flip_probe(transform, first, batch_size: int, what: str) -> None:
                           "RandomHorizontalFlip(), AugmentBatch)")
 
 
+def _on_the_device_given(make_pipeline, config, rng, seed: int) -> None:
+    """A few batches on the second of two virtual CUDA devices (cuda:1 on a machine without a GPU), the first current
+    and holding no memory, as lesson 03's checks run: code that works on device 0 only ("cuda:0", "cuda", .cuda())
+    fails "uses the device it is given" (walk w5-08 w81_26: batches sent to "cuda:0" passed 8.1, the one virtual
+    device being cuda:0). Only that is judged here; the pass on one device judges the rest."""
+    from ..ladder import LadderContext, TrainingSet
+    from .lesson03 import _learner_error
+
+    batch_size = config.batch_size
+    n = 2 * batch_size + 3
+    images, labels = identifiable_images(n, rng)
+    workload = TrainingSet(images, labels, f"{n} fresh random images (seed {seed})")
+    what = f"a workload of {n} images, ctx.batch_size={batch_size} (seed {seed}), on the second of two virtual CUDA devices"
+    with VirtualCuda(second=True) as vc:
+        ctx = LadderContext(config, vc.device, vc.device, None, progress=False, training_set=workload)
+        try:
+            pipeline = make_pipeline(ctx)
+            for i, batch in enumerate(ctx.model_batches(pipeline)):
+                _batch_arrays(batch, ctx, f"{what}, batch {i}")
+        except RuntimeError as exc:
+            if OTHER_DEVICE in str(exc):
+                raise _learner_error(exc, what) from None
+        except Exception:           # anything else is the pass on one device's to judge, which this answer passed
+            pass
+
+
 def _check_correctness(make_pipeline, rng, seed: int, device: str | None, *, virtual: bool = False,
                        flips: list | None = None, observed: dict | None = None) -> str:
     """Two epochs through the pipeline, as the model sees them, on a fresh self-identifying workload:
@@ -773,6 +799,7 @@ def _check_correctness(make_pipeline, rng, seed: int, device: str | None, *, vir
         epochs, deferred, note = _virtual_epochs(make_pipeline, config, workload, n, batch_size, what, observed)
         if epochs is None:
             return note
+        _on_the_device_given(make_pipeline, config, np.random.default_rng([seed, 3]), seed)   # the check's rng untouched
         what += f", on {VIRTUAL}"
     else:
         deferred = None
