@@ -1310,7 +1310,10 @@ def measured_words(fraction: float, share: float, capacity: float, shares: list[
             f"median of {len(shares)} rounds, each yours over the device-resident pipeline timed beside it: {spread}); "
             f"{beside_the_bar(fraction, GPU_BAR)} of the ceiling, and the device-resident pipeline {capacity:.0%} of it "
             "(each the median "
-            "of the same rounds' own ratios: medians of ratios need not divide into the first figure)")
+            "of the same rounds' own ratios: medians of ratios need not divide into the first figure)"
+            + ("; above 100% of the ceiling: the ceiling is the fp32 eager step alone, timed in the same rounds, "
+               "which a step of another kind (bf16, a CUDA graph) can beat, and an fp32 eager pipeline only where a "
+               "busy moment slowed the ceiling's own timing more than yours" if fraction > 1 else ""))
 
 
 def tolerated(observed: dict) -> str:

@@ -2009,3 +2009,6 @@ def test_a_figure_beside_its_bar_is_printed_on_its_own_side_of_it():
     assert beside_the_bar(0.8499, 0.85) == "84.99%" and beside_the_bar(0.85, 0.85) == "85%"
     assert measured_words(0.896, 0.8451, 0.99, [0.87, 0.82]).startswith("84.5% of what")
     assert "89.6% of the ceiling" in measured_words(0.896, 0.8451, 0.99, [0.87, 0.82])
+    # w5-08: DALI (fp32, eager) at "233% of the ceiling" with no word on how
+    assert "above 100% of the ceiling: the ceiling is the fp32 eager step alone" in measured_words(2.33, 1.5, 1.0, [1.5])
+    assert "above 100%" not in measured_words(0.99, 1.0, 1.0, [1.0])
