@@ -192,8 +192,11 @@ def _identify(images: np.ndarray, n: int, what: str) -> np.ndarray:
                       f"{what}: {int((found < 0).sum())} of {len(found)} images are not a 32x32 window of a "
                       "workload image padded with 4 black pixels (flipped or not), normalised with CIFAR-10's "
                       "constants",
-                      "take the images from ctx (ctx.on_device(), ctx.dataset(...), ctx.loader(...), ctx.records()); "
-                      "pad with zeros before normalising, crop 32x32, flip horizontally")
+                      # walk w5-08 w81_09, w81_11: reflect padding, and zeros padded after normalising (mean grey),
+                      # were told "take the images from ctx" first
+                      "pad with zeros (black) before normalising: not reflected or replicated edges, and not zeros "
+                      "added after normalising, which are the mean's grey; then crop 32x32 and flip horizontally; and "
+                      "take the images from ctx (ctx.on_device(), ctx.dataset(...), ctx.loader(...), ctx.records())")
 
 
 def _verify_crops(images: np.ndarray, labels: np.ndarray, index: np.ndarray, workload, what: str):

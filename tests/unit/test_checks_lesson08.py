@@ -2012,3 +2012,27 @@ def test_a_figure_beside_its_bar_is_printed_on_its_own_side_of_it():
     # w5-08: DALI (fp32, eager) at "233% of the ceiling" with no word on how
     assert "above 100% of the ceiling: the ceiling is the fp32 eager step alone" in measured_words(2.33, 1.5, 1.0, [1.5])
     assert "above 100%" not in measured_words(0.99, 1.0, 1.0, [1.0])
+
+
+def reflect_padding(ctx):
+    """w5-08 w81_09: reflect padding instead of black (zero) padding."""
+    import torch.nn.functional as F
+    images, labels = ctx.on_device()
+
+    def augment(x, y):
+        n, dev = x.shape[0], x.device
+        dy, dx = torch.randint(0, 9, (n,), device=dev), torch.randint(0, 9, (n,), device=dev)
+        flip = torch.rand(n, device=dev) < 0.5
+        p = F.pad(x.float(), (4, 4, 4, 4), mode="reflect")
+        ar = torch.arange(32, device=dev)
+        p = p.gather(2, (dy.view(n, 1) + ar).view(n, 1, 32, 1).expand(n, 3, 32, 40))
+        p = p.gather(3, (dx.view(n, 1) + ar).view(n, 1, 1, 32).expand(n, 3, 32, 32))
+        p = torch.where(flip.view(n, 1, 1, 1), p.flip(3), p)
+        return normalize_uint8(p.round().to(torch.uint8)), y
+    return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False), batch_transform=augment)
+
+
+def test_w5_81_reflect_padding_is_told_about_the_padding_first():
+    rejected("8.1", Mutant("reflect_padding", reflect_padding, "every image is a pad-4 crop of a sample of the workload",
+                           words="Hint: pad with zeros (black) before normalising: not reflected"),
+             [zlib.crc32(b"reflect_padding") % 1000])
