@@ -789,10 +789,12 @@ def above_ceiling_words(rows, ceiling: dict, sim=None, batch_size: int = 128) ->
         charged = f", where the simulated device charges {eager_ms:.1f} ms" if modelled else ""
         parts.append("above it although they run its own fp32 eager step: "
                      + ", ".join(f"{r['name']} ({r['fraction_of_ceiling']:.0%})" for r in same)
-                     + f"; no rung beats the step it runs, so the ceiling's measurement was slow (its step took "
-                       f"{ceiling_ms:.1f} ms{charged}: a busy host launches the kernels late)")
+                     + f"; no rung beats the step it runs, so the ceiling's measurement was slow (its steps took "
+                       f"{ceiling_ms:.1f} ms on average, the batch over its samples/s{charged}: a busy host launches the kernels late)")
     elif wider:
-        parts.append(f"the ceiling's step took {ceiling_ms:.1f} ms against the {eager_ms:.1f} ms the simulated device "
+        parts.append(f"the ceiling's steps took {ceiling_ms:.1f} ms on average (the batch over its samples/s; the "
+                     f"median step printed with the ceiling is another figure) against the {eager_ms:.1f} ms the "
+                     "simulated device "
                      "charges: a busy host launched its kernels late, which a CUDA graph's one launch hardly feels, "
                      "so the measured gap is wider than the steps' own")
     return "; ".join(parts)
@@ -843,7 +845,7 @@ def precision_words(rows, ceiling: dict | None = None, sim=None, batch_size: int
         if ceiling and ceiling.get("samples_per_s"):
             took, charge = 1e3 * batch_size / ceiling["samples_per_s"], sim.ceiling_step_ms(batch_size)
             if took > (1 + SAME_RUN_FLOOR) * charge:
-                slow = (f" (the ceiling's step took {took:.1f} ms against the {charge:.1f} ms charged: a busy host set "
+                slow = (f" (the ceiling's steps took {took:.1f} ms on average against the {charge:.1f} ms charged: a busy host set "
                         "the pace)")
         return said + ": the same within the noise, not as far apart as that charge" + slow
     return said + (": slower than even that charge, beyond the noise" if ratio < charged

@@ -108,6 +108,12 @@ def _wall_and_wait(step_log) -> tuple[float, float]:
     return wall, wait
 
 
+def row_share(x: float) -> float:
+    """A share stored in a row: three decimals, unless they print as another whole percent than the figure itself
+    (walk w5-08: a stall of 0.76549 printed "77%" in the StepStats line and, stored as 0.765, "76%" in the table)."""
+    return round(x, 3) if f"{round(x, 3):.0%}" == f"{x:.0%}" else round(x, 6)
+
+
 @dataclass
 class StepStats:
     """What a `StepTimer` measured over the counted steps (warm-up steps excluded).
@@ -187,14 +193,16 @@ class StepStats:
     def as_row(self) -> dict:
         busy = self.device_busy_fraction
         util = self.device_util
+
+        share = row_share
         return {"steps": self.steps, "samples_per_s": round(self.samples_per_s, 1),
                 "step_time_ms": round(self.step_time_ms, 2),
                 "data_wait_ms": round(self.data_wait_median_ms, 2),
                 "compute_ms": round(self.compute_median_ms, 2),
                 "device_ms": round(self.device_median_ms, 2) if self.device_ms else None,
-                "stall_fraction": round(self.stall_fraction, 3),
-                "steps_in_flight_fraction": round(busy, 3) if busy is not None else None,
-                "device_util": round(util, 3) if util is not None else None,
+                "stall_fraction": share(self.stall_fraction),
+                "steps_in_flight_fraction": share(busy) if busy is not None else None,
+                "device_util": share(util) if util is not None else None,
                 "synced_every_step": self.synced_every_step, "device": self.device}
 
     def __str__(self) -> str:

@@ -68,7 +68,7 @@ from ..env import smoke_mode, usable_cores
 from ._busy import MachineBusy, OthersCpu, busy_limit
 from ._core import Tripwire, CheckFailed, WrongType, exercise, expect_callable, trusted
 from ._util import fresh_rng
-from .virtual_cuda import DeviceTensor, VirtualCuda
+from .virtual_cuda import OTHER_DEVICE, DeviceTensor, VirtualCuda
 
 PAD = 4
 K = 2 * PAD + 1                       # crop offsets 0..8 on each axis
@@ -192,8 +192,11 @@ def _identify(images: np.ndarray, n: int, what: str) -> np.ndarray:
                       f"{what}: {int((found < 0).sum())} of {len(found)} images are not a 32x32 window of a "
                       "workload image padded with 4 black pixels (flipped or not), normalised with CIFAR-10's "
                       "constants",
-                      "take the images from ctx (ctx.on_device(), ctx.dataset(...), ctx.loader(...), ctx.records()); "
-                      "pad with zeros before normalising, crop 32x32, flip horizontally")
+                      # walk w5-08 w81_09, w81_11: reflect padding, and zeros padded after normalising (mean grey),
+                      # were told "take the images from ctx" first
+                      "pad with zeros (black) before normalising: not reflected or replicated edges, and not zeros "
+                      "added after normalising, which are the mean's grey; then crop 32x32 and flip horizontally; and "
+                      "take the images from ctx (ctx.on_device(), ctx.dataset(...), ctx.loader(...), ctx.records())")
 
 
 def _verify_crops(images: np.ndarray, labels: np.ndarray, index: np.ndarray, workload, what: str):
@@ -755,6 +758,32 @@ def _flip_probe(transform, first, batch_size: int, what: str) -> None:
                           "RandomHorizontalFlip(), AugmentBatch)")
 
 
+def _on_the_device_given(make_pipeline, config, rng, seed: int) -> None:
+    """A few batches on the second of two virtual CUDA devices (cuda:1 on a machine without a GPU), the first current
+    and holding no memory, as lesson 03's checks run: code that works on device 0 only ("cuda:0", "cuda", .cuda())
+    fails "uses the device it is given" (walk w5-08 w81_26: batches sent to "cuda:0" passed 8.1, the one virtual
+    device being cuda:0). Only that is judged here; the pass on one device judges the rest."""
+    from ..ladder import LadderContext, TrainingSet
+    from .lesson03 import _learner_error
+
+    batch_size = config.batch_size
+    n = 2 * batch_size + 3
+    images, labels = identifiable_images(n, rng)
+    workload = TrainingSet(images, labels, f"{n} fresh random images (seed {seed})")
+    what = f"a workload of {n} images, ctx.batch_size={batch_size} (seed {seed}), on the second of two virtual CUDA devices"
+    with VirtualCuda(second=True) as vc:
+        ctx = LadderContext(config, vc.device, vc.device, None, progress=False, training_set=workload)
+        try:
+            pipeline = make_pipeline(ctx)
+            for i, batch in enumerate(ctx.model_batches(pipeline)):
+                _batch_arrays(batch, ctx, f"{what}, batch {i}")
+        except RuntimeError as exc:
+            if OTHER_DEVICE in str(exc):
+                raise _learner_error(exc, what) from None
+        except Exception:           # anything else is the pass on one device's to judge, which this answer passed
+            pass
+
+
 def _check_correctness(make_pipeline, rng, seed: int, device: str | None, *, virtual: bool = False,
                        flips: list | None = None, observed: dict | None = None) -> str:
     """Two epochs through the pipeline, as the model sees them, on a fresh self-identifying workload:
@@ -773,6 +802,7 @@ def _check_correctness(make_pipeline, rng, seed: int, device: str | None, *, vir
         epochs, deferred, note = _virtual_epochs(make_pipeline, config, workload, n, batch_size, what, observed)
         if epochs is None:
             return note
+        _on_the_device_given(make_pipeline, config, np.random.default_rng([seed, 3]), seed)   # the check's rng untouched
         what += f", on {VIRTUAL}"
     else:
         deferred = None
@@ -1263,16 +1293,30 @@ def _flips_over_the_check(flips: list) -> None:
 
 # -- 8.1 ------------------------------------------------------------------------------------------
 
+def beside_the_bar(value: float, bar: float) -> str:
+    """`value` as a percentage, with as many decimals as it takes not to read as the bar when it is on the other side
+    of it (walk w5-08: a median of 84.5% printed "85%" beside the 85% asked, and not passed)."""
+    for digits in range(0, 4):
+        text = f"{value:.{digits}%}"
+        if (round(value, digits + 2) >= bar) == (value >= bar):
+            return text
+    return text
+
+
 def measured_words(fraction: float, share: float, capacity: float, shares: list[float]) -> str:
     """The speed stage's three figures, each said for what it is: the median over the rounds of each round's own
     ratio (yours to the device-resident pipeline that ran next to it, yours to the ceiling, the device-resident
     pipeline's to the ceiling). Medians of ratios from different rounds: the first is not the second divided by the
     third (w2-08 contradiction 5 read "X% of the ceiling and Y% of the device-resident, which was Z%" as one sum)."""
     spread = ", ".join(f"{s:.0%}" for s in shares)
-    return (f"{share:.0%} of what the course's device-resident pipeline reached next to it (the median of "
-            f"{len(shares)} rounds, each yours over the device-resident pipeline timed beside it: {spread}); "
-            f"{fraction:.0%} of the ceiling, and the device-resident pipeline {capacity:.0%} of it (each the median "
-            "of the same rounds' own ratios: medians of ratios need not divide into the first figure)")
+    return (f"{beside_the_bar(share, SIM_SHARE)} of what the course's device-resident pipeline reached next to it (the "
+            f"median of {len(shares)} rounds, each yours over the device-resident pipeline timed beside it: {spread}); "
+            f"{beside_the_bar(fraction, GPU_BAR)} of the ceiling, and the device-resident pipeline {capacity:.0%} of it "
+            "(each the median "
+            "of the same rounds' own ratios: medians of ratios need not divide into the first figure)"
+            + ("; above 100% of the ceiling: the ceiling is the fp32 eager step alone, timed in the same rounds, "
+               "which a step of another kind (bf16, a CUDA graph) can beat, and an fp32 eager pipeline only where a "
+               "busy moment slowed the ceiling's own timing more than yours" if fraction > 1 else ""))
 
 
 def tolerated(observed: dict) -> str:
@@ -1436,17 +1480,18 @@ def predicted_throughput(report: dict) -> dict:
 
 
 def _speeds(report: dict, cores_per_gpu, combine=min, *, cost: str = "device",
-            is_parallel=lambda rung: rung.get("parallel", True)) -> dict:
+            is_parallel=lambda rung: rung.get("parallel", True), parallel_cores=lambda per_gpu: per_gpu,
+            serial_cores=lambda per_gpu: min(1.0, per_gpu)) -> dict:
     """Per rung, the speed under a variant of the spec's model (the usual mistakes in it: `_MODEL_MISTAKES`):
     `cost` says where device_cost is charged ("device": the spec's; "both": to the smaller of the two limits;
-    "none": left out)."""
+    "none": left out); `parallel_cores` and `serial_cores` give a rung its cores from the cores per GPU."""
     per_gpu = cores_per_gpu(report["cores"], report["gpus"])
     out = {}
     for name, rung in report["rungs"].items():
         share = 1 - rung.get("device_cost", 0.0)
         device = report["ceiling"] * (share if cost == "device" else 1.0)
         if "cpu_per_core" in rung:
-            cores = per_gpu if is_parallel(rung) else min(1.0, per_gpu)
+            cores = parallel_cores(per_gpu) if is_parallel(rung) else serial_cores(per_gpu)
             cpu = rung["cpu_per_core"] * cores
             value = combine(device, cpu) if cpu > 0 else 0.0
         else:
@@ -1478,6 +1523,21 @@ _MODEL_MISTAKES = [
     ("the CPU's limit alone for a rung with cpu_per_core: the GPU's limit, ceiling x (1 - device_cost), binds it "
      "too, and its speed is the smaller of the two: min(device, cpu)",
      lambda report: _speeds(report, lambda c, g: c / g, lambda a, b: b)),
+    # walk w5-08 (w82_04, w82_02, w82_20, w82_03, w82_15): the cores a rung gets, each mistake named for itself
+    ("all the machine's cores for one GPU: every GPU has a loader of its own, and a rung gets the cores of one "
+     "GPU's share, cores / gpus (at most one core for a rung that is not parallel)",
+     lambda report: _speeds(report, lambda c, g: c)),
+    ("a whole core for a rung that is not parallel, where one GPU's share is less than a core: such a rung gets "
+     "min(1, cores / gpus), half a core where the GPUs outnumber the cores twice",
+     lambda report: _speeds(report, lambda c, g: c / g, serial_cores=lambda per_gpu: 1.0)),
+    ("at least one core for a parallel rung, max(1, cores / gpus): a parallel rung gets cores / gpus, half a core "
+     "where the GPUs outnumber the cores twice (its workers share that half)",
+     lambda report: _speeds(report, lambda c, g: c / g, parallel_cores=lambda per_gpu: max(1.0, per_gpu))),
+    ("`parallel` ignored, every rung spread over cores / gpus: a rung whose `parallel` is false runs in one "
+     "process, on one core at most: min(1, cores / gpus)",
+     lambda report: _speeds(report, lambda c, g: c / g, serial_cores=lambda per_gpu: per_gpu)),
+    ("the same rounded down but kept at one core at least, max(1, cores // gpus)",
+     lambda report: _speeds(report, lambda c, g: max(1, c // g))),
 ]
 
 # mistakes in the choice once the speeds are right (walk w4-08 v21: the median taken as "the fastest")
@@ -1486,6 +1546,14 @@ _BEST_MISTAKES = [
     ("the fastest is the largest predicted speed, max(speeds), not their mean", statistics.fmean),
 ]
 _PROBE_TOLERANCES = (0.0, 0.05, 0.1, 0.5)
+
+# mistakes in the threshold once the speeds are right (walk w5-08 w82_16: "within 5%" as speed x (1 + tolerance)
+# >= the fastest), each (words, threshold(best, tolerance))
+_THRESHOLD_MISTAKES = [
+    ("the threshold taken as the fastest / (1 + tolerance), speed x (1 + tolerance) >= the fastest; 'within the "
+     "tolerance' is speed >= (1 - tolerance) x the fastest (at tolerance 0.25: 0.75 x the fastest, not 0.8 x)",
+     lambda best, t: best / (1 + t)),
+]
 
 
 def _choice(speed: dict, tolerance: float) -> str | None:
@@ -1595,7 +1663,17 @@ def _contract_cases() -> list[tuple[dict, float, bool]]:
         ({"machine": "a rung at 0.952 x the fastest: 4 cores, 1 GPU", "cores": 4, "gpus": 1, "ceiling": 10000.0,
           "rungs": {"baseline": rung(1000, parallel=False), "best workers": rung(2380, parallel=True),
                     "device-resident": rung(cost=0.0)}}, 0.05, True),
-        ({"machine": "half a core per GPU for a serial rung: 4 cores, 8 GPUs", "cores": 4, "gpus": 8,
+        # walk w5-08 w82_04: every core of the machine for one GPU (cores, not cores / gpus) picks 'best workers'
+        # here; a GPU's share, 4 cores, keeps it at 800 of 1,000
+        ({"machine": "four GPUs sharing 16 cores: 16 cores, 4 GPUs", "cores": 16, "gpus": 4, "ceiling": 1000.0,
+          "rungs": {"baseline": rung(700, parallel=False), "best workers": rung(200, parallel=True),
+                    "device-resident": rung(cost=0.0), "DALI": rung(4096, 0.0, True)}}, 0.05, True),
+        # walk w5-08 w82_15: a GPU's share rounded down to whole cores (cores // gpus, at least one) gives 'best
+        # workers' 640 of its 960 here, and picks 'device-resident'
+        ({"machine": "a core and a half per GPU: 6 cores, 4 GPUs", "cores": 6, "gpus": 4, "ceiling": 1000.0,
+          "rungs": {"baseline": rung(400, parallel=False), "best workers": rung(640, parallel=True),
+                    "device-resident": rung(cost=0.0)}}, 0.05, False),
+        ({"machine": "half a core per GPU: 4 cores, 8 GPUs", "cores": 4, "gpus": 8,
           "ceiling": 1000.0,
           "rungs": {"baseline": rung(1800, parallel=False), "best workers": rung(1700, parallel=True),
                     "prefetcher": rung(2000, 0.02, True), "device-resident": rung(cost=0.0)}}, 0.05, True),
@@ -1760,6 +1838,11 @@ class _Case:
             centre = middle(list(self.speed.values()))
             self.mistake_at.append((words, {t: next((n for n, v in self.speed.items() if v >= (1 - t) * centre),
                                                     None) for t in self.probes}))
+        # the threshold's mistakes on the spec's own speeds (walk w5-08: the fastest / (1 + tolerance))
+        for words, threshold in _THRESHOLD_MISTAKES:
+            self.mistake_at.append((words, {t: next((n for n, v in self.speed.items() if v >= threshold(best, t)),
+                                                    None) for t in self.probes}))
+        self.speed_model_words = {words for words, _ in _MODEL_MISTAKES}
 
     def _cached(self, yours, earlier, call) -> bool:
         """Whether `yours` is an earlier report's answer kept (keyed on the machine, or its cores, GPUs and ceiling):
@@ -1776,11 +1859,16 @@ class _Case:
         fresh = self.fresh
         return (call(fresh, tolerance=self.tolerance) if self.keyword else call(fresh)) == self.want
 
-    def _followed_mistakes(self, yours, call) -> list[str]:
+    def _followed_mistakes(self, yours, call, earlier=()) -> list[str]:
         """The usual mistakes (speed model, or the fastest taken as the median) whose choices the answer gives at
-        every probe tolerance, where the spec's model gives another somewhere: the mistake it made, named first."""
+        every probe tolerance, where the spec's model gives another somewhere: the mistake it made, named first.
+        A mistake that an earlier case answered right would have shown (its choice there was another) is not it
+        (walk w5-08: a serial rung's whole core, named beside "all the machine's cores" an earlier case ruled out)."""
+        ruled_out = {words for case, answer in earlier if answer == case.want
+                     for words, at in case.mistake_at if at[case.tolerance] != case.want}
         candidates = [(words, at) for words, at in self.mistake_at
-                      if at[self.tolerance] == yours and any(at[t] != self.at[t] for t in self.probes)]
+                      if words not in ruled_out
+                      and at[self.tolerance] == yours and any(at[t] != self.at[t] for t in self.probes)]
         if not candidates:
             return []
         try:
@@ -1823,10 +1911,13 @@ class _Case:
         elif call is not None and self._cached(yours, earlier, call):
             hint = ("that is the answer to an earlier report of the same machine, whose rungs differed: compute "
                     "every answer from the report's own rungs, and keep nothing from one call to the next")
-        elif call is not None and (named := self._followed_mistakes(yours, call)):
+        elif call is not None and (named := self._followed_mistakes(yours, call, earlier)):
             hint = (f"{yours!r}, and your answers at every tolerance tried here "
                     f"({', '.join(f'{t:g}' for t in self.probes)}), are what this mistake gives: "
-                    + "; or ".join(named) + ". Compare your predicted speeds with the predicted fractions above")
+                    + "; or ".join(named)
+                    + (". Compare your predicted speeds with the predicted fractions above"
+                       if any(words in self.speed_model_words for words in named) else
+                       ". That mistake is in the choice, not in the speeds: yours can agree with the predicted fractions above"))
         elif (not self.keyword and yours in (self.at[0.0], self.at[0.1]) and call is not None
               and call(report, tolerance=0.05) == want):
             hint = "called without a tolerance, choose_rung uses 0.05 (the spec's default)"

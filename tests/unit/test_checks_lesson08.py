@@ -1513,7 +1513,7 @@ def test_choose_rung_contract_cases_separate_their_mistakes():
         strictly_above(report, tolerance)
     report, tolerance = cases["rungs that leave 'parallel' out (true by default)"]
     assert choose(report, tolerance) != serial_by_default(report, tolerance)
-    report, tolerance = cases["half a core per GPU for a serial rung"]
+    report, tolerance = cases["half a core per GPU"]
     assert choose(report, tolerance) != serial_gets_a_whole_core(report, tolerance)
     report, tolerance = cases["a serial rung with four cores per GPU"]
     assert choose(report) != serial_core_shared_by_the_gpus(report) and choose(report) != whole_machine(report)
@@ -1882,10 +1882,10 @@ def test_the_82_pass_message_counts_the_machines_the_spec_counts():
     import json
     from pathlib import Path
     result = run_check("8.2", choose)
-    assert result.status == "pass" and "the right rung on 35 machines" in result.message, result.message
+    assert result.status == "pass" and "the right rung on 37 machines" in result.message, result.message
     spec = "".join("".join(c["source"]) for c in json.loads(
         (Path(__file__).resolve().parents[2] / "solutions" / "08-capstone-feed-the-gpu.ipynb").read_text())["cells"])
-    assert "every run: 35 machines" in spec
+    assert "every run: 37 machines" in spec
 
 
 def test_the_notebooks_two_noise_bars_are_explained_and_the_bf16_line_judged_by_the_wider():
@@ -1904,3 +1904,135 @@ def test_the_notebooks_two_noise_bars_are_explained_and_the_bf16_line_judged_by_
     assert "a rung measured once still needs 44%" in narrow and "is slower beyond it; 69% lies at the edge" in narrow
     card = ladder.noise_bars_words(0.20, rows + [{"name": "yours", "samples_per_s": 7300.0}], "yours")
     assert "the card's faster or slower for device-resident + bf16 (76% of yours) is within the climb's 44%" in card
+
+
+# walk w5-08's wrong answers to 8.2 whose messages pointed away (its wrong/w82_04, w82_02, w82_20, w82_15, w82_16):
+# each is now named for its own mistake, on every seed
+def _cores_given(report, tolerance, parallel, serial, per_gpu=None):
+    if not report.get("rungs"):
+        raise ValueError("no rungs")
+    per_gpu = report["cores"] / report["gpus"] if per_gpu is None else per_gpu
+    speed = {}
+    for name, rung in report["rungs"].items():
+        speed[name] = report["ceiling"] * (1 - rung.get("device_cost", 0.0))
+        if "cpu_per_core" in rung:
+            cores = parallel(per_gpu) if rung.get("parallel", True) else serial(per_gpu)
+            speed[name] = min(speed[name], rung["cpu_per_core"] * cores)
+    return _first_within(speed, tolerance)
+
+
+def total_cores(report, tolerance=0.05):                     # w82_04: cores, not cores / gpus
+    return _cores_given(report, tolerance, lambda c: c, lambda c: min(1.0, c), per_gpu=report.get("cores"))
+
+
+def serial_whole_core(report, tolerance=0.05):               # w82_02: a serial rung always gets a whole core
+    return _cores_given(report, tolerance, lambda c: c, lambda c: 1.0)
+
+
+def parallel_at_least_one_core(report, tolerance=0.05):      # w82_20: max(1, cores / gpus) for a parallel rung
+    return _cores_given(report, tolerance, lambda c: max(1.0, c), lambda c: min(1.0, c))
+
+
+def parallel_ignored(report, tolerance=0.05):                # w82_03: every rung over cores / gpus
+    return _cores_given(report, tolerance, lambda c: c, lambda c: c)
+
+
+def integer_cores_at_least_one(report, tolerance=0.05):      # w82_15: max(1, cores // gpus)
+    return _cores_given(report, tolerance, lambda c: c, lambda c: min(1, c),
+                        per_gpu=max(1, report["cores"] // report["gpus"]) if report.get("rungs") else None)
+
+
+def divides_the_tolerance(report, tolerance=0.05):           # w82_16: speed x (1 + tolerance) >= the fastest
+    if not report.get("rungs"):
+        raise ValueError("no rungs")
+    speed = _speeds(report)
+    best = max(speed.values())
+    return next(n for n, v in speed.items() if v * (1 + tolerance) >= best)
+
+
+_PICKS = "picks the simplest rung within the tolerance of the fastest"
+W5_82_MUTANTS = [
+    Mutant("total_cores", total_cores, _PICKS, words="four GPUs sharing 16 cores"),
+    Mutant("serial_whole_core", serial_whole_core, _PICKS, words="a whole core for a rung that is not parallel"),
+    Mutant("parallel_at_least_one_core", parallel_at_least_one_core, _PICKS,
+           words="at least one core for a parallel rung, max(1, cores / gpus)"),
+    Mutant("parallel_ignored", parallel_ignored, _PICKS, words="`parallel` ignored, every rung spread over"),
+    Mutant("integer_cores_at_least_one", integer_cores_at_least_one, _PICKS, words="max(1, cores // gpus)"),
+    Mutant("divides_the_tolerance", divides_the_tolerance, _PICKS,
+           words="the threshold taken as the fastest / (1 + tolerance)"),
+]
+
+
+@pytest.mark.parametrize("mutant", W5_82_MUTANTS, ids=repr)
+def test_w5_82_mutants_fail_named_for_their_own_mistake(mutant):
+    rejected("8.2", mutant, [zlib.crc32(mutant.name.encode()) % 1000 + k for k in range(EXTRA_SEEDS)])
+
+
+def test_w5_82_messages_name_only_the_mistake_made():
+    """w5-08: the half-core case named "a serial rung" for an answer whose parallel rungs were wrong, and the rule's
+    list for a threshold of fastest / (1 + tolerance). Now each names its own mistake, and not the others'."""
+    os.environ.pop("COURSE_CHECK_SEED", None)
+    message = run_check("8.2", total_cores).message
+    assert "all the machine's cores for one GPU" in message and "not parallel" in message.split("Hint:")[1][:400]
+    assert "median" not in message and "a whole core for a rung" not in message, message
+    message = run_check("8.2", serial_whole_core).message
+    assert "all the machine's cores" not in message and "max(1, cores // gpus)" not in message, message
+    message = run_check("8.2", parallel_at_least_one_core).message
+    assert "a whole core for a rung that is not parallel" not in message, message
+    message = run_check("8.2", divides_the_tolerance).message
+    assert "not in sorted order" not in message and "in the choice, not in the speeds" in message, message
+
+
+# walk w5-08 w81_26 (passed 4/4): batches sent to "cuda:0" whatever device the pipeline was given. The virtual CUDA
+# device of check 8.1 is now the second of two (cuda:1 on a CPU machine), as lesson 03's is, so that code that only
+# works on device 0 is caught; the right answers keep passing there (test above, and the one below)
+def sends_batches_to_cuda0(ctx):
+    images, labels = ctx.on_device()
+    augment = AugmentBatch()
+
+    def to0(x, y):
+        if x.is_cuda:
+            x, y = x.to("cuda:0", non_blocking=True), y.to("cuda:0", non_blocking=True)
+        return augment(x, y)
+    return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False), batch_transform=to0)
+
+
+def test_w5_81_a_pipeline_that_sends_batches_to_cuda0_fails_on_the_device_it_is_given():
+    rejected("8.1", Mutant("sends_batches_to_cuda0", sends_batches_to_cuda0, "uses the device it is given",
+                           words='"cuda:0"'), [zlib.crc32(b"sends_batches_to_cuda0") % 1000])
+
+
+def test_a_figure_beside_its_bar_is_printed_on_its_own_side_of_it():
+    """w5-08: a median of 84.5% of the device-resident pipeline was printed "85%" beside the 85% asked (BUSY)."""
+    from course_utils.checks.lesson08 import beside_the_bar, measured_words
+    assert beside_the_bar(0.8451, 0.85) == "84.5%" and beside_the_bar(0.86, 0.85) == "86%"
+    assert beside_the_bar(0.8499, 0.85) == "84.99%" and beside_the_bar(0.85, 0.85) == "85%"
+    assert measured_words(0.896, 0.8451, 0.99, [0.87, 0.82]).startswith("84.5% of what")
+    assert "89.6% of the ceiling" in measured_words(0.896, 0.8451, 0.99, [0.87, 0.82])
+    # w5-08: DALI (fp32, eager) at "233% of the ceiling" with no word on how
+    assert "above 100% of the ceiling: the ceiling is the fp32 eager step alone" in measured_words(2.33, 1.5, 1.0, [1.5])
+    assert "above 100%" not in measured_words(0.99, 1.0, 1.0, [1.0])
+
+
+def reflect_padding(ctx):
+    """w5-08 w81_09: reflect padding instead of black (zero) padding."""
+    import torch.nn.functional as F
+    images, labels = ctx.on_device()
+
+    def augment(x, y):
+        n, dev = x.shape[0], x.device
+        dy, dx = torch.randint(0, 9, (n,), device=dev), torch.randint(0, 9, (n,), device=dev)
+        flip = torch.rand(n, device=dev) < 0.5
+        p = F.pad(x.float(), (4, 4, 4, 4), mode="reflect")
+        ar = torch.arange(32, device=dev)
+        p = p.gather(2, (dy.view(n, 1) + ar).view(n, 1, 32, 1).expand(n, 3, 32, 40))
+        p = p.gather(3, (dx.view(n, 1) + ar).view(n, 1, 1, 32).expand(n, 3, 32, 32))
+        p = torch.where(flip.view(n, 1, 1, 1), p.flip(3), p)
+        return normalize_uint8(p.round().to(torch.uint8)), y
+    return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False), batch_transform=augment)
+
+
+def test_w5_81_reflect_padding_is_told_about_the_padding_first():
+    rejected("8.1", Mutant("reflect_padding", reflect_padding, "every image is a pad-4 crop of a sample of the workload",
+                           words="Hint: pad with zeros (black) before normalising: not reflected"),
+             [zlib.crc32(b"reflect_padding") % 1000])

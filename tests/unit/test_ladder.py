@@ -185,7 +185,7 @@ def test_bf16_against_fp32_is_said_from_the_numbers_and_the_same_in_both_runs():
     assert said == ["both that and a tie lie within the noise, so this run cannot tell them apart"] * 2
     sim = SimulatedAccelerator(profile=H100, scale=0.43)
     assert ladder.precision_words(rows(9717, 6600), None, sim, 128).endswith(": slower, as that charge")
-    assert "the same within the noise, not as far apart as that charge (the ceiling's step took 13.4 ms" in \
+    assert "the same within the noise, not as far apart as that charge (the ceiling's steps took 13.4 ms on average" in \
         ladder.precision_words(rows(9717, 12000), {"samples_per_s": 9530}, sim, 128)
     assert ladder.precision_words(rows(9717, 3000), None, sim, 128).endswith("slower than even that charge, beyond the noise")
     # on a real device, no charge to compare with

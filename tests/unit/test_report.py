@@ -149,11 +149,11 @@ def test_rungs_above_the_ceiling_are_said_from_the_numbers():
     words = above_ceiling_words(rows, ceiling, sim, 128)
     assert "device-resident + bf16 + CUDA graph (950%), where the H100's figures give its step alone 333% " in words
     assert "above it although they run its own fp32 eager step: DALI (174%)" in words
-    assert "its step took 12.7 ms, where the simulated device charges 4.5 ms" in words
+    assert "its steps took 12.7 ms on average, the batch over its samples/s, where the simulated device charges 4.5 ms" in words
     assert above_ceiling_words(rows[:1], ceiling, sim, 128) == "rungs above the fp32 ceiling here: none"
     # a graph far above its own figure, with no fp32 rung above: the slow ceiling is still said
     words = above_ceiling_words(rows[:1] + rows[2:], ceiling, sim, 128)
-    assert "the ceiling's step took 12.7 ms against the 4.5 ms the simulated device charges" in words
+    assert "the ceiling's steps took 12.7 ms on average (the batch over its samples/s; the median step printed with the ceiling is another figure) against the 4.5 ms the simulated device charges" in words
     # on a real device: no figures to compare with
     assert "H100's figures" not in above_ceiling_words(rows, ceiling, None, 128)
 

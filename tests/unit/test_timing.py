@@ -134,3 +134,12 @@ def test_step_stats_line_names_the_span_in_flight_and_the_busy_time_that_agrees_
     no_util = str(StepStats(steps=4, samples=512, total_s=0.5, data_wait_ms=[95.0] * 4, compute_ms=[25.5] * 4,
                             device="x", device_ms=[25.43] * 4))
     assert "in flight on the device 25.43 ms)" in no_util and "ran work" not in no_util
+
+
+
+def test_a_rows_shares_print_as_the_stats_line_prints_them():
+    """w5-08: a stall of 0.76549 printed "77%" in the StepStats line and, stored as 0.765, "76%" in the rung table."""
+    from course_utils.timing import row_share
+    for x in (0.76549, 0.1249, 0.125, 0.5, 0.0, 1.0, 0.33333):
+        assert f"{row_share(x):.0%}" == f"{x:.0%}", x
+    assert row_share(0.33333) == 0.333
