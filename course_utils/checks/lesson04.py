@@ -1146,6 +1146,9 @@ class _CountedRecords(np.memmap):
         reads = self.__dict__.get("_reads")
         if reads is not None:
             reads[0] += 1
+            if isinstance(key, (list, np.ndarray)) and np.ndim(key) == 1 and \
+                    np.asarray(key).dtype.kind in "iu":      # rows by index: the most in one call
+                reads[1] = max(reads[1], len(key))
         return super().__getitem__(key)
 
     def __array_finalize__(self, obj):
@@ -1166,7 +1169,7 @@ def _expect_batch_reads(cifar_epochs, batch_size, tmp: Path, rng, seed):
     with open(path, "wb") as f:
         f.truncate(big * data.RECORD_BYTES)        # sparse: nothing written
     records = data.read_records(path).view(_CountedRecords)
-    records._reads = reads = [0]
+    records._reads = reads = [0, 0]
     tracemalloc.start()
     try:
         with calling(f"cifar_epochs(records of {big:,}, {batch_size}, seed=..., shuffle=True)"):
@@ -1188,15 +1191,25 @@ def _expect_batch_reads(cifar_epochs, batch_size, tmp: Path, rng, seed):
                           "rows = records[idx]: one NumPy call per batch. A Python loop over the rows "
                           "(np.stack([records[j] for j in idx])) is per-sample Python work again, the cost DALI "
                           "takes off the training loop (about 20x the single call for 256 rows)")
+    if reads[1] > batch_size:           # w7-04 42_epoch_materialized: records[order[start:stop]] kept for the epoch
+        raise CheckFailed("reads only the batch's records",
+                          f"your source read {reads[1]:,} rows of the memory map in one call, for batches of "
+                          f"{batch_size} (one shard of {big:,} records): the whole shard copied into memory once an "
+                          "epoch (records[order[start:stop]] kept for the epoch?), 150 MB more per process for "
+                          f"CIFAR's training set, every epoch (seed {seed})",
+                          "a batch reads only its own rows of the memory map: rows = records[idx], with idx the "
+                          "batch's slice of the epoch's order; keep the order (indices), not the rows")
     extra = peak - held
     if extra > big * data.RECORD_BYTES // 2:
         raise CheckFailed("reads only the batch's records",
-                          f"reading 4 batches of {batch_size} from a memory-mapped file of {big:,} records "
-                          f"({big * data.RECORD_BYTES / 1e6:.0f} MB) allocated {extra / 1e6:.0f} MB at once: the whole "
-                          "file copied into memory for a batch (np.array(records)?), on every batch: 150 MB per batch "
-                          f"for CIFAR's training set (seed {seed})",
-                          "index the memory map with the batch's indices, rows = records[idx]: only those rows are "
-                          "read from the file")
+                          f"reading an epoch and 4 batches of the next, in batches of {batch_size}, from a "
+                          f"memory-mapped file of {big:,} records ({big * data.RECORD_BYTES / 1e6:.0f} MB) in one "
+                          f"shard, your source allocated {extra / 1e6:.0f} MB at once: the whole shard copied into "
+                          "memory, on every batch (np.array(records)?) or once an epoch (records[order[start:stop]] "
+                          "kept for the epoch?): for CIFAR's training set 150 MB more per process "
+                          f"(seed {seed})",
+                          "a batch reads only its own rows of the memory map: rows = records[idx], with idx the "
+                          "batch's slice of the epoch's order; keep the order (indices), not the rows")
 
 
 @exercise("4.2", "Exact epochs through DALI's PyTorch iterator", points=2)
@@ -1378,9 +1391,9 @@ def check_epochs(cifar_epochs):
         # an augmentation seed of shard_id alone): records[:2Bk+1] in two shards of Bk and Bk+1, shard 1
         n2 = 2 * batch_size * k + 1
         lo2, hi2 = n2 // 2, n2
-        seed2 = int(rng.integers(0, 2**31 - 1))
-        while seed2 == pipe_seed:
-            seed2 = int(rng.integers(0, 2**31 - 1))
+        # seed=0, the signature's default and what a DDP job that never sets one runs (w7-04 42_shard_seed_times:
+        # seed * (shard_id + 1) gave every shard pipeline seed 0 there, and passed on a non-zero seed)
+        seed2 = 0
         what2 = f"records[:{n2}] in 2 shards of {lo2} and {hi2 - lo2}, shard 1, epoch 1"
         longer = _one_epoch(make(of=records[:n2], seed_=seed2, shard_id=1, num_shards=2), limit, what2,
                             records=hi2 - lo2, batch_size=batch_size)
@@ -1409,6 +1422,15 @@ def check_epochs(cifar_epochs):
             raise
         _expect_exact_epoch(shorter, records, np.random.default_rng((seed2, 0)).permutation(n2)[:lo2], batch_size,
                             False, what0, seed, per_sample=per_sample)
+        a, b = _augmentation(shorter[:1], records), _augmentation(longer[:1], records)
+        m = min(len(a), len(b))
+        if np.array_equal(a[:m], b[:m]):
+            raise CheckFailed("each shard draws its own augmentation",
+                              f"shards 0 and 1 of records[:{n2}], both given seed=0 (the default), cropped and flipped "
+                              f"the j-th sample of their first batch alike, all {m} of them: every rank of a DDP job "
+                              f"that never sets a seed would draw the same crops and flips (seed {seed})",
+                              "seed=0 is a seed like any other: a pipeline seed such as seed * (shard_id + 1) is 0 on "
+                              "every shard there; seed + shard_id differs on every shard whatever the seed")
         a, b = _augmentation(firsts[1][:1], records), _augmentation(longer[:1], records)
         m = min(len(a), len(b))
         if np.array_equal(a[:m], b[:m]):
@@ -1773,7 +1795,9 @@ def check_jpeg_pipeline(jpeg_pipeline):
         (Path(tmp) / "files").mkdir()
         folder = _jpeg_folder(rng, Path(tmp) / "files", batch_size)
         crop = int(rng.choice([40, 48, 64]))
-        seed_whole, seed_shards = (int(v) for v in rng.choice(2**31 - 1, 2, replace=False))
+        # the shards run under seed=0, the signature's default (w7-04 43_shard_seed_times: seed * (shard_id + 1)
+        # gave both shards pipeline seed 0 there, and passed on a non-zero seed); the whole run under another
+        seed_whole, seed_shards = int(rng.integers(1, 2**31 - 1)), 0
         devices = _devices()
         for device in reversed(devices):
             on = "on the GPU (mixed decoder)" if device == "gpu" else "on the CPU"
@@ -1927,10 +1951,11 @@ def _check_shards(shards, pipes, folder, batch_size, whole_order, seed, *, whole
     flips = [(a.mirrored, b.mirrored) for a, b in zip(shards[0][0][0], shards[1][0][0]) if a.clear and b.clear]
     if len(flips) >= 64 and all(a == b for a, b in flips):
         raise CheckFailed("each shard draws its own augmentation",
-                          f"shards 0 and 1, given the same seed, mirrored the j-th sample of their epoch alike, all "
-                          f"{len(flips)} of them: every rank of a DDP job would draw the same crops and flips "
+                          f"shards 0 and 1, both given seed=0 (the default), mirrored the j-th sample of their epoch "
+                          f"alike, all {len(flips)} of them: every rank of a DDP job would draw the same crops and flips "
                           f"(seed {seed})",
-                          "derive the pipeline's seed from seed and shard_id (seed + shard_id); the reader's "
+                          "derive the pipeline's seed from seed and shard_id (seed + shard_id, which differs on every "
+                          "shard whatever the seed; seed * (shard_id + 1) is 0 on all of them at seed=0); the reader's "
                           "shuffle_after_epoch_seed stays `seed`, the same in every process")
     # shard 0 of the whole run (another seed) beside shard 0 here: an augmentation seed of shard_id alone
     # draws the same flips in both (w2-04 w43_21)

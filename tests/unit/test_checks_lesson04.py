@@ -474,7 +474,7 @@ def make_cifar_epochs(*, per_sample=False, stateful=False, reshuffle=True, shard
                       whole_copy=False, copy_once=False, smallest_count=False, aug_shard_only=False,
                       epoch_positions=False, largest_drop_last=False, pad_last=False, undeclared_int32=False,
                       strided_uint8_labels=False, average_count=False, row_loop=False, sort_batch=False,
-                      int32_indices=False):
+                      int32_indices=False, aug_times_shard=False, epoch_copy=False):
     """A cifar_epochs builder with one knob per typical mistake (the defaults are right)."""
     cached = {}
     def cifar_epochs(records, batch_size, *, shuffle=True, seed=0, shard_id=0, num_shards=1, drop_last=False,
@@ -569,6 +569,7 @@ def make_cifar_epochs(*, per_sample=False, stateful=False, reshuffle=True, shard
             calls = [0]
 
             epochs = [0]
+            cache = {}
 
             def source(info):
                 iteration = calls[0] if stateful else info.iteration   # a counter that never restarts
@@ -584,6 +585,15 @@ def make_cifar_epochs(*, per_sample=False, stateful=False, reshuffle=True, shard
                     idx = np.concatenate([idx, order(epoch)[:batch_size - len(idx)]])
                 if sort_batch:                     # w6-04 w42_21: "sequential reads"
                     idx = np.sort(idx)
+                if epoch_copy:                     # w7-04 42_epoch_materialized: the shard copied per epoch
+                    if epoch not in cache:
+                        cache.clear()
+                        mine = order(epoch)
+                        cache[epoch] = (mine, records[mine])
+                    mine, shard_rows = cache[epoch]
+                    rows = shard_rows[iteration * batch_size:(iteration + 1) * batch_size]
+                    images = np.ascontiguousarray(rows[:, 1:]).reshape(-1, 3, 32, 32)
+                    return images, rows[:, 0].astype(np.int64), idx.astype(np.int64)
                 images, labels, got = rows_of(idx.astype(np.int64))
                 if epoch_positions:                # w2-04 w42_10: positions in the epoch as the indices
                     got = np.arange(iteration * batch_size, iteration * batch_size + len(idx), dtype=np.int64)
@@ -595,6 +605,7 @@ def make_cifar_epochs(*, per_sample=False, stateful=False, reshuffle=True, shard
             pipe = dali_pipelines.cifar_train_pipeline(source, batch_size=batch_size, device=device,
                                                        num_threads=num_threads,
                                                        seed=shard_id if aug_shard_only else
+                                                       seed * (shard_id + 1) if aug_times_shard else
                                                        seed if same_augmentation else seed + shard_id)
         it = DALIGenericIterator(pipe, ["images", "labels", "indices"], auto_reset=auto_reset)
         if not iterator:
@@ -660,6 +671,11 @@ MUTANTS_42 = [
 
 
 MUTANTS_42_WALK = [
+    Mutant("pipeline seed seed * (shard_id + 1) (w7-04: 0 on every shard at seed=0)",
+           make_cifar_epochs(aug_times_shard=True), "each shard draws its own augmentation",
+           words="both given seed=0 (the default)"),
+    Mutant("the shard copied once per epoch (w7-04 42_epoch_materialized)", make_cifar_epochs(epoch_copy=True),
+           "reads only the batch's records", words="once an epoch"),
     Mutant("drop_last per shard (a longer shard, a batch more)", make_cifar_epochs(drop_last_per_shard=True),
            "with drop_last, every shard the same number of full batches", words="all-reduce"),
     Mutant("a batch too many when the batch divides the shard", make_cifar_epochs(extra_batch_when_divides=True),
@@ -790,7 +806,8 @@ def make_jpeg_pipeline(*, output_type="RGB", mean=NET_MEAN255, std=NET_STD255, s
         @pipeline_def(batch_size=batch_size, num_threads=threads or num_threads,
                       device_id=None if device_id == "none" else this_gpu(device, device_id),
                       seed={"per_shard": seed + shard_id, "seed": seed, "fixed": 0, "shard": shard_id,
-                            "times1000": seed * 1000 + shard_id}[aug_seed], **pipe_kw)
+                            "times1000": seed * 1000 + shard_id,
+                            "times_shard": seed * (shard_id + 1)}[aug_seed], **pipe_kw)
         def graph():
             jpegs, labels = fn.readers.file(pad_last_batch=pad_last_batch, name=reader_name, **kw)
             images = fn.decoders.image(jpegs, device="cpu" if decoder_device == "cpu, then .gpu()" else
@@ -901,6 +918,9 @@ def fused_decode_and_crop(file_root, batch_size, *, crop=224, device="cpu", shar
 # decoding runs, the crop's ranges, the coin) or from the reader (its shards) is the same on every seed;
 # the rest (an order, flips) is decided by thousands of draws: one seed each, a few on two.
 MUTANTS_43_WALK = [
+    Mutant("pipeline seed seed * (shard_id + 1) (w7-04: 0 on every shard at seed=0)",
+           make_jpeg_pipeline(aug_seed="times_shard"), "each shard draws its own augmentation",
+           words="both given seed=0 (the default)"),
     Mutant("decodes on the CPU for device='gpu'", make_jpeg_pipeline(decoder_device="cpu"),
            "device='gpu' decodes on this process's GPU", words="device='mixed'"),
     Mutant("decodes on the CPU, crops on the GPU (x-04)", make_jpeg_pipeline(decoder_device="cpu, then .gpu()"),
