@@ -361,6 +361,15 @@ def _expect_new_pipeline(pipe, what: str, seed: int, source=None) -> None:
                           f"{what}: your pipeline reads from the source of an earlier call, not this one's (seed {seed})",
                           "build the pipeline from this call's arguments every time: a pipeline kept between calls "
                           "reads the first call's source, and its epoch is already over")
+    python = [op for op in ops if "PythonFunction" in op.kind]
+    if python:      # w7-04 41_python_function_flip: the coin cast in a Python callback, same outputs, 2.3x slower
+        raise CheckFailed("no Python inside the pipeline",
+                          f"{what}: your pipeline runs {_names(python)}, a Python callback DALI calls on every batch, "
+                          f"under the GIL, in its own worker (seed {seed})",
+                          "everything after the source in DALI's own operators: a cast is fn.cast(x, "
+                          "dtype=types.INT32), a comparison is `<` on DataNodes, and crop_mirror_normalize takes "
+                          "a coin_flip as it is. Python per batch is the cost DALI removes (a cast in Python made "
+                          "a pipeline 2.3x slower on a 2-core CPU)")
     if not any(cb is source for cb in callbacks):
         raise CheckFailed("hands the source to DALI as it is",
                           f"{what}: your pipeline's external source is not the `source` this call gave it (a function "

@@ -185,6 +185,24 @@ def per_batch_offsets(source, batch_size, device="cpu", num_threads=2, seed=0):
     return graph()
 
 
+def python_function_flip(source, batch_size, device="cpu", num_threads=2, seed=0):
+    """w7-04 41_python_function_flip: right outputs, the coin cast in a Python callback (2.3x slower)."""
+    @pipeline_def(batch_size=batch_size, num_threads=num_threads, device_id=this_gpu(device), seed=seed)
+    def pipe():
+        images, labels, indices = fn.external_source(source=source, num_outputs=3, batch=True, batch_info=True,
+                                                     layout=["CHW", "", ""],
+                                                     dtype=[types.UINT8, types.INT64, types.INT64])
+        if device == "gpu":
+            images = images.gpu()
+        images = fn.crop(images, crop=(40, 40), out_of_bounds_policy="pad", fill_values=0)
+        images = fn.crop_mirror_normalize(
+            images, crop=(32, 32), crop_pos_y=fn.random.uniform(values=NINE), crop_pos_x=fn.random.uniform(values=NINE),
+            mirror=fn.python_function(fn.random.coin_flip(probability=0.5), function=lambda c: c.astype("int32")),
+            mean=CIFAR_MEAN255, std=CIFAR_STD255, dtype=types.FLOAT, output_layout="CHW")
+        return images, labels, indices
+    return pipe()
+
+
 def python_augmentation(source, batch_size, device="cpu", num_threads=2, seed=0):
     """The whole augmentation in NumPy, per sample, inside a source of its own around `source`;
     DALI only passes float32 through (w1-04 4.1 #32: right, and the cost DALI removes)."""
@@ -286,6 +304,8 @@ MUTANTS_41 = [
 # failed with a message that pointed elsewhere. Where the work runs, the coin's probability, the threads
 # and the prefetching are read from the pipeline's graph: the same verdict on every seed, so one seed each.
 MUTANTS_41_WALK = [
+    Mutant("the coin cast in fn.python_function (w7-04)", python_function_flip, "no Python inside the pipeline",
+           words="PythonFunction"),
     Mutant("never moves the images to the GPU", make_cifar_pipeline(move="never"),
            "device='gpu' augments on this process's GPU", words="never reach the GPU"),
     Mutant("augments on the CPU, copies the result", make_cifar_pipeline(move="after"),
