@@ -445,6 +445,22 @@ def _expect_batch_info(exc: BaseException, what: str, seed: int) -> None:
                           "a BatchInfo (info.iteration, info.epoch_idx)") from None
 
 
+def _expect_crop_anchor(exc: BaseException, what: str, seed: int) -> None:
+    """DALI's "Anchor for dimension ... is out of range [0.0, 1.0]" (w7-04: crop_pos in pixels, or
+    floor(uniform[0, 9)) / 8 rounded to 9/8) in the check's own words; any other error goes on."""
+    said = str(exc)
+    if "Anchor for dimension" in said and "out of range" in said:
+        import re
+        found = re.search(r"Anchor for dimension \d+ \(([-0-9.e+]+)\)", said)
+        value = f" (DALI saw {float(found.group(1)):g})" if found else ""
+        raise CheckFailed("crop offsets cover 0..8",
+                          f"{what}: DALI refused a crop position outside [0, 1]{value}: crop_pos_x and crop_pos_y are "
+                          f"a fraction of the slack, not pixels (seed {seed})",
+                          "crop_pos = offset / 8 for the 8 pixels of slack of a 32x32 window in a 40x40 image: "
+                          "fn.random.uniform(values=[k / 8 for k in range(9)]). DALI's cast rounds, so a cast of "
+                          "uniform(range=[0, 9)) can reach 9, and 9/8 is out of range") from None
+
+
 def _diagnose_crops(out, src) -> tuple[str, bool]:
     """A hint for outputs that are not exact crops of the padded, normalised sources, and whether
     the hint names the mistake (the outputs are exact crops under another normalisation)."""
@@ -516,6 +532,7 @@ def _run_cifar(cifar_pipeline, records, batch_size, batches, device, rng, seed):
             o = pipe.run()
         except Exception as exc:
             _expect_batch_info(exc, what, seed)
+            _expect_crop_anchor(exc, what, seed)
             raise
         images = o[0]
         kind = type(images).__name__
@@ -643,9 +660,9 @@ def _expect_local_gpu(build, what: str, seed: int, *, decoder: bool = False, ite
             pipe = _expect_pipeline(given[0] if iterator else made, what)
             _graph(pipe)       # the learner's graph function runs here, in the pretended process
     if pipe.device_id is not None and pipe.device_id != _LOCAL_RANK:
-        current = (", the current CUDA device: torchrun sets LOCAL_RANK, not the current device, which stays "
-                   "cuda:0 in every process until torch.cuda.set_device(local_rank) runs, so "
-                   "torch.cuda.current_device() and a fixed 0 both send all the processes to GPU 0"
+        current = (", GPU 0, in every process: whether written as a fixed 0 or read from "
+                   "torch.cuda.current_device() (torchrun sets LOCAL_RANK, not the current device, which stays "
+                   "cuda:0 until torch.cuda.set_device(local_rank) runs), every process sends its work to GPU 0"
                    if pipe.device_id == 0 else "")
         raise CheckFailed("runs on this process's GPU",
                           f"with device='gpu' in a process whose GPU is cuda:{_LOCAL_RANK} (LOCAL_RANK={_LOCAL_RANK}, "
@@ -947,18 +964,24 @@ def _empty_batch(what, records, batch_size, after, said=None) -> CheckFailed:
         shard = (f" ({records} records in batches of {batch_size}: {full} full batches"
                  + (f" and one of {rest}" if rest else ", nothing left over") + ")")
     refused = f"; DALI refused it: \"{said.splitlines()[0][:120]}\"" if said else ""
+    hint = ("when the shard's size is a multiple of the batch there is no short last batch: "
+            "ceil(size / batch_size) batches, or size // batch_size with drop_last; raise StopIteration "
+            "as soon as info.iteration reaches that number")
+    if records is not None and batch_size and records % batch_size and after >= -(-records // batch_size):
+        # w7-04 42_gt_not_ge: `if i > nb` on a shard with a short last batch was told about multiples
+        hint = (f"all {-(-records // batch_size)} batches of the shard came, then one more call: the iterations "
+                f"are numbered from 0, so raise StopIteration as soon as info.iteration reaches the count "
+                f"(info.iteration >= {-(-records // batch_size)}, not >)")
     return CheckFailed("ends the epoch after its last record",
-                       f"{what}{shard}: after {after} batches your source returned an empty batch{refused}",
-                       "when the shard's size is a multiple of the batch there is no short last batch: "
-                       "ceil(size / batch_size) batches, or size // batch_size with drop_last; raise StopIteration "
-                       "as soon as info.iteration reaches that number")
+                       f"{what}{shard}: after {after} batches your source returned an empty batch{refused}", hint)
 
 
 def _strided(what: str) -> CheckFailed:
     return CheckFailed("the source returns C-contiguous arrays",
                        f"{what}: DALI refused a batch of your source: \"{_STRIDED}\": one of the arrays it returned is "
-                       "a view whose rows are not packed in memory, the images rows[:, 1:] (which skip the label byte "
-                       "of every record) or the labels rows[:, 0] (one byte out of every 3,073)",
+                       "a view whose rows are not packed in memory: the labels rows[:, 0] left as they are (uint8, one "
+                       "byte out of every 3,073, where the contract asks for int64), or the images rows[:, 1:] (which "
+                       "skip the label byte of every record)",
                        "the images: np.ascontiguousarray(rows[:, 1:]).reshape(-1, 3, 32, 32); the labels: "
                        "rows[:, 0].astype(np.int64), the int64 the contract asks for, which is a packed copy too")
 
@@ -1222,7 +1245,8 @@ def _expect_batch_reads(cifar_epochs, batch_size, tmp: Path, rng, seed):
 
 
 @exercise("4.2", "Exact epochs through DALI's PyTorch iterator", points=2)
-@forbids("course_utils.dali_pipelines:CifarRecordBatches.__call__", "course_utils.dali_pipelines:CifarRecordBatches.epoch_order",
+@forbids("course_utils.dali_pipelines:CifarRecordBatches.__init__",   # first: named as called (w7-04, not shard_range)
+         "course_utils.dali_pipelines:CifarRecordBatches.__call__", "course_utils.dali_pipelines:CifarRecordBatches.epoch_order",
          "course_utils.dali_pipelines:shard_range", "course_utils.dali_pipelines:cifar_loader")
 def check_epochs(cifar_epochs):
     _require_dali()
@@ -1630,6 +1654,13 @@ def _jpeg_run(jpeg_pipeline, folder, batch_size, crop, device, shard_id, num_sha
         it = DALIGenericIterator(pipe, ["images", "labels", "shapes"], reader_name="Reader", auto_reset=True,
                                  last_batch_policy=LastBatchPolicy.FILL if fill else LastBatchPolicy.PARTIAL)
     except RuntimeError as exc:
+        if "stick_to_shard" in str(exc) and "shuffle_after_epoch" in str(exc):     # w7-04: DALI's C++ assert
+            raise CheckFailed("every shard reads new files each epoch",
+                              f"{what}: DALI refused to build your reader: shuffle_after_epoch=True and "
+                              f"stick_to_shard=True cannot be given together (seed {seed})",
+                              "leave stick_to_shard False: it would keep each rank on one slice of the files for "
+                              "ever, where shuffle_after_epoch=True gives every rank a new share of a new permutation "
+                              "of all files each epoch") from None
         if "Reader" in str(exc):
             raise CheckFailed("the reader is named 'Reader'", f"{what}: DALI's iterator found no operator named 'Reader'",
                               "fn.readers.file(..., name='Reader'): the iterator asks it for the epoch size")
@@ -1799,7 +1830,8 @@ def check_jpeg_pipeline(jpeg_pipeline):
                                        "jpeg_pipeline(file_root, 8, crop=32, device='gpu', ...)", seed, decoder=True)
         # the ranges before any run (w6-04: random_area=[8, 100] crashed DALI); whether there is a random crop
         # at all, after the outputs' own messages (a resize, a centre crop) have had their say
-        _expect_crop_ranges(probe_pipe, "with device='gpu'", seed, required=False)
+        # (w7-04: named "with device='gpu'", the probe's device, on a machine without one, for mistakes of any device)
+        _expect_crop_ranges(probe_pipe, "jpeg_pipeline(...), before any run", seed, required=False)
         batch_size = int(rng.integers(16, 33))
         (Path(tmp) / "files").mkdir()
         folder = _jpeg_folder(rng, Path(tmp) / "files", batch_size)
@@ -1999,8 +2031,10 @@ def _check_crops(samples, on, seed):
         raise CheckFailed("crops a random window of each image",
                           f"{on}: {whole:.0%} of the {len(samples)} crops show the whole width of their file; a random "
                           f"resized crop of 8-100% of the area shows it in about one crop in eight (seed {seed})",
-                          "fn.resize squeezes the whole image to crop x crop: pick a random window first "
-                          "(fn.random_resized_crop does both)")
+                          "a resize decides the crop's content before any random window: fn.resize to crop x crop "
+                          "squeezes the whole image into it, and a resize of the shorter side to crop (then a crop at "
+                          "a random position) keeps the whole shorter side in every crop. Pick a random window of "
+                          "8-100% of the area first, then resize it (fn.random_resized_crop does both)")
     if float(np.std(centre)) < 0.05:
         raise CheckFailed("crops a random window of each image",
                           f"{on}: every crop is centred on its file (seed {seed})",

@@ -323,8 +323,8 @@ MUTANTS_41_WALK = [
            words="your pipeline runs 2"),
     Mutant("all the cores, whatever it is given", make_cifar_pipeline(threads="cores"), "uses the threads it is given",
            words=f"your pipeline runs {os.cpu_count()}"),
-    Mutant("offsets from range=[0, 9] / 8 (DALI's own error)", make_cifar_pipeline(positions_range9=True),
-           "DALI stopped the pipeline", status="error", words="is out of range [0.0, 1.0]"),
+    Mutant("offsets from range=[0, 9] / 8 (DALI's anchor error, translated: w7-04)",
+           make_cifar_pipeline(positions_range9=True), "crop offsets cover 0..8", words="a fraction of the slack"),
     Mutant("prefetching off", make_cifar_pipeline(pipe_kw=dict(prefetch_queue_depth=1, exec_async=False,
                                                                  exec_pipelined=False)),
            "keeps DALI's prefetching", words="exec_async=False"),
@@ -494,7 +494,7 @@ def make_cifar_epochs(*, per_sample=False, stateful=False, reshuffle=True, shard
                       whole_copy=False, copy_once=False, smallest_count=False, aug_shard_only=False,
                       epoch_positions=False, largest_drop_last=False, pad_last=False, undeclared_int32=False,
                       strided_uint8_labels=False, average_count=False, row_loop=False, sort_batch=False,
-                      int32_indices=False, aug_times_shard=False, epoch_copy=False):
+                      int32_indices=False, aug_times_shard=False, epoch_copy=False, one_more=False):
     """A cifar_epochs builder with one knob per typical mistake (the defaults are right)."""
     cached = {}
     def cifar_epochs(records, batch_size, *, shuffle=True, seed=0, shard_id=0, num_shards=1, drop_last=False,
@@ -520,6 +520,8 @@ def make_cifar_epochs(*, per_sample=False, stateful=False, reshuffle=True, shard
         batches = full + (1 if rest and not (drop_last and honour_drop_last) else 0)
         if drop_last and honour_drop_last and not drop_last_per_shard:
             batches = (n // num_shards) // batch_size     # every shard the same number of full batches
+        if one_more:                                     # w7-04 42_gt_not_ge: `if i > nb`, one call too many
+            batches += 1
         if extra_batch_when_divides and not drop_last:
             batches = full + 1                           # one batch too many when the batch divides the shard
         if smallest_count and not drop_last:             # w2-04 w42_20: the smallest shard's count for every shard
@@ -675,7 +677,7 @@ MUTANTS_42 = [
            words="same seed"),
     Mutant("drop_last ignored", make_cifar_epochs(honour_drop_last=False), "batch sizes follow the last-batch policy",
            words="drop_last"),
-    Mutant("the course's record source", the_course_epochs, "is your own code"),
+    Mutant("the course's record source", the_course_epochs, "is your own code", words="CifarRecordBatches.__init__"),
     # issue 28 / 21: wrong answers that passed
     Mutant("a fixed block per shard, shuffled inside", make_cifar_epochs(fixed_block=True),
            "a shard is its slice of the epoch's order", words="fixed block"),
@@ -691,6 +693,8 @@ MUTANTS_42 = [
 
 
 MUTANTS_42_WALK = [
+    Mutant("`if info.iteration > nb` (w7-04 42_gt_not_ge)", make_cifar_epochs(one_more=True),
+           "ends the epoch after its last record", words="not >"),
     Mutant("pipeline seed seed * (shard_id + 1) (w7-04: 0 on every shard at seed=0)",
            make_cifar_epochs(aug_times_shard=True), "each shard draws its own augmentation",
            words="both given seed=0 (the default)"),
@@ -916,6 +920,24 @@ RANDOM_43 = {"no pad_last_batch", "fn.resize to crop x crop", "random_shuffle: a
              "random_shuffle, stick_to_shard", "mirrors 35%", "never mirrored", "files in folder order"}
 
 
+def resize_shorter_then_random_crop(file_root, batch_size, *, crop=224, device="cpu", shard_id=0, num_shards=1,
+                                    num_threads=2, seed=0):
+    """w7-04 43_resize_then_random_crop: the shorter side resized to crop, then a crop at a random position."""
+    @pipeline_def(batch_size=batch_size, num_threads=num_threads, device_id=this_gpu(device), seed=seed + shard_id)
+    def pipe():
+        jpegs, labels = fn.readers.file(file_root=file_root, shuffle_after_epoch=True, shuffle_after_epoch_seed=seed,
+                                        shard_id=shard_id, num_shards=num_shards, pad_last_batch=True, name="Reader")
+        images = fn.decoders.image(jpegs, device="mixed" if device == "gpu" else "cpu", output_type=types.RGB)
+        shapes = images.shape()
+        images = fn.resize(images, resize_shorter=crop)
+        images = fn.crop(images, crop=(crop, crop), crop_pos_x=fn.random.uniform(range=[0, 1]),
+                         crop_pos_y=fn.random.uniform(range=[0, 1]))
+        images = fn.crop_mirror_normalize(images, mirror=fn.random.coin_flip(probability=0.5), mean=NET_MEAN255,
+                                          std=NET_STD255, dtype=types.FLOAT, output_layout="CHW")
+        return images, labels, shapes
+    return pipe()
+
+
 def fused_decode_and_crop(file_root, batch_size, *, crop=224, device="cpu", shard_id=0, num_shards=1, num_threads=2,
                           seed=0):
     """DALI's ImageNet pattern: the crop window decoded alone (fn.decoders.image_random_crop), then
@@ -938,6 +960,11 @@ def fused_decode_and_crop(file_root, batch_size, *, crop=224, device="cpu", shar
 # decoding runs, the crop's ranges, the coin) or from the reader (its shards) is the same on every seed;
 # the rest (an order, flips) is decided by thousands of draws: one seed each, a few on two.
 MUTANTS_43_WALK = [
+    Mutant("stick_to_shard=True beside shuffle_after_epoch (w7-04: DALI's C++ assert, translated)",
+           make_jpeg_pipeline(stick_to_shard=True), "every shard reads new files each epoch",
+           words="cannot be given together"),
+    Mutant("the shorter side resized, then a crop at a random position (w7-04)", resize_shorter_then_random_crop,
+           "crops a random window of each image", words="keeps the whole shorter side in every crop"),
     Mutant("pipeline seed seed * (shard_id + 1) (w7-04: 0 on every shard at seed=0)",
            make_jpeg_pipeline(aug_seed="times_shard"), "each shard draws its own augmentation",
            words="both given seed=0 (the default)"),
@@ -1111,3 +1138,15 @@ def test_4_3_shuffle_bar_separates_a_permutation_from_a_buffer():
     base = list(rng.permutation(keys))
     local = [lesson04._shift_resultant(buffered(base), buffered(base)) for _ in range(20)]
     assert min(local) > 1.5 * lesson04._SHUFFLE_BAR
+
+
+def test_4_3_range_mistakes_name_no_device():
+    """w7-04: a crop-range mistake, read from the graph before any run, was reported "with device='gpu'" on a
+    machine without one."""
+    os.environ["COURSE_CHECK_SEED"] = "3"
+    try:
+        result = run_check("4.3", make_jpeg_pipeline(area=(0.1, 1.0)))
+    finally:
+        os.environ.pop("COURSE_CHECK_SEED", None)
+    assert result.status == "fail" and "before any run" in result.message, result.message
+    assert "device='gpu'" not in result.message.split("Hint")[0], result.message
