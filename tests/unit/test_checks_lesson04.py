@@ -378,7 +378,7 @@ MUTANTS_41_WALK = [
     Mutant("seed if seed else None", make_cifar_pipeline(zero_seed_random=True), "reproducible under a seed",
            words="seed=0 is a seed like any other"),
     Mutant("device_id=torch.cuda.current_device()", make_cifar_pipeline(device_id="current"),
-           "runs on this process's GPU", words="torch.cuda.current_device() and a fixed 0 both send"),
+           "runs on this process's GPU", words="whether written as a fixed 0 or read from torch.cuda.current_device()"),
     Mutant("fn.pad to 36x36: 4 pixels at the bottom and right only", make_cifar_pipeline(pad="end36"),
            "crop offsets cover 0..8", words="as if it were padded at the bottom and on the right only"),
 ]
