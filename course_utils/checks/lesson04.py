@@ -1632,6 +1632,24 @@ def dali_std():
     return IMAGENET_STD
 
 
+def _expect_reader_options(exc: BaseException, what: str, seed: int) -> None:
+    """DALI's C++ asserts on reader options that exclude each other (w7-04: stick_to_shard=True beside
+    shuffle_after_epoch=True came back raw), in the check's own words; any other error goes on."""
+    if "stick_to_shard" in str(exc) and "shuffle_after_epoch" in str(exc) and "cannot be both" in str(exc):
+        raise CheckFailed("every shard reads new files each epoch",
+                          f"{what}: DALI refused to build your reader: shuffle_after_epoch=True and "
+                          f"stick_to_shard=True cannot be given together (seed {seed})",
+                          "leave stick_to_shard False: it would keep each rank on one slice of the files for "
+                          "ever, where shuffle_after_epoch=True gives every rank a new share of a new permutation "
+                          "of all files each epoch") from None
+    if "random_shuffle" in str(exc) and "shuffle_after_epoch" in str(exc) and "cannot be both" in str(exc):
+        raise CheckFailed("shuffles all the files every epoch",
+                          f"{what}: DALI refused to build your reader: shuffle_after_epoch=True and "
+                          f"random_shuffle=True cannot be given together (seed {seed})",
+                          "keep shuffle_after_epoch=True (a new permutation of all files each epoch) and drop "
+                          "random_shuffle, a buffer that only shuffles locally") from None
+
+
 def _jpeg_run(jpeg_pipeline, folder, batch_size, crop, device, shard_id, num_shards, pipe_seed, what, seed, *,
               fill=False):
     """The learner's pipeline for shard `shard_id` of `num_shards`, behind DALI's iterator (reader
@@ -1649,18 +1667,16 @@ def _jpeg_run(jpeg_pipeline, folder, batch_size, crop, device, shard_id, num_sha
     if device == "cpu":
         _expect_placement(pipe, "cpu", what, seed)
     _expect_settings(pipe, _threads(), what, seed)
-    _num_outputs(pipe, 3, "images, labels, shapes")
+    try:
+        _num_outputs(pipe, 3, "images, labels, shapes")     # builds the pipeline
+    except RuntimeError as exc:
+        _expect_reader_options(exc, what, seed)
+        raise
     try:
         it = DALIGenericIterator(pipe, ["images", "labels", "shapes"], reader_name="Reader", auto_reset=True,
                                  last_batch_policy=LastBatchPolicy.FILL if fill else LastBatchPolicy.PARTIAL)
     except RuntimeError as exc:
-        if "stick_to_shard" in str(exc) and "shuffle_after_epoch" in str(exc):     # w7-04: DALI's C++ assert
-            raise CheckFailed("every shard reads new files each epoch",
-                              f"{what}: DALI refused to build your reader: shuffle_after_epoch=True and "
-                              f"stick_to_shard=True cannot be given together (seed {seed})",
-                              "leave stick_to_shard False: it would keep each rank on one slice of the files for "
-                              "ever, where shuffle_after_epoch=True gives every rank a new share of a new permutation "
-                              "of all files each epoch") from None
+        _expect_reader_options(exc, what, seed)
         if "Reader" in str(exc):
             raise CheckFailed("the reader is named 'Reader'", f"{what}: DALI's iterator found no operator named 'Reader'",
                               "fn.readers.file(..., name='Reader'): the iterator asks it for the epoch size")

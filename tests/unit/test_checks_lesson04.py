@@ -813,7 +813,7 @@ def make_jpeg_pipeline(*, output_type="RGB", mean=NET_MEAN255, std=NET_STD255, s
         else:
             kw.update(file_root=file_root)
         kw.update({"after_epoch": dict(shuffle_after_epoch=True), "buffer": dict(random_shuffle=True),
-                   "none": {}}[shuffle])
+                   "both": dict(shuffle_after_epoch=True, random_shuffle=True), "none": {}}[shuffle])
         if fill is not None:
             kw["initial_fill"] = fill
         if shuffle == "after_epoch" and shuffle_seed is not None:
@@ -960,6 +960,8 @@ def fused_decode_and_crop(file_root, batch_size, *, crop=224, device="cpu", shar
 # decoding runs, the crop's ranges, the coin) or from the reader (its shards) is the same on every seed;
 # the rest (an order, flips) is decided by thousands of draws: one seed each, a few on two.
 MUTANTS_43_WALK = [
+    Mutant("random_shuffle beside shuffle_after_epoch (DALI's C++ assert, translated)", make_jpeg_pipeline(shuffle="both"),
+           "shuffles all the files every epoch", words="cannot be given together"),
     Mutant("stick_to_shard=True beside shuffle_after_epoch (w7-04: DALI's C++ assert, translated)",
            make_jpeg_pipeline(stick_to_shard=True), "every shard reads new files each epoch",
            words="cannot be given together"),
