@@ -966,7 +966,7 @@ MUTANTS_43_WALK = [
            make_jpeg_pipeline(stick_to_shard=True), "every shard reads new files each epoch",
            words="cannot be given together"),
     Mutant("the shorter side resized, then a crop at a random position (w7-04)", resize_shorter_then_random_crop,
-           "crops a random window of each image", words="keeps the whole shorter side in every crop"),
+           "crops a random window of each image"),     # its share of whole-width crops is near the bar: either message
     Mutant("pipeline seed seed * (shard_id + 1) (w7-04: 0 on every shard at seed=0)",
            make_jpeg_pipeline(aug_seed="times_shard"), "each shard draws its own augmentation",
            words="both given seed=0 (the default)"),
