@@ -361,6 +361,15 @@ def _expect_new_pipeline(pipe, what: str, seed: int, source=None) -> None:
                           f"{what}: your pipeline reads from the source of an earlier call, not this one's (seed {seed})",
                           "build the pipeline from this call's arguments every time: a pipeline kept between calls "
                           "reads the first call's source, and its epoch is already over")
+    python = [op for op in ops if "PythonFunction" in op.kind]
+    if python:      # w7-04 41_python_function_flip: the coin cast in a Python callback, same outputs, 2.3x slower
+        raise CheckFailed("no Python inside the pipeline",
+                          f"{what}: your pipeline runs {_names(python)}, a Python callback DALI calls on every batch, "
+                          f"under the GIL, in its own worker (seed {seed})",
+                          "everything after the source in DALI's own operators: a cast is fn.cast(x, "
+                          "dtype=types.INT32), a comparison is `<` on DataNodes, and crop_mirror_normalize takes "
+                          "a coin_flip as it is. Python per batch is the cost DALI removes (a cast in Python made "
+                          "a pipeline 2.3x slower on a 2-core CPU)")
     if not any(cb is source for cb in callbacks):
         raise CheckFailed("hands the source to DALI as it is",
                           f"{what}: your pipeline's external source is not the `source` this call gave it (a function "
@@ -436,6 +445,22 @@ def _expect_batch_info(exc: BaseException, what: str, seed: int) -> None:
                           "a BatchInfo (info.iteration, info.epoch_idx)") from None
 
 
+def _expect_crop_anchor(exc: BaseException, what: str, seed: int) -> None:
+    """DALI's "Anchor for dimension ... is out of range [0.0, 1.0]" (w7-04: crop_pos in pixels, or
+    floor(uniform[0, 9)) / 8 rounded to 9/8) in the check's own words; any other error goes on."""
+    said = str(exc)
+    if "Anchor for dimension" in said and "out of range" in said:
+        import re
+        found = re.search(r"Anchor for dimension \d+ \(([-0-9.e+]+)\)", said)
+        value = f" (DALI saw {float(found.group(1)):g})" if found else ""
+        raise CheckFailed("crop offsets cover 0..8",
+                          f"{what}: DALI refused a crop position outside [0, 1]{value}: crop_pos_x and crop_pos_y are "
+                          f"a fraction of the slack, not pixels (seed {seed})",
+                          "crop_pos = offset / 8 for the 8 pixels of slack of a 32x32 window in a 40x40 image: "
+                          "fn.random.uniform(values=[k / 8 for k in range(9)]). DALI's cast rounds, so a cast of "
+                          "uniform(range=[0, 9)) can reach 9, and 9/8 is out of range") from None
+
+
 def _diagnose_crops(out, src) -> tuple[str, bool]:
     """A hint for outputs that are not exact crops of the padded, normalised sources, and whether
     the hint names the mistake (the outputs are exact crops under another normalisation)."""
@@ -507,6 +532,7 @@ def _run_cifar(cifar_pipeline, records, batch_size, batches, device, rng, seed):
             o = pipe.run()
         except Exception as exc:
             _expect_batch_info(exc, what, seed)
+            _expect_crop_anchor(exc, what, seed)
             raise
         images = o[0]
         kind = type(images).__name__
@@ -634,9 +660,9 @@ def _expect_local_gpu(build, what: str, seed: int, *, decoder: bool = False, ite
             pipe = _expect_pipeline(given[0] if iterator else made, what)
             _graph(pipe)       # the learner's graph function runs here, in the pretended process
     if pipe.device_id is not None and pipe.device_id != _LOCAL_RANK:
-        current = (", the current CUDA device: torchrun sets LOCAL_RANK, not the current device, which stays "
-                   "cuda:0 in every process until torch.cuda.set_device(local_rank) runs, so "
-                   "torch.cuda.current_device() and a fixed 0 both send all the processes to GPU 0"
+        current = (", GPU 0, in every process: whether written as a fixed 0 or read from "
+                   "torch.cuda.current_device() (torchrun sets LOCAL_RANK, not the current device, which stays "
+                   "cuda:0 until torch.cuda.set_device(local_rank) runs), every process sends its work to GPU 0"
                    if pipe.device_id == 0 else "")
         raise CheckFailed("runs on this process's GPU",
                           f"with device='gpu' in a process whose GPU is cuda:{_LOCAL_RANK} (LOCAL_RANK={_LOCAL_RANK}, "
@@ -938,18 +964,24 @@ def _empty_batch(what, records, batch_size, after, said=None) -> CheckFailed:
         shard = (f" ({records} records in batches of {batch_size}: {full} full batches"
                  + (f" and one of {rest}" if rest else ", nothing left over") + ")")
     refused = f"; DALI refused it: \"{said.splitlines()[0][:120]}\"" if said else ""
+    hint = ("when the shard's size is a multiple of the batch there is no short last batch: "
+            "ceil(size / batch_size) batches, or size // batch_size with drop_last; raise StopIteration "
+            "as soon as info.iteration reaches that number")
+    if records is not None and batch_size and records % batch_size and after >= -(-records // batch_size):
+        # w7-04 42_gt_not_ge: `if i > nb` on a shard with a short last batch was told about multiples
+        hint = (f"all {-(-records // batch_size)} batches of the shard came, then one more call: the iterations "
+                f"are numbered from 0, so raise StopIteration as soon as info.iteration reaches the count "
+                f"(info.iteration >= {-(-records // batch_size)}, not >)")
     return CheckFailed("ends the epoch after its last record",
-                       f"{what}{shard}: after {after} batches your source returned an empty batch{refused}",
-                       "when the shard's size is a multiple of the batch there is no short last batch: "
-                       "ceil(size / batch_size) batches, or size // batch_size with drop_last; raise StopIteration "
-                       "as soon as info.iteration reaches that number")
+                       f"{what}{shard}: after {after} batches your source returned an empty batch{refused}", hint)
 
 
 def _strided(what: str) -> CheckFailed:
     return CheckFailed("the source returns C-contiguous arrays",
                        f"{what}: DALI refused a batch of your source: \"{_STRIDED}\": one of the arrays it returned is "
-                       "a view whose rows are not packed in memory, the images rows[:, 1:] (which skip the label byte "
-                       "of every record) or the labels rows[:, 0] (one byte out of every 3,073)",
+                       "a view whose rows are not packed in memory: the labels rows[:, 0] left as they are (uint8, one "
+                       "byte out of every 3,073, where the contract asks for int64), or the images rows[:, 1:] (which "
+                       "skip the label byte of every record)",
                        "the images: np.ascontiguousarray(rows[:, 1:]).reshape(-1, 3, 32, 32); the labels: "
                        "rows[:, 0].astype(np.int64), the int64 the contract asks for, which is a packed copy too")
 
@@ -1146,6 +1178,9 @@ class _CountedRecords(np.memmap):
         reads = self.__dict__.get("_reads")
         if reads is not None:
             reads[0] += 1
+            if isinstance(key, (list, np.ndarray)) and np.ndim(key) == 1 and \
+                    np.asarray(key).dtype.kind in "iu":      # rows by index: the most in one call
+                reads[1] = max(reads[1], len(key))
         return super().__getitem__(key)
 
     def __array_finalize__(self, obj):
@@ -1166,7 +1201,7 @@ def _expect_batch_reads(cifar_epochs, batch_size, tmp: Path, rng, seed):
     with open(path, "wb") as f:
         f.truncate(big * data.RECORD_BYTES)        # sparse: nothing written
     records = data.read_records(path).view(_CountedRecords)
-    records._reads = reads = [0]
+    records._reads = reads = [0, 0]
     tracemalloc.start()
     try:
         with calling(f"cifar_epochs(records of {big:,}, {batch_size}, seed=..., shuffle=True)"):
@@ -1188,19 +1223,30 @@ def _expect_batch_reads(cifar_epochs, batch_size, tmp: Path, rng, seed):
                           "rows = records[idx]: one NumPy call per batch. A Python loop over the rows "
                           "(np.stack([records[j] for j in idx])) is per-sample Python work again, the cost DALI "
                           "takes off the training loop (about 20x the single call for 256 rows)")
+    if reads[1] > batch_size:           # w7-04 42_epoch_materialized: records[order[start:stop]] kept for the epoch
+        raise CheckFailed("reads only the batch's records",
+                          f"your source read {reads[1]:,} rows of the memory map in one call, for batches of "
+                          f"{batch_size} (one shard of {big:,} records): the whole shard copied into memory once an "
+                          "epoch (records[order[start:stop]] kept for the epoch?), 150 MB more per process for "
+                          f"CIFAR's training set, every epoch (seed {seed})",
+                          "a batch reads only its own rows of the memory map: rows = records[idx], with idx the "
+                          "batch's slice of the epoch's order; keep the order (indices), not the rows")
     extra = peak - held
     if extra > big * data.RECORD_BYTES // 2:
         raise CheckFailed("reads only the batch's records",
-                          f"reading 4 batches of {batch_size} from a memory-mapped file of {big:,} records "
-                          f"({big * data.RECORD_BYTES / 1e6:.0f} MB) allocated {extra / 1e6:.0f} MB at once: the whole "
-                          "file copied into memory for a batch (np.array(records)?), on every batch: 150 MB per batch "
-                          f"for CIFAR's training set (seed {seed})",
-                          "index the memory map with the batch's indices, rows = records[idx]: only those rows are "
-                          "read from the file")
+                          f"reading an epoch and 4 batches of the next, in batches of {batch_size}, from a "
+                          f"memory-mapped file of {big:,} records ({big * data.RECORD_BYTES / 1e6:.0f} MB) in one "
+                          f"shard, your source allocated {extra / 1e6:.0f} MB at once: the whole shard copied into "
+                          "memory, on every batch (np.array(records)?) or once an epoch (records[order[start:stop]] "
+                          "kept for the epoch?): for CIFAR's training set 150 MB more per process "
+                          f"(seed {seed})",
+                          "a batch reads only its own rows of the memory map: rows = records[idx], with idx the "
+                          "batch's slice of the epoch's order; keep the order (indices), not the rows")
 
 
 @exercise("4.2", "Exact epochs through DALI's PyTorch iterator", points=2)
-@forbids("course_utils.dali_pipelines:CifarRecordBatches.__call__", "course_utils.dali_pipelines:CifarRecordBatches.epoch_order",
+@forbids("course_utils.dali_pipelines:CifarRecordBatches.__init__",   # first: named as called (w7-04, not shard_range)
+         "course_utils.dali_pipelines:CifarRecordBatches.__call__", "course_utils.dali_pipelines:CifarRecordBatches.epoch_order",
          "course_utils.dali_pipelines:shard_range", "course_utils.dali_pipelines:cifar_loader")
 def check_epochs(cifar_epochs):
     _require_dali()
@@ -1378,9 +1424,9 @@ def check_epochs(cifar_epochs):
         # an augmentation seed of shard_id alone): records[:2Bk+1] in two shards of Bk and Bk+1, shard 1
         n2 = 2 * batch_size * k + 1
         lo2, hi2 = n2 // 2, n2
-        seed2 = int(rng.integers(0, 2**31 - 1))
-        while seed2 == pipe_seed:
-            seed2 = int(rng.integers(0, 2**31 - 1))
+        # seed=0, the signature's default and what a DDP job that never sets one runs (w7-04 42_shard_seed_times:
+        # seed * (shard_id + 1) gave every shard pipeline seed 0 there, and passed on a non-zero seed)
+        seed2 = 0
         what2 = f"records[:{n2}] in 2 shards of {lo2} and {hi2 - lo2}, shard 1, epoch 1"
         longer = _one_epoch(make(of=records[:n2], seed_=seed2, shard_id=1, num_shards=2), limit, what2,
                             records=hi2 - lo2, batch_size=batch_size)
@@ -1409,6 +1455,15 @@ def check_epochs(cifar_epochs):
             raise
         _expect_exact_epoch(shorter, records, np.random.default_rng((seed2, 0)).permutation(n2)[:lo2], batch_size,
                             False, what0, seed, per_sample=per_sample)
+        a, b = _augmentation(shorter[:1], records), _augmentation(longer[:1], records)
+        m = min(len(a), len(b))
+        if np.array_equal(a[:m], b[:m]):
+            raise CheckFailed("each shard draws its own augmentation",
+                              f"shards 0 and 1 of records[:{n2}], both given seed=0 (the default), cropped and flipped "
+                              f"the j-th sample of their first batch alike, all {m} of them: every rank of a DDP job "
+                              f"that never sets a seed would draw the same crops and flips (seed {seed})",
+                              "seed=0 is a seed like any other: a pipeline seed such as seed * (shard_id + 1) is 0 on "
+                              "every shard there; seed + shard_id differs on every shard whatever the seed")
         a, b = _augmentation(firsts[1][:1], records), _augmentation(longer[:1], records)
         m = min(len(a), len(b))
         if np.array_equal(a[:m], b[:m]):
@@ -1577,6 +1632,24 @@ def dali_std():
     return IMAGENET_STD
 
 
+def _expect_reader_options(exc: BaseException, what: str, seed: int) -> None:
+    """DALI's C++ asserts on reader options that exclude each other (w7-04: stick_to_shard=True beside
+    shuffle_after_epoch=True came back raw), in the check's own words; any other error goes on."""
+    if "stick_to_shard" in str(exc) and "shuffle_after_epoch" in str(exc) and "cannot be both" in str(exc):
+        raise CheckFailed("every shard reads new files each epoch",
+                          f"{what}: DALI refused to build your reader: shuffle_after_epoch=True and "
+                          f"stick_to_shard=True cannot be given together (seed {seed})",
+                          "leave stick_to_shard False: it would keep each rank on one slice of the files for "
+                          "ever, where shuffle_after_epoch=True gives every rank a new share of a new permutation "
+                          "of all files each epoch") from None
+    if "random_shuffle" in str(exc) and "shuffle_after_epoch" in str(exc) and "cannot be both" in str(exc):
+        raise CheckFailed("shuffles all the files every epoch",
+                          f"{what}: DALI refused to build your reader: shuffle_after_epoch=True and "
+                          f"random_shuffle=True cannot be given together (seed {seed})",
+                          "keep shuffle_after_epoch=True (a new permutation of all files each epoch) and drop "
+                          "random_shuffle, a buffer that only shuffles locally") from None
+
+
 def _jpeg_run(jpeg_pipeline, folder, batch_size, crop, device, shard_id, num_shards, pipe_seed, what, seed, *,
               fill=False):
     """The learner's pipeline for shard `shard_id` of `num_shards`, behind DALI's iterator (reader
@@ -1594,11 +1667,16 @@ def _jpeg_run(jpeg_pipeline, folder, batch_size, crop, device, shard_id, num_sha
     if device == "cpu":
         _expect_placement(pipe, "cpu", what, seed)
     _expect_settings(pipe, _threads(), what, seed)
-    _num_outputs(pipe, 3, "images, labels, shapes")
+    try:
+        _num_outputs(pipe, 3, "images, labels, shapes")     # builds the pipeline
+    except RuntimeError as exc:
+        _expect_reader_options(exc, what, seed)
+        raise
     try:
         it = DALIGenericIterator(pipe, ["images", "labels", "shapes"], reader_name="Reader", auto_reset=True,
                                  last_batch_policy=LastBatchPolicy.FILL if fill else LastBatchPolicy.PARTIAL)
     except RuntimeError as exc:
+        _expect_reader_options(exc, what, seed)
         if "Reader" in str(exc):
             raise CheckFailed("the reader is named 'Reader'", f"{what}: DALI's iterator found no operator named 'Reader'",
                               "fn.readers.file(..., name='Reader'): the iterator asks it for the epoch size")
@@ -1768,12 +1846,15 @@ def check_jpeg_pipeline(jpeg_pipeline):
                                        "jpeg_pipeline(file_root, 8, crop=32, device='gpu', ...)", seed, decoder=True)
         # the ranges before any run (w6-04: random_area=[8, 100] crashed DALI); whether there is a random crop
         # at all, after the outputs' own messages (a resize, a centre crop) have had their say
-        _expect_crop_ranges(probe_pipe, "with device='gpu'", seed, required=False)
+        # (w7-04: named "with device='gpu'", the probe's device, on a machine without one, for mistakes of any device)
+        _expect_crop_ranges(probe_pipe, "jpeg_pipeline(...), before any run", seed, required=False)
         batch_size = int(rng.integers(16, 33))
         (Path(tmp) / "files").mkdir()
         folder = _jpeg_folder(rng, Path(tmp) / "files", batch_size)
         crop = int(rng.choice([40, 48, 64]))
-        seed_whole, seed_shards = (int(v) for v in rng.choice(2**31 - 1, 2, replace=False))
+        # the shards run under seed=0, the signature's default (w7-04 43_shard_seed_times: seed * (shard_id + 1)
+        # gave both shards pipeline seed 0 there, and passed on a non-zero seed); the whole run under another
+        seed_whole, seed_shards = int(rng.integers(1, 2**31 - 1)), 0
         devices = _devices()
         for device in reversed(devices):
             on = "on the GPU (mixed decoder)" if device == "gpu" else "on the CPU"
@@ -1927,10 +2008,11 @@ def _check_shards(shards, pipes, folder, batch_size, whole_order, seed, *, whole
     flips = [(a.mirrored, b.mirrored) for a, b in zip(shards[0][0][0], shards[1][0][0]) if a.clear and b.clear]
     if len(flips) >= 64 and all(a == b for a, b in flips):
         raise CheckFailed("each shard draws its own augmentation",
-                          f"shards 0 and 1, given the same seed, mirrored the j-th sample of their epoch alike, all "
-                          f"{len(flips)} of them: every rank of a DDP job would draw the same crops and flips "
+                          f"shards 0 and 1, both given seed=0 (the default), mirrored the j-th sample of their epoch "
+                          f"alike, all {len(flips)} of them: every rank of a DDP job would draw the same crops and flips "
                           f"(seed {seed})",
-                          "derive the pipeline's seed from seed and shard_id (seed + shard_id); the reader's "
+                          "derive the pipeline's seed from seed and shard_id (seed + shard_id, which differs on every "
+                          "shard whatever the seed; seed * (shard_id + 1) is 0 on all of them at seed=0); the reader's "
                           "shuffle_after_epoch_seed stays `seed`, the same in every process")
     # shard 0 of the whole run (another seed) beside shard 0 here: an augmentation seed of shard_id alone
     # draws the same flips in both (w2-04 w43_21)
@@ -1965,8 +2047,10 @@ def _check_crops(samples, on, seed):
         raise CheckFailed("crops a random window of each image",
                           f"{on}: {whole:.0%} of the {len(samples)} crops show the whole width of their file; a random "
                           f"resized crop of 8-100% of the area shows it in about one crop in eight (seed {seed})",
-                          "fn.resize squeezes the whole image to crop x crop: pick a random window first "
-                          "(fn.random_resized_crop does both)")
+                          "a resize decides the crop's content before any random window: fn.resize to crop x crop "
+                          "squeezes the whole image into it, and a resize of the shorter side to crop (then a crop at "
+                          "a random position) keeps the whole shorter side in every crop. Pick a random window of "
+                          "8-100% of the area first, then resize it (fn.random_resized_crop does both)")
     if float(np.std(centre)) < 0.05:
         raise CheckFailed("crops a random window of each image",
                           f"{on}: every crop is centred on its file (seed {seed})",

@@ -185,6 +185,24 @@ def per_batch_offsets(source, batch_size, device="cpu", num_threads=2, seed=0):
     return graph()
 
 
+def python_function_flip(source, batch_size, device="cpu", num_threads=2, seed=0):
+    """w7-04 41_python_function_flip: right outputs, the coin cast in a Python callback (2.3x slower)."""
+    @pipeline_def(batch_size=batch_size, num_threads=num_threads, device_id=this_gpu(device), seed=seed)
+    def pipe():
+        images, labels, indices = fn.external_source(source=source, num_outputs=3, batch=True, batch_info=True,
+                                                     layout=["CHW", "", ""],
+                                                     dtype=[types.UINT8, types.INT64, types.INT64])
+        if device == "gpu":
+            images = images.gpu()
+        images = fn.crop(images, crop=(40, 40), out_of_bounds_policy="pad", fill_values=0)
+        images = fn.crop_mirror_normalize(
+            images, crop=(32, 32), crop_pos_y=fn.random.uniform(values=NINE), crop_pos_x=fn.random.uniform(values=NINE),
+            mirror=fn.python_function(fn.random.coin_flip(probability=0.5), function=lambda c: c.astype("int32")),
+            mean=CIFAR_MEAN255, std=CIFAR_STD255, dtype=types.FLOAT, output_layout="CHW")
+        return images, labels, indices
+    return pipe()
+
+
 def python_augmentation(source, batch_size, device="cpu", num_threads=2, seed=0):
     """The whole augmentation in NumPy, per sample, inside a source of its own around `source`;
     DALI only passes float32 through (w1-04 4.1 #32: right, and the cost DALI removes)."""
@@ -286,6 +304,8 @@ MUTANTS_41 = [
 # failed with a message that pointed elsewhere. Where the work runs, the coin's probability, the threads
 # and the prefetching are read from the pipeline's graph: the same verdict on every seed, so one seed each.
 MUTANTS_41_WALK = [
+    Mutant("the coin cast in fn.python_function (w7-04)", python_function_flip, "no Python inside the pipeline",
+           words="PythonFunction"),
     Mutant("never moves the images to the GPU", make_cifar_pipeline(move="never"),
            "device='gpu' augments on this process's GPU", words="never reach the GPU"),
     Mutant("augments on the CPU, copies the result", make_cifar_pipeline(move="after"),
@@ -303,8 +323,8 @@ MUTANTS_41_WALK = [
            words="your pipeline runs 2"),
     Mutant("all the cores, whatever it is given", make_cifar_pipeline(threads="cores"), "uses the threads it is given",
            words=f"your pipeline runs {os.cpu_count()}"),
-    Mutant("offsets from range=[0, 9] / 8 (DALI's own error)", make_cifar_pipeline(positions_range9=True),
-           "DALI stopped the pipeline", status="error", words="is out of range [0.0, 1.0]"),
+    Mutant("offsets from range=[0, 9] / 8 (DALI's anchor error, translated: w7-04)",
+           make_cifar_pipeline(positions_range9=True), "crop offsets cover 0..8", words="a fraction of the slack"),
     Mutant("prefetching off", make_cifar_pipeline(pipe_kw=dict(prefetch_queue_depth=1, exec_async=False,
                                                                  exec_pipelined=False)),
            "keeps DALI's prefetching", words="exec_async=False"),
@@ -358,7 +378,7 @@ MUTANTS_41_WALK = [
     Mutant("seed if seed else None", make_cifar_pipeline(zero_seed_random=True), "reproducible under a seed",
            words="seed=0 is a seed like any other"),
     Mutant("device_id=torch.cuda.current_device()", make_cifar_pipeline(device_id="current"),
-           "runs on this process's GPU", words="torch.cuda.current_device() and a fixed 0 both send"),
+           "runs on this process's GPU", words="whether written as a fixed 0 or read from torch.cuda.current_device()"),
     Mutant("fn.pad to 36x36: 4 pixels at the bottom and right only", make_cifar_pipeline(pad="end36"),
            "crop offsets cover 0..8", words="as if it were padded at the bottom and on the right only"),
 ]
@@ -474,7 +494,7 @@ def make_cifar_epochs(*, per_sample=False, stateful=False, reshuffle=True, shard
                       whole_copy=False, copy_once=False, smallest_count=False, aug_shard_only=False,
                       epoch_positions=False, largest_drop_last=False, pad_last=False, undeclared_int32=False,
                       strided_uint8_labels=False, average_count=False, row_loop=False, sort_batch=False,
-                      int32_indices=False):
+                      int32_indices=False, aug_times_shard=False, epoch_copy=False, one_more=False):
     """A cifar_epochs builder with one knob per typical mistake (the defaults are right)."""
     cached = {}
     def cifar_epochs(records, batch_size, *, shuffle=True, seed=0, shard_id=0, num_shards=1, drop_last=False,
@@ -500,6 +520,8 @@ def make_cifar_epochs(*, per_sample=False, stateful=False, reshuffle=True, shard
         batches = full + (1 if rest and not (drop_last and honour_drop_last) else 0)
         if drop_last and honour_drop_last and not drop_last_per_shard:
             batches = (n // num_shards) // batch_size     # every shard the same number of full batches
+        if one_more:                                     # w7-04 42_gt_not_ge: `if i > nb`, one call too many
+            batches += 1
         if extra_batch_when_divides and not drop_last:
             batches = full + 1                           # one batch too many when the batch divides the shard
         if smallest_count and not drop_last:             # w2-04 w42_20: the smallest shard's count for every shard
@@ -569,6 +591,7 @@ def make_cifar_epochs(*, per_sample=False, stateful=False, reshuffle=True, shard
             calls = [0]
 
             epochs = [0]
+            cache = {}
 
             def source(info):
                 iteration = calls[0] if stateful else info.iteration   # a counter that never restarts
@@ -584,6 +607,15 @@ def make_cifar_epochs(*, per_sample=False, stateful=False, reshuffle=True, shard
                     idx = np.concatenate([idx, order(epoch)[:batch_size - len(idx)]])
                 if sort_batch:                     # w6-04 w42_21: "sequential reads"
                     idx = np.sort(idx)
+                if epoch_copy:                     # w7-04 42_epoch_materialized: the shard copied per epoch
+                    if epoch not in cache:
+                        cache.clear()
+                        mine = order(epoch)
+                        cache[epoch] = (mine, records[mine])
+                    mine, shard_rows = cache[epoch]
+                    rows = shard_rows[iteration * batch_size:(iteration + 1) * batch_size]
+                    images = np.ascontiguousarray(rows[:, 1:]).reshape(-1, 3, 32, 32)
+                    return images, rows[:, 0].astype(np.int64), idx.astype(np.int64)
                 images, labels, got = rows_of(idx.astype(np.int64))
                 if epoch_positions:                # w2-04 w42_10: positions in the epoch as the indices
                     got = np.arange(iteration * batch_size, iteration * batch_size + len(idx), dtype=np.int64)
@@ -595,6 +627,7 @@ def make_cifar_epochs(*, per_sample=False, stateful=False, reshuffle=True, shard
             pipe = dali_pipelines.cifar_train_pipeline(source, batch_size=batch_size, device=device,
                                                        num_threads=num_threads,
                                                        seed=shard_id if aug_shard_only else
+                                                       seed * (shard_id + 1) if aug_times_shard else
                                                        seed if same_augmentation else seed + shard_id)
         it = DALIGenericIterator(pipe, ["images", "labels", "indices"], auto_reset=auto_reset)
         if not iterator:
@@ -644,7 +677,7 @@ MUTANTS_42 = [
            words="same seed"),
     Mutant("drop_last ignored", make_cifar_epochs(honour_drop_last=False), "batch sizes follow the last-batch policy",
            words="drop_last"),
-    Mutant("the course's record source", the_course_epochs, "is your own code"),
+    Mutant("the course's record source", the_course_epochs, "is your own code", words="CifarRecordBatches.__init__"),
     # issue 28 / 21: wrong answers that passed
     Mutant("a fixed block per shard, shuffled inside", make_cifar_epochs(fixed_block=True),
            "a shard is its slice of the epoch's order", words="fixed block"),
@@ -660,6 +693,13 @@ MUTANTS_42 = [
 
 
 MUTANTS_42_WALK = [
+    Mutant("`if info.iteration > nb` (w7-04 42_gt_not_ge)", make_cifar_epochs(one_more=True),
+           "ends the epoch after its last record", words="not >"),
+    Mutant("pipeline seed seed * (shard_id + 1) (w7-04: 0 on every shard at seed=0)",
+           make_cifar_epochs(aug_times_shard=True), "each shard draws its own augmentation",
+           words="both given seed=0 (the default)"),
+    Mutant("the shard copied once per epoch (w7-04 42_epoch_materialized)", make_cifar_epochs(epoch_copy=True),
+           "reads only the batch's records", words="once an epoch"),
     Mutant("drop_last per shard (a longer shard, a batch more)", make_cifar_epochs(drop_last_per_shard=True),
            "with drop_last, every shard the same number of full batches", words="all-reduce"),
     Mutant("a batch too many when the batch divides the shard", make_cifar_epochs(extra_batch_when_divides=True),
@@ -773,7 +813,7 @@ def make_jpeg_pipeline(*, output_type="RGB", mean=NET_MEAN255, std=NET_STD255, s
         else:
             kw.update(file_root=file_root)
         kw.update({"after_epoch": dict(shuffle_after_epoch=True), "buffer": dict(random_shuffle=True),
-                   "none": {}}[shuffle])
+                   "both": dict(shuffle_after_epoch=True, random_shuffle=True), "none": {}}[shuffle])
         if fill is not None:
             kw["initial_fill"] = fill
         if shuffle == "after_epoch" and shuffle_seed is not None:
@@ -790,7 +830,8 @@ def make_jpeg_pipeline(*, output_type="RGB", mean=NET_MEAN255, std=NET_STD255, s
         @pipeline_def(batch_size=batch_size, num_threads=threads or num_threads,
                       device_id=None if device_id == "none" else this_gpu(device, device_id),
                       seed={"per_shard": seed + shard_id, "seed": seed, "fixed": 0, "shard": shard_id,
-                            "times1000": seed * 1000 + shard_id}[aug_seed], **pipe_kw)
+                            "times1000": seed * 1000 + shard_id,
+                            "times_shard": seed * (shard_id + 1)}[aug_seed], **pipe_kw)
         def graph():
             jpegs, labels = fn.readers.file(pad_last_batch=pad_last_batch, name=reader_name, **kw)
             images = fn.decoders.image(jpegs, device="cpu" if decoder_device == "cpu, then .gpu()" else
@@ -879,6 +920,24 @@ RANDOM_43 = {"no pad_last_batch", "fn.resize to crop x crop", "random_shuffle: a
              "random_shuffle, stick_to_shard", "mirrors 35%", "never mirrored", "files in folder order"}
 
 
+def resize_shorter_then_random_crop(file_root, batch_size, *, crop=224, device="cpu", shard_id=0, num_shards=1,
+                                    num_threads=2, seed=0):
+    """w7-04 43_resize_then_random_crop: the shorter side resized to crop, then a crop at a random position."""
+    @pipeline_def(batch_size=batch_size, num_threads=num_threads, device_id=this_gpu(device), seed=seed + shard_id)
+    def pipe():
+        jpegs, labels = fn.readers.file(file_root=file_root, shuffle_after_epoch=True, shuffle_after_epoch_seed=seed,
+                                        shard_id=shard_id, num_shards=num_shards, pad_last_batch=True, name="Reader")
+        images = fn.decoders.image(jpegs, device="mixed" if device == "gpu" else "cpu", output_type=types.RGB)
+        shapes = images.shape()
+        images = fn.resize(images, resize_shorter=crop)
+        images = fn.crop(images, crop=(crop, crop), crop_pos_x=fn.random.uniform(range=[0, 1]),
+                         crop_pos_y=fn.random.uniform(range=[0, 1]))
+        images = fn.crop_mirror_normalize(images, mirror=fn.random.coin_flip(probability=0.5), mean=NET_MEAN255,
+                                          std=NET_STD255, dtype=types.FLOAT, output_layout="CHW")
+        return images, labels, shapes
+    return pipe()
+
+
 def fused_decode_and_crop(file_root, batch_size, *, crop=224, device="cpu", shard_id=0, num_shards=1, num_threads=2,
                           seed=0):
     """DALI's ImageNet pattern: the crop window decoded alone (fn.decoders.image_random_crop), then
@@ -901,6 +960,16 @@ def fused_decode_and_crop(file_root, batch_size, *, crop=224, device="cpu", shar
 # decoding runs, the crop's ranges, the coin) or from the reader (its shards) is the same on every seed;
 # the rest (an order, flips) is decided by thousands of draws: one seed each, a few on two.
 MUTANTS_43_WALK = [
+    Mutant("random_shuffle beside shuffle_after_epoch (DALI's C++ assert, translated)", make_jpeg_pipeline(shuffle="both"),
+           "shuffles all the files every epoch", words="cannot be given together"),
+    Mutant("stick_to_shard=True beside shuffle_after_epoch (w7-04: DALI's C++ assert, translated)",
+           make_jpeg_pipeline(stick_to_shard=True), "every shard reads new files each epoch",
+           words="cannot be given together"),
+    Mutant("the shorter side resized, then a crop at a random position (w7-04)", resize_shorter_then_random_crop,
+           "crops a random window of each image"),     # its share of whole-width crops is near the bar: either message
+    Mutant("pipeline seed seed * (shard_id + 1) (w7-04: 0 on every shard at seed=0)",
+           make_jpeg_pipeline(aug_seed="times_shard"), "each shard draws its own augmentation",
+           words="both given seed=0 (the default)"),
     Mutant("decodes on the CPU for device='gpu'", make_jpeg_pipeline(decoder_device="cpu"),
            "device='gpu' decodes on this process's GPU", words="device='mixed'"),
     Mutant("decodes on the CPU, crops on the GPU (x-04)", make_jpeg_pipeline(decoder_device="cpu, then .gpu()"),
@@ -1071,3 +1140,15 @@ def test_4_3_shuffle_bar_separates_a_permutation_from_a_buffer():
     base = list(rng.permutation(keys))
     local = [lesson04._shift_resultant(buffered(base), buffered(base)) for _ in range(20)]
     assert min(local) > 1.5 * lesson04._SHUFFLE_BAR
+
+
+def test_4_3_range_mistakes_name_no_device():
+    """w7-04: a crop-range mistake, read from the graph before any run, was reported "with device='gpu'" on a
+    machine without one."""
+    os.environ["COURSE_CHECK_SEED"] = "3"
+    try:
+        result = run_check("4.3", make_jpeg_pipeline(area=(0.1, 1.0)))
+    finally:
+        os.environ.pop("COURSE_CHECK_SEED", None)
+    assert result.status == "fail" and "before any run" in result.message, result.message
+    assert "device='gpu'" not in result.message.split("Hint")[0], result.message
