@@ -1538,6 +1538,13 @@ _MODEL_MISTAKES = [
      lambda report: _speeds(report, lambda c, g: c / g, serial_cores=lambda per_gpu: per_gpu)),
     ("the same rounded down but kept at one core at least, max(1, cores // gpus)",
      lambda report: _speeds(report, lambda c, g: max(1, c // g))),
+    # walk w6-08 (82_serial_floor, 82_serial_whole_if_any, 82_serial_skip): no core, or no rung, for a serial rung
+    # where one GPU's share is less than a core
+    ("no core for a rung that is not parallel where one GPU's share is less than a core (min(1, cores // gpus) is "
+     "0 there, and a rung left out is not a rung of the report): such a rung gets min(1, cores / gpus), half a core "
+     "where the GPUs outnumber the cores twice",
+     lambda report: _speeds(report, lambda c, g: c / g, serial_cores=lambda per_gpu: min(1.0, per_gpu)
+                            if per_gpu >= 1 else 0.0)),
 ]
 
 # mistakes in the choice once the speeds are right (walk w4-08 v21: the median taken as "the fastest")
@@ -1682,6 +1689,12 @@ def _contract_cases() -> list[tuple[dict, float, bool]]:
           "ceiling": 1024.0,
           "rungs": {"baseline": rung(1024, parallel=False), "best workers": rung(200, parallel=True),
                     "device-resident": rung(cost=0.0)}}, 0.05, False),
+        # walk w6-08 (after the four-cores case, which names a serial rung's 1 / gpus of a core): a serial rung that
+        # wins on half a core; no core for it (cores // gpus is 0), or the rung
+        # skipped, picks 'device-resident'
+        ({"machine": "a serial rung on half a core: 2 cores, 4 GPUs", "cores": 2, "gpus": 4, "ceiling": 928.0,
+          "rungs": {"baseline": rung(1792, parallel=False), "best workers": rung(1024, parallel=True),
+                    "device-resident": rung(cost=0.0)}}, 0.05, True),
         # every rung well below the ceiling: the tolerance is a fraction of the fastest rung, not of the ceiling
         # (best - tolerance x ceiling picks 'best workers'; "within the tolerance of the ceiling, else the fastest"
         # picks 'DALI')

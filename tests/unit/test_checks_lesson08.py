@@ -1882,10 +1882,10 @@ def test_the_82_pass_message_counts_the_machines_the_spec_counts():
     import json
     from pathlib import Path
     result = run_check("8.2", choose)
-    assert result.status == "pass" and "the right rung on 37 machines" in result.message, result.message
+    assert result.status == "pass" and "the right rung on 38 machines" in result.message, result.message
     spec = "".join("".join(c["source"]) for c in json.loads(
         (Path(__file__).resolve().parents[2] / "solutions" / "08-capstone-feed-the-gpu.ipynb").read_text())["cells"])
-    assert "every run: 37 machines" in spec
+    assert "every run: 38 machines" in spec
 
 
 def test_the_notebooks_two_noise_bars_are_explained_and_the_bf16_line_judged_by_the_wider():
@@ -2036,3 +2036,39 @@ def test_w5_81_reflect_padding_is_told_about_the_padding_first():
     rejected("8.1", Mutant("reflect_padding", reflect_padding, "every image is a pad-4 crop of a sample of the workload",
                            words="Hint: pad with zeros (black) before normalising: not reflected"),
              [zlib.crc32(b"reflect_padding") % 1000])
+
+
+# -- walk w6-08: a serial rung given no core where one GPU's share is less than a core ----------------------------
+
+def _serial_share(kind):
+    def choose_rung(report, tolerance=0.05):
+        rungs = report.get("rungs")
+        if not rungs:
+            raise ValueError("the report has no rungs")
+        per_gpu = report["cores"] / report["gpus"]
+        speed = {}
+        for name, rung in rungs.items():
+            s = report["ceiling"] * (1 - rung.get("device_cost", 0.0))
+            if "cpu_per_core" in rung:
+                if rung.get("parallel", True):
+                    share = per_gpu
+                elif kind == "floor":                        # w6-08 82_serial_floor
+                    share = min(1, report["cores"] // report["gpus"])
+                elif kind == "whole if any":                 # w6-08 82_serial_whole_if_any
+                    share = 1.0 if report["cores"] >= report["gpus"] else 0.0
+                else:                                        # w6-08 82_serial_skip: the rung left out
+                    if per_gpu < 1:
+                        continue
+                    share = 1.0
+                s = min(s, rung["cpu_per_core"] * share)
+            speed[name] = s
+        best = max(speed.values())
+        return next(n for n, v in speed.items() if v >= (1 - tolerance) * best)
+    choose_rung.__name__ = f"choose_rung_serial_{kind.replace(' ', '_')}"
+    return choose_rung
+
+
+@pytest.mark.parametrize("kind", ["floor", "whole if any", "skipped"])
+def test_w6_82_a_serial_rung_given_no_core_fails(kind):
+    rejected("8.2", Mutant(f"w6-08 serial rung: {kind}", _serial_share(kind), "picks the simplest rung within the tolerance of the fastest",
+                           words="no core for a rung that is not parallel"), range(2))
