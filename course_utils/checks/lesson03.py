@@ -1054,8 +1054,8 @@ def check_crop_flip(random_crop_flip):
                                   "on to torch.randint and torch.rand (that is their default), and torch.manual_seed "
                                   "resets it. A generator of your own kept between calls (made once with a fixed "
                                   "seed), Python's random or NumPy ignore torch.manual_seed")
-    return ("exact crops of the zero-padded batch, mirrored or not, offsets uniform over 0..2*padding (at padding 4 "
-            "and 2) and flips uniform per sample, "
+    return ("exact crops of the zero-padded batch, mirrored or not (uint8, float32, and int64 up to 2**40), offsets "
+            "uniform over 0..2*padding (at padding 4 and 2) and flips uniform per sample, "
             "reproducible; on a (virtual) GPU no copy from the host, nothing read back, memory in proportion.")
 
 
