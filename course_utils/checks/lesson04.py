@@ -1171,6 +1171,14 @@ def _augmentation(batches, records) -> np.ndarray:
     return np.stack([found.dy, found.dx, found.flipped.astype(np.int64)], axis=1)
 
 
+def _drawn_alike(batches_a, batches_b, records) -> int:
+    """How many samples two shards' first batches cropped and flipped alike, position by position, when
+    all of them were (0 when any differs)."""
+    a, b = _augmentation(batches_a, records), _augmentation(batches_b, records)
+    m = min(len(a), len(b))
+    return m if np.array_equal(a[:m], b[:m]) else 0
+
+
 class _CountedRecords(np.memmap):
     """The records' memory map, counting how often the learner's code indexes it (its views and
     copies do not count)."""
@@ -1410,9 +1418,8 @@ def check_epochs(cifar_epochs):
                                       "draw the epoch's permutation of ALL records (the same in every shard), then "
                                       "cut the shard's slice out of it: every epoch each shard gets different records")
         # the same seed on every rank, but each rank its own augmentation draws
-        a, b = _augmentation(firsts[0][:1], records), _augmentation(firsts[1][:1], records)
-        m = min(len(a), len(b))
-        if np.array_equal(a[:m], b[:m]):
+        m = _drawn_alike(firsts[0][:1], firsts[1][:1], records)
+        if m:
             raise CheckFailed("each shard draws its own augmentation",
                               f"shards 0 and 1, given the same seed, cropped and flipped the j-th sample of their first "
                               f"batch alike, all {m} of them: every rank of a DDP job would draw the same crops and "
@@ -1455,18 +1462,16 @@ def check_epochs(cifar_epochs):
             raise
         _expect_exact_epoch(shorter, records, np.random.default_rng((seed2, 0)).permutation(n2)[:lo2], batch_size,
                             False, what0, seed, per_sample=per_sample)
-        a, b = _augmentation(shorter[:1], records), _augmentation(longer[:1], records)
-        m = min(len(a), len(b))
-        if np.array_equal(a[:m], b[:m]):
+        m = _drawn_alike(shorter[:1], longer[:1], records)
+        if m:
             raise CheckFailed("each shard draws its own augmentation",
                               f"shards 0 and 1 of records[:{n2}], both given seed=0 (the default), cropped and flipped "
                               f"the j-th sample of their first batch alike, all {m} of them: every rank of a DDP job "
                               f"that never sets a seed would draw the same crops and flips (seed {seed})",
                               "seed=0 is a seed like any other: a pipeline seed such as seed * (shard_id + 1) is 0 on "
                               "every shard there; seed + shard_id differs on every shard whatever the seed")
-        a, b = _augmentation(firsts[1][:1], records), _augmentation(longer[:1], records)
-        m = min(len(a), len(b))
-        if np.array_equal(a[:m], b[:m]):
+        m = _drawn_alike(firsts[1][:1], longer[:1], records)
+        if m:
             raise CheckFailed("each shard's augmentation follows the seed",
                               f"shard 1 given seed={pipe_seed} and shard 1 given seed={seed2} cropped and flipped the "
                               f"j-th sample of their first batch alike, all {m} of them: the augmentation's seed "
