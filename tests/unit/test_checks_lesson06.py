@@ -805,6 +805,8 @@ def test_reference_matches_torch_scatter_gather_on_a_gpu():
     outs = [torch.randn(s, 4, device="cuda") for s in (3, 3, 2)]
     assert torch.equal(torch.nn.parallel.gather(outs, 0), reference_gather(outs))
     assert torch.equal(torch.nn.parallel.gather(outs, -1), reference_gather(outs, 0, "cpu"))   # output_device=-1
+    on0 = reference_gather(outs, 0, 0)       # w3-06: output_device as DataParallel passes it, an int
+    assert on0.device == torch.device("cuda", 0) and torch.equal(torch.nn.parallel.gather(outs, 0, dim=0), on0)
     scalars = [torch.tensor(float(i), device="cuda") for i in range(3)]
     assert torch.equal(torch.nn.parallel.gather(scalars, 0), reference_gather(scalars))
 
