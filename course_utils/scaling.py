@@ -284,9 +284,13 @@ def agreement_range(measured: float, low: float, high: float, predicted: float, 
         return ("within" if abs(m / predicted - 1) <= tolerance else "below" if m < predicted else "above")
     if side(low) == side(high):
         return agreement(measured, predicted, tolerance)
-    words = {"within": f"within {tolerance:.0%}", "below": "further below", "above": "further above"}
-    return (f"{agreement(measured, predicted, tolerance)} (its halves ran {low:,.0f} to {high:,.0f}: "
-            f"{words[side(low)]} and {words[side(high)]}: the halves disagree)")
+    words = {"within": f"within {tolerance:.0%} of it", "below": f"more than {tolerance:.0%} below",
+             "above": f"more than {tolerance:.0%} above"}
+    ratio = measured / predicted
+    whole = f"{abs(ratio - 1):.0%} {'below' if ratio < 1 else 'above'}"
+    # no verdict of its own: "as predicted" beside halves that left the tolerance would say two things
+    return (f"the halves disagree (they ran {low:,.0f} to {high:,.0f}: one {words[side(low)]}, one "
+            f"{words[side(high)]}; the whole run {whole} the prediction)")
 
 
 def measured_bound(device0_busy: float, loop_waiting: float) -> str:
@@ -354,12 +358,16 @@ def fit_verdict(fit: "ScalingFit", counts, measured_ms, held_out=(), tolerance: 
 
     def devices(n):
         return f"{n} device{'s' if n > 1 else ''}"
-    if spread > 0.5:
-        return [f"measured: two rounds of one device count disagreed by up to {spread:.0%}, more than most counts "
-                "differ from each other: this run can neither rank the counts nor test the fit (a busy machine; "
-                "run it again on a quieter one)"]
+    between = max(ms.values()) / ms[best] - 1          # how far the counts' steps differ from each other
+    if spread > 0.5 or spread >= between:
+        return [f"measured: two rounds of one device count disagreed by up to {spread:.0%}"
+                + (", more than half a step" if spread > 0.5 else "")
+                + f", and the counts' steps differ by up to {between:.0%}: this run can neither rank the counts nor "
+                "test the fit (a busy machine; run it again on a quieter one)"]
     near = [n for n in counts if n != best and ms[n] <= ms[best] * (1 + spread)]
-    lines = [f"measured: the fastest step came with {devices(best)} ({ms[best]:.2f} ms)"
+    lines = [(f"measured, with rounds that disagree by up to {spread:.0%} (only differences beyond that count): "
+              if spread > tolerance else "measured: ")
+             + f"the fastest step came with {devices(best)} ({ms[best]:.2f} ms)"
              + (f"; within the rounds' spread ({spread:.0%}) of it: " + ", ".join(f"{devices(n)} {ms[n]:.2f} ms"
                                                                              for n in near) if near else "")]
     slower = [n for n in counts if n > best and n not in near]

@@ -23,6 +23,7 @@ from .. import scaling
 from ._core import CheckFailed, Tripwire, WrongType, exercise, expect_callable, trusted
 from ._util import fresh_rng
 from .virtual_cuda import VirtualCuda
+from torch.overrides import TorchFunctionMode
 
 __all__ = ["reference_scatter", "reference_gather"]
 
@@ -113,12 +114,14 @@ _SPLITS = {"np.array_split's sizes": _array_split,
 
 
 def _times(c, n, batch, loader, *, devices_stat=None, host_rule="right", serial_rule="pieces", add=False,
-           split=None, piece="first", serial_piece="first", device0="always", leaving="rest", count="batch"):
+           split=None, piece="first", serial_piece="first", device0="always", leaving="rest", count="batch",
+           loader_unit=1e3):
     """(samples/s, bound) of the model or of one of its near misses, named by the keywords."""
     chunks = scaling.dp_chunk_sizes(batch, n) if split is None else split(batch, n)
     if not chunks or not chunks[0]:
         return math.nan, "devices"
-    pace = {"first": chunks[0], "mean": batch / len(chunks), "last": chunks[-1]}
+    pace = {"first": chunks[0], "mean": batch / len(chunks), "last": chunks[-1],
+            "median": statistics.median(chunks), "median_low": statistics.median_low(chunks)}
     left = ((batch - pace[serial_piece]) if leaving == "rest" else (len(chunks) - 1) * chunks[0])
     serial = (c.replicate_ms + c.reduce_ms + left * (c.scatter_ms_per_sample + c.gather_ms_per_sample))
     pays_serial = len(chunks) > 1 if serial_rule == "pieces" else n > 1
@@ -134,7 +137,7 @@ def _times(c, n, batch, loader, *, devices_stat=None, host_rule="right", serial_
             "launch_per_replica": ((c.host_step_ms + c.host_ms_per_replica) * replicas if replicas
                                    else c.host_step_ms)}.get(
         host_rule, c.host_step_ms + c.host_ms_per_replica * replicas)
-    load = 1e3 * batch / loader if math.isfinite(loader) else 0.0
+    load = loader_unit * batch / loader if math.isfinite(loader) else 0.0
     times = {"loader": load, "host": host, "devices": device}
     step = sum(times.values()) if add else max(times.values())
     samples = chunks[0] * len(chunks) if count == "padded" else batch
@@ -167,13 +170,27 @@ _SPEED_MISSES = (
     (dict(piece="mean"), "yours times the devices by the mean piece (batch / pieces = {mean:g} samples here): a "
                          "step waits for the slowest device, device 0, with the first, largest piece ({first} samples) "
                          "and its own work", "the slowest device sets the pace"),
-    (dict(piece="last", serial_piece="last"), "yours times the devices by the last piece ({last} samples here): a "
+    (dict(piece="median", serial_piece="median"), "yours times the devices by the median piece ({median_piece:g} "
+                                                  "samples here): a step waits for the slowest device, device 0, "
+                                                  "with the first, largest piece ({first} samples) and its own work, "
+                                                  "and the samples that leave device 0 are batch - the first piece",
+     "the slowest device sets the pace"),
+    (dict(piece="median"), "yours times the devices by the median piece ({median_piece:g} samples here): a step "
+                           "waits for the slowest device, device 0, with the first, largest piece ({first} samples) "
+                           "and its own work", "the slowest device sets the pace"),
+    (dict(piece="last", serial_piece="last"), "yours times the devices by the last piece ({last} samples here{also_low}): a "
                                               "step waits for the slowest device, device 0, with the first, largest "
                                               "piece ({first} samples), and the samples that leave device 0 are "
                                               "batch - the first piece", "the slowest device sets the pace"),
-    (dict(piece="last"), "yours times the devices by the last piece ({last} samples here): a step waits for the "
+    (dict(piece="last"), "yours times the devices by the last piece ({last} samples here{also_low}): a step waits for the "
                          "slowest device, device 0, with the first, largest piece ({first} samples)",
      "the slowest device sets the pace"),
+    (dict(piece="median_low"), "yours times the devices by the lower median of the pieces ({low_piece} samples here):"
+                               " a step waits for the slowest device, device 0, with the first, largest piece "
+                               "({first} samples) and its own work", "the slowest device sets the pace"),
+    (dict(loader_unit=1.0), "yours counts the loader's time in seconds (batch / loader_samples_per_s) beside times "
+                            "in ms: the stage costs are in ms, so the loader needs 1000 x batch / "
+                            "loader_samples_per_s ms per batch", "the loader caps the throughput"),
     (dict(device0="one_piece"), "yours leaves out device0_ms when two or more devices work: device 0 does its own "
                                 "work (the loss on the gathered outputs, the optimizer step) every step, on top of "
                                 "its piece, however many devices share the batch", "device 0's own work every step"),
@@ -199,7 +216,10 @@ def _named_speed_miss(yours: float, c, n, batch, loader, expected: float) -> str
     chunks = scaling.dp_chunk_sizes(batch, n)
     numbers_here = dict(n=n, batch=batch, pieces=len(chunks), first=chunks[0], last=chunks[-1],
                         mean=round(batch / len(chunks), 2), rest=batch - chunks[0],
-                        padded_rest=(len(chunks) - 1) * chunks[0], padded=chunks[0] * len(chunks))
+                        padded_rest=(len(chunks) - 1) * chunks[0], padded=chunks[0] * len(chunks),
+                        median_piece=statistics.median(chunks), low_piece=statistics.median_low(chunks),
+                        also_low=(", also the pieces' lower median" if statistics.median_low(chunks) == chunks[-1]
+                                  and len(chunks) > 1 else ""))
     found, prop = [], None        # the first mistake of the model's terms and the first of the split, if any
     for rule, sentence, *own_prop in _SPEED_MISSES:
         value = expected / n if rule == "per_device" else _times(c, n, batch, loader, **rule)[0]
@@ -215,11 +235,12 @@ def _named_speed_miss(yours: float, c, n, batch, loader, expected: float) -> str
                     f"ceil(batch / n_devices) = {math.ceil(batch / n)} here, the last one smaller "
                     f"({scaling.dp_chunk_sizes(batch, n)})")
             if prop == "one replica per piece":   # always the same number: n pieces, n replicas
-                found[-1] += (f" (splitting the batch into {name} would give this same number: a split of "
-                              f"{len(split(batch, n))} pieces, one replica each)")
-            elif found:           # two mistakes that give the same number here: both named, the split's property
-                found.insert(0, text)
-                found[-1] = "or " + found[-1]
+                found[-1] = (f"yours makes {len(split(batch, n))} replicas for {len(chunks)} pieces: either it "
+                             f"charges host_ms_per_replica for every device, or it splits the batch into {name} "
+                             f"({len(split(batch, n))} pieces, one replica each); DataParallel's tensor.chunk makes "
+                             f"{len(chunks)} pieces here ({chunks}), one replica per piece")
+            elif found:           # two mistakes that give the same number here: both named, the model's term first
+                found.append("or " + text)
                 prop = None
             else:
                 found.append(text)
@@ -229,9 +250,17 @@ def _named_speed_miss(yours: float, c, n, batch, loader, expected: float) -> str
 
 def _named_efficiency_miss(yours: float, c, n, batch, loader, expected: dict) -> str:
     if n == 1:
+        run = expected["samples_per_s"]
+        bare = 1e3 * batch / c.compute_ms(batch)
+        if trusted.isclose(yours, run / bare, rel_tol=1e-6):
+            return (f"yours times the one-device baseline by its compute alone (compute_fixed_ms + "
+                    f"compute_per_sample_ms x the piece): the baseline is one device training alone, so it pays "
+                    f"what that run pays, device0_ms, the host's launches (host_step_ms) and the loader too; with one "
+                    f"device it is this very run, so efficiency is 1 (yours {yours:.4f})")
         return (f"with one device the run is its own baseline: one device alone on the first piece, which is the "
-                f"whole batch, is this very run, so efficiency is 1 (yours {yours:.4f}: your one-device run is not "
-                "at batch ceil(batch_size / n_devices), or not from the same loader)")
+                f"whole batch, is this very run, so efficiency is 1 (yours {yours:.4f}: your one-device baseline "
+                "is not timed like the run: the same compute, device0_ms, host_step_ms and loader, at batch "
+                "ceil(batch_size / n_devices))")
     first = scaling.dp_chunk_sizes(batch, n)[0]
     speed = expected["samples_per_s"]
     pieces = len(scaling.dp_chunk_sizes(batch, n))
@@ -255,7 +284,26 @@ def _named_efficiency_miss(yours: float, c, n, batch, loader, expected: dict) ->
     return ""
 
 
-def _compare_estimate(estimate, costs, n, batch, loader, tripwire, props, earlier=None):
+def _baseline(costs, n, batch, loader) -> float:
+    """The samples/s of one device training alone on the first piece, from the same loader."""
+    return scaling.predict_dp(costs, 1, scaling.dp_chunk_sizes(batch, n)[0], loader).samples_per_s
+
+
+def _rounded(yours: float, expected: float) -> int | None:
+    """The digits after the point that `yours` keeps if it is `expected` rounded (None if it is not)."""
+    for digits in range(0, 5):
+        if (abs(yours - expected) <= 0.5 * 10 ** -digits + 1e-12 and trusted.isclose(yours, round(yours, digits))
+                and not trusted.isclose(yours, expected, rel_tol=1e-6)):
+            return digits
+    return None
+
+
+_ROUNDING = ("returns the numbers unrounded",
+             "the check compares samples_per_s and efficiency with the model's to 1 part in a million: return "
+             "them as computed and round only where you print them")
+
+
+def _compare_estimate(estimate, costs, n, batch, loader, tripwire, props, earlier=None, history=()):
     where = _describe_case(costs, n, batch, loader)
     value = _call(estimate, tripwire, "computes the estimate itself",
                   "that is the course's own model, which the lesson uses for its plots",
@@ -274,6 +322,11 @@ def _compare_estimate(estimate, costs, n, batch, loader, tripwire, props, earlie
             stale = (isinstance(again, collections.abc.Mapping) and again.get("samples_per_s") == value["samples_per_s"]
                      and not trusted.isclose(_expected_dp(other, n, batch, loader)["samples_per_s"],
                                              expected["samples_per_s"], rel_tol=1e-6))
+        digits = _rounded(yours["samples_per_s"], expected["samples_per_s"])
+        if digits is not None and not stale:
+            raise CheckFailed(_ROUNDING[0], f"{where}: yours {yours['samples_per_s']!r} samples/s, expected "
+                              f"{expected['samples_per_s']!r}: yours is the model's number rounded to {digits} "
+                              f"decimal{'' if digits == 1 else 's'}", _ROUNDING[1])
         if stale:
             raise CheckFailed("computes every call from its own arguments",
                               f"{where}: yours {yours['samples_per_s']:,.2f} samples/s (expected "
@@ -284,6 +337,21 @@ def _compare_estimate(estimate, costs, n, batch, loader, tripwire, props, earlie
         raise CheckFailed(own_prop or speed_prop, f"{where}: yours {yours['samples_per_s']:,.2f} samples/s, "
                           f"expected {expected['samples_per_s']:,.2f}", named or _speed_hint(speed_prop))
     if not trusted.isclose(yours["efficiency"], expected["efficiency"], rel_tol=1e-6):
+        digits = _rounded(yours["efficiency"], expected["efficiency"])
+        if digits is not None:
+            raise CheckFailed(_ROUNDING[0], f"{where}: efficiency: yours {yours['efficiency']!r}, expected "
+                              f"{expected['efficiency']!r}: yours is the model's number rounded to {digits} "
+                              f"decimal{'' if digits == 1 else 's'}", _ROUNDING[1])
+        alone = _baseline(costs, n, batch, loader)
+        if any(not trusted.isclose(b, alone, rel_tol=1e-6) and trusted.isclose(
+                yours["efficiency"], expected["samples_per_s"] / (n * b), rel_tol=1e-6) for b in history):
+            raise CheckFailed("computes every call from its own arguments",
+                              f"{where}: efficiency: yours {yours['efficiency']:.4f}, expected "
+                              f"{expected['efficiency']:.4f}: yours divides by an earlier call's one-device "
+                              "samples/s",
+                              "keep nothing between calls: a baseline (one device's samples/s) kept from the first "
+                              "call answers every later call with that call's baseline; compute it from this call's "
+                              "costs, first piece and loader")
         named = _named_efficiency_miss(yours["efficiency"], costs, n, batch, loader, expected)
         raise CheckFailed(eff_prop, f"{where}: yours {yours['efficiency']:.4f}, expected {expected['efficiency']:.4f}",
                           named or "efficiency = samples/s / (n_devices x the samples/s of one device training "
@@ -316,7 +384,8 @@ def _speed_hint(prop: str) -> str:
             "with two or more devices DataParallel replicates onto every device that gets a piece: one sample on "
             "four devices still costs the host one replica",
         "the loader caps the throughput":
-            "the loader needs batch / loader_samples_per_s seconds per batch, whatever the devices do",
+            "the loader needs 1000 x batch / loader_samples_per_s ms per batch (the stage costs are in ms), "
+            "whatever the devices do",
     }.get(prop, "the step takes max(device time, host time, loader time); samples/s = batch / that")
 
 
@@ -328,13 +397,15 @@ def check_scaling_estimator(estimate_dp):
     inf = math.inf
     count = 0
 
-    answers = {}
+    answers, efficiencies = {}, []
 
     def case(costs, n, batch, loader, props):
         nonlocal count
         count += 1
         key = (n, batch, loader)           # the same devices, batch and loader again: with other costs
-        answers[key] = _compare_estimate(estimate_dp, costs, n, batch, loader, trip, props, answers.get(key))
+        answers[key] = _compare_estimate(estimate_dp, costs, n, batch, loader, trip, props, answers.get(key),
+                                         efficiencies)
+        efficiencies.append(_baseline(costs, n, batch, loader))
         return answers[key]
 
     one = ("one device: batch / (compute + device-0 work)", "efficiency of one device is 1", "names what bounds the run")
@@ -357,8 +428,8 @@ def check_scaling_estimator(estimate_dp):
     c = _costs(rng, host_step_ms=float(rng.uniform(5, 15)), host_ms_per_replica=float(rng.uniform(20, 40)))
     host = ("the host launches the step once and works for every replica", "efficiency compares with one device alone",
             "names what bounds the run")
-    n = int(rng.integers(2, 9))
-    case(c, n, n * int(rng.integers(4, 30)), inf, host)
+    for n in (2, int(rng.integers(3, 9))):      # 2 devices on every seed: 'n > 2' for 'two or more' fails there
+        case(c, n, n * int(rng.integers(4, 30)), inf, host)
     # uneven splits, and fewer pieces than devices, bound by the devices and by the host
     n = int(rng.integers(4, 9))
     for replica_ms in (0.0, float(rng.uniform(20, 40))):
@@ -368,6 +439,10 @@ def check_scaling_estimator(estimate_dp):
         for batch in (n * int(rng.integers(5, 40)) + int(rng.integers(1, n - 1)), n + 1, n - 1, n - 2):
             case(c, n, batch, inf, ("splits the batch like DataParallel", "efficiency compares with one device alone",
                                     "names what bounds the run"))
+        if replica_ms == 0:    # two uneven pieces, bound by the devices: a median of the pieces is not the first
+            case(c, 2, 2 * int(rng.integers(5, 40)) + 1, inf, ("splits the batch like DataParallel",
+                                                              "efficiency compares with one device alone",
+                                                              "names what bounds the run"))
     # a batch of one sample on two or more devices: one piece, a replica on device 0, no bytes across a link
     c = _costs(rng, host_step_ms=float(rng.uniform(5, 15)), host_ms_per_replica=float(rng.uniform(20, 40)))
     case(c, int(rng.integers(2, 9)), 1, inf, ("two or more devices: a replica even for one piece",) + host[1:])
@@ -531,12 +606,15 @@ def _same(yours, expected, where: str, *, top: bool = False, count_prop: str = "
                               f"{tuple(expected.shape)}", hint)
         if yours.device != expected.device:
             if joining:
+                int_note = ("; DataParallel passes output_device as an int (device_ids[0]), and 0 is cuda:0: test "
+                            "`output_device is None`, not its truth" if "output_device=0" in where else "")
                 raise CheckFailed("gathers onto output_device", f"{where}: yours is on {yours.device}, expected "
                                   f"{expected.device}",
                                   "DataParallel gathers onto its output_device (device_ids[0] unless you say "
                                   "otherwise), where the loss is computed: move every output to output_device, "
-                                  "or, when it is None, to outputs[0]'s device (not the CPU, not the last "
-                                  "output's device), before concatenating")
+                                  "or, when it is None, to outputs[0]'s device, wherever that is (not a default "
+                                  "device such as the CPU or the current GPU, not the last output's device), "
+                                  "before concatenating" + int_note)
             raise CheckFailed("keeps pieces on the input's device", f"{where}: yours is on {yours.device}, expected "
                               f"{expected.device}", "split with torch.chunk: its pieces stay where the input is")
         if yours.dtype != expected.dtype or not trusted.torch_equal(yours.detach(), expected.detach()):
@@ -572,13 +650,13 @@ def _same(yours, expected, where: str, *, top: bool = False, count_prop: str = "
                               "reads them in" if sorted(map(str, yours)) == sorted(map(str, expected)) else
                               "one dict per piece with every key of the input, in its order")
         for key in expected:
-            _same(yours[key], expected[key], f"{where}[{key!r}]", depth=depth + 1, joining=joining, prop=prop)
+            _same(yours[key], expected[key], f"{where}, key {key!r}", depth=depth + 1, joining=joining, prop=prop)
         return
     if isinstance(expected, (tuple, list)):
         if len(yours) != len(expected):
             raise CheckFailed("keeps the structure", f"{where}: {len(yours)} elements instead of {len(expected)}")
         for i, (a, b) in enumerate(zip(yours, expected)):
-            _same(a, b, f"{where}[{i}]", depth=depth + 1, joining=joining, prop=prop)
+            _same(a, b, f"{where}, element {i}", depth=depth + 1, joining=joining, prop=prop)
         return
     if yours is not expected:
         if joining:
@@ -720,7 +798,43 @@ def _device_gather_cases(rng):
              "cuda"),
             (f"{n} (logits, features) tuples, the first on the CPU, output_device='cuda'",
              [(t, t[:, :3] * 2) for t in first_on_cpu], 0, "cuda"),
-            (f"{n} outputs on the GPU (cuda), output_device='cpu'", on_gpu, 0, "cpu")]
+            (f"{n} outputs on the GPU (cuda), output_device='cpu'", on_gpu, 0, "cpu"),
+            # DataParallel passes output_device as an int (device_ids[0], usually 0): 0 is a device, not "no device"
+            (f"{n} outputs, the first on the CPU, the others on the GPU, output_device=0 (an int, as DataParallel "
+             "passes it)", first_on_cpu, 0, 0),
+            # None: the first output's device, here the CPU (not the current CUDA device)
+            (f"{n} outputs, the first on the CPU, the others on the GPU, output_device=None", first_on_cpu, 0, None)]
+
+
+def _first_tensor(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj
+    for v in (obj.values() if isinstance(obj, dict) else obj):
+        t = _first_tensor(v)
+        if t is not None:
+            return t
+    return None
+
+
+class _CopyWatch(TorchFunctionMode):
+    """Notes every copy of a tensor onto its own device with its own dtype (`.to(..., copy=True)`,
+    `.clone()`, `torch.clone`): a copy torch.cat makes again at once."""
+
+    _COPIES = {torch.Tensor.to: ".to(..., copy=True)", torch.Tensor.clone: ".clone()", torch.clone: "torch.clone",
+               torch.Tensor.cpu: ".cpu()", torch.Tensor.new_tensor: ".new_tensor()"}
+
+    def __init__(self):
+        super().__init__()
+        self.needless = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = self._COPIES.get(func)
+        if (name and args and isinstance(args[0], torch.Tensor) and isinstance(out, torch.Tensor)
+                and out is not args[0] and out.device == args[0].device and out.dtype == args[0].dtype
+                and args[0].numel() > 0 and _storage(out) != _storage(args[0])):
+            self.needless.append(name)
+        return out
 
 
 def _two_functions(obj):
@@ -748,7 +862,7 @@ def check_scatter_gather(functions):
     def gather(outputs, dim, output_device=None):
         nonlocal count
         count += 1
-        if output_device is None:
+        if output_device is None:        # the default: not passed, as DataParallel's callers often do
             return _call(dp_gather, trip, *_NO_TORCH_PARALLEL, outputs, dim=dim)
         try:
             return _call(dp_gather, trip, *_NO_TORCH_PARALLEL, outputs, dim=dim, output_device=output_device)
@@ -760,6 +874,7 @@ def check_scatter_gather(functions):
                                   "onto its output_device, the first output's device when it is None") from None
             raise
 
+    asked = []                 # the n_devices of the calls so far
     for where, inputs, n, dim, prop in _scatter_cases(rng):
         try:
             yours = scatter(inputs, n, dim)
@@ -769,6 +884,13 @@ def check_scatter_gather(functions):
             blame = "splits like DataParallel" if isinstance(inputs, torch.Tensor) else "keeps the structure"
             raise _raised(prop or blame, f"dp_scatter of {where}", exc) from None
         expected = reference_scatter(inputs, n, dim)
+        if (not _has_tensor(inputs) and isinstance(yours, (list, tuple)) and len(yours) != n
+                and len(yours) in asked):
+            raise CheckFailed("takes n_devices from every call", f"dp_scatter of {where}: yours gave {len(yours)} "
+                              f"entries, as many as an earlier call's n_devices ({len(yours)}), not {n}",
+                              "keep nothing between calls: an n_devices (or anything else) remembered from the first "
+                              "call answers the later ones with its count")
+        asked.append(n)
         if prop is not None:
             count_prop = prop
         elif isinstance(inputs, torch.Tensor):
@@ -800,8 +922,10 @@ def check_scatter_gather(functions):
     _same(yours, expected, f"dp_scatter of {where}", top=True)
 
     for where, outputs, dim, prop in _gather_cases(rng):
+        watch = _CopyWatch()
         try:
-            yours = gather(outputs, dim)
+            with watch:
+                yours = gather(outputs, dim)
         except (CheckFailed, NotImplementedError):
             raise
         except Exception as exc:
@@ -813,6 +937,13 @@ def check_scatter_gather(functions):
             blame = "joins like DataParallel" if isinstance(outputs[0], torch.Tensor) else "keeps the structure"
             raise _raised(prop or blame, f"dp_gather of {where}", exc) from None
         _same(yours, reference_gather(outputs, dim), f"dp_gather of {where}", joining=True, prop=prop)
+        if watch.needless:
+            raise CheckFailed("copies each output once (torch.cat's copy)",
+                              f"dp_gather of {where}: every output was already on the target device, and yours "
+                              f"copied {len(watch.needless)} of them there again ({watch.needless[0]}) before "
+                              "joining", "`.to(device)` returns the tensor itself when it is already there, and "
+                              "torch.cat makes the one copy a gather needs: a copy before it moves every output's "
+                              "bytes twice, the waste this lesson measures")
 
     # outputs on two devices: where the result lands, and what crosses to the host on the way
     with VirtualCuda() as vc:
@@ -834,16 +965,18 @@ def check_scatter_gather(functions):
                                   "a copy from a GPU to the host with non_blocking=True returns before the bytes have "
                                   "landed; torch.cat then reads memory still being written (a device-to-host copy "
                                   "needs a synchronisation): use a blocking .to('cpu')")
-            _same(yours, reference_gather(outputs, dim, output_device), f"dp_gather of {where}", joining=True)
-            if output_device != "cpu" and (to_host or waits):
+            expected = reference_gather(outputs, dim, output_device)
+            _same(yours, expected, f"dp_gather of {where}", joining=True)
+            if _first_tensor(expected).device.type != "cpu" and (to_host or waits):
                 what = (f"{len(to_host)} cop{'y' if len(to_host) == 1 else 'ies'} to the host" if to_host
                         else f"{len(waits)} wait(s) for the device ({waits[0].what})")
                 hint = ("move each output straight to the target device (`.to(device)`) and concatenate "
                         "there: a trip through host memory (.cpu(), .tolist(), .numpy()) makes the host wait "
                         "for the GPU at every step, and copies the outputs twice")
                 if not to_host:   # a value read on the host, nothing copied: the wait is the whole cost
-                    hint = ("yours reads a value on the host (.item(), bool(), float(), an `if` or assert on a tensor):"
-                            " the host waits there for the GPU to finish every step, so it cannot queue the next "
+                    hint = ("yours reads a value on the host (.item(), bool(), float(), an `if` or assert on a tensor)"
+                            " or waits for the device (torch.cuda.synchronize()): the host waits there for the GPU "
+                            "to finish every step, so it cannot queue the next "
                             "kernels; gather with tensor operations only and leave the checks out of the step (or "
                             "do them on the device, every N steps)")
                 raise CheckFailed("gathers on the device, nothing through the host",
@@ -948,6 +1081,9 @@ def _named_memory_miss(yours, expected, terms) -> str:
     return ""
 
 
+_SPLIT_PROP = "splits the batch like DataParallel"
+
+
 def _memory_case(dp_memory, trip, n, batch, sizes, props, on_device0=True, earlier=None, objects=()):
     where = (f"{n} device(s), batch {batch} {'on device 0' if on_device0 else 'left on the host'}, parameters "
              f"{sizes['param_bytes']:,} B, optimizer state {sizes['optimizer_bytes']:,} B, per sample: input "
@@ -994,9 +1130,12 @@ def _memory_case(dp_memory, trip, n, batch, sizes, props, on_device0=True, earli
         raise _kept_list(where)
     first, others, empty = props
     terms, chunks = _terms(n, batch, sizes, on_device0)
+    split = (f"DataParallel splits the batch with tensor.chunk: pieces of ceil(batch / n_devices) = "
+             f"{math.ceil(batch / n)} samples here, the last one smaller ({chunks}): " if first == _SPLIT_PROP
+             else "")
     if not trusted.isclose(yours[0], expected[0], rel_tol=1e-9, abs_tol=0.5):
         raise CheckFailed(first, f"{where}: device 0: yours {yours[0]:,.0f} B, expected {expected[0]:,.0f} B",
-                          _device0_hint(yours[0], n, batch, sizes, on_device0, terms))
+                          split + _device0_hint(yours[0], n, batch, sizes, on_device0, terms))
     for k in range(1, n):
         if expected[k] == 0 and yours[k] != 0:
             raise CheckFailed("devices without a piece hold nothing", f"{where}: device {k} gets no piece but yours gives it {yours[k]:,.0f} B",
@@ -1020,7 +1159,7 @@ def _memory_case(dp_memory, trip, n, batch, sizes, props, on_device0=True, earli
             elif named:
                 hint = f"{named}; {hint}"
             raise CheckFailed(others, f"{where}: device {k}: yours {yours[k]:,.0f} B, expected {expected[k]:,.0f} B",
-                              hint)
+                              split + hint)
     return list(value), value
 
 
@@ -1041,6 +1180,11 @@ def _device0_hint(yours, n, batch, sizes, on_device0, terms):
         return ("yours takes the larger of (the activations and outputs) and the gradients: backward makes device 0's "
                 "gradients while the activations are still held, so both count; the reduce's sum comes on top when "
                 "the activations are gone")
+    if n > 1 and trusted.isclose(yours, expected - p, rel_tol=1e-9, abs_tol=0.5):
+        return ("yours holds device 0's gradients (param_bytes) only inside the max, as the larger of them and the "
+                "activations: activations and gradients are counted together (backward makes device 0's gradients "
+                "while its activations are still held), and the reduce's sum, another param_bytes, is what the max "
+                "weighs against the activations and outputs")
     other_way = scaling.dp_memory(n, batch, **sizes, batch_on_device0=not on_device0)[0]
     if n > 1 and trusted.isclose(yours, other_way, rel_tol=1e-9, abs_tol=0.5):
         return ("with the batch on device 0 (the loader put it there) device 0 holds all of its input; left on the "
@@ -1118,14 +1262,15 @@ def check_dp_memory(dp_memory):
     for regime in ("gradients", "activations"):
         case(n, n * int(rng.integers(20, 100)), _sizes(rng, regime), host, on_device0=False)
     # uneven splits where every way of splitting but DataParallel's disagrees (four devices or more)
-    split = ("splits the batch like DataParallel",) * 3
+    split = (_SPLIT_PROP,) * 3
     for m, batch in ((4, 10), (4, 5), (int(rng.integers(4, 9)), None)):
         batch = batch or m * int(rng.integers(3, 50)) + int(rng.integers(1, m))
         case(m, batch, _sizes(rng), split)
     # a batch of one sample on two or more devices: one piece, still a replica and a reduce on device 0
     one_piece = ("two or more devices: a replica even for one piece", "devices without a piece hold nothing",
                  "devices without a piece hold nothing")
-    case(int(rng.integers(2, 9)), 1, _sizes(rng, "gradients"), one_piece)
+    for m in (2, int(rng.integers(3, 9))):      # 2 devices on every seed: 'n <= 2' for 'n == 1' fails there
+        case(m, 1, _sizes(rng, "gradients"), one_piece)
     # the same devices and batch twice, other sizes: nothing kept between calls
     again = ("matches the model on fresh sizes",) * 2 + ("devices without a piece hold nothing",)
     m, batch = int(rng.integers(2, 9)), int(rng.integers(1, 3000))

@@ -174,7 +174,7 @@ MUTANTS_6_1 = [
         "one device: batch / (compute + device-0 work)"),
     Mutant("float split", _with(chunks_fn=lambda b, n: [b / n] * n), "splits the batch like DataParallel"),
     Mutant("tensor_split sizes", _with(chunks_fn=lambda b, n: [len(t) for t in torch.arange(b).tensor_split(n)]),
-           "one replica per piece", words="would give this same number"),
+           "one replica per piece", words="or it splits the batch into"),
     Mutant("np.array_split sizes", _with(chunks_fn=_array_split), "one replica per piece",
            words="np.array_split's sizes"),
     Mutant("floor split, the rest to the last", _with(chunks_fn=_floor_rest_last), "splits the batch like DataParallel",
@@ -231,7 +231,7 @@ MUTANTS_6_1 = [
         "the host launches the step once and works for every replica"),
     Mutant("w2-06 w61_03: host work for every device (both steps)", _with(host_fn=lambda c, ch, n: (
         c.host_step_ms + c.host_ms_per_replica * n if n > 1 else c.host_step_ms)),
-        "one replica per piece", words="yours charges host_ms_per_replica for every device"),
+        "one replica per piece", words="it charges host_ms_per_replica for every device"),
     Mutant("host work for every device, the one-device run too", host_for_every_device_in_both_runs,
            "efficiency compares with one device alone", words="n_devices replicas' host work"),
     Mutant("host and devices add up", _with(combine=sum), "one device: the longer of its launches and its work",
@@ -805,5 +805,171 @@ def test_reference_matches_torch_scatter_gather_on_a_gpu():
     outs = [torch.randn(s, 4, device="cuda") for s in (3, 3, 2)]
     assert torch.equal(torch.nn.parallel.gather(outs, 0), reference_gather(outs))
     assert torch.equal(torch.nn.parallel.gather(outs, -1), reference_gather(outs, 0, "cpu"))   # output_device=-1
+    on0 = reference_gather(outs, 0, 0)       # w3-06: output_device as DataParallel passes it, an int
+    assert on0.device == torch.device("cuda", 0) and torch.equal(torch.nn.parallel.gather(outs, 0, dim=0), on0)
     scalars = [torch.tensor(float(i), device="cuda") for i in range(3)]
     assert torch.equal(torch.nn.parallel.gather(scalars, 0), reference_gather(scalars))
+
+
+# -- walk w3-06: the wrong answers that passed, and the messages that pointed away --------------------
+
+def _piece_stat(stat):
+    """w3-06 w61_median_piece / w61_lower_median_piece: the devices timed by a statistic of the pieces."""
+    def device(c, ch, batch, n):
+        piece = stat(ch)
+        return (c.compute_fixed_ms + c.compute_per_sample_ms * piece + c.device0_ms
+                + (c.replicate_ms + c.reduce_ms + (batch - piece) * (c.scatter_ms_per_sample + c.gather_ms_per_sample)
+                   if len(ch) > 1 else 0.0))
+    return device
+
+
+def efficiency_alone_compute_only(c, n, b, loader):
+    """w3-06: the one-device baseline without device 0's work, the host or the loader."""
+    out = estimate_dp(c, n, b, loader)
+    first = _chunks(b, n)[0]
+    return {**out, "efficiency": out["samples_per_s"] / (n * 1000 * first / c.compute_ms(first))}
+
+
+class EfficiencyFirstCallState:
+    """w3-06 w61_efficiency_first_call_state: the baseline kept from the first call (a fresh one per seed)."""
+
+    def __init__(self):
+        self.alone = None
+
+    def __call__(self, c, n, b, loader):
+        out = estimate_dp(c, n, b, loader)
+        if self.alone is None:
+            self.alone = out["samples_per_s"] * n / out["efficiency"]
+        return {**out, "efficiency": out["samples_per_s"] / (n * self.alone)}
+
+
+MUTANTS_6_1_W3 = [
+    # passed 33 of 40 seeds: no 2-device host-bound case on most draws (now in every draw)
+    Mutant("w3-06 w61_host_replicas_from_three_devices (n > 2 for n > 1)", _with(host_fn=lambda c, ch, n: (
+        c.host_step_ms + (c.host_ms_per_replica * len(ch) if n > 2 else 0.0))),
+        "the host launches the step once and works for every replica", words="2 device(s)"),
+    # the model's term leads, the split that gives the same number second
+    Mutant("w3-06 w61_replicate_reduce_when_n_gt_1", _with(device_fn=lambda c, ch, batch, n: (
+        c.compute_ms(ch[0]) + c.device0_ms + (_serial(c, ch, batch) if n > 1 else 0.0))),
+        "pays the serial stages only when two or more devices work",
+        words="Hint: yours charges replicate, reduce, scatter and gather whenever n_devices >= 2"),
+    Mutant("w3-06 w61_median_piece", _with(device_fn=_piece_stat(statistics.median)), "the slowest device sets the pace",
+           words="median piece"),
+    Mutant("w3-06 w61_lower_median_piece", _with(device_fn=_piece_stat(lambda ch: sorted(ch)[(len(ch) - 1) // 2])),
+           "splits the batch like DataParallel", words="also the pieces' lower median"),
+    Mutant("w3-06 w61_rounded_outputs", lambda c, n, b, loader: {
+        **estimate_dp(c, n, b, loader), "samples_per_s": round(estimate_dp(c, n, b, loader)["samples_per_s"])},
+        "returns the numbers unrounded", words="rounded to 0 decimals"),
+    Mutant("w3-06 w61_rounded_sps_one_decimal", lambda c, n, b, loader: {
+        **estimate_dp(c, n, b, loader), "samples_per_s": round(estimate_dp(c, n, b, loader)["samples_per_s"], 1)},
+        "returns the numbers unrounded", words="1 part in a million"),
+    Mutant("w3-06 efficiency rounded to 2 decimals", lambda c, n, b, loader: {
+        **estimate_dp(c, n, b, loader), "efficiency": round(estimate_dp(c, n, b, loader)["efficiency"], 2)},
+        "returns the numbers unrounded", words="rounded to 2 decimals"),
+    Mutant("w3-06 w61_efficiency_alone_compute_only", efficiency_alone_compute_only, "efficiency of one device is 1",
+           words="by its compute alone"),
+    Mutant("w3-06 w61_loader_in_seconds", _with(loader_fn=lambda batch, rate, m: batch / rate),
+           "the loader caps the throughput", words="in seconds"),
+]
+
+
+@pytest.mark.parametrize("mutant", MUTANTS_6_1_W3, ids=repr)
+def test_6_1_w3_06_mutants_rejected(mutant):
+    rejected("6.1", mutant, SEEDS)
+
+
+def test_6_1_w3_06_baseline_kept_between_calls():
+    for seed in SEEDS[:2]:
+        rejected("6.1", Mutant("w3-06 w61_efficiency_first_call_state", EfficiencyFirstCallState(),
+                               "computes every call from its own arguments", words="an earlier call's one-device"),
+                 [seed])
+
+
+def test_6_1_w3_06_right_answers_pass():
+    """Right by the contract: the upper median of chunk's pieces is the first piece; ties between the bounds
+    are not defined by the spec (the loader named first among equals)."""
+    upper = _with(device_fn=_piece_stat(lambda ch: sorted(ch)[len(ch) // 2]))
+
+    def ties_loader_first(c, n, b, loader):
+        out = estimate_dp(c, n, b, loader)
+        return out
+    passes("6.1", upper, SEEDS[:2])
+    passes("6.1", ties_loader_first, SEEDS[:1])
+
+
+def _gather_target_or_default(ts, device):
+    """w3-06 w62_gather_target_from_output_device_int: `if not output_device` takes 0 for 'not given'."""
+    return ts[0].device if not device else torch.device(device)
+
+
+def _gather_default_current_cuda(ts, device):
+    """w3-06 w62_gather_default_current_cuda: None means the current CUDA device, not the first output's."""
+    if device is not None:
+        return torch.device(device)
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else ts[0].device
+
+
+class RemembersFirstN:
+    """w3-06 w62_remembers_first_n: the first call's n_devices kept for every later call (fresh per seed)."""
+
+    def __init__(self):
+        self.n = None
+
+    def __call__(self, inputs, n_devices, dim=0):
+        self.n = self.n or n_devices
+        return dp_scatter(inputs, self.n, dim)
+
+
+MUTANTS_6_2_W3 = [
+    Mutant("w3-06 w62_gather_target_from_output_device_int", (dp_scatter, make_gather(to=_gather_target_or_default)),
+           "gathers onto output_device", words="output_device=0"),
+    Mutant("w3-06 w62_gather_default_current_cuda", (dp_scatter, make_gather(to=_gather_default_current_cuda)),
+           "gathers onto output_device", words="output_device=None"),
+    Mutant("w3-06 w62_gather_copy_always", (dp_scatter, make_gather(join=lambda ts, d, target: torch.cat(
+        [t.to(target, copy=True).view(1) if t.dim() == 0 and d == 0 else t.to(target, copy=True) for t in ts], d))),
+        "copies each output once (torch.cat's copy)", words="copy=True"),
+    Mutant("w3-06 outputs cloned before the join", (dp_scatter, make_gather(join=lambda ts, d, target: torch.cat(
+        [t.to(target).clone().view(1) if t.dim() == 0 and d == 0 else t.to(target).clone() for t in ts], d))),
+        "copies each output once (torch.cat's copy)", words=".clone()"),
+]
+
+
+@pytest.mark.parametrize("mutant", MUTANTS_6_2_W3, ids=repr)
+def test_6_2_w3_06_mutants_rejected(mutant):
+    rejected("6.2", mutant, SEEDS[:1])
+
+
+def test_6_2_w3_06_state_and_labels():
+    rejected("6.2", Mutant("w3-06 w62_remembers_first_n", (RemembersFirstN(), dp_gather),
+                           "takes n_devices from every call", words="an earlier call's n_devices"), SEEDS[:1])
+    # a nested output is named by its element, not as `'cuda'[0]`
+    result = run_check("6.2", (dp_scatter, make_gather(pass_device=False)))
+    assert result.status == "fail" and "'cuda'[" not in result.message and ", element 0" in result.message
+
+
+def _mem_serial_from_three_devices(n, batch, **s):
+    """w3-06 w63_serial_from_three_devices: `n <= 2 and one piece` taken for one device (passed 35 of 40 seeds)."""
+    if n <= 2 and len(_chunks(batch, n)) == 1:
+        return _memory(1, batch, **s)
+    return _memory(n, batch, **s)
+
+
+def test_6_3_w3_06_mutants_rejected():
+    rejected("6.3", Mutant("w3-06 w63_serial_from_three_devices", _mem_serial_from_three_devices,
+                           "two or more devices: a replica even for one piece", words="2 device(s), batch 1"), SEEDS)
+    rejected("6.3", Mutant("w3-06 w63_floor_split", _mem(chunks_fn=_floor_rest_last),
+                           "splits the batch like DataParallel", words="ceil(batch / n_devices)"), SEEDS[:2])
+    rejected("6.3", Mutant("w3-06 w63_larger_of_act_and_grads", _mem(
+        device0=lambda p, o, i, a, y, b, c0, on0: p + o + on0 * i + max(c0 * a + 2 * b * y, p),
+        other=lambda p, o, i, a, y, b, c: p + c * i + max(c * a, p)),
+        "device 0 holds the state, its input and its peak", words="counted together"), SEEDS[:2])
+
+
+def test_6_2_w3_06_synchronize_named():
+    def join(ts, d, target):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return torch.cat([t.to(target).view(1) if t.dim() == 0 and d == 0 else t.to(target) for t in ts], d)
+    rejected("6.2", Mutant("w3-06 w62_gather_synchronize_first", (dp_scatter, make_gather(join=join)),
+                           "gathers on the device, nothing through the host", words="torch.cuda.synchronize()"),
+             SEEDS[:1])

@@ -133,6 +133,11 @@ def test_fit_verdict_reads_the_rounds_spread():
     assert not any("4 devices 23.00 ms" in l for l in noisy[1:] if l.startswith("more devices"))
     busy = fit_verdict(fit, [1, 2, 3, 4, 6], ms, held_out=[6], spread=0.8)
     assert len(busy) == 1 and "can neither rank the counts nor test the fit" in busy[0]
+    # w3-06: rounds 41% apart ranked the counts, 61% apart did not: both runs now say the rounds disagree
+    wide = fit_verdict(fit, [1, 2, 3, 4, 6], ms, held_out=[6], spread=0.41)
+    assert wide[0].startswith("measured, with rounds that disagree by up to 41%")
+    level = fit_verdict(fit, [1, 2, 3, 4, 6], [22.0, 21.0, 21.5, 23.0, 24.0], held_out=[6], spread=0.15)
+    assert len(level) == 1 and "the counts' steps differ by up to 14%" in level[0]
 
 
 def test_why_off_reads_the_cpu_line_before_the_run_length():
@@ -159,8 +164,11 @@ def test_speedup_range_verdict_says_when_the_halves_disagree():
 def test_agreement_range_names_halves_on_both_sides_of_the_tolerance():
     """w2-06: '4 devices, naive loader' read '35% below' in one run and 'as predicted' in the next."""
     from course_utils.scaling import agreement, agreement_range
-    assert agreement_range(937, 900, 1000, 1172) == agreement(937, 1172) + (
-        " (its halves ran 900 to 1,000: further below and within 20%: the halves disagree)")
+    assert agreement_range(937, 900, 1000, 1172) == (
+        "the halves disagree (they ran 900 to 1,000: one more than 20% below, one within 20% of it; the whole run "
+        "20% below the prediction)")
+    # w3-06: 'as predicted (... the halves disagree)' beside '0 of 6 runs within 20%': no verdict of its own
+    assert not agreement_range(1600, 1448, 1754, 1987).startswith("as predicted")
     assert agreement_range(1100, 1050, 1150, 1172) == "as predicted"
     assert agreement_range(500, 450, 550, 1172) == agreement(500, 1172)
 
