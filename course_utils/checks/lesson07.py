@@ -181,6 +181,30 @@ def _shard_cases(rng):
     return cases
 
 
+def _drop_last_mistake(shard_indices, yours, n, R, args) -> str:
+    """What a drop_last share of the wrong length did, named from every rank's list (w8-07 71_18: a
+    slice of the whole list, never cut, was told about round() and ceil(), which it did not use).
+    Rank 0's share is the same padded or uncut; the other ranks' tell them apart."""
+    try:
+        shares = [_as_index_list(shard_indices(n, R, r, **args), "") for r in range(R)]
+    except Exception:
+        shares = None
+    order = _reference_shard(n, 1, 0, **{**args, "drop_last": False})         # the (shuffled) list, uncut
+    padded = [_reference_shard(n, R, r, **{**args, "drop_last": False}) for r in range(R)]
+    if shares == padded:
+        return ("the list padded to ceil(n / num_replicas) x num_replicas = "
+                f"{R * math.ceil(n / R)}, what drop_last=False gives; drop_last cuts it to "
+                f"floor(n / num_replicas) x num_replicas = {R * (n // R)} instead")
+    if shares == [order[r::R] for r in range(R)]:
+        return (f"every num_replicas-th index of the whole list of {n}, with no cut, so the first n % num_replicas = "
+                f"{n % R} rank(s) get one index more than the others: cut the list to "
+                f"floor(n / num_replicas) x num_replicas = {R * (n // R)} indices first, then deal (a cut "
+                "computed with round() or ceil() where floor belongs does the same)")
+    if len(yours) > n // R:
+        return "more than floor(n / num_replicas) (round() or ceil() where floor belongs?)"
+    return f"fewer: the cut keeps n // num_replicas x num_replicas = {R * (n // R)} indices, and deals them all"
+
+
 @exercise("7.1", "shard indices like DistributedSampler")
 def check_7_1(shard_indices):
     expect_callable(shard_indices, "a function shard_indices(n, num_replicas, rank, *, shuffle, seed, epoch, drop_last)")
@@ -254,8 +278,8 @@ def check_7_1(shard_indices):
                     elif args["drop_last"] and len(yours) != len(expected):     # w7-07 w71_17 (seeds 5, 10)
                         prop = "drop_last drops the tail so every rank gets floor(n / num_replicas)"
                         hint = (f"with drop_last each rank gets floor(n / num_replicas) = {n} // {R} = "
-                                f"{len(expected)} indices; yours gave rank {rank} {len(yours)} (round() or ceil() "
-                                "where floor belongs?)")
+                                f"{len(expected)} indices; yours gave rank {rank} {len(yours)}: "
+                                + _drop_last_mistake(shard_indices, yours, n, R, args))
                     elif prop.startswith("pads even") and len(yours) < len(expected):
                         copies = math.ceil(R / n)
                         hint = (f"n={n} with {R} ranks needs {R} indices, {copies} copies of the list (more than "

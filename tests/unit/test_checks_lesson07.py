@@ -232,6 +232,29 @@ MUTANTS_71.append((drop_last_rounded, "drop_last drops the tail so every rank ge
 MESSAGES_71[len(MUTANTS_71) - 1] = "round() or ceil() where floor belongs"
 
 
+def drop_last_no_cut(n, num_replicas, rank, *, shuffle=True, seed=0, epoch=0, drop_last=False):
+    """w8-07 71_18: drop_last leaves the list uncut, `indices[rank::num_replicas]`: the first n % R
+    ranks get one index more. It used neither round() nor ceil(), and was told about them."""
+    if shuffle:
+        g = torch.Generator()
+        g.manual_seed(seed + epoch)
+        indices = torch.randperm(n, generator=g).tolist()
+    else:
+        indices = list(range(n))
+    if not drop_last:
+        total = num_replicas * math.ceil(n / num_replicas)
+        while len(indices) < total:
+            indices += indices[:total - len(indices)]
+    return indices[rank::num_replicas]
+
+
+MUTANTS_71.append((drop_last_no_cut, "drop_last drops the tail so every rank gets floor(n / num_replicas)"))
+MESSAGES_71[len(MUTANTS_71) - 1] = "of the whole list of"
+# w8-07 71_07: ceil's padding under drop_last too: named as drop_last=False's list, not as a rounding
+assert MUTANTS_71[6][0].__qualname__.startswith("make_shard")
+MESSAGES_71[6] = "what drop_last=False gives"
+
+
 def test_7_1_drop_last_rounded_fails_on_the_seeds_it_passed_and_on_those_it_was_misnamed(monkeypatch):
     """w7-07 w71_17 passed check seeds 1, 3, 8 and was told about the padding's order on 5 and 10."""
     for seed in (1, 3, 8, 5, 10):
