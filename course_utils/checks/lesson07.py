@@ -475,6 +475,36 @@ def _no_partner(file, rank) -> str:
             "timeout, or meets another rank's next collective)")
 
 
+def _module_prefix(obs: list[dict], file) -> None:
+    """A load_state_dict that raised over DDP's 'module.' prefix (w8-07 72_06: ddp.state_dict() saved,
+    loaded into the plain model, came back as torch's error): a FAIL that names the prefix."""
+    import re
+    for o in obs:
+        e = o.get("error") or {}
+        message = e.get("message", "")
+        if e.get("type") != "RuntimeError" or "state_dict" not in message:
+            continue
+        unexpected = re.search(r'Unexpected key\(s\) in state_dict: "(module\.[^"]*)"', message)
+        missing = re.search(r'Missing key\(s\) in state_dict: "(module\.[^"]*)"', message)
+        line = e.get("where") or {}
+        at = f" (line {line['line']} of {Path(file).name}: `{line['code']}`)" if line else ""
+        if unexpected:
+            raise CheckFailed("saves the plain model's state_dict",
+                              f"rank {o['rank']}'s load_state_dict{at} raised: the checkpoint's keys start with "
+                              f"'module.' (\"{unexpected.group(1)}\"), so what was saved is the DDP wrapper's "
+                              "state_dict, and the plain model has no such keys",
+                              "save model.state_dict() (the model inside DDP, ddp_model.module), not "
+                              "ddp_model.state_dict(): DDP prefixes every key with 'module.', and a checkpoint is "
+                              "read later by a plain model, without DDP")
+        if missing:
+            raise CheckFailed("loads the checkpoint into the plain model",
+                              f"rank {o['rank']}'s load_state_dict{at} raised: the module it loads into expects keys "
+                              f"starting with 'module.' (\"{missing.group(1)}\"), so it is the DDP wrapper, and the "
+                              "checkpoint holds the plain model's keys",
+                              "load into `model` (the model inside DDP), the one you return: DDP's own state_dict "
+                              "prefixes every key with 'module.'")
+
+
 def judge_7_2(obs: list[dict], seed: int, file) -> str:
     world = len(obs)
     case = case_72(seed, world)
@@ -497,6 +527,7 @@ def judge_7_2(obs: list[dict], seed: int, file) -> str:
             raise RankError(_error_sentence(o, file) + ". In the check `device` is the CPU (gloo ranks), and DDP "
                             "takes device_ids only for a module on a GPU: leave device_ids out (DDP then uses the "
                             "module's device) or pass `[device.index] if device.type == 'cuda' else None`")
+    _module_prefix(obs, file)
     _peer_left(obs, file)
     _raise_rank_errors(obs, "7.2", file)
 

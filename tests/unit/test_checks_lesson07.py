@@ -485,6 +485,13 @@ MESSAGES_72[12] = "rank 0's barrier has no partner"
 MUTANTS_72.append((body_72(ddp="DDP(model, device_ids=[dist.get_rank()] if device.type == 'cuda' else None)"),
                    "gives DDP the rank's own GPU (device_ids=[device.index])"))
 MESSAGES_72[len(MUTANTS_72) - 1] = "its DDP got device_ids=[1]: on the second node that names a GPU the node does not have"
+# w8-07 72_06: ddp_model.state_dict() saved and loaded into the plain model: torch's load_state_dict error
+# came back as an [ERROR]; now a FAIL that names the 'module.' prefix. And the other way round: the plain
+# model's state_dict loaded into the wrapper
+MUTANTS_72.append((body_72(save_obj="ddp_model.state_dict()"), "saves the plain model's state_dict"))
+MESSAGES_72[len(MUTANTS_72) - 1] = "the checkpoint's keys start with 'module.'"
+MUTANTS_72.append((body_72(load_into="ddp_model"), "loads the checkpoint into the plain model"))
+MESSAGES_72[len(MUTANTS_72) - 1] = "expects keys starting with 'module.'"
 RIGHT_72["device_ids=[LOCAL_RANK] on a GPU"] = body_72(
     ddp=f"DDP(model, device_ids=[int({ENV}['LOCAL_RANK'])] if device.type == 'cuda' else None)")
 
