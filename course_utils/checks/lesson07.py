@@ -1290,6 +1290,27 @@ def _rank_reads_too_much(batches, sizes):
     return (touched, allowed) if touched > allowed else None
 
 
+def _past_the_end_75(per_rank, case, world, rank, short) -> tuple[str, str] | None:
+    """(what, hint) where the one short batch of the epoch is the last rank's, ending with a shard's last
+    sample, on a rank with K = N // (world x batch_size) batches: its part ran past the end of the stream,
+    as a cut's offset beyond the remainder makes it (w8-07 75_10: rng.integers(0, remainder + 2), told
+    to drop or pad the remainder)."""
+    b, sizes = case["batch_size"], case["sizes"]
+    n = sum(sizes)
+    k = n // (world * b)
+    shorts = [pairs for batches in per_rank.values() for _, pairs in batches
+              if isinstance(pairs, list) and len(pairs) != b]
+    if len(shorts) != 1 or rank != world - 1 or not short or len(short) > b or \
+            len(per_rank[rank]) != k or short[-1][1] != sizes[short[-1][0]] - 1:
+        return None
+    remainder = n - k * world * b
+    return ((f", which ends with shard {short[-1][0]}'s last sample: rank {rank}'s part ran "
+             f"{b - len(short)} sample(s) past the end of the epoch's stream"),
+            (f"{n} samples make K = {n} // ({world} x {b}) = {k} full batches per rank and leave a remainder of "
+             f"{remainder}: the cut's offset runs from 0 to the remainder, both included "
+             f"(rng.integers(0, remainder + 1)); any further and the last rank's part runs past the stream's end"))
+
+
 def judge_7_5(obs: list[dict], seed: int, file) -> str:
     from collections import Counter
 
@@ -1333,8 +1354,11 @@ def judge_7_5(obs: list[dict], seed: int, file) -> str:
                                       f"with {_describe_75(case)}, rank {rank} yielded {tuple(bad[0])}, which is no "
                                       "sample", "shard s holds the samples (s, 0) .. (s, shard_sizes[s] - 1)")
                 if len(pairs) != case["batch_size"]:
+                    past = _past_the_end_75(per_rank, case, world, rank, pairs)
                     raise CheckFailed("every batch holds batch_size samples",
-                                      f"with {_describe_75(case)}, rank {rank} yielded a batch of {len(pairs)}",
+                                      f"with {_describe_75(case)}, rank {rank} yielded a batch of {len(pairs)}"
+                                      + (past[0] if past else ""),
+                                      past[1] if past else
                                       "a batch of another size changes the effective batch (learning rate, "
                                       "batch-norm statistics) and the shapes a compiled or graphed step sees: "
                                       "drop the remainder, or pad it with repeated samples")
