@@ -1121,7 +1121,9 @@ def judge_7_4(obs: list[dict], seed: int, file) -> str:
                                   "call loss.backward() without retain_graph: backward then frees the micro-batch's "
                                   "saved activations; a retained graph holds them for as long as anything refers to "
                                   "it (the loss, a running total built from it), so memory grows with the "
-                                  "micro-batches as if you had not accumulated. Add loss.detach() to the total")
+                                  "micro-batches as if you had not accumulated. (Without retain_graph, a running "
+                                  "total summed without .detach() holds only autograd's small nodes, and is "
+                                  "accepted; loss.detach() is the habit.)")
             backwards = [on for kind, on in res.get("synced", []) if kind == "B"]
             if len(backwards) == k and backwards.count(True) == 1 and not backwards[-1]:
                 which = backwards.index(True) + 1
