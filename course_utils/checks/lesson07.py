@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ._core import CheckFailed, WrongType, exercise, expect_callable
+from ._core import CheckFailed, WrongType, calling, exercise, expect_callable
 from ._util import fresh_rng
 from .lesson07_ranks import LABEL_SMOOTHING_74, MLP, NCCL_CASE_73, case_72, case_74, cases_73, cases_75, loss_fn_74
 
@@ -153,6 +153,10 @@ def _shard_cases(rng):
                    # every seed: n / num_replicas with a fraction above one half (w7-07 w71_17: round() in
                    # place of floor passed on the seeds whose draw had none)
                    dict(n=R * int(rng.integers(2, 7)) + R - 1, num_replicas=R, shuffle=False, seed=0, epoch=0,
+                        drop_last=True),
+                   # every seed: fewer samples than ranks, where floor(n / num_replicas) is 0 and every rank gets
+                   # [] (the near-miss rule: max(1, n // num_replicas), or padding first, gives each one index)
+                   dict(n=int(rng.integers(1, R)), num_replicas=R, shuffle=False, seed=0, epoch=0,
                         drop_last=True)]))
     R = int(rng.integers(2, 5))
     n = R * int(rng.integers(5, 20))
@@ -217,9 +221,9 @@ def check_7_1(shard_indices):
             for rank in range(R):
                 expected = _reference_shard(n, R, rank, **args)
                 state = torch.random.get_rng_state()
-                with _SamplerWatch() as watch:
-                    yours = shard_indices(n, R, rank, **args)
                 what = f"shard_indices({n}, {R}, {rank}, {', '.join(f'{k}={v}' for k, v in args.items())})"
+                with _SamplerWatch() as watch, calling(what):     # a crash names the call (w8-07 71_20)
+                    yours = shard_indices(n, R, rank, **args)
                 if watch.used:
                     raise CheckFailed("writes the sharding itself (not through torch's DistributedSampler)",
                                       f"{what} built or iterated a DistributedSampler",

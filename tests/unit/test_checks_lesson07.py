@@ -255,6 +255,49 @@ assert MUTANTS_71[6][0].__qualname__.startswith("make_shard")
 MESSAGES_71[6] = "what drop_last=False gives"
 
 
+def drop_last_at_least_one(n, num_replicas, rank, *, shuffle=True, seed=0, epoch=0, drop_last=False):
+    """The near-miss rule on drop_last's floor: max(1, n // num_replicas), right unless the dataset is
+    smaller than the number of ranks (DistributedSampler then gives every rank [])."""
+    if not drop_last or n >= num_replicas:
+        return shard_indices(n, num_replicas, rank, shuffle=shuffle, seed=seed, epoch=epoch, drop_last=drop_last)
+    return shard_indices(n, num_replicas, rank, shuffle=shuffle, seed=seed, epoch=epoch, drop_last=False)
+
+
+MUTANTS_71.append((drop_last_at_least_one, "drop_last drops the tail so every rank gets floor(n / num_replicas)"))
+MESSAGES_71[len(MUTANTS_71) - 1] = "floor(n / num_replicas) x num_replicas = 0 instead"
+
+
+def special_case_fewer_than_ranks(*, empty_on_drop_last):
+    """w8-07 71_20: `[idx[rank % n]]` when n < num_replicas, padding once otherwise. Without drop_last that
+    is the sampler's answer; with drop_last and n < num_replicas the cut list is empty and idx[rank % n]
+    raises (the walker judged it right: the check never drew that input). Returning [] there is right."""
+    def answer(n, num_replicas, rank, *, shuffle=True, seed=0, epoch=0, drop_last=False):
+        if shuffle:
+            g = torch.Generator()
+            g.manual_seed(seed + epoch)
+            idx = torch.randperm(n, generator=g).tolist()
+        else:
+            idx = list(range(n))
+        total = num_replicas * (n // num_replicas if drop_last else math.ceil(n / num_replicas))
+        if drop_last:
+            idx = idx[:total]
+        else:
+            idx += idx[:total - n]
+        if n >= num_replicas or (drop_last and empty_on_drop_last):
+            return idx[rank:total:num_replicas]
+        return [idx[rank % n]]
+    return answer
+
+
+def test_7_1_a_crash_on_fewer_records_than_ranks_names_the_call(monkeypatch):
+    for seed in (1, 2):
+        monkeypatch.setenv("COURSE_CHECK_SEED", str(seed))
+        result = run_check("7.1", special_case_fewer_than_ranks(empty_on_drop_last=False))
+        assert result.status == "error" and "IndexError" in result.message, result.message
+        assert "the check was calling shard_indices(" in result.message and "drop_last=True)" in result.message
+        assert run_check("7.1", special_case_fewer_than_ranks(empty_on_drop_last=True)).passed
+
+
 def test_7_1_drop_last_rounded_fails_on_the_seeds_it_passed_and_on_those_it_was_misnamed(monkeypatch):
     """w7-07 w71_17 passed check seeds 1, 3, 8 and was told about the padding's order on 5 and 10."""
     for seed in (1, 3, 8, 5, 10):
