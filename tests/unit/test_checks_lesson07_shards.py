@@ -438,3 +438,17 @@ def test_a_short_batch_elsewhere_keeps_the_remainder_hint():
         source = MUTANTS[i][0]
         status, message = _verdict(_observe(source, SEEDS[0]), SEEDS[0])
         assert status == "fail" and "drop the remainder, or pad it" in message, message
+
+
+# the near-miss rule on the remainder's edge, case (7) (a stream that divides into full batches): a padding
+# answer that always adds a batch, right wherever there is a remainder; in this process only
+PAD_ALWAYS_ONE_MORE = answer(last="pad").replace("k = math.ceil(n / (world * self.batch_size))",
+                                                 "k = n // (world * self.batch_size) + 1")
+
+
+def test_padding_one_batch_too_many_on_an_exact_stream_fails_on_every_seed():
+    assert PAD_ALWAYS_ONE_MORE != answer(last="pad")
+    for seed in SEEDS + MORE_SEEDS:
+        status, message = _verdict(_observe(PAD_ALWAYS_ONE_MORE, seed), seed)
+        assert status == "fail" and "'pads fewer than world_size x batch_size samples'" in message, \
+            f"seed {seed}: {message}"
