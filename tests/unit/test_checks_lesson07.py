@@ -331,9 +331,23 @@ def generator_warmed_with_randperm_1(n, num_replicas, rank, *, shuffle=True, see
     return shard_indices(n, num_replicas, rank, shuffle=shuffle, seed=seed, epoch=epoch, drop_last=drop_last)
 
 
+def padded_by_modulo(n, num_replicas, rank, *, shuffle=True, seed=0, epoch=0, drop_last=False):
+    """w8-07 71_12: the padding as `[idx[i % n] for i in range(total)]`: the sampler's list. Right."""
+    if shuffle:
+        g = torch.Generator()
+        g.manual_seed(seed + epoch)
+        idx = torch.randperm(n, generator=g).tolist()
+    else:
+        idx = list(range(n))
+    total = num_replicas * (n // num_replicas if drop_last else math.ceil(n / num_replicas))
+    return [idx[i % n] for i in range(total)][rank::num_replicas]
+
+
 @pytest.mark.parametrize("fn", [global_rng_saved_and_restored, generator_warmed_with_randperm_1,
-                                lambda *a, **k: __import__("numpy").asarray(shard_indices(*a, **k))],
-                         ids=["w71_15 global RNG restored", "w71_18 randperm(1) first", "w71_16 numpy array"])
+                                lambda *a, **k: __import__("numpy").asarray(shard_indices(*a, **k)),
+                                padded_by_modulo],
+                         ids=["w71_15 global RNG restored", "w71_18 randperm(1) first", "w71_16 numpy array",
+                              "w8-07 71_12 padding by modulo"])
 def test_7_1_right_answers_of_walk_w7_pass(monkeypatch, fn):
     for seed in (1, 2):
         monkeypatch.setenv("COURSE_CHECK_SEED", str(seed))
