@@ -240,10 +240,14 @@ def check_7_1(shard_indices):
                 before.append((args, yours))
                 if yours != expected:
                     fresh = None
-                    if kept is not None and args["shuffle"]:     # the same arguments, on a size never asked for yet
+                    # the same arguments, on a size never asked for yet; also where no call of this run returned
+                    # yours: a cache filled by an earlier run of the check (the test's seeds in one process, or a
+                    # learner running the check twice) was named as the wrong generator
+                    if args["shuffle"]:
                         # a size no earlier call (nor an earlier run of the check) is likely to have asked for:
                         # any fresh size gives the same verdict, so the draw does not make the fate seed-dependent
-                        n2 = max(key[0] for key in earlier) + R + 1 + secrets.randbelow(100_000)
+                        # (the same n % num_replicas: padding, or the cut, is the same on it)
+                        n2 = n + R * (1 + max(key[0] for key in earlier) // R + secrets.randbelow(100_000))
                         fresh = _as_index_list(shard_indices(n2, R, rank, **args), what) == \
                             _reference_shard(n2, R, rank, **args)
                     again = None
@@ -258,9 +262,12 @@ def check_7_1(shard_indices):
                                 "function and seed it with seed + epoch on every call")
                     elif fresh:           # right on a fresh size: w3-07 w71_12, a permutation cached by (n, seed)
                         prop = "computes each call from its own arguments (nothing kept between calls)"
-                        hint = (f"yours is what an earlier call returned ({', '.join(f'{k}={v}' for k, v in kept.items())}): "
-                                "your function kept something from that call (a cache whose key leaves out the epoch "
-                                "or the seed?). Compute the permutation from seed + epoch every time")
+                        hint = ((f"yours is what an earlier call returned ({', '.join(f'{k}={v}' for k, v in kept.items())}): "
+                                 "your function kept something from that call" if kept is not None else
+                                 "yours is wrong here, yet right on a size never asked for before: your function kept "
+                                 "something from an earlier call (of this run of the check or an earlier one)")
+                                + " (a cache whose key leaves out the epoch or the seed?). Compute the permutation "
+                                "from seed + epoch every time")
                     elif prop == "the seed changes the order" and \
                             yours != _reference_shard(n, R, rank, **{**args, "seed": 0}):   # w3-07 w71_15
                         prop = "seeds the generator with exactly seed + epoch"
