@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ._core import CheckFailed, WrongType, exercise, expect_callable
+from ._core import CheckFailed, WrongType, calling, exercise, expect_callable
 from ._util import fresh_rng
 from .lesson07_ranks import LABEL_SMOOTHING_74, MLP, NCCL_CASE_73, case_72, case_74, cases_73, cases_75, loss_fn_74
 
@@ -153,6 +153,10 @@ def _shard_cases(rng):
                    # every seed: n / num_replicas with a fraction above one half (w7-07 w71_17: round() in
                    # place of floor passed on the seeds whose draw had none)
                    dict(n=R * int(rng.integers(2, 7)) + R - 1, num_replicas=R, shuffle=False, seed=0, epoch=0,
+                        drop_last=True),
+                   # every seed: fewer samples than ranks, where floor(n / num_replicas) is 0 and every rank gets
+                   # [] (the near-miss rule: max(1, n // num_replicas), or padding first, gives each one index)
+                   dict(n=int(rng.integers(1, R)), num_replicas=R, shuffle=False, seed=0, epoch=0,
                         drop_last=True)]))
     R = int(rng.integers(2, 5))
     n = R * int(rng.integers(5, 20))
@@ -181,6 +185,30 @@ def _shard_cases(rng):
     return cases
 
 
+def _drop_last_mistake(shard_indices, yours, n, R, args) -> str:
+    """What a drop_last share of the wrong length did, named from every rank's list (w8-07 71_18: a
+    slice of the whole list, never cut, was told about round() and ceil(), which it did not use).
+    Rank 0's share is the same padded or uncut; the other ranks' tell them apart."""
+    try:
+        shares = [_as_index_list(shard_indices(n, R, r, **args), "") for r in range(R)]
+    except Exception:
+        shares = None
+    order = _reference_shard(n, 1, 0, **{**args, "drop_last": False})         # the (shuffled) list, uncut
+    padded = [_reference_shard(n, R, r, **{**args, "drop_last": False}) for r in range(R)]
+    if shares == padded:
+        return ("the list padded to ceil(n / num_replicas) x num_replicas = "
+                f"{R * math.ceil(n / R)}, what drop_last=False gives; drop_last cuts it to "
+                f"floor(n / num_replicas) x num_replicas = {R * (n // R)} instead")
+    if shares == [order[r::R] for r in range(R)]:
+        return (f"every num_replicas-th index of the whole list of {n}, with no cut, so the first n % num_replicas = "
+                f"{n % R} rank(s) get one index more than the others: cut the list to "
+                f"floor(n / num_replicas) x num_replicas = {R * (n // R)} indices first, then deal (a cut "
+                "computed with round() or ceil() where floor belongs does the same)")
+    if len(yours) > n // R:
+        return "more than floor(n / num_replicas) (round() or ceil() where floor belongs?)"
+    return f"fewer: the cut keeps n // num_replicas x num_replicas = {R * (n // R)} indices, and deals them all"
+
+
 @exercise("7.1", "shard indices like DistributedSampler")
 def check_7_1(shard_indices):
     expect_callable(shard_indices, "a function shard_indices(n, num_replicas, rank, *, shuffle, seed, epoch, drop_last)")
@@ -193,9 +221,9 @@ def check_7_1(shard_indices):
             for rank in range(R):
                 expected = _reference_shard(n, R, rank, **args)
                 state = torch.random.get_rng_state()
-                with _SamplerWatch() as watch:
-                    yours = shard_indices(n, R, rank, **args)
                 what = f"shard_indices({n}, {R}, {rank}, {', '.join(f'{k}={v}' for k, v in args.items())})"
+                with _SamplerWatch() as watch, calling(what):     # a crash names the call (w8-07 71_20)
+                    yours = shard_indices(n, R, rank, **args)
                 if watch.used:
                     raise CheckFailed("writes the sharding itself (not through torch's DistributedSampler)",
                                       f"{what} built or iterated a DistributedSampler",
@@ -212,10 +240,14 @@ def check_7_1(shard_indices):
                 before.append((args, yours))
                 if yours != expected:
                     fresh = None
-                    if kept is not None and args["shuffle"]:     # the same arguments, on a size never asked for yet
+                    # the same arguments, on a size never asked for yet; also where no call of this run returned
+                    # yours: a cache filled by an earlier run of the check (the test's seeds in one process, or a
+                    # learner running the check twice) was named as the wrong generator
+                    if args["shuffle"]:
                         # a size no earlier call (nor an earlier run of the check) is likely to have asked for:
                         # any fresh size gives the same verdict, so the draw does not make the fate seed-dependent
-                        n2 = max(key[0] for key in earlier) + R + 1 + secrets.randbelow(100_000)
+                        # (the same n % num_replicas: padding, or the cut, is the same on it)
+                        n2 = n + R * (1 + max(key[0] for key in earlier) // R + secrets.randbelow(100_000))
                         fresh = _as_index_list(shard_indices(n2, R, rank, **args), what) == \
                             _reference_shard(n2, R, rank, **args)
                     again = None
@@ -230,9 +262,12 @@ def check_7_1(shard_indices):
                                 "function and seed it with seed + epoch on every call")
                     elif fresh:           # right on a fresh size: w3-07 w71_12, a permutation cached by (n, seed)
                         prop = "computes each call from its own arguments (nothing kept between calls)"
-                        hint = (f"yours is what an earlier call returned ({', '.join(f'{k}={v}' for k, v in kept.items())}): "
-                                "your function kept something from that call (a cache whose key leaves out the epoch "
-                                "or the seed?). Compute the permutation from seed + epoch every time")
+                        hint = ((f"yours is what an earlier call returned ({', '.join(f'{k}={v}' for k, v in kept.items())}): "
+                                 "your function kept something from that call" if kept is not None else
+                                 "yours is wrong here, yet right on a size never asked for before: your function kept "
+                                 "something from an earlier call (of this run of the check or an earlier one)")
+                                + " (a cache whose key leaves out the epoch or the seed?). Compute the permutation "
+                                "from seed + epoch every time")
                     elif prop == "the seed changes the order" and \
                             yours != _reference_shard(n, R, rank, **{**args, "seed": 0}):   # w3-07 w71_15
                         prop = "seeds the generator with exactly seed + epoch"
@@ -254,8 +289,8 @@ def check_7_1(shard_indices):
                     elif args["drop_last"] and len(yours) != len(expected):     # w7-07 w71_17 (seeds 5, 10)
                         prop = "drop_last drops the tail so every rank gets floor(n / num_replicas)"
                         hint = (f"with drop_last each rank gets floor(n / num_replicas) = {n} // {R} = "
-                                f"{len(expected)} indices; yours gave rank {rank} {len(yours)} (round() or ceil() "
-                                "where floor belongs?)")
+                                f"{len(expected)} indices; yours gave rank {rank} {len(yours)}: "
+                                + _drop_last_mistake(shard_indices, yours, n, R, args))
                     elif prop.startswith("pads even") and len(yours) < len(expected):
                         copies = math.ceil(R / n)
                         hint = (f"n={n} with {R} ranks needs {R} indices, {copies} copies of the list (more than "
@@ -451,6 +486,36 @@ def _no_partner(file, rank) -> str:
             "timeout, or meets another rank's next collective)")
 
 
+def _module_prefix(obs: list[dict], file) -> None:
+    """A load_state_dict that raised over DDP's 'module.' prefix (w8-07 72_06: ddp.state_dict() saved,
+    loaded into the plain model, came back as torch's error): a FAIL that names the prefix."""
+    import re
+    for o in obs:
+        e = o.get("error") or {}
+        message = e.get("message", "")
+        if e.get("type") != "RuntimeError" or "state_dict" not in message:
+            continue
+        unexpected = re.search(r'Unexpected key\(s\) in state_dict: "(module\.[^"]*)"', message)
+        missing = re.search(r'Missing key\(s\) in state_dict: "(module\.[^"]*)"', message)
+        line = e.get("where") or {}
+        at = f" (line {line['line']} of {Path(file).name}: `{line['code']}`)" if line else ""
+        if unexpected:
+            raise CheckFailed("saves the plain model's state_dict",
+                              f"rank {o['rank']}'s load_state_dict{at} raised: the checkpoint's keys start with "
+                              f"'module.' (\"{unexpected.group(1)}\"), so what was saved is the DDP wrapper's "
+                              "state_dict, and the plain model has no such keys",
+                              "save model.state_dict() (the model inside DDP, ddp_model.module), not "
+                              "ddp_model.state_dict(): DDP prefixes every key with 'module.', and a checkpoint is "
+                              "read later by a plain model, without DDP")
+        if missing:
+            raise CheckFailed("loads the checkpoint into the plain model",
+                              f"rank {o['rank']}'s load_state_dict{at} raised: the module it loads into expects keys "
+                              f"starting with 'module.' (\"{missing.group(1)}\"), so it is the DDP wrapper, and the "
+                              "checkpoint holds the plain model's keys",
+                              "load into `model` (the model inside DDP), the one you return: DDP's own state_dict "
+                              "prefixes every key with 'module.'")
+
+
 def judge_7_2(obs: list[dict], seed: int, file) -> str:
     world = len(obs)
     case = case_72(seed, world)
@@ -473,6 +538,7 @@ def judge_7_2(obs: list[dict], seed: int, file) -> str:
             raise RankError(_error_sentence(o, file) + ". In the check `device` is the CPU (gloo ranks), and DDP "
                             "takes device_ids only for a module on a GPU: leave device_ids out (DDP then uses the "
                             "module's device) or pass `[device.index] if device.type == 'cuda' else None`")
+    _module_prefix(obs, file)
     _peer_left(obs, file)
     _raise_rank_errors(obs, "7.2", file)
 
@@ -1066,7 +1132,9 @@ def judge_7_4(obs: list[dict], seed: int, file) -> str:
                                   "call loss.backward() without retain_graph: backward then frees the micro-batch's "
                                   "saved activations; a retained graph holds them for as long as anything refers to "
                                   "it (the loss, a running total built from it), so memory grows with the "
-                                  "micro-batches as if you had not accumulated. Add loss.detach() to the total")
+                                  "micro-batches as if you had not accumulated. (Without retain_graph, a running "
+                                  "total summed without .detach() holds only autograd's small nodes, and is "
+                                  "accepted; loss.detach() is the habit.)")
             backwards = [on for kind, on in res.get("synced", []) if kind == "B"]
             if len(backwards) == k and backwards.count(True) == 1 and not backwards[-1]:
                 which = backwards.index(True) + 1
@@ -1235,6 +1303,27 @@ def _rank_reads_too_much(batches, sizes):
     return (touched, allowed) if touched > allowed else None
 
 
+def _past_the_end_75(per_rank, case, world, rank, short) -> tuple[str, str] | None:
+    """(what, hint) where the one short batch of the epoch is the last rank's, ending with a shard's last
+    sample, on a rank with K = N // (world x batch_size) batches: its part ran past the end of the stream,
+    as a cut's offset beyond the remainder makes it (w8-07 75_10: rng.integers(0, remainder + 2), told
+    to drop or pad the remainder)."""
+    b, sizes = case["batch_size"], case["sizes"]
+    n = sum(sizes)
+    k = n // (world * b)
+    shorts = [pairs for batches in per_rank.values() for _, pairs in batches
+              if isinstance(pairs, list) and len(pairs) != b]
+    if len(shorts) != 1 or rank != world - 1 or not short or len(short) > b or \
+            len(per_rank[rank]) != k or short[-1][1] != sizes[short[-1][0]] - 1:
+        return None
+    remainder = n - k * world * b
+    return ((f", which ends with shard {short[-1][0]}'s last sample: rank {rank}'s part ran "
+             f"{b - len(short)} sample(s) past the end of the epoch's stream"),
+            (f"{n} samples make K = {n} // ({world} x {b}) = {k} full batches per rank and leave a remainder of "
+             f"{remainder}: the cut's offset runs from 0 to the remainder, both included "
+             f"(rng.integers(0, remainder + 1)); any further and the last rank's part runs past the stream's end"))
+
+
 def judge_7_5(obs: list[dict], seed: int, file) -> str:
     from collections import Counter
 
@@ -1278,8 +1367,11 @@ def judge_7_5(obs: list[dict], seed: int, file) -> str:
                                       f"with {_describe_75(case)}, rank {rank} yielded {tuple(bad[0])}, which is no "
                                       "sample", "shard s holds the samples (s, 0) .. (s, shard_sizes[s] - 1)")
                 if len(pairs) != case["batch_size"]:
+                    past = _past_the_end_75(per_rank, case, world, rank, pairs)
                     raise CheckFailed("every batch holds batch_size samples",
-                                      f"with {_describe_75(case)}, rank {rank} yielded a batch of {len(pairs)}",
+                                      f"with {_describe_75(case)}, rank {rank} yielded a batch of {len(pairs)}"
+                                      + (past[0] if past else ""),
+                                      past[1] if past else
                                       "a batch of another size changes the effective batch (learning rate, "
                                       "batch-norm statistics) and the shapes a compiled or graphed step sees: "
                                       "drop the remainder, or pad it with repeated samples")

@@ -687,8 +687,10 @@ def cases_75(seed: int, world: int) -> list[dict]:
     workers; (2) a single shard, two workers per rank, resumed after an odd number of batches;
     (3) a single shard over six epochs, without workers; (4) a single shard with a remainder of one
     over 21 epochs and (5) 16 small shards over ten epochs, both without workers; (6) a single
-    shard, four workers per rank, resumed before its last batch.
-    No case divides into full batches, so dropping and padding give different epochs."""
+    shard, four workers per rank, resumed before its last batch; (7) two shards that divide into full
+    batches exactly, without workers.
+    Only (7), drawn last, divides into full batches (the edge where dropping and padding agree): in
+    every other case they give different epochs."""
     rng = np.random.default_rng([75, seed])
     cases = []
     while True:
@@ -756,6 +758,15 @@ def cases_75(seed: int, world: int) -> list[dict]:
             break
     cases.append({"sizes": [n], "batch_size": batch, "seed": int(rng.integers(0, 10_000)), "workers": 4,
                   "epochs": [0], "resume": [0, k - 1]})
+    # (7) the near-miss rule on the remainder's edge: two shards that divide into full batches exactly,
+    # where dropping and padding agree (nothing to drop, nothing to pad): a padding answer that always adds
+    # a batch (n // (world x batch) + 1), or an offset drawn from rng.integers(0, remainder), shows only here.
+    # Drawn last, so that the cases above keep their draws
+    batch = int(rng.integers(3, 6))
+    n = world * batch * int(rng.integers(3, 7))
+    cut = int(rng.integers(1, n))
+    cases.append({"sizes": [cut, n - cut], "batch_size": batch, "seed": int(rng.integers(0, 10_000)), "workers": 0,
+                  "epochs": [int(rng.integers(0, 5))], "resume": None})
     return cases
 
 

@@ -232,6 +232,72 @@ MUTANTS_71.append((drop_last_rounded, "drop_last drops the tail so every rank ge
 MESSAGES_71[len(MUTANTS_71) - 1] = "round() or ceil() where floor belongs"
 
 
+def drop_last_no_cut(n, num_replicas, rank, *, shuffle=True, seed=0, epoch=0, drop_last=False):
+    """w8-07 71_18: drop_last leaves the list uncut, `indices[rank::num_replicas]`: the first n % R
+    ranks get one index more. It used neither round() nor ceil(), and was told about them."""
+    if shuffle:
+        g = torch.Generator()
+        g.manual_seed(seed + epoch)
+        indices = torch.randperm(n, generator=g).tolist()
+    else:
+        indices = list(range(n))
+    if not drop_last:
+        total = num_replicas * math.ceil(n / num_replicas)
+        while len(indices) < total:
+            indices += indices[:total - len(indices)]
+    return indices[rank::num_replicas]
+
+
+MUTANTS_71.append((drop_last_no_cut, "drop_last drops the tail so every rank gets floor(n / num_replicas)"))
+MESSAGES_71[len(MUTANTS_71) - 1] = "of the whole list of"
+# w8-07 71_07: ceil's padding under drop_last too: named as drop_last=False's list, not as a rounding
+assert MUTANTS_71[6][0].__qualname__.startswith("make_shard")
+MESSAGES_71[6] = "what drop_last=False gives"
+
+
+def drop_last_at_least_one(n, num_replicas, rank, *, shuffle=True, seed=0, epoch=0, drop_last=False):
+    """The near-miss rule on drop_last's floor: max(1, n // num_replicas), right unless the dataset is
+    smaller than the number of ranks (DistributedSampler then gives every rank [])."""
+    if not drop_last or n >= num_replicas:
+        return shard_indices(n, num_replicas, rank, shuffle=shuffle, seed=seed, epoch=epoch, drop_last=drop_last)
+    return shard_indices(n, num_replicas, rank, shuffle=shuffle, seed=seed, epoch=epoch, drop_last=False)
+
+
+MUTANTS_71.append((drop_last_at_least_one, "drop_last drops the tail so every rank gets floor(n / num_replicas)"))
+MESSAGES_71[len(MUTANTS_71) - 1] = "floor(n / num_replicas) x num_replicas = 0 instead"
+
+
+def special_case_fewer_than_ranks(*, empty_on_drop_last):
+    """w8-07 71_20: `[idx[rank % n]]` when n < num_replicas, padding once otherwise. Without drop_last that
+    is the sampler's answer; with drop_last and n < num_replicas the cut list is empty and idx[rank % n]
+    raises (the walker judged it right: the check never drew that input). Returning [] there is right."""
+    def answer(n, num_replicas, rank, *, shuffle=True, seed=0, epoch=0, drop_last=False):
+        if shuffle:
+            g = torch.Generator()
+            g.manual_seed(seed + epoch)
+            idx = torch.randperm(n, generator=g).tolist()
+        else:
+            idx = list(range(n))
+        total = num_replicas * (n // num_replicas if drop_last else math.ceil(n / num_replicas))
+        if drop_last:
+            idx = idx[:total]
+        else:
+            idx += idx[:total - n]
+        if n >= num_replicas or (drop_last and empty_on_drop_last):
+            return idx[rank:total:num_replicas]
+        return [idx[rank % n]]
+    return answer
+
+
+def test_7_1_a_crash_on_fewer_records_than_ranks_names_the_call(monkeypatch):
+    for seed in (1, 2):
+        monkeypatch.setenv("COURSE_CHECK_SEED", str(seed))
+        result = run_check("7.1", special_case_fewer_than_ranks(empty_on_drop_last=False))
+        assert result.status == "error" and "IndexError" in result.message, result.message
+        assert "the check was calling shard_indices(" in result.message and "drop_last=True)" in result.message
+        assert run_check("7.1", special_case_fewer_than_ranks(empty_on_drop_last=True)).passed
+
+
 def test_7_1_drop_last_rounded_fails_on_the_seeds_it_passed_and_on_those_it_was_misnamed(monkeypatch):
     """w7-07 w71_17 passed check seeds 1, 3, 8 and was told about the padding's order on 5 and 10."""
     for seed in (1, 3, 8, 5, 10):
@@ -265,9 +331,23 @@ def generator_warmed_with_randperm_1(n, num_replicas, rank, *, shuffle=True, see
     return shard_indices(n, num_replicas, rank, shuffle=shuffle, seed=seed, epoch=epoch, drop_last=drop_last)
 
 
+def padded_by_modulo(n, num_replicas, rank, *, shuffle=True, seed=0, epoch=0, drop_last=False):
+    """w8-07 71_12: the padding as `[idx[i % n] for i in range(total)]`: the sampler's list. Right."""
+    if shuffle:
+        g = torch.Generator()
+        g.manual_seed(seed + epoch)
+        idx = torch.randperm(n, generator=g).tolist()
+    else:
+        idx = list(range(n))
+    total = num_replicas * (n // num_replicas if drop_last else math.ceil(n / num_replicas))
+    return [idx[i % n] for i in range(total)][rank::num_replicas]
+
+
 @pytest.mark.parametrize("fn", [global_rng_saved_and_restored, generator_warmed_with_randperm_1,
-                                lambda *a, **k: __import__("numpy").asarray(shard_indices(*a, **k))],
-                         ids=["w71_15 global RNG restored", "w71_18 randperm(1) first", "w71_16 numpy array"])
+                                lambda *a, **k: __import__("numpy").asarray(shard_indices(*a, **k)),
+                                padded_by_modulo],
+                         ids=["w71_15 global RNG restored", "w71_18 randperm(1) first", "w71_16 numpy array",
+                              "w8-07 71_12 padding by modulo"])
 def test_7_1_right_answers_of_walk_w7_pass(monkeypatch, fn):
     for seed in (1, 2):
         monkeypatch.setenv("COURSE_CHECK_SEED", str(seed))
@@ -462,6 +542,13 @@ MESSAGES_72[12] = "rank 0's barrier has no partner"
 MUTANTS_72.append((body_72(ddp="DDP(model, device_ids=[dist.get_rank()] if device.type == 'cuda' else None)"),
                    "gives DDP the rank's own GPU (device_ids=[device.index])"))
 MESSAGES_72[len(MUTANTS_72) - 1] = "its DDP got device_ids=[1]: on the second node that names a GPU the node does not have"
+# w8-07 72_06: ddp_model.state_dict() saved and loaded into the plain model: torch's load_state_dict error
+# came back as an [ERROR]; now a FAIL that names the 'module.' prefix. And the other way round: the plain
+# model's state_dict loaded into the wrapper
+MUTANTS_72.append((body_72(save_obj="ddp_model.state_dict()"), "saves the plain model's state_dict"))
+MESSAGES_72[len(MUTANTS_72) - 1] = "the checkpoint's keys start with 'module.'"
+MUTANTS_72.append((body_72(load_into="ddp_model"), "loads the checkpoint into the plain model"))
+MESSAGES_72[len(MUTANTS_72) - 1] = "expects keys starting with 'module.'"
 RIGHT_72["device_ids=[LOCAL_RANK] on a GPU"] = body_72(
     ddp=f"DDP(model, device_ids=[int({ENV}['LOCAL_RANK'])] if device.type == 'cuda' else None)")
 

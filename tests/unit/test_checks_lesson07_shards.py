@@ -412,3 +412,43 @@ def test_worker_stretches_that_touch_but_do_not_overlap():
     across = [[0, [[0, i] for i in range(10)] + [[0, 15]]], [1, [[0, i] for i in range(10, 15)]]]
     assert lesson07._stretch_overlap(across, set()) == (0, 1, 0, 10, 14)
     assert lesson07._stretch_overlap(across, {(0, 15)}) is None            # a padded repeat does not count
+
+
+# w8-07 75_10: the cut's offset up to the remainder + 1: on the epochs that draw remainder + 1 the last
+# rank's part runs one sample past the stream's end, and its last batch is short. It failed on every seed,
+# told to "drop the remainder, or pad it"; the message now names the offset. In this process only (the
+# simulator reproduces it): the launch above stays as long as it was
+OFFSET_PAST_THE_END = answer().replace(SOLUTION_OFFSET, "offset = int(rng.integers(0, n - k * world * self.batch_size + 2))")
+
+
+def test_an_offset_past_the_remainder_is_named_on_every_seed():
+    assert OFFSET_PAST_THE_END != RIGHT["solution"]
+    for seed in SEEDS + MORE_SEEDS:
+        status, message = _verdict(_observe(OFFSET_PAST_THE_END, seed), seed)
+        assert status == "fail" and "'every batch holds batch_size samples'" in message, f"seed {seed}: {message}"
+        assert "past the end of the epoch's stream" in message and "the cut's offset runs from 0 to the remainder" \
+            in message, f"seed {seed}: {message}"
+
+
+def test_a_short_batch_elsewhere_keeps_the_remainder_hint():
+    """The mutants whose batches are short for another reason are not told about the offset."""
+    shorts = [i for i, m in enumerate(MUTANTS) if m[1] == "every batch holds batch_size samples"]
+    assert len(shorts) == 2
+    for i in shorts:
+        source = MUTANTS[i][0]
+        status, message = _verdict(_observe(source, SEEDS[0]), SEEDS[0])
+        assert status == "fail" and "drop the remainder, or pad it" in message, message
+
+
+# the near-miss rule on the remainder's edge, case (7) (a stream that divides into full batches): a padding
+# answer that always adds a batch, right wherever there is a remainder; in this process only
+PAD_ALWAYS_ONE_MORE = answer(last="pad").replace("k = math.ceil(n / (world * self.batch_size))",
+                                                 "k = n // (world * self.batch_size) + 1")
+
+
+def test_padding_one_batch_too_many_on_an_exact_stream_fails_on_every_seed():
+    assert PAD_ALWAYS_ONE_MORE != answer(last="pad")
+    for seed in SEEDS + MORE_SEEDS:
+        status, message = _verdict(_observe(PAD_ALWAYS_ONE_MORE, seed), seed)
+        assert status == "fail" and "'pads fewer than world_size x batch_size samples'" in message, \
+            f"seed {seed}: {message}"
