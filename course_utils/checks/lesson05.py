@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import io
+import gc
 import math
 import operator
 import re
@@ -409,10 +410,15 @@ def _amp_case(amp_step, rng, seed, device, dtype, *, use_scaler):
                               f"{_UNUSED_SCALER}", _UNUSED_SCALER_HINT)
         with fresh.reads.paused():
             scales.append(scaler.get_scale() if use_scaler else 1.0)
-        if model.graphs.alive > 1:
+        if model.graphs.alive:
+            gc.collect()                   # a reference cycle that garbage collection frees is not a keep
+        if model.graphs.alive:             # even one: the last step's graph, kept into the next forward (w5-05)
+            alive = model.graphs.alive
             raise CheckFailed("keeps no graph past its step",
-                              f"{label}: after {len(losses)} calls, {model.graphs.alive} steps' autograd graphs were "
-                              "still alive, though each step had returned (seed {seed})".replace("{seed}", str(seed)),
+                              f"{label}: after {len(losses)} call{'s' if len(losses) != 1 else ''}, "
+                              + ("1 step's autograd graph was" if alive == 1 else f"{alive} steps' autograd graphs were")
+                              + " still alive, though each step had returned and its caller kept only the detached "
+                              "loss (seed {seed})".replace("{seed}", str(seed)),
                               "something the step keeps (a list, a global, an attribute) holds the loss itself, and "
                               "with it the step's whole graph: keep loss.detach() (or nothing) there, as the "
                               "returned loss is, the habit exercise 5.4 fixes")
@@ -1087,7 +1093,10 @@ def _loop_case(train_fixed, rng, seed, device):
     if any(stale):
         raise CheckFailed("frees the gradients between steps",
                           f"{label}: at the forward pass of a later step, {max(stale)} parameters still had a .grad",
-                          "optimizer.zero_grad(set_to_none=True) at the start of each step")
+                          "optimizer.zero_grad(set_to_none=True) at the start of each step: this loop's contract is "
+                          "its memory, and zeros written in place keep every gradient allocated through the next "
+                          "forward pass, beside its activations (exercises 5.1 and 5.2 ask only that no earlier "
+                          "gradient leak in, and accept the zeros)")
     missing = _unprinted(printed.getvalue(), expected)
     if missing is not None:
         i, mean = missing

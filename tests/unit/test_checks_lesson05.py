@@ -1332,7 +1332,8 @@ MUTANTS_54 = [
     Mutant("the divergence guard every step", guard_every_step, "synchronises at most once per logging interval"),
     Mutant("a copy to the host every step", copies_each_loss_to_the_host,
            "synchronises at most once per logging interval"),
-    Mutant("zero_grad(set_to_none=False)", zeros_not_none, "frees the gradients between steps"),
+    Mutant("zero_grad(set_to_none=False)", zeros_not_none, "frees the gradients between steps",
+           words="this loop's contract is its memory"),
     Mutant("the last loss, not the mean", last_loss_not_mean, "logs the mean loss of each interval"),
     Mutant("logs the partial interval", logs_the_partial_interval, "logs once per complete interval"),
     Mutant("returns tensors", returns_tensors, "returns Python floats"),
@@ -1592,3 +1593,20 @@ def test_amp_step_passes_returning_the_loss_in_float64():
     def double(model, optimizer, scaler, images, labels, dtype=torch.float16, max_norm=1.0):
         return _amp_step_loss(model, optimizer, scaler, images, labels, dtype, max_norm).detach().double()
     passes("5.1", double, range(1))
+
+
+def amp_keeps_the_last_loss(model, optimizer, scaler, images, labels, dtype=torch.float16, max_norm=1.0):
+    """The last step's loss itself kept in a function attribute: one graph, alive into the next step's forward
+    pass (w5-05, 5.1-23: the check counted 'more than 1' and let it through)."""
+    loss = _amp_step_loss(model, optimizer, scaler, images, labels, dtype, max_norm)
+    amp_keeps_the_last_loss.last = loss
+    return loss.detach()
+
+
+def test_amp_step_rejects_one_kept_graph():
+    try:
+        rejected("5.1", Mutant("the last loss kept in an attribute", amp_keeps_the_last_loss,
+                               "keeps no graph past its step", words="1 step's autograd graph was still alive"),
+                 range(1))
+    finally:
+        amp_keeps_the_last_loss.last = None
