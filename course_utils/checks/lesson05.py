@@ -1,6 +1,7 @@
 """Checks for lesson 05 (mixed precision, memory, and the habits that stall the GPU)."""
 from __future__ import annotations
 
+import collections
 import contextlib
 import inspect
 import io
@@ -1050,12 +1051,26 @@ def _loop_case(train_fixed, rng, seed, device):
     if syncs.count > allowed:
         names = ", ".join(f"{k} x{v}" for k, v in syncs.by_name().items()) or f"{syncs.cuda_warnings} flagged by CUDA"
         listed = any(c.startswith("torch.tensor(") for c in syncs.calls)
+        by_name = syncs.by_name()
+        if not listed and by_name and syncs.count < steps and syncs.count <= 3 * max(n_logs, 1):
+            # a few reads at each logging, not one per step (w5-05: a guard on the mean tensor, a synchronize)
+            extra = []
+            if any(k in by_name for k in ("__bool__", "is_nonzero")):
+                extra.append("a guard on a tensor (if torch.isnan(mean_tensor)) is a read of its own: guard on the "
+                             "float you read (if not mean < 100: raise ...)")
+            if any("synchronize" in k for k in by_name):
+                extra.append("a synchronize before .item() is a wait .item() makes anyway")
+            hint = (f"yours reads at the logging, not per step, but {syncs.count} times for {n_logs} intervals: read "
+                    "each interval's mean once, mean = torch.stack(window).mean().item(), and do everything else "
+                    "(the print, a divergence guard, the list) with that float" + "".join("; " + e for e in extra))
+        else:
+            hint = (("torch.tensor(window) of device tensors copies each one to the host, a wait per step's "
+                     "loss: torch.stack(window) keeps them on the device, and " if listed else "")
+                    + "collect loss.detach() of each step on the device and read the interval's mean with one "
+                    ".item(); no print(loss), float(loss), .item() or torch.cuda.empty_cache() per step")
         raise CheckFailed("synchronises at most once per logging interval",
                           f"{label}: yours made {syncs.count} synchronising calls ({names}); at most {allowed} allowed",
-                          ("torch.tensor(window) of device tensors copies each one to the host, a wait per step's "
-                           "loss: torch.stack(window) keeps them on the device, and " if listed else "")
-                          + "collect loss.detach() of each step on the device and read the interval's mean with one "
-                          ".item(); no print(loss), float(loss), .item() or torch.cuda.empty_cache() per step")
+                          hint)
     losses = torch.stack(recorded).float().cpu().numpy()
     expected = [float(losses[i * log_every:(i + 1) * log_every].mean()) for i in range(n_logs)]
     yours = [float(v) for v in result]
@@ -1070,6 +1085,9 @@ def _loop_case(train_fixed, rng, seed, device):
             seen.append("yours is the last loss of the interval alone")
         elif math.isclose(yours[i], float(losses[:hi].mean()), rel_tol=1e-4, abs_tol=1e-6):
             seen.append("yours is the mean of every loss so far")
+        elif log_every > 2 and math.isclose(yours[i], float(np.sort(losses[lo:hi])[1:-1].mean()), rel_tol=1e-4,
+                                            abs_tol=1e-6):
+            seen.append("yours is their mean without the smallest and the largest: a trimmed mean")
         else:
             for shift in (-1, 1):
                 if 0 <= lo + shift and hi + shift <= len(losses) and math.isclose(
@@ -1080,9 +1098,9 @@ def _loop_case(train_fixed, rng, seed, device):
         if kept:
             state = (f". Your default argument {kept[0]}=[] is made once, when `def` runs: it is a window kept "
                      "between calls, which starts a call with the losses the last one left over")
-        elif i == 0 and not seen:
-            state = (". If your loop keeps anything between calls (a global window), that is a window kept between "
-                     "calls: it starts a call with the losses the last one left over")
+        elif i == 0 and not seen and _shared_lists(train_fixed):
+            state = (f". Your loop uses {_shared_lists(train_fixed)[0]}, a list that outlives the call: a window kept "
+                     "between calls starts a call with the losses the last one left over")
         raise CheckFailed("logs the mean loss of each interval", f"{label}: interval {i + 1} (steps {lo + 1} to "
                           f"{hi}): yours {yours[i]:.5f}, expected their mean {expected[i]:.5f}"
                           + (f" ({seen[0]})" if seen else ""),
@@ -1133,6 +1151,22 @@ def _unprinted(text: str, means: list[float]):
     return None
 
 
+def _shared_lists(fn) -> list[str]:
+    """The global or enclosing names `fn` uses that hold a list, deque or dict: state that outlives a call."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return []
+    found = [name for name in code.co_names
+             if isinstance(getattr(fn, "__globals__", {}).get(name), (list, dict, collections.deque))]
+    for name, cell in zip(code.co_freevars, getattr(fn, "__closure__", None) or ()):
+        try:
+            if isinstance(cell.cell_contents, (list, dict, collections.deque)):
+                found.append(name)
+        except ValueError:          # an empty cell
+            pass
+    return found
+
+
 def _mutable_defaults(fn) -> list[str]:
     """The parameters of `fn` whose default is a list, dict or set: one object shared by every call."""
     try:
@@ -1180,8 +1214,10 @@ def _default_interval(train_fixed, rng, seed):
     if not np.allclose(yours, expected, rtol=1e-4, atol=1e-6):
         i = next(i for i, (a, b) in enumerate(zip(yours, expected)) if not math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-6))
         raise CheckFailed("logs the mean loss of each interval",
-                          f"{label}, after an earlier call that ended with a partial interval: interval {i}: yours "
-                          f"{yours[i]:.5f}, expected {expected[i]:.5f} (seed {seed})",
+                          f"{label}, after an earlier call that ended with a partial interval: interval {i + 1} "
+                          f"(steps {10 * i + 1} to {10 * i + 10}): yours {yours[i]:.5f}, expected {expected[i]:.5f} "
+                          f"(seed {seed})" + (f"; your loop uses {_shared_lists(train_fixed)[0]}, a list that "
+                                              "outlives the call" if _shared_lists(train_fixed) else ""),
                           "the mean of the 10 losses of that interval, and only those: a window kept between calls "
                           "(a default argument such as window=[], a global) starts this call with the losses the "
                           "last call left over")

@@ -1610,3 +1610,72 @@ def test_amp_step_rejects_one_kept_graph():
                  range(1))
     finally:
         amp_keeps_the_last_loss.last = None
+
+
+def loop_guards_the_mean_tensor(model, optimizer, batches, loss_fn, log_every=10):
+    """The spec's divergence guard on the interval's mean, made on the tensor: a second read (w5-05, 5.4-17)."""
+    means, window = [], []
+    for step, (images, labels) in enumerate(batches, 1):
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        window.append(loss.detach())
+        if step % log_every == 0:
+            mean = torch.stack(window).mean()
+            if torch.isnan(mean):
+                raise RuntimeError("diverged")
+            means.append(mean.item())
+            print(f"step {step}: mean loss {means[-1]:.4f}")
+            window = []
+    return means
+
+
+def _synchronize_then_read(window, log_every):
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return torch.stack(window).mean().item()
+
+
+_GLOBAL_WINDOW_54 = []
+
+
+def loop_global_window(model, optimizer, batches, loss_fn, log_every=10):
+    """A window in a global, cleared at each logging: the last call's partial interval starts the next."""
+    means = []
+    for step, (images, labels) in enumerate(batches, 1):
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        _GLOBAL_WINDOW_54.append(loss.detach())
+        if step % log_every == 0:
+            means.append(torch.stack(_GLOBAL_WINDOW_54).mean().item())
+            print(f"step {step}: mean loss {means[-1]:.4f}")
+            _GLOBAL_WINDOW_54.clear()
+    return means
+
+
+@pytest.mark.parametrize("mutant", [
+    Mutant("a guard on the mean tensor", loop_guards_the_mean_tensor, "synchronises at most once per logging interval",
+           words="guard on the float you read"),
+    Mutant("a synchronize at each logging", _loop(read=_synchronize_then_read),
+           "synchronises at most once per logging interval", words="reads at the logging, not per step"),
+    Mutant("a trimmed mean", _loop(read=lambda window, log_every: torch.stack(window).sort().values[1:-1].mean().item()),
+           "logs the mean loss of each interval", words="a trimmed mean"),
+], ids=repr)
+def test_fixed_loop_names_reads_at_the_logging_and_a_trimmed_mean(mutant):
+    """w5-05: hints that spoke of per-step reads, or of a window kept between calls, for these."""
+    rejected("5.4", mutant, range(1))
+    result = run_check("5.4", mutant.answer)
+    assert "per step;" not in result.message and "outlives the call" not in result.message, result.message
+
+
+def test_fixed_loop_names_a_global_window():
+    _GLOBAL_WINDOW_54.clear()
+    try:
+        result = run_check("5.4", loop_global_window)
+        assert result.status == "fail" and "interval 1 (steps 1 to 10)" in result.message, result.message
+        assert "_GLOBAL_WINDOW_54, a list that outlives the call" in result.message, result.message
+    finally:
+        _GLOBAL_WINDOW_54.clear()
