@@ -619,8 +619,16 @@ def check_accumulation(accumulate_gradients):
 
         seen = list(model.batch_sizes)
         if len(seen) != k or sum(seen) != n or max(seen) > math.ceil(n / k):
+            split = [len(part) for part in torch.tensor_split(x, k)]
+            whole_too = seen.count(n) > split.count(n) and sorted(seen) == sorted(split + [n])
             raise CheckFailed("runs k micro-batches", f"{what}: yours ran forward passes on batches of {seen}; "
-                              f"expected {k} micro-batches of at most {math.ceil(n / k)} samples covering all {n}",
+                              f"expected {k} micro-batch{'es' if k != 1 else ''} of at most {math.ceil(n / k)} "
+                              f"sample{'s' if math.ceil(n / k) != 1 else ''} covering all {n}"
+                              + (f", and no forward pass of the whole batch of {n}" if whole_too else ""),
+                              "the loss to return is the sum of the weighted micro-batch losses you already "
+                              "computed (each loss.detach(), added up on the device, read once): a forward pass of "
+                              "the whole batch to get it costs the memory accumulation exists to save"
+                              if whole_too else
                               "torch.tensor_split(images, k) and torch.tensor_split(labels, k)")
         expected_sizes = [len(part) for part in torch.tensor_split(x, k)]
         if seen != expected_sizes:

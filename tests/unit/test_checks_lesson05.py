@@ -1679,3 +1679,33 @@ def test_fixed_loop_names_a_global_window():
         assert "_GLOBAL_WINDOW_54, a list that outlives the call" in result.message, result.message
     finally:
         _GLOBAL_WINDOW_54.clear()
+
+
+def accumulate_then_whole_batch_loss(model, loss_fn, images, labels, k):
+    """The micro-batches right, then one more forward pass of the whole batch for the loss (w5-05, 5.2-20)."""
+    model.zero_grad(set_to_none=True)
+    for xb, yb in zip(torch.tensor_split(images, k), torch.tensor_split(labels, k)):
+        (loss_fn(model(xb), yb) * (len(xb) / len(images))).backward()
+    with torch.no_grad():
+        return loss_fn(model(images), labels).item()
+
+
+def test_accumulation_names_a_whole_batch_forward_for_the_loss():
+    rejected("5.2", Mutant("a whole-batch forward for the loss", accumulate_then_whole_batch_loss,
+                           "runs k micro-batches", words="no forward pass of the whole batch"), range(1))
+
+
+def test_amp_step_passes_with_the_device_as_a_string():
+    """torch.autocast(device_type=str(images.device)), "cuda:1" on the virtual GPU (w5-05, 5.1-21): torch accepts a
+    device string with an index and autocasts that device type. A right answer."""
+    def by_string(model, optimizer, scaler, images, labels, dtype=torch.float16, max_norm=1.0):
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device_type=str(images.device), dtype=dtype):
+            loss = F.cross_entropy(model(images), labels)
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        scaler.step(optimizer)
+        scaler.update()
+        return loss.detach()
+    passes("5.1", by_string, range(1))
