@@ -1,9 +1,11 @@
 """Checks for lesson 05 (mixed precision, memory, and the habits that stall the GPU)."""
 from __future__ import annotations
 
+import collections
 import contextlib
 import inspect
 import io
+import gc
 import math
 import operator
 import re
@@ -409,10 +411,15 @@ def _amp_case(amp_step, rng, seed, device, dtype, *, use_scaler):
                               f"{_UNUSED_SCALER}", _UNUSED_SCALER_HINT)
         with fresh.reads.paused():
             scales.append(scaler.get_scale() if use_scaler else 1.0)
-        if model.graphs.alive > 1:
+        if model.graphs.alive:
+            gc.collect()                   # a reference cycle that garbage collection frees is not a keep
+        if model.graphs.alive:             # even one: the last step's graph, kept into the next forward (w5-05)
+            alive = model.graphs.alive
             raise CheckFailed("keeps no graph past its step",
-                              f"{label}: after {len(losses)} calls, {model.graphs.alive} steps' autograd graphs were "
-                              "still alive, though each step had returned (seed {seed})".replace("{seed}", str(seed)),
+                              f"{label}: after {len(losses)} call{'s' if len(losses) != 1 else ''}, "
+                              + ("1 step's autograd graph was" if alive == 1 else f"{alive} steps' autograd graphs were")
+                              + " still alive, though each step had returned and its caller kept only the detached "
+                              "loss (seed {seed})".replace("{seed}", str(seed)),
                               "something the step keeps (a list, a global, an attribute) holds the loss itself, and "
                               "with it the step's whole graph: keep loss.detach() (or nothing) there, as the "
                               "returned loss is, the habit exercise 5.4 fixes")
@@ -612,8 +619,16 @@ def check_accumulation(accumulate_gradients):
 
         seen = list(model.batch_sizes)
         if len(seen) != k or sum(seen) != n or max(seen) > math.ceil(n / k):
+            split = [len(part) for part in torch.tensor_split(x, k)]
+            whole_too = seen.count(n) > split.count(n) and sorted(seen) == sorted(split + [n])
             raise CheckFailed("runs k micro-batches", f"{what}: yours ran forward passes on batches of {seen}; "
-                              f"expected {k} micro-batches of at most {math.ceil(n / k)} samples covering all {n}",
+                              f"expected {k} micro-batch{'es' if k != 1 else ''} of at most {math.ceil(n / k)} "
+                              f"sample{'s' if math.ceil(n / k) != 1 else ''} covering all {n}"
+                              + (f", and no forward pass of the whole batch of {n}" if whole_too else ""),
+                              "the loss to return is the sum of the weighted micro-batch losses you already "
+                              "computed (each loss.detach(), added up on the device, read once): a forward pass of "
+                              "the whole batch to get it costs the memory accumulation exists to save"
+                              if whole_too else
                               "torch.tensor_split(images, k) and torch.tensor_split(labels, k)")
         expected_sizes = [len(part) for part in torch.tensor_split(x, k)]
         if seen != expected_sizes:
@@ -1044,12 +1059,26 @@ def _loop_case(train_fixed, rng, seed, device):
     if syncs.count > allowed:
         names = ", ".join(f"{k} x{v}" for k, v in syncs.by_name().items()) or f"{syncs.cuda_warnings} flagged by CUDA"
         listed = any(c.startswith("torch.tensor(") for c in syncs.calls)
+        by_name = syncs.by_name()
+        if not listed and by_name and syncs.count < steps and syncs.count <= 3 * max(n_logs, 1):
+            # a few reads at each logging, not one per step (w5-05: a guard on the mean tensor, a synchronize)
+            extra = []
+            if any(k in by_name for k in ("__bool__", "is_nonzero")):
+                extra.append("a guard on a tensor (if torch.isnan(mean_tensor)) is a read of its own: guard on the "
+                             "float you read (if not mean < 100: raise ...)")
+            if any("synchronize" in k for k in by_name):
+                extra.append("a synchronize before .item() is a wait .item() makes anyway")
+            hint = (f"yours reads at the logging, not per step, but {syncs.count} times for {n_logs} intervals: read "
+                    "each interval's mean once, mean = torch.stack(window).mean().item(), and do everything else "
+                    "(the print, a divergence guard, the list) with that float" + "".join("; " + e for e in extra))
+        else:
+            hint = (("torch.tensor(window) of device tensors copies each one to the host, a wait per step's "
+                     "loss: torch.stack(window) keeps them on the device, and " if listed else "")
+                    + "collect loss.detach() of each step on the device and read the interval's mean with one "
+                    ".item(); no print(loss), float(loss), .item() or torch.cuda.empty_cache() per step")
         raise CheckFailed("synchronises at most once per logging interval",
                           f"{label}: yours made {syncs.count} synchronising calls ({names}); at most {allowed} allowed",
-                          ("torch.tensor(window) of device tensors copies each one to the host, a wait per step's "
-                           "loss: torch.stack(window) keeps them on the device, and " if listed else "")
-                          + "collect loss.detach() of each step on the device and read the interval's mean with one "
-                          ".item(); no print(loss), float(loss), .item() or torch.cuda.empty_cache() per step")
+                          hint)
     losses = torch.stack(recorded).float().cpu().numpy()
     expected = [float(losses[i * log_every:(i + 1) * log_every].mean()) for i in range(n_logs)]
     yours = [float(v) for v in result]
@@ -1064,6 +1093,9 @@ def _loop_case(train_fixed, rng, seed, device):
             seen.append("yours is the last loss of the interval alone")
         elif math.isclose(yours[i], float(losses[:hi].mean()), rel_tol=1e-4, abs_tol=1e-6):
             seen.append("yours is the mean of every loss so far")
+        elif log_every > 2 and math.isclose(yours[i], float(np.sort(losses[lo:hi])[1:-1].mean()), rel_tol=1e-4,
+                                            abs_tol=1e-6):
+            seen.append("yours is their mean without the smallest and the largest: a trimmed mean")
         else:
             for shift in (-1, 1):
                 if 0 <= lo + shift and hi + shift <= len(losses) and math.isclose(
@@ -1074,9 +1106,9 @@ def _loop_case(train_fixed, rng, seed, device):
         if kept:
             state = (f". Your default argument {kept[0]}=[] is made once, when `def` runs: it is a window kept "
                      "between calls, which starts a call with the losses the last one left over")
-        elif i == 0 and not seen:
-            state = (". If your loop keeps anything between calls (a global window), that is a window kept between "
-                     "calls: it starts a call with the losses the last one left over")
+        elif i == 0 and not seen and _shared_lists(train_fixed):
+            state = (f". Your loop uses {_shared_lists(train_fixed)[0]}, a list that outlives the call: a window kept "
+                     "between calls starts a call with the losses the last one left over")
         raise CheckFailed("logs the mean loss of each interval", f"{label}: interval {i + 1} (steps {lo + 1} to "
                           f"{hi}): yours {yours[i]:.5f}, expected their mean {expected[i]:.5f}"
                           + (f" ({seen[0]})" if seen else ""),
@@ -1087,7 +1119,10 @@ def _loop_case(train_fixed, rng, seed, device):
     if any(stale):
         raise CheckFailed("frees the gradients between steps",
                           f"{label}: at the forward pass of a later step, {max(stale)} parameters still had a .grad",
-                          "optimizer.zero_grad(set_to_none=True) at the start of each step")
+                          "optimizer.zero_grad(set_to_none=True) at the start of each step: this loop's contract is "
+                          "its memory, and zeros written in place keep every gradient allocated through the next "
+                          "forward pass, beside its activations (exercises 5.1 and 5.2 ask only that no earlier "
+                          "gradient leak in, and accept the zeros)")
     missing = _unprinted(printed.getvalue(), expected)
     if missing is not None:
         i, mean = missing
@@ -1122,6 +1157,22 @@ def _unprinted(text: str, means: list[float]):
             return i, mean
         position += 1
     return None
+
+
+def _shared_lists(fn) -> list[str]:
+    """The global or enclosing names `fn` uses that hold a list, deque or dict: state that outlives a call."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return []
+    found = [name for name in code.co_names
+             if isinstance(getattr(fn, "__globals__", {}).get(name), (list, dict, collections.deque))]
+    for name, cell in zip(code.co_freevars, getattr(fn, "__closure__", None) or ()):
+        try:
+            if isinstance(cell.cell_contents, (list, dict, collections.deque)):
+                found.append(name)
+        except ValueError:          # an empty cell
+            pass
+    return found
 
 
 def _mutable_defaults(fn) -> list[str]:
@@ -1171,8 +1222,10 @@ def _default_interval(train_fixed, rng, seed):
     if not np.allclose(yours, expected, rtol=1e-4, atol=1e-6):
         i = next(i for i, (a, b) in enumerate(zip(yours, expected)) if not math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-6))
         raise CheckFailed("logs the mean loss of each interval",
-                          f"{label}, after an earlier call that ended with a partial interval: interval {i}: yours "
-                          f"{yours[i]:.5f}, expected {expected[i]:.5f} (seed {seed})",
+                          f"{label}, after an earlier call that ended with a partial interval: interval {i + 1} "
+                          f"(steps {10 * i + 1} to {10 * i + 10}): yours {yours[i]:.5f}, expected {expected[i]:.5f} "
+                          f"(seed {seed})" + (f"; your loop uses {_shared_lists(train_fixed)[0]}, a list that "
+                                              "outlives the call" if _shared_lists(train_fixed) else ""),
                           "the mean of the 10 losses of that interval, and only those: a window kept between calls "
                           "(a default argument such as window=[], a global) starts this call with the losses the "
                           "last call left over")

@@ -127,6 +127,7 @@ class _Run:
     spare: object = None           # a copy of the model as it was handed over (to replay a warm-up that went wrong)
     optimizer: str = "sgd"
     lr: float = 0.0
+    races_in_make: int = 0         # of `races`, those logged inside make_graphed_step (its warm-up's)
 
 
 class _Watch:
@@ -288,6 +289,14 @@ def _scenario(make_graphed_step, rng, device, *, optimizer: str, use_default_war
                         watch.capture_began()
             vc.graphs.listeners.append(began)
         kwargs = {} if use_default_warmup else {"warmup": warmup}
+        if emulate:
+            # The caller's stream has just written the example batch (a copy in from the host, say) and the
+            # weights, and the host has not waited for it: a warm-up on a side stream that does not wait for
+            # the caller's stream first reads them half-written on a GPU, and the emulation logs that race (w5-05)
+            with quiet(), torch.no_grad():
+                example = tuple(t.clone() for t in example)
+                for p in yours.parameters():
+                    p.mul_(1)
         example_before = [t.clone() for t in example]
         settings = _cudnn_settings()
         with watch.spying(), (contextlib.nullcontext() if emulate else _RealCapture(watch)):
@@ -298,6 +307,7 @@ def _scenario(make_graphed_step, rng, device, *, optimizer: str, use_default_war
                 raise
             finally:
                 changed = _restore_cudnn(settings)
+        races_in_make = len(vc.graphs.races) if emulate else 0
         if changed:
             raise CheckFailed("leaves the caller's global settings alone",
                               f"{what}: make_graphed_step changed {', '.join(changed)}",
@@ -344,7 +354,7 @@ def _scenario(make_graphed_step, rng, device, *, optimizer: str, use_default_war
         races = list(vc.graphs.races) if emulate else []
         run = _Run(what, step, yours, opt, watch, warmup, steps, made, steps_after_capture, batches, refused,
                    example, example_before, losses, waits, ref_losses, ref_state, ref_warm, tol, races,
-                   spare, optimizer, lr)
+                   spare, optimizer, lr, races_in_make)
         losses = None       # the run holds them: _after_steps drops them to see what the step itself keeps
         with quiet():
             _after_steps(run, emulate, vc)
@@ -417,12 +427,17 @@ def _after_steps(s: _Run, emulate, vc):
         first = s.races[0]
         raise CheckFailed("orders its streams: no race with the caller's stream",
                           f"{what}: {len(s.races)} use(s) of memory by one stream before it waited for another "
-                          f"stream's work on it; the first: {first}",
-                          "on a GPU a stream made by torch.cuda.Stream() runs concurrently with the caller's: the "
-                          "replay could read a half-copied batch, and the caller a loss the replay has not written "
-                          "yet. Replay on the caller's stream (graph.replay() outside any `with "
-                          "torch.cuda.stream(...)`), or make the side stream wait for the current one before the "
-                          "replay and the current one wait for it after (wait_stream)")
+                          f"stream's work on it; the first: {first}"
+                          + (", inside make_graphed_step, before the capture" if s.races_in_make else ""),
+                          "on a GPU a stream made by torch.cuda.Stream() runs concurrently with the caller's: "
+                          + ("the warm-up read the example batch and the weights while the caller's stream could "
+                             "still be writing them. Make the side stream wait for the caller's before the warm-up, "
+                             "side.wait_stream(torch.cuda.current_stream()), and the caller's wait for it after"
+                             if s.races_in_make else
+                             "the replay could read a half-copied batch, and the caller a loss the replay has not "
+                             "written yet. Replay on the caller's stream (graph.replay() outside any `with "
+                             "torch.cuda.stream(...)`), or make the side stream wait for the current one before the "
+                             "replay and the current one wait for it after (wait_stream)"))
     if waits:
         shown = [f"{w.what} at {_short(w.where)}" if hasattr(w, "what") else str(w) for w in waits]
         raise CheckFailed("returns without waiting for the device",

@@ -295,6 +295,46 @@ def replays_on_its_stream_unordered(model, optimizer, example_images, example_la
     return step
 
 
+def right_no_wait_after_the_warmup(model, optimizer, example_images, example_labels, warmup=3):
+    """The caller's stream never waits for the warm-up's (w5-05, 5.5-24): torch.cuda.graph synchronises the device
+    as it begins, so the capture and everything after it see the warm-up's work. A right answer."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        _warm(model, optimizer, example_images, example_labels, warmup)
+    images, labels = example_images.clone(), example_labels.clone()
+    graph, loss = _capture(model, optimizer, images, labels, stream=side)
+
+    def step(batch_images, batch_labels):
+        if batch_images.shape != images.shape or batch_labels.shape != labels.shape:
+            raise ValueError("another shape")
+        images.copy_(batch_images)
+        labels.copy_(batch_labels)
+        graph.replay()
+        return loss.detach().clone()
+    return step
+
+
+def warms_up_without_waiting(model, optimizer, example_images, example_labels, warmup=3):
+    """The side stream never waits for the caller's before the warm-up (w5-05, 5.5-18): on a GPU the warm-up
+    reads a batch and weights the caller's stream may still be writing."""
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        _warm(model, optimizer, example_images, example_labels, warmup)
+    torch.cuda.current_stream().wait_stream(side)
+    images, labels = example_images.clone(), example_labels.clone()
+    graph, loss = _capture(model, optimizer, images, labels, stream=side)
+
+    def step(batch_images, batch_labels):
+        if batch_images.shape != images.shape or batch_labels.shape != labels.shape:
+            raise ValueError("another shape")
+        images.copy_(batch_images)
+        labels.copy_(batch_labels)
+        graph.replay()
+        return loss.detach().clone()
+    return step
+
+
 def capture_end_on_another_stream(model, optimizer, example_images, example_labels, warmup=3):
     """capture_begin inside `with torch.cuda.stream(side)`, capture_end after leaving it (x-05 F3)."""
     side = _warm_on_side_stream(model, optimizer, example_images, example_labels, warmup)
@@ -873,6 +913,12 @@ CASES = [
     Case("replays on its stream, unordered", replays_on_its_stream_unordered, "fail",
          "orders its streams: no race with the caller's stream", words="before side stream",
          why="the copy_ into the inputs, the replay and the loss's clone run concurrently"),
+    Case("right, no wait for the warm-up after it", right_no_wait_after_the_warmup, "pass",
+         why="torch.cuda.graph synchronises the device on entry"),
+    Case("a warm-up on a side stream that never waited for the caller's", warms_up_without_waiting, "fail",
+         "orders its streams: no race with the caller's stream", words="before the warm-up",
+         why="the warm-up's first kernels read the example batch and the weights while the caller's stream may "
+             "still be writing them"),
     Case("capture_end on another stream", capture_end_on_another_stream, "fail", "captures on one stream",
          words="Capture must end on the same stream it began on",
          why="torch: 'Capture must end on the same stream it began on.'"),

@@ -1332,7 +1332,8 @@ MUTANTS_54 = [
     Mutant("the divergence guard every step", guard_every_step, "synchronises at most once per logging interval"),
     Mutant("a copy to the host every step", copies_each_loss_to_the_host,
            "synchronises at most once per logging interval"),
-    Mutant("zero_grad(set_to_none=False)", zeros_not_none, "frees the gradients between steps"),
+    Mutant("zero_grad(set_to_none=False)", zeros_not_none, "frees the gradients between steps",
+           words="this loop's contract is its memory"),
     Mutant("the last loss, not the mean", last_loss_not_mean, "logs the mean loss of each interval"),
     Mutant("logs the partial interval", logs_the_partial_interval, "logs once per complete interval"),
     Mutant("returns tensors", returns_tensors, "returns Python floats"),
@@ -1592,3 +1593,119 @@ def test_amp_step_passes_returning_the_loss_in_float64():
     def double(model, optimizer, scaler, images, labels, dtype=torch.float16, max_norm=1.0):
         return _amp_step_loss(model, optimizer, scaler, images, labels, dtype, max_norm).detach().double()
     passes("5.1", double, range(1))
+
+
+def amp_keeps_the_last_loss(model, optimizer, scaler, images, labels, dtype=torch.float16, max_norm=1.0):
+    """The last step's loss itself kept in a function attribute: one graph, alive into the next step's forward
+    pass (w5-05, 5.1-23: the check counted 'more than 1' and let it through)."""
+    loss = _amp_step_loss(model, optimizer, scaler, images, labels, dtype, max_norm)
+    amp_keeps_the_last_loss.last = loss
+    return loss.detach()
+
+
+def test_amp_step_rejects_one_kept_graph():
+    try:
+        rejected("5.1", Mutant("the last loss kept in an attribute", amp_keeps_the_last_loss,
+                               "keeps no graph past its step", words="1 step's autograd graph was still alive"),
+                 range(1))
+    finally:
+        amp_keeps_the_last_loss.last = None
+
+
+def loop_guards_the_mean_tensor(model, optimizer, batches, loss_fn, log_every=10):
+    """The spec's divergence guard on the interval's mean, made on the tensor: a second read (w5-05, 5.4-17)."""
+    means, window = [], []
+    for step, (images, labels) in enumerate(batches, 1):
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        window.append(loss.detach())
+        if step % log_every == 0:
+            mean = torch.stack(window).mean()
+            if torch.isnan(mean):
+                raise RuntimeError("diverged")
+            means.append(mean.item())
+            print(f"step {step}: mean loss {means[-1]:.4f}")
+            window = []
+    return means
+
+
+def _synchronize_then_read(window, log_every):
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return torch.stack(window).mean().item()
+
+
+_GLOBAL_WINDOW_54 = []
+
+
+def loop_global_window(model, optimizer, batches, loss_fn, log_every=10):
+    """A window in a global, cleared at each logging: the last call's partial interval starts the next."""
+    means = []
+    for step, (images, labels) in enumerate(batches, 1):
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        _GLOBAL_WINDOW_54.append(loss.detach())
+        if step % log_every == 0:
+            means.append(torch.stack(_GLOBAL_WINDOW_54).mean().item())
+            print(f"step {step}: mean loss {means[-1]:.4f}")
+            _GLOBAL_WINDOW_54.clear()
+    return means
+
+
+@pytest.mark.parametrize("mutant", [
+    Mutant("a guard on the mean tensor", loop_guards_the_mean_tensor, "synchronises at most once per logging interval",
+           words="guard on the float you read"),
+    Mutant("a synchronize at each logging", _loop(read=_synchronize_then_read),
+           "synchronises at most once per logging interval", words="reads at the logging, not per step"),
+    Mutant("a trimmed mean", _loop(read=lambda window, log_every: torch.stack(window).sort().values[1:-1].mean().item()),
+           "logs the mean loss of each interval", words="a trimmed mean"),
+], ids=repr)
+def test_fixed_loop_names_reads_at_the_logging_and_a_trimmed_mean(mutant):
+    """w5-05: hints that spoke of per-step reads, or of a window kept between calls, for these."""
+    rejected("5.4", mutant, range(1))
+    result = run_check("5.4", mutant.answer)
+    assert "per step;" not in result.message and "outlives the call" not in result.message, result.message
+
+
+def test_fixed_loop_names_a_global_window():
+    _GLOBAL_WINDOW_54.clear()
+    try:
+        result = run_check("5.4", loop_global_window)
+        assert result.status == "fail" and "interval 1 (steps 1 to 10)" in result.message, result.message
+        assert "_GLOBAL_WINDOW_54, a list that outlives the call" in result.message, result.message
+    finally:
+        _GLOBAL_WINDOW_54.clear()
+
+
+def accumulate_then_whole_batch_loss(model, loss_fn, images, labels, k):
+    """The micro-batches right, then one more forward pass of the whole batch for the loss (w5-05, 5.2-20)."""
+    model.zero_grad(set_to_none=True)
+    for xb, yb in zip(torch.tensor_split(images, k), torch.tensor_split(labels, k)):
+        (loss_fn(model(xb), yb) * (len(xb) / len(images))).backward()
+    with torch.no_grad():
+        return loss_fn(model(images), labels).item()
+
+
+def test_accumulation_names_a_whole_batch_forward_for_the_loss():
+    rejected("5.2", Mutant("a whole-batch forward for the loss", accumulate_then_whole_batch_loss,
+                           "runs k micro-batches", words="no forward pass of the whole batch"), range(1))
+
+
+def test_amp_step_passes_with_the_device_as_a_string():
+    """torch.autocast(device_type=str(images.device)), "cuda:1" on the virtual GPU (w5-05, 5.1-21): torch accepts a
+    device string with an index and autocasts that device type. A right answer."""
+    def by_string(model, optimizer, scaler, images, labels, dtype=torch.float16, max_norm=1.0):
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device_type=str(images.device), dtype=dtype):
+            loss = F.cross_entropy(model(images), labels)
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        scaler.step(optimizer)
+        scaler.update()
+        return loss.detach()
+    passes("5.1", by_string, range(1))
