@@ -331,9 +331,16 @@ def _expect_settings(pipe, num_threads: int, what: str, seed: int) -> None:
     depth = pipe.prefetch_queue_depth
     depths = list(depth.values()) if isinstance(depth, dict) else [depth]
     if not (getattr(pipe, "exec_async", True) and getattr(pipe, "exec_pipelined", True)) or min(depths) < 2:
+        wrong = [f"{name}={value}" for name, value, bad in (
+            ("exec_async", getattr(pipe, "exec_async", True), not getattr(pipe, "exec_async", True)),
+            ("exec_pipelined", getattr(pipe, "exec_pipelined", True), not getattr(pipe, "exec_pipelined", True)),
+            ("prefetch_queue_depth", depth, min(depths) < 2)) if bad]
+        said = {"prefetch_queue_depth": "a queue of 1 holds the batch being used and none being prepared ahead",
+                "exec_async": "a synchronous executor runs each batch only when next() asks for it",
+                "exec_pipelined": "an unpipelined executor prepares no batch ahead"}
         raise CheckFailed("keeps DALI's prefetching",
-                          f"{what}: exec_async={getattr(pipe, 'exec_async', '?')}, exec_pipelined="
-                          f"{getattr(pipe, 'exec_pipelined', '?')}, prefetch_queue_depth={depth} (seed {seed})",
+                          f"{what}: your pipeline sets {' and '.join(wrong)} ({'; '.join(said[w.split('=')[0]] for w in wrong)}) "
+                          f"(seed {seed})",
                           "leave DALI's defaults (asynchronous, pipelined, a queue of 2): with them the next batches "
                           "are prepared while the training step runs; without, every next() waits for a whole batch")
 
@@ -1101,6 +1108,7 @@ def _shard_rule_named(got: int, s: int, shards: int, n: int) -> str:
              ("N // S records each and the remainder to the last shard",
               n - s * (n // shards) if s == shards - 1 else n // shards),
              ("ceil(N/S) records each", min(n, (s + 1) * -(-n // shards)) - min(n, s * -(-n // shards))),
+             ("ceil(k*N/S) for the bounds", -(-(s + 1) * n // shards) - -(-s * n // shards)),
              ("np.array_split (the first shards one more)", n // shards + (1 if s < n % shards else 0))]
     named = [name for name, count in rules if count == got]
     if not named:
@@ -1191,6 +1199,14 @@ class _CountedRecords(np.memmap):
                 reads[1] = max(reads[1], len(key))
         return super().__getitem__(key)
 
+    def take(self, indices, *args, **kwargs):    # np.take(records, idx, axis=0) comes here (w7-04: it escaped)
+        reads = self.__dict__.get("_reads")
+        if reads is not None:
+            reads[0] += 1
+            if np.ndim(indices) == 1:
+                reads[1] = max(reads[1], len(indices))
+        return super().take(indices, *args, **kwargs)
+
     def __array_finalize__(self, obj):
         super().__array_finalize__(obj)
         self.__dict__.pop("_reads", None)
@@ -1201,7 +1217,8 @@ def _expect_batch_reads(cifar_epochs, batch_size, tmp: Path, rng, seed):
     copies the whole file, 150 MB for CIFAR's training set, per batch, and passed). A sparse file of
     zeros large beside a batch: what Python allocates while the iterator reads a few batches, beyond
     what it held after its creation, is measured with tracemalloc (numpy reports its buffers to it,
-    from DALI's callback thread too). Reading the whole file once per call is allowed."""
+    from DALI's callback thread too). A whole-shard copy kept from the call on fails too, by any route
+    (w7-04: np.take on the memory map escaped the read count)."""
     import tracemalloc
 
     big = 16_384                                   # 50 MB of records; a batch is < 250 kB
@@ -1212,6 +1229,7 @@ def _expect_batch_reads(cifar_epochs, batch_size, tmp: Path, rng, seed):
     records._reads = reads = [0, 0]
     tracemalloc.start()
     try:
+        before, _ = tracemalloc.get_traced_memory()
         with calling(f"cifar_epochs(records of {big:,}, {batch_size}, seed=..., shuffle=True)"):
             it = cifar_epochs(records, batch_size, seed=int(rng.integers(0, 2**31 - 1)), num_threads=_threads())
         held, _ = tracemalloc.get_traced_memory()
@@ -1237,6 +1255,16 @@ def _expect_batch_reads(cifar_epochs, batch_size, tmp: Path, rng, seed):
                           f"{batch_size} (one shard of {big:,} records): the whole shard copied into memory once an "
                           "epoch (records[order[start:stop]] kept for the epoch?), 150 MB more per process for "
                           f"CIFAR's training set, every epoch (seed {seed})",
+                          "a batch reads only its own rows of the memory map: rows = records[idx], with idx the "
+                          "batch's slice of the epoch's order; keep the order (indices), not the rows")
+    kept = held - before      # what the call left allocated: DALI prefetches, so a per-epoch copy is made by now
+    if kept > big * data.RECORD_BYTES // 2:      # by any route: np.take, np.asarray(records)[...], .copy() (w7-04)
+        raise CheckFailed("reads only the batch's records",
+                          f"when cifar_epochs(records of {big:,} in one shard, {batch_size}) returned, your code held "
+                          f"{kept / 1e6:.0f} MB more than before the call, for a memory-mapped file of "
+                          f"{big * data.RECORD_BYTES / 1e6:.0f} MB: the whole shard copied into memory and kept for "
+                          "the epoch (np.take(records, ...) or np.asarray(records)[...] of the epoch's order?), "
+                          f"150 MB more per process for CIFAR's training set (seed {seed})",
                           "a batch reads only its own rows of the memory map: rows = records[idx], with idx the "
                           "batch's slice of the epoch's order; keep the order (indices), not the rows")
     extra = peak - held

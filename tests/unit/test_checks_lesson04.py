@@ -485,7 +485,7 @@ def test_4_1_stub_and_wrong_types():
 
 # -- 4.2 ----------------------------------------------------------------------------------------
 
-def make_cifar_epochs(*, per_sample=False, stateful=False, reshuffle=True, shard=True, shard_seed=False,
+def make_cifar_epochs(*, ceil_bounds=False, per_sample=False, stateful=False, reshuffle=True, shard=True, shard_seed=False,
                       honour_drop_last=True, iterator=True, honour_shuffle=True, array_split=False, own_seed=False,
                       fixed_block=False, strided_shards=False, strided_view=False, label_dtype=np.int64,
                       shard_of_first_epoch=False, drop_last_per_shard=False, extra_batch_when_divides=False,
@@ -516,6 +516,8 @@ def make_cifar_epochs(*, per_sample=False, stateful=False, reshuffle=True, shard
             start, stop = int(bounds[shard_id]), int(bounds[shard_id + 1])
         if strided_shards:
             start, stop = 0, len(range(shard_id, n, num_shards))
+        if ceil_bounds:               # w7-04 42_ceil_boundaries: ceil(k*N/S) for both bounds
+            start, stop = -(-shard_id * n // num_shards), -(-(shard_id + 1) * n // num_shards)
         full, rest = divmod(stop - start, batch_size)
         batches = full + (1 if rest and not (drop_last and honour_drop_last) else 0)
         if drop_last and honour_drop_last and not drop_last_per_shard:
@@ -611,7 +613,10 @@ def make_cifar_epochs(*, per_sample=False, stateful=False, reshuffle=True, shard
                     if epoch not in cache:
                         cache.clear()
                         mine = order(epoch)
-                        cache[epoch] = (mine, records[mine])
+                        shard = (np.take(records, mine, axis=0) if epoch_copy == "take" else   # w7-04: another
+                                 np.asarray(records)[mine] if epoch_copy == "asarray" else        # route past the
+                                 records[mine])                                                   # read count
+                        cache[epoch] = (mine, shard)
                     mine, shard_rows = cache[epoch]
                     rows = shard_rows[iteration * batch_size:(iteration + 1) * batch_size]
                     images = np.ascontiguousarray(rows[:, 1:]).reshape(-1, 3, 32, 32)
@@ -700,6 +705,12 @@ MUTANTS_42_WALK = [
            words="both given seed=0 (the default)"),
     Mutant("the shard copied once per epoch (w7-04 42_epoch_materialized)", make_cifar_epochs(epoch_copy=True),
            "reads only the batch's records", words="once an epoch"),
+    Mutant("ceil(k*N/S) for the bounds (w7-04 42_ceil_boundaries: the hint named other rules)",
+           make_cifar_epochs(ceil_bounds=True), "shards split the records evenly", words="ceil(k*N/S) for the bounds"),
+    Mutant("the shard copied once per epoch by np.take (w7-04)", make_cifar_epochs(epoch_copy="take"),
+           "reads only the batch's records", words="once an epoch"),
+    Mutant("the shard copied once per epoch through np.asarray (w7-04)", make_cifar_epochs(epoch_copy="asarray"),
+           "reads only the batch's records", words="kept for the epoch"),
     Mutant("drop_last per shard (a longer shard, a batch more)", make_cifar_epochs(drop_last_per_shard=True),
            "with drop_last, every shard the same number of full batches", words="all-reduce"),
     Mutant("a batch too many when the batch divides the shard", make_cifar_epochs(extra_batch_when_divides=True),
@@ -1152,3 +1163,9 @@ def test_4_3_range_mistakes_name_no_device():
         os.environ.pop("COURSE_CHECK_SEED", None)
     assert result.status == "fail" and "before any run" in result.message, result.message
     assert "device='gpu'" not in result.message.split("Hint")[0], result.message
+
+
+def test_4_1_w7_prefetch_depth_1_named_alone():    # w7-04 41_prefetch_depth_1: the three settings listed, none named
+    rejected("4.1", Mutant("prefetch_queue_depth=1 alone", make_cifar_pipeline(pipe_kw=dict(prefetch_queue_depth=1)),
+                           "keeps DALI's prefetching", words="your pipeline sets prefetch_queue_depth=1 (a queue of 1"),
+             [3])
