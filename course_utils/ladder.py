@@ -627,7 +627,8 @@ class LadderResult:
                          f"{r['stall_fraction']:6.0%} {speedup:>7s}  {limited_by(r)}")
         ties = [r["name"] for r in self.rungs if not r.get("skipped") and r["name"] != self.best["name"]
                 and r["samples_per_s"] >= 0.95 * self.best["samples_per_s"]]
-        lines.append(f"best{' in ' + best_in if best_in else ''}: {self.best['name']} at {self.best['fraction_of_ceiling']:.0%} of the ceiling"
+        best = f"best in {best_in}" if best_in else "best"
+        lines.append(f"{best}: {self.best['name']} at {self.best['fraction_of_ceiling']:.0%} of the ceiling"
                      + (f" ({', '.join(ties)} within 5% of it: a tie one run of each cannot order)" if ties else ""))
         if self.arithmetic:
             lines.append(f"arithmetic, the best rung: {self.arithmetic}")

@@ -2101,7 +2101,8 @@ W8_CROP_MUTANTS = [
     Mutant("w8-03 w32_15 reflect padding", crop_reflect_padded, _CROP_PROP, words="yours pads by reflection"),
     Mutant("w8-03 w32_23 clamps to the edges", crop_clamped_to_the_edges, _CROP_PROP,
            words="yours repeats the edge pixels"),
-    Mutant("w8-03 w32_24 pads one side", crop_padded_on_one_side, _CROP_PROP, words="yours padded only the right and bottom"),
+    Mutant("w8-03 w32_24 pads one side", crop_padded_on_one_side, _CROP_PROP,
+           words="yours padded only the right and bottom"),
     Mutant("w8-03 w32_17 padding 4 hard-coded", crop_padding_four_hard_coded, _CROP_PROP,
            words="as if padding were 4"),
 ]
