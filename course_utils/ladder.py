@@ -602,9 +602,10 @@ class LadderResult:
                        "fraction_of_ceiling": self.best["fraction_of_ceiling"]}
         return out
 
-    def table(self) -> str:
+    def table(self, best_in: str = "") -> str:
         """The climb as a text table: samples/s, fraction of the ceiling, the device's busy share,
-        the share with a step in flight, the loop's wait for data, speed-up, and what limits it."""
+        the share with a step in flight, the loop's wait for data, speed-up, and what limits it.
+        `best_in`: which measurement the "best" line is of ("round 1"), where the caller ran several."""
         c = self.config
         lines = [f"Ladder on {self.device}",
                  f"batch {c['batch_size']}, {c['steps']} steps per rung, {c['num_workers']} workers where used"
@@ -626,7 +627,8 @@ class LadderResult:
                          f"{r['stall_fraction']:6.0%} {speedup:>7s}  {limited_by(r)}")
         ties = [r["name"] for r in self.rungs if not r.get("skipped") and r["name"] != self.best["name"]
                 and r["samples_per_s"] >= 0.95 * self.best["samples_per_s"]]
-        lines.append(f"best: {self.best['name']} at {self.best['fraction_of_ceiling']:.0%} of the ceiling"
+        best = f"best in {best_in}" if best_in else "best"
+        lines.append(f"{best}: {self.best['name']} at {self.best['fraction_of_ceiling']:.0%} of the ceiling"
                      + (f" ({', '.join(ties)} within 5% of it: a tie one run of each cannot order)" if ties else ""))
         if self.arithmetic:
             lines.append(f"arithmetic, the best rung: {self.arithmetic}")

@@ -190,9 +190,13 @@ def _one_pass(pf, loader, pass_index, device, what, *, on_batch=None, stop_after
                               "generator), not on self: a `break` (train(steps=...) makes one) leaves them behind, and "
                               "the next `for` must start afresh")
         if loader.handed_out > i + 2:
+            hint = "a DataLoader can be endless or huge: take the next batch only, do not list() it"
+            if loader.handed_out < len(expected):     # w8-03 w31_09: a queue two deep, not a list
+                hint = (f"yours keeps {loader.handed_out - i - 1} batches in flight: at most one ahead, the next batch "
+                        "only; each batch more is one more batch of device memory and buys no overlap (one copy "
+                        "at a time already runs behind the step)")
             raise CheckFailed("reads the loader as it goes", f"{what}: when batch {i} reached the consumer, yours had "
-                              f"already taken {loader.handed_out} batches from the loader",
-                              "a DataLoader can be endless or huge: take the next batch only, do not list() it")
+                              f"already taken {loader.handed_out} batches from the loader", hint)
         for name, t in (("images", images), ("labels", labels)):
             if t.device.type != device.type:
                 raise CheckFailed("puts the tensors on the device", f"{what}, batch {i}: {name} on {t.device}, "
@@ -947,6 +951,50 @@ def _no_host_traffic(vc, what, result):
                           "tensor operations on the device")
 
 
+def _is_window_of(out_i, padded, h, w, flips):
+    """Is `out_i` (c, h, w) an h x w window of `padded` (c, H, W), as it is or flipped on one of `flips`?"""
+    c, big_h, big_w = padded.shape
+    s = padded.stride()
+    win = padded.as_strided((big_h - h + 1, big_w - w + 1, c, h, w), (s[1], s[2], s[0], s[1], s[2]))
+    o = out_i.to(torch.float64)
+    for dims in flips:
+        cand = win.flip([d + 5 for d in dims]) if dims else win
+        if bool((cand == o).flatten(2).all(-1).any()):
+            return True
+    return False
+
+
+def _crop_mistake(out_i, host_i, p):
+    """A sample that is no crop of the zero-padded image: which neighbouring crop is it? (w8-03: five
+    mistakes shared one hint.) None when it is none of them. float64 holds every value the check uses."""
+    if out_i.shape != host_i.shape:
+        return None
+    img = host_i.to(torch.float64)[None]
+    c, h, w = host_i.shape
+    both = [(), (-1,)]
+    zero = F.pad(img, (p,) * 4)[0]
+    if _is_window_of(out_i, zero, h, w, [(-2,), (-2, -1)]):
+        return ("yours turned the sample upside down: a horizontal flip mirrors the width (last) axis, not the "
+                "height (rows); flip only the columns")
+    if _is_window_of(out_i, F.pad(img, (0, 2 * p, 0, 2 * p))[0], h, w, both):
+        return (f"yours padded only the right and bottom (2*padding there, none on the left and top): pad all four "
+                f"sides, F.pad(images, (p, p, p, p)), so that offset p (= {p}) is the image itself")
+    if p < min(h, w):
+        for mode, said in (("circular", "yours wraps around: the pixels shifted out on one side come back on the "
+                                        "other (torch.roll, or indices % H); the shift must bring in zeros"),
+                           ("reflect", "yours pads by reflection (mode='reflect'): the border must be zeros"),
+                           ("replicate", "yours repeats the edge pixels (indices clamped to the image, or "
+                                         "mode='replicate'): the border must be zeros")):
+            if _is_window_of(out_i, F.pad(img, (p,) * 4, mode=mode)[0], h, w, both):
+                return (f"{said}: pad with zeros, F.pad(images, (p, p, p, p)) (its default mode='constant'), and "
+                        f"take the window of the padded image")
+    for q in range(1, 9):
+        if q != p and _is_window_of(out_i, F.pad(img, (q,) * 4)[0], h, w, both):
+            return (f"yours crops as if padding were {q}, not the {p} the call asked for: use the padding argument "
+                    f"everywhere (the pad and the offsets' range, 0..2*padding)")
+    return None
+
+
 def _exact_crops(out, host, p, what):
     win = _windows(host, p)                                          # (n, k, k, c, h, w)
     plain = (win == out[:, None, None]).flatten(3).all(-1)
@@ -956,7 +1004,10 @@ def _exact_crops(out, host, p, what):
         i = int((~ok).nonzero()[0])
         hint = ("pad all four sides with zeros (F.pad(images, (p, p, p, p))), draw each offset in "
                 "0..2*padding inclusive, take the H x W window there, and flip the last (width) axis")
-        if bool(trusted.torch_equal(out[i], host[i].flip(-2))):
+        named = _crop_mistake(out[i], host[i], p)
+        if named:
+            hint = named
+        elif bool(trusted.torch_equal(out[i], host[i].flip(-2))):
             hint = "a horizontal flip mirrors the width (last) axis, not the height"
         elif host.dtype == torch.int64 and not bool(torch.isin(out[i], torch.cat([host[i].flatten(),
                                                                                  host.new_zeros(1)])).all()):

@@ -331,9 +331,16 @@ def _expect_settings(pipe, num_threads: int, what: str, seed: int) -> None:
     depth = pipe.prefetch_queue_depth
     depths = list(depth.values()) if isinstance(depth, dict) else [depth]
     if not (getattr(pipe, "exec_async", True) and getattr(pipe, "exec_pipelined", True)) or min(depths) < 2:
+        wrong = [f"{name}={value}" for name, value, bad in (
+            ("exec_async", getattr(pipe, "exec_async", True), not getattr(pipe, "exec_async", True)),
+            ("exec_pipelined", getattr(pipe, "exec_pipelined", True), not getattr(pipe, "exec_pipelined", True)),
+            ("prefetch_queue_depth", depth, min(depths) < 2)) if bad]
+        said = {"prefetch_queue_depth": "a queue of 1 holds the batch being used and none being prepared ahead",
+                "exec_async": "a synchronous executor runs each batch only when next() asks for it",
+                "exec_pipelined": "an unpipelined executor prepares no batch ahead"}
         raise CheckFailed("keeps DALI's prefetching",
-                          f"{what}: exec_async={getattr(pipe, 'exec_async', '?')}, exec_pipelined="
-                          f"{getattr(pipe, 'exec_pipelined', '?')}, prefetch_queue_depth={depth} (seed {seed})",
+                          f"{what}: your pipeline sets {' and '.join(wrong)} "
+                          f"({'; '.join(said[w.split('=')[0]] for w in wrong)}) (seed {seed})",
                           "leave DALI's defaults (asynchronous, pipelined, a queue of 2): with them the next batches "
                           "are prepared while the training step runs; without, every next() waits for a whole batch")
 
@@ -1101,6 +1108,7 @@ def _shard_rule_named(got: int, s: int, shards: int, n: int) -> str:
              ("N // S records each and the remainder to the last shard",
               n - s * (n // shards) if s == shards - 1 else n // shards),
              ("ceil(N/S) records each", min(n, (s + 1) * -(-n // shards)) - min(n, s * -(-n // shards))),
+             ("ceil(k*N/S) for the bounds", -(-(s + 1) * n // shards) - -(-s * n // shards)),
              ("np.array_split (the first shards one more)", n // shards + (1 if s < n % shards else 0))]
     named = [name for name, count in rules if count == got]
     if not named:
@@ -1191,6 +1199,14 @@ class _CountedRecords(np.memmap):
                 reads[1] = max(reads[1], len(key))
         return super().__getitem__(key)
 
+    def take(self, indices, *args, **kwargs):    # np.take(records, idx, axis=0) comes here (w7-04: it escaped)
+        reads = self.__dict__.get("_reads")
+        if reads is not None:
+            reads[0] += 1
+            if np.ndim(indices) == 1:
+                reads[1] = max(reads[1], len(indices))
+        return super().take(indices, *args, **kwargs)
+
     def __array_finalize__(self, obj):
         super().__array_finalize__(obj)
         self.__dict__.pop("_reads", None)
@@ -1201,7 +1217,10 @@ def _expect_batch_reads(cifar_epochs, batch_size, tmp: Path, rng, seed):
     copies the whole file, 150 MB for CIFAR's training set, per batch, and passed). A sparse file of
     zeros large beside a batch: what Python allocates while the iterator reads a few batches, beyond
     what it held after its creation, is measured with tracemalloc (numpy reports its buffers to it,
-    from DALI's callback thread too). Reading the whole file once per call is allowed."""
+    from DALI's callback thread too). Reading the whole file once per call is allowed (w1-04). np.take on the
+    memory map is counted as an index is (w7-04: it escaped the count); a whole-shard copy through a
+    plain view, np.asarray(records)[...], once an epoch is not seen: tracemalloc cannot tell it from
+    the once-per-call copy, which is allowed."""
     import tracemalloc
 
     big = 16_384                                   # 50 MB of records; a batch is < 250 kB

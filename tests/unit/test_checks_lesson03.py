@@ -2034,3 +2034,119 @@ def test_3_3_w8_folding_every_call_is_told_to_fold_once_not_about_a_loop():
 def test_3_3_w8_two_needless_clones_fail():
     rejected("3.3", Mutant("w8-03 w33_28 two needless clones (6 operations)", _clones(2),
                            "runs a few operations per batch", words="no .clone()"), SEEDS[:1])
+
+
+# w8-03: five crop mistakes got the one generic hint; each is now named (the walk's code, one seed each)
+
+def _idx_crop(source, rows, cols, flip=None):
+    n = len(source)
+    if flip is not None:
+        cols = torch.where(flip[:, None], cols.flip(-1), cols)
+    n_idx = torch.arange(n, device=source.device)
+    return source[n_idx[:, None, None], :, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2).contiguous()
+
+
+def crop_by_rolling(images, padding=4, generator=None):            # w8-03 w32_12: no padding, pixels wrap
+    n, c, h, w = images.shape
+    dy, dx, flip = _draws(n, padding, images.device, generator)
+    rows = (torch.arange(h, device=images.device)[None, :] + dy[:, None] - padding) % h
+    cols = (torch.arange(w, device=images.device)[None, :] + dx[:, None] - padding) % w
+    return _idx_crop(images, rows, cols, flip)
+
+
+def crop_flipping_rows(images, padding=4, generator=None):         # w8-03 w32_13: upside down
+    n, c, h, w = images.shape
+    dy, dx, flip = _draws(n, padding, images.device, generator)
+    rows = dy[:, None] + torch.arange(h, device=images.device)
+    rows = torch.where(flip[:, None], rows.flip(-1), rows)
+    cols = dx[:, None] + torch.arange(w, device=images.device)
+    return _idx_crop(F.pad(images, (padding,) * 4), rows, cols)
+
+
+def crop_reflect_padded(images, padding=4, generator=None):        # w8-03 w32_15: "looks nicer"
+    n, c, h, w = images.shape
+    dy, dx, flip = _draws(n, padding, images.device, generator)
+    padded = F.pad(images.float(), (padding,) * 4, mode="reflect").to(images.dtype)
+    return _idx_crop(padded, dy[:, None] + torch.arange(h, device=images.device),
+                     dx[:, None] + torch.arange(w, device=images.device), flip)
+
+
+def crop_clamped_to_the_edges(images, padding=4, generator=None):  # w8-03 w32_23: edge pixels repeat
+    n, c, h, w = images.shape
+    dy, dx, flip = _draws(n, padding, images.device, generator)
+    rows = (dy[:, None] - padding + torch.arange(h, device=images.device)).clamp(0, h - 1)
+    cols = (dx[:, None] - padding + torch.arange(w, device=images.device)).clamp(0, w - 1)
+    return _idx_crop(images, rows, cols, flip)
+
+
+def crop_padded_on_one_side(images, padding=4, generator=None):    # w8-03 w32_24: all the padding right and bottom
+    n, c, h, w = images.shape
+    dy, dx, flip = _draws(n, padding, images.device, generator)
+    padded = F.pad(images, (0, 2 * padding, 0, 2 * padding))
+    return _idx_crop(padded, dy[:, None] + torch.arange(h, device=images.device),
+                     dx[:, None] + torch.arange(w, device=images.device), flip)
+
+
+def crop_padding_four_hard_coded(images, padding=4, generator=None):   # w8-03 w32_17
+    n, c, h, w = images.shape
+    dy, dx, flip = _draws(n, 4, images.device, generator)
+    return _idx_crop(F.pad(images, (4,) * 4), dy[:, None] + torch.arange(h, device=images.device),
+                     dx[:, None] + torch.arange(w, device=images.device), flip)
+
+
+_CROP_PROP = "every output is a crop of the padded input, mirrored or not"
+W8_CROP_MUTANTS = [
+    Mutant("w8-03 w32_12 rolls (wraps around)", crop_by_rolling, _CROP_PROP, words="yours wraps around"),
+    Mutant("w8-03 w32_13 flips the rows", crop_flipping_rows, _CROP_PROP, words="yours turned the sample upside down"),
+    Mutant("w8-03 w32_15 reflect padding", crop_reflect_padded, _CROP_PROP, words="yours pads by reflection"),
+    Mutant("w8-03 w32_23 clamps to the edges", crop_clamped_to_the_edges, _CROP_PROP,
+           words="yours repeats the edge pixels"),
+    Mutant("w8-03 w32_24 pads one side", crop_padded_on_one_side, _CROP_PROP,
+           words="yours padded only the right and bottom"),
+    Mutant("w8-03 w32_17 padding 4 hard-coded", crop_padding_four_hard_coded, _CROP_PROP,
+           words="as if padding were 4"),
+]
+
+
+@pytest.mark.parametrize("mutant", W8_CROP_MUTANTS, ids=repr)
+def test_3_2_w8_each_crop_mistake_named(mutant):
+    rejected("3.2", mutant, SEEDS[:1])
+
+
+class TwoAhead:
+    """w8-03 w31_09: two batches in flight (a queue of two copies): told to keep one ahead, not 'do not list() it'."""
+    def __init__(self, loader, device):
+        self.loader = loader
+        self.device = torch.device(device)
+        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+
+    def __iter__(self):
+        if self.stream is None:
+            for images, labels in self.loader:
+                yield images.to(self.device), labels.to(self.device)
+            return
+        batches = iter(self.loader)
+
+        def copy_next():
+            batch = next(batches, None)
+            if batch is None:
+                return None
+            with torch.cuda.stream(self.stream):
+                return tuple(t.to(self.device, non_blocking=True) for t in batch)
+        queue = [copy_next(), copy_next()]
+        while queue[0] is not None:
+            consumer = torch.cuda.current_stream(self.device)
+            consumer.wait_stream(self.stream)
+            for t in queue[0]:
+                t.record_stream(consumer)
+            batch = queue.pop(0)
+            queue.append(copy_next() if queue[-1] is not None else None)
+            yield batch
+
+
+def test_3_1_w8_two_ahead_told_one_ahead_and_a_list_told_not_to_list():
+    rejected("3.1", Mutant("w8-03 w31_09 two ahead", TwoAhead, "reads the loader as it goes",
+                           words="yours keeps 2 batches in flight: at most one ahead"), SEEDS[:2])
+    result = run_check("3.1", ListsTheLoader)
+    assert "do not list() it" in result.message or "property 'reads the loader as it goes'" not in result.message, \
+        result.message

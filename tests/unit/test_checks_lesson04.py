@@ -485,7 +485,8 @@ def test_4_1_stub_and_wrong_types():
 
 # -- 4.2 ----------------------------------------------------------------------------------------
 
-def make_cifar_epochs(*, per_sample=False, stateful=False, reshuffle=True, shard=True, shard_seed=False,
+def make_cifar_epochs(*, ceil_bounds=False, take_rows=False,
+                      per_sample=False, stateful=False, reshuffle=True, shard=True, shard_seed=False,
                       honour_drop_last=True, iterator=True, honour_shuffle=True, array_split=False, own_seed=False,
                       fixed_block=False, strided_shards=False, strided_view=False, label_dtype=np.int64,
                       shard_of_first_epoch=False, drop_last_per_shard=False, extra_batch_when_divides=False,
@@ -516,6 +517,8 @@ def make_cifar_epochs(*, per_sample=False, stateful=False, reshuffle=True, shard
             start, stop = int(bounds[shard_id]), int(bounds[shard_id + 1])
         if strided_shards:
             start, stop = 0, len(range(shard_id, n, num_shards))
+        if ceil_bounds:               # w7-04 42_ceil_boundaries: ceil(k*N/S) for both bounds
+            start, stop = -(-shard_id * n // num_shards), -(-(shard_id + 1) * n // num_shards)
         full, rest = divmod(stop - start, batch_size)
         batches = full + (1 if rest and not (drop_last and honour_drop_last) else 0)
         if drop_last and honour_drop_last and not drop_last_per_shard:
@@ -554,6 +557,8 @@ def make_cifar_epochs(*, per_sample=False, stateful=False, reshuffle=True, shard
         def rows_of(idx):
             # the whole file copied into memory on every batch (w1-04 4.2 #27), then indexed
             rows = np.array(records)[idx] if whole_copy else held[idx]
+            if take_rows:                      # np.take of the batch's own rows: one call, right (the near
+                rows = np.take(held, idx, axis=0)      # miss of the per-epoch np.take, w7-04)
             if row_loop:                       # w6-04 w42_23: right rows, one Python call each
                 rows = np.stack([records[j] for j in idx])
             images = rows[:, 1:].reshape(-1, 3, 32, 32) if strided_view else \
@@ -611,7 +616,9 @@ def make_cifar_epochs(*, per_sample=False, stateful=False, reshuffle=True, shard
                     if epoch not in cache:
                         cache.clear()
                         mine = order(epoch)
-                        cache[epoch] = (mine, records[mine])
+                        shard = (np.take(records, mine, axis=0) if epoch_copy == "take" else   # w7-04: another
+                                 records[mine])                                   # route past the read count
+                        cache[epoch] = (mine, shard)
                     mine, shard_rows = cache[epoch]
                     rows = shard_rows[iteration * batch_size:(iteration + 1) * batch_size]
                     images = np.ascontiguousarray(rows[:, 1:]).reshape(-1, 3, 32, 32)
@@ -700,6 +707,10 @@ MUTANTS_42_WALK = [
            words="both given seed=0 (the default)"),
     Mutant("the shard copied once per epoch (w7-04 42_epoch_materialized)", make_cifar_epochs(epoch_copy=True),
            "reads only the batch's records", words="once an epoch"),
+    Mutant("ceil(k*N/S) for the bounds (w7-04 42_ceil_boundaries: the hint named other rules)",
+           make_cifar_epochs(ceil_bounds=True), "shards split the records evenly", words="ceil(k*N/S) for the bounds"),
+    Mutant("the shard copied once per epoch by np.take (w7-04)", make_cifar_epochs(epoch_copy="take"),
+           "reads only the batch's records", words="once an epoch"),
     Mutant("drop_last per shard (a longer shard, a batch more)", make_cifar_epochs(drop_last_per_shard=True),
            "with drop_last, every shard the same number of full batches", words="all-reduce"),
     Mutant("a batch too many when the batch divides the shard", make_cifar_epochs(extra_batch_when_divides=True),
@@ -757,7 +768,7 @@ def test_4_2_other_right_answers_pass():
     """auto_reset=False (DALI 2.4's iterator resets when a new for loop begins), int(k*N/S) slices
     (w1-04), and the records read into memory once per call (costly in memory, not per batch)."""
     for answer in (make_cifar_epochs(auto_reset=False), make_cifar_epochs(int_slices=True),
-                   make_cifar_epochs(copy_once=True)):
+                   make_cifar_epochs(copy_once=True), make_cifar_epochs(take_rows=True)):
         passes("4.2", answer, [5])
 
 
@@ -1152,3 +1163,9 @@ def test_4_3_range_mistakes_name_no_device():
         os.environ.pop("COURSE_CHECK_SEED", None)
     assert result.status == "fail" and "before any run" in result.message, result.message
     assert "device='gpu'" not in result.message.split("Hint")[0], result.message
+
+
+def test_4_1_w7_prefetch_depth_1_named_alone():    # w7-04 41_prefetch_depth_1: the three settings listed, none named
+    rejected("4.1", Mutant("prefetch_queue_depth=1 alone", make_cifar_pipeline(pipe_kw=dict(prefetch_queue_depth=1)),
+                           "keeps DALI's prefetching", words="your pipeline sets prefetch_queue_depth=1 (a queue of 1"),
+             [3])

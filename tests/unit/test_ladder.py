@@ -159,6 +159,8 @@ def test_the_table_names_a_tie_rather_than_a_winner():     # w2-03: 7,110 agains
     assert "best: device-resident at 56% of the ceiling (prefetcher within 5% of it: a tie" in result.table()
     result.rungs[0]["samples_per_s"] = 5_000
     assert "within 5%" not in result.table()
+    # w8-03: a notebook that measures two rounds says which one the table's "best" is of
+    assert "best in round 1: device-resident at 56% of the ceiling" in result.table(best_in="round 1")
 
 
 def test_the_workers_bar_is_labelled_as_the_table_names_it():   # w2-03: the bar said "workers", the table "best workers"
