@@ -798,6 +798,7 @@ def _check_correctness(make_pipeline, rng, seed: int, device: str | None, *, vir
     workload = TrainingSet(images, labels, f"{n} fresh random images (seed {seed})")
     config = LadderConfig(batch_size=batch_size, num_workers=min(2, usable_cores()), device=device)
     what = f"a workload of {n} images, ctx.batch_size={batch_size} (seed {seed})"
+    kept_failure = None
     if virtual:
         epochs, deferred, note = _virtual_epochs(make_pipeline, config, workload, n, batch_size, what, observed)
         if epochs is None:
@@ -805,7 +806,7 @@ def _check_correctness(make_pipeline, rng, seed: int, device: str | None, *, vir
         _on_the_device_given(make_pipeline, config, np.random.default_rng([seed, 3]), seed)   # the check's rng untouched
         what += f", on {VIRTUAL}"
     else:
-        deferred = None
+        deferred, kept_failure = None, None
         kept = []                               # the batches the model got, weakly: which of them outlive the epochs
 
         def model_reads(i, images, labels):
@@ -820,7 +821,12 @@ def _check_correctness(make_pipeline, rng, seed: int, device: str | None, *, vir
             epochs = [_one_epoch(ctx, watched, n, batch_size, f"epoch {e + 1} of {what}", model_reads)
                       for e in range(2)]
             gc.collect()
-            _kept_alive(kept, [] if inputs is None else inputs.refs, len(kept), what)
+            try:
+                _kept_alive(kept, [] if inputs is None else inputs.refs, len(kept), what)
+            except CheckFailed as exc:
+                # walk w6-08 81_cached_aug2: an epoch augmented once and replayed holds every batch, but the
+                # mistake to name is the replay (below), where the epochs show one
+                kept_failure = exc
             probe = None if inputs is None or inputs.first is None else (pipeline.batch_transform, inputs.first)
             del watched, inputs
         del pipeline
@@ -859,6 +865,18 @@ def _check_correctness(make_pipeline, rng, seed: int, device: str | None, *, vir
                               "another mean or std makes them unreadable")
         order.append(index)
         found.append(_verify_crops(x, y, index, workload, where))
+    if kept_failure is not None:
+        repeated = _repeated_augmentation(order, found, n)
+        if repeated > 0.2:
+            same_order = " in the same order," if trusted.array_equal(order[0], order[1]) else ""
+            raise CheckFailed("augments afresh every epoch",
+                              f"{what}: epoch 2 replayed epoch 1's augmented images:{same_order} {repeated:.0%} of "
+                              "the samples got the same crop and flip in both epochs (1 in 162 by chance); "
+                              + kept_failure.detail.split(": ", 1)[1],
+                              "augment every batch when it is served, so that every epoch gets fresh crops and flips "
+                              "(and draw a new order every epoch): augmented images computed once and replayed teach "
+                              "the model the same crops forever, and hold every batch in memory")
+        raise kept_failure
     if deferred is not None:
         raise deferred
     first, second = order
@@ -880,12 +898,7 @@ def _check_correctness(make_pipeline, rng, seed: int, device: str | None, *, vir
                           "(only the order of the batches changes)", "shuffle samples, not batches")
     _augmented(found, what)
     # the same samples' augmentation in both epochs: independent draws agree 1 time in 162
-    params = []
-    for e in range(2):
-        p = np.empty((n, 3), np.int64)
-        p[order[e]] = np.stack([found[e].dy, found[e].dx, found[e].flipped], axis=1)
-        params.append(p)
-    repeated = float((params[0] == params[1]).all(axis=1).mean())
+    repeated = _repeated_augmentation(order, found, n)
     if repeated > 0.2:
         raise CheckFailed("augments afresh every epoch", f"{what}: {repeated:.0%} of the samples got the same crop and "
                           "flip in both epochs (1 in 162 by chance)",
@@ -897,6 +910,16 @@ def _check_correctness(make_pipeline, rng, seed: int, device: str | None, *, vir
     if not virtual and probe is not None:
         _flip_probe(*probe, batch_size, f"{what}, after the two epochs")
     return ""
+
+
+def _repeated_augmentation(order, found, n: int) -> float:
+    """The share of the samples that got the same crop and flip in both epochs (independent draws: 1 in 162)."""
+    params = []
+    for e in range(2):
+        p = np.empty((n, 3), np.int64)
+        p[order[e]] = np.stack([found[e].dy, found[e].dx, found[e].flipped], axis=1)
+        params.append(p)
+    return float((params[0] == params[1]).all(axis=1).mean())
 
 
 def _augmented(runs, what: str, hint: str = "") -> None:

@@ -2140,3 +2140,28 @@ def _speeds_both_charged(report, tolerance=0.05):          # w3-08's mistake, mi
             s = min(s, rung["cpu_per_core"] * (per_gpu if rung.get("parallel", True) else min(1.0, per_gpu)))
         speed[name] = s * (1 - rung.get("device_cost", 0.0))
     return _first_within(speed, tolerance)
+
+
+# -- walk w6-08 81_cached_aug2: an epoch augmented once and replayed was failed for the memory it holds; the mistake
+# to name is the replay (the same crops and flips every epoch)
+class _ReplayedEpoch:
+    def __init__(self, loader, augment):
+        self.loader, self.augment, self.cache = loader, augment, None
+
+    def __len__(self):
+        return len(self.loader)
+
+    def __iter__(self):
+        if self.cache is None:          # augment once, replay every epoch
+            self.cache = [self.augment(x, y) for x, y in self.loader]
+        return iter(self.cache)
+
+
+def replayed_augmented_epoch(ctx):
+    images, labels = ctx.on_device()
+    return Pipeline(_ReplayedEpoch(DeviceLoader(images, labels, ctx.batch_size, drop_last=False), AugmentBatch()))
+
+
+def test_w6_81_an_augmented_epoch_replayed_is_named_for_the_replay():
+    rejected("8.1", Mutant("replayed_augmented_epoch", replayed_augmented_epoch, "augments afresh every epoch",
+                           words="epoch 2 replayed epoch 1's augmented images"), [zlib.crc32(b"replayed") % 1000])
