@@ -2165,3 +2165,19 @@ def replayed_augmented_epoch(ctx):
 def test_w6_81_an_augmented_epoch_replayed_is_named_for_the_replay():
     rejected("8.1", Mutant("replayed_augmented_epoch", replayed_augmented_epoch, "augments afresh every epoch",
                            words="epoch 2 replayed epoch 1's augmented images"), [zlib.crc32(b"replayed") % 1000])
+
+
+def seeded_loader(ctx):
+    """w6-08 81_seeded_loader (passed 4/4): the order and the augmentation drawn from seeded generators. Right by
+    the contract: every epoch still draws a new order and new crops and flips from them (reproducible, not
+    repeated); only two calls of make_pipeline replay each other, which the contract does not forbid."""
+    images, labels = ctx.on_device()
+    loader = DeviceLoader(images, labels, ctx.batch_size, drop_last=False, seed=0)
+    return Pipeline(loader, batch_transform=AugmentBatch(
+        generator=torch.Generator(device=images.device).manual_seed(0)))
+
+
+def test_w6_81_seeded_generators_pass_correctness():
+    # its whole check passed in the walk and here (seed 1); correctness only, on the virtual device, for CI's time
+    from course_utils.checks.lesson08 import _check_correctness
+    assert _check_correctness(seeded_loader, np.random.default_rng(13), 13, None, virtual=True) == ""
