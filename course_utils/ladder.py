@@ -40,6 +40,7 @@ import datetime
 import itertools
 import math
 import json
+import statistics
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -916,13 +917,53 @@ def one_run_words(rows) -> str:
             "again to see how far the rungs move on this machine")
 
 
-def ceiling_share_words(row: dict, ceiling: str = "the ceiling") -> str:
+def slow_ceiling_words(row: dict, rows) -> str:
+    """Where another rung of `rows` ran the ceiling's own step (fp32, eager) above the ceiling, the ceiling's single
+    measurement was slow, and `row`'s share of it is too high: the words that say so, with the share against that
+    rung's speed, the least the ceiling can be (walk w6-08: "yours runs at 50% of the model-only ceiling" where the
+    climb had said the ceiling measured slow, DALI at 114% of it). "" where no such rung."""
+    same = [r for r in rows or () if r is not row and r.get("name") != row.get("name") and not r.get("skipped")
+            and not r.get("step") and (r.get("fraction_of_ceiling") or 0) > 1.0 and r.get("samples_per_s")]
+    if not same or not row.get("samples_per_s"):
+        return ""
+    top = max(same, key=lambda r: r["samples_per_s"])
+    return (f" (a ceiling the climb measured slow: {top['name']} ran its fp32 eager step at "
+            f"{top['fraction_of_ceiling']:.0%} of it, so the ceiling is at least {top['samples_per_s']:,.0f} "
+            f"samples/s, and this share at most {row['samples_per_s'] / top['samples_per_s']:.0%})")
+
+
+def against_resident_words(name: str, mine, resident, bar: float = 0.85) -> str:
+    """Yours against the course's device-resident pipeline measured in the same minutes (in turns), from the runs'
+    medians: what the check of 8.1 grades, in paired rounds of its own (walk w6-08: the check's "109% of the
+    ceiling" against the card's "50%", a ceiling measured apart; and a markdown sentence whose two branches the
+    run did not choose between). `bar`: the check's share of the device-resident pipeline asked."""
+    mine, resident = [v for v in mine if v], [v for v in resident if v]
+    if not mine or not resident:
+        return ""
+    if not name.startswith("yours"):
+        return (f"{name}: the course's pipeline stands in for yours (8.1 not done), so there is no ratio to read "
+                "here")
+    ratio = statistics.median(mine) / statistics.median(resident)
+    spreads = [max(v) / min(v) - 1 for v in (mine, resident) if len(v) > 1]
+    spread = max(spreads) if spreads else 0.0
+    told = (f"{ratio:.0%} (medians of {len(mine)} and {len(resident)} runs; one pipeline's runs spread by up to "
+            f"{spread:.0%} here)" if spreads else f"{ratio:.0%} (one run each)")
+    head = f"{name} against the course's device-resident pipeline in the same minutes: {told}"
+    if ratio >= bar or ratio * (1 + spread) >= 1.0:
+        return (head + ": yours keeps up with the same parts measured beside it, so the gap to the ceiling is not "
+                f"your pipeline's; the check of 8.1 graded this ratio ({bar:.0%} asked), in paired rounds of its own")
+    return (head + f": below the {bar:.0%} the check of 8.1 asks, and beyond that spread: the gap is your "
+            "pipeline's (what it adds to the device-resident parts: a wait, a copy, work on the host)")
+
+
+def ceiling_share_words(row: dict, ceiling: str = "the ceiling", rows=None) -> str:
     """A row's share of the ceiling as printed with it (walk w3-08: "yours: 133% of the ceiling" for an fp32 eager
-    pipeline, a caveat only under the climb's table): above 100%, why."""
+    pipeline, a caveat only under the climb's table): above 100%, why. `rows`: the climb's, where another rung may
+    have shown the ceiling measured slow (`slow_ceiling_words`)."""
     share = row["fraction_of_ceiling"]
     said = f"{share:.0%} of {ceiling}"
     if share <= 1.0:
-        return said
+        return said + slow_ceiling_words(row, rows)
     if row.get("step"):
         return said + " (above the fp32 ceiling: its pipeline changes the step itself)"
     return said + (" (above 100% with the ceiling's own step, fp32 and eager, which no pipeline beats: the "

@@ -222,7 +222,7 @@ class ReportCard:
         tied = (f"; the same within the noise of one measurement ({told}): {', '.join(groups['same'])}"
                 if groups["same"] else "")
         slower = f"; slower in the same run: {', '.join(groups['slower'])}" if groups["slower"] else ""
-        return (f"{self.final} runs at {ceiling_share_words(row, 'the model-only ceiling')}{against}, "
+        return (f"{self.final} runs at {ceiling_share_words(row, 'the model-only ceiling', rows=self.rungs)}{against}, "
                 f"on {kind}; measured in one run on {self.machine['host']}{beaten}{tied}{slower}")
 
     def noise(self) -> float:

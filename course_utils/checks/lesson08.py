@@ -708,7 +708,9 @@ class _Inputs:
 # samples the stages trace): 4.5 standard deviations of a fair coin are 0.005 here, half way from 0.50 to 0.49, which a
 # right answer leaves, and a flip probability of 0.49 (or 0.51) stays inside, about once in 150,000 runs
 FLIP_PROBE_DRAWS = 204_800
-FLIP_PROBE_CHUNK = 1024
+# 50 calls of 4,096 (walk w6-08: the check took 79 s; 200 calls of 1,024 took a third of it, and AugmentBatch costs
+# a third less per image in calls of 4,096: the same draws, the same statistic, fewer calls)
+FLIP_PROBE_CHUNK = 4096
 
 
 def _flip_probe(transform, first, batch_size: int, what: str) -> None:
@@ -726,9 +728,12 @@ def _flip_probe(transform, first, batch_size: int, what: str) -> None:
     ramp = torch.linspace(lo, hi, 32).to(dtype).to(device)
     flipped = total = 0
     chunk = FLIP_PROBE_CHUNK
+    made = None
     while total < FLIP_PROBE_DRAWS:
-        images = ramp.view(1, 1, 1, 32).expand(chunk, 3, 32, 32).contiguous()
-        labels = torch.zeros(chunk, dtype=torch.int64, device=device)
+        if made is None or made[0].shape[0] != chunk:       # the same input every call: made once per chunk size
+            made = (ramp.view(1, 1, 1, 32).expand(chunk, 3, 32, 32).contiguous(),
+                    torch.zeros(chunk, dtype=torch.int64, device=device))
+        images, labels = made[0].clone(), made[1].clone()  # a transform may write into what it is given
         try:
             out = transform(images, labels)
             x = out[0] if isinstance(out, (tuple, list)) else None
@@ -798,6 +803,7 @@ def _check_correctness(make_pipeline, rng, seed: int, device: str | None, *, vir
     workload = TrainingSet(images, labels, f"{n} fresh random images (seed {seed})")
     config = LadderConfig(batch_size=batch_size, num_workers=min(2, usable_cores()), device=device)
     what = f"a workload of {n} images, ctx.batch_size={batch_size} (seed {seed})"
+    kept_failure = None
     if virtual:
         epochs, deferred, note = _virtual_epochs(make_pipeline, config, workload, n, batch_size, what, observed)
         if epochs is None:
@@ -805,7 +811,7 @@ def _check_correctness(make_pipeline, rng, seed: int, device: str | None, *, vir
         _on_the_device_given(make_pipeline, config, np.random.default_rng([seed, 3]), seed)   # the check's rng untouched
         what += f", on {VIRTUAL}"
     else:
-        deferred = None
+        deferred, kept_failure = None, None
         kept = []                               # the batches the model got, weakly: which of them outlive the epochs
 
         def model_reads(i, images, labels):
@@ -820,7 +826,12 @@ def _check_correctness(make_pipeline, rng, seed: int, device: str | None, *, vir
             epochs = [_one_epoch(ctx, watched, n, batch_size, f"epoch {e + 1} of {what}", model_reads)
                       for e in range(2)]
             gc.collect()
-            _kept_alive(kept, [] if inputs is None else inputs.refs, len(kept), what)
+            try:
+                _kept_alive(kept, [] if inputs is None else inputs.refs, len(kept), what)
+            except CheckFailed as exc:
+                # walk w6-08 81_cached_aug2: an epoch augmented once and replayed holds every batch, but the
+                # mistake to name is the replay (below), where the epochs show one
+                kept_failure = exc
             probe = None if inputs is None or inputs.first is None else (pipeline.batch_transform, inputs.first)
             del watched, inputs
         del pipeline
@@ -859,6 +870,18 @@ def _check_correctness(make_pipeline, rng, seed: int, device: str | None, *, vir
                               "another mean or std makes them unreadable")
         order.append(index)
         found.append(_verify_crops(x, y, index, workload, where))
+    if kept_failure is not None:
+        repeated = _repeated_augmentation(order, found, n)
+        if repeated > 0.2:
+            same_order = " in the same order," if trusted.array_equal(order[0], order[1]) else ""
+            raise CheckFailed("augments afresh every epoch",
+                              f"{what}: epoch 2 replayed epoch 1's augmented images:{same_order} {repeated:.0%} of "
+                              "the samples got the same crop and flip in both epochs (1 in 162 by chance); "
+                              + kept_failure.detail.split(": ", 1)[1],
+                              "augment every batch when it is served, so that every epoch gets fresh crops and flips "
+                              "(and draw a new order every epoch): augmented images computed once and replayed teach "
+                              "the model the same crops forever, and hold every batch in memory")
+        raise kept_failure
     if deferred is not None:
         raise deferred
     first, second = order
@@ -880,12 +903,7 @@ def _check_correctness(make_pipeline, rng, seed: int, device: str | None, *, vir
                           "(only the order of the batches changes)", "shuffle samples, not batches")
     _augmented(found, what)
     # the same samples' augmentation in both epochs: independent draws agree 1 time in 162
-    params = []
-    for e in range(2):
-        p = np.empty((n, 3), np.int64)
-        p[order[e]] = np.stack([found[e].dy, found[e].dx, found[e].flipped], axis=1)
-        params.append(p)
-    repeated = float((params[0] == params[1]).all(axis=1).mean())
+    repeated = _repeated_augmentation(order, found, n)
     if repeated > 0.2:
         raise CheckFailed("augments afresh every epoch", f"{what}: {repeated:.0%} of the samples got the same crop and "
                           "flip in both epochs (1 in 162 by chance)",
@@ -897,6 +915,16 @@ def _check_correctness(make_pipeline, rng, seed: int, device: str | None, *, vir
     if not virtual and probe is not None:
         _flip_probe(*probe, batch_size, f"{what}, after the two epochs")
     return ""
+
+
+def _repeated_augmentation(order, found, n: int) -> float:
+    """The share of the samples that got the same crop and flip in both epochs (independent draws: 1 in 162)."""
+    params = []
+    for e in range(2):
+        p = np.empty((n, 3), np.int64)
+        p[order[e]] = np.stack([found[e].dy, found[e].dx, found[e].flipped], axis=1)
+        params.append(p)
+    return float((params[0] == params[1]).all(axis=1).mean())
 
 
 def _augmented(runs, what: str, hint: str = "") -> None:
@@ -1489,7 +1517,8 @@ def _speeds(report: dict, cores_per_gpu, combine=min, *, cost: str = "device",
     out = {}
     for name, rung in report["rungs"].items():
         share = 1 - rung.get("device_cost", 0.0)
-        device = report["ceiling"] * (share if cost == "device" else 1.0)
+        device = (report["ceiling"] - rung.get("device_cost", 0.0) if cost == "subtract"
+                  else report["ceiling"] * (share if cost == "device" else 1.0))
         if "cpu_per_core" in rung:
             cores = parallel_cores(per_gpu) if is_parallel(rung) else serial_cores(per_gpu)
             cpu = rung["cpu_per_core"] * cores
@@ -1519,6 +1548,10 @@ _MODEL_MISTAKES = [
     ("device_cost left out: the GPU's limit of a rung is ceiling x (1 - device_cost), the share of the GPU's time "
      "its own work on the device takes",
      lambda report: _speeds(report, lambda c, g: c / g, cost="none")),
+    # walk w6-08 82_devcost_subtract
+    ("device_cost subtracted from the ceiling as if it were samples/s, ceiling - device_cost: it is a fraction, "
+     "the share of the GPU's time the rung's own work on the device takes: ceiling x (1 - device_cost)",
+     lambda report: _speeds(report, lambda c, g: c / g, cost="subtract")),
     # walk w4-08 v10
     ("the CPU's limit alone for a rung with cpu_per_core: the GPU's limit, ceiling x (1 - device_cost), binds it "
      "too, and its speed is the smaller of the two: min(device, cpu)",
@@ -1538,6 +1571,12 @@ _MODEL_MISTAKES = [
      lambda report: _speeds(report, lambda c, g: c / g, serial_cores=lambda per_gpu: per_gpu)),
     ("the same rounded down but kept at one core at least, max(1, cores // gpus)",
      lambda report: _speeds(report, lambda c, g: max(1, c // g))),
+    # walk w6-08 82_cpu_times_gpus
+    ("the CPU's limit multiplied by the GPUs, cpu_per_core x cores / gpus x gpus: that is the whole machine's CPU, "
+     "and it feeds all the GPUs; one GPU is fed by its own share, cpu_per_core x cores / gpus (at most one core "
+     "for a rung that is not parallel)",
+     lambda report: _speeds(report, lambda c, g: c / g, parallel_cores=lambda per_gpu: per_gpu * report["gpus"],
+                            serial_cores=lambda per_gpu: min(1.0, per_gpu) * report["gpus"])),
     # walk w6-08 (82_serial_floor, 82_serial_whole_if_any, 82_serial_skip): no core, or no rung, for a serial rung
     # where one GPU's share is less than a core
     ("no core for a rung that is not parallel where one GPU's share is less than a core (min(1, cores // gpus) is "
@@ -1710,6 +1749,19 @@ def _contract_cases() -> list[tuple[dict, float, bool]]:
         ({"machine": "a box measured twice: 8 cores, 2 GPUs", "cores": 8, "gpus": 2, "ceiling": 2048.0,
           "rungs": {"baseline": rung(1024, parallel=False), "best workers": rung(256, parallel=True),
                     "device-resident": rung(cost=0.0)}}, 0.05, False),
+        # walk w6-08 (82_ignore_device_cost, 82_devcost_subtract): two cases before the next, so that each device_cost
+        # mistake is told from the others. Here device_cost charged to min(ceiling, cpu) picks 'DALI' (the
+        # prefetcher's 880 of CPU drops to 792); left out, or subtracted as samples/s, the answer stays right
+        ({"machine": "rungs fed slower than their device cost allows: 4 cores, 1 GPU", "cores": 4, "gpus": 1,
+          "ceiling": 1000.0,
+          "rungs": {"baseline": rung(500, parallel=False), "prefetcher": rung(220, 0.1, True),
+                    "DALI": rung(230, 0.02, True)}}, 0.05, False),
+        # a machine under one sample per second: device_cost subtracted from the ceiling (0.7 - 0.25) leaves the
+        # device-resident rung 0.45, below the baseline's 0.49, and picks 'baseline'; charged as a share of the GPU's
+        # time it runs at 0.525 (left out: 0.7), and the answer is 'device-resident'
+        ({"machine": "a huge model, under one sample per second: 2 cores, 1 GPU", "cores": 2, "gpus": 1,
+          "ceiling": 0.7,
+          "rungs": {"baseline": rung(0.49, parallel=False), "device-resident": rung(cost=0.25)}}, 0.05, True),
         # walk w3-08: device_cost charged to min(ceiling, cpu) rather than to the GPU's limit alone picks
         # 'device-resident' here; the spec's model gives the prefetcher 1,000 (its CPU) within 0.05 of 1,001
         ({"machine": "a rung whose device cost stays under its CPU limit: 4 cores, 1 GPU", "cores": 4, "gpus": 1,
@@ -1792,6 +1844,12 @@ def check_choose_rung(choose_rung):
                                   f"{words}: your choose_rung raised KeyError: {exc}",
                                   "a report without a 'rungs' key has no rungs either: report.get('rungs'), and "
                                   "raise ValueError when it gives nothing") from None
+            except (AttributeError, TypeError, IndexError, StopIteration) as exc:
+                # walk w6-08 82_no_valueerror: report.get('rungs') is None there, and None.items() raised
+                raise CheckFailed("raises ValueError on a report without rungs",
+                                  f"{words}: your choose_rung raised {type(exc).__name__}: {exc}",
+                                  "raise ValueError yourself when the report has no rungs (report.get('rungs') "
+                                  "gives None or {}: if not rungs: raise ValueError(...)), before using them")
             raise CheckFailed("raises ValueError on a report without rungs", f"{words} did not raise",
                               "nothing to choose from: raise ValueError")
     return (f"the right rung on {len(cases)} machines ({len(contract)} the spec states, {len(curated)} built to "
@@ -1856,6 +1914,13 @@ class _Case:
             self.mistake_at.append((words, {t: next((n for n, v in self.speed.items() if v >= threshold(best, t)),
                                                     None) for t in self.probes}))
         self.speed_model_words = {words for words, _ in _MODEL_MISTAKES}
+        # the same report with every speed divided by the fastest's, and its answers (`_scale_dependent`)
+        scale = max(self.speed.values())
+        scaled = dict(report, machine=f"{report['machine']} (speeds divided by the fastest's)",
+                      ceiling=report["ceiling"] / scale,
+                      rungs={name: dict(rung, cpu_per_core=rung["cpu_per_core"] / scale) if "cpu_per_core" in rung
+                             else dict(rung) for name, rung in report["rungs"].items()})
+        self.scaled = (scaled, {t: reference_choice(scaled, t) for t in self.probes})
 
     def _cached(self, yours, earlier, call) -> bool:
         """Whether `yours` is an earlier report's answer kept (keyed on the machine, or its cores, GPUs and ceiling):
@@ -1871,6 +1936,18 @@ class _Case:
             return False
         fresh = self.fresh
         return (call(fresh, tolerance=self.tolerance) if self.keyword else call(fresh)) == self.want
+
+    def _scale_dependent(self, call) -> bool:
+        """Whether the answer is the spec's on the same report with every speed divided by the fastest's (walk w6-08
+        82_tol_absolute: best - tolerance, which on speeds in the thousands picks the fastest, as argmax does)."""
+        scaled, want = self.scaled
+        if any(want[t] != self.at[t] for t in self.probes):      # the spec's answers change with the scale here
+            return False
+        try:                        # asked as this case asks too (a default tolerance of its own is another mistake)
+            asked = call(scaled, tolerance=self.tolerance) if self.keyword else call(scaled)
+            return asked == want[self.tolerance] and all(call(scaled, tolerance=t) == want[t] for t in self.probes)
+        except Exception:           # an answer that raises on the scaled report is not told by it
+            return False
 
     def _followed_mistakes(self, yours, call, earlier=()) -> list[str]:
         """The usual mistakes (speed model, or the fastest taken as the median) whose choices the answer gives at
@@ -1924,6 +2001,12 @@ class _Case:
         elif call is not None and self._cached(yours, earlier, call):
             hint = ("that is the answer to an earlier report of the same machine, whose rungs differed: compute "
                     "every answer from the report's own rungs, and keep nothing from one call to the next")
+        elif call is not None and self._scale_dependent(call):
+            hint = (f"on this report with every speed divided by the fastest's (the ceiling and each cpu_per_core, "
+                    f"so that the fastest rung runs at 1 sample/s), your answers are the spec's at every tolerance "
+                    f"tried here ({', '.join(f'{t:g}' for t in self.probes)}), but not on the report as it is: your "
+                    "threshold depends on the speeds' scale, as best - tolerance does (the tolerance taken in "
+                    "samples/s). The tolerance is a fraction of the fastest: at least (1 - tolerance) x the fastest")
         elif call is not None and (named := self._followed_mistakes(yours, call, earlier)):
             hint = (f"{yours!r}, and your answers at every tolerance tried here "
                     f"({', '.join(f'{t:g}' for t in self.probes)}), are what this mistake gives: "

@@ -1882,10 +1882,10 @@ def test_the_82_pass_message_counts_the_machines_the_spec_counts():
     import json
     from pathlib import Path
     result = run_check("8.2", choose)
-    assert result.status == "pass" and "the right rung on 38 machines" in result.message, result.message
+    assert result.status == "pass" and "the right rung on 40 machines" in result.message, result.message
     spec = "".join("".join(c["source"]) for c in json.loads(
         (Path(__file__).resolve().parents[2] / "solutions" / "08-capstone-feed-the-gpu.ipynb").read_text())["cells"])
-    assert "every run: 38 machines" in spec
+    assert "every run: 40 machines" in spec
 
 
 def test_the_notebooks_two_noise_bars_are_explained_and_the_bf16_line_judged_by_the_wider():
@@ -2072,3 +2072,112 @@ def _serial_share(kind):
 def test_w6_82_a_serial_rung_given_no_core_fails(kind):
     rejected("8.2", Mutant(f"w6-08 serial rung: {kind}", _serial_share(kind), "picks the simplest rung within the tolerance of the fastest",
                            words="no core for a rung that is not parallel"), range(2))
+
+
+# -- walk w6-08: 8.2 answers whose messages named another mistake than theirs, now each named for its own ----------
+
+def _w6_model(device_limit=lambda ceiling, cost: ceiling * (1 - cost), cpu_times=lambda gpus: 1,
+              threshold=lambda best, t: (1 - t) * best, check_rungs=True):
+    def choose_rung(report, tolerance=0.05):
+        rungs = report.get("rungs")
+        if check_rungs and not rungs:
+            raise ValueError("the report has no rungs")
+        cores, gpus, ceiling = report["cores"], report["gpus"], report["ceiling"]
+        speed = {}
+        for name, rung in rungs.items():
+            s = device_limit(ceiling, rung.get("device_cost", 0.0))
+            if "cpu_per_core" in rung:
+                share = cores / gpus if rung.get("parallel", True) else min(1.0, cores / gpus)
+                s = min(s, rung["cpu_per_core"] * share * cpu_times(gpus))
+            speed[name] = s
+        best = max(speed.values())
+        return next(n for n, v in speed.items() if v >= threshold(best, tolerance))
+    return choose_rung
+
+
+W6_82_MUTANTS = [
+    Mutant("82_ignore_device_cost", _w6_model(device_limit=lambda ceiling, cost: ceiling), _PICKS,
+           words="Hint: 'device-resident', and your answers at every tolerance tried here (0, 0.05, 0.1, 0.5), are "
+                 "what this mistake gives: device_cost left out:"),
+    Mutant("82_devcost_subtract", _w6_model(device_limit=lambda ceiling, cost: ceiling - cost), _PICKS,
+           words="are what this mistake gives: device_cost subtracted from the ceiling as if it were samples/s"),
+    Mutant("82_cpu_times_gpus", _w6_model(cpu_times=lambda gpus: gpus), _PICKS,
+           words="are what this mistake gives: the CPU's limit multiplied by the GPUs"),
+    Mutant("82_tol_absolute", _w6_model(threshold=lambda best, t: best - t), _PICKS,
+           words="your threshold depends on the speeds' scale, as best - tolerance does"),
+    Mutant("82_no_valueerror", _w6_model(check_rungs=False), "raises ValueError on a report without rungs",
+           words="your choose_rung raised AttributeError"),
+]
+
+
+@pytest.mark.parametrize("mutant", W6_82_MUTANTS, ids=repr)
+def test_w6_82_mutants_fail_named_for_their_own_mistake(mutant):
+    rejected("8.2", mutant, [zlib.crc32(mutant.name.encode()) % 1000])
+
+
+def test_w6_82_messages_name_only_the_mistake_made():
+    """w6-08: device_cost left out was named 'charged to min(ceiling, cpu)' first; the CPU's limit times the GPUs
+    '`parallel` ignored'. Each is now told from the other by a case where only one of them goes wrong."""
+    os.environ.pop("COURSE_CHECK_SEED", None)
+    message = run_check("8.2", W6_82_MUTANTS[0].answer).message
+    assert "min(ceiling, cpu) x (1 - device_cost)" not in message and "subtracted" not in message, message
+    message = run_check("8.2", W6_82_MUTANTS[1].answer).message
+    assert "device_cost left out" not in message and "min(ceiling, cpu)" not in message, message
+    message = run_check("8.2", W6_82_MUTANTS[2].answer).message
+    assert "`parallel` ignored" not in message, message
+    message = run_check("8.2", _speeds_both_charged).message
+    assert "device_cost charged to the smaller of the two limits" in message and "left out" not in message, message
+
+
+def _speeds_both_charged(report, tolerance=0.05):          # w3-08's mistake, min(ceiling, cpu) x (1 - device_cost)
+    if not report.get("rungs"):
+        raise ValueError("no rungs")
+    per_gpu = report["cores"] / report["gpus"]
+    speed = {}
+    for name, rung in report["rungs"].items():
+        s = report["ceiling"]
+        if "cpu_per_core" in rung:
+            s = min(s, rung["cpu_per_core"] * (per_gpu if rung.get("parallel", True) else min(1.0, per_gpu)))
+        speed[name] = s * (1 - rung.get("device_cost", 0.0))
+    return _first_within(speed, tolerance)
+
+
+# -- walk w6-08 81_cached_aug2: an epoch augmented once and replayed was failed for the memory it holds; the mistake
+# to name is the replay (the same crops and flips every epoch)
+class _ReplayedEpoch:
+    def __init__(self, loader, augment):
+        self.loader, self.augment, self.cache = loader, augment, None
+
+    def __len__(self):
+        return len(self.loader)
+
+    def __iter__(self):
+        if self.cache is None:          # augment once, replay every epoch
+            self.cache = [self.augment(x, y) for x, y in self.loader]
+        return iter(self.cache)
+
+
+def replayed_augmented_epoch(ctx):
+    images, labels = ctx.on_device()
+    return Pipeline(_ReplayedEpoch(DeviceLoader(images, labels, ctx.batch_size, drop_last=False), AugmentBatch()))
+
+
+def test_w6_81_an_augmented_epoch_replayed_is_named_for_the_replay():
+    rejected("8.1", Mutant("replayed_augmented_epoch", replayed_augmented_epoch, "augments afresh every epoch",
+                           words="epoch 2 replayed epoch 1's augmented images"), [zlib.crc32(b"replayed") % 1000])
+
+
+def seeded_loader(ctx):
+    """w6-08 81_seeded_loader (passed 4/4): the order and the augmentation drawn from seeded generators. Right by
+    the contract: every epoch still draws a new order and new crops and flips from them (reproducible, not
+    repeated); only two calls of make_pipeline replay each other, which the contract does not forbid."""
+    images, labels = ctx.on_device()
+    loader = DeviceLoader(images, labels, ctx.batch_size, drop_last=False, seed=0)
+    return Pipeline(loader, batch_transform=AugmentBatch(
+        generator=torch.Generator(device=images.device).manual_seed(0)))
+
+
+def test_w6_81_seeded_generators_pass_correctness():
+    # its whole check passed in the walk and here (seed 1); correctness only, on the virtual device, for CI's time
+    from course_utils.checks.lesson08 import _check_correctness
+    assert _check_correctness(seeded_loader, np.random.default_rng(13), 13, None, virtual=True) == ""

@@ -205,3 +205,21 @@ def test_a_share_above_the_ceiling_says_why_where_it_is_printed():
     assert ceiling_share_words({"fraction_of_ceiling": 0.62, "step": {}}) == "62% of the ceiling"
     assert ceiling_share_words({"fraction_of_ceiling": 9.08, "step": {"graph": True}}) == \
         "908% of the ceiling (above the fp32 ceiling: its pipeline changes the step itself)"
+
+
+def test_a_share_of_a_ceiling_the_climb_measured_slow_says_so_and_bounds_it():
+    """w6-08: "yours runs at 50% of the model-only ceiling" where DALI had run the ceiling's own step at 114% of it."""
+    from course_utils.ladder import against_resident_words, ceiling_share_words
+    rows = [{"name": "device-resident", "samples_per_s": 7805.0, "fraction_of_ceiling": 0.62, "step": {}},
+            {"name": "DALI", "samples_per_s": 14438.0, "fraction_of_ceiling": 1.14, "step": {}},
+            {"name": "CUDA graph", "samples_per_s": 80144.0, "fraction_of_ceiling": 6.35, "step": {"graph": True}},
+            {"name": "yours", "samples_per_s": 6325.0, "fraction_of_ceiling": 0.50, "step": {}}]
+    words = ceiling_share_words(rows[-1], rows=rows)
+    assert words.startswith("50% of the ceiling (a ceiling the climb measured slow: DALI ran its fp32 eager step at "
+                            "114% of it") and "this share at most 44%" in words, words
+    assert ceiling_share_words(rows[0], rows=rows[:1] + rows[2:]) == "62% of the ceiling"   # a graph rung says nothing
+    # w6-08: the check's 109% of the ceiling against the card's 50%: the ratio both can read, from the runs in turns
+    same = against_resident_words("yours", [6325.0, 6993.0], [7805.0, 6595.0, 7028.0])
+    assert "in the same minutes: 95% (medians of 2 and 3 runs" in same and "keeps up" in same, same
+    below = against_resident_words("yours", [3000.0, 3100.0], [7805.0, 6595.0, 7028.0])
+    assert "43%" in below and "the gap is your pipeline's" in below, below
