@@ -316,13 +316,15 @@ def agreement(measured: float, predicted: float, tolerance: float = 0.2) -> str:
     return f"{abs(ratio - 1):.0%} {'below' if ratio < 1 else 'above'} the prediction"
 
 
-def why_off(others_cores: float, usable_cores: int, *, steps: int, smoke: bool) -> str:
+def why_off(others_cores: float, usable_cores: int, *, steps: int, smoke: bool, ours_cores: float | None = None) -> str:
     """Why a measured run may miss the model, read from the run (lesson 06): other programs'
     CPU while it ran (the simulated host's launches and Python are real CPU work here, which
     they slow), else a short run, else no reason the run can show."""
     if others_cores >= max(0.25 * usable_cores, 0.3):
         return (f"other programs used {others_cores:.1f} of this machine's {usable_cores} cores during the runs, and the "
-                "host's work here is real CPU work that they slow (the model counts this CPU as if it were free)")
+                "host's work here is real CPU work that they slow (the model counts this CPU as if it were free)"
+                + (f"; ours got {ours_cores:.1f} cores: a run can be host-bound while using little CPU when it waits "
+                   "for a core, starved by the others" if ours_cores is not None and ours_cores < 0.5 else ""))
     if smoke:
         return f"smoke size: {steps} steps per run, few for a steady state; run at full size"
     return "the machine was quiet and the runs full size: the model's stages do not explain this run"
@@ -387,7 +389,14 @@ def fit_verdict(fit: "ScalingFit", counts, measured_ms, held_out=(), tolerance: 
                             f"{tolerance:.0%})" if off > tolerance else ""))
     if misses:
         lines.append("the fit does not extrapolate to the held-out counts (" + "; ".join(misses) + ")")
-    if fit.per_device_ms > 0:
+    if fit.per_device_ms > 0 and fit.best_n_devices() < 1:
+        lines.append(f"the fit's best count, sqrt(parallel / per-device) = {fit.best_n_devices():.1f}, is below one "
+                     f"device, not a count: the fit finds little that splits across devices ({fit.parallel_ms:.2f} ms "
+                     f"/ n) and {fit.per_device_ms:.2f} ms for every extra one, so it cannot place an optimum beyond "
+                     f"one device; the measured best was {best}"
+                     + (f"; with rounds {spread:.0%} apart another run can fit other parts" if spread > tolerance
+                        else ""))
+    elif fit.per_device_ms > 0:
         where = fit.best_n_devices()
         lines.append(f"the fit puts the best device count near {where:.1f} (where parallel / n^2 = per-device)"
                      + ("" if not misses and abs(where - best) <= 1.5 else f"; the measured best was {best}")

@@ -12,10 +12,12 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import gc
 import math
 import numbers
 import statistics
 import types
+import weakref
 
 import torch
 
@@ -115,7 +117,7 @@ _SPLITS = {"np.array_split's sizes": _array_split,
 
 def _times(c, n, batch, loader, *, devices_stat=None, host_rule="right", serial_rule="pieces", add=False,
            split=None, piece="first", serial_piece="first", device0="always", leaving="rest", count="batch",
-           loader_unit=1e3):
+           loader_unit=1e3, loader_samples="batch"):
     """(samples/s, bound) of the model or of one of its near misses, named by the keywords."""
     chunks = scaling.dp_chunk_sizes(batch, n) if split is None else split(batch, n)
     if not chunks or not chunks[0]:
@@ -137,7 +139,8 @@ def _times(c, n, batch, loader, *, devices_stat=None, host_rule="right", serial_
             "launch_per_replica": ((c.host_step_ms + c.host_ms_per_replica) * replicas if replicas
                                    else c.host_step_ms)}.get(
         host_rule, c.host_step_ms + c.host_ms_per_replica * replicas)
-    load = loader_unit * batch / loader if math.isfinite(loader) else 0.0
+    loaded = chunks[0] if loader_samples == "first" else batch
+    load = loader_unit * loaded / loader if math.isfinite(loader) else 0.0
     times = {"loader": load, "host": host, "devices": device}
     step = sum(times.values()) if add else max(times.values())
     samples = chunks[0] * len(chunks) if count == "padded" else batch
@@ -188,6 +191,10 @@ _SPEED_MISSES = (
     (dict(piece="median_low"), "yours times the devices by the lower median of the pieces ({low_piece} samples here):"
                                " a step waits for the slowest device, device 0, with the first, largest piece "
                                "({first} samples) and its own work", "the slowest device sets the pace"),
+    (dict(loader_samples="first"), "yours times the loader for the first piece only ({first} samples here): the "
+                                   "loader prepares the whole batch ({batch} samples) every step, before scatter "
+                                   "splits it, so it needs 1000 x batch / loader_samples_per_s ms per step, however "
+                                   "many devices share the batch", "the loader caps the throughput"),
     (dict(loader_unit=1.0), "yours counts the loader's time in seconds (batch / loader_samples_per_s) beside times "
                             "in ms: the stage costs are in ms, so the loader needs 1000 x batch / "
                             "loader_samples_per_s ms per batch", "the loader caps the throughput"),
@@ -224,6 +231,12 @@ def _named_speed_miss(yours: float, c, n, batch, loader, expected: float) -> str
     for rule, sentence, *own_prop in _SPEED_MISSES:
         value = expected / n if rule == "per_device" else _times(c, n, batch, loader, **rule)[0]
         if matches(value):
+            if rule == dict(loader_samples="first") and matches(_times(c, n, batch, loader, loader_unit=1.0)[0]):
+                sentence = ("yours charges the loader too little: either it times the first piece only ({first} "
+                            "samples here) or it counts the loader's time in seconds (batch / loader_samples_per_s) "
+                            "beside times in ms, which give the same number here: the loader prepares the whole "
+                            "batch ({batch} samples) every step, before scatter splits it, so it needs 1000 x batch "
+                            "/ loader_samples_per_s ms per step")
             median = _times(c, n, batch, loader, devices_stat=statistics.median)[0]
             found.append(sentence.format(or_median=" (here also the median)" if trusted.isclose(median, value)
                                          else "", **numbers_here))
@@ -847,6 +860,35 @@ def _two_functions(obj):
     return obj
 
 
+def _nothing_kept(call, name, rng):
+    """A call's input (scatter) or result (gather) dies once the caller drops it: nothing kept between calls.
+    (A cache keyed on id() and the shape returns the right views, and keeps every batch and its graph alive.)"""
+    n = int(rng.integers(2, 6))
+    x = torch.randn(int(rng.integers(n + 1, 5 * n)), 3, requires_grad=True)
+    if name == "dp_scatter":
+        out = call(x, n, 0)
+        watched = x
+    else:
+        out = call([p * 1.0 for p in x.chunk(n)], 0)
+        watched = out
+    try:
+        ref = weakref.ref(watched)
+    except TypeError:          # not a tensor: the comparisons name that
+        return
+    del out, watched, x
+    gc.collect()
+    if ref() is not None:
+        kept = (f"{name} of a tensor that requires grad: the tensor was still alive after the call's pieces were "
+                "dropped: yours keeps a reference to it (a cache, a list, a global)" if name == "dp_scatter" else
+                f"{name} of outputs that require grad: the result was still alive after the caller dropped it: "
+                "yours keeps a reference to it (a list, a cache, a global)")
+        raise CheckFailed("keeps nothing between calls", kept,
+                          "a reference kept between calls keeps the tensor and its whole autograd graph (every "
+                          "replica's activations) alive: one more batch of memory every step, a leak; "
+                          "DataParallel's scatter and gather keep nothing: return the pieces or the result, store "
+                          "nothing")
+
+
 @exercise("6.2", "Scatter and gather exactly as DataParallel does", points=2)
 def check_scatter_gather(functions):
     dp_scatter, dp_gather = _two_functions(functions)
@@ -920,6 +962,8 @@ def check_scatter_gather(functions):
     if isinstance(yours, (list, tuple)):
         _not_from_elsewhere(yours, again, expected, where)
     _same(yours, expected, f"dp_scatter of {where}", top=True)
+    del before, again, yours, expected
+    _nothing_kept(scatter, "dp_scatter", rng)
 
     for where, outputs, dim, prop in _gather_cases(rng):
         watch = _CopyWatch()
@@ -944,6 +988,8 @@ def check_scatter_gather(functions):
                               "joining", "`.to(device)` returns the tensor itself when it is already there, and "
                               "torch.cat makes the one copy a gather needs: a copy before it moves every output's "
                               "bytes twice, the waste this lesson measures")
+
+    _nothing_kept(gather, "dp_gather", rng)
 
     # outputs on two devices: where the result lands, and what crosses to the host on the way
     with VirtualCuda() as vc:
@@ -994,7 +1040,10 @@ def check_scatter_gather(functions):
                           "pass runs through them")
     joined = gather([p * 1.0 for p in pieces], 0)
     if not isinstance(joined, torch.Tensor) or not joined.requires_grad:
-        raise CheckFailed("lets gradients flow", "dp_gather of outputs that require grad gave a result that does not")
+        raise CheckFailed("lets gradients flow", "dp_gather of outputs that require grad gave a result that does not "
+                          "require grad: yours cut the graph on the way (a .detach(), .data, a numpy round trip or "
+                          "a new tensor)", "DataParallel's backward runs through the gather into every replica: "
+                          "`.to(device)` and torch.cat keep the graph, so move and join the outputs themselves")
     (joined * weights).sum().backward()
     if x.grad is None or not trusted.torch_allclose(x.grad, weights):
         raise CheckFailed("lets gradients flow", "the gradient through dp_gather(dp_scatter(x)) is not the "
@@ -1168,6 +1217,20 @@ def _device0_hint(yours, n, batch, sizes, on_device0, terms):
     p = sizes["param_bytes"]
     expected = scaling.dp_memory(n, batch, **sizes, batch_on_device0=on_device0)[0]
     working = c0 * sizes["activation_bytes"] + 2 * batch * sizes["output_bytes"]
+    if n == 1 and not on_device0 and trusted.isclose(yours, expected - batch * sizes["input_bytes"], rel_tol=1e-9,
+                                                     abs_tol=0.5):
+        return ("yours leaves out the input when the batch is left on the host: with one device the batch's one "
+                f"piece is the whole batch ({batch} samples), and the model runs on the device, so the batch is "
+                "copied there all the same: one device holds the whole batch's input wherever the loader left it")
+    acts = c0 * sizes["activation_bytes"]
+    if (n == 1 and acts != working and acts != p
+            and trusted.isclose(yours, expected - min(acts, p), rel_tol=1e-9, abs_tol=0.5)):
+        return ("yours takes the larger of the activations and the gradients (the sum, not the max): backward "
+                "makes a layer's gradients while the activations of the layers before it are still held, and the "
+                "course's ResNet-18 measured close to their sum: count both (an upper bound)"
+                + (f"; here the gradients are the larger, so yours leaves out the activations ({acts:,} B)"
+                   if acts < p else f"; here the activations are the larger, so yours leaves out the gradients "
+                   f"({p:,} B)"))
     if n == 1 and trusted.isclose(yours, expected - min(working, p), rel_tol=1e-9, abs_tol=0.5):
         return ("yours takes the larger of the activations and the gradients: backward makes a layer's gradients "
                 "while the activations of the layers before it are still held, and the course's ResNet-18 measured "
@@ -1185,6 +1248,13 @@ def _device0_hint(yours, n, batch, sizes, on_device0, terms):
                 "activations: activations and gradients are counted together (backward makes device 0's gradients "
                 "while its activations are still held), and the reduce's sum, another param_bytes, is what the max "
                 "weighs against the activations and outputs")
+    input0 = (batch if on_device0 else c0) * sizes["input_bytes"]
+    inside = (2 * p + sizes["optimizer_bytes"] + max(input0 + working, p))
+    if n > 1 and input0 and not trusted.isclose(inside, expected, rel_tol=1e-9, abs_tol=0.5) and trusted.isclose(
+            yours, inside, rel_tol=1e-9, abs_tol=0.5):
+        return (f"yours counts device 0's input ({input0:,} B) inside the max, with the activations and outputs: "
+                "the input is held from the scatter to the end of the step, so it is there at both moments, beside "
+                "the activations and beside the reduce's sum: add it outside the max")
     other_way = scaling.dp_memory(n, batch, **sizes, batch_on_device0=not on_device0)[0]
     if n > 1 and trusted.isclose(yours, other_way, rel_tol=1e-9, abs_tol=0.5):
         return ("with the batch on device 0 (the loader put it there) device 0 holds all of its input; left on the "
@@ -1249,6 +1319,8 @@ def check_dp_memory(dp_memory):
     one = ("one device holds the whole step",) * 3
     for regime in ("gradients", "activations"):       # gradients first: there a left-out term has one name
         case(1, int(rng.integers(1, 512)), _sizes(rng, regime), one)
+    # one device with the batch left on the host: its one piece is the whole batch, on the device (every seed)
+    case(1, int(rng.integers(1, 512)), _sizes(rng), one, on_device0=False)
     props = ("device 0 holds the state, its input and its peak", "the others hold a replica, their piece and their peak",
              "devices without a piece hold nothing")
     n = int(rng.integers(2, 9))

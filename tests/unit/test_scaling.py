@@ -182,3 +182,13 @@ def test_fit_verdict_qualifies_what_the_spread_leaves_open():
     assert any("as uncertain as they are" in line for line in noisy)
     quiet = fit_verdict(fit, [1, 2, 3, 4, 6], ms, held_out=[6], spread=0.0)
     assert not any("uncertain" in line for line in quiet)
+
+
+def test_fit_verdict_and_why_off_after_w4_06():
+    """w4-06: a fit with nothing parallel put 'the best device count near 0.0'; a host-bound run using 0.2 cores."""
+    from course_utils.scaling import ScalingFit, fit_verdict, why_off
+    fit = ScalingFit(46.27, 0.0, 4.04, 512, [1, 2, 3, 4], [46.77, 46.19, 61.10, 55.28])
+    text = " ".join(fit_verdict(fit, [1, 2, 3, 4, 6], [46.77, 46.19, 61.10, 55.28, 73.10], held_out=[6], spread=0.25))
+    assert "below one device, not a count" in text and "near 0.0" not in text
+    assert "starved by the others" in why_off(1.8, 2, steps=12, smoke=True, ours_cores=0.2)
+    assert "starved" not in why_off(1.8, 2, steps=12, smoke=True)

@@ -1,0 +1,30 @@
+# w61_21_inf_loader_special: loader inf treated as a 'never' bound but finite loader time divided as samples per ms
+import math
+
+
+def _pieces(batch_size, n_devices):
+    size = math.ceil(batch_size / n_devices)
+    out, left = [], batch_size
+    while left > 0:
+        out.append(min(size, left))
+        left -= out[-1]
+    return out
+
+
+def estimate_dp(costs, n_devices, batch_size, loader_samples_per_s):
+    def step(pieces, batch, n):
+        first = pieces[0]
+        devices = costs.compute_fixed_ms + costs.compute_per_sample_ms * first + costs.device0_ms
+        if len(pieces) >= 2:
+            devices += costs.replicate_ms + costs.reduce_ms + (batch - first) * (
+                costs.scatter_ms_per_sample + costs.gather_ms_per_sample)
+        host = costs.host_step_ms + (costs.host_ms_per_replica * len(pieces) if n > 1 else 0.0)
+        loader = batch / loader_samples_per_s
+        times = {"devices": devices, "host": host, "loader": loader}
+        bound = max(times, key=times.get)
+        return 1000 * batch / times[bound], bound
+
+    pieces = _pieces(batch_size, n_devices)
+    sps, bound = step(pieces, batch_size, n_devices)
+    alone, _ = step([pieces[0]], pieces[0], 1)
+    return {"samples_per_s": sps, "efficiency": sps / (n_devices * alone), "bound": bound}
