@@ -55,10 +55,18 @@ class _VirtualClock:
         g = getattr(time_it, "__globals__", None)
         bound = {k: v for k, v in g.items() if any(v is f for f in originals.values())} if isinstance(g, dict) else {}
         default_timer = timeit.default_timer
+        # timeit.timeit, timeit.repeat and Timer() bound default_timer as a default argument at import
+        # (w4-01: timeit.repeat(...) of a right answer read the real clock): their defaults too
+        with_defaults = [f for f in (timeit.timeit, timeit.repeat, timeit.Timer.__init__)
+                         if getattr(f, "__defaults__", None)]
+        defaults = {f: f.__defaults__ for f in with_defaults}
         try:
             for name, f in fakes.items():
                 setattr(time, name, f)
             timeit.default_timer = fakes["perf_counter"]
+            for f in with_defaults:
+                f.__defaults__ = tuple(by_id.get(id(d), d) if any(d is o for o in originals.values()) else d
+                                       for d in f.__defaults__)
             for k, v in bound.items():
                 g[k] = by_id[id(v)]
             yield self
@@ -66,6 +74,8 @@ class _VirtualClock:
             for name, f in originals.items():
                 setattr(time, name, f)
             timeit.default_timer = default_timer
+            for f, d in defaults.items():
+                f.__defaults__ = d
             for k, v in bound.items():
                 g[k] = v
 
@@ -113,7 +123,9 @@ def _time(time_it, fn, device, what, clock=None, **kwargs):
 # it is computed, the advice), for hints that name the learner's own near miss.
 _MIDDLE = "with an even number of calls the median is the mean of the two middle ones (statistics.median)"
 _NEIGHBOURS = [     # in the order a tie is named in (the same value from two of them: the likelier slip)
-    ("the mean", statistics.mean, "one slow call moves a mean; the median is the middle value"),
+    ("the mean", statistics.mean, "one slow call moves a mean (and one clock around the whole loop, divided by "
+     "repeats, is that mean): time each call on its own, between its two synchronize(device) calls, and report "
+     "the middle value"),
     ("the upper of the two middle values (sorted(times)[len(times) // 2])", lambda t: sorted(t)[len(t) // 2], _MIDDLE),
     ("the lower of the two middle values (statistics.median_low)", lambda t: sorted(t)[(len(t) - 1) // 2], _MIDDLE),
     ("a trimmed mean (the mean without the fastest and the slowest call)",
@@ -214,10 +226,15 @@ def check_timer(time_it):
         raise CheckFailed("reports milliseconds", f"yours {cpu_ms:.4f} for a 6 ms function, expected about 6",
                           "time.perf_counter() counts seconds: multiply by 1000")
     if cpu_ms < 5.0:
+        saw = ("1 ms, its CPU time only" if 0.5 <= cpu_ms < 2.0 else
+               "almost nothing: yours read a clock that did not move while fn ran")
         raise CheckFailed("measures the wall time of a CPU function",
-                          f"yours {cpu_ms:.3f} ms for a function that takes 6 ms (1 ms of CPU, 5 ms of waiting)",
-                          "time the wall clock with time.perf_counter(): time.process_time() counts only the CPU "
-                          "time of this process, not the time spent waiting")
+                          f"yours {cpu_ms:.3f} ms for a function that takes 6 ms (1 ms of CPU, 5 ms of waiting): "
+                          f"the check's clock moved by 6 ms for each call, and yours saw {saw}",
+                          "time the wall clock with time.perf_counter() (or timeit.default_timer): "
+                          "time.process_time() counts only the CPU time of this process, not the time spent "
+                          "waiting; the check scripts time.perf_counter, monotonic, time and timeit's timer, and "
+                          "no other clock")
     if fn.calls != 7:
         raise CheckFailed("calls fn warmup + repeats times", f"warmup=2, repeats=5: yours called fn {fn.calls} times, expected 7")
     # (b) asynchronous device work: must synchronise before reading the clock (the simulated device
@@ -251,7 +268,9 @@ def check_timer(time_it):
             raise CheckFailed("waits for earlier work before starting the clock",
                               f"warmup=5 calls queue 100 ms of device work, then one timed call queues 20 ms; yours "
                               f"measured {ms:.1f} ms for it",
-                              "synchronize(device) right before starting the clock, not only before stopping it")
+                              "yours timed the warm-up's queued work too: the synchronize(device) that waits for "
+                              "it must come before the clock starts (a sync just after starting the clock, or none "
+                              "at all, puts that work inside the first timing)")
         if fn.calls != 6:
             raise CheckFailed("calls fn warmup + repeats times",
                               f"warmup=5, repeats=1: yours called fn {fn.calls} times, expected 6")
@@ -347,6 +366,29 @@ def _float32_stall(log, skip_first):
     return _reference_stall(rounded, skip_first)
 
 
+def _rounded(yours, expected) -> bool:
+    """Whether yours is the expected fraction rounded to 1 to 6 decimal places."""
+    return any(trusted.isclose(float(yours), round(expected, d), rel_tol=0, abs_tol=1e-12) for d in range(1, 7))
+
+
+def _per_step(log, skip, statistic, yours) -> bool:
+    """Whether yours is `statistic` of the counted steps' own fractions (wait / that step's time)."""
+    steps = log[skip:]
+    if len(steps) < 2:
+        return False
+    value = statistic([(s["fetch_end"] - s["fetch_start"]) / (s["step_end"] - s["fetch_start"]) for s in steps])
+    return trusted.isclose(float(yours), value, rel_tol=1e-6)
+
+
+def _without_longest(log, skip, yours) -> bool:
+    """Whether yours is the fraction with the k longest waits left out (outliers dropped), k up to half."""
+    steps = log[skip:]
+    waits = sorted(s["fetch_end"] - s["fetch_start"] for s in steps)
+    wall = steps[-1]["step_end"] - steps[0]["fetch_start"] if steps else 0.0
+    return wall > 0 and any(trusted.isclose(float(yours), sum(waits[:-k]) / wall, rel_tol=1e-6)
+                            for k in range(1, len(waits) // 2 + 1))
+
+
 def _both(yours: float, expected: float) -> str:
     """'yours Y, expected E' with as many digits as it takes for two different numbers to look different."""
     for digits in range(6, 13):
@@ -385,6 +427,19 @@ def check_stall_fraction(stall_fraction):
     cases.append((no_wait, 1, "a log where batches never kept the loop waiting"))
     cases.append((_random_log(rng, 10, warm_wait=1.5), None, "a 10-step log, skip_first left at its default"))
     cases.append((_random_log(rng, 5, warm_wait=1.0), 4, "a 5-step log, skip_first=4: one step left"))
+    # w4-01: a cache keyed by the log's length returned the first 12-step log's fraction for another
+    # 12-step log: a second one, its waits three times as long (a different fraction on every seed)
+    again = _random_log(rng, 12, warm_wait=2.0)
+    for s_ in again[1:]:
+        extra = 2 * (s_["fetch_end"] - s_["fetch_start"])
+        s_["fetch_end"] += extra
+        s_["step_end"] += extra
+    for i in range(1, len(again)):           # keep the steps in order, as a real log is
+        shift = again[i - 1]["step_end"] + 0.001 - again[i]["fetch_start"]
+        if shift > 0:
+            for k in again[i]:
+                again[i][k] += shift
+    cases.append((again, 1, "another 12-step log, its batches three times as slow"))
     earlier = []       # (what, yours) of the calls before: an answer that repeats one of them keeps state
     for log, skip, what in cases:
         original = copy.deepcopy(log)
@@ -398,18 +453,21 @@ def check_stall_fraction(stall_fraction):
         skip = 1 if default else skip
         expected = _reference_stall(log, skip)
         if not trusted.isclose(float(yours), expected, rel_tol=1e-6, abs_tol=1e-9):
-            coarse = trusted.isclose(float(yours), _float32_stall(log, skip), rel_tol=1e-4)   # float32: few values
+            coarse = trusted.isclose(float(yours), _float32_stall(log, skip), rel_tol=1e-4) or \
+                _rounded(yours, expected)     # float32, or rounded: few values, two logs may share one
             before = [] if coarse else [w for w, y in earlier if trusted.isclose(float(yours), y, rel_tol=1e-9, abs_tol=1e-12)]
-            if not before and not coarse:       # a value kept from an earlier run of the check: the same answer for another log
-                probe = _random_log(rng, 9)
+            # a value kept from an earlier run of the check: the same answer for another log (of another
+            # length, or of this one's: w4-01 keyed its cache by the length)
+            for probe in ([] if before or coarse else (_random_log(rng, 9), _random_log(rng, len(log)))):
                 try:
                     again = float(stall_fraction(probe, skip_first=skip))
                 except Exception:
                     again = None
                 if again is not None and trusted.isclose(again, float(yours), rel_tol=1e-9, abs_tol=1e-12) and \
                         not trusted.isclose(_reference_stall(probe, skip), expected, rel_tol=1e-6):
-                    before = [f"another log it handed yours next (a 9-step log, expected "
+                    before = [f"another log it handed yours next (a {len(probe)}-step log, expected "
                               f"{_reference_stall(probe, skip):.6f})"]
+                    break
             if before:           # w3-01: a module-level cache returned the first log's value for every later log
                 raise CheckFailed("keeps nothing from an earlier call",
                                   f"{what}: {_both(float(yours), expected)}, the value yours returned for {before[0]} "
@@ -432,6 +490,22 @@ def check_stall_fraction(stall_fraction):
                         "leaves out exactly skip_first")
             elif trusted.isclose(float(yours), 100 * expected, rel_tol=1e-6):
                 hint = "a fraction, between 0 and 1, not a percentage"
+            elif _per_step(log, skip, statistics.mean, yours):
+                hint = ("yours matches the mean of each step's own fraction (wait / step time): that weighs a short "
+                        "step like a long one and leaves the gaps between steps out; sum the waits, then divide "
+                        "once, by the wall time of all the counted steps")
+            elif _per_step(log, skip, statistics.median, yours):
+                hint = ("yours matches the median of each step's own fraction (wait / step time): the fraction of "
+                        "the run spent waiting is one sum of waits divided once by the run's wall time")
+            elif len(log) > skip + 1 and trusted.isclose(float(yours), _reference_stall(log[:-1], skip), rel_tol=1e-6):
+                hint = ("yours leaves out the last step: every step from step_log[skip_first] to the end counts, "
+                        "the last one included (its step_end closes the wall time)")
+            elif _rounded(yours, expected):
+                hint = ("yours is the right fraction, rounded: return it as computed, not rounded (round only "
+                        "where you print it)")
+            elif _without_longest(log, skip, yours):
+                hint = ("yours leaves out the longest waits: every counted step's wait counts, the slow ones "
+                        "first of all (a long wait for a batch is the stall this fraction measures)")
             elif trusted.isclose(float(yours), _float32_stall(log, skip), rel_tol=1e-4):
                 hint = ("yours matches the definition computed in float32, which keeps about 7 digits: these "
                         "timestamps are perf_counter seconds around 1e4 to 1e5, so float32 keeps only milliseconds of "
@@ -451,7 +525,7 @@ def check_stall_fraction(stall_fraction):
         else:
             raise CheckFailed("raises ValueError when no step is left", f"{steps} steps with skip_first={skip} did not raise",
                               "a fraction of nothing is not 0: raise ValueError('no steps left after skipping')")
-    return "matches the definition on seven logs (one step left included), warm-up excluded, gaps counted, empty cases raise."
+    return "matches the definition on eight logs (one step left included), warm-up excluded, gaps counted, empty cases raise."
 
 
 # -- 1.3 diagnose a timeline ---------------------------------------------------------------------
