@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import statistics
 import time
 from collections import Counter
@@ -612,6 +613,11 @@ def _exactly(target, n, forms, *args):
     raise RuntimeError(f"the check found no readings exactly on the edge {target}")
 
 
+def _first_cores(machine: int) -> int:
+    """The cores of the first timeline check 1.3 hands over: 16, or 32 on a 16-core machine."""
+    return 32 if machine == 16 else 16
+
+
 def _diagnosis_groups(rng):
     """(property, hint, [(timeline, what), ...]) in the order the check reports them. Each group
     varies one thing; in the others every statistic of every reading agrees (issue 35)."""
@@ -632,6 +638,10 @@ def _diagnosis_groups(rng):
                                     device="a recorded device", host=f"{cores} cores", simulated=True,
                                     ours_cores=made.ours_cores, others_cores=made.others_cores)
                 cases.append((timeline, f"a typical {kind} run on {cores} cores"))
+    # w4-01: the first timeline handed over never has this machine's cores (a kept first one is told apart
+    # from os.cpu_count()); the draws are those of every seed before, in another order
+    first = _first_cores(os.cpu_count() or 1)
+    cases.sort(key=lambda case: case[0].cores != first)
     # two busy threads on 16 cores: sync-bound, however many cores the machine running the check has
     # (w2-01: os.cpu_count() for timeline.cores, on a 2-core machine, failed here only on some seeds)
     cases.append((_timeline(_flat(rng, rng.uniform(20, 40), n, 5.0), _flat(rng, rng.uniform(1.9, 2.1), n, 0.05), 16, rng),
@@ -790,13 +800,13 @@ def _named_slip(records, candidates):
     handed it (`records`: (input, answer) pairs), or None when none does, or candidates with other
     hints (or none) do too: a slip named from the answers themselves, only where they single it out."""
     matching = []
-    for rule, hint in candidates:
+    for rule, hint, *prop in candidates:       # (rule, hint) or (rule, hint, the property it breaks)
         try:
             if all(rule(x) == answer for x, answer in records):
-                matching.append(hint)
+                matching.append((hint, prop[0] if prop else None))
         except Exception:                      # a candidate that cannot read some input explains nothing
             continue
-    return matching[0] if len(set(matching)) == 1 and None not in matching else None
+    return matching[0] if len({h for h, _ in matching}) == 1 and matching[0][0] is not None else (None, None)
 
 
 def _diagnosis_slips():
@@ -819,13 +829,20 @@ def _diagnosis_slips():
               "every core of the machine, 0.8 x timeline.cores"),
              (rule(cores=lambda tl: int(OURS_SHARE * tl.cores)),
               "yours answers as if the threshold were cut to whole cores (int(0.8 x timeline.cores): 1 core on a "
-              "2-core machine): compare with 0.8 x timeline.cores as it is, 1.6 cores on 2"),
+              "2-core machine): compare with 0.8 x timeline.cores as it is, 1.6 cores on 2",
+              "uses the thresholds as specified"),
              (rule(cores=lambda tl: round(OURS_SHARE * tl.cores)),
               "yours answers as if the threshold were rounded to whole cores (round(0.8 x timeline.cores)): compare "
-              "with 0.8 x timeline.cores as it is"),
+              "with 0.8 x timeline.cores as it is", "uses the thresholds as specified"),
              (rule(cores=lambda tl: OURS_SHARE * machine),
               f"yours answers as if it read the cores of the machine running the check (os.cpu_count() = {machine}): "
               "the timeline was recorded elsewhere, on timeline.cores cores; compare with 0.8 x timeline.cores")]
+    # w4-01: the first timeline's cores kept for every later one (its core count is never this machine's)
+    first = _first_cores(machine)
+    slips.append((rule(cores=lambda tl: OURS_SHARE * first),
+                  f"yours answers as if every timeline had {first} cores, as the first one the check handed it "
+                  "had: read timeline.cores from the timeline passed in, on every call (nothing kept from an "
+                  "earlier call)", "keeps nothing from an earlier call"))
     for what, part in _SUBSETS:
         slips.append((rule(device=lambda tl, part=part: np.mean(part(tl.gpu_util)),
                            course=lambda tl, part=part: np.mean(part(tl.ours_cores))),
@@ -879,7 +896,8 @@ def check_diagnose(diagnose):
     if failures:
         prop, hint, wrong = failures[0]
         shown = "; ".join(wrong[:2]) + (f"; and {len(wrong) - 2} more" if len(wrong) > 2 else "")
-        raise CheckFailed(prop, f"{shown} (seed {seed})", _named_slip(records, _diagnosis_slips()) or hint)
+        named, named_prop = _named_slip(records, _diagnosis_slips())
+        raise CheckFailed(named_prop or prop, f"{shown} (seed {seed})", named or hint)
     return f"{total} timelines diagnosed correctly (shared machines, thresholds and whole runs included)."
 
 
@@ -1151,6 +1169,7 @@ def check_classify_run(classify_run):
     if failures:
         prop, hint, wrong = failures[0]
         shown = "; ".join(wrong[:3]) + ("; ..." if len(wrong) > 3 else "")
-        raise CheckFailed(prop, f"{shown} (seed {seed})", _named_slip(records, _run_slips()) or hint)
+        named, named_prop = _named_slip(records, _run_slips())
+        raise CheckFailed(named_prop or prop, f"{shown} (seed {seed})", named or hint)
     total = sum(len(cases) for _, _, cases in groups)
     return f"{total} recorded runs classified correctly."

@@ -908,6 +908,24 @@ def test_a_threshold_cut_to_whole_cores_is_named_on_every_seed(monkeypatch):
         monkeypatch.setenv("COURSE_CHECK_SEED", str(seed))
         result = run_check("1.3", answer)
         assert result.status == "fail" and "cut to whole cores (int(0.8 x timeline.cores)" in result.message, result.message
+        assert "property 'uses the thresholds as specified'" in result.message, result.message   # w4-01
+
+
+def test_cores_kept_from_the_first_timeline_are_named(monkeypatch):
+    """w4-01: the first timeline's cores kept in a global was told it read os.cpu_count() (both were 2)."""
+    kept = []
+
+    def cores_cached(tl):
+        if not kept:
+            kept.append(tl.cores)
+        if np.mean(tl.gpu_util) >= 85:
+            return "compute-bound"
+        return "input-bound" if np.mean(tl.ours_cores) >= 0.8 * kept[0] else "sync-bound"
+    for seed in range(3):                 # the first call of the run, and calls in later runs of the check
+        monkeypatch.setenv("COURSE_CHECK_SEED", str(seed))
+        result = run_check("1.3", cores_cached)
+        assert "property 'keeps nothing from an earlier call'" in result.message, result.message
+        assert "as the first one the check handed it had" in result.message and "os.cpu_count" not in result.message
 
 
 def diagnose_rebuilt_from_every_process(tl):       # right (w3-01): every process's CPU less the others'
