@@ -1002,6 +1002,13 @@ def _run_cases(rng):
         cases.append((run(stall=stall, loader_use=rng.uniform(0.9, 0.98), loader_processes=c + 1, cores=c, jitter=0.002,
                           disk_mb_s=5, util=rng.uniform(0, 30)),
                       f"a loop that waits for data {what} of the time, loaders busy"))
+    # w4-01: a mean just below 0.8 x 3 = 2.4 cores, which float16 (spacing 1/512 there) rounds up past it
+    c = int(rng.choice([4, 8]))
+    share = float(rng.uniform(0.79983, 0.79997))
+    made = run(stall=rng.uniform(0.3, 0.9), loader_use=share, loader_processes=3, cores=c, jitter=0.0, disk_mb_s=100,
+               util=40)
+    made.loader_cores = 3 * _flat(rng, share, len(made.loader_cores), 1e-6)
+    cases.append((made, f"2 workers on {c} cores, using {100 * share:.3f}% of the 3 cores they could (just below 80%)"))
     for processes, c in ((5, 8), (10, 16), (6, 5), (20, 32)):    # exactly 0.8 x min(loader_processes, usable_cores)
         possible = min(processes, c)
         lc = _exactly(OURS_SHARE * possible, 60, _loader_forms, possible)
@@ -1108,14 +1115,33 @@ def _run_slips():
     """Rules a learner may write instead of 1.4's, each with the hint that names it."""
     import os
 
-    def rule(used=lambda r: np.mean(r.loader_cores), could=lambda r: min(r.loader_processes, r.usable_cores)):
+    def rule(used=lambda r: np.mean(r.loader_cores), could=lambda r: min(r.loader_processes, r.usable_cores),
+             stall=lambda r: r.stall_fraction):
         def classify_(r):
-            if r.stall_fraction < 0.10:
+            if stall(r) < 0.10:
                 return "device-bound"
             return "cpu-bound" if float(used(r)) >= OURS_SHARE * could(r) else "io-bound"
         return classify_
     machine = os.cpu_count() or 1
-    slips = [(rule(could=lambda r: 1),
+    rounding = ("yours answers as if it rounded the figures before comparing them (round(stall_fraction, 1) makes "
+                "0.05 into 0.1, which is not below 0.10; a rounded mean of run.loader_cores can cross 0.8 x what the "
+                "loaders could use): compare them as they are, not rounded")
+    slips = [(rule(stall=lambda r, d=d: round(r.stall_fraction, d), used=used), rounding,
+              "uses the thresholds as specified")
+             for d in (1, 2) for used in (lambda r: np.mean(r.loader_cores),
+                                          lambda r: round(float(np.mean(r.loader_cores)), 1))]
+
+    def float16_mean(r):       # compared in float16 too (NumPy 2 keeps a Python float's threshold in float16)
+        if r.stall_fraction < 0.10:
+            return "device-bound"
+        mean = np.mean(np.asarray(r.loader_cores).astype(np.float16))
+        return "cpu-bound" if mean >= OURS_SHARE * min(r.loader_processes, r.usable_cores) else "io-bound"
+    float16 = ("yours answers as if it averaged run.loader_cores in float16, which keeps about 3 significant "
+               "digits (2.3996 cores becomes 2.4004, past 0.8 x 3 = 2.4): compute the mean in float64 (or "
+               "float32), as NumPy does by default")
+    slips += [(rule(used=lambda r: np.mean(r.loader_cores.astype(np.float16))), float16,      # w4-01
+               "uses the thresholds as specified"), (float16_mean, float16, "uses the thresholds as specified")]
+    slips += [(rule(could=lambda r: 1),
               "yours answers as if the loaders could use one core: they could use min(run.loader_processes, "
               "run.usable_cores), one core per loading process at most, and no more than the machine's"),
              (rule(could=lambda r: min(r.loader_processes, machine)),
