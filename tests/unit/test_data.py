@@ -119,7 +119,6 @@ def test_regenerating_writes_the_marker_with_checksums(tmp_path, cheap_generator
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".synthetic-")], "no temporary folder is left"
 
 
-
 # -- wrong content of the right size ---------------------------------------------------------
 
 def test_random_bytes_of_the_right_size_are_refused_naming_the_file_and_the_label(tmp_path):
