@@ -280,8 +280,9 @@ def _locked(folder: Path):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def prepare_cifar10(root=None, *, generate: bool = True) -> CifarInfo:
-    """Find (or generate) the CIFAR-10 binary folder and validate it. See the module docstring."""
+def prepare_cifar10(root=None, *, generate: bool = True, progress=None) -> CifarInfo:
+    """Find (or generate) the CIFAR-10 binary folder and validate it. See the module docstring.
+    `progress(i, n, name)`, if given, is called after each of the n files written (lesson 00 prints it)."""
     if root is not None or os.environ.get("COURSE_DATA"):
         source = "argument" if root is not None else "env"
         base = Path(root) if root is not None else Path(os.environ["COURSE_DATA"]).expanduser()
@@ -301,7 +302,7 @@ def prepare_cifar10(root=None, *, generate: bool = True) -> CifarInfo:
         raise CifarFormatError(f"No CIFAR-10 found in {data_home()}; run `python -m course_utils.data --regenerate`.")
     with _locked(synthetic):
         if not _current(synthetic):
-            write_synthetic_cifar10(synthetic, locked=True)
+            write_synthetic_cifar10(synthetic, locked=True, progress=progress)
         return validate_cifar_dir(synthetic, source="synthetic")
 
 
@@ -422,7 +423,7 @@ def _exchange(a: Path, b: Path) -> bool:
         return False
 
 
-def write_synthetic_cifar10(dest, *, seed: int = 2024, locked: bool = False) -> CifarInfo:
+def write_synthetic_cifar10(dest, *, seed: int = 2024, locked: bool = False, progress=None) -> CifarInfo:
     """Write the deterministic synthetic dataset into `dest`.
 
     It is written into a temporary folder beside `dest` with each file's sha256 in its marker,
@@ -432,7 +433,7 @@ def write_synthetic_cifar10(dest, *, seed: int = 2024, locked: bool = False) -> 
     dest = Path(dest)
     if not locked:
         with _locked(dest):
-            return write_synthetic_cifar10(dest, seed=seed, locked=True)
+            return write_synthetic_cifar10(dest, seed=seed, locked=True, progress=progress)
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
         free = shutil.disk_usage(dest.parent).free
@@ -447,6 +448,8 @@ def write_synthetic_cifar10(dest, *, seed: int = 2024, locked: bool = False) -> 
             blob = _synthetic_file(seed + i)
             (tmp / name).write_bytes(blob)
             sums.append(f"sha256 {name} {hashlib.sha256(blob).hexdigest()}\n")
+            if progress is not None:
+                progress(i + 1, len(TRAIN_FILES + TEST_FILES), name)
         (tmp / META_FILE).write_text("\n".join(SYNTHETIC_CLASSES) + "\n")
         (tmp / SYNTHETIC_MARKER).write_text(
             f"version {SYNTHETIC_VERSION}\nseed {seed}\n" + "".join(sums) +

@@ -442,9 +442,17 @@ class IoTimeline:
         cores = f"; they used {t['ours_cores']:.2f} cores of CPU" if t.get("ours_cores") is not None else ""
         if t.get("ours_wanted_cores") is not None:
             cores += f" and waited for another {max(0.0, t['ours_wanted_cores'] - t['ours_cores']):.2f} taken by other programs"
-        return (f"our processes: DISK READ {t['ours_storage_mb_s']:.1f} MB/s from storage{cores}; their read() calls asked for "
-                f"{read:.1f} MB/s ({cache:.1f} MB/s of it served by the page cache; memory-mapped reads are "
-                "counted only when they reach the disk)")
+        storage = t["ours_storage_mb_s"]
+        if storage > read + 0.05:       # w4-01: more from storage than read() asked for reads as a contradiction
+            why = (f"storage gave more than read() asked for: pages of memory-mapped files (np.memmap) and the "
+                   f"kernel's read-ahead reach the disk without a read() call, and only the disk counts them")
+        elif read > 0.05 and storage < 0.05:
+            why = ("all of it came from the page cache (files already in memory, Python's own modules among them): "
+                   "nothing from the disk")
+        else:
+            why = f"{cache:.1f} MB/s of it from the page cache, the rest from the disk"
+        return (f"our processes: DISK READ {storage:.1f} MB/s from storage (what iotop shows){cores}; their read() "
+                f"calls asked for {read:.1f} MB/s: {why}")
 
     def plot(self, ax=None, title: str | None = None, capacity_mb_s: float | None = None, legend: bool = True):
         """Three panels: CPU busy and iowait (mean over the machine's cores) with our processes'

@@ -78,7 +78,8 @@ def _pixel_hint(out: np.ndarray, original: np.ndarray) -> str:
 def check_to_image(to_image):
     expect_callable(to_image, "a function to_image(x) -> numpy array")
     rng, seed = fresh_rng()
-    for h, w in [(24, 40), (32, 32), (7, 5)]:
+    kept = []                                       # (what, the array returned, a copy of it at the time)
+    for h, w in [(24, 40), (32, 32), (7, 5), (24, 40)]:   # a second 24x40: a new array for every call (w4-01)
         original = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
         original[0, 0] = (0, 0, 0)                 # the extremes are always there
         original[0, 1] = (255, 255, 255)
@@ -98,6 +99,15 @@ def check_to_image(to_image):
                               f"{what}: {int((diff > 0).sum())} values differ, e.g. pixel "
                               f"{tuple(int(i) for i in where)}: yours {out[where]}, expected {original[where]}",
                               _pixel_hint(out, original))
+        for earlier, returned, copy in kept:
+            if not trusted.array_equal(returned, copy):
+                raise CheckFailed("returns a new array on every call",
+                                  f"the array returned for {earlier} changed when to_image was called again, on "
+                                  f"{what}: it now holds the second picture's pixels",
+                                  "yours hands back the same buffer for every picture of one size, so each call "
+                                  "overwrites the pictures returned before (six draws would all show the last "
+                                  "one): return a new array each time (.numpy() of the new tensor is one)")
+        kept.append((what, out, out.copy()))
     # values beyond the picture's range (noise, a network's output): clamped, not wrapped around
     original = rng.integers(0, 256, (9, 11, 3), dtype=np.uint8)
     x = _normalised(original)

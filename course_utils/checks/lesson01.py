@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import statistics
 import time
 from collections import Counter
@@ -55,10 +56,18 @@ class _VirtualClock:
         g = getattr(time_it, "__globals__", None)
         bound = {k: v for k, v in g.items() if any(v is f for f in originals.values())} if isinstance(g, dict) else {}
         default_timer = timeit.default_timer
+        # timeit.timeit, timeit.repeat and Timer() bound default_timer as a default argument at import
+        # (w4-01: timeit.repeat(...) of a right answer read the real clock): their defaults too
+        with_defaults = [f for f in (timeit.timeit, timeit.repeat, timeit.Timer.__init__)
+                         if getattr(f, "__defaults__", None)]
+        defaults = {f: f.__defaults__ for f in with_defaults}
         try:
             for name, f in fakes.items():
                 setattr(time, name, f)
             timeit.default_timer = fakes["perf_counter"]
+            for f in with_defaults:
+                f.__defaults__ = tuple(by_id.get(id(d), d) if any(d is o for o in originals.values()) else d
+                                       for d in f.__defaults__)
             for k, v in bound.items():
                 g[k] = by_id[id(v)]
             yield self
@@ -66,6 +75,8 @@ class _VirtualClock:
             for name, f in originals.items():
                 setattr(time, name, f)
             timeit.default_timer = default_timer
+            for f, d in defaults.items():
+                f.__defaults__ = d
             for k, v in bound.items():
                 g[k] = v
 
@@ -113,7 +124,9 @@ def _time(time_it, fn, device, what, clock=None, **kwargs):
 # it is computed, the advice), for hints that name the learner's own near miss.
 _MIDDLE = "with an even number of calls the median is the mean of the two middle ones (statistics.median)"
 _NEIGHBOURS = [     # in the order a tie is named in (the same value from two of them: the likelier slip)
-    ("the mean", statistics.mean, "one slow call moves a mean; the median is the middle value"),
+    ("the mean", statistics.mean, "one slow call moves a mean (and one clock around the whole loop, divided by "
+     "repeats, is that mean): time each call on its own, between its two synchronize(device) calls, and report "
+     "the middle value"),
     ("the upper of the two middle values (sorted(times)[len(times) // 2])", lambda t: sorted(t)[len(t) // 2], _MIDDLE),
     ("the lower of the two middle values (statistics.median_low)", lambda t: sorted(t)[(len(t) - 1) // 2], _MIDDLE),
     ("a trimmed mean (the mean without the fastest and the slowest call)",
@@ -214,10 +227,15 @@ def check_timer(time_it):
         raise CheckFailed("reports milliseconds", f"yours {cpu_ms:.4f} for a 6 ms function, expected about 6",
                           "time.perf_counter() counts seconds: multiply by 1000")
     if cpu_ms < 5.0:
+        saw = ("1 ms, its CPU time only" if 0.5 <= cpu_ms < 2.0 else
+               "almost nothing: yours read a clock that did not move while fn ran")
         raise CheckFailed("measures the wall time of a CPU function",
-                          f"yours {cpu_ms:.3f} ms for a function that takes 6 ms (1 ms of CPU, 5 ms of waiting)",
-                          "time the wall clock with time.perf_counter(): time.process_time() counts only the CPU "
-                          "time of this process, not the time spent waiting")
+                          f"yours {cpu_ms:.3f} ms for a function that takes 6 ms (1 ms of CPU, 5 ms of waiting): "
+                          f"the check's clock moved by 6 ms for each call, and yours saw {saw}",
+                          "time the wall clock with time.perf_counter() (or timeit.default_timer): "
+                          "time.process_time() counts only the CPU time of this process, not the time spent "
+                          "waiting; the check scripts time.perf_counter, monotonic, time and timeit's timer, and "
+                          "no other clock")
     if fn.calls != 7:
         raise CheckFailed("calls fn warmup + repeats times", f"warmup=2, repeats=5: yours called fn {fn.calls} times, expected 7")
     # (b) asynchronous device work: must synchronise before reading the clock (the simulated device
@@ -251,7 +269,9 @@ def check_timer(time_it):
             raise CheckFailed("waits for earlier work before starting the clock",
                               f"warmup=5 calls queue 100 ms of device work, then one timed call queues 20 ms; yours "
                               f"measured {ms:.1f} ms for it",
-                              "synchronize(device) right before starting the clock, not only before stopping it")
+                              "yours timed the warm-up's queued work too: the synchronize(device) that waits for "
+                              "it must come before the clock starts (a sync just after starting the clock, or none "
+                              "at all, puts that work inside the first timing)")
         if fn.calls != 6:
             raise CheckFailed("calls fn warmup + repeats times",
                               f"warmup=5, repeats=1: yours called fn {fn.calls} times, expected 6")
@@ -347,6 +367,29 @@ def _float32_stall(log, skip_first):
     return _reference_stall(rounded, skip_first)
 
 
+def _rounded(yours, expected) -> bool:
+    """Whether yours is the expected fraction rounded to 1 to 6 decimal places."""
+    return any(trusted.isclose(float(yours), round(expected, d), rel_tol=0, abs_tol=1e-12) for d in range(1, 7))
+
+
+def _per_step(log, skip, statistic, yours) -> bool:
+    """Whether yours is `statistic` of the counted steps' own fractions (wait / that step's time)."""
+    steps = log[skip:]
+    if len(steps) < 2:
+        return False
+    value = statistic([(s["fetch_end"] - s["fetch_start"]) / (s["step_end"] - s["fetch_start"]) for s in steps])
+    return trusted.isclose(float(yours), value, rel_tol=1e-6)
+
+
+def _without_longest(log, skip, yours) -> bool:
+    """Whether yours is the fraction with the k longest waits left out (outliers dropped), k up to half."""
+    steps = log[skip:]
+    waits = sorted(s["fetch_end"] - s["fetch_start"] for s in steps)
+    wall = steps[-1]["step_end"] - steps[0]["fetch_start"] if steps else 0.0
+    return wall > 0 and any(trusted.isclose(float(yours), sum(waits[:-k]) / wall, rel_tol=1e-6)
+                            for k in range(1, len(waits) // 2 + 1))
+
+
 def _both(yours: float, expected: float) -> str:
     """'yours Y, expected E' with as many digits as it takes for two different numbers to look different."""
     for digits in range(6, 13):
@@ -385,6 +428,19 @@ def check_stall_fraction(stall_fraction):
     cases.append((no_wait, 1, "a log where batches never kept the loop waiting"))
     cases.append((_random_log(rng, 10, warm_wait=1.5), None, "a 10-step log, skip_first left at its default"))
     cases.append((_random_log(rng, 5, warm_wait=1.0), 4, "a 5-step log, skip_first=4: one step left"))
+    # w4-01: a cache keyed by the log's length returned the first 12-step log's fraction for another
+    # 12-step log: a second one, its waits three times as long (a different fraction on every seed)
+    again = _random_log(rng, 12, warm_wait=2.0)
+    for s_ in again[1:]:
+        extra = 2 * (s_["fetch_end"] - s_["fetch_start"])
+        s_["fetch_end"] += extra
+        s_["step_end"] += extra
+    for i in range(1, len(again)):           # keep the steps in order, as a real log is
+        shift = again[i - 1]["step_end"] + 0.001 - again[i]["fetch_start"]
+        if shift > 0:
+            for k in again[i]:
+                again[i][k] += shift
+    cases.append((again, 1, "another 12-step log, its batches three times as slow"))
     earlier = []       # (what, yours) of the calls before: an answer that repeats one of them keeps state
     for log, skip, what in cases:
         original = copy.deepcopy(log)
@@ -398,18 +454,21 @@ def check_stall_fraction(stall_fraction):
         skip = 1 if default else skip
         expected = _reference_stall(log, skip)
         if not trusted.isclose(float(yours), expected, rel_tol=1e-6, abs_tol=1e-9):
-            coarse = trusted.isclose(float(yours), _float32_stall(log, skip), rel_tol=1e-4)   # float32: few values
+            coarse = trusted.isclose(float(yours), _float32_stall(log, skip), rel_tol=1e-4) or \
+                _rounded(yours, expected)     # float32, or rounded: few values, two logs may share one
             before = [] if coarse else [w for w, y in earlier if trusted.isclose(float(yours), y, rel_tol=1e-9, abs_tol=1e-12)]
-            if not before and not coarse:       # a value kept from an earlier run of the check: the same answer for another log
-                probe = _random_log(rng, 9)
+            # a value kept from an earlier run of the check: the same answer for another log (of another
+            # length, or of this one's: w4-01 keyed its cache by the length)
+            for probe in ([] if before or coarse else (_random_log(rng, 9), _random_log(rng, len(log)))):
                 try:
                     again = float(stall_fraction(probe, skip_first=skip))
                 except Exception:
                     again = None
                 if again is not None and trusted.isclose(again, float(yours), rel_tol=1e-9, abs_tol=1e-12) and \
                         not trusted.isclose(_reference_stall(probe, skip), expected, rel_tol=1e-6):
-                    before = [f"another log it handed yours next (a 9-step log, expected "
+                    before = [f"another log it handed yours next (a {len(probe)}-step log, expected "
                               f"{_reference_stall(probe, skip):.6f})"]
+                    break
             if before:           # w3-01: a module-level cache returned the first log's value for every later log
                 raise CheckFailed("keeps nothing from an earlier call",
                                   f"{what}: {_both(float(yours), expected)}, the value yours returned for {before[0]} "
@@ -432,6 +491,22 @@ def check_stall_fraction(stall_fraction):
                         "leaves out exactly skip_first")
             elif trusted.isclose(float(yours), 100 * expected, rel_tol=1e-6):
                 hint = "a fraction, between 0 and 1, not a percentage"
+            elif _per_step(log, skip, statistics.mean, yours):
+                hint = ("yours matches the mean of each step's own fraction (wait / step time): that weighs a short "
+                        "step like a long one and leaves the gaps between steps out; sum the waits, then divide "
+                        "once, by the wall time of all the counted steps")
+            elif _per_step(log, skip, statistics.median, yours):
+                hint = ("yours matches the median of each step's own fraction (wait / step time): the fraction of "
+                        "the run spent waiting is one sum of waits divided once by the run's wall time")
+            elif len(log) > skip + 1 and trusted.isclose(float(yours), _reference_stall(log[:-1], skip), rel_tol=1e-6):
+                hint = ("yours leaves out the last step: every step from step_log[skip_first] to the end counts, "
+                        "the last one included (its step_end closes the wall time)")
+            elif _rounded(yours, expected):
+                hint = ("yours is the right fraction, rounded: return it as computed, not rounded (round only "
+                        "where you print it)")
+            elif _without_longest(log, skip, yours):
+                hint = ("yours leaves out the longest waits: every counted step's wait counts, the slow ones "
+                        "first of all (a long wait for a batch is the stall this fraction measures)")
             elif trusted.isclose(float(yours), _float32_stall(log, skip), rel_tol=1e-4):
                 hint = ("yours matches the definition computed in float32, which keeps about 7 digits: these "
                         "timestamps are perf_counter seconds around 1e4 to 1e5, so float32 keeps only milliseconds of "
@@ -451,7 +526,7 @@ def check_stall_fraction(stall_fraction):
         else:
             raise CheckFailed("raises ValueError when no step is left", f"{steps} steps with skip_first={skip} did not raise",
                               "a fraction of nothing is not 0: raise ValueError('no steps left after skipping')")
-    return "matches the definition on seven logs (one step left included), warm-up excluded, gaps counted, empty cases raise."
+    return "matches the definition on eight logs (one step left included), warm-up excluded, gaps counted, empty cases raise."
 
 
 # -- 1.3 diagnose a timeline ---------------------------------------------------------------------
@@ -538,6 +613,11 @@ def _exactly(target, n, forms, *args):
     raise RuntimeError(f"the check found no readings exactly on the edge {target}")
 
 
+def _first_cores(machine: int) -> int:
+    """The cores of the first timeline check 1.3 hands over: 16, or 32 on a 16-core machine."""
+    return 32 if machine == 16 else 16
+
+
 def _diagnosis_groups(rng):
     """(property, hint, [(timeline, what), ...]) in the order the check reports them. Each group
     varies one thing; in the others every statistic of every reading agrees (issue 35)."""
@@ -558,6 +638,10 @@ def _diagnosis_groups(rng):
                                     device="a recorded device", host=f"{cores} cores", simulated=True,
                                     ours_cores=made.ours_cores, others_cores=made.others_cores)
                 cases.append((timeline, f"a typical {kind} run on {cores} cores"))
+    # w4-01: the first timeline handed over never has this machine's cores (a kept first one is told apart
+    # from os.cpu_count()); the draws are those of every seed before, in another order
+    first = _first_cores(os.cpu_count() or 1)
+    cases.sort(key=lambda case: case[0].cores != first)
     # two busy threads on 16 cores: sync-bound, however many cores the machine running the check has
     # (w2-01: os.cpu_count() for timeline.cores, on a 2-core machine, failed here only on some seeds)
     cases.append((_timeline(_flat(rng, rng.uniform(20, 40), n, 5.0), _flat(rng, rng.uniform(1.9, 2.1), n, 0.05), 16, rng),
@@ -716,13 +800,13 @@ def _named_slip(records, candidates):
     handed it (`records`: (input, answer) pairs), or None when none does, or candidates with other
     hints (or none) do too: a slip named from the answers themselves, only where they single it out."""
     matching = []
-    for rule, hint in candidates:
+    for rule, hint, *prop in candidates:       # (rule, hint) or (rule, hint, the property it breaks)
         try:
             if all(rule(x) == answer for x, answer in records):
-                matching.append(hint)
+                matching.append((hint, prop[0] if prop else None))
         except Exception:                      # a candidate that cannot read some input explains nothing
             continue
-    return matching[0] if len(set(matching)) == 1 and None not in matching else None
+    return matching[0] if len({h for h, _ in matching}) == 1 and matching[0][0] is not None else (None, None)
 
 
 def _diagnosis_slips():
@@ -745,13 +829,20 @@ def _diagnosis_slips():
               "every core of the machine, 0.8 x timeline.cores"),
              (rule(cores=lambda tl: int(OURS_SHARE * tl.cores)),
               "yours answers as if the threshold were cut to whole cores (int(0.8 x timeline.cores): 1 core on a "
-              "2-core machine): compare with 0.8 x timeline.cores as it is, 1.6 cores on 2"),
+              "2-core machine): compare with 0.8 x timeline.cores as it is, 1.6 cores on 2",
+              "uses the thresholds as specified"),
              (rule(cores=lambda tl: round(OURS_SHARE * tl.cores)),
               "yours answers as if the threshold were rounded to whole cores (round(0.8 x timeline.cores)): compare "
-              "with 0.8 x timeline.cores as it is"),
+              "with 0.8 x timeline.cores as it is", "uses the thresholds as specified"),
              (rule(cores=lambda tl: OURS_SHARE * machine),
               f"yours answers as if it read the cores of the machine running the check (os.cpu_count() = {machine}): "
               "the timeline was recorded elsewhere, on timeline.cores cores; compare with 0.8 x timeline.cores")]
+    # w4-01: the first timeline's cores kept for every later one (its core count is never this machine's)
+    first = _first_cores(machine)
+    slips.append((rule(cores=lambda tl: OURS_SHARE * first),
+                  f"yours answers as if every timeline had {first} cores, as the first one the check handed it "
+                  "had: read timeline.cores from the timeline passed in, on every call (nothing kept from an "
+                  "earlier call)", "keeps nothing from an earlier call"))
     for what, part in _SUBSETS:
         slips.append((rule(device=lambda tl, part=part: np.mean(part(tl.gpu_util)),
                            course=lambda tl, part=part: np.mean(part(tl.ours_cores))),
@@ -805,7 +896,8 @@ def check_diagnose(diagnose):
     if failures:
         prop, hint, wrong = failures[0]
         shown = "; ".join(wrong[:2]) + (f"; and {len(wrong) - 2} more" if len(wrong) > 2 else "")
-        raise CheckFailed(prop, f"{shown} (seed {seed})", _named_slip(records, _diagnosis_slips()) or hint)
+        named, named_prop = _named_slip(records, _diagnosis_slips())
+        raise CheckFailed(named_prop or prop, f"{shown} (seed {seed})", named or hint)
     return f"{total} timelines diagnosed correctly (shared machines, thresholds and whole runs included)."
 
 
@@ -910,6 +1002,13 @@ def _run_cases(rng):
         cases.append((run(stall=stall, loader_use=rng.uniform(0.9, 0.98), loader_processes=c + 1, cores=c, jitter=0.002,
                           disk_mb_s=5, util=rng.uniform(0, 30)),
                       f"a loop that waits for data {what} of the time, loaders busy"))
+    # w4-01: a mean just below 0.8 x 3 = 2.4 cores, which float16 (spacing 1/512 there) rounds up past it
+    c = int(rng.choice([4, 8]))
+    share = float(rng.uniform(0.79983, 0.79997))
+    made = run(stall=rng.uniform(0.3, 0.9), loader_use=share, loader_processes=3, cores=c, jitter=0.0, disk_mb_s=100,
+               util=40)
+    made.loader_cores = 3 * _flat(rng, share, len(made.loader_cores), 1e-6)
+    cases.append((made, f"2 workers on {c} cores, using {100 * share:.3f}% of the 3 cores they could (just below 80%)"))
     for processes, c in ((5, 8), (10, 16), (6, 5), (20, 32)):    # exactly 0.8 x min(loader_processes, usable_cores)
         possible = min(processes, c)
         lc = _exactly(OURS_SHARE * possible, 60, _loader_forms, possible)
@@ -1016,14 +1115,33 @@ def _run_slips():
     """Rules a learner may write instead of 1.4's, each with the hint that names it."""
     import os
 
-    def rule(used=lambda r: np.mean(r.loader_cores), could=lambda r: min(r.loader_processes, r.usable_cores)):
+    def rule(used=lambda r: np.mean(r.loader_cores), could=lambda r: min(r.loader_processes, r.usable_cores),
+             stall=lambda r: r.stall_fraction):
         def classify_(r):
-            if r.stall_fraction < 0.10:
+            if stall(r) < 0.10:
                 return "device-bound"
             return "cpu-bound" if float(used(r)) >= OURS_SHARE * could(r) else "io-bound"
         return classify_
     machine = os.cpu_count() or 1
-    slips = [(rule(could=lambda r: 1),
+    rounding = ("yours answers as if it rounded the figures before comparing them (round(stall_fraction, 1) makes "
+                "0.05 into 0.1, which is not below 0.10; a rounded mean of run.loader_cores can cross 0.8 x what the "
+                "loaders could use): compare them as they are, not rounded")
+    slips = [(rule(stall=lambda r, d=d: round(r.stall_fraction, d), used=used), rounding,
+              "uses the thresholds as specified")
+             for d in (1, 2) for used in (lambda r: np.mean(r.loader_cores),
+                                          lambda r: round(float(np.mean(r.loader_cores)), 1))]
+
+    def float16_mean(r):       # compared in float16 too (NumPy 2 keeps a Python float's threshold in float16)
+        if r.stall_fraction < 0.10:
+            return "device-bound"
+        mean = np.mean(np.asarray(r.loader_cores).astype(np.float16))
+        return "cpu-bound" if mean >= OURS_SHARE * min(r.loader_processes, r.usable_cores) else "io-bound"
+    float16 = ("yours answers as if it averaged run.loader_cores in float16, which keeps about 3 significant "
+               "digits (2.3996 cores becomes 2.4004, past 0.8 x 3 = 2.4): compute the mean in float64 (or "
+               "float32), as NumPy does by default")
+    slips += [(rule(used=lambda r: np.mean(r.loader_cores.astype(np.float16))), float16,      # w4-01
+               "uses the thresholds as specified"), (float16_mean, float16, "uses the thresholds as specified")]
+    slips += [(rule(could=lambda r: 1),
               "yours answers as if the loaders could use one core: they could use min(run.loader_processes, "
               "run.usable_cores), one core per loading process at most, and no more than the machine's"),
              (rule(could=lambda r: min(r.loader_processes, machine)),
@@ -1077,6 +1195,7 @@ def check_classify_run(classify_run):
     if failures:
         prop, hint, wrong = failures[0]
         shown = "; ".join(wrong[:3]) + ("; ..." if len(wrong) > 3 else "")
-        raise CheckFailed(prop, f"{shown} (seed {seed})", _named_slip(records, _run_slips()) or hint)
+        named, named_prop = _named_slip(records, _run_slips())
+        raise CheckFailed(named_prop or prop, f"{shown} (seed {seed})", named or hint)
     total = sum(len(cases) for _, _, cases in groups)
     return f"{total} recorded runs classified correctly."

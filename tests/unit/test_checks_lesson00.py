@@ -143,6 +143,16 @@ def bfloat16_arithmetic(x):                          # w2-01: 8 significant bits
     return pixels.float().round().clamp(0, 255).permute(1, 2, 0).to(torch.uint8).numpy()
 
 
+_buffers = {}
+
+
+def reused_buffer(x):                                # w4-01: one array per shape, overwritten by the next call
+    y = good(x)
+    out = _buffers.setdefault(y.shape, np.empty(y.shape, np.uint8))
+    out[...] = y
+    return out
+
+
 # right answers a learner wrote (w2-01): each passes
 def float16_arithmetic(x):                           # float16's 11 bits are exact on all 256 levels
     return ((x.half() * STD.half() + MEAN.half()) * 255).round().clamp(0, 255).permute(1, 2, 0).to(torch.uint8).numpy()
@@ -186,6 +196,8 @@ MUTANTS = [
     Mutant("no clamp", no_clamp, "clamps to 0..255"),
     Mutant("returns a tensor", tensor, "returns a NumPy array"),
     Mutant("in place", in_place, "leaves its input unchanged"),
+    Mutant("one output buffer per shape", reused_buffer, "returns a new array on every call",
+           words="the same buffer for every picture of one size"),
     # issue 35: the hint must name the learner's own mistake
     Mutant("* 256", times_256, "recovers the original pixels exactly", words="multiply by 255, not 256"),
     Mutant("* 254", times_254, "recovers the original pixels exactly", words="multiply by 255, not 254"),

@@ -344,7 +344,48 @@ def perf_counter_ns_timer(fn, device, warmup=3, repeats=10):     # right: intege
     return statistics.median(times)
 
 
+def timeit_repeat(fn, device, warmup=3, repeats=10):           # right (w4-01): timeit's own default timer
+    import timeit
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    t = timeit.repeat(lambda: (fn(), synchronize(device)), number=1, repeat=repeats)
+    return statistics.median(t) * 1e3
+
+
+def timeit_timer_default(fn, device, warmup=3, repeats=10):      # right: timeit.Timer() with no timer=
+    import timeit
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    return statistics.median(timeit.Timer(lambda: (fn(), synchronize(device))).repeat(repeats, 1)) * 1e3
+
+
+def extra_sync_each_warmup(fn, device, warmup=3, repeats=10):    # right (w4-01): a harmless sync per warm-up
+    for _ in range(warmup):
+        fn()
+        synchronize(device)
+    return time_it(fn, device, 0, repeats)
+
+
+def clock_before_presync(fn, device, warmup=3, repeats=10):      # w4-01: the clock starts, then the sync
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        synchronize(device)
+        fn()
+        synchronize(device)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
 MUTANTS_11 += [
+    Mutant("the clock started before the sync (w4-01)", clock_before_presync,
+           "waits for earlier work before starting the clock", words="must come before the clock starts"),
+    Mutant("one clock around the loop names it (w4-01)", one_block, "reports the median of the repeats",
+           words="one clock around the whole loop"),
     Mutant("every other timed call (w3-01)", every_other_call, "reports the median of the repeats",
            words="every other timed call (times[::2])"),
     Mutant("the timed calls at odd positions (w3-01)", odd_positions, "reports the median of the repeats",
@@ -401,6 +442,11 @@ def test_the_timer_check_restores_the_clocks():
     run_check("1.1", trimmed_mean)          # one that raises
     assert (time.perf_counter, time.time, time.monotonic, time.process_time, time.perf_counter_ns) == before
     assert perf_counter is before[0]
+    import timeit
+    defaults = (timeit.timeit.__defaults__, timeit.repeat.__defaults__, timeit.Timer.__init__.__defaults__)
+    run_check("1.1", timeit_repeat)
+    assert (timeit.timeit.__defaults__, timeit.repeat.__defaults__, timeit.Timer.__init__.__defaults__) == defaults
+    assert timeit.Timer.__init__.__defaults__[2] is time.perf_counter
 
 
 def test_timer_passes():
@@ -408,7 +454,8 @@ def test_timer_passes():
 
 
 @pytest.mark.parametrize("answer", [synchronises_once_after_the_warmup, percentile_50, wall_clock_time_time,
-                                    float32_median, perf_counter_bound_at_import, perf_counter_ns_timer],
+                                    float32_median, perf_counter_bound_at_import, perf_counter_ns_timer,
+                                    timeit_repeat, timeit_timer_default, extra_sync_each_warmup],
                          ids=lambda f: f.__name__)
 def test_other_right_timers_pass(answer):
     passes("1.1", answer, range(1))
@@ -572,7 +619,69 @@ def cached_first_answer(log, skip_first=1):         # w3-01: the first call's re
     return _CACHE["r"]
 
 
+_MEMO = {}
+
+
+def memo_by_length(log, skip_first=1):               # w4-01: a cache keyed by the log's length
+    key = (len(log), skip_first)
+    if key not in _MEMO:
+        _MEMO[key] = stall(log, skip_first)
+    return _MEMO[key]
+
+
+def per_step(statistic):
+    def stall_fraction(log, skip_first=1):
+        steps = log[skip_first:]
+        if not steps:
+            raise ValueError("no steps")
+        return statistic([(s["fetch_end"] - s["fetch_start"]) / (s["step_end"] - s["fetch_start"]) for s in steps])
+    return stall_fraction
+
+
+def drops_last_step(log, skip_first=1):
+    steps = log[skip_first:]
+    if not steps:
+        raise ValueError("no steps")
+    steps = steps[:-1] or steps
+    return sum(s["fetch_end"] - s["fetch_start"] for s in steps) / (steps[-1]["step_end"] - steps[0]["fetch_start"])
+
+
+def rounded_3(log, skip_first=1):
+    return round(stall(log, skip_first), 3)
+
+
+def outliers_dropped(log, skip_first=1):
+    steps = log[skip_first:]
+    if not steps:
+        raise ValueError("no steps")
+    waits = [s["fetch_end"] - s["fetch_start"] for s in steps]
+    med = statistics.median(waits)
+    return sum(w for w in waits if w <= 3 * med + 1e-9) / (steps[-1]["step_end"] - steps[0]["fetch_start"])
+
+
+def sorts_in_place(log, skip_first=1):              # right (w4-01): a no-op on an ordered log
+    log.sort(key=lambda s: s["fetch_start"])
+    return stall(log, skip_first)
+
+
+def wall_max_min(log, skip_first=1):                # right (w4-01)
+    steps = log[skip_first:]
+    if not steps:
+        raise ValueError("no steps")
+    wall = max(s["step_end"] for s in steps) - min(s["fetch_start"] for s in steps)
+    return min(sum(s["fetch_end"] - s["fetch_start"] for s in steps) / wall, 1.0)
+
+
 MUTANTS_12 = [
+    Mutant("a cache keyed by the log's length (w4-01)", memo_by_length, "keeps nothing from an earlier call",
+           words="the value yours returned for"),
+    Mutant("the mean of per-step fractions (w4-01)", per_step(statistics.mean), "matches the definition",
+           words="the mean of each step's own fraction"),
+    Mutant("the median of per-step fractions (w4-01)", per_step(statistics.median), "matches the definition",
+           words="the median of each step's own fraction"),
+    Mutant("the last step dropped (w4-01)", drops_last_step, "matches the definition", words="leaves out the last step"),
+    Mutant("rounded to 3 places (w4-01)", rounded_3, "matches the definition", words="rounded"),
+    Mutant("outliers dropped (w4-01)", outliers_dropped, "matches the definition", words="leaves out the longest waits"),
     Mutant("warm-up not skipped", no_skip, "matches the definition", words="warm-up"),
     Mutant("skips one more", skips_one_more, "matches the definition", words="one more than skip_first"),
     Mutant("float32 timestamps, torch.tensor", float32_timestamps, "matches the definition", words="float32"),
@@ -599,6 +708,11 @@ MUTANTS_12 = [
 
 def test_stall_fraction_passes():
     passes("1.2", stall, range(30))
+
+
+@pytest.mark.parametrize("answer", [sorts_in_place, wall_max_min], ids=lambda f: f.__name__)
+def test_other_right_stall_fractions_pass(answer):
+    passes("1.2", answer, range(3))
 
 
 def test_a_float32_answer_shows_two_different_numbers(monkeypatch):
@@ -794,6 +908,24 @@ def test_a_threshold_cut_to_whole_cores_is_named_on_every_seed(monkeypatch):
         monkeypatch.setenv("COURSE_CHECK_SEED", str(seed))
         result = run_check("1.3", answer)
         assert result.status == "fail" and "cut to whole cores (int(0.8 x timeline.cores)" in result.message, result.message
+        assert "property 'uses the thresholds as specified'" in result.message, result.message   # w4-01
+
+
+def test_cores_kept_from_the_first_timeline_are_named(monkeypatch):
+    """w4-01: the first timeline's cores kept in a global was told it read os.cpu_count() (both were 2)."""
+    kept = []
+
+    def cores_cached(tl):
+        if not kept:
+            kept.append(tl.cores)
+        if np.mean(tl.gpu_util) >= 85:
+            return "compute-bound"
+        return "input-bound" if np.mean(tl.ours_cores) >= 0.8 * kept[0] else "sync-bound"
+    for seed in range(3):                 # the first call of the run, and calls in later runs of the check
+        monkeypatch.setenv("COURSE_CHECK_SEED", str(seed))
+        result = run_check("1.3", cores_cached)
+        assert "property 'keeps nothing from an earlier call'" in result.message, result.message
+        assert "as the first one the check handed it had" in result.message and "os.cpu_count" not in result.message
 
 
 def diagnose_rebuilt_from_every_process(tl):       # right (w3-01): every process's CPU less the others'

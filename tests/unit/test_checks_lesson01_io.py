@@ -243,6 +243,27 @@ def only_the_workers(run):                           # w3-01: passed on 11 of 13
     return "cpu-bound" if np.mean(run.loader_cores) >= 0.8 * possible else "io-bound"
 
 
+def float16_mean(run):                               # w4-01: passed on every seed (no case that tight)
+    if run.stall_fraction < 0.10:
+        return "device-bound"
+    possible = min(run.loader_processes, run.usable_cores)
+    return "cpu-bound" if np.mean(run.loader_cores.astype(np.float16)) >= 0.8 * possible else "io-bound"
+
+
+def rounded_to_one_place(run):                       # w4-01: told to test stall_fraction first
+    if round(run.stall_fraction, 1) < 0.10:
+        return "device-bound"
+    possible = min(run.loader_processes, run.usable_cores)
+    return "cpu-bound" if round(float(np.mean(run.loader_cores)), 1) >= 0.8 * possible else "io-bound"
+
+
+def float32_figures(run):                            # right (w4-01), as 1.3's float32 answer is
+    if np.float32(run.stall_fraction) < np.float32(0.10):
+        return "device-bound"
+    possible = min(run.loader_processes, run.usable_cores)
+    return "cpu-bound" if np.mean(run.loader_cores.astype(np.float32)) >= 0.8 * possible else "io-bound"
+
+
 # -- wrong form, side effects, reading the answer from the object --------------------------------
 
 def other_spelling(run):
@@ -302,6 +323,8 @@ NAMED = {
                                    "every core of the run's machine (run.cpu_busy.shape[1])"),
     only_the_workers: ("I/O-bound when the loading processes wait instead of computing",
                        "as if only the workers loaded"),
+    float16_mean: ("uses the thresholds as specified", "averaged run.loader_cores in float16"),
+    rounded_to_one_place: ("uses the thresholds as specified", "as if it rounded the figures"),
 }
 
 
@@ -312,9 +335,19 @@ def _run(monkeypatch, fn, seed):
 
 def test_reference_passes_on_every_seed(monkeypatch):
     for seed in SEEDS:
-        for answer in (classify_run, classify_as_shares, clipped_to_what_they_could_use):
+        for answer in (classify_run, classify_as_shares, clipped_to_what_they_could_use, float32_figures):
             result = _run(monkeypatch, answer, seed)
             assert result.status == "pass", (seed, answer.__name__, result.message)
+
+
+def test_the_spec_counts_the_runs_the_check_classifies():
+    import json
+    from pathlib import Path
+    cells = json.loads((Path(__file__).parents[2] / "solutions" / "01-measure-the-baseline.ipynb").read_text())["cells"]
+    spec = next("".join(c["source"]) for c in cells if "What the check tests:** " in "".join(c["source"])
+                and "fresh runs" in "".join(c["source"]))
+    message = run_check("1.4", classify_run).message
+    assert f"{message.split()[0]} fresh runs" in spec, (message, spec[:200])
 
 
 def test_stub_is_not_implemented():

@@ -110,7 +110,9 @@ def test_dataset_and_baseline_transform(info):
 
 
 def test_regenerating_writes_the_marker_with_checksums(tmp_path, cheap_generator):
-    info = data.write_synthetic_cifar10(tmp_path / "syn", seed=3)
+    seen = []      # w4-01: lesson 00's hardware cell wrote the dataset silently for 16 s: it prints each file now
+    info = data.write_synthetic_cifar10(tmp_path / "syn", seed=3, progress=lambda i, n, name: seen.append((i, n, name)))
+    assert seen == [(i + 1, 6, name) for i, name in enumerate(data.TRAIN_FILES + data.TEST_FILES)]
     marker = (tmp_path / "syn" / "SYNTHETIC.txt").read_text()
     assert info.synthetic and marker.startswith(f"version {data.SYNTHETIC_VERSION}\n")
     assert marker.count("sha256 ") == 6

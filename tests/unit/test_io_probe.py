@@ -148,3 +148,16 @@ def test_the_monitor_never_shows_used_above_wanted_nor_a_sliver_at_the_end(data_
     assert (tl.ours_cores <= tl.ours_wanted_cores + 1e-9).all()
     assert np.diff(np.r_[0.0, tl.t_s]).min() >= 0.05 / 2 - 1e-3       # no sliver of a sample
     assert tl.ours_wanted_cores[-1] > 0.2                                 # the last sample is not a spurious 0
+
+
+def test_the_iotop_line_says_where_the_reads_came_from():
+    """w4-01: 'DISK READ 6.4 MB/s from storage ... read() calls asked for 0.5 MB/s' read as a contradiction."""
+    from types import SimpleNamespace
+    from course_utils.io_probe import IoTimeline
+
+    def line(storage, read):
+        return IoTimeline.iotop(SimpleNamespace(totals={"ours_storage_mb_s": storage, "ours_read_mb_s": read,
+                                                        "ours_cores": 1.0, "ours_wanted_cores": None}))
+    assert "pages of memory-mapped files" in line(6.4, 0.5)
+    assert "all of it came from the page cache" in line(0.0, 0.5)
+    assert "0.5 MB/s of it from the page cache, the rest from the disk" in line(100.0, 100.5)
