@@ -229,6 +229,11 @@ def _call_amp(amp_step, label, *args, **kwargs):
             raise CheckFailed("calls scaler.update() after scaler.step()", f"{label}: the scaler said: {text.strip().rstrip('.')}",
                               "scaler.step(optimizer) first (it skips the step after an overflow), then "
                               "scaler.update(), which reads what step() found to adjust the scale") from None
+        if "_scale is None" in text or "did not use scaler.scale" in text:
+            raise CheckFailed("scales the loss before backward",
+                              f"{label}: the scaler raised at your unscale_ or step (it said: {text.strip().split('.')[0]}): "
+                              "yours called backward on the unscaled loss, so the scaler never set its scale",
+                              "call `scaler.scale(loss).backward()`, not `loss.backward()`") from None
         if "No inf checks were recorded" in text:
             raise CheckFailed("clears the gradients at the start of each step",
                               f"{label}: scaler.step found no gradients to step with (the scaler said: {text.strip().rstrip('.')})",
@@ -357,8 +362,14 @@ def _amp_case(amp_step, rng, seed, device, dtype, *, use_scaler):
     full_norm = _grad_norm(list(model2.parameters()))
     model2.zero_grad(set_to_none=True)
     max_norm = 0.1 * full_norm
+    weights_before = [p.detach().clone() for p in model2.parameters()]
     _call_amp(amp_step, label, model2, opt2, scaler, x, y, dtype=dtype, max_norm=max_norm)
     norm_after = _grad_norm(list(model2.parameters()))
+    # the update itself (w6-05 w51_30): SGD without momentum moves the weights by lr x the gradient it
+    # stepped with, so the step's size says which gradients the optimizer saw, whatever .grad holds after
+    moved = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm((p.detach() - p0).float())
+                                                        for p0, p in zip(weights_before, model2.parameters())])))
+    stepped_norm = moved / lr
     if not math.isclose(norm_after, max_norm, rel_tol=5e-2):
         if use_scaler and norm_after < 0.05 * max_norm:
             hint = ("clip after scaler.unscale_(optimizer): clipping scaled gradients clips them to "
@@ -370,6 +381,14 @@ def _amp_case(amp_step, rng, seed, device, dtype, *, use_scaler):
         raise CheckFailed("clips the unscaled gradients to max_norm",
                           f"{label}: gradient norm {full_norm:.4g}, max_norm {max_norm:.4g}; after yours "
                           f".grad has norm {norm_after:.4g}", hint)
+    if stepped_norm > 1.5 * max_norm:
+        raise CheckFailed("steps with the clipped gradients",
+                          f"{label}: gradient norm {full_norm:.4g}, max_norm {max_norm:.4g}; .grad after yours has "
+                          f"norm {norm_after:.4g}, but the weights moved as SGD(lr={lr}) moves them with a gradient "
+                          f"of norm {stepped_norm:.4g}: yours clips after the optimizer step, so the step used the "
+                          "unclipped gradients (seed {seed})".replace("{seed}", str(seed)),
+                          "clip between scaler.unscale_(optimizer) and scaler.step(optimizer): clipping afterwards "
+                          "changes only .grad, not the update already made")
 
     # (g) an inf gradient: the step is skipped and the scale backs off
     if use_scaler:
@@ -510,7 +529,7 @@ def check_amp_step(amp_step):
     done.append("bfloat16 with a disabled scaler on cpu")
     _defaults_case(amp_step, rng, seed)
     done.append("the defaults, float16 and max_norm=1.0")
-    return ("forward under autocast, loss scaled with the scaler given, gradients unscaled before clipping, no "
+    return ("forward under autocast, loss scaled with the scaler given, gradients unscaled, clipped, then stepped with, no "
             "host read besides the scaler's own, an inf gradient skips the step and halves the scale, the loss goes "
             f"down ({'; '.join(done)}).")
 

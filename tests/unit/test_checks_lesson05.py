@@ -343,6 +343,31 @@ amp_returns_on_the_host = _amp_then(lambda loss, images, scaler: loss.detach().c
 amp_logs_the_scale = _amp_then(_logs_the_scale)
 
 
+def amp_clips_after_step(model, optimizer, scaler, images, labels, dtype=torch.float16, max_norm=1.0):
+    """Clipping after scaler.step/update (walk w6-05 w51_30): .grad ends clipped, the update used the unclipped ones."""
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=images.device.type, dtype=dtype):
+        loss = F.cross_entropy(model(images), labels)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    return loss.detach()
+
+
+def amp_plain_backward_then_unscale(model, optimizer, scaler, images, labels, dtype=torch.float16, max_norm=1.0):
+    """loss.backward() with no scaler.scale, then unscale_ (walk w6-05 w51_01): the scaler raises."""
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=images.device.type, dtype=dtype):
+        loss = F.cross_entropy(model(images), labels)
+    loss.backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss.detach()
+
+
 _KEPT = {}
 
 
@@ -352,6 +377,10 @@ def amp_keeps_the_first_scaler(model, optimizer, scaler, images, labels, dtype=t
 
 
 MUTANTS_51 = [
+    Mutant("clips after scaler.step (w51_30)", amp_clips_after_step, "steps with the clipped gradients",
+           words="clips after the optimizer step"),
+    Mutant("loss.backward() then unscale_ (w51_01)", amp_plain_backward_then_unscale, "scales the loss before backward",
+           words="yours called backward on the unscaled loss"),
     Mutant("clips scaled gradients at max_norm x get_scale()", amp_clips_scaled_by_the_scale,
            "reads nothing on the host besides the scaler's own check", words="clip after scaler.unscale_"),
     Mutant("a divergence guard every step", amp_item_every_step,
