@@ -1034,6 +1034,7 @@ def _loop_case(train_fixed, rng, seed, device):
     if len(result) > n_logs and kept:
         raise CheckFailed("keeps nothing between calls", f"{label}: yours returned {len(result)} values, expected "
                           f"the means of {n_logs} intervals", _kept_hint(kept))
+    _no_shared_list(train_fixed, result, n_logs, label, seed)
     if len(result) != n_logs:
         first_alone = (len(result) > n_logs and len(recorded) > 0 and isinstance(result[0], (int, float))
                        and math.isclose(float(result[0]), float(recorded[0]), rel_tol=1e-4, abs_tol=1e-6))
@@ -1208,6 +1209,18 @@ def _kept_hint(kept: list[str]) -> str:
             f"object: make it inside the function ({kept[0]} = [] in the body)")
 
 
+def _no_shared_list(train_fixed, result, n_logs, label, seed):
+    """More means than intervals, from a function that uses a list made outside it (a module-level MEANS = [],
+    walk w6-05 w54_06): name that list, not the interval or the default argument."""
+    shared = _shared_lists(train_fixed)
+    if shared and len(result) > n_logs:
+        raise CheckFailed("keeps nothing between calls", f"{label}: yours returned {len(result)} values, expected the "
+                          f"means of {n_logs} intervals: your function uses {shared[0]}, a list made outside it, which "
+                          f"keeps the earlier calls' means (seed {seed})",
+                          f"make the list in the body ({shared[0].lower()} = [] inside train_fixed): a list made "
+                          "outside, once, is shared by every call")
+
+
 def _default_interval(train_fixed, rng, seed):
     """train_fixed(model, optimizer, batches, loss_fn): log_every defaults to 10."""
     steps = 20 + int(rng.integers(1, 10))
@@ -1232,6 +1245,8 @@ def _default_interval(train_fixed, rng, seed):
         raise CheckFailed("keeps nothing between calls", f"{label}, after an earlier call: yours returned "
                           f"{len(result)} values, expected the means of {len(expected)} intervals of 10 steps "
                           f"(seed {seed})", _kept_hint(kept))
+    if isinstance(result, (list, tuple)):
+        _no_shared_list(train_fixed, result, len(expected), label + ", after an earlier call", seed)
     if not isinstance(result, (list, tuple)) or len(result) != len(expected):
         got = f"{len(result)} values" if isinstance(result, (list, tuple)) else type(result).__name__
         raise CheckFailed("defaults to log_every=10", f"{label}: yours returned {got}, expected the means of "

@@ -1339,7 +1339,29 @@ loop_window_never_cleared = _loop(read=lambda window, log_every: torch.stack(win
                                   clear=False)
 
 
+GLOBAL_MEANS = []
+
+
+def means_in_a_global_list(model, optimizer, batches, loss_fn, log_every=10):
+    """A module-level list of means, shared by every call (walk w6-05 w54_06)."""
+    means, window = GLOBAL_MEANS, []
+    for step, (images, labels) in enumerate(batches, 1):
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        window.append(loss.detach())
+        if step % log_every == 0:
+            mean = torch.stack(window).mean().item()
+            print(f"step {step}: mean loss {mean:.4f}")
+            means.append(mean)
+            window = []
+    return means
+
+
 MUTANTS_54 = [
+    Mutant("the means in a module-level list (w54_06)", means_in_a_global_list, "keeps nothing between calls",
+           words="your function uses GLOBAL_MEANS, a list made outside it"),
     Mutant("the window as a default argument", window_as_a_default_argument, "logs the mean loss of each interval",
            words="kept between calls"),
     Mutant("synchronize when a GPU is there", synchronize_when_a_gpu_is_there,
