@@ -1016,7 +1016,7 @@ def _loop_case(train_fixed, rng, seed, device):
             kept_losses.append(StorageWeakRef(loss.untyped_storage()))
         return watch.mark(loss)
 
-    printed = io.StringIO()
+    printed = _StampedOut(lambda: len(recorded))
     with SavedTensorMeter(exclude=model.parameters()) as meter:
         readings = StepReadings(batches, lambda: (watch.alive, meter.live_bytes))
         with (_pretend_a_gpu() if device.type == "cpu" else contextlib.nullcontext()), syncs, \
@@ -1143,7 +1143,19 @@ def _loop_case(train_fixed, rng, seed, device):
                           "its memory, and zeros written in place keep every gradient allocated through the next "
                           "forward pass, beside its activations (exercises 5.1 and 5.2 ask only that no earlier "
                           "gradient leak in, and accept the zeros)")
-    missing = _unprinted(printed.getvalue(), expected)
+    where = []
+    missing = _unprinted(printed.getvalue(), expected, where)
+    if missing is None:     # each mean printed as its interval ends (or during the next one): a diverging run shows
+        for i, offset in enumerate(where):                             # while it runs (w6-05 w54_18)
+            at = printed.steps_at(offset)
+            if at > (i + 2) * log_every:
+                raise CheckFailed("prints each interval's mean when the interval ends",
+                                  f"{label}: the mean of interval {i + 1} (steps {i * log_every + 1} to "
+                                  f"{(i + 1) * log_every}) was printed after step {at}: yours prints the means "
+                                  "later than the interval that made them; read and printed only at the end, a run that "
+                                  "diverges shows nothing until it is over",
+                                  "read and print each interval's mean once, when step % log_every == 0: one read per "
+                                  "interval is the cost of watching the run")
     if missing is not None:
         i, mean = missing
         shown = printed.getvalue().strip().splitlines()
@@ -1160,11 +1172,14 @@ def _loop_case(train_fixed, rng, seed, device):
 _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 
 
-def _unprinted(text: str, means: list[float]):
+def _unprinted(text: str, means: list[float], where: list | None = None):
     """(index, mean) of the first interval mean that no number printed (in order) rounds to, or None.
-    A number printed with d decimals stands for any value within half a unit of its last digit."""
-    numbers = []
-    for token in _NUMBER.findall(text):
+    A number printed with d decimals stands for any value within half a unit of its last digit.
+    `where`, a list, receives the offset in `text` of the number matched to each mean."""
+    numbers, offsets = [], []
+    for match in _NUMBER.finditer(text):
+        token = match.group()
+        offsets.append(match.start())
         mantissa = token.lower().split("e")[0]
         decimals = len(mantissa.split(".")[1]) if "." in mantissa else 0
         exponent = int(token.lower().split("e")[1]) if "e" in token.lower() else 0
@@ -1175,8 +1190,25 @@ def _unprinted(text: str, means: list[float]):
             position += 1
         if position == len(numbers):
             return i, mean
+        if where is not None:
+            where.append(offsets[position])
         position += 1
     return None
+
+
+class _StampedOut(io.StringIO):
+    """stdout that notes, for each write, how many steps had run (the loss function's calls so far)."""
+
+    def __init__(self, steps_so_far):
+        super().__init__()
+        self.steps_so_far, self.stamps = steps_so_far, []      # (offset where a write began, steps run by then)
+
+    def write(self, text):
+        self.stamps.append((self.tell(), self.steps_so_far()))
+        return super().write(text)
+
+    def steps_at(self, offset):
+        return max((steps for start, steps in self.stamps if start <= offset), default=0)
 
 
 def _shared_lists(fn) -> list[str]:

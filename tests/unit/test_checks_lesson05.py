@@ -1359,7 +1359,27 @@ def means_in_a_global_list(model, optimizer, batches, loss_fn, log_every=10):
     return means
 
 
+def means_printed_at_the_end(model, optimizer, batches, loss_fn, log_every=10):
+    """Each interval's mean kept on the device, all read and printed after the loop (walk w6-05 w54_18)."""
+    means, window = [], []
+    for step, (images, labels) in enumerate(batches, 1):
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        window.append(loss.detach())
+        if step % log_every == 0:
+            means.append(torch.stack(window).mean())
+            window = []
+    means = [m.item() for m in means]
+    for i, m in enumerate(means, 1):
+        print(f"step {i * log_every}: mean loss {m:.4f}")
+    return means
+
+
 MUTANTS_54 = [
+    Mutant("every mean read and printed at the end (w54_18)", means_printed_at_the_end,
+           "prints each interval's mean when the interval ends", words="printed after step"),
     Mutant("the means in a module-level list (w54_06)", means_in_a_global_list, "keeps nothing between calls",
            words="your function uses GLOBAL_MEANS, a list made outside it"),
     Mutant("the window as a default argument", window_as_a_default_argument, "logs the mean loss of each interval",
