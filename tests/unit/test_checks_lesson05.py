@@ -1780,3 +1780,27 @@ def test_amp_step_passes_with_the_device_as_a_string():
         scaler.update()
         return loss.detach()
     passes("5.1", by_string, range(1))
+
+
+def test_fixed_loop_passes_printing_each_mean_one_interval_late():
+    """Each mean read and printed when the next interval ends (a lag of one interval, no wait on the device's
+    queue at the interval's end), the last after the loop: a read per interval, shown while the run goes on
+    (the w54_18 edge: all means at the end fails)."""
+    def lagged(model, optimizer, batches, loss_fn, log_every=10):
+        means, window, pending = [], [], None
+        for step, (images, labels) in enumerate(batches, 1):
+            optimizer.zero_grad(set_to_none=True)
+            loss = loss_fn(model(images), labels)
+            loss.backward()
+            optimizer.step()
+            window.append(loss.detach())
+            if step % log_every == 0:
+                if pending is not None:
+                    means.append(pending.item())
+                    print(f"step {step - log_every}: mean loss {means[-1]:.4f}")
+                pending, window = torch.stack(window).mean(), []
+        if pending is not None:
+            means.append(pending.item())
+            print(f"mean loss {means[-1]:.4f}")
+        return means
+    passes("5.4", lagged, range(1))
