@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import traceback
+import sys
 import warnings
 import weakref
 from collections import Counter
@@ -67,6 +68,29 @@ def _to_host(args, kwargs) -> bool:
     return False
 
 
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_TORCH = os.path.dirname(os.path.abspath(torch.__file__))
+
+
+def _warning_at_caller(func, args, kwargs):
+    """Run `func`, and give the warnings it raises (torch's "Converting a tensor with requires_grad=True to a
+    scalar", say) the line of the code that made the call, not this module's line (walk w6-05)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = func(*args, **kwargs)
+    frame = sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith((_HERE, _TORCH)):
+        frame = frame.f_back
+    for w in caught:
+        if frame is not None and os.path.abspath(w.filename).startswith((_HERE, _TORCH)):
+            warnings.warn_explicit(w.message, w.category, frame.f_code.co_filename, frame.f_lineno,
+                                   module=frame.f_globals.get("__name__"), registry=frame.f_globals.setdefault(
+                                       "__warningregistry__", {}))
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return result
+
+
 class _CountingMode(TorchFunctionMode):
     def __init__(self, counter: "SyncCounter"):
         super().__init__()
@@ -87,7 +111,10 @@ class _CountingMode(TorchFunctionMode):
                 is_sync = on_device or (counter.host_reads and not counter._is_on_host(first))
             if is_sync and not counter._paused:
                 counter._record(name)
-        result = func(*args, **kwargs)
+        if isinstance(first, torch.Tensor) and first.requires_grad and name in SYNC_METHODS:
+            result = _warning_at_caller(func, args, kwargs)
+        else:
+            result = func(*args, **kwargs)
         if moves_to_host and isinstance(result, torch.Tensor):
             counter._mark_on_host(result)   # copied back already: reading it costs nothing more
         return result

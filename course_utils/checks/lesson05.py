@@ -229,6 +229,11 @@ def _call_amp(amp_step, label, *args, **kwargs):
             raise CheckFailed("calls scaler.update() after scaler.step()", f"{label}: the scaler said: {text.strip().rstrip('.')}",
                               "scaler.step(optimizer) first (it skips the step after an overflow), then "
                               "scaler.update(), which reads what step() found to adjust the scale") from None
+        if "_scale is None" in text or "did not use scaler.scale" in text:
+            raise CheckFailed("scales the loss before backward",
+                              f"{label}: the scaler raised at your unscale_ or step (it said: {text.strip().split('.')[0]}): "
+                              "yours called backward on the unscaled loss, so the scaler never set its scale",
+                              "call `scaler.scale(loss).backward()`, not `loss.backward()`") from None
         if "No inf checks were recorded" in text:
             raise CheckFailed("clears the gradients at the start of each step",
                               f"{label}: scaler.step found no gradients to step with (the scaler said: {text.strip().rstrip('.')})",
@@ -357,8 +362,14 @@ def _amp_case(amp_step, rng, seed, device, dtype, *, use_scaler):
     full_norm = _grad_norm(list(model2.parameters()))
     model2.zero_grad(set_to_none=True)
     max_norm = 0.1 * full_norm
+    weights_before = [p.detach().clone() for p in model2.parameters()]
     _call_amp(amp_step, label, model2, opt2, scaler, x, y, dtype=dtype, max_norm=max_norm)
     norm_after = _grad_norm(list(model2.parameters()))
+    # the update itself (w6-05 w51_30): SGD without momentum moves the weights by lr x the gradient it
+    # stepped with, so the step's size says which gradients the optimizer saw, whatever .grad holds after
+    moved = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm((p.detach() - p0).float())
+                                                        for p0, p in zip(weights_before, model2.parameters())])))
+    stepped_norm = moved / lr
     if not math.isclose(norm_after, max_norm, rel_tol=5e-2):
         if use_scaler and norm_after < 0.05 * max_norm:
             hint = ("clip after scaler.unscale_(optimizer): clipping scaled gradients clips them to "
@@ -370,6 +381,14 @@ def _amp_case(amp_step, rng, seed, device, dtype, *, use_scaler):
         raise CheckFailed("clips the unscaled gradients to max_norm",
                           f"{label}: gradient norm {full_norm:.4g}, max_norm {max_norm:.4g}; after yours "
                           f".grad has norm {norm_after:.4g}", hint)
+    if stepped_norm > 1.5 * max_norm:
+        raise CheckFailed("steps with the clipped gradients",
+                          f"{label}: gradient norm {full_norm:.4g}, max_norm {max_norm:.4g}; .grad after yours has "
+                          f"norm {norm_after:.4g}, but the weights moved as SGD(lr={lr}) moves them with a gradient "
+                          f"of norm {stepped_norm:.4g}: yours clips after the optimizer step, so the step used the "
+                          "unclipped gradients (seed {seed})".replace("{seed}", str(seed)),
+                          "clip between scaler.unscale_(optimizer) and scaler.step(optimizer): clipping afterwards "
+                          "changes only .grad, not the update already made")
 
     # (g) an inf gradient: the step is skipped and the scale backs off
     if use_scaler:
@@ -510,7 +529,7 @@ def check_amp_step(amp_step):
     done.append("bfloat16 with a disabled scaler on cpu")
     _defaults_case(amp_step, rng, seed)
     done.append("the defaults, float16 and max_norm=1.0")
-    return ("forward under autocast, loss scaled with the scaler given, gradients unscaled before clipping, no "
+    return ("forward under autocast, loss scaled with the scaler given, gradients unscaled, clipped, then stepped with, no "
             "host read besides the scaler's own, an inf gradient skips the step and halves the scale, the loss goes "
             f"down ({'; '.join(done)}).")
 
@@ -997,7 +1016,7 @@ def _loop_case(train_fixed, rng, seed, device):
             kept_losses.append(StorageWeakRef(loss.untyped_storage()))
         return watch.mark(loss)
 
-    printed = io.StringIO()
+    printed = _StampedOut(lambda: len(recorded))
     with SavedTensorMeter(exclude=model.parameters()) as meter:
         readings = StepReadings(batches, lambda: (watch.alive, meter.live_bytes))
         with (_pretend_a_gpu() if device.type == "cpu" else contextlib.nullcontext()), syncs, \
@@ -1015,6 +1034,7 @@ def _loop_case(train_fixed, rng, seed, device):
     if len(result) > n_logs and kept:
         raise CheckFailed("keeps nothing between calls", f"{label}: yours returned {len(result)} values, expected "
                           f"the means of {n_logs} intervals", _kept_hint(kept))
+    _no_shared_list(train_fixed, result, n_logs, label, seed)
     if len(result) != n_logs:
         first_alone = (len(result) > n_logs and len(recorded) > 0 and isinstance(result[0], (int, float))
                        and math.isclose(float(result[0]), float(recorded[0]), rel_tol=1e-4, abs_tol=1e-6))
@@ -1123,7 +1143,19 @@ def _loop_case(train_fixed, rng, seed, device):
                           "its memory, and zeros written in place keep every gradient allocated through the next "
                           "forward pass, beside its activations (exercises 5.1 and 5.2 ask only that no earlier "
                           "gradient leak in, and accept the zeros)")
-    missing = _unprinted(printed.getvalue(), expected)
+    where = []
+    missing = _unprinted(printed.getvalue(), expected, where)
+    if missing is None:     # each mean printed as its interval ends (or during the next one): a diverging run shows
+        for i, offset in enumerate(where):                             # while it runs (w6-05 w54_18)
+            at = printed.steps_at(offset)
+            if at > (i + 2) * log_every:
+                raise CheckFailed("prints each interval's mean when the interval ends",
+                                  f"{label}: the mean of interval {i + 1} (steps {i * log_every + 1} to "
+                                  f"{(i + 1) * log_every}) was printed after step {at}: yours prints the means "
+                                  "later than the interval that made them; read and printed only at the end, a run that "
+                                  "diverges shows nothing until it is over",
+                                  "read and print each interval's mean once, when step % log_every == 0: one read per "
+                                  "interval is the cost of watching the run")
     if missing is not None:
         i, mean = missing
         shown = printed.getvalue().strip().splitlines()
@@ -1140,11 +1172,14 @@ def _loop_case(train_fixed, rng, seed, device):
 _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 
 
-def _unprinted(text: str, means: list[float]):
+def _unprinted(text: str, means: list[float], where: list | None = None):
     """(index, mean) of the first interval mean that no number printed (in order) rounds to, or None.
-    A number printed with d decimals stands for any value within half a unit of its last digit."""
-    numbers = []
-    for token in _NUMBER.findall(text):
+    A number printed with d decimals stands for any value within half a unit of its last digit.
+    `where`, a list, receives the offset in `text` of the number matched to each mean."""
+    numbers, offsets = [], []
+    for match in _NUMBER.finditer(text):
+        token = match.group()
+        offsets.append(match.start())
         mantissa = token.lower().split("e")[0]
         decimals = len(mantissa.split(".")[1]) if "." in mantissa else 0
         exponent = int(token.lower().split("e")[1]) if "e" in token.lower() else 0
@@ -1155,8 +1190,25 @@ def _unprinted(text: str, means: list[float]):
             position += 1
         if position == len(numbers):
             return i, mean
+        if where is not None:
+            where.append(offsets[position])
         position += 1
     return None
+
+
+class _StampedOut(io.StringIO):
+    """stdout that notes, for each write, how many steps had run (the loss function's calls so far)."""
+
+    def __init__(self, steps_so_far):
+        super().__init__()
+        self.steps_so_far, self.stamps = steps_so_far, []      # (offset where a write began, steps run by then)
+
+    def write(self, text):
+        self.stamps.append((self.tell(), self.steps_so_far()))
+        return super().write(text)
+
+    def steps_at(self, offset):
+        return max((steps for start, steps in self.stamps if start <= offset), default=0)
 
 
 def _shared_lists(fn) -> list[str]:
@@ -1189,6 +1241,18 @@ def _kept_hint(kept: list[str]) -> str:
             f"object: make it inside the function ({kept[0]} = [] in the body)")
 
 
+def _no_shared_list(train_fixed, result, n_logs, label, seed):
+    """More means than intervals, from a function that uses a list made outside it (a module-level MEANS = [],
+    walk w6-05 w54_06): name that list, not the interval or the default argument."""
+    shared = _shared_lists(train_fixed)
+    if shared and len(result) > n_logs:
+        raise CheckFailed("keeps nothing between calls", f"{label}: yours returned {len(result)} values, expected the "
+                          f"means of {n_logs} intervals: your function uses {shared[0]}, a list made outside it, which "
+                          f"keeps the earlier calls' means (seed {seed})",
+                          f"make the list in the body ({shared[0].lower()} = [] inside train_fixed): a list made "
+                          "outside, once, is shared by every call")
+
+
 def _default_interval(train_fixed, rng, seed):
     """train_fixed(model, optimizer, batches, loss_fn): log_every defaults to 10."""
     steps = 20 + int(rng.integers(1, 10))
@@ -1213,6 +1277,8 @@ def _default_interval(train_fixed, rng, seed):
         raise CheckFailed("keeps nothing between calls", f"{label}, after an earlier call: yours returned "
                           f"{len(result)} values, expected the means of {len(expected)} intervals of 10 steps "
                           f"(seed {seed})", _kept_hint(kept))
+    if isinstance(result, (list, tuple)):
+        _no_shared_list(train_fixed, result, len(expected), label + ", after an earlier call", seed)
     if not isinstance(result, (list, tuple)) or len(result) != len(expected):
         got = f"{len(result)} values" if isinstance(result, (list, tuple)) else type(result).__name__
         raise CheckFailed("defaults to log_every=10", f"{label}: yours returned {got}, expected the means of "

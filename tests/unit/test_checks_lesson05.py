@@ -343,6 +343,31 @@ amp_returns_on_the_host = _amp_then(lambda loss, images, scaler: loss.detach().c
 amp_logs_the_scale = _amp_then(_logs_the_scale)
 
 
+def amp_clips_after_step(model, optimizer, scaler, images, labels, dtype=torch.float16, max_norm=1.0):
+    """Clipping after scaler.step/update (walk w6-05 w51_30): .grad ends clipped, the update used the unclipped ones."""
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=images.device.type, dtype=dtype):
+        loss = F.cross_entropy(model(images), labels)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    return loss.detach()
+
+
+def amp_plain_backward_then_unscale(model, optimizer, scaler, images, labels, dtype=torch.float16, max_norm=1.0):
+    """loss.backward() with no scaler.scale, then unscale_ (walk w6-05 w51_01): the scaler raises."""
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=images.device.type, dtype=dtype):
+        loss = F.cross_entropy(model(images), labels)
+    loss.backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss.detach()
+
+
 _KEPT = {}
 
 
@@ -352,6 +377,10 @@ def amp_keeps_the_first_scaler(model, optimizer, scaler, images, labels, dtype=t
 
 
 MUTANTS_51 = [
+    Mutant("clips after scaler.step (w51_30)", amp_clips_after_step, "steps with the clipped gradients",
+           words="clips after the optimizer step"),
+    Mutant("loss.backward() then unscale_ (w51_01)", amp_plain_backward_then_unscale, "scales the loss before backward",
+           words="yours called backward on the unscaled loss"),
     Mutant("clips scaled gradients at max_norm x get_scale()", amp_clips_scaled_by_the_scale,
            "reads nothing on the host besides the scaler's own check", words="clip after scaler.unscale_"),
     Mutant("a divergence guard every step", amp_item_every_step,
@@ -1310,7 +1339,49 @@ loop_window_never_cleared = _loop(read=lambda window, log_every: torch.stack(win
                                   clear=False)
 
 
+GLOBAL_MEANS = []
+
+
+def means_in_a_global_list(model, optimizer, batches, loss_fn, log_every=10):
+    """A module-level list of means, shared by every call (walk w6-05 w54_06)."""
+    means, window = GLOBAL_MEANS, []
+    for step, (images, labels) in enumerate(batches, 1):
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        window.append(loss.detach())
+        if step % log_every == 0:
+            mean = torch.stack(window).mean().item()
+            print(f"step {step}: mean loss {mean:.4f}")
+            means.append(mean)
+            window = []
+    return means
+
+
+def means_printed_at_the_end(model, optimizer, batches, loss_fn, log_every=10):
+    """Each interval's mean kept on the device, all read and printed after the loop (walk w6-05 w54_18)."""
+    means, window = [], []
+    for step, (images, labels) in enumerate(batches, 1):
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        window.append(loss.detach())
+        if step % log_every == 0:
+            means.append(torch.stack(window).mean())
+            window = []
+    means = [m.item() for m in means]
+    for i, m in enumerate(means, 1):
+        print(f"step {i * log_every}: mean loss {m:.4f}")
+    return means
+
+
 MUTANTS_54 = [
+    Mutant("every mean read and printed at the end (w54_18)", means_printed_at_the_end,
+           "prints each interval's mean when the interval ends", words="printed after step"),
+    Mutant("the means in a module-level list (w54_06)", means_in_a_global_list, "keeps nothing between calls",
+           words="your function uses GLOBAL_MEANS, a list made outside it"),
     Mutant("the window as a default argument", window_as_a_default_argument, "logs the mean loss of each interval",
            words="kept between calls"),
     Mutant("synchronize when a GPU is there", synchronize_when_a_gpu_is_there,
@@ -1709,3 +1780,27 @@ def test_amp_step_passes_with_the_device_as_a_string():
         scaler.update()
         return loss.detach()
     passes("5.1", by_string, range(1))
+
+
+def test_fixed_loop_passes_printing_each_mean_one_interval_late():
+    """Each mean read and printed when the next interval ends (a lag of one interval, no wait on the device's
+    queue at the interval's end), the last after the loop: a read per interval, shown while the run goes on
+    (the w54_18 edge: all means at the end fails)."""
+    def lagged(model, optimizer, batches, loss_fn, log_every=10):
+        means, window, pending = [], [], None
+        for step, (images, labels) in enumerate(batches, 1):
+            optimizer.zero_grad(set_to_none=True)
+            loss = loss_fn(model(images), labels)
+            loss.backward()
+            optimizer.step()
+            window.append(loss.detach())
+            if step % log_every == 0:
+                if pending is not None:
+                    means.append(pending.item())
+                    print(f"step {step - log_every}: mean loss {means[-1]:.4f}")
+                pending, window = torch.stack(window).mean(), []
+        if pending is not None:
+            means.append(pending.item())
+            print(f"mean loss {means[-1]:.4f}")
+        return means
+    passes("5.4", lagged, range(1))

@@ -68,3 +68,26 @@ def test_sgd_is_free_the_course_loop_reads_once_and_grad_scaler_once_per_step():
     with SyncCounter(host_reads=True) as syncs:
         train(model, itertools.repeat(batch), device="cpu", steps=3, amp="fp16", progress=False)
     assert syncs.by_name().get("item") == 3      # GradScaler.step reads its inf flag every step
+
+
+def test_a_warning_from_a_read_names_the_callers_line():
+    """torch's "requires_grad=True to a scalar" warning, raised inside the counter, is given the line that
+    read the value, not course_utils/syncs.py's (walk w6-05)."""
+    import warnings
+    x = torch.ones(2, requires_grad=True)
+    loss = (x * 2).sum()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with SyncCounter(host_reads=True):
+            value = float(loss)
+    assert value == 4.0
+    # torch raises that warning once per process: a warning of the same origin (this module's line) stands in for it
+    import course_utils.syncs as syncs_module
+    with warnings.catch_warnings(record=True) as stand_in:
+        warnings.simplefilter("always")
+        syncs_module._warning_at_caller(
+            lambda: warnings.warn_explicit("a scalar from a tensor that requires grad", UserWarning,
+                                           syncs_module.__file__, 90), (), {})
+    caught = caught + stand_in
+    assert caught
+    assert all(w.filename == __file__ for w in caught), [(w.filename, w.lineno, str(w.message)[:60]) for w in caught]
