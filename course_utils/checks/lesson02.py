@@ -93,6 +93,8 @@ _EDGE_CASES = [
     ({0: 300.0, 1: 900.0, 2: 940.0, 3: 1000.0}, 0.1, "a tolerance of 0.1"),
     ({6: 1000.0, 0: 200.0, 12: 1010.0, 3: 700.0}, 0.05, "worker counts 0, 3, 6, 12 given out of order"),
     ({0: 500.0, 1: 960.0, 2: 1000.0, 3: 1000.0}, 0.0, "tolerance 0, two counts tied for the best"),
+    ({2: 1000.0, 1: 1000.0, 0: 500.0}, 0.0, "tolerance 0, two counts tied for the best, the larger one given first"),
+    ({0: 500.0, 1: 949.9, 2: 1000.0}, 0.05, "a point 0.1 samples/s below a threshold of 950"),
     ({0: 990.0, 1: 1000.0, 2: 995.0}, 0.05, "0 workers within the tolerance of the best"),
     ({0: 999.7, 1: 1000.0}, 0.05, "a point 0.3 samples/s below the best"),
     ({0: 999.98, 1: 1000.0}, 0.05, "a point 0.02 samples/s below the best"),
@@ -132,6 +134,14 @@ def _stop_at_first_drop(sweep, tolerance):
     counts = sorted(sweep)
     for a, b in zip(counts, counts[1:]):
         if sweep[b] < sweep[a]:
+            return a
+    return counts[-1]
+
+
+def _knee(sweep, tolerance):
+    counts = sorted(sweep)
+    for a, b in zip(counts, counts[1:]):
+        if sweep[b] < (1 + tolerance) * sweep[a]:
             return a
     return counts[-1]
 
@@ -189,6 +199,10 @@ _SLIPS = [
     ("stops at the first peak", lambda s, t, p: _first_peak(s, t),
      lambda s, t: ("the best is the largest throughput anywhere in the sweep: a sweep can rise again after a dip, "
                    "so a drop does not end the search")),
+    ("a knee rule", lambda s, t, p: _knee(s, t),
+     lambda s, t: ("yours stops at the first count whose next one gains less than the tolerance (a knee rule): the "
+                   "rule compares every count with the best throughput, at least (1 - tolerance) x best, not with "
+                   "its neighbour")),
     ("stops at the first drop", lambda s, t, p: _stop_at_first_drop(s, t),
      lambda s, t: ("the best is the largest throughput anywhere in the sweep: a sweep can rise again after a dip, "
                    "so a drop does not end the search")),

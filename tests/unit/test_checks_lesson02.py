@@ -312,6 +312,39 @@ def empty_raises_index_error(sweep, tolerance=0.05):
     return min(w for w, s in sweep.items() if s >= (1 - tolerance) * best)
 
 
+def first_max_on_a_tie(sweep, tolerance=0.05):        # w3-02 w21_18: tolerance 0 -> max(key=sweep.get), dict order
+    if not sweep:
+        raise ValueError("empty sweep")
+    best = max(sweep.values())
+    if tolerance == 0:
+        return int(max(sweep, key=sweep.get))
+    return int(min(w for w, s in sweep.items() if s >= (1 - tolerance) * best))
+
+
+def quarter_sample_slack(sweep, tolerance=0.05):       # w3-02 w21_19: 0.25 samples/s under the threshold
+    if not sweep:
+        raise ValueError("empty sweep")
+    best = max(sweep.values())
+    return int(min(w for w, s in sweep.items() if s >= (1 - tolerance) * best - 0.25))
+
+
+def knee(sweep, tolerance=0.05):                       # w3-02 w21_03: stops where the next count gains < tolerance
+    if not sweep:
+        raise ValueError("empty sweep")
+    ws = sorted(sweep)
+    for a, b in zip(ws, ws[1:]):
+        if sweep[b] < (1 + tolerance) * sweep[a]:
+            return int(a)
+    return int(ws[-1])
+
+
+def epsilon_slack(sweep, tolerance=0.05):              # RIGHT (w3-02 w21_12): a float epsilon, 1e-4 of the threshold
+    if not sweep:                                      # (under 0.1 samples/s at these sizes): kept passing
+        raise ValueError("empty sweep")
+    best = max(sweep.values())
+    return int(min(w for w, s in sweep.items() if s >= (1 - tolerance) * best * (1 - 1e-4)))
+
+
 PICKS = "picks the smallest count within the tolerance of the best"
 MUTANTS_21 = [
     Mutant("argmax", argmax, PICKS, words="single best point"),
@@ -346,6 +379,9 @@ MUTANTS_21 = [
            words="keep nothing between calls"),
     Mutant("first in dict order, shown in that order (w21_04)", first_in_dict_order, PICKS, words="order given"),
     Mutant("an index, not a key (w21_14)", index_not_key, PICKS, words="order given"),
+    Mutant("tolerance 0: a tie goes to dict order (w3-02 w21_18)", first_max_on_a_tie, PICKS, words="larger one given first"),
+    Mutant("0.25 samples/s of slack (w3-02 w21_19)", quarter_sample_slack, PICKS, words="0.1 samples/s below"),
+    Mutant("a knee rule (w3-02 w21_03)", knee, PICKS, words="(a knee rule)"),
     Mutant("no empty guard", no_empty_guard, "raises ValueError on an empty sweep"),
     Mutant("IndexError when empty", empty_raises_index_error, "raises ValueError on an empty sweep"),
     Mutant("sorts the sweep in place", sorts_in_place, "leaves the sweep unchanged"),
@@ -353,7 +389,7 @@ MUTANTS_21 = [
 
 
 @pytest.mark.parametrize("answer", [choose, gap_over_the_best, ratio_to_the_best, best_minus_a_share, sorted_scan,
-                                    max_of_empty_raises_value_error], ids=lambda f: f.__name__)
+                                    max_of_empty_raises_value_error, epsilon_slack], ids=lambda f: f.__name__)
 def test_choose_workers_passes(answer):
     passes("2.1", answer, range(30))
 
