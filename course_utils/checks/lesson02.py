@@ -353,6 +353,14 @@ def check_choose_workers(choose_num_workers):
                                                                            (sweep, tolerance, int(yours))):
                 hint = _STATE_HINT
             else:
+                below = threshold - sweep[int(yours)]
+                tied = [w for w, v in sweep.items() if v == sweep[best_w]]
+                if slip is None and tolerance == 0 and len(tied) > 1 and int(yours) in tied:
+                    slip = (f"with tolerance 0 the counts tied for the best ({', '.join(map(str, sorted(tied)))}) all "
+                            "qualify: take the smallest of them, whatever order the dict gives them in")
+                elif slip is None and 0 < below < 1:
+                    slip = (f"yours took a point {_number(below)} samples/s below the threshold "
+                            f"({_number(threshold)}): compare with (1 - tolerance) x best exactly, with no slack")
                 hint = slip or (
                     "take the best throughput, then the smallest worker count whose throughput is at least "
                     "(1 - tolerance) times it; look at every count, in increasing order")
