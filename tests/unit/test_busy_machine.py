@@ -129,18 +129,20 @@ class baseline_loader:      # wrong, no faster than the baseline: workers hand o
 
 
 @pytest.mark.skipif(usable_cores() < 2, reason="needs 2 usable cores, one of them kept busy")
-def test_check_22_with_a_core_kept_busy_says_not_graded_never_fail():
+def test_check_22_with_a_core_kept_busy_grades_the_settings_never_fail():
     """One of two cores taken by another program: the right loader measured 0.79x its baseline
-    there (issue 36). It is "not graded: the machine was busy", not FAIL. (A wrong loader under the
-    same load is no faster than its baseline, so it gets the same words, never PASS: the check passes
-    a busy machine's measurement only at the quiet machine's bar, with the baseline's core left to it.)"""
+    there (issue 36), never a FAIL. Since the walk w3-02 (2.2 never graded on a machine busy all
+    day) a busy run grades what holds without timing: the right settings PASS, saying the speed was
+    not judged; a loader only timing can judge (a wrapper, other settings) stays "not graded", never
+    PASS (the check passes its measurement only at the quiet machine's bar, with the baseline's core
+    left to it)."""
     with other_programs():
         result = run_check("2.2", fast_loader)
-    assert result.status == "busy", (result.status, result.message)
-    assert result.points == 0
-    assert result.message.startswith("not graded: the machine was busy (")
-    assert "cores taken by other programs" in result.message
-    assert result.line().startswith("[BUSY] Exercise 2.2")
+    assert result.status in ("pass", "busy"), (result.status, result.message)   # busy only if the load let up
+    if "not timed: the machine was busy" in result.message or result.status == "busy":
+        assert "cores taken by other programs" in result.message
+    if result.status == "pass" and result.message.startswith("not timed"):
+        assert "so the speed was not judged" in result.message
 
 
 def test_check_22_fails_a_wrong_loader_on_a_quiet_machine():
