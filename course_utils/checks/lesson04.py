@@ -557,6 +557,50 @@ def _run_cifar(cifar_pipeline, records, batch_size, batches, device, rng, seed):
     return outs
 
 
+_CLOCK_MOVED_S = 37 * 86400 + 12345.5     # another moment: 37 days, 3 h 25 min 45.5 s on
+
+
+def _salted_hash(real_hash):
+    """`hash` as another process computes it: str, bytes and objects hashed by identity are salted per
+    process (PYTHONHASHSEED), numbers are not. DALI's own calls keep the real one."""
+    import sys
+
+    def plain(x):
+        if x is None or isinstance(x, (bool, int, float, complex)):
+            return True
+        return isinstance(x, tuple) and all(plain(v) for v in x)
+
+    def salted(x):
+        h = real_hash(x)
+        if plain(x) or str(sys._getframe(1).f_globals.get("__name__", "")).startswith("nvidia."):
+            return h
+        return real_hash((h, 0x2545F491))
+    return salted
+
+
+@contextlib.contextmanager
+def _another_process_later():
+    """Builds as if in another process (another PYTHONHASHSEED, another pid), 37 days later (w8-04:
+    `seed + int(time.time()) % 1000` and `hash(("cifar", seed))` passed: the check's same-seed pair came
+    from one process within one second)."""
+    import builtins
+    import time
+    moved = {name: getattr(time, name) for name in ("time", "time_ns", "perf_counter", "perf_counter_ns",
+                                                    "monotonic", "monotonic_ns")}
+    real_hash, real_getpid = builtins.hash, os.getpid
+    for name, f in moved.items():
+        ns = name.endswith("_ns")
+        setattr(time, name, (lambda f=f, ns=ns: f() + (int(_CLOCK_MOVED_S * 1e9) if ns else _CLOCK_MOVED_S)))
+    builtins.hash = _salted_hash(real_hash)
+    os.getpid = lambda: real_getpid() + 7919
+    try:
+        yield
+    finally:
+        for name, f in moved.items():
+            setattr(time, name, f)
+        builtins.hash, os.getpid = real_hash, real_getpid
+
+
 def _check_seed(cifar_pipeline, records, batch_size, rng, seed):
     """The same seed draws the same augmentation, seed 0 included (w6-04: `seed if seed else None`
     passed); another seed, other crops and other flips (w6-04: crop positions drawn with a fixed
@@ -571,9 +615,10 @@ def _check_seed(cifar_pipeline, records, batch_size, rng, seed):
             raise StopIteration
         return images, labels, indices
 
-    def first_batch(pipe_seed):
-        pipe = _expect_pipeline(cifar_pipeline(source, n, device="cpu", num_threads=_threads(),
-                                               seed=pipe_seed), "cifar_pipeline(...)")
+    def first_batch(pipe_seed, elsewhere=False):
+        with _another_process_later() if elsewhere else contextlib.nullcontext():
+            made = cifar_pipeline(source, n, device="cpu", num_threads=_threads(), seed=pipe_seed)
+        pipe = _expect_pipeline(made, "cifar_pipeline(...)")
         _expect_new_pipeline(pipe, f"cifar_pipeline(source, {n}, seed={pipe_seed})", seed, source)
         return _read_offsets(_to_numpy(pipe.run()[0]))
 
@@ -581,15 +626,26 @@ def _check_seed(cifar_pipeline, records, batch_size, rng, seed):
         return all(np.array_equal(u, v) for u, v in zip(a, b))
 
     s = int(rng.integers(1, 2**31 - 2))
+    first = {}
     for pipe_seed in (s, 0):
         a, b = first_batch(pipe_seed), first_batch(pipe_seed)
+        first[pipe_seed] = a
         if not same(a, b):
             zero = (" seed=0 is a seed like any other (the notebook builds its pipelines with it): a test such as "
                     "`seed if seed else None` or `seed or None` leaves DALI to pick a random one" if pipe_seed == 0 else "")
             raise CheckFailed("reproducible under a seed", f"two pipelines built with seed={pipe_seed} augmented the "
                               f"same records differently (seed {seed})",
                               "pass `seed` on to @pipeline_def(..., seed=seed) as it is, whatever its value." + zero)
-    a, c = first_batch(s), first_batch(s + 1)
+    a, c = first_batch(s, elsewhere=True), first_batch(s + 1)
+    if not same(first[s], a):
+        raise CheckFailed("reproducible under a seed",
+                          f"two pipelines built with seed={s}, the second as if in another process 37 days later "
+                          f"(the clock moved on, another PYTHONHASHSEED, another process id), augmented the same "
+                          f"records differently: a job restarted tomorrow, or each DDP process, would not repeat "
+                          f"its augmentation (seed {seed})",
+                          "pass `seed` on to @pipeline_def(..., seed=seed) as it is (or seed + a constant): nothing "
+                          "from the clock (time.time()), from hash() of a string (Python salts it per process) or "
+                          "from the process id")
     crops_same = np.array_equal(a[0], c[0]) and np.array_equal(a[1], c[1])
     flips_same = np.array_equal(a[2], c[2])
     if crops_same and flips_same:
@@ -914,7 +970,7 @@ def check_cifar_pipeline(cifar_pipeline):
     n = _STAT_BATCH * _STAT_BATCHES
     return (f"{len(x_all)} samples on the CPU{where}: CHW float32, each an exact crop of its padded record, normalised; "
             f"labels and indices intact (int64); over {n:,} more, offsets 0..8 uniform and independent on each axis, "
-            f"{rate:.1%} flipped ({_coin_words(read)}); the seed reproduces it (seed=0 too), the next seed changes the "
+            f"{rate:.1%} flipped ({_coin_words(read)}); the seed reproduces it (seed=0 too, and as if in another process 37 days later), the next seed changes the "
             f"crops and the flips; num_threads={_threads()} as "
             f"given, and DALI's prefetching; with device='gpu', read from its graph without building it: GPU {_LOCAL_RANK} in a process whose "
             f"LOCAL_RANK is {_LOCAL_RANK} (its current device still 0), and the crop and normalisation on that GPU.")

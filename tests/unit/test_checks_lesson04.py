@@ -459,6 +459,37 @@ def test_4_1_other_right_answers_pass():
         passes("4.1", answer, [5])
 
 
+def seed_from_time(source, batch_size, device="cpu", num_threads=2, seed=0):
+    """w8-04 w41_30: `seed=seed + int(time.time()) % 1000`: alike within one second, not tomorrow."""
+    import time
+    return make_cifar_pipeline()(source, batch_size, device, num_threads, seed + int(time.time()) % 1000)
+
+
+def seed_from_hash(source, batch_size, device="cpu", num_threads=2, seed=0):
+    """w8-04 w41_31: `seed=hash(("cifar", seed)) % 2**31`: Python salts str hashes per process."""
+    return make_cifar_pipeline()(source, batch_size, device, num_threads, hash(("cifar", seed)) % 2**31)
+
+
+def test_4_1_seed_from_the_clock_or_a_salted_hash_rejected():
+    """w8-04: both passed on 8 of 8 seeds (the same-seed pair came from one process within one second).
+    The fate does not depend on the draw (any seed, any clock), so one seed each."""
+    for name, answer, words in (("seed from time.time()", seed_from_time, "time.time()"),
+                                ("seed from hash() of a str", seed_from_hash, "salts it per process")):
+        rejected("4.1", Mutant(name, answer, "reproducible under a seed", words=words), [3])
+    said = run_check("4.1", seed_from_time).message
+    assert "as if in another process 37 days later" in said
+
+
+def test_another_process_later_moves_only_what_a_process_owns():
+    import time
+    real = hash(("cifar", 5)), hash(5), hash((1, 2.5)), os.getpid(), time.time()
+    with lesson04._another_process_later():
+        assert hash(("cifar", 5)) != real[0]
+        assert hash(5) == real[1] and hash((1, 2.5)) == real[2]
+        assert os.getpid() != real[3] and time.time() - real[4] > 37 * 86400
+    assert hash(("cifar", 5)) == real[0] and os.getpid() == real[3] and time.time() - real[4] < 60
+
+
 @pytest.mark.parametrize("mutant", MUTANTS_41_WALK, ids=repr)
 def test_4_1_walk_mutants_rejected(mutant):
     _kept.clear()
