@@ -1370,6 +1370,13 @@ def check_epochs(cifar_epochs):
                 raise WrongType("type", "cifar_epochs(...) should return DALI's PyTorch iterator "
                                 "(nvidia.dali.plugin.pytorch.DALIGenericIterator), but it returned "
                                 f"{'None' if it is None else type(it).__name__}.")
+            pipes = getattr(it, "_pipes", None) or []
+            threads = [getattr(p, "num_threads", None) for p in pipes]
+            if any(t is not None and t != _threads() for t in threads):     # w8-04: num_threads=2 hard-coded passed
+                raise CheckFailed("uses the threads it is given", f"{call}: asked for num_threads={_threads()}, your "
+                                  f"pipeline runs {next(t for t in threads if t != _threads())} (seed {seed})",
+                                  "pass num_threads on to cifar_pipeline(..., num_threads=num_threads): the caller "
+                                  "knows how many cores this process may use (under DDP, its share of the node's)")
             return it
 
         limit = 3 * (n // batch_size + 2)
@@ -1440,6 +1447,16 @@ def check_epochs(cifar_epochs):
         idx = np.concatenate([b["indices"].reshape(-1) for b in first[:2]])
         found = match_crops(x, _sources(records, idx), data.CIFAR10_MEAN, data.CIFAR10_STD)
         if not found.exact.all():
+            # w8-04 w42_25: the CHW bytes read as HWC, then transposed: the pixels scrambled, not the indices
+            hwc = records[idx, 1:].reshape(-1, 32, 32, 3).transpose(0, 3, 1, 2)
+            as_hwc = match_crops(x, np.ascontiguousarray(hwc), data.CIFAR10_MEAN, data.CIFAR10_STD)
+            if as_hwc.exact.mean() > 0.5:
+                raise CheckFailed("images belong to their indices",
+                                  f"{int((~found.exact).sum())} of {len(idx)} images are not an augmented crop of the "
+                                  f"record their index names, but each is a crop of it read as 32x32x3 (HWC) and "
+                                  f"transposed: the pixel layout is wrong, not the indices (seed {seed})",
+                                  "a record's 3,072 pixel bytes are CHW already (1,024 red, then green, then blue): "
+                                  "rows[:, 1:].reshape(-1, 3, 32, 32), no transpose")
             raise CheckFailed("images belong to their indices", f"{int((~found.exact).sum())} of {len(idx)} images are "
                               f"not an augmented crop of the record their index names (seed {seed})",
                               "images, labels and indices come out of one source call: keep them together, and "

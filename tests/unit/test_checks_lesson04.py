@@ -526,7 +526,8 @@ def make_cifar_epochs(*, ceil_bounds=False, take_rows=False,
                       whole_copy=False, copy_once=False, smallest_count=False, aug_shard_only=False,
                       epoch_positions=False, largest_drop_last=False, pad_last=False, undeclared_int32=False,
                       strided_uint8_labels=False, average_count=False, row_loop=False, sort_batch=False,
-                      int32_indices=False, aug_times_shard=False, epoch_copy=False, one_more=False):
+                      int32_indices=False, aug_times_shard=False, epoch_copy=False, one_more=False,
+                      threads=None, hwc=False):
     """A cifar_epochs builder with one knob per typical mistake (the defaults are right)."""
     cached = {}
     def cifar_epochs(records, batch_size, *, shuffle=True, seed=0, shard_id=0, num_shards=1, drop_last=False,
@@ -594,6 +595,8 @@ def make_cifar_epochs(*, ceil_bounds=False, take_rows=False,
                 rows = np.stack([records[j] for j in idx])
             images = rows[:, 1:].reshape(-1, 3, 32, 32) if strided_view else \
                 np.ascontiguousarray(rows[:, 1:]).reshape(-1, 3, 32, 32)
+            if hwc:                            # w8-04 w42_25: the CHW bytes read as HWC, then transposed
+                images = np.ascontiguousarray(rows[:, 1:]).reshape(-1, 32, 32, 3).transpose(0, 3, 1, 2).copy()
             if positions_as_indices:           # the positions within the batch, not the records' indices
                 idx = np.arange(len(idx))
             if undeclared_int32:               # int32 labels to a source declared INT64 (w2-04 w42_09)
@@ -663,7 +666,7 @@ def make_cifar_epochs(*, ceil_bounds=False, take_rows=False,
                 it = DALIGenericIterator(pipe, ["images", "labels", "indices"], auto_reset=True)
                 return it
             pipe = dali_pipelines.cifar_train_pipeline(source, batch_size=batch_size, device=device,
-                                                       num_threads=num_threads,
+                                                       num_threads=threads or num_threads,
                                                        seed=shard_id if aug_shard_only else
                                                        seed * (shard_id + 1) if aug_times_shard else
                                                        seed if same_augmentation else seed + shard_id)
@@ -812,6 +815,15 @@ def test_4_2_a_counter_that_restarts_is_rejected():
     for answer in (make_cifar_epochs(stateful="resets"), make_cifar_epochs(stateful="resets both")):
         rejected("4.2", Mutant("a counter that restarts", answer, "the source depends only on its BatchInfo",
                                words="called directly with BatchInfo(iteration=1, epoch_idx=1)"), [3, 4])
+
+
+def test_4_2_third_walk_threads_and_layout():
+    """w8-04: num_threads=2 whatever it is given passed on 8 seeds (w42_27); CHW bytes read as HWC and
+    transposed were told to keep images and indices together (w42_25): the message names the layout."""
+    rejected("4.2", Mutant("two threads, whatever it is given", make_cifar_epochs(threads=2),
+                           "uses the threads it is given", words="num_threads=num_threads"), [3])
+    rejected("4.2", Mutant("CHW records read as HWC", make_cifar_epochs(hwc=True), "images belong to their indices",
+                           words="the pixel layout is wrong"), [3])
 
 
 @pytest.mark.parametrize("mutant", MUTANTS_42_WALK, ids=repr)
