@@ -1225,6 +1225,35 @@ def _expect_stateless_source(iterator, records, batch_size, n, pipe_seed, seed) 
                               "compute the batch from info.iteration and info.epoch_idx alone, with no counter or "
                               "state of your own: DALI calls the source ahead of the loop, and with parallel=True "
                               "in worker processes, each with its own copy of any state, in no fixed order")
+    # w8-04 w42_32: every epoch's order kept in a dict never cleared (8N bytes an epoch, for as long as the
+    # job runs): six epochs more asked of the source, a container of its own that grew by six holds them all
+    def sizes():
+        held = [c.cell_contents for c in getattr(source, "__closure__", None) or ()
+                if _cell_filled(c)] + list(getattr(source, "__dict__", {}).values())
+        return {id(h): len(h) for h in held if isinstance(h, (dict, list, set))}
+    before = sizes()
+    for epoch in range(10, 16):
+        try:
+            source(BatchInfo(0, epoch))
+        except Exception:
+            return
+    grown = [k for k, size in sizes().items() if size - before.get(k, size) >= 6]
+    if grown:
+        raise CheckFailed("the source keeps nothing between calls",
+                          f"the external source of a fresh cifar_epochs(records, {batch_size}, seed=...), asked for "
+                          f"six epochs more, kept six more entries in a container of its own: every epoch's order "
+                          f"stays in memory for as long as the job runs ({8 * n:,} bytes an epoch here, 400 kB an "
+                          f"epoch for CIFAR's 50,000 records) (seed {seed})",
+                          "compute the epoch's order from (seed, info.epoch_idx) in each call (a permutation of "
+                          "50,000 takes about a millisecond), or keep the current epoch's only")
+
+
+def _cell_filled(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True
 
 
 def _augmentation(batches, records) -> np.ndarray:

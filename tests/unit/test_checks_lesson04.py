@@ -826,6 +826,33 @@ def test_4_2_third_walk_threads_and_layout():
                            words="the pixel layout is wrong"), [3])
 
 
+def perm_cache_grows(records, batch_size, *, shuffle=True, seed=0, shard_id=0, num_shards=1, drop_last=False,
+                     device="cpu", num_threads=2):
+    """w8-04 w42_32: every epoch's permutation kept in a dict that is never cleared."""
+    n = len(records)
+    start, stop = shard_id * n // num_shards, (shard_id + 1) * n // num_shards
+    batches = (n // num_shards) // batch_size if drop_last else -(-(stop - start) // batch_size)
+    perms = {}
+
+    def source(info):
+        if info.iteration >= batches:
+            raise StopIteration
+        if info.epoch_idx not in perms:
+            perms[info.epoch_idx] = (np.random.default_rng((seed, info.epoch_idx)).permutation(n) if shuffle
+                                     else np.arange(n))
+        idx = perms[info.epoch_idx][start:stop][info.iteration * batch_size:(info.iteration + 1) * batch_size]
+        rows = records[idx]
+        return np.ascontiguousarray(rows[:, 1:]).reshape(-1, 3, 32, 32), rows[:, 0].astype(np.int64), idx.astype(np.int64)
+    pipe = dali_pipelines.cifar_train_pipeline(source, batch_size=batch_size, device=device, num_threads=num_threads,
+                                               seed=seed + shard_id)
+    return DALIGenericIterator(pipe, ["images", "labels", "indices"], auto_reset=True)
+
+
+def test_4_2_every_epochs_order_kept_is_rejected():
+    rejected("4.2", Mutant("every epoch's order kept", perm_cache_grows, "the source keeps nothing between calls",
+                           words="keep the current epoch's only"), [3])
+
+
 @pytest.mark.parametrize("mutant", MUTANTS_42_WALK, ids=repr)
 def test_4_2_walk_mutants_rejected(mutant):
     rejected("4.2", mutant, [3, 4] if mutant.name in TWO_SEEDS_42 else [3])
