@@ -432,7 +432,11 @@ def _calling_cpu(what: str, device: str, seed: int):
                               f"(seed {seed})",
                               "with device='cpu' pass device_id=None to @pipeline_def: a pipeline of CPU operators "
                               "only uses no GPU and no CUDA; device_id=local_cuda_index() only for device='gpu' "
-                              "(device_id=local_cuda_index() if device == 'gpu' else None)") from None
+                              "(device_id=local_cuda_index() if device == 'gpu' else None)"
+                              # w8-04 w43_35: "mixed" for the CPU too, a second mistake the hint did not name
+                              + ("; the decoder too: fn.decoders.image(..., device='cpu') for device='cpu', "
+                                 "device='mixed' (and any .gpu()) only for device='gpu'"
+                                 if what.startswith("jpeg_pipeline") else "")) from None
         raise
 
 
@@ -1885,7 +1889,10 @@ def _expect_crop_ranges(pipe, what: str, seed: int, *, required: bool = True) ->
                 raise CheckFailed("crops a random window of each image",
                                   f"{what}: your {op.kind} asks for random_area=[{shown}] (read from the pipeline's "
                                   f"graph, before running it: DALI crashes the process on an area above 1): the area "
-                                  f"is a fraction of the image's, 0 to 1, not a percent (seed {seed})",
+                                  f"is a fraction of the image's, 0 to 1, "
+                                  + ("not a percent" if max(got) > 2 else f"and {max(got):g} is above 1: no window "
+                                     f"holds more than the whole image")   # w8-04 w43_30: [0.08, 1.005]
+                                  + f" (seed {seed})",
                                   "8-100% of the area is random_area=[0.08, 1.0]")
             if len(got) != 2 or abs(got[0] / lo - 1) > _RANGE_TOLERANCE or abs(got[1] / hi - 1) > _RANGE_TOLERANCE:
                 shown = ", ".join(f"{v:g}" for v in got)
@@ -2197,6 +2204,8 @@ def _explain_mismatch(got, keys, label_of, on, seed):
     if sorted((h, w) for _, h, w in got) != sorted((h, w) for _, h, w in keys):
         raise CheckFailed("the third output is the decoded size", f"{on}: the (height, width) values are not the files' "
                           f"sizes (seed {seed})", "images.shape() right after fn.decoders.image, before any crop; "
+                          "a cropping decoder (fn.decoders.image_random_crop) crops as it decodes, so its shape() "
+                          "is the crop's: take fn.peek_image_shape(jpegs) of the encoded files there (w8-04); "
                           "DALI shapes are (H, W, C)")
     raise CheckFailed("labels are the class folders' indices", f"{on}: the labels do not match the folders "
                       f"{sorted(label_of)} numbered 0.. in sorted order (seed {seed})",

@@ -826,6 +826,21 @@ def test_4_2_third_walk_threads_and_layout():
                            words="the pixel layout is wrong"), [3])
 
 
+def jpeg_mixed_and_gpu_always(file_root, batch_size, *, crop=224, device="cpu", shard_id=0, num_shards=1,
+                              num_threads=2, seed=0):
+    """w8-04 w43_35: device_id=local_cuda_index() and the "mixed" decoder whatever the device."""
+    return make_jpeg_pipeline(decoder_device="mixed", device_id=local_cuda_index())(
+        file_root, batch_size, crop=crop, device=device, shard_id=shard_id, num_shards=num_shards,
+        num_threads=num_threads, seed=seed)
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the CPU machine's message")
+def test_4_3_mixed_decoder_and_device_id_on_the_cpu_both_named():
+    rejected("4.3", Mutant("mixed decoder and device_id on the CPU", jpeg_mixed_and_gpu_always,
+                           "a CPU pipeline needs no GPU", words="device='mixed' (and any .gpu()) only for device='gpu'"),
+             [3])
+
+
 def perm_cache_grows(records, batch_size, *, shuffle=True, seed=0, shard_id=0, num_shards=1, drop_last=False,
                      device="cpu", num_threads=2):
     """w8-04 w42_32: every epoch's permutation kept in a dict that is never cleared."""
@@ -965,7 +980,8 @@ MUTANTS_43 = [
     Mutant("not normalised", make_jpeg_pipeline(mean=[0.0] * 3, std=[1.0] * 3), "values are normalised",
            words="255*m"),
     Mutant("shape after the crop", make_jpeg_pipeline(shape_after_crop=True), "the third output is the decoded size",
-           words="before any crop"),
+           words="fn.decoders.image_random_crop) crops as it decodes, so its shape() is the crop's: take "
+                 "fn.peek_image_shape(jpegs)"),     # w8-04 w43_36: the hint named only fn.decoders.image
     Mutant("a crop size of its own", make_jpeg_pipeline(fixed_crop=100), "images are (B, 3, crop, crop)"),
     Mutant("HWC", make_jpeg_pipeline(layout="HWC"), "images are (B, 3, crop, crop)", words="HWC"),
     Mutant("the reader not named", make_jpeg_pipeline(reader_name="files"), "the reader is named 'Reader'",
@@ -1112,6 +1128,9 @@ MUTANTS_43_WALK = [
            "crops a random window of each image", words="no operator that draws a random area and aspect ratio"),
     Mutant("random_area in percent", make_jpeg_pipeline(area=(8, 100)), "crops a random window of each image",
            words="a fraction of the image's, 0 to 1, not a percent"),
+    # w8-04 w43_30: [0.08, 1.005] was told "not a percent"
+    Mutant("random_area just above 1", make_jpeg_pipeline(area=(0.08, 1.005)), "crops a random window of each image",
+           words="1.005 is above 1"),
     # the near-miss rule, a second look (issue 37): ImageNet's std rounded to two decimals
     Mutant("ImageNet's std rounded", make_jpeg_pipeline(std=[255 * 0.23, 255 * 0.22, 255 * 0.23]),
            "values are normalised with ImageNet's mean and std", words="rounded ones"),
