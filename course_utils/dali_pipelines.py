@@ -489,8 +489,17 @@ def feeding_verdict(fed: dict, turns: dict | None = None) -> list[str]:
     then the best against the worst is said turn by turn, as a range, and a verdict only where
     every turn gives it (w2-04: the best turns alone said "4.5x" in one run and "6.7x" in the
     next, each from one lucky turn)."""
+    def note(fraction, stall):
+        # w8-04: "144% of the ceiling, waiting for data 26%" read as a contradiction, unsaid
+        if fraction > 1:
+            return (" (above the ceiling: the ceiling is the model alone, measured in turns of its own at another "
+                    "moment of this machine's load, so a share above 100% is that load's difference, not a feed)")
+        if fraction > 1 - stall + 0.05:
+            return (f" (more than the {1 - stall:.0%} of the time it was not waiting: the device's queue kept "
+                    "working while the loop waited, or the ceiling's own turns ran slower)")
+        return ""
     lines = [f"{name}: {fraction:.0%} of the ceiling, the loop waiting for data {stall:.0%} of the time"
-             for name, (fraction, stall) in fed.items()]
+             + note(fraction, stall) for name, (fraction, stall) in fed.items()]
     if len(fed) >= 2:
         ranked = sorted(fed, key=lambda k: fed[k][0], reverse=True)
         best, worst = ranked[0], ranked[-1]
