@@ -515,6 +515,9 @@ def feeding_verdict(fed: dict, turns: dict | None = None) -> list[str]:
                              "every turn says so; the factor moves with this machine's load")
             elif high < 1.1 and low > 1 / 1.1:
                 lines.append(f"{best} and {worst} fed the device about as well in every turn ({shown})")
+            elif low > 1:      # w8-04: "disagree" only where turns point opposite ways
+                lines.append(f"{best} against {worst}, turn by turn: {shown}: better in every turn, but some by "
+                             "less than 10%, so this run does not say by how much, nor that it is more than noise")
             else:
                 lines.append(f"{best} against {worst}, turn by turn: {shown}: the turns disagree, so this run "
                              "does not say which fed the device better")

@@ -309,3 +309,5 @@ def test_feeding_verdict_says_why_a_share_passes_the_ceiling():
     assert "above the ceiling: the ceiling is the model alone, measured in turns of its own" in lines[0]
     assert "more than the 70% of the time it was not waiting" in lines[1]
     assert lines[2] == "c: 50% of the ceiling, the loop waiting for data 30% of the time"
+    assert "better in every turn, but some by less than 10%" in dp.feeding_verdict(
+        {"a": (0.9, 0.1), "b": (0.7, 0.1)}, {"a": [900, 750], "b": [700, 700]})[-1]
