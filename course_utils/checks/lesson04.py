@@ -2205,7 +2205,7 @@ def _explain_mismatch(got, keys, label_of, on, seed):
         raise CheckFailed("the third output is the decoded size", f"{on}: the (height, width) values are not the files' "
                           f"sizes (seed {seed})", "images.shape() right after fn.decoders.image, before any crop; "
                           "a cropping decoder (fn.decoders.image_random_crop) crops as it decodes, so its shape() "
-                          "is the crop's: take fn.peek_image_shape(jpegs) of the encoded files there (w8-04); "
+                          "is the crop's: take fn.peek_image_shape(jpegs) of the encoded files there; "
                           "DALI shapes are (H, W, C)")
     raise CheckFailed("labels are the class folders' indices", f"{on}: the labels do not match the folders "
                       f"{sorted(label_of)} numbered 0.. in sorted order (seed {seed})",
