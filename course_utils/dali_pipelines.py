@@ -489,8 +489,17 @@ def feeding_verdict(fed: dict, turns: dict | None = None) -> list[str]:
     then the best against the worst is said turn by turn, as a range, and a verdict only where
     every turn gives it (w2-04: the best turns alone said "4.5x" in one run and "6.7x" in the
     next, each from one lucky turn)."""
+    def note(fraction, stall):
+        # w8-04: "144% of the ceiling, waiting for data 26%" read as a contradiction, unsaid
+        if fraction > 1:
+            return (" (above the ceiling: the ceiling is the model alone, measured in turns of its own at another "
+                    "moment of this machine's load, so a share above 100% is that load's difference, not a feed)")
+        if fraction > 1 - stall + 0.05:
+            return (f" (more than the {1 - stall:.0%} of the time it was not waiting: the device's queue kept "
+                    "working while the loop waited, or the ceiling's own turns ran slower)")
+        return ""
     lines = [f"{name}: {fraction:.0%} of the ceiling, the loop waiting for data {stall:.0%} of the time"
-             for name, (fraction, stall) in fed.items()]
+             + note(fraction, stall) for name, (fraction, stall) in fed.items()]
     if len(fed) >= 2:
         ranked = sorted(fed, key=lambda k: fed[k][0], reverse=True)
         best, worst = ranked[0], ranked[-1]
@@ -506,6 +515,9 @@ def feeding_verdict(fed: dict, turns: dict | None = None) -> list[str]:
                              "every turn says so; the factor moves with this machine's load")
             elif high < 1.1 and low > 1 / 1.1:
                 lines.append(f"{best} and {worst} fed the device about as well in every turn ({shown})")
+            elif low > 1:      # w8-04: "disagree" only where turns point opposite ways
+                lines.append(f"{best} against {worst}, turn by turn: {shown}: better in every turn, but some by "
+                             "less than 10%, so this run does not say by how much, nor that it is more than noise")
             else:
                 lines.append(f"{best} against {worst}, turn by turn: {shown}: the turns disagree, so this run "
                              "does not say which fed the device better")

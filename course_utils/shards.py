@@ -944,15 +944,29 @@ class SourceResult:
 def round_verdict(mine: list, theirs: list, *, margin: float = 0.1, spread: float | None = None) -> tuple[str, list]:
     """How the rates `mine` compare with `theirs`, measured in the same rounds (lesson 04): the
     per-round ratios, and "faster than" / "slower than" only when every round says so by more than
-    `margin`, "about as fast as" when every round is within it, else "undecided (the rounds disagree)
-    against": a verdict a busy moment in one round cannot flip."""
+    `margin` (and, with `spread`, the rounds lie within that factor of each other), "about as fast as"
+    when every round is within it. Every round one way by more than `margin` but further apart than
+    `spread`: "faster in every round (by X to Y: the size moved more than 2x) than" (w8-04: rounds at
+    0.31x, 0.12x, 0.14x printed "the rounds disagree"; w6-04: 0.08x, 0.28x, 0.06x said a plain "slower
+    than" one run and 4.11x, 0.15x, 0.02x "undecided" the next). "undecided (the rounds disagree)
+    against" only where rounds point opposite ways; some rounds within `margin` and the others one way:
+    "undecided (some rounds within 10%, the others faster) against"."""
     ratios = [a / b for a, b in zip(mine, theirs) if b]
     if not ratios:
         return "not measured", []
-    if spread is not None and min(ratios) > 0 and max(ratios) / min(ratios) > spread:
-        # w6-04: rounds at 0.08x, 0.28x, 0.06x said "slower than" in one run and 4.11x, 0.15x, 0.02x
-        # "undecided" in the next: rounds a factor `spread` apart show the load, not the sources
+    up, down = all(r > 1 + margin for r in ratios), all(r < 1 - margin for r in ratios)
+    if up or down:
+        word = "faster" if up else "slower"
+        if spread is not None and min(ratios) > 0 and max(ratios) / min(ratios) > spread:
+            return (f"{word} in every round (by {min(ratios):.2f}x to {max(ratios):.2f}x: the size moved more than "
+                    f"{spread:g}x) than"), ratios
+        return f"{word} than", ratios
+    if all(abs(r - 1) <= margin for r in ratios):
+        return "about as fast as", ratios
+    if any(r > 1 + margin for r in ratios) and any(r < 1 - margin for r in ratios):
         return "undecided (the rounds disagree) against", ratios
+    side = "faster" if any(r > 1 + margin for r in ratios) else "slower"
+    return f"undecided (some rounds within {margin:.0%}, the others {side}) against", ratios
     if all(r > 1 + margin for r in ratios):
         return "faster than", ratios
     if all(r < 1 - margin for r in ratios):

@@ -382,22 +382,29 @@ def measure_formats(stored: dict, *, rounds: int = 3, **kwargs) -> list[FormatRe
 
 
 def _rounds_say(mine: list, theirs: list, margin: float = 0.1, spread: float = 2.0) -> str:
-    """'faster' or 'slower' (times: lower is faster) only when every round says so by more than
-    `margin` and the rounds' ratios lie within a factor `spread` of each other (w6-04: a warm read
-    at 1.04-1.36x in one run, "2.43x: slower" in the next: rounds that far apart show the load);
-    'about the same' when every round is within the margin; else the rounds disagree."""
+    """'faster' or 'slower' (times: lower is faster) when every round says so by more than `margin`
+    and the rounds' ratios lie within a factor `spread` of each other (w6-04: a warm read at
+    1.04-1.36x in one run, "2.43x: slower" in the next: rounds that far apart show the load); every
+    round one way but further apart: 'slower in every round, 2.39x to 80.86x the time (...)' (w8-04:
+    that printed "the rounds disagree"); 'about the same' when every round is within the margin; "the
+    rounds disagree" only where rounds point opposite ways; else undecided, some rounds within it."""
     ratios = [a / b for a, b in zip(mine, theirs) if b]
     if not ratios:
         return "not measured"
-    if min(ratios) > 0 and max(ratios) / min(ratios) > spread:
-        return "the rounds disagree: " + ", ".join(f"{r:.2f}x" for r in ratios)
-    if all(r < 1 - margin for r in ratios):
-        return "faster"
-    if all(r > 1 + margin for r in ratios):
-        return "slower"
+    shown = ", ".join(f"{r:.2f}x" for r in ratios)
+    fast, slow = all(r < 1 - margin for r in ratios), all(r > 1 + margin for r in ratios)
+    if fast or slow:
+        word = "faster" if fast else "slower"
+        if min(ratios) > 0 and max(ratios) / min(ratios) > spread:
+            return (f"{word} in every round, {min(ratios):.2f}x to {max(ratios):.2f}x the time (the size moved more "
+                    f"than {spread:g}x between rounds)")
+        return word
     if all(abs(r - 1) <= margin for r in ratios):
         return "about the same"
-    return "the rounds disagree: " + ", ".join(f"{r:.2f}x" for r in ratios)
+    if any(r < 1 - margin for r in ratios) and any(r > 1 + margin for r in ratios):
+        return "the rounds disagree: " + shown
+    side = "faster" if any(r < 1 - margin for r in ratios) else "slower"
+    return f"undecided: some rounds within {margin:.0%}, the others {side}: " + shown
 
 
 def images_per_s_model(result: FormatResult, disk_mb_s, cores: int = 1) -> np.ndarray:
@@ -456,7 +463,9 @@ def read_verdicts(results: list[FormatResult]) -> list[str]:
                 lines.append(f"{r.description}, read in order, against one file per image: " + "; ".join(parts))
         if rounds > 1:
             lines.append(f"(medians of {rounds} rounds that took turns between the formats; 'faster' or 'slower' "
-                         "only where every round said so by more than 10% and the rounds lie within 2x of each other)")
+                         "alone where every round said so by more than 10% and the rounds lie within 2x of each other; "
+                         "'in every round, X to Y' where every round said so but the size moved more; 'the rounds "
+                         "disagree' only where rounds point opposite ways)")
     memory = [r for r in results if r.storage_share_cold is not None and r.storage_share_cold < 0.5]
     if memory:
         lines.append(f"the cold passes of {len(memory)} of {len(results)} formats read less than half of their bytes "

@@ -432,7 +432,11 @@ def _calling_cpu(what: str, device: str, seed: int):
                               f"(seed {seed})",
                               "with device='cpu' pass device_id=None to @pipeline_def: a pipeline of CPU operators "
                               "only uses no GPU and no CUDA; device_id=local_cuda_index() only for device='gpu' "
-                              "(device_id=local_cuda_index() if device == 'gpu' else None)") from None
+                              "(device_id=local_cuda_index() if device == 'gpu' else None)"
+                              # w8-04 w43_35: "mixed" for the CPU too, a second mistake the hint did not name
+                              + ("; the decoder too: fn.decoders.image(..., device='cpu') for device='cpu', "
+                                 "device='mixed' (and any .gpu()) only for device='gpu'"
+                                 if what.startswith("jpeg_pipeline") else "")) from None
         raise
 
 
@@ -557,6 +561,50 @@ def _run_cifar(cifar_pipeline, records, batch_size, batches, device, rng, seed):
     return outs
 
 
+_CLOCK_MOVED_S = 37 * 86400 + 12345.5     # another moment: 37 days, 3 h 25 min 45.5 s on
+
+
+def _salted_hash(real_hash):
+    """`hash` as another process computes it: str, bytes and objects hashed by identity are salted per
+    process (PYTHONHASHSEED), numbers are not. DALI's own calls keep the real one."""
+    import sys
+
+    def plain(x):
+        if x is None or isinstance(x, (bool, int, float, complex)):
+            return True
+        return isinstance(x, tuple) and all(plain(v) for v in x)
+
+    def salted(x):
+        h = real_hash(x)
+        if plain(x) or str(sys._getframe(1).f_globals.get("__name__", "")).startswith("nvidia."):
+            return h
+        return real_hash((h, 0x2545F491))
+    return salted
+
+
+@contextlib.contextmanager
+def _another_process_later():
+    """Builds as if in another process (another PYTHONHASHSEED, another pid), 37 days later (w8-04:
+    `seed + int(time.time()) % 1000` and `hash(("cifar", seed))` passed: the check's same-seed pair came
+    from one process within one second)."""
+    import builtins
+    import time
+    moved = {name: getattr(time, name) for name in ("time", "time_ns", "perf_counter", "perf_counter_ns",
+                                                    "monotonic", "monotonic_ns")}
+    real_hash, real_getpid = builtins.hash, os.getpid
+    for name, f in moved.items():
+        ns = name.endswith("_ns")
+        setattr(time, name, (lambda f=f, ns=ns: f() + (int(_CLOCK_MOVED_S * 1e9) if ns else _CLOCK_MOVED_S)))
+    builtins.hash = _salted_hash(real_hash)
+    os.getpid = lambda: real_getpid() + 7919
+    try:
+        yield
+    finally:
+        for name, f in moved.items():
+            setattr(time, name, f)
+        builtins.hash, os.getpid = real_hash, real_getpid
+
+
 def _check_seed(cifar_pipeline, records, batch_size, rng, seed):
     """The same seed draws the same augmentation, seed 0 included (w6-04: `seed if seed else None`
     passed); another seed, other crops and other flips (w6-04: crop positions drawn with a fixed
@@ -571,9 +619,10 @@ def _check_seed(cifar_pipeline, records, batch_size, rng, seed):
             raise StopIteration
         return images, labels, indices
 
-    def first_batch(pipe_seed):
-        pipe = _expect_pipeline(cifar_pipeline(source, n, device="cpu", num_threads=_threads(),
-                                               seed=pipe_seed), "cifar_pipeline(...)")
+    def first_batch(pipe_seed, elsewhere=False):
+        with _another_process_later() if elsewhere else contextlib.nullcontext():
+            made = cifar_pipeline(source, n, device="cpu", num_threads=_threads(), seed=pipe_seed)
+        pipe = _expect_pipeline(made, "cifar_pipeline(...)")
         _expect_new_pipeline(pipe, f"cifar_pipeline(source, {n}, seed={pipe_seed})", seed, source)
         return _read_offsets(_to_numpy(pipe.run()[0]))
 
@@ -581,15 +630,26 @@ def _check_seed(cifar_pipeline, records, batch_size, rng, seed):
         return all(np.array_equal(u, v) for u, v in zip(a, b))
 
     s = int(rng.integers(1, 2**31 - 2))
+    first = {}
     for pipe_seed in (s, 0):
         a, b = first_batch(pipe_seed), first_batch(pipe_seed)
+        first[pipe_seed] = a
         if not same(a, b):
             zero = (" seed=0 is a seed like any other (the notebook builds its pipelines with it): a test such as "
                     "`seed if seed else None` or `seed or None` leaves DALI to pick a random one" if pipe_seed == 0 else "")
             raise CheckFailed("reproducible under a seed", f"two pipelines built with seed={pipe_seed} augmented the "
                               f"same records differently (seed {seed})",
                               "pass `seed` on to @pipeline_def(..., seed=seed) as it is, whatever its value." + zero)
-    a, c = first_batch(s), first_batch(s + 1)
+    a, c = first_batch(s, elsewhere=True), first_batch(s + 1)
+    if not same(first[s], a):
+        raise CheckFailed("reproducible under a seed",
+                          f"two pipelines built with seed={s}, the second as if in another process 37 days later "
+                          f"(the clock moved on, another PYTHONHASHSEED, another process id), augmented the same "
+                          f"records differently: a job restarted tomorrow, or each DDP process, would not repeat "
+                          f"its augmentation (seed {seed})",
+                          "pass `seed` on to @pipeline_def(..., seed=seed) as it is (or seed + a constant): nothing "
+                          "from the clock (time.time()), from hash() of a string (Python salts it per process) or "
+                          "from the process id")
     crops_same = np.array_equal(a[0], c[0]) and np.array_equal(a[1], c[1])
     flips_same = np.array_equal(a[2], c[2])
     if crops_same and flips_same:
@@ -914,7 +974,7 @@ def check_cifar_pipeline(cifar_pipeline):
     n = _STAT_BATCH * _STAT_BATCHES
     return (f"{len(x_all)} samples on the CPU{where}: CHW float32, each an exact crop of its padded record, normalised; "
             f"labels and indices intact (int64); over {n:,} more, offsets 0..8 uniform and independent on each axis, "
-            f"{rate:.1%} flipped ({_coin_words(read)}); the seed reproduces it (seed=0 too), the next seed changes the "
+            f"{rate:.1%} flipped ({_coin_words(read)}); the seed reproduces it (seed=0 too, and as if in another process 37 days later), the next seed changes the "
             f"crops and the flips; num_threads={_threads()} as "
             f"given, and DALI's prefetching; with device='gpu', read from its graph without building it: GPU {_LOCAL_RANK} in a process whose "
             f"LOCAL_RANK is {_LOCAL_RANK} (its current device still 0), and the crop and normalisation on that GPU.")
@@ -1169,6 +1229,35 @@ def _expect_stateless_source(iterator, records, batch_size, n, pipe_seed, seed) 
                               "compute the batch from info.iteration and info.epoch_idx alone, with no counter or "
                               "state of your own: DALI calls the source ahead of the loop, and with parallel=True "
                               "in worker processes, each with its own copy of any state, in no fixed order")
+    # w8-04 w42_32: every epoch's order kept in a dict never cleared (8N bytes an epoch, for as long as the
+    # job runs): six epochs more asked of the source, a container of its own that grew by six holds them all
+    def sizes():
+        held = [c.cell_contents for c in getattr(source, "__closure__", None) or ()
+                if _cell_filled(c)] + list(getattr(source, "__dict__", {}).values())
+        return {id(h): len(h) for h in held if isinstance(h, (dict, list, set))}
+    before = sizes()
+    for epoch in range(10, 16):
+        try:
+            source(BatchInfo(0, epoch))
+        except Exception:
+            return
+    grown = [k for k, size in sizes().items() if size - before.get(k, size) >= 6]
+    if grown:
+        raise CheckFailed("the source keeps nothing between calls",
+                          f"the external source of a fresh cifar_epochs(records, {batch_size}, seed=...), asked for "
+                          f"six epochs more, kept six more entries in a container of its own: every epoch's order "
+                          f"stays in memory for as long as the job runs ({8 * n:,} bytes an epoch here, 400 kB an "
+                          f"epoch for CIFAR's 50,000 records) (seed {seed})",
+                          "compute the epoch's order from (seed, info.epoch_idx) in each call (a permutation of "
+                          "50,000 takes about a millisecond), or keep the current epoch's only")
+
+
+def _cell_filled(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True
 
 
 def _augmentation(batches, records) -> np.ndarray:
@@ -1314,6 +1403,13 @@ def check_epochs(cifar_epochs):
                 raise WrongType("type", "cifar_epochs(...) should return DALI's PyTorch iterator "
                                 "(nvidia.dali.plugin.pytorch.DALIGenericIterator), but it returned "
                                 f"{'None' if it is None else type(it).__name__}.")
+            pipes = getattr(it, "_pipes", None) or []
+            threads = [getattr(p, "num_threads", None) for p in pipes]
+            if any(t is not None and t != _threads() for t in threads):     # w8-04: num_threads=2 hard-coded passed
+                raise CheckFailed("uses the threads it is given", f"{call}: asked for num_threads={_threads()}, your "
+                                  f"pipeline runs {next(t for t in threads if t != _threads())} (seed {seed})",
+                                  "pass num_threads on to cifar_pipeline(..., num_threads=num_threads): the caller "
+                                  "knows how many cores this process may use (under DDP, its share of the node's)")
             return it
 
         limit = 3 * (n // batch_size + 2)
@@ -1384,6 +1480,16 @@ def check_epochs(cifar_epochs):
         idx = np.concatenate([b["indices"].reshape(-1) for b in first[:2]])
         found = match_crops(x, _sources(records, idx), data.CIFAR10_MEAN, data.CIFAR10_STD)
         if not found.exact.all():
+            # w8-04 w42_25: the CHW bytes read as HWC, then transposed: the pixels scrambled, not the indices
+            hwc = records[idx, 1:].reshape(-1, 32, 32, 3).transpose(0, 3, 1, 2)
+            as_hwc = match_crops(x, np.ascontiguousarray(hwc), data.CIFAR10_MEAN, data.CIFAR10_STD)
+            if as_hwc.exact.mean() > 0.5:
+                raise CheckFailed("images belong to their indices",
+                                  f"{int((~found.exact).sum())} of {len(idx)} images are not an augmented crop of the "
+                                  f"record their index names, but each is a crop of it read as 32x32x3 (HWC) and "
+                                  f"transposed: the pixel layout is wrong, not the indices (seed {seed})",
+                                  "a record's 3,072 pixel bytes are CHW already (1,024 red, then green, then blue): "
+                                  "rows[:, 1:].reshape(-1, 3, 32, 32), no transpose")
             raise CheckFailed("images belong to their indices", f"{int((~found.exact).sum())} of {len(idx)} images are "
                               f"not an augmented crop of the record their index names (seed {seed})",
                               "images, labels and indices come out of one source call: keep them together, and "
@@ -1783,7 +1889,10 @@ def _expect_crop_ranges(pipe, what: str, seed: int, *, required: bool = True) ->
                 raise CheckFailed("crops a random window of each image",
                                   f"{what}: your {op.kind} asks for random_area=[{shown}] (read from the pipeline's "
                                   f"graph, before running it: DALI crashes the process on an area above 1): the area "
-                                  f"is a fraction of the image's, 0 to 1, not a percent (seed {seed})",
+                                  f"is a fraction of the image's, 0 to 1, "
+                                  + ("not a percent" if max(got) > 2 else f"and {max(got):g} is above 1: no window "
+                                     f"holds more than the whole image")   # w8-04 w43_30: [0.08, 1.005]
+                                  + f" (seed {seed})",
                                   "8-100% of the area is random_area=[0.08, 1.0]")
             if len(got) != 2 or abs(got[0] / lo - 1) > _RANGE_TOLERANCE or abs(got[1] / hi - 1) > _RANGE_TOLERANCE:
                 shown = ", ".join(f"{v:g}" for v in got)
@@ -2095,6 +2204,8 @@ def _explain_mismatch(got, keys, label_of, on, seed):
     if sorted((h, w) for _, h, w in got) != sorted((h, w) for _, h, w in keys):
         raise CheckFailed("the third output is the decoded size", f"{on}: the (height, width) values are not the files' "
                           f"sizes (seed {seed})", "images.shape() right after fn.decoders.image, before any crop; "
+                          "a cropping decoder (fn.decoders.image_random_crop) crops as it decodes, so its shape() "
+                          "is the crop's: take fn.peek_image_shape(jpegs) of the encoded files there; "
                           "DALI shapes are (H, W, C)")
     raise CheckFailed("labels are the class folders' indices", f"{on}: the labels do not match the folders "
                       f"{sorted(label_of)} numbered 0.. in sorted order (seed {seed})",

@@ -459,6 +459,37 @@ def test_4_1_other_right_answers_pass():
         passes("4.1", answer, [5])
 
 
+def seed_from_time(source, batch_size, device="cpu", num_threads=2, seed=0):
+    """w8-04 w41_30: `seed=seed + int(time.time()) % 1000`: alike within one second, not tomorrow."""
+    import time
+    return make_cifar_pipeline()(source, batch_size, device, num_threads, seed + int(time.time()) % 1000)
+
+
+def seed_from_hash(source, batch_size, device="cpu", num_threads=2, seed=0):
+    """w8-04 w41_31: `seed=hash(("cifar", seed)) % 2**31`: Python salts str hashes per process."""
+    return make_cifar_pipeline()(source, batch_size, device, num_threads, hash(("cifar", seed)) % 2**31)
+
+
+def test_4_1_seed_from_the_clock_or_a_salted_hash_rejected():
+    """w8-04: both passed on 8 of 8 seeds (the same-seed pair came from one process within one second).
+    The fate does not depend on the draw (any seed, any clock), so one seed each."""
+    for name, answer, words in (("seed from time.time()", seed_from_time, "time.time()"),
+                                ("seed from hash() of a str", seed_from_hash, "salts it per process")):
+        rejected("4.1", Mutant(name, answer, "reproducible under a seed", words=words), [3])
+    said = run_check("4.1", seed_from_time).message
+    assert "as if in another process 37 days later" in said
+
+
+def test_another_process_later_moves_only_what_a_process_owns():
+    import time
+    real = hash(("cifar", 5)), hash(5), hash((1, 2.5)), os.getpid(), time.time()
+    with lesson04._another_process_later():
+        assert hash(("cifar", 5)) != real[0]
+        assert hash(5) == real[1] and hash((1, 2.5)) == real[2]
+        assert os.getpid() != real[3] and time.time() - real[4] > 37 * 86400
+    assert hash(("cifar", 5)) == real[0] and os.getpid() == real[3] and time.time() - real[4] < 60
+
+
 @pytest.mark.parametrize("mutant", MUTANTS_41_WALK, ids=repr)
 def test_4_1_walk_mutants_rejected(mutant):
     _kept.clear()
@@ -495,7 +526,8 @@ def make_cifar_epochs(*, ceil_bounds=False, take_rows=False,
                       whole_copy=False, copy_once=False, smallest_count=False, aug_shard_only=False,
                       epoch_positions=False, largest_drop_last=False, pad_last=False, undeclared_int32=False,
                       strided_uint8_labels=False, average_count=False, row_loop=False, sort_batch=False,
-                      int32_indices=False, aug_times_shard=False, epoch_copy=False, one_more=False):
+                      int32_indices=False, aug_times_shard=False, epoch_copy=False, one_more=False,
+                      threads=None, hwc=False):
     """A cifar_epochs builder with one knob per typical mistake (the defaults are right)."""
     cached = {}
     def cifar_epochs(records, batch_size, *, shuffle=True, seed=0, shard_id=0, num_shards=1, drop_last=False,
@@ -563,6 +595,8 @@ def make_cifar_epochs(*, ceil_bounds=False, take_rows=False,
                 rows = np.stack([records[j] for j in idx])
             images = rows[:, 1:].reshape(-1, 3, 32, 32) if strided_view else \
                 np.ascontiguousarray(rows[:, 1:]).reshape(-1, 3, 32, 32)
+            if hwc:                            # w8-04 w42_25: the CHW bytes read as HWC, then transposed
+                images = np.ascontiguousarray(rows[:, 1:]).reshape(-1, 32, 32, 3).transpose(0, 3, 1, 2).copy()
             if positions_as_indices:           # the positions within the batch, not the records' indices
                 idx = np.arange(len(idx))
             if undeclared_int32:               # int32 labels to a source declared INT64 (w2-04 w42_09)
@@ -632,7 +666,7 @@ def make_cifar_epochs(*, ceil_bounds=False, take_rows=False,
                 it = DALIGenericIterator(pipe, ["images", "labels", "indices"], auto_reset=True)
                 return it
             pipe = dali_pipelines.cifar_train_pipeline(source, batch_size=batch_size, device=device,
-                                                       num_threads=num_threads,
+                                                       num_threads=threads or num_threads,
                                                        seed=shard_id if aug_shard_only else
                                                        seed * (shard_id + 1) if aug_times_shard else
                                                        seed if same_augmentation else seed + shard_id)
@@ -783,6 +817,57 @@ def test_4_2_a_counter_that_restarts_is_rejected():
                                words="called directly with BatchInfo(iteration=1, epoch_idx=1)"), [3, 4])
 
 
+def test_4_2_third_walk_threads_and_layout():
+    """w8-04: num_threads=2 whatever it is given passed on 8 seeds (w42_27); CHW bytes read as HWC and
+    transposed were told to keep images and indices together (w42_25): the message names the layout."""
+    rejected("4.2", Mutant("two threads, whatever it is given", make_cifar_epochs(threads=2),
+                           "uses the threads it is given", words="num_threads=num_threads"), [3])
+    rejected("4.2", Mutant("CHW records read as HWC", make_cifar_epochs(hwc=True), "images belong to their indices",
+                           words="the pixel layout is wrong"), [3])
+
+
+def jpeg_mixed_and_gpu_always(file_root, batch_size, *, crop=224, device="cpu", shard_id=0, num_shards=1,
+                              num_threads=2, seed=0):
+    """w8-04 w43_35: device_id=local_cuda_index() and the "mixed" decoder whatever the device."""
+    return make_jpeg_pipeline(decoder_device="mixed", device_id=local_cuda_index())(
+        file_root, batch_size, crop=crop, device=device, shard_id=shard_id, num_shards=num_shards,
+        num_threads=num_threads, seed=seed)
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the CPU machine's message")
+def test_4_3_mixed_decoder_and_device_id_on_the_cpu_both_named():
+    rejected("4.3", Mutant("mixed decoder and device_id on the CPU", jpeg_mixed_and_gpu_always,
+                           "a CPU pipeline needs no GPU", words="device='mixed' (and any .gpu()) only for device='gpu'"),
+             [3])
+
+
+def perm_cache_grows(records, batch_size, *, shuffle=True, seed=0, shard_id=0, num_shards=1, drop_last=False,
+                     device="cpu", num_threads=2):
+    """w8-04 w42_32: every epoch's permutation kept in a dict that is never cleared."""
+    n = len(records)
+    start, stop = shard_id * n // num_shards, (shard_id + 1) * n // num_shards
+    batches = (n // num_shards) // batch_size if drop_last else -(-(stop - start) // batch_size)
+    perms = {}
+
+    def source(info):
+        if info.iteration >= batches:
+            raise StopIteration
+        if info.epoch_idx not in perms:
+            perms[info.epoch_idx] = (np.random.default_rng((seed, info.epoch_idx)).permutation(n) if shuffle
+                                     else np.arange(n))
+        idx = perms[info.epoch_idx][start:stop][info.iteration * batch_size:(info.iteration + 1) * batch_size]
+        rows = records[idx]
+        return np.ascontiguousarray(rows[:, 1:]).reshape(-1, 3, 32, 32), rows[:, 0].astype(np.int64), idx.astype(np.int64)
+    pipe = dali_pipelines.cifar_train_pipeline(source, batch_size=batch_size, device=device, num_threads=num_threads,
+                                               seed=seed + shard_id)
+    return DALIGenericIterator(pipe, ["images", "labels", "indices"], auto_reset=True)
+
+
+def test_4_2_every_epochs_order_kept_is_rejected():
+    rejected("4.2", Mutant("every epoch's order kept", perm_cache_grows, "the source keeps nothing between calls",
+                           words="keep the current epoch's only"), [3])
+
+
 @pytest.mark.parametrize("mutant", MUTANTS_42_WALK, ids=repr)
 def test_4_2_walk_mutants_rejected(mutant):
     rejected("4.2", mutant, [3, 4] if mutant.name in TWO_SEEDS_42 else [3])
@@ -895,7 +980,8 @@ MUTANTS_43 = [
     Mutant("not normalised", make_jpeg_pipeline(mean=[0.0] * 3, std=[1.0] * 3), "values are normalised",
            words="255*m"),
     Mutant("shape after the crop", make_jpeg_pipeline(shape_after_crop=True), "the third output is the decoded size",
-           words="before any crop"),
+           words="fn.decoders.image_random_crop) crops as it decodes, so its shape() is the crop's: take "
+                 "fn.peek_image_shape(jpegs)"),     # w8-04 w43_36: the hint named only fn.decoders.image
     Mutant("a crop size of its own", make_jpeg_pipeline(fixed_crop=100), "images are (B, 3, crop, crop)"),
     Mutant("HWC", make_jpeg_pipeline(layout="HWC"), "images are (B, 3, crop, crop)", words="HWC"),
     Mutant("the reader not named", make_jpeg_pipeline(reader_name="files"), "the reader is named 'Reader'",
@@ -1042,6 +1128,9 @@ MUTANTS_43_WALK = [
            "crops a random window of each image", words="no operator that draws a random area and aspect ratio"),
     Mutant("random_area in percent", make_jpeg_pipeline(area=(8, 100)), "crops a random window of each image",
            words="a fraction of the image's, 0 to 1, not a percent"),
+    # w8-04 w43_30: [0.08, 1.005] was told "not a percent"
+    Mutant("random_area just above 1", make_jpeg_pipeline(area=(0.08, 1.005)), "crops a random window of each image",
+           words="1.005 is above 1"),
     # the near-miss rule, a second look (issue 37): ImageNet's std rounded to two decimals
     Mutant("ImageNet's std rounded", make_jpeg_pipeline(std=[255 * 0.23, 255 * 0.22, 255 * 0.23]),
            "values are normalised with ImageNet's mean and std", words="rounded ones"),

@@ -422,5 +422,9 @@ def test_round_verdict_with_a_spread_bar():
     """w6-04: rounds of 0.08x, 0.28x, 0.06x said 'slower than' in one run of lesson 04 and 4.11x,
     0.15x, 0.02x 'undecided' in the next; with `spread`, rounds further apart than that are undecided."""
     assert shards.round_verdict([8, 28, 6], [100, 100, 100])[0] == "slower than"
-    assert shards.round_verdict([8, 28, 6], [100, 100, 100], spread=2.0)[0] == "undecided (the rounds disagree) against"
+    # w8-04: all one way, far apart: say so, with the spread ("the rounds disagree" read as opposite sides)
+    assert shards.round_verdict([8, 28, 6], [100, 100, 100], spread=2.0)[0] == (
+        "slower in every round (by 0.06x to 0.28x: the size moved more than 2x) than")
+    assert shards.round_verdict([411, 15, 2], [100, 100, 100], spread=2.0)[0] == "undecided (the rounds disagree) against"
+    assert shards.round_verdict([105, 150], [100, 100])[0] == "undecided (some rounds within 10%, the others faster) against"
     assert shards.round_verdict([8, 12, 10], [100, 100, 100], spread=2.0)[0] == "slower than"

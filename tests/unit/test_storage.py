@@ -113,7 +113,8 @@ def test_read_verdicts_need_every_round_and_say_when_cold_was_not_cold():
                                      row("lmdb-jpeg", [208, 96, 150], [0.7, 0.7, 0.7]),
                                      row("packed-jpeg", [15, 20, 18], [1.3, 1.4, 1.2]),
                                      row("hdf5-jpeg", [74, 70, 80], [175, 170, 180], share=0.1)]))
-    assert "lmdb-jpeg, read in order, against one file per image: cold 150.0 us (1.50x: the rounds disagree" in text
+    assert ("lmdb-jpeg, read in order, against one file per image: cold 150.0 us (1.50x: undecided: some rounds "
+            "within 10%, the others slower") in text
     assert "cold 18.0 us (0.18x: faster)" in text
     assert "medians of 3 rounds" in text
     assert "kept the files in memory" in text and "hdf5-jpeg: read faster cold than warm here" in text
@@ -152,5 +153,10 @@ def test_read_verdicts_need_rounds_within_2x():
     """w6-04: a warm read at 1.04-1.36x one run and "2.43x: slower" the next: a verdict now also needs
     the rounds within a factor 2 of each other."""
     from course_utils.storage import _rounds_say
-    assert _rounds_say([150, 300, 120], [100, 100, 100]) == "the rounds disagree: 1.50x, 3.00x, 1.20x"
     assert _rounds_say([150, 200, 120], [100, 100, 100]) == "slower"
+    # w8-04: every round one way, far apart: the size moved, not the direction
+    assert _rounds_say([150, 300, 120], [100, 100, 100]) == ("slower in every round, 1.20x to 3.00x the time (the size "
+                                                             "moved more than 2x between rounds)")
+    assert _rounds_say([3, 5, 2], [100, 100, 100]).startswith("faster in every round, 0.02x to 0.05x the time")
+    assert _rounds_say([150, 50, 120], [100, 100, 100]) == "the rounds disagree: 1.50x, 0.50x, 1.20x"
+    assert _rounds_say([105, 150], [100, 100]) == "undecided: some rounds within 10%, the others slower: 1.05x, 1.50x"
