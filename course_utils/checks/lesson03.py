@@ -331,7 +331,7 @@ def check_prefetcher(Prefetcher):
         return ("same batches, same order; on the CPU and the meta device passed through, moved; the CPU also "
                 "while CUDA is present; on a virtual CUDA device (the second of two) copied ahead from the loader's "
                 "pinned memory on a side stream the consumer's stream waits for on the device (for that batch's copy only, the stream current at each hand-out, also when the loop changed streams mid-pass), memory kept for "
-                "the consumer's stream, the host never blocked (nor polled with query()), no pinned source rewritten in flight, no batch kept "
+                "the consumer's stream, the host never blocked (nor polled with query()), no pinned source rewritten in flight; unpinned batches copied the same way (non_blocking, on the side stream, no host wait) and nothing pinned; no batch kept "
                 "once the loop is done with it (nor after the pass, nor after a `break`), nothing launched on the "
                 "loop's stream; ends and restarts cleanly, also after a pass stopped early, and two passes at once "
                 "are each a pass of their own. (On this GPU the side stream was held busy, so a missing "
@@ -339,7 +339,7 @@ def check_prefetcher(Prefetcher):
     return ("same batches, same order; on the CPU and the meta device passed through, moved; the CPU also "
             "while CUDA is present; on a virtual CUDA device (the second of two) copied ahead from the loader's "
             "pinned memory on a side stream the consumer's stream waits for on the device (for that batch's copy only, the stream current at each hand-out, also when the loop changed streams mid-pass), memory kept for "
-            "the consumer's stream, the host never blocked (nor polled with query()), no pinned source rewritten in flight, no batch kept "
+            "the consumer's stream, the host never blocked (nor polled with query()), no pinned source rewritten in flight; unpinned batches copied the same way (non_blocking, on the side stream, no host wait) and nothing pinned; no batch kept "
             "once the loop is done with it (nor after the pass, nor after a `break`), nothing launched on the "
             "loop's stream; ends and restarts cleanly, also after a pass stopped early, and two passes at once "
             "are each a pass of their own. (No GPU here: on one, the check also runs it on the real "
@@ -382,6 +382,7 @@ def _unpinned_pass(Prefetcher, loader_seed, n, seed):
             _one_pass(Prefetcher(loader, vc.device), loader, 0, vc.device, what)
         except RuntimeError as exc:
             raise _learner_error(exc, what) or exc
+        _judge_pageable(vc, what)
         if vc.pins:
             raise CheckFailed("pins nothing in the training loop",
                               f"{what}: yours called pin_memory() {len(vc.pins)} times for {n} batches (first at "
@@ -391,6 +392,42 @@ def _unpinned_pass(Prefetcher, loader_seed, n, seed):
                               "leave pinning to the loader (DataLoader(pin_memory=True) pins in its own thread): copy "
                               "each batch as you get it, .to(device, non_blocking=True); from pageable memory that "
                               "copy is staged by the host, but it is still right")
+
+
+def _judge_pageable(vc, what):
+    """The pageable pass gets the same three properties as the pinned ones (w9-03: w31_27, w31_36,
+    w31_37 passed when only the pinned passes tested them): every copy `non_blocking=True`, on the
+    side stream, and no host wait but the staging the driver does for a copy from pageable memory."""
+    h2d = vc.h2d()
+    loop = vc.default_stream.id                  # _one_pass consumes on the device's default stream
+    pageable_note = (" (from pageable memory the driver stages each batch on the host whatever the flag says, "
+                     "which is why pinned batches are faster; it is not a reason to treat these batches apart)")
+    blocking = [c for c in h2d if not c.non_blocking]
+    if blocking:
+        where_stream = ", on the training loop's stream" if any(c.stream == loop for c in blocking) else ""
+        raise CheckFailed("copies asynchronously",
+                          f"{what}: {len(blocking)} of {len(h2d)} copies of unpinned batches were blocking (at "
+                          f"{blocking[0].where}{where_stream}): "
+                          ".to(device) without non_blocking=True makes the host wait for every kernel already "
+                          "queued on that stream, so the loop gives up its run-ahead once per batch" + pageable_note,
+                          "copy every batch the same way, pinned or not: .to(device, non_blocking=True) inside "
+                          "`with torch.cuda.stream(self.stream):`; do not branch on is_pinned()")
+    on_loop = [c for c in h2d if c.stream == loop]
+    if on_loop:
+        raise CheckFailed("copies on a side stream",
+                          f"{what}: {len(on_loop)} of {len(h2d)} copies of unpinned batches were queued on the "
+                          f"training loop's own stream (at {on_loop[0].where}), where the next step's kernels wait "
+                          "for them" + pageable_note,
+                          "copy every batch the same way, pinned or not: .to(device, non_blocking=True) inside "
+                          "`with torch.cuda.stream(self.stream):`; do not branch on is_pinned()")
+    waits = vc.reads()
+    if waits:
+        raise CheckFailed("never makes the host wait",
+                          f"{what}: the host waited for the device {len(waits)} times for unpinned batches "
+                          f"({waits[0].what} at {waits[0].where}): a wait per batch gives up the loop's run-ahead"
+                          + pageable_note,
+                          "wait on the device (current_stream(device).wait_stream(self.stream)), not on the host "
+                          "(no synchronize(), .item() or blocking copy), for pinned and unpinned batches alike")
 
 
 def _two_passes_at_once(Prefetcher, loader_seed, n, seed):
@@ -719,6 +756,11 @@ def _judge_prefetch(vc, got, log, what, *, full=True):
                    "yours made the stream that was current at an earlier hand-out wait, not the one current when "
                    "this batch was handed out: ask torch.cuda.current_stream(device) at each hand-out, not once "
                    "per pass")
+        elif (reader is not None and reader is not vc.default_stream
+              and race.writer in vc.default_stream.waited):      # w9-03 w31_31: default_stream(device) waited
+            how = (": yours made the device's default stream wait (torch.cuda.default_stream), but the loop ran "
+                   "this step on a stream of its own, the current stream, which never waited: the default stream "
+                   "is the loop's stream only while nothing else is current")
         else:
             how = (": the loop's stream never waited for your side stream (an event recorded on the loop's own "
                    "stream, or a wait for any other stream, does not cover the side stream's copies)")

@@ -2150,3 +2150,78 @@ def test_3_1_w8_two_ahead_told_one_ahead_and_a_list_told_not_to_list():
     result = run_check("3.1", ListsTheLoader)
     assert "do not list() it" in result.message or "property 'reads the loader as it goes'" not in result.message, \
         result.message
+
+
+# -- w9-03 ----------------------------------------------------------------------------------------
+
+class BlockingIfUnpinned(GoodPrefetcher):     # w9-03 w31_27: pageable batches copied blocking, on the loop's stream
+    def copy(self, batch):
+        if not all(t.is_pinned() for t in batch):
+            return tuple(t.to(self.device) for t in batch)
+        return super().copy(batch)
+
+
+class SyncsIfUnpinned(GoodPrefetcher):        # w9-03 w31_36: a host wait per pageable batch
+    def copy(self, batch):
+        pinned = all(t.is_pinned() for t in batch)
+        with torch.cuda.stream(self.stream):
+            out = tuple(t.to(self.device, non_blocking=pinned) for t in batch)
+        if not pinned:
+            self.stream.synchronize()
+        return out
+
+
+class NonBlockingThenSyncsIfUnpinned(GoodPrefetcher):   # w31_36 with non_blocking=True: the wait alone
+    def copy(self, batch):
+        out = super().copy(batch)
+        if not all(t.is_pinned() for t in batch):
+            self.stream.synchronize()
+        return out
+
+
+class UnpinnedOnTheLoopStream(GoodPrefetcher):  # w9-03 w31_37: pageable batches copied on the loop's own stream
+    def copy(self, batch):
+        if not all(t.is_pinned() for t in batch):
+            return tuple(t.to(self.device, non_blocking=True) for t in batch)
+        return super().copy(batch)
+
+
+class WaitsOnTheDefaultStream(GoodPrefetcher):  # w9-03 w31_31: default_stream(device), not current_stream(device)
+    def hand_out(self, batch):
+        consumer = torch.cuda.default_stream(self.device)
+        consumer.wait_stream(self.stream)
+        for t in batch:
+            t.record_stream(consumer)
+        return batch
+
+
+class NewStreamPerBatch(GoodPrefetcher):       # w9-03 w31_24 (right): torch.cuda.Stream() takes a pooled stream
+    def copy(self, batch):
+        self.stream = torch.cuda.Stream(self.device)
+        return super().copy(batch)
+
+
+MUTANTS_31_W9 = [
+    Mutant("w9-03 w31_27 blocking copy if unpinned", BlockingIfUnpinned, "copies asynchronously",
+           words="copies of unpinned batches were blocking"),
+    Mutant("w9-03 w31_36 synchronize if unpinned", SyncsIfUnpinned, "copies asynchronously",
+           words="do not branch on is_pinned()"),
+    Mutant("w31_36, non_blocking, synchronize if unpinned", NonBlockingThenSyncsIfUnpinned,
+           "never makes the host wait", words="for unpinned batches (stream.synchronize"),
+    Mutant("w9-03 w31_37 unpinned on the loop's stream", UnpinnedOnTheLoopStream, "copies on a side stream",
+           words="copies of unpinned batches were queued on the training loop's own stream"),
+    Mutant("w9-03 w31_31 waits on the default stream", WaitsOnTheDefaultStream, "the consumer waits for the copy",
+           words="yours made the device's default stream wait"),
+]
+
+
+@pytest.mark.parametrize("mutant", MUTANTS_31_W9, ids=repr)
+def test_3_1_w9_pageable_pass_and_default_stream(mutant):
+    rejected("3.1", mutant, SEEDS[:1])
+
+
+def test_3_1_w9_a_new_stream_per_batch_passes():
+    # w9-03 w31_24: right. torch.cuda.Stream() hands out streams from a per-device pool (no
+    # cudaStreamCreate per batch), the loop waits for the stream that made each copy, and
+    # record_stream keeps each batch's memory: nothing is raced or wasted.
+    passes("3.1", NewStreamPerBatch, SEEDS[:1])
