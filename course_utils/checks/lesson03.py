@@ -1419,7 +1419,7 @@ def check_normalize(normalize_on_device):
     for place in places:
         with (VirtualCuda(second=place == "virtual2") if place.startswith("virtual") else _nothing()) as vc:
             on = f"{VIRTUAL} {vc.device}" if vc is not None else place
-            sizes = [(int(rng.integers(2, 6)), 4, 3), (int(rng.integers(2, 24)), 32, 32), (1, 7, 5),
+            sizes = [(int(rng.integers(2, 6)), 4, 6), (int(rng.integers(2, 24)), 32, 32), (1, 7, 5),
                      (int(rng.integers(2, 9)), 12, 20)]
             sizes.append(sizes[1])             # the same shape again: a buffer kept between calls shows
             earlier = {}                       # shape -> (the last result of that shape, its values then)
@@ -1441,10 +1441,18 @@ def check_normalize(normalize_on_device):
                 wide = _watch_dtypes(vc, (torch.float64,)) if vc is not None else []
                 ran = _watch_dtypes(vc, (torch.uint8, torch.int64, torch.float16, torch.bfloat16, torch.float32,
                                          torch.float64), min_numel=1) if vc is not None else []
+                copies = _watch_copies(vc, n * 3 * h * w) if vc is not None else []
                 try:
                     result = normalize_on_device(images, labels)
                     ops = vc.ops if vc is not None else 0
                 except RuntimeError as exc:
+                    if "must match the size of tensor" in str(exc):     # w9-03 w33_24: (3,) constants meet W
+                        raise CheckFailed("equals ToTensor + Normalize",
+                                          f"{what}: yours raised RuntimeError: {exc}{_learner_line(exc)}: constants "
+                                          "of shape (3,) broadcast against the last axis of an (N, 3, H, W) batch, "
+                                          "the width, not the channels",
+                                          "shape mean and std (1, 3, 1, 1): torch.tensor(..., device=images.device)"
+                                          ".view(1, 3, 1, 1), so that they meet the channel axis") from None
                     raise _learner_error(exc, what, mixed_hint=(
                         "keep the constants per device, keyed by the device itself (str(images.device): 'cuda:0' "
                         "and 'cuda:1' are both of type 'cuda'), and make them there: torch.tensor(..., "
@@ -1510,6 +1518,14 @@ def check_normalize(normalize_on_device):
                                                 "or copy the arithmetic does not need, and what depends only on the "
                                                 "constants (a scale 1 / (255 * std), a shift) computed once with "
                                                 "them, per device, not every batch"))
+                    if call > 0 and copies:
+                        raise CheckFailed("makes no needless copy of the batch",
+                                          f"{what}: yours copied the batch on the device without changing it "
+                                          f"({copies[0]}{'; ' + str(len(copies) - 1) + ' more' if len(copies) > 1 else ''}): "
+                                          "one more pass over the batch and one more batch of device memory, every "
+                                          "batch, for values the arithmetic already gives in a new tensor",
+                                          "(images.float() / 255 - mean) / std already returns a new tensor: no "
+                                          ".clone(), .copy_() or .to(copy=True) of the images or the result")
                     del vc._create, vc._wrap_new          # the device's own methods again
                 before = earlier.get((n, h, w))
                 held = out._inner if isinstance(out, DeviceTensor) else out.detach()   # its memory, not the object
@@ -1552,7 +1568,8 @@ def check_normalize(normalize_on_device):
 
 
 MAX_NORMALIZE_OPS = 5     # operations on the device per batch (the course's answer runs 4, + a labels clone 5; two
-#                           needless clones of the batch, 6 (w8-03); a loop over the channels, 9)
+#                           needless clones of the batch, 6 (w8-03); a loop over the channels, 9). One needless
+#                           clone of the batch (5) fails on its own property (w9-03 w33_20)
 
 
 def _learner_where() -> str:
@@ -1576,6 +1593,28 @@ def _watch_dtypes(vc, dtypes, *, min_numel: int = 2) -> list[str]:
         out = dispatch(func, args, kwargs)
         if isinstance(out, torch.Tensor) and out.dtype in dtypes and out.numel() >= min_numel:
             seen.append(f"aten.{func.overloadpacket.__name__} to {out.dtype} at {_learner_where()}")
+        return out
+
+    vc._dispatch = watched
+    return seen
+
+
+def _watch_copies(vc, numel: int) -> list[str]:
+    """Copies of a batch-sized tensor into one of the same dtype (aten.clone, aten.copy_, a
+    .to(copy=True)) until the caller puts `vc._dispatch` back: a needless copy of the batch (w9-03
+    w33_20: one .clone() stayed within the operations limit). A conversion (.float()) is not one,
+    nor a copy of the labels (n elements, never 3*H*W*n)."""
+    seen: list[str] = []
+    dispatch = vc._dispatch
+
+    @passes_through
+    def watched(func, args, kwargs):
+        out = dispatch(func, args, kwargs)
+        name = func.overloadpacket.__name__
+        if name in ("clone", "copy_", "_to_copy", "copy") and isinstance(out, torch.Tensor) and out.numel() == numel:
+            src = args[1] if name == "copy_" and len(args) > 1 else args[0] if args else None
+            if isinstance(src, torch.Tensor) and src.dtype == out.dtype:
+                seen.append(f"aten.{name} at {_learner_where()}")
         return out
 
     vc._dispatch = watched
@@ -1621,7 +1660,8 @@ def _compare_normalized(out, hwc, host, what):
     if not bool(torch.isfinite(out).all()) or float(err.max()) > 1e-4:
         i = np.unravel_index(int(torch.nan_to_num(err, nan=1e9).argmax()), tuple(err.shape))
         yours, want = float(out[i]), float(expected[i])
-        hint = "x / 255, then subtract the mean and divide by the std, per channel"
+        hint = ("x / 255, then subtract the mean and divide by the std, per channel: constants shaped (1, 3, 1, 1) "
+                "(.view(1, 3, 1, 1)) meet the channel axis of an (N, 3, H, W) batch")
         raw = float(host[i])
         if abs(yours - (raw - CIFAR10_MEAN[i[1]]) / CIFAR10_STD[i[1]]) < 1e-3:
             hint = "ToTensor scales 0..255 to 0..1: divide by 255 first"

@@ -1961,7 +1961,7 @@ def _clones(k):
 
 
 def test_3_3_the_operations_limit_is_where_the_verdict_flips():   # the near-miss rule: 5 pass, 6 fail (w8-03)
-    passes("3.3", _clones(1), SEEDS[:1])
+    passes("3.3", labels_cloned, SEEDS[:1])       # 5 operations, none a needless copy of the batch (w9-03)
     rejected("3.3", Mutant("6 operations a batch", _clones(2), "runs a few operations per batch",
                            words="6 operations"), SEEDS[:1])
 
@@ -2225,3 +2225,13 @@ def test_3_1_w9_a_new_stream_per_batch_passes():
     # cudaStreamCreate per batch), the loop waits for the stream that made each copy, and
     # record_stream keeps each batch's memory: nothing is raced or wasted.
     passes("3.1", NewStreamPerBatch, SEEDS[:1])
+
+
+def test_3_3_w9_one_needless_clone_fails_on_its_own():   # w9-03 w33_20: 5 operations, within the limit, passed
+    rejected("3.3", Mutant("w9-03 w33_20 one needless clone (5 operations)", _clones(1),
+                           "makes no needless copy of the batch", words="aten.clone at"), SEEDS[:1])
+
+
+def test_3_3_w9_vector_constants_fail_on_the_shape():   # w9-03 w33_24: W was 3 in the check's first batch
+    rejected("3.3", Mutant("w9-03 w33_24 (3,) constants", broadcasts_over_width, "equals ToTensor + Normalize",
+                           words="(1, 3, 1, 1)"), SEEDS[:2])
