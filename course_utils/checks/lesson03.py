@@ -894,16 +894,40 @@ def _windows(images, padding):
     return padded.as_strided((n, k, k, c, h, w), (s[0], s[2], s[3], s[1], s[2], s[3]))
 
 
+def _one_crop_for_all(fn, what, exc):
+    """A function that drew on the host and so failed with the device's generator: run it on the
+    CPU with a CPU generator, on 64 distinct images, and name one crop shared by the whole batch
+    (transforms.v2 on a batch) before the host draws, its smaller mistake."""
+    size, p, n = 12, 4, 64
+    grid = (torch.arange(size * size, dtype=torch.float32) + 1).view(1, 1, size, size).expand(n, 1, size, size)
+    try:
+        out = fn(grid.contiguous(), padding=p, generator=torch.Generator().manual_seed(1))
+        dy, dx, flipped = _offsets_of(_values(out), size, p)
+    except Exception:
+        return
+    if dy is None or len(torch.unique(dy)) > 1 or len(torch.unique(dx)) > 1 or len(torch.unique(flipped)) > 1:
+        return
+    raise CheckFailed("offsets vary across samples, uniformly",
+                      f"{what}: yours gives every image of the batch the same crop and the same flip (run on the "
+                      f"CPU with a CPU generator, all {n} images got offsets ({int(dy[0])}, {int(dx[0])}), "
+                      f"{'all' if bool(flipped[0]) else 'none'} flipped): one draw for the whole batch, as "
+                      "transforms.v2 applied to a batch tensor does. And on the device yours drew on the CPU: CUDA "
+                      f"says: {exc}",
+                      "draw one offset per sample and one flip per sample (tensors of N), on the images' device: "
+                      "torch.randint(0, 2 * padding + 1, (n,), device=images.device, generator=generator)") from None
+
+
 def _call_crop(fn, images, padding, generator, what, vc=None, *, defaults=False):
     """Call the learner's function (with `defaults`, as fn(images)); on the virtual device, also
     judge what it did there."""
     before = _values(images).clone()
-    wider = []
+    wider, indices = [], []
     if vc is not None:
         vc.reset_log()
         wide = [d for d in (torch.float16, torch.bfloat16, torch.float32, torch.float64)
                 if d.itemsize > images.element_size()]
         wider = _watch_dtypes(vc, tuple(wide), min_numel=images.numel())
+        indices = _watch_dtypes(vc, (torch.int64,), min_numel=images.numel())   # w9-03 w32_21
     n, c, h, w = images.shape
     shape = f"images of shape {tuple(images.shape)}{' (not square)' if h != w else ''}, {images.dtype}"
     try:
@@ -911,6 +935,8 @@ def _call_crop(fn, images, padding, generator, what, vc=None, *, defaults=False)
                      f"random_crop_flip(images, padding={padding}, generator=...) on {shape}"):
             out = fn(images) if defaults else fn(images, padding=padding, generator=generator)
     except RuntimeError as exc:
+        if "device type for generator" in str(exc):
+            _one_crop_for_all(fn, what, exc)          # w9-03 w32_01: the shared crop named before the host draws
         raise _learner_error(exc, what) or exc
     finally:
         if vc is not None:
@@ -933,6 +959,11 @@ def _call_crop(fn, images, padding, generator, what, vc=None, *, defaults=False)
         if vc.peak_bytes > 16 * batch:
             hint = ("index the padded batch directly (or a strided view of its windows); do not materialise every "
                     "window of every image")
+            if indices and not wider:
+                hint = (f"yours built int64 index tensors as large as the batch ({len(indices)}, {indices[0]} "
+                        f"first): 8 bytes of index for every {images.element_size()}-byte pixel; index with small "
+                        "per-sample tensors that broadcast (rows of shape (N, 1, H, 1), columns (N, 1, 1, W), or "
+                        "(N, H, 1) and (N, 1, W) with advanced indexing), not index tensors expanded to (N, C, H, W)")
             if wider:
                 hint = (f"yours converted the batch to a wider dtype ({wider[0]}): {images.dtype} pixels become "
                         "4 or 8 bytes each, in every intermediate; crop and flip in the images' own dtype "
@@ -1208,6 +1239,7 @@ def _crop_statistics(fn, to_device, generator, rng, on, seed, vc):
     if dy is None:
         raise CheckFailed("every output is a crop of the padded input, mirrored or not",
                           f"{what}: some outputs are not crops at an offset within 0..{2 * p}")
+    _untouched_tail(dy, dx, flipped, p, what)
     _uniform(dy, k, "vertical offsets", what)
     _uniform(dx, k, "horizontal offsets", what)
     # the padding passed in sets the range: uniform over 0..2*padding at another padding too
@@ -1370,6 +1402,22 @@ def _offsets_of(out, size, p):
     return dy, dx, flipped
 
 
+def _untouched_tail(dy, dx, flipped, p, what):
+    """w9-03 w32_22: a loop over chunks that leaves the last partial chunk as it was: a run of
+    samples at the end at offset (p, p), unflipped (one chance in 162 per sample)."""
+    same = (dy == p) & (dx == p) & ~flipped
+    moved = (~same).nonzero()
+    tail = len(dy) - 1 - int(moved[-1]) if len(moved) else len(dy)
+    if tail >= 16:
+        raise CheckFailed("augments every sample, at every position of the batch",
+                          f"{what}: the last {tail:,} of {len(dy):,} samples came back as they went in (offsets "
+                          f"({p}, {p}), not flipped), while the samples before them were cropped and flipped: yours "
+                          "left the end of the batch unaugmented (a loop over chunks whose last, partial chunk is "
+                          "skipped?)",
+                          "augment the whole batch at once (one draw of N offsets, one index): no chunks; or, if "
+                          "you chunk, range(0, n, chunk) and slice [s:s + chunk], which includes the last partial one")
+
+
 def _uniform(values, k, name, what):
     counts = torch.bincount(values, minlength=k).tolist()
     expected = len(values) / k
@@ -1419,7 +1467,8 @@ def check_normalize(normalize_on_device):
     for place in places:
         with (VirtualCuda(second=place == "virtual2") if place.startswith("virtual") else _nothing()) as vc:
             on = f"{VIRTUAL} {vc.device}" if vc is not None else place
-            sizes = [(int(rng.integers(2, 6)), 4, 6), (int(rng.integers(2, 24)), 32, 32), (1, 7, 5),
+            # no width of 3 (w9-03 w33_24: (3,) constants broadcast over it), and a first batch under 1 KiB as float32
+            sizes = [(int(rng.integers(2, 6)), 2, 5), (int(rng.integers(2, 24)), 32, 32), (1, 7, 5),
                      (int(rng.integers(2, 9)), 12, 20)]
             sizes.append(sizes[1])             # the same shape again: a buffer kept between calls shows
             earlier = {}                       # shape -> (the last result of that shape, its values then)

@@ -2235,3 +2235,45 @@ def test_3_3_w9_one_needless_clone_fails_on_its_own():   # w9-03 w33_20: 5 opera
 def test_3_3_w9_vector_constants_fail_on_the_shape():   # w9-03 w33_24: W was 3 in the check's first batch
     rejected("3.3", Mutant("w9-03 w33_24 (3,) constants", broadcasts_over_width, "equals ToTensor + Normalize",
                            words="(1, 3, 1, 1)"), SEEDS[:2])
+
+
+def gathers_with_batch_sized_indices(images, padding=4, generator=None):   # w9-03 w32_21: 22x, int64 indices
+    n, c, h, w = images.shape
+    dev = images.device
+    dy, dx, flip = _draws(n, padding, dev, generator)
+    padded = F.pad(images, (padding,) * 4)
+    rows = (dy[:, None] + torch.arange(h, device=dev)).view(n, 1, h, 1).expand(n, c, h, w + 2 * padding).contiguous()
+    ar = torch.arange(w, device=dev)
+    cols = (dx[:, None] + torch.where(flip[:, None], ar.flip(0), ar)).view(n, 1, 1, w).expand(n, c, h, w).contiguous()
+    return padded.gather(2, rows).gather(3, cols)
+
+
+def chunks_leave_the_tail(images, padding=4, generator=None):   # w9-03 w32_22: the last partial chunk as it was
+    out = images.clone()
+    for s in range(0, images.shape[0] - 4095, 4096):
+        out[s:s + 4096] = crop_flip(images[s:s + 4096], padding, generator)
+    return out
+
+
+def one_crop_drawn_on_the_host(images, padding=4, generator=None):   # w9-03 w32_01: transforms.v2 on a batch
+    n, c, h, w = images.shape
+    dy, dx = torch.randint(0, 2 * padding + 1, (2,), generator=generator).tolist()
+    out = F.pad(images, (padding,) * 4)[:, :, dy:dy + h, dx:dx + w]
+    if torch.rand(1, generator=generator).item() < 0.5:
+        out = out.flip(-1)
+    return out.contiguous()
+
+
+MUTANTS_32_W9 = [
+    Mutant("w9-03 w32_21 batch-sized int64 indices", gathers_with_batch_sized_indices,
+           "uses memory in proportion to the batch", words="int64 index tensors as large as the batch"),
+    Mutant("w9-03 w32_22 chunks leave the tail", chunks_leave_the_tail,
+           "augments every sample, at every position of the batch", words="came back as they went in"),
+    Mutant("w9-03 w32_01 one crop, drawn on the host", one_crop_drawn_on_the_host,
+           "offsets vary across samples, uniformly", words="the same crop and the same flip"),
+]
+
+
+@pytest.mark.parametrize("mutant", MUTANTS_32_W9, ids=repr)
+def test_3_2_w9_messages_name_the_mistake(mutant):
+    rejected("3.2", mutant, SEEDS[:1])
