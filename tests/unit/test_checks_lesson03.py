@@ -2277,3 +2277,12 @@ MUTANTS_32_W9 = [
 @pytest.mark.parametrize("mutant", MUTANTS_32_W9, ids=repr)
 def test_3_2_w9_messages_name_the_mistake(mutant):
     rejected("3.2", mutant, SEEDS[:1])
+
+
+def clones_the_uint8_input(images, labels):      # near miss of w33_20: the copy made before the conversion
+    return good_normalize(images.clone(), labels)
+
+
+def test_3_3_w9_a_clone_of_the_input_is_a_needless_copy_too():
+    rejected("3.3", Mutant("clone of the uint8 batch (5 operations)", clones_the_uint8_input,
+                           "makes no needless copy of the batch", words="aten.clone at"), SEEDS[:1])
