@@ -1612,7 +1612,8 @@ def check_normalize(normalize_on_device):
                                   "(nor a view of them) in a global, a dict or a closure")
     return ("float32 on the device, equal to ToTensor + Normalize within 1e-4, labels passed through, a new tensor "
             "every batch and nothing kept; on a (virtual) GPU, two devices in turn, no copy from the host after the "
-            "first batch, nothing read back, no host wait, the constants made once per device and at most "
+            "first batch, nothing read back, no host wait, the constants made once per device, no needless copy of the "
+            "batch, and at most "
             f"{MAX_NORMALIZE_OPS} operations a batch.")
 
 
