@@ -342,6 +342,8 @@ class LadderContext:
         # untimed warm-up: one step, plus the batches the loader prepared ahead while it started
         # (served without waiting, they would flatter the rung), as measure_loader does
         warmup = 1 + in_flight_batches(batches)
+        if warmup > 1:          # w9-03: why the rungs' warm-ups differ, on the progress bar that shows them
+            desc = f"{desc} (1 step + {warmup - 1} loaded ahead)"
         timer = StepTimer(self.run_on, skip_first=warmup)
         steps = self.config.resolved_steps() + warmup
         if self.simulated:
@@ -499,7 +501,7 @@ def rung_baseline(ctx: LadderContext) -> TrainResult:
 @rung("best workers", "best workers")
 def rung_best_workers(ctx: LadderContext) -> TrainResult:
     """DataLoader with one worker per usable core (pinned memory on a GPU), float32 batches."""
-    return ctx.run(workers_pipeline(ctx), desc="workers")
+    return ctx.run(workers_pipeline(ctx), desc="best workers")   # the table's name (w9-03)
 
 
 @rung("prefetcher", "workers + uint8\n+ prefetcher")

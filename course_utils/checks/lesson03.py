@@ -331,7 +331,7 @@ def check_prefetcher(Prefetcher):
         return ("same batches, same order; on the CPU and the meta device passed through, moved; the CPU also "
                 "while CUDA is present; on a virtual CUDA device (the second of two) copied ahead from the loader's "
                 "pinned memory on a side stream the consumer's stream waits for on the device (for that batch's copy only, the stream current at each hand-out, also when the loop changed streams mid-pass), memory kept for "
-                "the consumer's stream, the host never blocked (nor polled with query()), no pinned source rewritten in flight, no batch kept "
+                "the consumer's stream, the host never blocked (nor polled with query()), no pinned source rewritten in flight; unpinned batches copied the same way (non_blocking, on the side stream, no host wait) and nothing pinned; no batch kept "
                 "once the loop is done with it (nor after the pass, nor after a `break`), nothing launched on the "
                 "loop's stream; ends and restarts cleanly, also after a pass stopped early, and two passes at once "
                 "are each a pass of their own. (On this GPU the side stream was held busy, so a missing "
@@ -339,7 +339,7 @@ def check_prefetcher(Prefetcher):
     return ("same batches, same order; on the CPU and the meta device passed through, moved; the CPU also "
             "while CUDA is present; on a virtual CUDA device (the second of two) copied ahead from the loader's "
             "pinned memory on a side stream the consumer's stream waits for on the device (for that batch's copy only, the stream current at each hand-out, also when the loop changed streams mid-pass), memory kept for "
-            "the consumer's stream, the host never blocked (nor polled with query()), no pinned source rewritten in flight, no batch kept "
+            "the consumer's stream, the host never blocked (nor polled with query()), no pinned source rewritten in flight; unpinned batches copied the same way (non_blocking, on the side stream, no host wait) and nothing pinned; no batch kept "
             "once the loop is done with it (nor after the pass, nor after a `break`), nothing launched on the "
             "loop's stream; ends and restarts cleanly, also after a pass stopped early, and two passes at once "
             "are each a pass of their own. (No GPU here: on one, the check also runs it on the real "
@@ -382,6 +382,7 @@ def _unpinned_pass(Prefetcher, loader_seed, n, seed):
             _one_pass(Prefetcher(loader, vc.device), loader, 0, vc.device, what)
         except RuntimeError as exc:
             raise _learner_error(exc, what) or exc
+        _judge_pageable(vc, what)
         if vc.pins:
             raise CheckFailed("pins nothing in the training loop",
                               f"{what}: yours called pin_memory() {len(vc.pins)} times for {n} batches (first at "
@@ -391,6 +392,42 @@ def _unpinned_pass(Prefetcher, loader_seed, n, seed):
                               "leave pinning to the loader (DataLoader(pin_memory=True) pins in its own thread): copy "
                               "each batch as you get it, .to(device, non_blocking=True); from pageable memory that "
                               "copy is staged by the host, but it is still right")
+
+
+def _judge_pageable(vc, what):
+    """The pageable pass gets the same three properties as the pinned ones (w9-03: w31_27, w31_36,
+    w31_37 passed when only the pinned passes tested them): every copy `non_blocking=True`, on the
+    side stream, and no host wait but the staging the driver does for a copy from pageable memory."""
+    h2d = vc.h2d()
+    loop = vc.default_stream.id                  # _one_pass consumes on the device's default stream
+    pageable_note = (" (from pageable memory the driver stages each batch on the host whatever the flag says, "
+                     "which is why pinned batches are faster; it is not a reason to treat these batches apart)")
+    blocking = [c for c in h2d if not c.non_blocking]
+    if blocking:
+        where_stream = ", on the training loop's stream" if any(c.stream == loop for c in blocking) else ""
+        raise CheckFailed("copies asynchronously",
+                          f"{what}: {len(blocking)} of {len(h2d)} copies of unpinned batches were blocking (at "
+                          f"{blocking[0].where}{where_stream}): "
+                          ".to(device) without non_blocking=True makes the host wait for every kernel already "
+                          "queued on that stream, so the loop gives up its run-ahead once per batch" + pageable_note,
+                          "copy every batch the same way, pinned or not: .to(device, non_blocking=True) inside "
+                          "`with torch.cuda.stream(self.stream):`; do not branch on is_pinned()")
+    on_loop = [c for c in h2d if c.stream == loop]
+    if on_loop:
+        raise CheckFailed("copies on a side stream",
+                          f"{what}: {len(on_loop)} of {len(h2d)} copies of unpinned batches were queued on the "
+                          f"training loop's own stream (at {on_loop[0].where}), where the next step's kernels wait "
+                          "for them" + pageable_note,
+                          "copy every batch the same way, pinned or not: .to(device, non_blocking=True) inside "
+                          "`with torch.cuda.stream(self.stream):`; do not branch on is_pinned()")
+    waits = vc.reads()
+    if waits:
+        raise CheckFailed("never makes the host wait",
+                          f"{what}: the host waited for the device {len(waits)} times for unpinned batches "
+                          f"({waits[0].what} at {waits[0].where}): a wait per batch gives up the loop's run-ahead"
+                          + pageable_note,
+                          "wait on the device (current_stream(device).wait_stream(self.stream)), not on the host "
+                          "(no synchronize(), .item() or blocking copy), for pinned and unpinned batches alike")
 
 
 def _two_passes_at_once(Prefetcher, loader_seed, n, seed):
@@ -719,6 +756,11 @@ def _judge_prefetch(vc, got, log, what, *, full=True):
                    "yours made the stream that was current at an earlier hand-out wait, not the one current when "
                    "this batch was handed out: ask torch.cuda.current_stream(device) at each hand-out, not once "
                    "per pass")
+        elif (reader is not None and reader is not vc.default_stream
+              and race.writer in vc.default_stream.waited):      # w9-03 w31_31: default_stream(device) waited
+            how = (": yours made the device's default stream wait (torch.cuda.default_stream), but the loop ran "
+                   "this step on a stream of its own, the current stream, which never waited: the default stream "
+                   "is the loop's stream only while nothing else is current")
         else:
             how = (": the loop's stream never waited for your side stream (an event recorded on the loop's own "
                    "stream, or a wait for any other stream, does not cover the side stream's copies)")
@@ -852,16 +894,40 @@ def _windows(images, padding):
     return padded.as_strided((n, k, k, c, h, w), (s[0], s[2], s[3], s[1], s[2], s[3]))
 
 
+def _one_crop_for_all(fn, what, exc):
+    """A function that drew on the host and so failed with the device's generator: run it on the
+    CPU with a CPU generator, on 64 distinct images, and name one crop shared by the whole batch
+    (transforms.v2 on a batch) before the host draws, its smaller mistake."""
+    size, p, n = 12, 4, 64
+    grid = (torch.arange(size * size, dtype=torch.float32) + 1).view(1, 1, size, size).expand(n, 1, size, size)
+    try:
+        out = fn(grid.contiguous(), padding=p, generator=torch.Generator().manual_seed(1))
+        dy, dx, flipped = _offsets_of(_values(out), size, p)
+    except Exception:
+        return
+    if dy is None or len(torch.unique(dy)) > 1 or len(torch.unique(dx)) > 1 or len(torch.unique(flipped)) > 1:
+        return
+    raise CheckFailed("offsets vary across samples, uniformly",
+                      f"{what}: yours gives every image of the batch the same crop and the same flip (run on the "
+                      f"CPU with a CPU generator, all {n} images got offsets ({int(dy[0])}, {int(dx[0])}), "
+                      f"{'all' if bool(flipped[0]) else 'none'} flipped): one draw for the whole batch, as "
+                      "transforms.v2 applied to a batch tensor does. And on the device yours drew on the CPU: CUDA "
+                      f"says: {exc}",
+                      "draw one offset per sample and one flip per sample (tensors of N), on the images' device: "
+                      "torch.randint(0, 2 * padding + 1, (n,), device=images.device, generator=generator)") from None
+
+
 def _call_crop(fn, images, padding, generator, what, vc=None, *, defaults=False):
     """Call the learner's function (with `defaults`, as fn(images)); on the virtual device, also
     judge what it did there."""
     before = _values(images).clone()
-    wider = []
+    wider, indices = [], []
     if vc is not None:
         vc.reset_log()
         wide = [d for d in (torch.float16, torch.bfloat16, torch.float32, torch.float64)
                 if d.itemsize > images.element_size()]
         wider = _watch_dtypes(vc, tuple(wide), min_numel=images.numel())
+        indices = _watch_dtypes(vc, (torch.int64,), min_numel=images.numel())   # w9-03 w32_21
     n, c, h, w = images.shape
     shape = f"images of shape {tuple(images.shape)}{' (not square)' if h != w else ''}, {images.dtype}"
     try:
@@ -869,6 +935,8 @@ def _call_crop(fn, images, padding, generator, what, vc=None, *, defaults=False)
                      f"random_crop_flip(images, padding={padding}, generator=...) on {shape}"):
             out = fn(images) if defaults else fn(images, padding=padding, generator=generator)
     except RuntimeError as exc:
+        if "device type for generator" in str(exc):
+            _one_crop_for_all(fn, what, exc)          # w9-03 w32_01: the shared crop named before the host draws
         raise _learner_error(exc, what) or exc
     finally:
         if vc is not None:
@@ -891,6 +959,11 @@ def _call_crop(fn, images, padding, generator, what, vc=None, *, defaults=False)
         if vc.peak_bytes > 16 * batch:
             hint = ("index the padded batch directly (or a strided view of its windows); do not materialise every "
                     "window of every image")
+            if indices and not wider:
+                hint = (f"yours built int64 index tensors as large as the batch ({len(indices)}, {indices[0]} "
+                        f"first): 8 bytes of index for every {images.element_size()}-byte pixel; index with small "
+                        "per-sample tensors that broadcast (rows of shape (N, 1, H, 1), columns (N, 1, 1, W), or "
+                        "(N, H, 1) and (N, 1, W) with advanced indexing), not index tensors expanded to (N, C, H, W)")
             if wider:
                 hint = (f"yours converted the batch to a wider dtype ({wider[0]}): {images.dtype} pixels become "
                         "4 or 8 bytes each, in every intermediate; crop and flip in the images' own dtype "
@@ -1166,6 +1239,7 @@ def _crop_statistics(fn, to_device, generator, rng, on, seed, vc):
     if dy is None:
         raise CheckFailed("every output is a crop of the padded input, mirrored or not",
                           f"{what}: some outputs are not crops at an offset within 0..{2 * p}")
+    _untouched_tail(dy, dx, flipped, p, what)
     _uniform(dy, k, "vertical offsets", what)
     _uniform(dx, k, "horizontal offsets", what)
     # the padding passed in sets the range: uniform over 0..2*padding at another padding too
@@ -1328,6 +1402,22 @@ def _offsets_of(out, size, p):
     return dy, dx, flipped
 
 
+def _untouched_tail(dy, dx, flipped, p, what):
+    """w9-03 w32_22: a loop over chunks that leaves the last partial chunk as it was: a run of
+    samples at the end at offset (p, p), unflipped (one chance in 162 per sample)."""
+    same = (dy == p) & (dx == p) & ~flipped
+    moved = (~same).nonzero()
+    tail = len(dy) - 1 - int(moved[-1]) if len(moved) else len(dy)
+    if tail >= 16:
+        raise CheckFailed("augments every sample, at every position of the batch",
+                          f"{what}: the last {tail:,} of {len(dy):,} samples came back as they went in (offsets "
+                          f"({p}, {p}), not flipped), while the samples before them were cropped and flipped: yours "
+                          "left the end of the batch unaugmented (a loop over chunks whose last, partial chunk is "
+                          "skipped?)",
+                          "augment the whole batch at once (one draw of N offsets, one index): no chunks; or, if "
+                          "you chunk, range(0, n, chunk) and slice [s:s + chunk], which includes the last partial one")
+
+
 def _uniform(values, k, name, what):
     counts = torch.bincount(values, minlength=k).tolist()
     expected = len(values) / k
@@ -1377,7 +1467,8 @@ def check_normalize(normalize_on_device):
     for place in places:
         with (VirtualCuda(second=place == "virtual2") if place.startswith("virtual") else _nothing()) as vc:
             on = f"{VIRTUAL} {vc.device}" if vc is not None else place
-            sizes = [(int(rng.integers(2, 6)), 4, 3), (int(rng.integers(2, 24)), 32, 32), (1, 7, 5),
+            # no width of 3 (w9-03 w33_24: (3,) constants broadcast over it), and a first batch under 1 KiB as float32
+            sizes = [(int(rng.integers(2, 6)), 2, 5), (int(rng.integers(2, 24)), 32, 32), (1, 7, 5),
                      (int(rng.integers(2, 9)), 12, 20)]
             sizes.append(sizes[1])             # the same shape again: a buffer kept between calls shows
             earlier = {}                       # shape -> (the last result of that shape, its values then)
@@ -1399,10 +1490,18 @@ def check_normalize(normalize_on_device):
                 wide = _watch_dtypes(vc, (torch.float64,)) if vc is not None else []
                 ran = _watch_dtypes(vc, (torch.uint8, torch.int64, torch.float16, torch.bfloat16, torch.float32,
                                          torch.float64), min_numel=1) if vc is not None else []
+                copies = _watch_copies(vc, n * 3 * h * w) if vc is not None else []
                 try:
                     result = normalize_on_device(images, labels)
                     ops = vc.ops if vc is not None else 0
                 except RuntimeError as exc:
+                    if "must match the size of tensor" in str(exc):     # w9-03 w33_24: (3,) constants meet W
+                        raise CheckFailed("equals ToTensor + Normalize",
+                                          f"{what}: yours raised RuntimeError: {exc}{_learner_line(exc)}: constants "
+                                          "of shape (3,) broadcast against the last axis of an (N, 3, H, W) batch, "
+                                          "the width, not the channels",
+                                          "shape mean and std (1, 3, 1, 1): torch.tensor(..., device=images.device)"
+                                          ".view(1, 3, 1, 1), so that they meet the channel axis") from None
                     raise _learner_error(exc, what, mixed_hint=(
                         "keep the constants per device, keyed by the device itself (str(images.device): 'cuda:0' "
                         "and 'cuda:1' are both of type 'cuda'), and make them there: torch.tensor(..., "
@@ -1468,6 +1567,14 @@ def check_normalize(normalize_on_device):
                                                 "or copy the arithmetic does not need, and what depends only on the "
                                                 "constants (a scale 1 / (255 * std), a shift) computed once with "
                                                 "them, per device, not every batch"))
+                    if call > 0 and copies:
+                        raise CheckFailed("makes no needless copy of the batch",
+                                          f"{what}: yours copied the batch on the device without changing it "
+                                          f"({copies[0]}{'; ' + str(len(copies) - 1) + ' more' if len(copies) > 1 else ''}): "
+                                          "one more pass over the batch and one more batch of device memory, every "
+                                          "batch, for values the arithmetic already gives in a new tensor",
+                                          "(images.float() / 255 - mean) / std already returns a new tensor: no "
+                                          ".clone(), .copy_() or .to(copy=True) of the images or the result")
                     del vc._create, vc._wrap_new          # the device's own methods again
                 before = earlier.get((n, h, w))
                 held = out._inner if isinstance(out, DeviceTensor) else out.detach()   # its memory, not the object
@@ -1505,12 +1612,14 @@ def check_normalize(normalize_on_device):
                                   "(nor a view of them) in a global, a dict or a closure")
     return ("float32 on the device, equal to ToTensor + Normalize within 1e-4, labels passed through, a new tensor "
             "every batch and nothing kept; on a (virtual) GPU, two devices in turn, no copy from the host after the "
-            "first batch, nothing read back, no host wait, the constants made once per device and at most "
+            "first batch, nothing read back, no host wait, the constants made once per device, no needless copy of the "
+            "batch, and at most "
             f"{MAX_NORMALIZE_OPS} operations a batch.")
 
 
 MAX_NORMALIZE_OPS = 5     # operations on the device per batch (the course's answer runs 4, + a labels clone 5; two
-#                           needless clones of the batch, 6 (w8-03); a loop over the channels, 9)
+#                           needless clones of the batch, 6 (w8-03); a loop over the channels, 9). One needless
+#                           clone of the batch (5) fails on its own property (w9-03 w33_20)
 
 
 def _learner_where() -> str:
@@ -1534,6 +1643,28 @@ def _watch_dtypes(vc, dtypes, *, min_numel: int = 2) -> list[str]:
         out = dispatch(func, args, kwargs)
         if isinstance(out, torch.Tensor) and out.dtype in dtypes and out.numel() >= min_numel:
             seen.append(f"aten.{func.overloadpacket.__name__} to {out.dtype} at {_learner_where()}")
+        return out
+
+    vc._dispatch = watched
+    return seen
+
+
+def _watch_copies(vc, numel: int) -> list[str]:
+    """Copies of a batch-sized tensor into one of the same dtype (aten.clone, aten.copy_, a
+    .to(copy=True)) until the caller puts `vc._dispatch` back: a needless copy of the batch (w9-03
+    w33_20: one .clone() stayed within the operations limit). A conversion (.float()) is not one,
+    nor a copy of the labels (n elements, never 3*H*W*n)."""
+    seen: list[str] = []
+    dispatch = vc._dispatch
+
+    @passes_through
+    def watched(func, args, kwargs):
+        out = dispatch(func, args, kwargs)
+        name = func.overloadpacket.__name__
+        if name in ("clone", "copy_", "_to_copy", "copy") and isinstance(out, torch.Tensor) and out.numel() == numel:
+            src = args[1] if name == "copy_" and len(args) > 1 else args[0] if args else None
+            if isinstance(src, torch.Tensor) and src.dtype == out.dtype:
+                seen.append(f"aten.{name} at {_learner_where()}")
         return out
 
     vc._dispatch = watched
@@ -1579,7 +1710,8 @@ def _compare_normalized(out, hwc, host, what):
     if not bool(torch.isfinite(out).all()) or float(err.max()) > 1e-4:
         i = np.unravel_index(int(torch.nan_to_num(err, nan=1e9).argmax()), tuple(err.shape))
         yours, want = float(out[i]), float(expected[i])
-        hint = "x / 255, then subtract the mean and divide by the std, per channel"
+        hint = ("x / 255, then subtract the mean and divide by the std, per channel: constants shaped (1, 3, 1, 1) "
+                "(.view(1, 3, 1, 1)) meet the channel axis of an (N, 3, H, W) batch")
         raw = float(host[i])
         if abs(yours - (raw - CIFAR10_MEAN[i[1]]) / CIFAR10_STD[i[1]]) < 1e-3:
             hint = "ToTensor scales 0..255 to 0..1: divide by 255 first"

@@ -1961,7 +1961,7 @@ def _clones(k):
 
 
 def test_3_3_the_operations_limit_is_where_the_verdict_flips():   # the near-miss rule: 5 pass, 6 fail (w8-03)
-    passes("3.3", _clones(1), SEEDS[:1])
+    passes("3.3", labels_cloned, SEEDS[:1])       # 5 operations, none a needless copy of the batch (w9-03)
     rejected("3.3", Mutant("6 operations a batch", _clones(2), "runs a few operations per batch",
                            words="6 operations"), SEEDS[:1])
 
@@ -2150,3 +2150,139 @@ def test_3_1_w8_two_ahead_told_one_ahead_and_a_list_told_not_to_list():
     result = run_check("3.1", ListsTheLoader)
     assert "do not list() it" in result.message or "property 'reads the loader as it goes'" not in result.message, \
         result.message
+
+
+# -- w9-03 ----------------------------------------------------------------------------------------
+
+class BlockingIfUnpinned(GoodPrefetcher):     # w9-03 w31_27: pageable batches copied blocking, on the loop's stream
+    def copy(self, batch):
+        if not all(t.is_pinned() for t in batch):
+            return tuple(t.to(self.device) for t in batch)
+        return super().copy(batch)
+
+
+class SyncsIfUnpinned(GoodPrefetcher):        # w9-03 w31_36: a host wait per pageable batch
+    def copy(self, batch):
+        pinned = all(t.is_pinned() for t in batch)
+        with torch.cuda.stream(self.stream):
+            out = tuple(t.to(self.device, non_blocking=pinned) for t in batch)
+        if not pinned:
+            self.stream.synchronize()
+        return out
+
+
+class NonBlockingThenSyncsIfUnpinned(GoodPrefetcher):   # w31_36 with non_blocking=True: the wait alone
+    def copy(self, batch):
+        out = super().copy(batch)
+        if not all(t.is_pinned() for t in batch):
+            self.stream.synchronize()
+        return out
+
+
+class UnpinnedOnTheLoopStream(GoodPrefetcher):  # w9-03 w31_37: pageable batches copied on the loop's own stream
+    def copy(self, batch):
+        if not all(t.is_pinned() for t in batch):
+            return tuple(t.to(self.device, non_blocking=True) for t in batch)
+        return super().copy(batch)
+
+
+class WaitsOnTheDefaultStream(GoodPrefetcher):  # w9-03 w31_31: default_stream(device), not current_stream(device)
+    def hand_out(self, batch):
+        consumer = torch.cuda.default_stream(self.device)
+        consumer.wait_stream(self.stream)
+        for t in batch:
+            t.record_stream(consumer)
+        return batch
+
+
+class NewStreamPerBatch(GoodPrefetcher):       # w9-03 w31_24 (right): torch.cuda.Stream() takes a pooled stream
+    def copy(self, batch):
+        self.stream = torch.cuda.Stream(self.device)
+        return super().copy(batch)
+
+
+MUTANTS_31_W9 = [
+    Mutant("w9-03 w31_27 blocking copy if unpinned", BlockingIfUnpinned, "copies asynchronously",
+           words="copies of unpinned batches were blocking"),
+    Mutant("w9-03 w31_36 synchronize if unpinned", SyncsIfUnpinned, "copies asynchronously",
+           words="do not branch on is_pinned()"),
+    Mutant("w31_36, non_blocking, synchronize if unpinned", NonBlockingThenSyncsIfUnpinned,
+           "never makes the host wait", words="for unpinned batches (stream.synchronize"),
+    Mutant("w9-03 w31_37 unpinned on the loop's stream", UnpinnedOnTheLoopStream, "copies on a side stream",
+           words="copies of unpinned batches were queued on the training loop's own stream"),
+    Mutant("w9-03 w31_31 waits on the default stream", WaitsOnTheDefaultStream, "the consumer waits for the copy",
+           words="yours made the device's default stream wait"),
+]
+
+
+@pytest.mark.parametrize("mutant", MUTANTS_31_W9, ids=repr)
+def test_3_1_w9_pageable_pass_and_default_stream(mutant):
+    rejected("3.1", mutant, SEEDS[:1])
+
+
+def test_3_1_w9_a_new_stream_per_batch_passes():
+    # w9-03 w31_24: right. torch.cuda.Stream() hands out streams from a per-device pool (no
+    # cudaStreamCreate per batch), the loop waits for the stream that made each copy, and
+    # record_stream keeps each batch's memory: nothing is raced or wasted.
+    passes("3.1", NewStreamPerBatch, SEEDS[:1])
+
+
+def test_3_3_w9_one_needless_clone_fails_on_its_own():   # w9-03 w33_20: 5 operations, within the limit, passed
+    rejected("3.3", Mutant("w9-03 w33_20 one needless clone (5 operations)", _clones(1),
+                           "makes no needless copy of the batch", words="aten.clone at"), SEEDS[:1])
+
+
+def test_3_3_w9_vector_constants_fail_on_the_shape():   # w9-03 w33_24: W was 3 in the check's first batch
+    rejected("3.3", Mutant("w9-03 w33_24 (3,) constants", broadcasts_over_width, "equals ToTensor + Normalize",
+                           words="(1, 3, 1, 1)"), SEEDS[:2])
+
+
+def gathers_with_batch_sized_indices(images, padding=4, generator=None):   # w9-03 w32_21: 22x, int64 indices
+    n, c, h, w = images.shape
+    dev = images.device
+    dy, dx, flip = _draws(n, padding, dev, generator)
+    padded = F.pad(images, (padding,) * 4)
+    rows = (dy[:, None] + torch.arange(h, device=dev)).view(n, 1, h, 1).expand(n, c, h, w + 2 * padding).contiguous()
+    ar = torch.arange(w, device=dev)
+    cols = (dx[:, None] + torch.where(flip[:, None], ar.flip(0), ar)).view(n, 1, 1, w).expand(n, c, h, w).contiguous()
+    return padded.gather(2, rows).gather(3, cols)
+
+
+def chunks_leave_the_tail(images, padding=4, generator=None):   # w9-03 w32_22: the last partial chunk as it was
+    out = images.clone()
+    for s in range(0, images.shape[0] - 4095, 4096):
+        out[s:s + 4096] = crop_flip(images[s:s + 4096], padding, generator)
+    return out
+
+
+def one_crop_drawn_on_the_host(images, padding=4, generator=None):   # w9-03 w32_01: transforms.v2 on a batch
+    n, c, h, w = images.shape
+    dy, dx = torch.randint(0, 2 * padding + 1, (2,), generator=generator).tolist()
+    out = F.pad(images, (padding,) * 4)[:, :, dy:dy + h, dx:dx + w]
+    if torch.rand(1, generator=generator).item() < 0.5:
+        out = out.flip(-1)
+    return out.contiguous()
+
+
+MUTANTS_32_W9 = [
+    Mutant("w9-03 w32_21 batch-sized int64 indices", gathers_with_batch_sized_indices,
+           "uses memory in proportion to the batch", words="int64 index tensors as large as the batch"),
+    Mutant("w9-03 w32_22 chunks leave the tail", chunks_leave_the_tail,
+           "augments every sample, at every position of the batch", words="came back as they went in"),
+    Mutant("w9-03 w32_01 one crop, drawn on the host", one_crop_drawn_on_the_host,
+           "offsets vary across samples, uniformly", words="the same crop and the same flip"),
+]
+
+
+@pytest.mark.parametrize("mutant", MUTANTS_32_W9, ids=repr)
+def test_3_2_w9_messages_name_the_mistake(mutant):
+    rejected("3.2", mutant, SEEDS[:1])
+
+
+def clones_the_uint8_input(images, labels):      # near miss of w33_20: the copy made before the conversion
+    return good_normalize(images.clone(), labels)
+
+
+def test_3_3_w9_a_clone_of_the_input_is_a_needless_copy_too():
+    rejected("3.3", Mutant("clone of the uint8 batch (5 operations)", clones_the_uint8_input,
+                           "makes no needless copy of the batch", words="aten.clone at"), SEEDS[:1])
