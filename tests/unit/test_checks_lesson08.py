@@ -2290,3 +2290,25 @@ def _w7_ratio_missing_key_only(report, tolerance=0.05):
 
 def test_w7_82_right_answers_pass():
     passes("8.2", _w7_ratio_missing_key_only, [3])
+
+
+def keeps_the_last_8_batches(ctx):
+    """w7-08 w81_20 (passed seeds 1-5 at 90-112% of device-resident): two device copies per batch (x.clone(),
+    y.clone(): cheap, left passing) and the last 8 augmented batches kept alive in a list (a history to look at
+    later): 8 batches' device memory held for nothing, above the one served and a prefetch queue's few."""
+    images, labels = ctx.on_device()
+    aug, history = AugmentBatch(), []
+
+    def transform(x, y):
+        x, y = aug(x.clone(), y.clone())
+        history.append(x)
+        del history[:-8]
+        return x, y
+    return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False), batch_transform=transform)
+
+
+def test_w7_81_a_history_of_the_last_batches_is_rejected():
+    rejected("8.1", Mutant("w81_20_keeps_the_last_8_batches", keeps_the_last_8_batches,
+                           "keeps no batch once the model has had it",
+                           words="more than the one being served and a prefetch queue's few (3 at most): 8 batches' "
+                                 "device memory held for nothing"), [zlib.crc32(b"w81_20") % 1000])
