@@ -658,8 +658,10 @@ def _virtual_epochs_held(make_pipeline, config, workload, n: int, batch_size: in
     return epochs, deferred, ""
 
 
-# a loader may hold a few batches ahead (a prefetcher, DALI's queue); a pipeline holding more keeps every batch
-MAX_BATCHES_KEPT = 8
+# once the epochs are over, a pipeline may still hold the batch it served last and a prefetch queue's few (the
+# course's prefetcher holds 1, DALI's queue 2 by default; a static buffer reused every batch counts once): every
+# right answer in the tests holds 0. Walk w7-08 w81_20 kept its last 8 augmented batches in a list and passed at 8
+MAX_BATCHES_KEPT = 3
 
 
 def _alive(refs: list) -> int:
@@ -677,10 +679,16 @@ def _kept_alive(kept: list, inputs: list, batches: int, what: str) -> None:
                         (inputs, "batches your loader gave the batch_transform (before augmenting)")):
         alive = _alive(refs)
         if alive > MAX_BATCHES_KEPT:        # not "most of them": every other batch kept grows with the epoch too
+            # batches of the first epoch still alive: kept all along (a list of every batch, or of every other);
+            # only the last few: a window of the last batches (a history), whose memory does not grow
+            grows = any(ref() is not None for ref in refs[:len(refs) // 2])
             raise CheckFailed("keeps no batch once the model has had it",
                               f"{what}: {alive} of the {batches} {which} in two epochs were still alive after them, "
-                              "held by your pipeline (a list, a cache, a closure): the memory it holds grows with "
-                              "every batch",
+                              "held by your pipeline (a list, a cache, a closure): "
+                              + ("the memory it holds grows with every batch" if grows else
+                                 f"more than the one being served and a prefetch queue's few ({MAX_BATCHES_KEPT} at "
+                                 f"most): {alive} batches' device memory held for nothing (a history of the last "
+                                 "batches, kept to look at later, is that)"),
                               "on a GPU every batch kept is device memory never given back (150 MB an epoch of "
                               "CIFAR-10 as uint8, 600 MB as float32) until it runs out: keep nothing once a batch is "
                               "handed out")
@@ -1569,6 +1577,10 @@ _MODEL_MISTAKES = [
     ("`parallel` ignored, every rung spread over cores / gpus: a rung whose `parallel` is false runs in one "
      "process, on one core at most: min(1, cores / gpus)",
      lambda report: _speeds(report, lambda c, g: c / g, serial_cores=lambda per_gpu: per_gpu)),
+    # walk w7-08 w82_19: round(cores / gpus), which makes half a core 0 (round(0.5) is 0) and a core and a half 2
+    ("the cores per GPU rounded to whole cores, round(cores / gpus); the spec's model divides exactly: cores / gpus "
+     "(half a core per GPU is half a core, and round(0.5) is 0)",
+     lambda report: _speeds(report, lambda c, g: c / g, parallel_cores=lambda per_gpu: float(round(per_gpu)))),
     ("the same rounded down but kept at one core at least, max(1, cores // gpus)",
      lambda report: _speeds(report, lambda c, g: max(1, c // g))),
     # walk w6-08 82_cpu_times_gpus
@@ -1776,6 +1788,42 @@ def _contract_cases() -> list[tuple[dict, float, bool]]:
     ]
 
 
+def _changed(given, report, where="the report") -> str:
+    """What differs between the report after the call and a copy taken before it, key order included (walk w7-08
+    w82_24: report.pop('rungs') put back at the end is equal as a dict, but its keys come back in another order)."""
+    if isinstance(report, dict) and isinstance(given, dict):
+        if list(given) != list(report):
+            if set(given) == set(report):
+                return f"{where}'s keys came back in another order: {list(given)}, not {list(report)}"
+            gone, new = [k for k in report if k not in given], [k for k in given if k not in report]
+            return f"{where} " + "; ".join(([f"lost {gone}"] if gone else []) + ([f"gained {new}"] if new else []))
+        for key in report:
+            inner = _changed(given[key], report[key], f"{where}[{key!r}]")
+            if inner:
+                return inner
+        return ""
+    return "" if given == report and type(given) is type(report) else f"{where} is {given!r}, not {report!r}"
+
+
+# a machine under one sample/s, where speeds kept as whole samples/s (int, round) are level: 0.9 and 0.6 (the
+# spec's answer is 'device-resident'); the same machine 1,000 times faster (walk w7-08 w82_28)
+_SLOW_MACHINE = {"machine": "0.9 and 0.6 samples/s: 2 cores, 1 GPU", "cores": 2, "gpus": 1, "ceiling": 0.9,
+                 "rungs": {"baseline": {"cpu_per_core": 0.6, "parallel": False}, "device-resident": {"device_cost": 0.0}}}
+_FAST_MACHINE = dict(_SLOW_MACHINE, machine="900 and 600 samples/s: 2 cores, 1 GPU", ceiling=900.0,
+                     rungs={"baseline": {"cpu_per_core": 600.0, "parallel": False},
+                            "device-resident": {"device_cost": 0.0}})
+
+
+def _truncates_speeds(call) -> bool:
+    """Whether the answer takes 0.9 and 0.6 samples/s as level but 900 and 600 not (speeds made whole)."""
+    import copy
+    try:
+        return (call(copy.deepcopy(_SLOW_MACHINE), tolerance=0.05) == "baseline"
+                and call(copy.deepcopy(_FAST_MACHINE), tolerance=0.05) == "device-resident")
+    except Exception:
+        return False
+
+
 def _away_from_edges(report: dict, tolerance: float) -> bool:
     predicted = predicted_throughput(report)
     best = max(predicted.values())
@@ -1862,6 +1910,10 @@ class _Case:
     usual mistakes, all computed before the learner's code runs; `judge` compares an answer."""
 
     def __init__(self, report: dict, tolerance: float, keyword: bool, seed: int):
+        # 'rungs' first: a report whose rungs are taken out (pop) and put back comes back in another order (walk
+        # w7-08 w82_24), which `_changed` sees
+        if "rungs" in report:
+            report = {"rungs": report["rungs"], **{k: v for k, v in report.items() if k != "rungs"}}
         self.report, self.tolerance, self.keyword, self.seed = report, tolerance, keyword, seed
         self.want = reference_choice(report, tolerance)
         self.speed = predicted_throughput(report)
@@ -1921,6 +1973,48 @@ class _Case:
                       rungs={name: dict(rung, cpu_per_core=rung["cpu_per_core"] / scale) if "cpu_per_core" in rung
                              else dict(rung) for name, rung in report["rungs"].items()})
         self.scaled = (scaled, {t: reference_choice(scaled, t) for t in self.probes})
+        self.at_percent = {t: reference_choice(report, t / 100) for t in self.probes}
+        # the same report with every speed x 1,000,000, and its answer (`_state_kept`)
+        big = dict(report, machine=f"{report['machine']} (every speed x 1,000,000)", ceiling=report["ceiling"] * 1e6,
+                   rungs={name: dict(rung, cpu_per_core=rung["cpu_per_core"] * 1e6) if "cpu_per_core" in rung
+                          else dict(rung) for name, rung in report["rungs"].items()})
+        self.big = (big, reference_choice(big, tolerance))
+
+    def _choice_cause(self, yours, call) -> str:
+        """For an answer within the tolerance but later than the spec's: the specific cause where its answers show
+        one (walk w7-08: a tolerance divided by 100, a speed model of its own). Its answers at every probe
+        tolerance must be that cause's, and at tolerance 5 (every rung within) it must take what that cause takes
+        there: the spec's answer at 0.05 for a tolerance read as a percentage, the first rung for a speed model
+        (the fastest, the last or the sorted-first within, the choice rules' mistakes, take another)."""
+        names = list(self.report["rungs"])
+        try:
+            answers = {t: call(self.report, tolerance=t) for t in self.probes}
+            wide = call(self.report, tolerance=5.0)
+        except Exception:
+            return ""
+        if (all(answers[t] == self.at_percent[t] for t in self.probes) and wide == self.at[0.05]
+                and self.at_percent[0.05] != self.at[0.05]):
+            return (f"your answers at every tolerance tried here ({', '.join(f'{t:g}' for t in self.probes)}) are "
+                    "the spec's at tolerance / 100, and at tolerance 5 yours is the spec's at 0.05: tolerance is a "
+                    "fraction, 0.05 is 5% (at least 0.95 x the fastest), not 0.05%: use (1 - tolerance) x the "
+                    "fastest, not (1 - tolerance / 100)")
+        if yours in self.other_models and wide == names[0]:
+            named = [words for words, at in self.mistake_at if words in self.other_models[yours]
+                     and all(at[t] == answers[t] for t in self.probes)]
+            if named:
+                return (f"{yours!r}, and your answers at every tolerance tried here, are what another speed model "
+                        "gives: " + "; or ".join(named) + ". Compare your predicted speeds with the predicted "
+                        "fractions above")
+        return ""
+
+    def _state_kept(self, call) -> bool:
+        """Whether an answer that found no rung here gets the right one on the same report with every speed x
+        1,000,000 (walk w7-08 w82_29: the fastest speed kept in a global, from an earlier, faster report)."""
+        big, want = self.big
+        try:
+            return (call(big, tolerance=self.tolerance) if self.keyword else call(big)) == want
+        except Exception:
+            return False
 
     def _cached(self, yours, earlier, call) -> bool:
         """Whether `yours` is an earlier report's answer kept (keyed on the machine, or its cores, GPUs and ceiling):
@@ -1972,11 +2066,26 @@ class _Case:
     def judge(self, yours, given, earlier=(), call=None) -> None:
         report, tolerance, want, speed = self.report, self.tolerance, self.want, self.speed
         called = f"choose_rung(report, tolerance={tolerance:g})" if self.keyword else "choose_rung(report)"
-        if given != report or list(given["rungs"]) != list(report["rungs"]):
-            raise CheckFailed("leaves the report unchanged", f"{report['machine']}: the report passed in was modified")
+        changed = _changed(given, report)
+        if changed:
+            raise CheckFailed("leaves the report unchanged", f"{report['machine']}: the report passed in was modified: "
+                              f"{changed}", "read the report, do not change it, not even for the time of the call "
+                              "(a key taken out with pop and put back comes back last, and a caller or another thread "
+                              "reads the report meanwhile): report.get('rungs'), and new dicts of your own for your "
+                              "figures")
         if not isinstance(yours, str):
+            if yours is None and call is not None and self._state_kept(call):
+                raise CheckFailed("returns a rung's name (a str)", f"{report['machine']}: {called} returned None, "
+                                  "and the same report with every speed x 1,000,000 gets the right answer",
+                                  "a figure kept from an earlier call (a global, a default argument, an attribute) "
+                                  "decides your choice: the fastest of an earlier report is not this report's. "
+                                  "Compute every figure from the report's own rungs, and keep nothing from one call "
+                                  "to the next")
             raise CheckFailed("returns a rung's name (a str)", f"{report['machine']}: {called} returned "
-                              f"{type(yours).__name__}: {yours!r}", "return the key of report['rungs'], not a number")
+                              f"{type(yours).__name__}: {yours!r}",
+                              "return the key of report['rungs'], not a number" if yours is not None else
+                              "return the key of report['rungs']; None means no rung met your threshold, yet the "
+                              "fastest rung always meets (1 - tolerance) x itself")
         if yours == want:
             return
         best = max(speed.values())
@@ -2001,6 +2110,12 @@ class _Case:
         elif call is not None and self._cached(yours, earlier, call):
             hint = ("that is the answer to an earlier report of the same machine, whose rungs differed: compute "
                     "every answer from the report's own rungs, and keep nothing from one call to the next")
+        elif call is not None and _truncates_speeds(call):
+            hint = ("your speeds lose their fractions: on a machine whose rungs make 0.9 and 0.6 samples/s yours "
+                    "takes them as level, and the same machine 1,000 times faster gets the right answer. A speed "
+                    "truncated or rounded to whole samples/s (int(speed), round(speed), //) makes everything under "
+                    "one sample/s 0: keep the speeds as floats, as they are (a big model's machine makes a few "
+                    "samples/s, or less)")
         elif call is not None and self._scale_dependent(call):
             hint = (f"on this report with every speed divided by the fastest's (the ceiling and each cpu_per_core, "
                     f"so that the fastest rung runs at 1 sample/s), your answers are the spec's at every tolerance "
@@ -2041,7 +2156,10 @@ class _Case:
                     "the first rung of report['rungs'], in the report's order, whose speed is at least "
                     "(1 - tolerance) x the fastest rung's (a share of the fastest, not of the ceiling; not the fastest "
                     "itself, not the last, not in sorted order; tolerance is a fraction: 0.05 is 5%)")
-            if yours in self.other_models:
+            cause = self._choice_cause(yours, call)
+            if cause:                   # walk w7-08 (w82_12, w82_19, w82_27): the cause the check can tell, first
+                hint = cause + ". Otherwise: " + hint
+            elif yours in self.other_models:
                 hint += ("; or, if your speeds differ from the predicted fractions above: "
                          + "; or ".join(self.other_models[yours]))
         elif yours in self.other_models:

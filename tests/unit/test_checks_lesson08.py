@@ -2181,3 +2181,134 @@ def test_w6_81_seeded_generators_pass_correctness():
     # its whole check passed in the walk and here (seed 1); correctness only, on the virtual device, for CI's time
     from course_utils.checks.lesson08 import _check_correctness
     assert _check_correctness(seeded_loader, np.random.default_rng(13), 13, None, virtual=True) == ""
+
+
+# -- walk w7-08: 8.2 answers that passed or whose messages named another mistake -----------------------------------
+
+def _w7_pop_rungs(report, tolerance=0.05):
+    """w82_24: the rungs taken out with pop and put back at the end (the report changes during the call)."""
+    rungs = report.pop("rungs", None)
+    if not rungs:
+        raise ValueError("the report has no rungs")
+    answer = _w6_model()(dict(report, rungs=rungs), tolerance)
+    report["rungs"] = rungs
+    return answer
+
+
+def _w7_reorders_rungs(report, tolerance=0.05):
+    """The rungs dict reordered in place (sorted, then put back in sorted order): equal as a dict, not in order."""
+    answer = _w6_model()(report, tolerance)
+    rungs = report["rungs"]
+    for name in sorted(rungs):
+        rungs[name] = rungs.pop(name)
+    return answer
+
+
+_w7_best = [0.0]
+
+
+def _w7_global_best(report, tolerance=0.05):
+    """w82_29: the fastest speed kept between calls (a global)."""
+    speeds = {}
+    for name, rung in report["rungs"].items():
+        s = report["ceiling"] * (1 - rung.get("device_cost", 0.0))
+        if "cpu_per_core" in rung:
+            share = report["cores"] / report["gpus"]
+            s = min(s, rung["cpu_per_core"] * (share if rung.get("parallel", True) else min(1.0, share)))
+        speeds[name] = s
+    _w7_best[0] = max(_w7_best[0], max(speeds.values()))
+    for name, s in speeds.items():
+        if s >= (1 - tolerance) * _w7_best[0]:
+            return name
+
+
+def _w7_speeds(combine=min, per_gpu=lambda c, g: c / g, whole=float):
+    def choose_rung(report, tolerance=0.05):
+        rungs = report.get("rungs")
+        if not rungs:
+            raise ValueError("the report has no rungs")
+        share = report["cores"] / report["gpus"]
+        speeds = {}
+        for name, rung in rungs.items():
+            s = report["ceiling"] * (1 - rung.get("device_cost", 0.0))
+            if "cpu_per_core" in rung:
+                cores = per_gpu(report["cores"], report["gpus"]) if rung.get("parallel", True) else min(1.0, share)
+                s = combine(s, rung["cpu_per_core"] * cores)
+            speeds[name] = whole(s)
+        best = max(speeds.values())
+        return next(n for n, v in speeds.items() if v >= (1 - tolerance) * best)
+    return choose_rung
+
+
+def _w7_tol_percent(report, tolerance=0.05):
+    """w82_27: the tolerance read as a percentage."""
+    return _w6_model()(report, tolerance / 100)
+
+
+W7_82_MUTANTS = [
+    Mutant("w82_24_pop_rungs", _w7_pop_rungs, "leaves the report unchanged",
+           words="the report's keys came back in another order"),
+    Mutant("w7 rungs reordered in place", _w7_reorders_rungs, "leaves the report unchanged",
+           words="the report['rungs']'s keys came back in another order"),
+    Mutant("w82_28_int_speeds", _w7_speeds(whole=int), _PICKS,
+           words="Hint: your speeds lose their fractions: on a machine whose rungs make 0.9 and 0.6 samples/s"),
+    Mutant("w82_29_global_best", _w7_global_best, "returns a rung's name (a str)",
+           words="Hint: a figure kept from an earlier call (a global, a default argument, an attribute) decides "
+                 "your choice"),
+    Mutant("w82_12_harmonic", _w7_speeds(combine=lambda a, b: 1 / (1 / a + 1 / b)), _PICKS,
+           words="Hint: 'device-resident', and your answers at every tolerance tried here, are what another speed "
+                 "model gives: the two limits combined as 1 / (1/device + 1/cpu)"),
+    Mutant("w82_19_round_cores", _w7_speeds(per_gpu=lambda c, g: round(c / g)), _PICKS,
+           words="the cores per GPU rounded to whole cores, round(cores / gpus)"),
+    Mutant("w82_27_tol_percent", _w7_tol_percent, _PICKS,
+           words="Hint: your answers at every tolerance tried here (0, 0.05, 0.1, 0.5) are the spec's at "
+                 "tolerance / 100"),
+]
+
+
+@pytest.mark.parametrize("mutant", W7_82_MUTANTS, ids=repr)
+def test_w7_82_mutants_fail_named_for_their_own_mistake(mutant):
+    _w7_best[0] = 0.0
+    rejected("8.2", mutant, [zlib.crc32(mutant.name.encode()) % 1000])
+
+
+def _w7_ratio_missing_key_only(report, tolerance=0.05):
+    """w82_20 (s / best >= 1 - tolerance) with w82_30 (only a missing 'rungs' checked; an empty one raises
+    ValueError from max() of an empty sequence): both right by the spec, and they pass."""
+    if "rungs" not in report:
+        raise ValueError("the report has no rungs")
+    speeds = {}
+    for name, rung in report["rungs"].items():
+        s = report["ceiling"] * (1 - rung.get("device_cost", 0.0))
+        if "cpu_per_core" in rung:
+            share = report["cores"] / report["gpus"]
+            s = min(s, rung["cpu_per_core"] * (share if rung.get("parallel", True) else min(1.0, share)))
+        speeds[name] = s
+    best = max(speeds.values())
+    return next(n for n, s in speeds.items() if s / best >= 1 - tolerance)
+
+
+def test_w7_82_right_answers_pass():
+    passes("8.2", _w7_ratio_missing_key_only, [3])
+
+
+def keeps_the_last_8_batches(ctx):
+    """w7-08 w81_20 (passed seeds 1-5 at 90-112% of device-resident): two device copies per batch (x.clone(),
+    y.clone(): cheap, left passing) and the last 8 augmented batches kept alive in a list (a history to look at
+    later): 8 batches' device memory held for nothing, above the one served and a prefetch queue's few."""
+    images, labels = ctx.on_device()
+    aug, history = AugmentBatch(), []
+
+    def transform(x, y):
+        x, y = aug(x.clone(), y.clone())
+        history.append(x)
+        del history[:-8]
+        return x, y
+    return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False), batch_transform=transform)
+
+
+def test_w7_81_a_history_of_the_last_batches_is_rejected():
+    rejected("8.1", Mutant("w81_20_keeps_the_last_8_batches", keeps_the_last_8_batches,
+                           "keeps no batch once the model has had it",
+                           words="more than the one being served and a prefetch queue's few (3 at most): 8 batches' "
+                                 "device memory held for nothing"), [zlib.crc32(b"w81_20") % 1000])
