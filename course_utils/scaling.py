@@ -289,7 +289,9 @@ def agreement_range(measured: float, low: float, high: float, predicted: float, 
     ratio = measured / predicted
     whole = f"{abs(ratio - 1):.0%} {'below' if ratio < 1 else 'above'}"
     # no verdict of its own: "as predicted" beside halves that left the tolerance would say two things
-    return (f"the halves disagree (they ran {low:,.0f} to {high:,.0f}: one {words[side(low)]}, one "
+    def num(v):   # samples/s as whole numbers; a ratio (a speed-up, lesson 06's last run) keeps its decimals
+        return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.2f}"
+    return (f"the halves disagree (they ran {num(low)} to {num(high)}: one {words[side(low)]}, one "
             f"{words[side(high)]}; the whole run {whole} the prediction)")
 
 

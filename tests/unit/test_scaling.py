@@ -192,3 +192,11 @@ def test_fit_verdict_and_why_off_after_w4_06():
     assert "below one device, not a count" in text and "near 0.0" not in text
     assert "starved by the others" in why_off(1.8, 2, steps=12, smoke=True, ours_cores=0.2)
     assert "starved" not in why_off(1.8, 2, steps=12, smoke=True)
+
+
+def test_agreement_range_keeps_a_ratios_decimals():
+    """Lesson 06 hands it speed-ups too: halves of 1.45x and 5.35x read "1.45 to 5.35", not "1 to 5"."""
+    from course_utils.scaling import agreement_range
+    said = agreement_range(3.41, 1.45, 5.35, 3.67)
+    assert "they ran 1.45 to 5.35:" in said, said
+    assert "they ran 900 to 1,000:" in agreement_range(937, 900, 1000, 1172)
