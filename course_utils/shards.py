@@ -967,13 +967,6 @@ def round_verdict(mine: list, theirs: list, *, margin: float = 0.1, spread: floa
         return "undecided (the rounds disagree) against", ratios
     side = "faster" if any(r > 1 + margin for r in ratios) else "slower"
     return f"undecided (some rounds within {margin:.0%}, the others {side}) against", ratios
-    if all(r > 1 + margin for r in ratios):
-        return "faster than", ratios
-    if all(r < 1 - margin for r in ratios):
-        return "slower than", ratios
-    if all(abs(r - 1) <= margin for r in ratios):
-        return "about as fast as", ratios
-    return "undecided (the rounds disagree) against", ratios
 
 
 def _epoch_per_s(loader, count: int) -> float:
