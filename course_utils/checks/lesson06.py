@@ -400,7 +400,8 @@ def _speed_hint(prop: str) -> str:
             "replicate + reduce once when two or more devices get a piece; scatter + gather for the "
             "B - first_piece samples that leave device 0",
         "pays the serial stages only when two or more devices work":
-            "a batch of one sample is one piece: no bytes cross a link, so no replicate, reduce, scatter or gather",
+            "a batch of one sample is one piece: DataParallel replicates onto device 0 alone and reduces there, "
+            "but no bytes cross a link, so no replicate_ms, reduce_ms, scatter or gather",
         "the host launches the step once and works for every replica":
             "host time per step = host_step_ms + host_ms_per_replica x the number of replicas (one per piece) "
             "with two or more devices; the step takes the longest of devices, host and loader",
