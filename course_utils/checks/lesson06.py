@@ -297,6 +297,13 @@ def _named_efficiency_miss(yours: float, c, n, batch, loader, expected: dict) ->
         (speed / (pieces * alone), "yours divides by the pieces, not by n_devices: devices left without a piece "
                                    "count against the efficiency too"),
         (speed / alone, "yours is the speed-up over one device: efficiency divides it by n_devices"),
+        (speed / (n * _alone(c, batch / n, loader)),
+         f"yours runs the one-device baseline on batch / n_devices ({batch / n:.4g} samples here): the baseline is one "
+         f"device training alone on the first piece's batch ({first} samples, ceil(batch / n_devices)), the largest "
+         "piece, which sets the run's pace"),
+        (speed / (n * _alone(c, first, loader, replicas=1)),
+         "yours gives the one-device baseline a replica's host work (host_ms_per_replica): one device training alone "
+         "runs the model directly, no DataParallel, no replica"),
         (speed / (n * _times(c, n, first, loader, host_rule="n_devices")[0]),
          "yours gives the one-device baseline n_devices replicas' host work: one device alone runs no replica"),
     )
@@ -306,6 +313,13 @@ def _named_efficiency_miss(yours: float, c, n, batch, loader, expected: dict) ->
     if len(found) > 1:          # two mistakes that give the same number here: both named
         return "either " + "; or ".join(found)
     return found[0] if found else ""
+
+
+def _alone(c, piece, loader, replicas=0) -> float:
+    """Samples/s of one device alone on `piece` samples (a float for a near miss), with `replicas` replicas' host work."""
+    times = (c.compute_fixed_ms + c.compute_per_sample_ms * piece + c.device0_ms,
+             c.host_step_ms + c.host_ms_per_replica * replicas, 1e3 * piece / loader if math.isfinite(loader) else 0.0)
+    return 1e3 * piece / max(times)
 
 
 def _baseline(costs, n, batch, loader) -> float:

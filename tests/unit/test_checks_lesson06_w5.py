@@ -1,5 +1,5 @@
 """Lesson 06 after the fifth walk (w5-06): no wrong answer passed; the messages that pointed away from
-the mistake (w63_13, w61_20, w62_27) or only restated the formula (w61_15, w63_03, w63_22, w63_23) now
+the mistake (w63_13, w61_20, w62_27) or only restated the formula (w61_15, w61_16, w61_25, w63_03, w63_22, w63_23) now
 name it. The walker's answers verbatim in lesson06_w5/."""
 import pathlib
 import runpy
@@ -21,6 +21,9 @@ def _load(stem):
 MUTANTS = [
     # one replica too few ("replica 0 is the model"): the formula only
     ("6.1", "w61_15", "the host launches the step once and works for every replica", "one replica fewer than the pieces"),
+    # the one-device baseline at batch / n_devices, or with a replica's host work: the formula only
+    ("6.1", "w61_16", "efficiency compares with one device alone", "on batch / n_devices"),
+    ("6.1", "w61_25", "efficiency compares with one device alone", "a replica's host work"),
     # device 0's piece of the input dropped with the batch on the host: told 'counts the input inside the max'
     ("6.3", "w63_13", "a batch left on the host puts only its piece on device 0",
      "yours leaves out device 0's piece of the input"),
