@@ -121,7 +121,10 @@ class StageCosts:
             if f.name == "notes":
                 continue
             note = self.notes.get(f.name, "")
-            lines.append(f"{f.name:24s} {getattr(self, f.name):10.4f}" + (f"   {note}" if note else ""))
+            value = getattr(self, f.name)
+            # 4 decimals, or 3 significant digits for a cost under 0.01 (a per-sample copy of a few bytes)
+            digits = 4 if value == 0 or abs(value) >= 0.01 else 2 - math.floor(math.log10(abs(value)))
+            lines.append(f"{f.name:24s} {value:10.{digits}f}" + (f"   {note}" if note else ""))
         return "\n".join(lines)
 
 

@@ -134,6 +134,7 @@ def _times(c, n, batch, loader, *, devices_stat=None, host_rule="right", serial_
         device = devices_stat([c.compute_ms(chunks[0]) + c.device0_ms] + [c.compute_ms(k) for k in chunks[1:]])
     device += serial if pays_serial else 0.0
     replicas = {"n_devices": n if n > 1 else 0, "always": len(chunks),
+                "one_fewer": len(chunks) - 1 if n > 1 else 0,
                 "pieces_only": len(chunks) if len(chunks) > 1 else 0}.get(host_rule, len(chunks) if n > 1 else 0)
     host = {"no_launch": c.host_ms_per_replica * replicas,
             "launch_per_replica": ((c.host_step_ms + c.host_ms_per_replica) * replicas if replicas
@@ -168,6 +169,11 @@ _SPEED_MISSES = (
     (dict(host_rule="pieces_only"), "yours charges no replica when the batch makes one piece: with two or more "
                                     "devices DataParallel replicates onto every device that gets a piece, device 0 "
                                     "included, even when it is the only one"),
+    (dict(host_rule="one_fewer"), "yours charges host_ms_per_replica for one replica fewer than the pieces ({pieces}"
+                                  " pieces here, so {pieces} replicas): DataParallel's replicate builds a new module "
+                                  "for every device that gets a piece, device 0's included (replica 0 shares the "
+                                  "model's parameters, but the host builds and launches it as it does the others)",
+     "the host launches the step once and works for every replica"),
     (dict(host_rule="no_launch"), "yours leaves out host_step_ms: the host launches every kernel of the step "
                                   "(host_step_ms, once per step) besides its work per replica"),
     (dict(piece="mean"), "yours times the devices by the mean piece (batch / pieces = {mean:g} samples here): a "
@@ -279,6 +285,10 @@ def _named_efficiency_miss(yours: float, c, n, batch, loader, expected: dict) ->
     pieces = len(scaling.dp_chunk_sizes(batch, n))
     alone = scaling.predict_dp(c, 1, first, loader).samples_per_s
     misses = (
+        (speed / (n * scaling.predict_dp(c, 1, first, loader * first / batch).samples_per_s),
+         f"yours charges the one-device baseline's loader for the whole global batch ({batch} samples): the baseline "
+         f"is one device training alone on the first piece's batch ({first} samples), so its loader prepares that "
+         f"batch, 1000 x {first} / loader_samples_per_s ms per step"),
         (speed / (n * scaling.predict_dp(c, 1, batch, loader).samples_per_s),
          "yours compares with one device on the whole global batch: the baseline is one device training alone "
          "on the first piece's batch (n_devices of them side by side)"),
@@ -287,14 +297,29 @@ def _named_efficiency_miss(yours: float, c, n, batch, loader, expected: dict) ->
         (speed / (pieces * alone), "yours divides by the pieces, not by n_devices: devices left without a piece "
                                    "count against the efficiency too"),
         (speed / alone, "yours is the speed-up over one device: efficiency divides it by n_devices"),
+        (speed / (n * _alone(c, batch / n, loader)),
+         f"yours runs the one-device baseline on batch / n_devices ({batch / n:.4g} samples here): the baseline is one "
+         f"device training alone on the first piece's batch ({first} samples, ceil(batch / n_devices)), the largest "
+         "piece, which sets the run's pace"),
+        (speed / (n * _alone(c, first, loader, replicas=1)),
+         "yours gives the one-device baseline a replica's host work (host_ms_per_replica): one device training alone "
+         "runs the model directly, no DataParallel, no replica"),
         (speed / (n * _times(c, n, first, loader, host_rule="n_devices")[0]),
          "yours gives the one-device baseline n_devices replicas' host work: one device alone runs no replica"),
     )
-    for value, sentence in misses:
-        if not trusted.isclose(value, expected["efficiency"], rel_tol=1e-6) and trusted.isclose(yours, value,
-                                                                                                  rel_tol=1e-6):
-            return sentence
-    return ""
+    found = [sentence for value, sentence in misses
+             if not trusted.isclose(value, expected["efficiency"], rel_tol=1e-6)
+             and trusted.isclose(yours, value, rel_tol=1e-6)]
+    if len(found) > 1:          # two mistakes that give the same number here: both named
+        return "either " + "; or ".join(found)
+    return found[0] if found else ""
+
+
+def _alone(c, piece, loader, replicas=0) -> float:
+    """Samples/s of one device alone on `piece` samples (a float for a near miss), with `replicas` replicas' host work."""
+    times = (c.compute_fixed_ms + c.compute_per_sample_ms * piece + c.device0_ms,
+             c.host_step_ms + c.host_ms_per_replica * replicas, 1e3 * piece / loader if math.isfinite(loader) else 0.0)
+    return 1e3 * piece / max(times)
 
 
 def _baseline(costs, n, batch, loader) -> float:
@@ -389,7 +414,8 @@ def _speed_hint(prop: str) -> str:
             "replicate + reduce once when two or more devices get a piece; scatter + gather for the "
             "B - first_piece samples that leave device 0",
         "pays the serial stages only when two or more devices work":
-            "a batch of one sample is one piece: no bytes cross a link, so no replicate, reduce, scatter or gather",
+            "a batch of one sample is one piece: DataParallel replicates onto device 0 alone and reduces there, "
+            "but no bytes cross a link, so no replicate_ms, reduce_ms, scatter or gather",
         "the host launches the step once and works for every replica":
             "host time per step = host_step_ms + host_ms_per_replica x the number of replicas (one per piece) "
             "with two or more devices; the step takes the longest of devices, host and loader",
@@ -1019,6 +1045,15 @@ def check_scatter_gather(functions):
                 hint = ("move each output straight to the target device (`.to(device)`) and concatenate "
                         "there: a trip through host memory (.cpu(), .tolist(), .numpy()) makes the host wait "
                         "for the GPU at every step, and copies the outputs twice")
+                first = _first_tensor(outputs[0])
+                on_gpu = sum(1 for o in outputs if _first_tensor(o) is not None and _first_tensor(o).device.type != "cpu")
+                if to_host and first is not None and first.device.type == "cpu" and len(to_host) == on_gpu:
+                    hint = (f"yours joins the outputs on outputs[0]'s device (the CPU here; or through .cpu()) and "
+                            f"then moves the result to output_device: each of the {on_gpu} outputs on the GPU crossed "
+                            "to the host first, and "
+                            "the joined result crossed back; move each output to output_device and concatenate "
+                            "there (the by-hand step's cat_join(outputs).to(home) is right only because its "
+                            "outputs[0] is on home, device 0)")
                 if not to_host:   # a value read on the host, nothing copied: the wait is the whole cost
                     hint = ("yours reads a value on the host (.item(), bool(), float(), an `if` or assert on a tensor)"
                             " or waits for the device (torch.cuda.synchronize()): the host waits there for the GPU "
@@ -1198,6 +1233,11 @@ def _memory_case(dp_memory, trip, n, batch, sizes, props, on_device0=True, earli
                 "its piece's input": c * sizes["input_bytes"],
                 "its piece's activations": act, "the optimizer state (only device 0 has one)": sizes["optimizer_bytes"],
                 "its piece's outputs": c * sizes["output_bytes"]})
+            if trusted.isclose(yours[k], expected[k] + 2 * c * sizes["output_bytes"], rel_tol=1e-9, abs_tol=0.5):
+                named = (f"yours gives device {k} its piece's outputs and their gradient (2 x {c} x output_bytes): "
+                         "gather moves every replica's outputs to device 0, where the loss and its backward run, so "
+                         "the outputs and their gradient are counted on device 0 (the whole batch's), not on the "
+                         "device that made them")
             hint = ("a device with a piece of c samples: the replica's parameters + c samples of input + c samples "
                     "of activations + the replica's gradients (backward makes gradients while earlier layers' "
                     "activations are still held: the peak is counted with both)")
@@ -1250,6 +1290,25 @@ def _device0_hint(yours, n, batch, sizes, on_device0, terms):
                 "weighs against the activations and outputs")
     input0 = (batch if on_device0 else c0) * sizes["input_bytes"]
     inside = (2 * p + sizes["optimizer_bytes"] + max(input0 + working, p))
+    if n > 1 and not on_device0 and input0 and trusted.isclose(yours, expected - input0, rel_tol=1e-9, abs_tol=0.5):
+        dropped = (f"yours leaves out device 0's piece of the input ({c0} samples, {input0:,} B): the batch stayed on "
+                   "the host, and scatter copies every piece from there to its device, device 0's piece to device 0 "
+                   "too, where it is held to the end of the step")
+        if trusted.isclose(inside, yours, rel_tol=1e-9, abs_tol=0.5):    # the reduce's sum outweighs both here
+            dropped += (f"; or yours counts it inside the max, with the activations and outputs (the reduce's sum, "
+                        f"{p:,} B, outweighs both here, so the two give the same number): add it outside the max")
+        return dropped
+    if n > 1 and trusted.isclose(yours, expected + min(working, p), rel_tol=1e-9, abs_tol=0.5):
+        return (f"yours adds the two moments (its piece's activations with the gathered outputs and their gradient, "
+                f"{working:,} B, and the reduce's sum, {p:,} B): the reduce runs after backward has freed the "
+                "activations, so device 0's peak is the larger of the two, not their sum")
+    whole = 2 * p + sizes["optimizer_bytes"] + input0 + max(batch * sizes["activation_bytes"]
+                                                            + 2 * batch * sizes["output_bytes"], p)
+    if n > 1 and not trusted.isclose(whole, expected, rel_tol=1e-9, abs_tol=0.5) and trusted.isclose(
+            yours, whole, rel_tol=1e-9, abs_tol=0.5):
+        return (f"yours gives device 0 the whole batch's activations ({batch} samples): device 0 runs only its own "
+                f"piece ({c0} samples) forward and backward, so it holds that piece's activations; the other pieces' "
+                "activations are on their own devices")
     if n > 1 and input0 and not trusted.isclose(inside, expected, rel_tol=1e-9, abs_tol=0.5) and trusted.isclose(
             yours, inside, rel_tol=1e-9, abs_tol=0.5):
         return (f"yours counts device 0's input ({input0:,} B) inside the max, with the activations and outputs: "

@@ -59,6 +59,8 @@ def test_stage_costs_validate():
     with pytest.raises(ValueError):
         costs(forward_share=1.5)
     assert "replicate_ms" in costs().describe()
+    # a per-sample cost of a few bytes does not print as 0.0000 (w5-06: gather_ms_per_sample)
+    assert "0.0000398" in costs(gather_ms_per_sample=3.98e-5).describe()
 
 
 def test_memory_device0_holds_more():
