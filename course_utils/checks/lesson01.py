@@ -539,7 +539,7 @@ def check_stall_fraction(stall_fraction):
                 copies = [copy.deepcopy(log) for _ in range(5)]      # all alive at once: five ids never seen
                 for c in copies:
                     try:
-                        other = float(stall_fraction(c, skip_first=skip))
+                        other = float(stall_fraction(c) if default else stall_fraction(c, skip_first=skip))
                     except Exception:
                         continue
                     if not trusted.isclose(other, float(yours), rel_tol=1e-9, abs_tol=1e-12):
