@@ -150,8 +150,10 @@ _NEIGHBOURS = [     # in the order a tie is named in (the same value from two of
 
 
 def _close(yours: float, value: float) -> bool:
-    """Equal to within what the check's clock and a float32 median can account for."""
-    return abs(yours - value) <= 0.01 + 0.005 * abs(value)
+    """Equal to within what the check's clock (0.0001 ms a reading; time.time()'s float keeps 0.00024 ms)
+    and a float32 median can account for: 0.002 ms and 1e-5 of the value. Tighter than a rounding to
+    0.01 ms on the cases below (w5-01: a median rounded to 0.1 ms passed a tolerance of 0.03 ms)."""
+    return abs(yours - value) <= 0.002 + 1e-5 * abs(value)
 
 
 def _statistic_hint(results) -> str:
@@ -168,6 +170,13 @@ def _statistic_hint(results) -> str:
         m = next(m for m in medians if not float(m).is_integer())
         return (f"yours is always a whole number of milliseconds, where the median is {m:g} ms here: report the "
                 f"median as measured, not rounded (on a 4.4 ms step, a whole ms is a 9% error)")
+    for digits, step in ((1, "0.1 ms"), (2, "0.01 ms")):       # w5-01: rounded to 0.1 ms
+        if all(round(float(yours), digits) == float(yours) for _, yours in results) and \
+                any(not _close(round(m, digits), m) for m in medians):
+            m = next(m for m in medians if not _close(round(m, digits), m))
+            return (f"yours is always rounded to {step}, where the median is {m:g} ms here: report the median as "
+                    f"measured, not rounded (a 0.04 ms kernel rounded to {step} reads "
+                    f"{round(0.04, digits):g} ms); round only where you print it")
     return "statistics.median(times), over all the `repeats` timed calls"
 
 
@@ -182,11 +191,12 @@ def _as_ms(value, what):
 # Scripted timed calls (ms) on which the median and its neighbours disagree, each case aimed at one
 # near miss (issues 35, 37): (timed calls' ms, what the case is), after one warm-up call as long as
 # the first timed call. The check's clock makes the times exact: no value is a whole number of ms,
-# so a rounded median is seen; every neighbour of the median differs from it on some case and from
-# every other neighbour on some case (tests/unit: test_the_timer_cases_tell_every_neighbour_apart).
+# and two medians (4.437, 9.236) lie 0.003 ms or more from a multiple of 0.01 ms (w5-01: a median
+# rounded to 0.1 ms passed), so a median rounded to 1, 0.1 or 0.01 ms is seen; every neighbour of
+# the median differs from it on some case and from every other neighbour on some case (tests/unit: test_the_timer_cases_tell_every_neighbour_apart).
 _STATISTIC_CASES = [
-    ([4.4, 4.4, 4.4, 150.0, 4.4, 4.4, 4.4], "6 timed calls of 4.4 ms and one of 150 ms"),     # one slow call
-    ([9.2, 9.2, 1.2, 9.2, 9.2], "4 timed calls of 9.2 ms and one of 1.2 ms"),                # one fast call
+    ([4.437, 4.437, 4.437, 150.0, 4.437, 4.437, 4.437], "6 timed calls of 4.437 ms and one of 150 ms"),  # one slow call
+    ([9.236, 9.236, 1.2, 9.236, 9.236], "4 timed calls of 9.236 ms and one of 1.2 ms"),      # one fast call
     ([5.3, 60.3, 20.3], "3 timed calls of 5.3, 60.3 and 20.3 ms"),                           # the first or the last dropped
     ([60.3, 60.3, 5.3, 5.3, 5.3], "5 timed calls of 60.3, 60.3, 5.3, 5.3 and 5.3 ms"),       # only the first half
     ([5.3, 5.3, 45.3, 45.3], "4 timed calls of 5.3, 5.3, 45.3 and 45.3 ms"),                 # an even count: the middles
@@ -220,6 +230,19 @@ def check_timer(time_it):
                           f"repeats=3) on a 40 ms one: yours reported {ms:.1f} ms for the 40 ms function",
                           "each call of time_it starts a list of its own (times = [] inside the function): yours "
                           "reports a median that still holds the earlier call's timings")
+    # (0') the same function timed twice, its step changed in between (w5-01: a result memoised per fn
+    # reported the first timing again, calling fn 0 times): 2 ms a call, then 20 ms a call
+    cost = [2.0]
+    fn, first = timed(lambda i: cost[0], "a 2 ms function", warmup=1, repeats=3)
+    cost[0], calls = 20.0, fn.calls
+    ms = _time(time_it, fn, cpu, "the same function, now 20 ms a call", clock=clock, warmup=1, repeats=3)
+    if fn.calls == calls or (0.5 <= ms < 0.6 * 20 and trusted.isclose(ms, first, rel_tol=1e-6)):
+        raise CheckFailed("keeps nothing from an earlier call",
+                          f"time_it(fn, cpu, warmup=1, repeats=3) on a function of 2 ms a call (yours {first:.1f} ms), "
+                          f"then on the same fn, now 20 ms a call: yours reported {ms:.1f} ms and called fn "
+                          f"{fn.calls - calls} times (expected 4)",
+                          "time fn afresh on every call of time_it: a result kept per function (a dict keyed by fn) "
+                          "reports the first timing again after the step changed, without calling fn")
     # (a) plain CPU work (mostly waiting, as a call that waits for I/O does): the wall time, in
     # milliseconds, and the right count of calls
     fn, cpu_ms = timed(5.0, "a 6 ms CPU function", cpu_ms=1.0, warmup=2, repeats=5)
@@ -381,6 +404,44 @@ def _per_step(log, skip, statistic, yours) -> bool:
     return trusted.isclose(float(yours), value, rel_tol=1e-6)
 
 
+def _stall_slip(log, skip, yours):
+    """The hint naming the slip yours matches on this log (w5-01: seven slips got the definition
+    restated), or None: (value the slip gives, what it did) in the order tried."""
+    steps = log[skip:]
+    if not steps:
+        return None
+    first, last = steps[0], steps[-1]
+    waits = [s["fetch_end"] - s["fetch_start"] for s in steps]
+    wait = sum(waits)
+    own = sum(s["step_end"] - s["fetch_start"] for s in steps)
+    gap_wait = waits[0] + sum(s["fetch_end"] - p["step_end"] for p, s in zip(steps, steps[1:]))
+    wall = last["step_end"] - first["fetch_start"]
+    slips = [
+        (lambda: wait / own, "yours divides by the steps' own time (the sum of step_end - fetch_start, or of wait + "
+         "compute): the gaps between steps are left out of it. Divide by the wall time from the first counted step's "
+         "fetch_start to the last step's step_end, gaps included"),
+        (lambda: wait / (last["step_end"] - first["fetch_end"]), "yours starts the wall time at the first counted "
+         "step's fetch_end: start it at its fetch_start (the first wait is part of the run)"),
+        (lambda: wait / (last["fetch_start"] - first["fetch_start"]), "yours ends the wall time at the last step's "
+         "fetch_start: end it at the last step's step_end (its wait and compute are part of the run)"),
+        (lambda: wait / (last["fetch_end"] - first["fetch_start"]), "yours ends the wall time at the last step's "
+         "fetch_end: end it at the last step's step_end (its compute is part of the run)"),
+        (lambda: wait / (log[-1]["step_end"] - log[0]["fetch_start"]), "yours sums the counted steps' waits but "
+         "measures the wall time from step_log[0], the warm-up: take both from step_log[skip_first] on"),
+        (lambda: statistics.median(waits) * len(waits) / wall, "yours matches the median wait times the number of "
+         "steps: sum the waits themselves (the long waits are the stall this fraction measures)"),
+        (lambda: gap_wait / wall, "yours counts the gap before each fetch (from the previous step's step_end) as "
+         "waiting: a step's wait is its own fetch_end - fetch_start; the gaps count in the wall time only"),
+    ]
+    for value, hint in slips:
+        try:
+            if trusted.isclose(float(yours), value(), rel_tol=1e-6):
+                return hint
+        except (ZeroDivisionError, ValueError):
+            continue
+    return None
+
+
 def _without_longest(log, skip, yours) -> bool:
     """Whether yours is the fraction with the k longest waits left out (outliers dropped), k up to half."""
     steps = log[skip:]
@@ -410,6 +471,11 @@ def _random_log(rng, n, *, warm_wait=0.0, gap=True):
         log.append({"fetch_start": start, "fetch_end": start + wait, "step_end": start + wait + compute})
         t = start + wait + compute + (rng.uniform(0.0, 0.03) if gap else 0.0)
     return log
+
+
+_KEEPS_NOTHING = ("compute the fraction from the step_log passed in, on every call: nothing kept between calls (no "
+                  "module-level cache or list, no result kept per list or per id(step_log): a StepTimer's log grows "
+                  "while the loop runs, so the same list holds new steps at the next call)")
 
 
 @exercise("1.2", "The data-stall fraction from a step log")
@@ -469,12 +535,24 @@ def check_stall_fraction(stall_fraction):
                     before = [f"another log it handed yours next (a {len(probe)}-step log, expected "
                               f"{_reference_stall(probe, skip):.6f})"]
                     break
+            if not before:       # w5-01: a result kept per list (by id) answers another value for an equal copy
+                copies = [copy.deepcopy(log) for _ in range(5)]      # all alive at once: five ids never seen
+                for c in copies:
+                    try:
+                        other = float(stall_fraction(c) if default else stall_fraction(c, skip_first=skip))
+                    except Exception:
+                        continue
+                    if not trusted.isclose(other, float(yours), rel_tol=1e-9, abs_tol=1e-12):
+                        raise CheckFailed("keeps nothing from an earlier call",
+                                          f"{what}: {_both(float(yours), expected)}; on an equal copy of this log "
+                                          f"yours returned {other:.6f} (seed {seed}): yours answers from something "
+                                          f"kept from an earlier call per list (such as id(step_log)), not from the "
+                                          f"steps the list holds", _KEEPS_NOTHING)
             if before:           # w3-01: a module-level cache returned the first log's value for every later log
                 raise CheckFailed("keeps nothing from an earlier call",
                                   f"{what}: {_both(float(yours), expected)}, the value yours returned for {before[0]} "
                                   f"(seed {seed})",
-                                  "compute the fraction from the step_log passed in, on every call: nothing kept "
-                                  "between calls (no module-level cache or list)")
+                                  _KEEPS_NOTHING)
             hint = ("wait = fetch_end - fetch_start for each counted step; divide their sum by the wall time "
                     "from the first counted step's fetch_start to the last step's step_end (gaps between "
                     "steps are part of the wall time)")
@@ -512,8 +590,39 @@ def check_stall_fraction(stall_fraction):
                         "timestamps are perf_counter seconds around 1e4 to 1e5, so float32 keeps only milliseconds of "
                         "them. Compute in Python floats (float64): torch.tensor(...) and np.float32 make float32 "
                         "(torch.tensor(..., dtype=torch.float64) does not)")
+            else:
+                hint = _stall_slip(log, skip, yours) or hint
             raise CheckFailed("matches the definition", f"{what}: {_both(float(yours), expected)} (seed {seed})", hint)
         earlier.append((what, float(yours)))
+    # w5-01: a result memoised per log object (its id) returned a stale value for a StepTimer.log read
+    # mid-run and again at the end: the same list, read after 8 steps, then after 8 more whose batches
+    # are five times as slow (its fraction moves by more than any tolerance on every seed)
+    growing = _random_log(rng, 8)
+    with calling("stall_fraction(log) on an 8-step log read mid-run"):
+        first = stall_fraction(growing)
+    more = _random_log(rng, 8)
+    shift = growing[-1]["step_end"] + 0.002 - more[0]["fetch_start"]
+    for s_ in more:
+        stretch = 4 * (s_["fetch_end"] - s_["fetch_start"])
+        growing.append({"fetch_start": s_["fetch_start"] + shift, "fetch_end": s_["fetch_end"] + shift + stretch,
+                        "step_end": s_["step_end"] + shift + stretch})
+        shift += stretch
+    with calling("stall_fraction(log) on the same log, 8 steps longer"):
+        again = stall_fraction(growing)
+    expected = _reference_stall(growing, 1)
+    if not isinstance(again, (float, int, np.floating)) or isinstance(again, bool):
+        raise CheckFailed("returns a float", f"a log read again after it grew: yours returned {type(again).__name__}")
+    if not trusted.isclose(float(again), expected, rel_tol=1e-6, abs_tol=1e-9):
+        if not (isinstance(first, (float, int, np.floating)) and
+                trusted.isclose(float(again), float(first), rel_tol=1e-9, abs_tol=1e-12)):
+            raise CheckFailed("matches the definition", f"a 16-step log: {_both(float(again), expected)} (seed {seed})",
+                              "wait = fetch_end - fetch_start for each counted step; divide their sum by the wall time "
+                              "from the first counted step's fetch_start to the last step's step_end")
+        raise CheckFailed("keeps nothing from an earlier call",
+                          f"a log read after 8 steps (yours {float(first):.6f}), then the same list read again after 8 "
+                          f"more steps whose batches were five times as slow: {_both(float(again), expected)}, the "
+                          f"value yours returned for the shorter log (seed {seed})",
+                          _KEEPS_NOTHING)
     for steps, skip in ((3, 3), (3, 5), (0, 0)):          # none left: exactly as many skipped, more, an empty log
         try:
             stall_fraction(_random_log(rng, steps), skip_first=skip)
@@ -526,7 +635,8 @@ def check_stall_fraction(stall_fraction):
         else:
             raise CheckFailed("raises ValueError when no step is left", f"{steps} steps with skip_first={skip} did not raise",
                               "a fraction of nothing is not 0: raise ValueError('no steps left after skipping')")
-    return "matches the definition on eight logs (one step left included), warm-up excluded, gaps counted, empty cases raise."
+    return ("matches the definition on eight logs (one step left included) and on a log that grew between two "
+            "calls, warm-up excluded, gaps counted, empty cases raise.")
 
 
 # -- 1.3 diagnose a timeline ---------------------------------------------------------------------
@@ -792,7 +902,11 @@ def _trimmed(x, share=0.1):
 
 # Other statistics in place of the mean: not named (the group's hint lists them), but a candidate
 # that gives the same answers as one of them is not named either.
-_OTHER_STATISTICS = [np.median, np.max, _trimmed, lambda x: np.mean(x[len(x) // 4: len(x) - len(x) // 4])]
+_OTHER_STATISTICS = [np.median, np.max, _trimmed, lambda x: np.mean(x[len(x) // 4: len(x) - len(x) // 4]),
+                     lambda x: x[-1], lambda x: x[0]]
+# Their names, for 1.3's hints (w5-01); 1.4's group hint names them already
+_STATISTIC_NAMES = ["the median", "the peak (the largest sample)", "a trimmed mean", "the mean of the middle half",
+                    "the last sample (what a live monitor shows at the end)", "the first sample"]
 
 
 def _named_slip(records, candidates):
@@ -837,6 +951,16 @@ def _diagnosis_slips():
              (rule(cores=lambda tl: OURS_SHARE * machine),
               f"yours answers as if it read the cores of the machine running the check (os.cpu_count() = {machine}): "
               "the timeline was recorded elsewhere, on timeline.cores cores; compare with 0.8 x timeline.cores")]
+    # w5-01: utilisation read as a fraction (answers 'compute-bound' for every timeline): the unit named
+    slips.append((rule(device=lambda tl: 100 * np.mean(tl.gpu_util)),
+                  "yours answers as if timeline.gpu_util were a fraction (compared with 0.85): it is in percent, "
+                  "0 to 100; compare its mean with 85"))
+    # w5-01: a fixed core count (the examples' 8 cores, say) in place of timeline.cores
+    for k in (2, 4, 8, 16, 32):
+        if k not in (_first_cores(machine), machine):     # those two are named below and above
+            slips.append((rule(cores=lambda tl, k=k: OURS_SHARE * k),
+                          f"yours answers as if every timeline had {k} cores: read timeline.cores from the timeline "
+                          f"passed in (the machine it was recorded on), and compare with 0.8 x timeline.cores"))
     # w4-01: the first timeline's cores kept for every later one (its core count is never this machine's)
     first = _first_cores(machine)
     slips.append((rule(cores=lambda tl: OURS_SHARE * first),
@@ -854,10 +978,16 @@ def _diagnosis_slips():
         slips.append((rule(course=lambda tl, part=part: np.mean(part(tl.ours_cores))),
                       f"yours answers as if it averaged ours_cores{what}: every sample counts, the first and the last "
                       "included"))
-    for stat in _OTHER_STATISTICS:
+    for stat, name in zip(_OTHER_STATISTICS, _STATISTIC_NAMES):
+        # w5-01: the peak and the last sample got the generic hint; each statistic named (one hint for any
+        # reading it was applied to, so that a rule matching on both readings and on one is still named)
+        hint = (f"yours answers as if it took {name} of the readings (gpu_util, ours_cores), where the rules "
+                "average every sample over the run (np.mean)") if name else None
         slips += [(rule(device=lambda tl, stat=stat: stat(tl.gpu_util), course=lambda tl, stat=stat: stat(tl.ours_cores)),
-                   None), (rule(device=lambda tl, stat=stat: stat(tl.gpu_util)), None),
-                  (rule(course=lambda tl, stat=stat: stat(tl.ours_cores)), None)]
+                   hint, "judges the whole run (means over every sample)"),
+                  (rule(device=lambda tl, stat=stat: stat(tl.gpu_util)), hint, "judges the whole run (means over every sample)"),
+                  (rule(course=lambda tl, stat=stat: stat(tl.ours_cores)), hint,
+                   "judges the whole run (means over every sample)")]
     return slips
 
 
@@ -892,7 +1022,8 @@ def check_diagnose(diagnose):
         if wrong:
             failures.append((prop, hint, wrong))
     if len(answers) == 1:
-        raise CheckFailed("tells the situations apart", f"yours always answers '{next(iter(answers))}'")
+        named, _ = _named_slip(records, _diagnosis_slips())
+        raise CheckFailed("tells the situations apart", f"yours always answers '{next(iter(answers))}'", named or "")
     if failures:
         prop, hint, wrong = failures[0]
         shown = "; ".join(wrong[:2]) + (f"; and {len(wrong) - 2} more" if len(wrong) > 2 else "")
@@ -1153,6 +1284,16 @@ def _run_slips():
              (rule(could=lambda r: min(r.loader_processes, r.cpu_busy.shape[1])),
               "yours answers as if the loaders could use every core of the run's machine (run.cpu_busy.shape[1]): "
               "a container or a CPU quota allows them run.usable_cores, which can be fewer"),
+             (rule(stall=lambda r: r.stall_fraction / 100),         # w5-01: compared with 10 (percent)
+              "yours answers as if run.stall_fraction were a percentage (compared with 10): it is a fraction, 0 "
+              "to 1; device-bound below 0.10"),
+             (rule(could=lambda r: r.loader_processes),              # w5-01: not capped at the usable cores
+              "yours answers as if the loaders could use one core per loading process, however few cores the "
+              "machine lets them have (8 workers on 2 cores can use 2, not 9): cap it, min(run.loader_processes, "
+              "run.usable_cores)"),
+             (rule(could=lambda r: r.usable_cores),
+              "yours answers as if the loaders could use every usable core: a loading process uses one core at "
+              "most (one process on 16 cores can use 1): min(run.loader_processes, run.usable_cores)"),
              (rule(could=lambda r: min(r.loader_processes - 1, r.usable_cores) or 1),
               "yours answers as if only the workers loaded: run.loader_processes already counts every loading "
               "process, the main one and its num_workers workers (1 + num_workers): use it as it is")]
@@ -1191,7 +1332,8 @@ def check_classify_run(classify_run):
         if wrong:
             failures.append((prop, hint, wrong))
     if len(answers) == 1:
-        raise CheckFailed("tells the runs apart", f"yours always answers '{next(iter(answers))}'")
+        named, _ = _named_slip(records, _run_slips())
+        raise CheckFailed("tells the runs apart", f"yours always answers '{next(iter(answers))}'", named or "")
     if failures:
         prop, hint, wrong = failures[0]
         shown = "; ".join(wrong[:3]) + ("; ..." if len(wrong) > 3 else "")

@@ -825,10 +825,11 @@ MUTANTS_13 = [
     Mutant("input and sync swapped", swaps_input_and_sync, "diagnoses each situation"),
     Mutant("sorts ours_cores in place", sorts_in_place, "leaves the timeline unchanged"),
     Mutant("the busiest core", rule(cpu=lambda tl: np.mean(tl.cpu_percent, axis=0).max() >= 80), "diagnoses each situation"),
-    Mutant("the peak device utilisation", rule(device=lambda g: g.max() >= 85), "diagnoses each situation"),
+    Mutant("the peak device utilisation", rule(device=lambda g: g.max() >= 85),
+           "judges the whole run (means over every sample)", words="the peak (the largest sample)"),     # w5-01: named
     Mutant("device threshold 45%", rule(device=lambda g: np.mean(g) >= 45), "uses the thresholds as specified"),
     Mutant("the last sample", rule(device=lambda g: g[-1] >= 85, cpu=lambda tl: tl.ours_cores[-1] >= 0.8 * tl.cores),
-           "diagnoses each situation"),
+           "judges the whole run (means over every sample)", words="the last sample"),
     # issue 35: every process's CPU, on a 2-core machine whose other core another program holds
     Mutant("every process's CPU, mean >= 80%", rule(**MACHINE), "reads the course's own cores, not the whole machine's"),
     Mutant("every process's CPU, mean >= 60%", rule(cpu=lambda tl: np.mean(tl.cpu_percent) >= 60),
