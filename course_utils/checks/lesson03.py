@@ -334,7 +334,7 @@ def check_prefetcher(Prefetcher):
                 "the consumer's stream, the host never blocked (nor polled with query()), no pinned source rewritten in flight; unpinned batches copied the same way (non_blocking, on the side stream, no host wait) and nothing pinned; no batch kept "
                 "once the loop is done with it (nor after the pass, nor after a `break`), nothing launched on the "
                 "loop's stream; ends and restarts cleanly, also after a pass stopped early, and two passes at once "
-                "are each a pass of their own. (On this GPU the side stream was held busy, so a missing "
+                "are each a pass of their own (each batch waited for on the stream that copied it). (On this GPU the side stream was held busy, so a missing "
                 "wait_stream would have read unfinished copies; the rest is graded on the virtual device only.)")
     return ("same batches, same order; on the CPU and the meta device passed through, moved; the CPU also "
             "while CUDA is present; on a virtual CUDA device (the second of two) copied ahead from the loader's "
@@ -342,7 +342,7 @@ def check_prefetcher(Prefetcher):
             "the consumer's stream, the host never blocked (nor polled with query()), no pinned source rewritten in flight; unpinned batches copied the same way (non_blocking, on the side stream, no host wait) and nothing pinned; no batch kept "
             "once the loop is done with it (nor after the pass, nor after a `break`), nothing launched on the "
             "loop's stream; ends and restarts cleanly, also after a pass stopped early, and two passes at once "
-            "are each a pass of their own. (No GPU here: on one, the check also runs it on the real "
+            "are each a pass of their own (each batch waited for on the stream that copied it). (No GPU here: on one, the check also runs it on the real "
             "device.)")
 
 
@@ -439,13 +439,33 @@ def _two_passes_at_once(Prefetcher, loader_seed, n, seed):
         what = (f"two passes at once over one prefetcher on {VIRTUAL} {vc.device}, a loader of {n} pinned batches: "
                 "a = iter(p); next(a); then a whole pass `for batch in p`; then the rest of a (as zip(p, p) or a "
                 f"loop nested in another does; seed {seed})")
+        counts = {"a": 0, "b": 0}
+
+        def take(it, name):
+            # the loop reads each batch as it is handed out, on its own stream (w10-03: a side stream
+            # replaced on self by the other pass made the loop wait for the wrong stream)
+            batch = _next(it, what)
+            if batch is not _STOP and isinstance(batch, (tuple, list)) and len(batch) == 2:
+                i = counts[name]
+                counts[name] += 1
+                for t, kind in zip(batch, ("images", "labels")):
+                    if isinstance(t, DeviceTensor):
+                        vc.mark(t, f"pass {name}'s batch {i}'s {kind}")
+                        (t.float().mean() if kind == "images" else t.sum())
+            return batch
+
+        def side_streams():
+            return [s for s in _streams_in(pf) if s is not vc.default_stream]
+
         try:
             pf = Prefetcher(loader, vc.device)
             first = iter(pf)
-            got_a = [b for b in (_next(first, what),) if b is not _STOP]
+            got_a = [b for b in (take(first, "a"),) if b is not _STOP]
+            streams_a = side_streams()
             second = iter(pf)
-            got_b = list(itertools.islice(iter(lambda: _next(second, what), _STOP), n + 1))
-            got_a += list(itertools.islice(iter(lambda: _next(first, what), _STOP), n + 1))
+            got_b = list(itertools.islice(iter(lambda: take(second, "b"), _STOP), n + 1))
+            replaced = bool(streams_a) and not any(s in side_streams() for s in streams_a)
+            got_a += list(itertools.islice(iter(lambda: take(first, "a"), _STOP), n + 1))
         except RuntimeError as exc:
             raise _learner_error(exc, what) or exc
 
@@ -471,6 +491,20 @@ def _two_passes_at_once(Prefetcher, loader_seed, n, seed):
                               "make __iter__ a generator that keeps the loader's iterator and the batch in flight in "
                               "local variables: each `for batch in prefetcher` (each iter()) then gets a pass of its "
                               "own; no __next__, no pass state on self")
+        races = [r for r in vc.races if r.kind == "device"]
+        if races:
+            race = races[0]
+            why = (": yours keeps its side stream on self, and the second pass replaced it (self.stream = "
+                   "torch.cuda.Stream(...) in __iter__ or for each batch): when the first pass went on, it made the "
+                   "loop's stream wait for the second pass's stream, not for the one that had copied its batch"
+                   if replaced else
+                   ": the loop's stream waited for another stream than the one that copied this batch")
+            raise CheckFailed("the consumer waits for the copy",
+                              f"{what}: {race.label or 'a batch'} was read on the training loop's stream before that "
+                              f"stream waited for the side stream that copied it ({len(races)} such reads){why}",
+                              "wait for the stream that copied the batch: make the side stream once, in __init__, "
+                              "and never replace it; or keep a stream of the pass's own in a local variable of "
+                              "__iter__ (or the stream with each batch copied ahead), not on self")
 
 
 def _meta_pass(Prefetcher, loader_seed, seed):
@@ -611,7 +645,7 @@ def _virtual_prefetch(Prefetcher, loader_seed, n, seed):
         try:
             for k, label, got in _passes(Prefetcher, loader, device, what, on_pass=on_pass, made=made):
                 vc.settle()
-                _judge_prefetch(vc, got, logs[-1], label, full=k != 2)
+                _judge_prefetch(vc, got, logs[-1], label, full=k != 2, pf=made[0] if made else None)
                 if k == 2:
                     stopped = _kept_after_break(vc, allocs, made[0], label)
                 if k == 3 and stopped:
@@ -666,8 +700,10 @@ def _kept_after_break(vc, allocs, pf, what):
     return None
 
 
-def _judge_prefetch(vc, got, log, what, *, full=True):
+def _judge_prefetch(vc, got, log, what, *, full=True, pf=None):
     h2d, consumer, copies_at = vc.h2d(), log["consumer"], log["copies_at"]
+    kept_default = [k for k, v in vars(pf).items() if v is vc.default_stream] \
+        if pf is not None and hasattr(pf, "__dict__") else []      # a loop's stream kept on self
     loop_ids = {s.id for s in log.get("consumers", [consumer])}
     if full:
         batch_bytes = sum(x.numel() * x.element_size() + y.numel() * y.element_size() for x, y in got)
@@ -756,6 +792,12 @@ def _judge_prefetch(vc, got, log, what, *, full=True):
                    "yours made the stream that was current at an earlier hand-out wait, not the one current when "
                    "this batch was handed out: ask torch.cuda.current_stream(device) at each hand-out, not once "
                    "per pass")
+        elif (reader is not None and reader is not vc.default_stream
+              and race.writer in vc.default_stream.waited and kept_default):    # w10-03 w31_consumer_once
+            how = (f": yours made the stream kept in self.{kept_default[0]} wait: the stream that was current when "
+                   "yours was made (torch.cuda.current_stream asked once, when yours was made, and kept), but the "
+                   "loop ran this step on another stream, the one current at this hand-out, which never waited: ask "
+                   "torch.cuda.current_stream(device) at each hand-out, not once")
         elif (reader is not None and reader is not vc.default_stream
               and race.writer in vc.default_stream.waited):      # w9-03 w31_31: default_stream(device) waited
             how = (": yours made the device's default stream wait (torch.cuda.default_stream), but the loop ran "

@@ -540,7 +540,7 @@ class RecordsThenWaits(GoodPrefetcher):        # w1-03 M33: the order of the two
         return batch
 
 
-class NewStreamEveryBatch(GoodPrefetcher):     # w1-03 M34: harmless (torch.cuda.Stream() draws from a pool)
+class NewStreamEveryBatch(GoodPrefetcher):     # w1-03 M34: on self, rejected since w10-03 (zip(p, p) replaces it)
     def copy(self, batch):
         self.stream = torch.cuda.Stream(self.device)
         return super().copy(batch)
@@ -652,7 +652,7 @@ MUTANTS_31_WALKED += [
 
 def test_3_1_right_answers_of_the_reports_pass():
     for answer in (EventAfterTheCopy, AllocatedOnTheConsumer, CopiesFromAThread, WaitsBackBeforeEachCopy,
-                   RecordsThenWaits, NewStreamEveryBatch):
+                   RecordsThenWaits):      # NewStreamEveryBatch (on self): rejected since w10-03, see there
         passes("3.1", answer, SEEDS[:2])
 
 
@@ -2220,11 +2220,11 @@ def test_3_1_w9_pageable_pass_and_default_stream(mutant):
     rejected("3.1", mutant, SEEDS[:1])
 
 
-def test_3_1_w9_a_new_stream_per_batch_passes():
-    # w9-03 w31_24: right. torch.cuda.Stream() hands out streams from a per-device pool (no
-    # cudaStreamCreate per batch), the loop waits for the stream that made each copy, and
-    # record_stream keeps each batch's memory: nothing is raced or wasted.
-    passes("3.1", NewStreamPerBatch, SEEDS[:1])
+def test_3_1_w9_a_new_stream_per_batch_passes_when_kept_with_its_batch():
+    # w9-03 w31_24: a new stream per batch is right when each batch's wait is on the stream that
+    # copied it (torch.cuda.Stream() draws from a per-device pool). Kept on self (NewStreamPerBatch)
+    # it is wrong under zip(p, p): the other pass replaces it (w10-03, a mutant below).
+    passes("3.1", PooledStreamWithTheBatch, SEEDS[:1])
 
 
 def test_3_3_w9_one_needless_clone_fails_on_its_own():   # w9-03 w33_20: 5 operations, within the limit, passed
@@ -2286,3 +2286,83 @@ def clones_the_uint8_input(images, labels):      # near miss of w33_20: the copy
 def test_3_3_w9_a_clone_of_the_input_is_a_needless_copy_too():
     rejected("3.3", Mutant("clone of the uint8 batch (5 operations)", clones_the_uint8_input,
                            "makes no needless copy of the batch", words="aten.clone at"), SEEDS[:1])
+
+
+# -- w10-03 ---------------------------------------------------------------------------------------
+
+class StreamPerPassOnSelf(GoodPrefetcher):      # w10-03 w31_stream_per_pass_on_self: zip(p, p) swaps it
+    def __iter__(self):
+        if self.stream is not None:
+            self.stream = torch.cuda.Stream(self.device)
+        yield from super().__iter__()
+
+
+class StreamPerPassLocal(GoodPrefetcher):       # w10-03 w31_stream_per_pass_local_alt (right): a pass's own
+    def __iter__(self):
+        if self.stream is None:
+            yield from super().__iter__()
+            return
+        stream = torch.cuda.Stream(self.device)
+        batches = iter(self.loader)
+
+        def copy(batch):
+            with torch.cuda.stream(stream):
+                return tuple(t.to(self.device, non_blocking=True) for t in batch) if batch is not None else None
+
+        upcoming = copy(next(batches, None))
+        while upcoming is not None:
+            consumer = torch.cuda.current_stream(self.device)
+            consumer.wait_stream(stream)
+            for t in upcoming:
+                t.record_stream(consumer)
+            batch, upcoming = upcoming, copy(next(batches, None))
+            yield batch
+
+
+class PooledStreamWithTheBatch(GoodPrefetcher):   # right: a stream per batch, kept with the batch it copied
+    def copy(self, batch):
+        stream = torch.cuda.Stream(self.device)
+        with torch.cuda.stream(stream):
+            return stream, tuple(t.to(self.device, non_blocking=True) for t in batch)
+
+    def hand_out(self, copied):
+        stream, batch = copied
+        consumer = torch.cuda.current_stream(self.device)
+        consumer.wait_stream(stream)
+        for t in batch:
+            t.record_stream(consumer)
+        return batch
+
+
+class ConsumerAskedOnce(GoodPrefetcher):        # w10-03 w31_consumer_once: current_stream asked in __init__
+    def __init__(self, loader, device):
+        super().__init__(loader, device)
+        self.consumer = torch.cuda.current_stream(self.device) if self.stream is not None else None
+
+    def hand_out(self, batch):
+        self.consumer.wait_stream(self.stream)
+        for t in batch:
+            t.record_stream(self.consumer)
+        return batch
+
+
+MUTANTS_31_W10 = [
+    Mutant("w10-03 w31_stream_per_pass_on_self", StreamPerPassOnSelf, "the consumer waits for the copy",
+           words="the second pass replaced it"),
+    Mutant("w10-03 w31_stream_per_batch (on self)", NewStreamPerBatch, "the consumer waits for the copy",
+           words="the second pass replaced it"),
+    Mutant("w10-03 w31_consumer_once", ConsumerAskedOnce, "the consumer waits for the copy",
+           words="asked once, when yours was made"),
+]
+
+
+@pytest.mark.parametrize("mutant", MUTANTS_31_W10, ids=repr)
+def test_3_1_w10_mutants(mutant):
+    rejected("3.1", mutant, SEEDS[:1])
+
+
+def test_3_1_w10_a_stream_per_pass_or_per_batch_kept_locally_passes():
+    # a pass's own stream in a local variable, or a (pooled) stream per batch handed out with the
+    # batch it copied: each batch's wait is on the stream that copied it, also under zip(p, p)
+    for answer in (StreamPerPassLocal, PooledStreamWithTheBatch):
+        passes("3.1", answer, SEEDS[:1])
