@@ -2366,3 +2366,67 @@ def test_3_1_w10_a_stream_per_pass_or_per_batch_kept_locally_passes():
     # batch it copied: each batch's wait is on the stream that copied it, also under zip(p, p)
     for answer in (StreamPerPassLocal, PooledStreamWithTheBatch):
         passes("3.1", answer, SEEDS[:1])
+
+
+def crop_flip_reseeded_when_none(images, padding=4, generator=None):   # w10-03 w32_fixed_seed_when_none
+    if generator is None:
+        generator = torch.Generator(device=images.device).manual_seed(0)
+    return crop_flip(images, padding, generator)
+
+
+def crop_flip_v2_transforms(images, padding=4, generator=None):   # w10-03 w32_v2_transforms: square, one draw
+    import torchvision.transforms.v2 as T2
+    h = images.shape[-2]
+    return T2.Compose([T2.RandomCrop(h, padding=padding), T2.RandomHorizontalFlip()])(images)
+
+
+def normalize_times_std(images, labels):         # w10-03 w33_multiply_std
+    mean, std = _consts(images.device)
+    return (images.float() / 255 - mean) * std, labels
+
+
+def normalize_mean_std_swapped(images, labels):  # w10-03 w33_mean_std_swapped
+    mean, std = _consts(images.device)
+    return (images.float() / 255 - std) / mean, labels
+
+
+def normalize_labels_float(images, labels):      # w10-03 w33_labels_float
+    return good_normalize(images, labels)[0], labels.float()
+
+
+MUTANTS_W10_MESSAGES = [
+    ("3.2", Mutant("w10-03 w32_fixed_seed_when_none", crop_flip_reseeded_when_none, "draws new crops on every call",
+                   words="seeded alike on every call")),
+    ("3.2", Mutant("w10-03 w32_v2_transforms", crop_flip_v2_transforms, "offsets vary across samples, uniformly",
+                   words="RandomCrop(H) crops H x H")),
+    ("3.3", Mutant("w10-03 w33_multiply_std", normalize_times_std, "equals ToTensor + Normalize",
+                   words="yours multiplies by the std")),
+    ("3.3", Mutant("w10-03 w33_mean_std_swapped", normalize_mean_std_swapped, "equals ToTensor + Normalize",
+                   words="mean and std swapped")),
+    ("3.3", Mutant("w10-03 w33_labels_float", normalize_labels_float, "passes the labels through",
+                   words="torch.float32, not torch.int64")),
+]
+
+
+@pytest.mark.parametrize("exercise,mutant", MUTANTS_W10_MESSAGES, ids=lambda m: repr(m) if isinstance(m, Mutant) else m)
+def test_w10_messages_name_the_mistake(exercise, mutant):
+    rejected(exercise, mutant, SEEDS[:1])
+
+
+def test_3_2_w10_the_distribution_stage_varies_with_the_seed():
+    # w10-03: the 20,000 draws with generator=None were the same under every COURSE_CHECK_SEED
+    def exclusive(images, padding=4, generator=None):
+        dy, dx, flip = _draws(len(images), padding, images.device, generator, high=2 * padding)
+        return _crop_with(images, padding, dy, dx, flip)
+
+    import os
+    counts = set()
+    for seed in (1, 2):
+        os.environ["COURSE_CHECK_SEED"] = str(seed)
+        try:
+            message = run_check("3.2", exclusive).message
+        finally:
+            os.environ.pop("COURSE_CHECK_SEED", None)
+        assert "(counts [" in message, message
+        counts.add(message.split("(counts [")[1].split("]")[0])
+    assert len(counts) == 2, counts
