@@ -794,10 +794,10 @@ def _judge_prefetch(vc, got, log, what, *, full=True, pf=None):
                    "per pass")
         elif (reader is not None and reader is not vc.default_stream
               and race.writer in vc.default_stream.waited and kept_default):    # w10-03 w31_consumer_once
-            how = (f": yours made the stream kept in self.{kept_default[0]} wait: the stream that was current when "
-                   "yours was made (torch.cuda.current_stream asked once, when yours was made, and kept), but the "
-                   "loop ran this step on another stream, the one current at this hand-out, which never waited: ask "
-                   "torch.cuda.current_stream(device) at each hand-out, not once")
+            how = (f": yours made self.{kept_default[0]} wait, a stream asked once, when yours was made, and kept "
+                   "(there, the device's default stream), but the loop ran this step on another stream, the one "
+                   "current at this hand-out, which never waited: ask torch.cuda.current_stream(device) at each "
+                   "hand-out, not once in __init__")
         elif (reader is not None and reader is not vc.default_stream
               and race.writer in vc.default_stream.waited):      # w9-03 w31_31: default_stream(device) waited
             how = (": yours made the device's default stream wait (torch.cuda.default_stream), but the loop ran "

@@ -2352,7 +2352,7 @@ MUTANTS_31_W10 = [
     Mutant("w10-03 w31_stream_per_batch (on self)", NewStreamPerBatch, "the consumer waits for the copy",
            words="the second pass replaced it"),
     Mutant("w10-03 w31_consumer_once", ConsumerAskedOnce, "the consumer waits for the copy",
-           words="asked once, when yours was made"),
+           words="self.consumer wait, a stream asked once, when yours was made"),
 ]
 
 
