@@ -1361,9 +1361,9 @@ def _crop_statistics(fn, to_device, generator, rng, on, seed, vc):
                     raise CheckFailed("draws new crops on every call",
                                       f"{what}: two calls in a row gave {agree:.0%} of the samples the same {name}, "
                                       "yet two generators seeded differently and passed in give different crops: "
-                                      "with generator=None yours draws from a generator of its own, seeded alike "
-                                      "on every call (torch.Generator().manual_seed(...) inside the function), so "
-                                      "every batch is augmented alike",
+                                      "with generator=None yours draws from a generator seeded alike on every "
+                                      "call (torch.Generator().manual_seed(...), or torch.manual_seed, inside the "
+                                      "function), so every batch is augmented alike",
                                       "when generator is None, pass None on to torch.randint and torch.rand (they "
                                       "then draw from torch's global generator, which advances); never seed inside "
                                       "the function")

@@ -2374,6 +2374,12 @@ def crop_flip_reseeded_when_none(images, padding=4, generator=None):   # w10-03 
     return crop_flip(images, padding, generator)
 
 
+def crop_flip_global_reseed_when_none(images, padding=4, generator=None):   # near miss: torch.manual_seed inside
+    if generator is None:
+        torch.manual_seed(0)
+    return crop_flip(images, padding, generator)
+
+
 def crop_flip_v2_transforms(images, padding=4, generator=None):   # w10-03 w32_v2_transforms: square, one draw
     import torchvision.transforms.v2 as T2
     h = images.shape[-2]
@@ -2397,6 +2403,8 @@ def normalize_labels_float(images, labels):      # w10-03 w33_labels_float
 MUTANTS_W10_MESSAGES = [
     ("3.2", Mutant("w10-03 w32_fixed_seed_when_none", crop_flip_reseeded_when_none, "draws new crops on every call",
                    words="seeded alike on every call")),
+    ("3.2", Mutant("near miss: torch.manual_seed(0) when generator is None", crop_flip_global_reseed_when_none,
+                   "draws new crops on every call", words="or torch.manual_seed, inside the function")),
     ("3.2", Mutant("w10-03 w32_v2_transforms", crop_flip_v2_transforms, "offsets vary across samples, uniformly",
                    words="RandomCrop(H) crops H x H")),
     ("3.3", Mutant("w10-03 w33_multiply_std", normalize_times_std, "equals ToTensor + Normalize",
