@@ -59,8 +59,9 @@ def diagnose(run) -> Verdict:
     synced = bool(_get(run, "synced_every_step"))
     if stall >= INPUT_STALL:
         if stall < 0.5:         # the waits are the part a faster model would not remove, not most of the time
-            rest = (f" (a step in flight {in_flight:.0%} of it" + (f", the device busy {util:.0%}" if util is not None
-                                                                    else "") + ")") if in_flight is not None else ""
+            rest = (f" (of the whole time: a step in flight {in_flight:.0%}" + (f", the device busy {util:.0%}"
+                                                                                 if util is not None else "")
+                    + ")") if in_flight is not None else ""       # w10-03: not a share of the other part
             near = (f" ({INPUT_STALL:.0%} is the line: another run may land below it)" if stall < 1.5 * INPUT_STALL
                     else "")
             return Verdict("input-bound", f"the loop waited for data {stall:.0%} of the time, and the other "
@@ -76,7 +77,7 @@ def diagnose(run) -> Verdict:
         return Verdict("unclear", f"waiting for data {stall:.0%} and no reading of the device's busy time")
     if util >= COMPUTE_UTIL:
         return Verdict("compute-bound", f"the device was busy {util:.0%} of the time")
-    flight = f", a step in flight {in_flight:.0%} of it" if in_flight is not None else ""
+    flight = f", a step in flight {in_flight:.0%} of the time" if in_flight is not None else ""
     near = (f" (waiting for data {stall:.0%} is near the {INPUT_STALL:.0%} at which this reads input-bound: another "
             "run may land on that side)" if stall >= INPUT_STALL / 2 else "")
     return Verdict("launch-bound", f"waiting for data only {stall:.0%}{flight}, yet the device was busy "

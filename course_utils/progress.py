@@ -56,7 +56,8 @@ class Progress:
         """The progress line as it stands (tqdm's format)."""
         from tqdm import tqdm
         return tqdm.format_meter(self.n, self.total, time.perf_counter() - self._t0, prefix=self.desc,
-                                 unit=self.unit, ncols=90)
+                                 unit=self.unit, ncols=max(90, len(self.desc) + 60))   # w10-03: a long desc
+                                                                                     # left no room for bar or rate
 
     def _draw(self) -> None:
         if self._display_id is not None:

@@ -334,7 +334,7 @@ def check_prefetcher(Prefetcher):
                 "the consumer's stream, the host never blocked (nor polled with query()), no pinned source rewritten in flight; unpinned batches copied the same way (non_blocking, on the side stream, no host wait) and nothing pinned; no batch kept "
                 "once the loop is done with it (nor after the pass, nor after a `break`), nothing launched on the "
                 "loop's stream; ends and restarts cleanly, also after a pass stopped early, and two passes at once "
-                "are each a pass of their own. (On this GPU the side stream was held busy, so a missing "
+                "are each a pass of their own (each batch waited for on the stream that copied it). (On this GPU the side stream was held busy, so a missing "
                 "wait_stream would have read unfinished copies; the rest is graded on the virtual device only.)")
     return ("same batches, same order; on the CPU and the meta device passed through, moved; the CPU also "
             "while CUDA is present; on a virtual CUDA device (the second of two) copied ahead from the loader's "
@@ -342,7 +342,7 @@ def check_prefetcher(Prefetcher):
             "the consumer's stream, the host never blocked (nor polled with query()), no pinned source rewritten in flight; unpinned batches copied the same way (non_blocking, on the side stream, no host wait) and nothing pinned; no batch kept "
             "once the loop is done with it (nor after the pass, nor after a `break`), nothing launched on the "
             "loop's stream; ends and restarts cleanly, also after a pass stopped early, and two passes at once "
-            "are each a pass of their own. (No GPU here: on one, the check also runs it on the real "
+            "are each a pass of their own (each batch waited for on the stream that copied it). (No GPU here: on one, the check also runs it on the real "
             "device.)")
 
 
@@ -439,13 +439,33 @@ def _two_passes_at_once(Prefetcher, loader_seed, n, seed):
         what = (f"two passes at once over one prefetcher on {VIRTUAL} {vc.device}, a loader of {n} pinned batches: "
                 "a = iter(p); next(a); then a whole pass `for batch in p`; then the rest of a (as zip(p, p) or a "
                 f"loop nested in another does; seed {seed})")
+        counts = {"a": 0, "b": 0}
+
+        def take(it, name):
+            # the loop reads each batch as it is handed out, on its own stream (w10-03: a side stream
+            # replaced on self by the other pass made the loop wait for the wrong stream)
+            batch = _next(it, what)
+            if batch is not _STOP and isinstance(batch, (tuple, list)) and len(batch) == 2:
+                i = counts[name]
+                counts[name] += 1
+                for t, kind in zip(batch, ("images", "labels")):
+                    if isinstance(t, DeviceTensor):
+                        vc.mark(t, f"pass {name}'s batch {i}'s {kind}")
+                        (t.float().mean() if kind == "images" else t.sum())
+            return batch
+
+        def side_streams():
+            return [s for s in _streams_in(pf) if s is not vc.default_stream]
+
         try:
             pf = Prefetcher(loader, vc.device)
             first = iter(pf)
-            got_a = [b for b in (_next(first, what),) if b is not _STOP]
+            got_a = [b for b in (take(first, "a"),) if b is not _STOP]
+            streams_a = side_streams()
             second = iter(pf)
-            got_b = list(itertools.islice(iter(lambda: _next(second, what), _STOP), n + 1))
-            got_a += list(itertools.islice(iter(lambda: _next(first, what), _STOP), n + 1))
+            got_b = list(itertools.islice(iter(lambda: take(second, "b"), _STOP), n + 1))
+            replaced = bool(streams_a) and not any(s in side_streams() for s in streams_a)
+            got_a += list(itertools.islice(iter(lambda: take(first, "a"), _STOP), n + 1))
         except RuntimeError as exc:
             raise _learner_error(exc, what) or exc
 
@@ -471,6 +491,20 @@ def _two_passes_at_once(Prefetcher, loader_seed, n, seed):
                               "make __iter__ a generator that keeps the loader's iterator and the batch in flight in "
                               "local variables: each `for batch in prefetcher` (each iter()) then gets a pass of its "
                               "own; no __next__, no pass state on self")
+        races = [r for r in vc.races if r.kind == "device"]
+        if races:
+            race = races[0]
+            why = (": yours keeps its side stream on self, and the second pass replaced it (self.stream = "
+                   "torch.cuda.Stream(...) in __iter__ or for each batch): when the first pass went on, it made the "
+                   "loop's stream wait for the second pass's stream, not for the one that had copied its batch"
+                   if replaced else
+                   ": the loop's stream waited for another stream than the one that copied this batch")
+            raise CheckFailed("the consumer waits for the copy",
+                              f"{what}: {race.label or 'a batch'} was read on the training loop's stream before that "
+                              f"stream waited for the side stream that copied it ({len(races)} such reads){why}",
+                              "wait for the stream that copied the batch: make the side stream once, in __init__, "
+                              "and never replace it; or keep a stream of the pass's own in a local variable of "
+                              "__iter__ (or the stream with each batch copied ahead), not on self")
 
 
 def _meta_pass(Prefetcher, loader_seed, seed):
@@ -611,7 +645,7 @@ def _virtual_prefetch(Prefetcher, loader_seed, n, seed):
         try:
             for k, label, got in _passes(Prefetcher, loader, device, what, on_pass=on_pass, made=made):
                 vc.settle()
-                _judge_prefetch(vc, got, logs[-1], label, full=k != 2)
+                _judge_prefetch(vc, got, logs[-1], label, full=k != 2, pf=made[0] if made else None)
                 if k == 2:
                     stopped = _kept_after_break(vc, allocs, made[0], label)
                 if k == 3 and stopped:
@@ -666,8 +700,10 @@ def _kept_after_break(vc, allocs, pf, what):
     return None
 
 
-def _judge_prefetch(vc, got, log, what, *, full=True):
+def _judge_prefetch(vc, got, log, what, *, full=True, pf=None):
     h2d, consumer, copies_at = vc.h2d(), log["consumer"], log["copies_at"]
+    kept_default = [k for k, v in vars(pf).items() if v is vc.default_stream] \
+        if pf is not None and hasattr(pf, "__dict__") else []      # a loop's stream kept on self
     loop_ids = {s.id for s in log.get("consumers", [consumer])}
     if full:
         batch_bytes = sum(x.numel() * x.element_size() + y.numel() * y.element_size() for x, y in got)
@@ -756,6 +792,12 @@ def _judge_prefetch(vc, got, log, what, *, full=True):
                    "yours made the stream that was current at an earlier hand-out wait, not the one current when "
                    "this batch was handed out: ask torch.cuda.current_stream(device) at each hand-out, not once "
                    "per pass")
+        elif (reader is not None and reader is not vc.default_stream
+              and race.writer in vc.default_stream.waited and kept_default):    # w10-03 w31_consumer_once
+            how = (f": yours made self.{kept_default[0]} wait, a stream asked once, when yours was made, and kept "
+                   "(there, the device's default stream), but the loop ran this step on another stream, the one "
+                   "current at this hand-out, which never waited: ask torch.cuda.current_stream(device) at each "
+                   "hand-out, not once in __init__")
         elif (reader is not None and reader is not vc.default_stream
               and race.writer in vc.default_stream.waited):      # w9-03 w31_31: default_stream(device) waited
             how = (": yours made the device's default stream wait (torch.cuda.default_stream), but the loop ran "
@@ -894,7 +936,7 @@ def _windows(images, padding):
     return padded.as_strided((n, k, k, c, h, w), (s[0], s[2], s[3], s[1], s[2], s[3]))
 
 
-def _one_crop_for_all(fn, what, exc):
+def _one_crop_for_all(fn, what, also):
     """A function that drew on the host and so failed with the device's generator: run it on the
     CPU with a CPU generator, on 64 distinct images, and name one crop shared by the whole batch
     (transforms.v2 on a batch) before the host draws, its smaller mistake."""
@@ -911,8 +953,7 @@ def _one_crop_for_all(fn, what, exc):
                       f"{what}: yours gives every image of the batch the same crop and the same flip (run on the "
                       f"CPU with a CPU generator, all {n} images got offsets ({int(dy[0])}, {int(dx[0])}), "
                       f"{'all' if bool(flipped[0]) else 'none'} flipped): one draw for the whole batch, as "
-                      "transforms.v2 applied to a batch tensor does. And on the device yours drew on the CPU: CUDA "
-                      f"says: {exc}",
+                      f"transforms.v2 applied to a batch tensor does. And {also}",
                       "draw one offset per sample and one flip per sample (tensors of N), on the images' device: "
                       "torch.randint(0, 2 * padding + 1, (n,), device=images.device, generator=generator)") from None
 
@@ -936,7 +977,7 @@ def _call_crop(fn, images, padding, generator, what, vc=None, *, defaults=False)
             out = fn(images) if defaults else fn(images, padding=padding, generator=generator)
     except RuntimeError as exc:
         if "device type for generator" in str(exc):
-            _one_crop_for_all(fn, what, exc)          # w9-03 w32_01: the shared crop named before the host draws
+            _one_crop_for_all(fn, what, f"on the device yours drew on the CPU: CUDA says: {exc}")   # w9-03 w32_01
         raise _learner_error(exc, what) or exc
     finally:
         if vc is not None:
@@ -947,6 +988,8 @@ def _call_crop(fn, images, padding, generator, what, vc=None, *, defaults=False)
         raise CheckFailed("leaves its input unchanged", f"{what}: the images passed in were modified",
                           "work on a padded copy (F.pad returns a new tensor)")
     if out.shape != images.shape:
+        _one_crop_for_all(fn, what, f"yours returned {tuple(out.shape)} for an input of {tuple(images.shape)}: "
+                          "each crop must be H x W, the input's own size (RandomCrop(H) crops H x H)")
         raise CheckFailed("keeps the shape", f"{what}: input {tuple(images.shape)}, yours {tuple(out.shape)}",
                           "each crop is H x W, the size of the input image, taken from the padded image")
     if out.dtype != images.dtype or out.device != images.device or isinstance(images, DeviceTensor) != isinstance(
@@ -1135,6 +1178,10 @@ def check_crop_flip(random_crop_flip):
                 _launch_count(ops, on, seed)
             # (b) offsets and flips vary across samples, uniformly, in one call (where it runs on a device)
             if place != "cpu":
+                # torch's own generator (generator=None) seeded from the check's seed, so that the
+                # 20,000 draws vary with COURSE_CHECK_SEED (w10-03: a fresh process drew the same
+                # numbers under every seed); from the seed, not from rng, so later inputs stay put
+                torch.manual_seed((seed * 2654435761 + 12345) % (1 << 31))
                 _crop_statistics(random_crop_flip, to_device, generator, rng, on, seed, vc)
             # (c) every call draws anew, from a generator passed in or from torch's own; reproducible
             # under a seed; another seed gives other crops
@@ -1310,12 +1357,31 @@ def _crop_statistics(fn, to_device, generator, rng, on, seed, vc):
                                           (flipped, flipped2, "flip", 0.5)):
             agree = float((first == second).float().mean())
             if agree > rate + 7 * (rate * (1 - rate) / n) ** 0.5:
+                if _reseeds(fn, images, p, generator, rng, vc, what):      # w10-03 w32_fixed_seed_when_none
+                    raise CheckFailed("draws new crops on every call",
+                                      f"{what}: two calls in a row gave {agree:.0%} of the samples the same {name}, "
+                                      "yet two generators seeded differently and passed in give different crops: "
+                                      "with generator=None yours draws from a generator seeded alike on every "
+                                      "call (torch.Generator().manual_seed(...), or torch.manual_seed, inside the "
+                                      "function), so every batch is augmented alike",
+                                      "when generator is None, pass None on to torch.randint and torch.rand (they "
+                                      "then draw from torch's global generator, which advances); never seed inside "
+                                      "the function")
                 raise CheckFailed("draws new crops on every call",
                                   f"{what}: two calls in a row gave {agree:.0%} of the samples the same {name} "
                                   f"(independent calls agree for about {rate:.0%}): a pattern fixed by the sample's "
                                   "position, the same in every batch",
                                   "draw the offsets and flips at random on every call")
     _per_position(fn, images, generator, rng, on, seed, vc, size, p)
+
+
+def _reseeds(fn, images, p, generator, rng, vc, what):
+    """Two generators seeded differently, passed in, give different crops: the function honours a
+    generator passed in (so its sameness with generator=None comes from a seed of its own)."""
+    s = int(rng.integers(1 << 30))
+    a = _values(_call_crop(fn, images[:256], p, generator(s), what, vc))
+    b = _values(_call_crop(fn, images[:256], p, generator(s + 1), what, vc))
+    return not trusted.torch_equal(a, b)
 
 
 ROUNDS, BATCH = 48, 16     # the per-position statistics: 48 calls on batches of 16
@@ -1520,7 +1586,12 @@ def check_normalize(normalize_on_device):
                     raise CheckFailed("leaves its input unchanged", f"{what}: the uint8 images were modified")
                 if (not isinstance(out_labels, torch.Tensor) or out_labels.device != labels.device
                         or not trusted.torch_equal(_values(out_labels), host_labels) or out_labels.dtype != labels.dtype):
-                    raise CheckFailed("passes the labels through", f"{what}: the labels came back changed")
+                    changed = ("the labels came back changed" if not isinstance(out_labels, torch.Tensor)
+                               or out_labels.dtype == labels.dtype else
+                               f"the labels came back as {out_labels.dtype}, not {labels.dtype} as they went in "
+                               "(cross_entropy takes int64 class indices)")
+                    raise CheckFailed("passes the labels through", f"{what}: {changed}",
+                                      "return the labels as they came: `return out, labels`")
                 if out.device != images.device or isinstance(out, DeviceTensor) != isinstance(images, DeviceTensor):
                     raise CheckFailed("normalises on the device", f"{what}: yours returned images on {out.device}",
                                       "stay on images.device: make mean and std tensors there")
@@ -1717,6 +1788,8 @@ def _compare_normalized(out, hwc, host, what):
             hint = "ToTensor scales 0..255 to 0..1: divide by 255 first"
         elif abs(yours - raw / 255) < 1e-4:
             hint = "Normalize is missing: subtract the mean and divide by the std of each channel"
+        elif (mistake := _formula_mistake(out, host)) is not None:     # w10-03: an operator, not a constant
+            hint = mistake
         elif (affine := _affine_fit(out, expected)) is not None:
             c, a, b = affine
             batch_stats = all(abs(float(out[:, k].mean())) < 1e-3 and abs(float(out[:, k].std()) - 1) < 1e-2
@@ -1734,6 +1807,31 @@ def _compare_normalized(out, hwc, host, what):
                     "compute in float32: images.float() / 255")
         raise CheckFailed("equals ToTensor + Normalize", f"{what}: element {tuple(int(j) for j in i)}: yours "
                           f"{yours:.5f}, expected {want:.5f}", hint)
+
+
+_FORMULA_MISTAKES = (          # (what yours computed, per channel, from x = images / 255; what to say)
+    (lambda x, m, s: (x - m) * s, "yours multiplies by the std: (x / 255 - mean) * std; Normalize divides by it: "
+                                  "(x / 255 - mean) / std"),
+    (lambda x, m, s: (x - s) / m, "yours has mean and std swapped: (x / 255 - std) / mean; subtract the mean and "
+                                  "divide by the std: (x / 255 - mean) / std"),
+    (lambda x, m, s: (x + m) / s, "yours adds the mean: (x / 255 + mean) / std; subtract it: (x / 255 - mean) / std"),
+    (lambda x, m, s: x / s - m, "yours divides by the std before it subtracts the mean: x / 255 / std - mean; "
+                                "subtract first: (x / 255 - mean) / std"),
+)
+
+
+def _formula_mistake(out, host):
+    """The hint for an operator mistake (a multiply for a divide, mean and std swapped, ...): each
+    is affine per channel, so the affine fit alone would call it 'a constant off'."""
+    if tuple(host.shape) != tuple(out.shape):
+        return None
+    x = host.double() / 255
+    m = torch.tensor(CIFAR10_MEAN, dtype=torch.float64).view(1, 3, 1, 1)
+    sd = torch.tensor(CIFAR10_STD, dtype=torch.float64).view(1, 3, 1, 1)
+    for formula, say in _FORMULA_MISTAKES:
+        if float((out.double() - formula(x, m, sd)).abs().max()) < 1e-3:
+            return say
+    return None
 
 
 def _affine_fit(out, expected):

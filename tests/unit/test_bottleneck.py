@@ -22,6 +22,8 @@ def test_each_verdict_follows_from_its_numbers(row, kind):
 def test_an_input_bound_loop_that_waits_less_than_half_the_time_says_so():   # w7-03: 22-30% waits read "input-bound"
     verdict = diagnose({"stall_fraction": 0.3, "device_util": 0.06, "steps_in_flight_fraction": 0.6})
     assert verdict.kind == "input-bound" and "in part" in verdict.reason and "other 70%" in verdict.reason
+    # w10-03: the in-flight share is of the whole time, not of the 70% (it overlaps the waits)
+    assert "(of the whole time: a step in flight 60%, the device busy 6%)" in verdict.reason, verdict.reason
     assert "in part" not in diagnose({"stall_fraction": 0.8, "device_util": 0.03}).reason
     # near the line, on either side, the verdict says another run may land on the other side (w7-03: 14-30%)
     assert "another run" in diagnose({"stall_fraction": 0.22, "device_util": 0.09, "steps_in_flight_fraction": 0.79}).reason

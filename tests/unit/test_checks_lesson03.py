@@ -540,7 +540,7 @@ class RecordsThenWaits(GoodPrefetcher):        # w1-03 M33: the order of the two
         return batch
 
 
-class NewStreamEveryBatch(GoodPrefetcher):     # w1-03 M34: harmless (torch.cuda.Stream() draws from a pool)
+class NewStreamEveryBatch(GoodPrefetcher):     # w1-03 M34: on self, rejected since w10-03 (zip(p, p) replaces it)
     def copy(self, batch):
         self.stream = torch.cuda.Stream(self.device)
         return super().copy(batch)
@@ -652,7 +652,7 @@ MUTANTS_31_WALKED += [
 
 def test_3_1_right_answers_of_the_reports_pass():
     for answer in (EventAfterTheCopy, AllocatedOnTheConsumer, CopiesFromAThread, WaitsBackBeforeEachCopy,
-                   RecordsThenWaits, NewStreamEveryBatch):
+                   RecordsThenWaits):      # NewStreamEveryBatch (on self): rejected since w10-03, see there
         passes("3.1", answer, SEEDS[:2])
 
 
@@ -2220,11 +2220,11 @@ def test_3_1_w9_pageable_pass_and_default_stream(mutant):
     rejected("3.1", mutant, SEEDS[:1])
 
 
-def test_3_1_w9_a_new_stream_per_batch_passes():
-    # w9-03 w31_24: right. torch.cuda.Stream() hands out streams from a per-device pool (no
-    # cudaStreamCreate per batch), the loop waits for the stream that made each copy, and
-    # record_stream keeps each batch's memory: nothing is raced or wasted.
-    passes("3.1", NewStreamPerBatch, SEEDS[:1])
+def test_3_1_w9_a_new_stream_per_batch_passes_when_kept_with_its_batch():
+    # w9-03 w31_24: a new stream per batch is right when each batch's wait is on the stream that
+    # copied it (torch.cuda.Stream() draws from a per-device pool). Kept on self (NewStreamPerBatch)
+    # it is wrong under zip(p, p): the other pass replaces it (w10-03, a mutant below).
+    passes("3.1", PooledStreamWithTheBatch, SEEDS[:1])
 
 
 def test_3_3_w9_one_needless_clone_fails_on_its_own():   # w9-03 w33_20: 5 operations, within the limit, passed
@@ -2286,3 +2286,155 @@ def clones_the_uint8_input(images, labels):      # near miss of w33_20: the copy
 def test_3_3_w9_a_clone_of_the_input_is_a_needless_copy_too():
     rejected("3.3", Mutant("clone of the uint8 batch (5 operations)", clones_the_uint8_input,
                            "makes no needless copy of the batch", words="aten.clone at"), SEEDS[:1])
+
+
+# -- w10-03 ---------------------------------------------------------------------------------------
+
+class StreamPerPassOnSelf(GoodPrefetcher):      # w10-03 w31_stream_per_pass_on_self: zip(p, p) swaps it
+    def __iter__(self):
+        if self.stream is not None:
+            self.stream = torch.cuda.Stream(self.device)
+        yield from super().__iter__()
+
+
+class StreamPerPassLocal(GoodPrefetcher):       # w10-03 w31_stream_per_pass_local_alt (right): a pass's own
+    def __iter__(self):
+        if self.stream is None:
+            yield from super().__iter__()
+            return
+        stream = torch.cuda.Stream(self.device)
+        batches = iter(self.loader)
+
+        def copy(batch):
+            with torch.cuda.stream(stream):
+                return tuple(t.to(self.device, non_blocking=True) for t in batch) if batch is not None else None
+
+        upcoming = copy(next(batches, None))
+        while upcoming is not None:
+            consumer = torch.cuda.current_stream(self.device)
+            consumer.wait_stream(stream)
+            for t in upcoming:
+                t.record_stream(consumer)
+            batch, upcoming = upcoming, copy(next(batches, None))
+            yield batch
+
+
+class PooledStreamWithTheBatch(GoodPrefetcher):   # right: a stream per batch, kept with the batch it copied
+    def copy(self, batch):
+        stream = torch.cuda.Stream(self.device)
+        with torch.cuda.stream(stream):
+            return stream, tuple(t.to(self.device, non_blocking=True) for t in batch)
+
+    def hand_out(self, copied):
+        stream, batch = copied
+        consumer = torch.cuda.current_stream(self.device)
+        consumer.wait_stream(stream)
+        for t in batch:
+            t.record_stream(consumer)
+        return batch
+
+
+class ConsumerAskedOnce(GoodPrefetcher):        # w10-03 w31_consumer_once: current_stream asked in __init__
+    def __init__(self, loader, device):
+        super().__init__(loader, device)
+        self.consumer = torch.cuda.current_stream(self.device) if self.stream is not None else None
+
+    def hand_out(self, batch):
+        self.consumer.wait_stream(self.stream)
+        for t in batch:
+            t.record_stream(self.consumer)
+        return batch
+
+
+MUTANTS_31_W10 = [
+    Mutant("w10-03 w31_stream_per_pass_on_self", StreamPerPassOnSelf, "the consumer waits for the copy",
+           words="the second pass replaced it"),
+    Mutant("w10-03 w31_stream_per_batch (on self)", NewStreamPerBatch, "the consumer waits for the copy",
+           words="the second pass replaced it"),
+    Mutant("w10-03 w31_consumer_once", ConsumerAskedOnce, "the consumer waits for the copy",
+           words="self.consumer wait, a stream asked once, when yours was made"),
+]
+
+
+@pytest.mark.parametrize("mutant", MUTANTS_31_W10, ids=repr)
+def test_3_1_w10_mutants(mutant):
+    rejected("3.1", mutant, SEEDS[:1])
+
+
+def test_3_1_w10_a_stream_per_pass_or_per_batch_kept_locally_passes():
+    # a pass's own stream in a local variable, or a (pooled) stream per batch handed out with the
+    # batch it copied: each batch's wait is on the stream that copied it, also under zip(p, p)
+    for answer in (StreamPerPassLocal, PooledStreamWithTheBatch):
+        passes("3.1", answer, SEEDS[:1])
+
+
+def crop_flip_reseeded_when_none(images, padding=4, generator=None):   # w10-03 w32_fixed_seed_when_none
+    if generator is None:
+        generator = torch.Generator(device=images.device).manual_seed(0)
+    return crop_flip(images, padding, generator)
+
+
+def crop_flip_global_reseed_when_none(images, padding=4, generator=None):   # near miss: torch.manual_seed inside
+    if generator is None:
+        torch.manual_seed(0)
+    return crop_flip(images, padding, generator)
+
+
+def crop_flip_v2_transforms(images, padding=4, generator=None):   # w10-03 w32_v2_transforms: square, one draw
+    import torchvision.transforms.v2 as T2
+    h = images.shape[-2]
+    return T2.Compose([T2.RandomCrop(h, padding=padding), T2.RandomHorizontalFlip()])(images)
+
+
+def normalize_times_std(images, labels):         # w10-03 w33_multiply_std
+    mean, std = _consts(images.device)
+    return (images.float() / 255 - mean) * std, labels
+
+
+def normalize_mean_std_swapped(images, labels):  # w10-03 w33_mean_std_swapped
+    mean, std = _consts(images.device)
+    return (images.float() / 255 - std) / mean, labels
+
+
+def normalize_labels_float(images, labels):      # w10-03 w33_labels_float
+    return good_normalize(images, labels)[0], labels.float()
+
+
+MUTANTS_W10_MESSAGES = [
+    ("3.2", Mutant("w10-03 w32_fixed_seed_when_none", crop_flip_reseeded_when_none, "draws new crops on every call",
+                   words="seeded alike on every call")),
+    ("3.2", Mutant("near miss: torch.manual_seed(0) when generator is None", crop_flip_global_reseed_when_none,
+                   "draws new crops on every call", words="or torch.manual_seed, inside the function")),
+    ("3.2", Mutant("w10-03 w32_v2_transforms", crop_flip_v2_transforms, "offsets vary across samples, uniformly",
+                   words="RandomCrop(H) crops H x H")),
+    ("3.3", Mutant("w10-03 w33_multiply_std", normalize_times_std, "equals ToTensor + Normalize",
+                   words="yours multiplies by the std")),
+    ("3.3", Mutant("w10-03 w33_mean_std_swapped", normalize_mean_std_swapped, "equals ToTensor + Normalize",
+                   words="mean and std swapped")),
+    ("3.3", Mutant("w10-03 w33_labels_float", normalize_labels_float, "passes the labels through",
+                   words="torch.float32, not torch.int64")),
+]
+
+
+@pytest.mark.parametrize("exercise,mutant", MUTANTS_W10_MESSAGES, ids=lambda m: repr(m) if isinstance(m, Mutant) else m)
+def test_w10_messages_name_the_mistake(exercise, mutant):
+    rejected(exercise, mutant, SEEDS[:1])
+
+
+def test_3_2_w10_the_distribution_stage_varies_with_the_seed():
+    # w10-03: the 20,000 draws with generator=None were the same under every COURSE_CHECK_SEED
+    def exclusive(images, padding=4, generator=None):
+        dy, dx, flip = _draws(len(images), padding, images.device, generator, high=2 * padding)
+        return _crop_with(images, padding, dy, dx, flip)
+
+    import os
+    counts = set()
+    for seed in (1, 2):
+        os.environ["COURSE_CHECK_SEED"] = str(seed)
+        try:
+            message = run_check("3.2", exclusive).message
+        finally:
+            os.environ.pop("COURSE_CHECK_SEED", None)
+        assert "(counts [" in message, message
+        counts.add(message.split("(counts [")[1].split("]")[0])
+    assert len(counts) == 2, counts

@@ -47,3 +47,13 @@ def test_the_training_loop_ends_its_line_on_the_steps_it_ran(monkeypatch):
         sim.close()
     assert updated and "5/5" in updated[-1]
     assert "ceiling, 1 warm-up + 4 timed" in updated[-1], "the line says which of its steps are timed"
+
+
+def test_a_long_description_leaves_room_for_the_bar_and_the_rate():
+    # w10-03: "best workers (1 step + 8 loaded ahead), 9 warm-up + 10 timed: 100%|█| 19/19 [00:04<00:00, "
+    bar = progress_module.Progress(total=19, desc="best workers (1 step + 8 loaded ahead), 9 warm-up + 10 timed",
+                                   mininterval=3600)
+    bar.n = 19
+    line = bar.line()
+    bar.close()
+    assert "19/19" in line and "it/s]" in line and "|" + "\u2588" * 5 in line, line
