@@ -1253,12 +1253,6 @@ def check_7_5(path, *, seed=None):
     return judge_7_5(obs, seed, file)
 
 
-_CASE_75 = ["shards of unequal sizes, 2 workers per rank", "3 shards, an odd number of samples, no workers",
-            "a single shard, 2 workers per rank", "a single shard over six epochs, no workers",
-            "a single shard, a remainder of one, over 21 epochs, no workers",
-            "16 small shards over ten epochs, no workers"]   # cases_75()'s order
-
-
 def _describe_75(case) -> str:
     return (f"{len(case['sizes'])} shard(s) of {case['sizes'] if len(case['sizes']) <= 4 else str(case['sizes'][:4])[:-1] + ', ...]'} "
             f"samples, batch_size={case['batch_size']}, {case['workers']} DataLoader worker(s) per rank")
