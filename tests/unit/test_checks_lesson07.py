@@ -343,11 +343,43 @@ def padded_by_modulo(n, num_replicas, rank, *, shuffle=True, seed=0, epoch=0, dr
     return [idx[i % n] for i in range(total)][rank::num_replicas]
 
 
+def fork_rng_seeded(n, num_replicas, rank, *, shuffle=True, seed=0, epoch=0, drop_last=False):
+    """w9-07 w71_13: the global generator seeded inside torch.random.fork_rng(), which restores it: right."""
+    if shuffle:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed + epoch)
+            indices = torch.randperm(n).tolist()
+    else:
+        indices = list(range(n))
+    if drop_last:
+        total = num_replicas * (n // num_replicas)
+        indices = indices[:total]
+    else:
+        total = num_replicas * math.ceil(n / num_replicas)
+        pad = total - n
+        indices += (indices * (math.ceil(pad / max(n, 1)) + 1))[:pad]
+    return indices[rank:total:num_replicas]
+
+
+def tensor_repeat(n, num_replicas, rank, *, shuffle=True, seed=0, epoch=0, drop_last=False):
+    """w9-07 w71_18: a tensor throughout, padded with idx.repeat(), a tensor returned: right."""
+    g = torch.Generator()
+    g.manual_seed(seed + epoch)
+    idx = torch.randperm(n, generator=g) if shuffle else torch.arange(n)
+    if drop_last:
+        total = num_replicas * (n // num_replicas)
+        idx = idx[:total]
+    else:
+        total = num_replicas * math.ceil(n / num_replicas)
+        idx = idx.repeat(math.ceil(total / max(n, 1)))[:total]
+    return idx[rank:total:num_replicas]
+
+
 @pytest.mark.parametrize("fn", [global_rng_saved_and_restored, generator_warmed_with_randperm_1,
                                 lambda *a, **k: __import__("numpy").asarray(shard_indices(*a, **k)),
-                                padded_by_modulo],
+                                padded_by_modulo, fork_rng_seeded, tensor_repeat],
                          ids=["w71_15 global RNG restored", "w71_18 randperm(1) first", "w71_16 numpy array",
-                              "w8-07 71_12 padding by modulo"])
+                              "w8-07 71_12 padding by modulo", "w9-07 w71_13 fork_rng", "w9-07 w71_18 tensor repeat"])
 def test_7_1_right_answers_of_walk_w7_pass(monkeypatch, fn):
     for seed in (1, 2):
         monkeypatch.setenv("COURSE_CHECK_SEED", str(seed))
@@ -1016,6 +1048,13 @@ MUTANTS_73.append((file_73("""\
     return total_loss / n, total_correct / n
 """), "every rank gets the same result"))
 MESSAGES_73[len(MUTANTS_73) - 1] = "joined the all-reduce, then returned nan from its own count"
+# w9-07 w73_12: all_reduce with ReduceOp.AVG: every sum divided by the world size, so the ratios are the
+# same (an extra rounding at most, within the check's tolerance): right
+RIGHT_73["ReduceOp.AVG"] = file_73("""\
+    totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=collective_device())
+    dist.all_reduce(totals, op=dist.ReduceOp.AVG)
+    return finish(*totals.tolist())
+""")
 # w9-07 w74_13: every micro-batch but the last forwarded through ddp_model.module (DDP's forward skipped,
 # so its backward does not all-reduce), no no_sync(): on this plain model (no buffers) the same .grad and
 # one all-reduce; the contract names no_sync() as the supported way and what the module route skips
