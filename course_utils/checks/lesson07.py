@@ -922,9 +922,14 @@ def judge_7_3(obs: list[dict], seed: int, file) -> str:
             empty = [r for r, c in enumerate(cases[i]) if c[2] == 0]
             if empty and any(values[r] == ["nan", "nan"] for r in empty) and \
                     any(v != ["nan", "nan"] for v in values):            # w4-07 w73_local_nan
-                hint = (f"rank {empty[0]}, with no samples, returned nan without joining the all-reduce: the other "
+                r = next(r for r in empty if values[r] == ["nan", "nan"])
+                joined = entries[r].get("collectives", 0) >= 1                  # w9-07 w73_14: it did join
+                hint = (f"rank {r}, with no samples, joined the all-reduce, then returned nan from its own count "
+                        f"(0), where the global count is {count:,}: the other rank returned the global means. Decide "
+                        "nan from the all-reduced count only: it is 0 only when no rank has a sample") if joined else (
+                        f"rank {r}, with no samples, returned nan without joining the all-reduce: the other "
                         "rank's all-reduce then met whatever collective rank "
-                        f"{empty[0]} called next, and the ranks fell out of step (in a job: a hang, or silently wrong "
+                        f"{r} called next, and the ranks fell out of step (in a job: a hang, or silently wrong "
                         "numbers). Every rank all-reduces, whatever its count; only the global count decides nan")
             raise CheckFailed("every rank gets the same result", f"with {_CASE_73[i]}, the ranks returned {values}",
                               hint)
@@ -1246,12 +1251,6 @@ def check_7_5(path, *, seed=None):
     obs = run_rank_jobs([{"exercise": "7.5", "file": str(file), "function": "ShardStream", "seed": seed,
                           "timeout_s": JOB_TIMEOUT_S}])[0]
     return judge_7_5(obs, seed, file)
-
-
-_CASE_75 = ["shards of unequal sizes, 2 workers per rank", "3 shards, an odd number of samples, no workers",
-            "a single shard, 2 workers per rank", "a single shard over six epochs, no workers",
-            "a single shard, a remainder of one, over 21 epochs, no workers",
-            "16 small shards over ten epochs, no workers"]   # cases_75()'s order
 
 
 def _describe_75(case) -> str:

@@ -343,11 +343,43 @@ def padded_by_modulo(n, num_replicas, rank, *, shuffle=True, seed=0, epoch=0, dr
     return [idx[i % n] for i in range(total)][rank::num_replicas]
 
 
+def fork_rng_seeded(n, num_replicas, rank, *, shuffle=True, seed=0, epoch=0, drop_last=False):
+    """w9-07 w71_13: the global generator seeded inside torch.random.fork_rng(), which restores it: right."""
+    if shuffle:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed + epoch)
+            indices = torch.randperm(n).tolist()
+    else:
+        indices = list(range(n))
+    if drop_last:
+        total = num_replicas * (n // num_replicas)
+        indices = indices[:total]
+    else:
+        total = num_replicas * math.ceil(n / num_replicas)
+        pad = total - n
+        indices += (indices * (math.ceil(pad / max(n, 1)) + 1))[:pad]
+    return indices[rank:total:num_replicas]
+
+
+def tensor_repeat(n, num_replicas, rank, *, shuffle=True, seed=0, epoch=0, drop_last=False):
+    """w9-07 w71_18: a tensor throughout, padded with idx.repeat(), a tensor returned: right."""
+    g = torch.Generator()
+    g.manual_seed(seed + epoch)
+    idx = torch.randperm(n, generator=g) if shuffle else torch.arange(n)
+    if drop_last:
+        total = num_replicas * (n // num_replicas)
+        idx = idx[:total]
+    else:
+        total = num_replicas * math.ceil(n / num_replicas)
+        idx = idx.repeat(math.ceil(total / max(n, 1)))[:total]
+    return idx[rank:total:num_replicas]
+
+
 @pytest.mark.parametrize("fn", [global_rng_saved_and_restored, generator_warmed_with_randperm_1,
                                 lambda *a, **k: __import__("numpy").asarray(shard_indices(*a, **k)),
-                                padded_by_modulo],
+                                padded_by_modulo, fork_rng_seeded, tensor_repeat],
                          ids=["w71_15 global RNG restored", "w71_18 randperm(1) first", "w71_16 numpy array",
-                              "w8-07 71_12 padding by modulo"])
+                              "w8-07 71_12 padding by modulo", "w9-07 w71_13 fork_rng", "w9-07 w71_18 tensor repeat"])
 def test_7_1_right_answers_of_walk_w7_pass(monkeypatch, fn):
     for seed in (1, 2):
         monkeypatch.setenv("COURSE_CHECK_SEED", str(seed))
@@ -384,6 +416,35 @@ def test_7_1_shows_where_yours_and_expected_differ(monkeypatch):
         message = run_check("7.1", make_shard(pad="unshuffled")).message
         shown = re.search(r"yours (\[.*?\]).*?, expected (\[.*?\])", message)
         assert shown and shown.group(1) != shown.group(2), message
+
+
+def _obs_73_local_nan(seed, *, joined, world=2):
+    """What the ranks report for 7.3 when the rank with no samples returns nan from its own count
+    (w9-07 w73_14, joined: after the all-reduce; w4-07, not joined: before it); the right values elsewhere."""
+    from course_utils.checks.lesson07_ranks import cases_73
+    obs = [{"rank": r, "results": []} for r in range(world)]
+    for i, case in enumerate(cases_73(seed, world)):
+        n = sum(c[2] for c in case)
+        right = [sum(c[0] for c in case) / n, sum(c[1] for c in case) / n] if n else ["nan", "nan"]
+        for r, o in enumerate(obs):
+            local_nan = case[r][2] == 0 and n > 0
+            o["results"].append({"collectives": 0 if local_nan and not joined else 1, "collective_names": [],
+                                 "collective_devices": ["cpu"], "types": ["float", "float"],
+                                 "value": ["nan", "nan"] if local_nan else right})
+    return obs
+
+
+@pytest.mark.parametrize("joined, words", [(True, "joined the all-reduce, then returned nan from its own count"),
+                                           (False, "returned nan without joining the all-reduce")])
+def test_7_3_local_nan_is_named_as_joined_or_not(joined, words):
+    """w9-07 w73_14 all-reduced on every rank and was told it had not joined the all-reduce (w4-07's
+    message): the two are told apart by the empty rank's collective count (fast: no launch)."""
+    for seed in SEEDS_RANKS:
+        with pytest.raises(lesson07.CheckFailed) as info:
+            lesson07.judge_7_3(_obs_73_local_nan(seed, joined=joined), seed, "answer.py")
+        message = info.value.sentence()
+        assert "'every rank gets the same result'" in message and words in message, message
+        assert ("without joining" in message) != joined, message
 
 
 def test_7_1_stub_and_wrong_type():
@@ -975,6 +1036,40 @@ MUTANTS_73.append((file_73("""\
     return finish(*totals.tolist())
 """), "puts the tensor on this rank's own GPU, cuda:LOCAL_RANK"))
 MESSAGES_73[len(MUTANTS_73) - 1] = "is the local rank only when every node runs one process per GPU"
+
+# w9-07 w73_14: every rank all-reduces, then the rank without samples returns nan from its own count:
+# named as joined (not w4-07's "without joining the all-reduce")
+MUTANTS_73.append((file_73("""\
+    totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=collective_device())
+    dist.all_reduce(totals)
+    total_loss, total_correct, n = totals.tolist()
+    if count == 0:
+        return math.nan, math.nan
+    return total_loss / n, total_correct / n
+"""), "every rank gets the same result"))
+MESSAGES_73[len(MUTANTS_73) - 1] = "joined the all-reduce, then returned nan from its own count"
+# w9-07 w73_12: all_reduce with ReduceOp.AVG: every sum divided by the world size, so the ratios are the
+# same (an extra rounding at most, within the check's tolerance): right
+RIGHT_73["ReduceOp.AVG"] = file_73("""\
+    totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=collective_device())
+    dist.all_reduce(totals, op=dist.ReduceOp.AVG)
+    return finish(*totals.tolist())
+""")
+# w9-07 w74_13: every micro-batch but the last forwarded through ddp_model.module (DDP's forward skipped,
+# so its backward does not all-reduce), no no_sync(): on this plain model (no buffers) the same .grad and
+# one all-reduce; the contract names no_sync() as the supported way and what the module route skips
+RIGHT_74["forward through .module, not no_sync"] = HEADER_74 + textwrap.indent(textwrap.dedent("""\
+    ddp_model.zero_grad(set_to_none=True)
+    total = sum(len(x) for x, _ in micro_batches)
+    running = 0.0
+    last = len(micro_batches) - 1
+    for i, (x, y) in enumerate(micro_batches):
+        model = ddp_model.module if i < last else ddp_model
+        loss = loss_fn(model(x), y) * (len(x) / total)
+        loss.backward()
+        running = running + loss.detach()
+    return float(running)
+"""), "    ")
 
 EXERCISES = {
     "7.2": ("train_ddp", RIGHT_72, MUTANTS_72, lesson07.judge_7_2),
