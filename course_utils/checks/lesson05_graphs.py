@@ -781,5 +781,6 @@ def check_graphed_step(make_graphed_step):
             "once per step with no model call or optimizer step in Python and no wait for the device, the same "
             "losses, weights, optimizer state and batch-norm statistics as ordinary steps (SGD and capturable "
             "Adam), no race between streams, a fresh loss tensor per step, the example batch left alone, and "
-            "ValueError for a batch of another shape (1 sample, 1 label, and as many values in another layout included); on "
+            "ValueError for a batch of another shape, before anything is copied in (1 sample, 1 label, and as many values "
+            "in another layout included); on "
             f"{' and '.join(told)} (seed {seed}).")
