@@ -109,7 +109,7 @@ def _uses_its_scaler(watched: _ScalerCalls, returned, label, *, scaled: bool) ->
         raise CheckFailed("uses the scaler it is given", f"{label}: {_UNUSED_SCALER}", _UNUSED_SCALER_HINT)
     if "update" in calls and "step" in calls and calls.index("update") < calls.index("step"):
         raise CheckFailed("calls scaler.update() after scaler.step()",
-                          f"{label}: yours called the scaler's {', '.join(calls)}, in that order",
+                          f"{label}: yours called the scaler's {', '.join(watched.yours or calls)}, in that order",
                           "scaler.step(optimizer) first (it skips the step after an overflow), then scaler.update(), "
                           "which adjusts the scale from what step() found")
     reads = watched.reads
@@ -152,6 +152,20 @@ _UNUSED_SCALER_HINT = ("use the `scaler` argument, every call: a new GradScaler 
                        "caller's")
 
 
+def _passes_keyword(fn, keyword: str) -> bool:
+    """Whether `fn`'s code (or a function nested in it) passes `keyword=` to a call."""
+    code = getattr(getattr(fn, "__wrapped__", fn), "__code__", None)
+    stack = [code] if code is not None else []
+    while stack:
+        code = stack.pop()
+        for const in code.co_consts:
+            if isinstance(const, tuple) and keyword in const:
+                return True
+            if inspect.iscode(const):
+                stack.append(const)
+    return False
+
+
 def _returned_loss(returned, label):
     """The loss a step returned: a detached tensor of one value (a float is a read of the device)."""
     if isinstance(returned, torch.Tensor):
@@ -184,6 +198,7 @@ class _ScalerCalls:
 
     def __init__(self, scaler):
         self.scaler, self.calls = scaler, []
+        self.yours, self._depth = [], 0     # the calls the learner's code made (not scaler.step's own unscale_; w7-05)
         # a copy to the host (.cpu()) counts as the wait it is on a GPU, and so does torch.cuda.synchronize,
         # also behind `if torch.cuda.is_available():` (walk w3-05)
         self.reads = _SyncAndCopyCounter(host_reads=True, cuda_debug=False)
@@ -193,20 +208,27 @@ class _ScalerCalls:
     def _watched(self, name, method):
         def watched(*args, **kwargs):
             self.calls.append(name)
-            if name == "step":
-                with self.reads.paused():
-                    return method(*args, **kwargs)
-            if name == "get_scale" and not self.reads._paused:
-                with self.reads.paused():
-                    value = method(*args, **kwargs)
-                self.reads._record("scaler.get_scale()")     # one read, at the learner's line
-                return value
-            return method(*args, **kwargs)
+            if not self._depth:
+                self.yours.append(name)
+            self._depth += 1
+            try:
+                if name == "step":
+                    with self.reads.paused():
+                        return method(*args, **kwargs)
+                if name == "get_scale" and not self.reads._paused:
+                    with self.reads.paused():
+                        value = method(*args, **kwargs)
+                    self.reads._record("scaler.get_scale()")     # one read, at the learner's line
+                    return value
+                return method(*args, **kwargs)
+            finally:
+                self._depth -= 1
         return watched
 
     @contextlib.contextmanager
     def one_call(self):
         self.calls.clear()
+        self.yours.clear()
         self.reads.calls.clear()
         self.reads.where.clear()
         with _pretend_a_gpu(), self.reads:
@@ -277,8 +299,14 @@ def _amp_case(amp_step, rng, seed, device, dtype, *, use_scaler):
                                   f"{label}: the model ran {len(model.seen)} forward passes in one call")
             enabled, seen_dtype = model.seen[0]
             if not enabled:
+                switched = _passes_keyword(amp_step, "enabled")     # autocast(..., enabled=scaler.is_enabled()), w7-05
                 raise CheckFailed("runs the forward pass under autocast",
-                                  f"{label}: the model ran with autocast off",
+                                  f"{label}: the model ran with autocast off"
+                                  + (": yours passes enabled= to torch.autocast, and it was False here" if switched
+                                     else ""),
+                                  "leave enabled= out of torch.autocast: autocast is what runs the step in low "
+                                  "precision, for float16 and bfloat16 alike; only the scaler is off for bfloat16 "
+                                  "(GradScaler(enabled=False) passes everything through)" if switched else
                                   "wrap the forward pass and the loss in "
                                   "`with torch.autocast(device_type=images.device.type, dtype=dtype):`")
             if seen_dtype != dtype:
@@ -1007,12 +1035,15 @@ def _loop_case(train_fixed, rng, seed, device):
 
     from torch.multiprocessing.reductions import StorageWeakRef
     kept_losses, most_kept = [], [0]     # earlier steps' losses (their memory) still alive at each step (w3-05)
+    alive_at = []                        # at each step's loss: which earlier steps' losses were alive (w7-05 w54_20)
 
     def loss_fn(logits, labels):
         loss = F.cross_entropy(logits, labels)
         with syncs.paused():
             recorded.append(loss.detach().clone())
-            most_kept[0] = max(most_kept[0], sum(not r.expired() for r in kept_losses))
+            alive = [j for j, r in enumerate(kept_losses) if not r.expired()]
+            most_kept[0] = max(most_kept[0], len(alive))
+            alive_at.append(alive)
             kept_losses.append(StorageWeakRef(loss.untyped_storage()))
         return watch.mark(loss)
 
@@ -1022,6 +1053,8 @@ def _loop_case(train_fixed, rng, seed, device):
         with (_pretend_a_gpu() if device.type == "cpu" else contextlib.nullcontext()), syncs, \
                 contextlib.redirect_stdout(printed):
             result = train_fixed(model, opt, readings, loss_fn, log_every=log_every)
+        if watch.alive:
+            gc.collect()                   # a reference cycle that garbage collection frees is not a keep
         alive_after = watch.alive
     n_logs = steps // log_every
 
@@ -1050,11 +1083,18 @@ def _loop_case(train_fixed, rng, seed, device):
                           f"optimizer.step {n_steps[0]} times, expected {steps} each",
                           "one loss_fn(model(images), labels), backward and optimizer.step per batch")
     graphs = [g for g, _ in readings.values]
-    if max(graphs) > 2 or alive_after > 1:
-        worst = max(graphs + [alive_after])
-        raise CheckFailed("keeps no graph past its step", f"{label}: up to {worst} steps' autograd graphs were alive "
-                          "at once (1 is the step in progress)",
+    if max(graphs) > 2:
+        raise CheckFailed("keeps no graph past its step", f"{label}: up to {max(graphs)} steps' autograd graphs were "
+                          "alive at once (1 is the step in progress)",
                           "keep loss.detach() (or a number), never the loss itself, in lists and running sums")
+    if alive_after:                      # the last step's graph, kept past the return (an attribute, a global; w7-05 w54_16)
+        raise CheckFailed("keeps no graph past its step",
+                          f"{label}: after train_fixed had returned, "
+                          + ("1 step's autograd graph was" if alive_after == 1 else
+                             f"{alive_after} steps' autograd graphs were") + " still alive",
+                          "something the loop keeps beyond the call (an attribute such as train_fixed.last_loss, a "
+                          "global, a list made outside it) holds the loss itself, and with it the step's graph: keep "
+                          "loss.detach() (or a number) there, or nothing; check 5.1 refuses the same")
     held = [b for _, b in readings.values]
     if max(held) > 1.5 * one_graph:
         raise CheckFailed("memory stays flat over the steps",
@@ -1127,7 +1167,8 @@ def _loop_case(train_fixed, rng, seed, device):
             state = (f". Your default argument {kept[0]}=[] is made once, when `def` runs: it is a window kept "
                      "between calls, which starts a call with the losses the last one left over")
         elif i == 0 and not seen and _shared_lists(train_fixed):
-            state = (f". Your loop uses {_shared_lists(train_fixed)[0]}, a list that outlives the call: a window kept "
+            name = _shared_lists(train_fixed)[0]
+            state = (f". Your loop uses {name}, {_shared_kind(train_fixed, name)} that outlives the call: a window kept "
                      "between calls starts a call with the losses the last one left over")
         raise CheckFailed("logs the mean loss of each interval", f"{label}: interval {i + 1} (steps {lo + 1} to "
                           f"{hi}): yours {yours[i]:.5f}, expected their mean {expected[i]:.5f}"
@@ -1156,6 +1197,21 @@ def _loop_case(train_fixed, rng, seed, device):
                                   "diverges shows nothing until it is over",
                                   "read and print each interval's mean once, when step % log_every == 0: one read per "
                                   "interval is the cost of watching the run")
+        for i, offset in enumerate(where):       # once a mean is printed, its interval's losses go (w7-05 w54_20)
+            at = printed.steps_at(offset)
+            first, last = i * log_every, (i + 1) * log_every - 1      # 0-based steps of interval i + 1
+            if at >= len(alive_at):
+                continue
+            # at the next step's loss: none of them alive, but the last step's, which `loss` still names
+            outlived = [j for j in alive_at[at] if first <= j <= last and j != at - 1]
+            if outlived:
+                raise CheckFailed("keeps each loss only until its interval is logged",
+                                  f"{label}: the mean of interval {i + 1} (steps {first + 1} to {last + 1}) was "
+                                  f"printed at step {at}, and at step {at + 1} {len(outlived)} of that interval's "
+                                  f"losses were still alive",
+                                  "clear the window once its mean is read (window.clear(), or window = []): a "
+                                  "deque(maxlen=log_every), or a window cleared later, keeps each interval's "
+                                  "losses into the next interval, one device tensor each")
     if missing is not None:
         i, mean = missing
         shown = printed.getvalue().strip().splitlines()
@@ -1227,6 +1283,18 @@ def _shared_lists(fn) -> list[str]:
     return found
 
 
+def _shared_kind(fn, name: str) -> str:
+    """'a list', 'a dict' or 'a deque': what the name `fn` uses from outside holds (w7-05 w54_10, a dict)."""
+    value = getattr(fn, "__globals__", {}).get(name)
+    code = getattr(fn, "__code__", None)
+    if code is not None and name in code.co_freevars:
+        try:
+            value = (fn.__closure__ or ())[code.co_freevars.index(name)].cell_contents
+        except (ValueError, IndexError):
+            pass
+    return {dict: "a dict", collections.deque: "a deque"}.get(type(value), "a list")
+
+
 def _mutable_defaults(fn) -> list[str]:
     """The parameters of `fn` whose default is a list, dict or set: one object shared by every call."""
     try:
@@ -1247,7 +1315,7 @@ def _no_shared_list(train_fixed, result, n_logs, label, seed):
     shared = _shared_lists(train_fixed)
     if shared and len(result) > n_logs:
         raise CheckFailed("keeps nothing between calls", f"{label}: yours returned {len(result)} values, expected the "
-                          f"means of {n_logs} intervals: your function uses {shared[0]}, a list made outside it, which "
+                          f"means of {n_logs} intervals: your function uses {shared[0]}, {_shared_kind(train_fixed, shared[0])} made outside it, which "
                           f"keeps the earlier calls' means (seed {seed})",
                           f"make the list in the body ({shared[0].lower()} = [] inside train_fixed): a list made "
                           "outside, once, is shared by every call")
@@ -1290,7 +1358,8 @@ def _default_interval(train_fixed, rng, seed):
         raise CheckFailed("logs the mean loss of each interval",
                           f"{label}, after an earlier call that ended with a partial interval: interval {i + 1} "
                           f"(steps {10 * i + 1} to {10 * i + 10}): yours {yours[i]:.5f}, expected {expected[i]:.5f} "
-                          f"(seed {seed})" + (f"; your loop uses {_shared_lists(train_fixed)[0]}, a list that "
+                          f"(seed {seed})" + (f"; your loop uses {_shared_lists(train_fixed)[0]}, "
+                                              f"{_shared_kind(train_fixed, _shared_lists(train_fixed)[0])} that "
                                               "outlives the call" if _shared_lists(train_fixed) else ""),
                           "the mean of the 10 losses of that interval, and only those: a window kept between calls "
                           "(a default argument such as window=[], a global) starts this call with the losses the "

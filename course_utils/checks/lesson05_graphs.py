@@ -535,10 +535,25 @@ def _after_steps(s: _Run, emulate, vc):
     _refuses_other_shapes(s, emulate, vc)
 
 
+def _graph_inputs(s: _Run, vc) -> dict:
+    """The tensors the graph reads that hold the last batch's images and labels (its static inputs), by name."""
+    graph = next((g for g in vc.graphs.graphs if g._ops), None)
+    if graph is None:
+        return {}
+    leaves = {id(leaf): leaf for _, args, kwargs, _ in graph._ops
+              for leaf in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(leaf, torch.Tensor)}
+    images, labels = s.batches[-1]
+    return {name: [leaf for leaf in leaves.values() if leaf.shape == given.shape and leaf.dtype == given.dtype
+                   and trusted.torch_equal(leaf, given)]
+            for name, given in (("images", images), ("labels", labels))}
+
+
 def _refuses_other_shapes(s: _Run, emulate, vc):
     what, step, yours, opt = s.what, s.step, s.yours, s.opt
+    inputs = _graph_inputs(s, vc) if emulate else {}
     for told, (images, labels) in s.refused:
         before = _state(yours, opt)
+        held = {name: [t.clone() for t in tensors] for name, tensors in inputs.items()}
         replays = sum(g.replays for g in vc.graphs.graphs) if emulate else None
         try:
             step(images.clone(), labels.clone())
@@ -565,6 +580,14 @@ def _refuses_other_shapes(s: _Run, emulate, vc):
             raise CheckFailed("a batch of another shape raises ValueError",
                               f"{what}: {told} was refused, but the model or the graph still ran",
                               "check the shapes before you copy or replay")
+        written = [name for name, tensors in inputs.items()
+                   if not all(trusted.torch_equal(t, h) for t, h in zip(tensors, held[name]))]
+        if written:                     # labels copied in before the shapes were compared (w7-05 w55_17)
+            raise CheckFailed("a batch of another shape raises ValueError and changes nothing",
+                              f"{what}: {told} raised ValueError, but only after your step() had copied the "
+                              f"{' and the '.join(written)} into the graph's input tensors",
+                              "compare both shapes first, and copy nothing until both match: a refused call "
+                              "changes nothing, so the graph's inputs still hold the last batch it trained on")
 
 
 def _short(where: str) -> str:
@@ -758,5 +781,6 @@ def check_graphed_step(make_graphed_step):
             "once per step with no model call or optimizer step in Python and no wait for the device, the same "
             "losses, weights, optimizer state and batch-norm statistics as ordinary steps (SGD and capturable "
             "Adam), no race between streams, a fresh loss tensor per step, the example batch left alone, and "
-            "ValueError for a batch of another shape (1 sample, 1 label, and as many values in another layout included); on "
+            "ValueError for a batch of another shape, before anything is copied in (1 sample, 1 label, and as many values "
+            "in another layout included); on "
             f"{' and '.join(told)} (seed {seed}).")

@@ -1804,3 +1804,129 @@ def test_fixed_loop_passes_printing_each_mean_one_interval_late():
             print(f"mean loss {means[-1]:.4f}")
         return means
     passes("5.4", lagged, range(1))
+
+
+# -- walk w7-05 ---------------------------------------------------------------------------------------
+
+def loop_keeps_last_loss_in_an_attribute(model, optimizer, batches, loss_fn, log_every=10):
+    """The window right, and the last loss itself kept in a function attribute 'for a debugger' (w7-05 w54_16):
+    the last step's graph lives on after the call returns."""
+    means, window = [], []
+    for step, (images, labels) in enumerate(batches, 1):
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        loop_keeps_last_loss_in_an_attribute.last_loss = loss
+        window.append(loss.detach())
+        if step % log_every == 0:
+            mean = torch.stack(window).mean().item()
+            print(f"step {step}: mean loss {mean:.4f}")
+            means.append(mean)
+            window = []
+    return means
+
+
+def loop_deque_window(model, optimizer, batches, loss_fn, log_every=10):
+    """A deque(maxlen=log_every) window, never cleared (w7-05 w54_20): each interval's losses live on into the
+    next interval, against 'no step's loss outlives the interval it is logged in'."""
+    import collections
+    means, window = [], collections.deque(maxlen=log_every)
+    for step, (images, labels) in enumerate(batches, 1):
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        window.append(loss.detach())
+        if step % log_every == 0:
+            mean = torch.stack(list(window)).mean().item()
+            print(f"step {step}: mean loss {mean:.4f}")
+            means.append(mean)
+    return means
+
+
+_RUNNING_54 = {"sum": None, "n": 0}
+
+
+def loop_global_running_dict(model, optimizer, batches, loss_fn, log_every=10):
+    """A running sum in a module-level dict (w7-05 w54_10): the message names it a dict."""
+    means = []
+    for step, (images, labels) in enumerate(batches, 1):
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        d = loss.detach()
+        _RUNNING_54["sum"] = d if _RUNNING_54["sum"] is None else _RUNNING_54["sum"] + d
+        _RUNNING_54["n"] += 1
+        if step % log_every == 0:
+            mean = (_RUNNING_54["sum"] / _RUNNING_54["n"]).item()
+            print(f"step {step}: mean loss {mean:.4f}")
+            means.append(mean)
+            _RUNNING_54["sum"], _RUNNING_54["n"] = None, 0
+    return means
+
+
+def test_fixed_loop_rejects_a_graph_kept_past_the_return():
+    rejected("5.4", Mutant("the last loss in a function attribute (w54_16)", loop_keeps_last_loss_in_an_attribute,
+                           "keeps no graph past its step", words="after train_fixed had returned, 1 step's autograd "
+                                                                 "graph was still alive"), range(1))
+
+
+def test_fixed_loop_rejects_a_deque_window():
+    rejected("5.4", Mutant("a deque(maxlen=log_every) window (w54_20)", loop_deque_window,
+                           "keeps each loss only until its interval is logged", words="deque(maxlen=log_every)"),
+             range(1))
+    result = run_check("5.4", loop_deque_window)
+    assert "was printed at step" in result.message and "losses were still alive" in result.message, result.message
+
+
+def test_fixed_loop_names_a_global_dict_a_dict():
+    _RUNNING_54.update(sum=None, n=0)
+    try:
+        result = run_check("5.4", loop_global_running_dict)
+        assert result.status == "fail" and "_RUNNING_54, a dict that outlives the call" in result.message, \
+            result.message
+        assert "a list" not in result.message.split("Hint")[0], result.message
+    finally:
+        _RUNNING_54.update(sum=None, n=0)
+
+
+def amp_step_autocast_enabled_by_the_scaler(model, optimizer, scaler, images, labels, dtype=torch.float16,
+                                            max_norm=1.0):
+    """autocast(..., enabled=scaler.is_enabled()) (w7-05 w51_15): off for bfloat16, whose scaler is off."""
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=images.device.type, dtype=dtype, enabled=scaler.is_enabled()):
+        loss = F.cross_entropy(model(images), labels)
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss.detach()
+
+
+def amp_step_update_before_step(model, optimizer, scaler, images, labels, dtype=torch.float16, max_norm=1.0):
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=images.device.type, dtype=dtype):
+        loss = F.cross_entropy(model(images), labels)
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.update()
+    scaler.step(optimizer)
+    return loss.detach()
+
+
+def test_amp_step_names_enabled_passed_to_autocast():
+    rejected("5.1", Mutant("autocast enabled=scaler.is_enabled() (w51_15)", amp_step_autocast_enabled_by_the_scaler,
+                           "runs the forward pass under autocast",
+                           words="yours passes enabled= to torch.autocast"), range(1))
+    assert "leave enabled= out" in run_check("5.1", amp_step_autocast_enabled_by_the_scaler).message
+
+
+def test_amp_step_lists_the_scaler_calls_the_learner_made():
+    """update() before step(): the list is the learner's four calls, not step()'s own unscale_ after them (w51_04)."""
+    rejected("5.1", Mutant("update before step (w51_04)", amp_step_update_before_step,
+                           "calls scaler.update() after scaler.step()",
+                           words="yours called the scaler's scale, unscale_, update, step, in that order"), range(1))

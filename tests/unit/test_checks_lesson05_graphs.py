@@ -387,3 +387,77 @@ def test_the_courses_graphed_step_captures_fp16_with_a_fused_optimizer_only():
         with pytest.raises(ValueError, match="fused optimizer only"):
             train(graphed, batches, device="cuda", progress=False, amp="fp16", cuda_graph=True,
                   optimizer=torch.optim.SGD(graphed.parameters(), lr=0.1))
+
+
+def labels_copied_before_the_shape_check(model, optimizer, example_images, example_labels, warmup=3):
+    """The labels copied into the graph's input when their shape fits, before the images' shape is compared
+    (w7-05 w55_17): the ValueError comes, but the refused call has changed the graph's input."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            optimizer.zero_grad(set_to_none=True)
+            F.cross_entropy(model(example_images), example_labels).backward()
+            optimizer.step()
+    torch.cuda.current_stream().wait_stream(side)
+    static_images, static_labels = example_images.clone(), example_labels.clone()
+    graph = torch.cuda.CUDAGraph()
+    optimizer.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph, stream=side):
+        static_loss = F.cross_entropy(model(static_images), static_labels)
+        static_loss.backward()
+        optimizer.step()
+
+    def step(images, labels):
+        if labels.shape == static_labels.shape:
+            static_labels.copy_(labels)
+        if images.shape != static_images.shape or labels.shape != static_labels.shape:
+            raise ValueError("a graph replays the shapes it captured")
+        static_images.copy_(images)
+        static_labels.copy_(labels)
+        graph.replay()
+        return static_loss.detach().clone()
+    return step
+
+
+def images_copied_before_the_labels_are_compared(model, optimizer, example_images, example_labels, warmup=3):
+    """The near miss on the other side: the images copied once their shape fits, then the labels compared."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            optimizer.zero_grad(set_to_none=True)
+            F.cross_entropy(model(example_images), example_labels).backward()
+            optimizer.step()
+    torch.cuda.current_stream().wait_stream(side)
+    static_images, static_labels = example_images.clone(), example_labels.clone()
+    graph = torch.cuda.CUDAGraph()
+    optimizer.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph, stream=side):
+        static_loss = F.cross_entropy(model(static_images), static_labels)
+        static_loss.backward()
+        optimizer.step()
+
+    def step(images, labels):
+        if images.shape != static_images.shape:
+            raise ValueError("a graph replays the shapes it captured")
+        static_images.copy_(images)
+        if labels.shape != static_labels.shape:
+            raise ValueError("a graph replays the shapes it captured")
+        static_labels.copy_(labels)
+        graph.replay()
+        return static_loss.detach().clone()
+    return step
+
+
+@pytest.mark.parametrize("mutant", [
+    Mutant("labels copied before the shape check (w55_17)", labels_copied_before_the_shape_check,
+           "a batch of another shape raises ValueError and changes nothing",
+           words="had copied the labels into the graph's input tensors"),
+    Mutant("images copied before the labels are compared", images_copied_before_the_labels_are_compared,
+           "a batch of another shape raises ValueError and changes nothing",
+           words="had copied the images into the graph's input tensors")], ids=repr)
+def test_a_refused_batch_changes_nothing(mutant):
+    """Both refused cases that copy_ would take on one side (same-shape labels, same-shape images) are in every
+    seed's draw, so either order of a copy made before the comparison fails (w7-05 w55_17)."""
+    rejected("5.5", mutant, range(1))
