@@ -26,7 +26,10 @@
     device-resident one next to each other. On every device the bar is fitted to what this
     machine can feed: the median of the per-round ratios of yours to the device-resident pipeline
     must reach 0.85 (or yours 0.90 of the ceiling); pairing the two within each round keeps a
-    busy moment of a shared machine, or a GPU's drift between runs, from favouring either. Never an absolute time. The batches of the timed
+    busy moment of a shared machine, or a GPU's drift between runs, from favouring either. On a
+    machine other programs keep busy a pass stands, and a miss fails once the rounds put it below
+    the bar beyond their own scatter (`clearly_below`, up to 11 rounds); only a miss inside that
+    scatter is "not graded". Never an absolute time. The batches of the timed
     steps are verified too: a pipeline cannot be fast by doing less while it is timed. The course's
     pipeline is made before yours, and the course's code (`_WATCHED`, as imported) and torch's
     global settings (TF32, cuDNN) are verified after your code ran: a pipeline cannot look fast by
@@ -302,6 +305,14 @@ def _one_epoch(ctx, pipeline, n: int, batch_size: int, what: str, model_reads=No
                               "make_pipeline with contexts of other batch sizes, so a pipeline (or its loader) kept "
                               "from an earlier call has another's")
         served += len(x)
+        if served > n and n % batch_size and served - len(x) == n - n % batch_size:
+            # walk w7-08 w81_14: the short last batch topped up to a full one (samples twice in the epoch)
+            raise CheckFailed("every sample exactly once per epoch",
+                              f"{what}: the workload has {n} samples, which in batches of {batch_size} end in a "
+                              f"short batch of {n % batch_size}; your batch {i}, where it belongs, had {len(x)}: "
+                              f"{served - n} samples twice in one epoch",
+                              "keep the short last batch as it is (DeviceLoader(..., drop_last=False)): do not top "
+                              "it up, pad it or fill it from the start of the order")
         if served > n:
             raise CheckFailed("every sample exactly once per epoch",
                               f"{what}: the workload has {n} samples, and one pass over your pipeline gave more",
@@ -1100,6 +1111,49 @@ def speed_verdict(kind: str, rounds: list[tuple[float, float]]) -> tuple[bool, b
     return passed, clear or len(rounds) >= MAX_ROUNDS
 
 
+# walk w7-08: the property named for what it grades (it read "fraction of the model-only ceiling" while the bar was
+# the device-resident pipeline timed in the same rounds)
+SPEED_PROPERTY = (f"runs at the speed this machine allows (at least {SIM_SHARE:.0%} of the course's device-resident "
+                  f"pipeline, timed in turns with it, or {GPU_BAR:.0%} of the ceiling)")
+CONFIDENCE = 0.95
+
+
+def median_upper_bound(values: list[float], confidence: float = CONFIDENCE) -> tuple[float, int]:
+    """(bound, above): an upper bound of the median of what the rounds measure, from their order statistics alone
+    (no assumption on the noise's shape): the true median lies above the `above`+1-th highest round only when at
+    most `above` of the n rounds fell above it, which has probability P(Binomial(n, 1/2) <= above), kept under
+    1 - `confidence`. With 5 rounds, the highest (1/32); with 11, the third highest (67/2048)."""
+    from math import comb
+    x = sorted(values)
+    n = len(x)
+    above, total = -1, 0
+    while above + 1 < n and (total + comb(n, above + 1)) / 2 ** n <= 1 - confidence:
+        above += 1
+        total += comb(n, above)
+    above = max(above, 0)
+    return x[n - 1 - above], above
+
+
+def clearly_below(rounds: list[tuple[float, float]]) -> bool:
+    """Whether rounds of (yours / ceiling, yours / the device-resident pipeline timed in turns with yours) say
+    that yours is below both bars beyond the rounds' noise: the upper bound of each median (`median_upper_bound`)
+    under its bar. A busy machine slows both pipelines of a round alike and scatters the ratio from round to round
+    (walk w7-08: a CPU-bound pipeline at 92%, 28%, 64%, 60%, 41% of the device-resident one); the scatter decides
+    how many rounds it takes, never whether a gap that clear is graded (it was "not graded" unless every round was
+    under 51%)."""
+    return (median_upper_bound([r[1] for r in rounds])[0] < SIM_SHARE
+            and median_upper_bound([r[0] for r in rounds])[0] < GPU_BAR)
+
+
+def below_words(shares: list[float]) -> str:
+    """What `clearly_below` saw, in words: the rounds above the bound, and the bound."""
+    bound, above = median_upper_bound(shares)
+    if above == 0:
+        return f"every one of the {len(shares)} rounds was at or below {bound:.0%} of the device-resident pipeline"
+    return (f"all but the {above} highest of the {len(shares)} rounds were at or below {bound:.0%} of the "
+            "device-resident pipeline")
+
+
 def epochs_possible(index: np.ndarray, n: int) -> bool:
     """Whether the stream of sample indices `index` can be consecutive epochs of `n` samples each
     (every sample once per epoch), starting anywhere in an epoch: a loader resumed mid-epoch (a
@@ -1201,7 +1255,11 @@ def _check_speed(make_pipeline, rng, seed: int, device: str | None, smoke: bool,
             if len(rounds) >= MIN_ROUNDS:
                 passed, sure = speed_verdict(ctx.kind, [r[:2] for r in rounds])
                 busy = statistics.median(r[3] for r in rounds) >= busy_limit(usable_cores())
-                if sure or (busy and not passed):
+                # a busy machine: a pass stands (the reference ran in the same rounds); a miss is graded once the
+                # rounds put it below the bar beyond their noise, else measured to MAX_ROUNDS and left not graded
+                if busy and not passed:
+                    sure = clearly_below([r[:2] for r in rounds]) or len(rounds) >= MAX_ROUNDS
+                if sure:
                     break
         label, kind = ctx.label, ctx.kind
     del yours, reference
@@ -1219,7 +1277,8 @@ def _check_speed(make_pipeline, rng, seed: int, device: str | None, smoke: bool,
     median_round = sorted(rounds, key=lambda r: r[0])[len(rounds) // 2][2]
     others = statistics.median(r[3] for r in rounds)
     shares = [r[1] for r in rounds]
-    return passed, fraction, share, capacity, shares, label, kind, median_round, others, sorted(flags_changed)
+    return (passed, fraction, share, capacity, shares, label, kind, median_round, others, sorted(flags_changed),
+            [r[:2] for r in rounds])
 
 
 # -- (c) parity, traced ----------------------------------------------------------------------------
@@ -1355,6 +1414,16 @@ def measured_words(fraction: float, share: float, capacity: float, shares: list[
                "busy moment slowed the ceiling's own timing more than yours" if fraction > 1 else ""))
 
 
+def per_epoch_words(seen: list[tuple[int, int]]) -> str:
+    """Counts per epoch, each said with its epoch (walk w7-08: "2, 0 in epochs of 32, 32 batches" took a while to
+    decode): "2 in epoch 1, none in epoch 2 (32 batches each)"."""
+    counts = ", ".join(f"{count or 'none'} in epoch {i}" for i, (count, _) in enumerate(seen, 1))
+    sizes = {batches for _, batches in seen}
+    if len(sizes) == 1:
+        return f"{counts} ({sizes.pop()} batches each)"
+    return f"{counts} (of " + ", ".join(f"{batches}" for _, batches in seen) + " batches)"
+
+
 def tolerated(observed: dict) -> str:
     """What the pass on the virtual CUDA device saw of the host waits and extra copies it tolerates (a few an
     epoch, not batch after batch), epoch by epoch: the pass message says what was seen, not "none" (w2-08 r31, r33:
@@ -1367,8 +1436,7 @@ def tolerated(observed: dict) -> str:
             parts.append(none)
             continue
         firsts.append(next(where for count, _, where in seen if count))
-        parts.append(f"{many}: " + ", ".join(str(count) for count, _, _ in seen) + " in epochs of "
-                     + ", ".join(str(batches) for _, batches, _ in seen) + " batches")
+        parts.append(f"{many}: " + per_epoch_words([(count, batches) for count, batches, _ in seen]))
     if firsts:
         everywhere = observed.get("places") or firsts
         places = [_course_relative(p) for p in sorted(set(everywhere), key=everywhere.index)]
@@ -1430,23 +1498,26 @@ def check_pipeline(make_pipeline):
     _verify_course_code("after make_pipeline(ctx) ran in the correctness stage")
     # (a) speed against the ceiling; with COURSE_DEVICE=cpu, beside the simulated device
     speed_device = "sim" if kind == "cpu" else device
-    passed, fraction, share, capacity, shares, label, speed_kind, runs, others, flags_changed = _check_speed(
-        make_pipeline, rng, seed, speed_device, smoke, flips)
+    passed, fraction, share, capacity, shares, label, speed_kind, runs, others, flags_changed, rounds_measured = (
+        _check_speed(make_pipeline, rng, seed, speed_device, smoke, flips))
     measured = measured_words(fraction, share, capacity, shares)
     bar = (f"at least {SIM_SHARE:.0%} of the device-resident pipeline's throughput asked (what this machine can "
            f"feed), or {GPU_BAR:.0%} of the ceiling")
-    far_below = bool(shares) and statistics.median(shares) < 0.5 * SIM_SHARE and max(shares) < 0.6 * SIM_SHARE
+    far_below = clearly_below(rounds_measured)
     if not passed and others >= busy_limit(usable_cores()) and not far_below:
         # other programs took the cores the pipelines needed: not a fair grade of speed either way (yours and
         # the reference ran next to each other, so a pass under load stands; a miss is graded again later)
-        raise MachineBusy(others, usable_cores(), f"while the pipelines were timed; yours reached {measured}")
+        raise MachineBusy(others, usable_cores(), f"while the pipelines were timed; yours reached {measured}; "
+                          f"in {len(shares)} rounds the highest reached {max(shares):.0%}: the load scattered the rounds "
+                          f"across the {SIM_SHARE:.0%} asked, so they cannot say which side of it yours is on")
     if not passed:
         # a busy machine, but every round far below the bar (walk w3-08: 22-45% of the device-resident pipeline
         # timed beside it, with 85% asked): the reference ran in the same rounds, so that much is yours, not the load
-        loaded = (f" Other programs took {others:.1f} of the {usable_cores()} cores meanwhile, but every round was "
-                  f"below {0.6 * SIM_SHARE:.0%} of the device-resident pipeline timed beside yours: a gap that wide "
-                  "is your pipeline's, not the load's." if far_below and others >= busy_limit(usable_cores()) else "")
-        raise CheckFailed("runs at the speed this machine allows (fraction of the model-only ceiling)",
+        loaded = (f" Other programs took {others:.1f} of the {usable_cores()} cores meanwhile, but the device-resident "
+                  f"pipeline was timed in turns with yours in the same rounds, and {below_words(shares)}: below the "
+                  f"{SIM_SHARE:.0%} asked beyond the rounds' noise ({CONFIDENCE:.0%} sure), a gap that is your "
+                  "pipeline's, not the load's." if far_below and others >= busy_limit(usable_cores()) else "")
+        raise CheckFailed(SPEED_PROPERTY,
                           f"{loaded.strip()} " * bool(loaded) + f"yours reached {measured}; {bar}; on {label} (in the median round yours "
                           f"{runs['yours'].samples_per_s:,.0f} samples/s, the ceiling {runs['ceiling'].samples_per_s:,.0f})",
                           "diagnose it as lesson 01 did (stall fraction): keep the data where the model is and "

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 
 from course_utils.checks import run_check
 from course_utils.checks.lesson08 import (decode, epochs_possible, identifiable_images, predicted_throughput,
-                                          reference_choice, speed_verdict, _pixels)
+                                          reference_choice, speed_verdict, _pixels, SPEED_PROPERTY)
 from course_utils.data import CIFAR10_MEAN, CIFAR10_STD
 from course_utils.device_data import AugmentBatch, DeviceLoader, normalize_batch, normalize_uint8, random_crop_flip
 from course_utils.ladder import Pipeline, TrainingSet, baseline_pipeline, device_resident_pipeline
@@ -929,7 +929,7 @@ def test_a_few_host_waits_are_tolerated_and_said_not_denied():
                               observed=observed) == ""
     words = tolerated(observed)
     assert "no host waits" not in words and "host waits for the device: " in words, words
-    assert "tolerated: not batch after batch" in words and ", 1 in epochs of" in words, words
+    assert "tolerated: not batch after batch" in words and "1 in epoch 2" in words, words
     assert [count for count, _, _ in observed["waits"]][1] == 1, words     # the .item() of the 20th batch
     assert tolerated({"copies": [(0, 16, ""), (0, 16, "")], "waits": [(0, 16, ""), (0, 16, "")]}) == (
         "nothing copied per batch but the batch, no host waits")
@@ -1076,9 +1076,9 @@ def cheats_when_timed(ctx):
 # (README's ladder), far under the 85% of the device-resident pipeline asked, so it fails on speed; on a many-core
 # machine it may pass, a right verdict either way. It is not in the speed test for the time it costs (workers).
 SPEED_MUTANTS = [
-    (augments_sample_by_sample, "runs at the speed this machine allows (fraction of the model-only ceiling)"),
+    (augments_sample_by_sample, SPEED_PROPERTY),
     (cheats_when_timed, "every sample exactly once per epoch"),
-] + ([(course_baseline, "runs at the speed this machine allows (fraction of the model-only ceiling)")]
+] + ([(course_baseline, SPEED_PROPERTY)]
      if EXTRA_SEEDS > 1 else [])   # 15 s more
 
 
@@ -1112,8 +1112,8 @@ def test_a_pipeline_far_below_the_bar_in_every_round_fails_on_a_busy_machine_too
             return None
     monkeypatch.setattr("course_utils.checks.lesson08.OthersCpu", BusyMachine)
     rejected("8.1", Mutant("augments_sample_by_sample", augments_sample_by_sample,
-                           "runs at the speed this machine allows (fraction of the model-only ceiling)",
-                           words="a gap that wide is your pipeline's"), [3])
+                           SPEED_PROPERTY,
+                           words="a gap that is your pipeline's, not the load's"), [3])
 
 
 class ClassSorted:
@@ -2312,3 +2312,127 @@ def test_w7_81_a_history_of_the_last_batches_is_rejected():
                            "keeps no batch once the model has had it",
                            words="more than the one being served and a prefetch queue's few (3 at most): 8 batches' "
                                  "device memory held for nothing"), [zlib.crc32(b"w81_20") % 1000])
+
+
+# -- walk w7-08, second session ----------------------------------------------------------------------------------
+
+# the rounds check 8.1 measured on the walk's busy 2-core machine (1.5-1.8 cores taken by other programs), each
+# yours / the device-resident pipeline timed in turns with it, seeds 1, 2, 3 (and 4 for bf16)
+W7_TORCHVISION_WORKERS = [[0.61, 0.33, 0.34, 0.48, 0.29], [0.92, 0.28, 0.64, 0.60, 0.41], [0.23, 0.25, 0.37, 0.41, 0.32]]
+W7_BF16 = [[0.90, 0.79, 0.82, 0.81, 0.88], [0.77, 0.71, 0.75, 0.89, 0.76], [0.86, 0.81, 0.88, 0.79, 0.70],
+           [0.90, 0.92, 0.84, 0.75, 0.83]]
+
+
+def _busy_rounds_until_graded(shares):
+    """The speed stage's stopping rule on a busy machine for a pipeline that has not passed (as `_check_speed`
+    applies it): rounds from MIN_ROUNDS on, until `clearly_below` or MAX_ROUNDS. Returns (rounds, clearly below)."""
+    from course_utils.checks.lesson08 import MAX_ROUNDS, MIN_ROUNDS, clearly_below
+    for n in range(MIN_ROUNDS, MAX_ROUNDS + 1):
+        rounds = [(s * 0.96, s) for s in shares[:n]]        # the device-resident pipeline at 96% of the ceiling
+        if speed_verdict("sim", rounds)[0]:
+            return n, False
+        if clearly_below(rounds):
+            return n, True
+    return MAX_ROUNDS, False
+
+
+def test_w7_81_a_cpu_bound_pipeline_fails_on_a_busy_machine_on_every_seed():
+    """Walk w7-08 w81_12 (torchvision crop and flip in workers: right, and CPU-bound): at medians of 34% and 60% of
+    the device-resident pipeline timed in turns with it, it was "not graded: the machine was busy" on seeds 1 and 2
+    and failed on seed 3 (every round under 51%). The rounds' own scatter now decides how many rounds it takes; a
+    median that far under 85% fails on every seed (seed 2's 92% round is outvoted by the rounds after it)."""
+    for i, shares in enumerate(W7_TORCHVISION_WORKERS):
+        more = [s for other in W7_TORCHVISION_WORKERS[i + 1:] + W7_TORCHVISION_WORKERS[:i] for s in other]
+        n, below = _busy_rounds_until_graded(shares + more)
+        assert below and n <= 8, (i + 1, n)
+    from course_utils.checks.lesson08 import below_words
+    assert below_words([0.92, 0.28, 0.64, 0.60, 0.41, 0.23, 0.25, 0.37]) == (
+        "all but the 1 highest of the 8 rounds were at or below 64% of the device-resident pipeline")
+
+
+def test_w7_81_bf16_inside_the_rounds_scatter_stays_not_graded_on_a_busy_machine():
+    """Walk w7-08 w81_10 (bf16 and channels_last beside the simulator): medians 76-84% of the device-resident
+    pipeline against 85%, rounds 70-92%. Its rounds straddle the bar: 11 of them leave the median's upper bound
+    above 85%, so on a busy machine it is not graded (the load could explain the gap), and the notebook's ladder
+    measures the same: 'cannot tell them apart'. On a quiet machine it is graded as before (11 rounds, the median)."""
+    flat = [s for shares in W7_BF16 for s in shares]
+    for start in range(0, len(flat) - 11 + 1, 3):
+        n, below = _busy_rounds_until_graded(flat[start:start + 11])
+        assert (n, below) == (11, False), start
+    assert speed_verdict("sim", [(s * 0.96, s) for s in flat[:11]]) == (False, True)       # quiet: a fail
+
+
+def _speed_stage_scripted(monkeypatch, shares, others):
+    """check 8.1 with its correctness stages skipped and its speed stage replaced by rounds measured elsewhere (the
+    walk's): what check_pipeline decides from them, in a second."""
+    from types import SimpleNamespace
+    from course_utils.checks import lesson08
+    rounds = [(s * 0.96, s) for s in shares]
+    passed = lesson08.speed_verdict("sim", rounds)[0]
+    run = {k: SimpleNamespace(samples_per_s=v) for k, v in (("yours", 4000.0), ("ceiling", 5000.0))}
+    monkeypatch.setattr(lesson08, "_check_correctness", lambda *a, **k: "")
+    monkeypatch.setattr(lesson08, "_check_speed", lambda *a, **k: (
+        passed, float(np.median([r[0] for r in rounds])), float(np.median(shares)), 0.96, list(shares),
+        "simulated H100", "sim", run, others, [], rounds))
+    return run_check("8.1", right)
+
+
+def test_w7_81_check_pipeline_fails_a_clear_gap_and_leaves_a_straddle_not_graded_on_a_busy_machine(monkeypatch):
+    from course_utils.checks._busy import busy_limit
+    from course_utils.env import usable_cores
+    busy = busy_limit(usable_cores()) + 0.5
+    seed2 = W7_TORCHVISION_WORKERS[1] + W7_TORCHVISION_WORKERS[2][:3]             # 8 rounds, a 92% among them
+    result = _speed_stage_scripted(monkeypatch, seed2, busy)
+    assert result.status == "fail" and f"property '{SPEED_PROPERTY}'" in result.message, result.message
+    assert "all but the 1 highest of the 8 rounds were at or below 64%" in result.message, result.message
+    assert "a gap that is your pipeline's, not the load's" in result.message, result.message
+    result = _speed_stage_scripted(monkeypatch, W7_BF16[1] + W7_BF16[0] + W7_BF16[2][:1], busy)
+    assert result.status == "busy", result.message
+    assert "the load scattered the rounds across the 85% asked" in result.message, result.message
+    result = _speed_stage_scripted(monkeypatch, W7_BF16[1] + W7_BF16[0] + W7_BF16[2][:1], 0.0)   # quiet
+    assert result.status == "fail" and f"property '{SPEED_PROPERTY}'" in result.message, result.message
+    assert "model-only ceiling" not in SPEED_PROPERTY
+
+
+def test_w7_81_the_per_epoch_counts_are_said_in_words():
+    from course_utils.checks.lesson08 import per_epoch_words, tolerated
+    assert per_epoch_words([(2, 32), (0, 32)]) == "2 in epoch 1, none in epoch 2 (32 batches each)"
+    words = tolerated({"copies": [(0, 32, ""), (0, 32, "")],
+                       "waits": [(2, 32, "/x/course_utils/device_data.py:132"), (0, 32, "")]})
+    assert "host waits for the device: 2 in epoch 1, none in epoch 2 (32 batches each)" in words, words
+    assert "in epochs of" not in words
+
+
+class ToppedUpLastBatch:
+    """Walk w7-08 w81_14: every batch full, the short last one topped up with samples from the start of the order."""
+
+    def __init__(self, images, labels, bs):
+        self.images, self.labels, self.bs = images, labels, bs
+
+    def __iter__(self):
+        n = len(self.labels)
+        batches = -(-n // self.bs)
+        order = torch.randperm(n, device=self.images.device)
+        order = torch.cat([order, order[: batches * self.bs - n]])
+        for i in range(batches):
+            idx = order[i * self.bs:(i + 1) * self.bs]
+            yield self.images.index_select(0, idx), self.labels.index_select(0, idx)
+
+
+def tops_up_the_last_batch(ctx):
+    images, labels = ctx.on_device()
+    return Pipeline(ToppedUpLastBatch(images, labels, ctx.batch_size), batch_transform=AugmentBatch())
+
+
+def test_w7_81_a_topped_up_last_batch_is_named_for_itself():
+    """w81_14's message added an unrelated cause ("make the pipeline from the ctx you are given each time"): it now
+    names the short last batch topped up, and the ctx clause is gone from it."""
+    mutant = Mutant("w81_14 tops up the last batch", tops_up_the_last_batch, "every sample exactly once per epoch",
+                    words="samples twice in one epoch")
+    rejected("8.1", mutant, [1])
+    os.environ["COURSE_CHECK_SEED"] = "2"
+    try:
+        result = run_check("8.1", tops_up_the_last_batch)
+    finally:
+        os.environ.pop("COURSE_CHECK_SEED", None)
+    assert "do not top it up" in result.message and "kept from an earlier call" not in result.message, result.message
