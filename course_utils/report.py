@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .ladder import SAME_RUN_FLOOR, ceiling_share_words, limited_by
+from .ladder import RATIO_NOISE, SAME_RUN_FLOOR, ceiling_share_words, limited_by
 
 __all__ = ["ReportCard", "machine_facts", "host_slug", "timeline_record", "plot_timelines", "compare", "main",
            "report_dir", "SAME_RUN_FLOOR"]
@@ -219,8 +219,12 @@ class ReportCard:
         else:
             told = f"{noise:.0%}, no pipeline was measured twice here"
         beaten = f"; faster in the same run: {', '.join(groups['faster'])}" if groups["faster"] else ""
-        tied = (f"; the same within the noise of one measurement ({told}): {', '.join(groups['same'])}"
-                if groups["same"] else "")
+        # walk w7-08: a noise of 165% made 78% and 200% "the same" as yours: within the noise, this run does not order
+        # them, which is all it can say; a band wider than the climb's own (44%) is said to be too wide to rank
+        wide = (f"; a band that wide, {1 / (1 + noise):.2f}x to {1 + noise:.2f}x yours, means this run cannot rank "
+                "them, not that they are the same" if noise > RATIO_NOISE else "")
+        tied = (f"; not told apart from yours by this run, within the noise of one measurement ({told}{wide}): "
+                f"{', '.join(groups['same'])}" if groups["same"] else "")
         slower = f"; slower in the same run: {', '.join(groups['slower'])}" if groups["slower"] else ""
         return (f"{self.final} runs at {ceiling_share_words(row, 'the model-only ceiling', rows=self.rungs)}{against}, "
                 f"on {kind}; measured in one run on {self.machine['host']}{beaten}{tied}{slower}")
@@ -303,7 +307,7 @@ class ReportCard:
         from .plotting import bar_chart
         measured = [r for r in self.rungs if not r.get("skipped")]
         fig = bar_chart([r.get("short", r["name"]) for r in measured], [r["samples_per_s"] for r in measured],
-                        ylabel="samples/s", device=self.device, ceiling=self.ceiling["samples_per_s"],
+                        ylabel="samples/s", device=self.device, ceiling=self.ceiling["samples_per_s"], scale="log",
                         title=f"Every rung tried on {self.machine['host']}"
                               + (" (simulated device)" if self.simulated else ""))
         ax = fig.axes[0]
