@@ -805,8 +805,10 @@ def above_ceiling_words(rows, ceiling: dict, sim=None, batch_size: int = 128) ->
         parts.append("above it although they run its own fp32 eager step: "
                      + ", ".join(f"{r['name']} ({r['fraction_of_ceiling']:.0%}, {step_ms(r):.1f} ms a step)" for r in same)
                      + f"; no rung beats the step it runs, so that step costs at most {step_ms(top):.1f} ms here"
-                     + charged + f", and the ceiling's {ceiling_ms:.1f} ms a step were mostly the host launching it "
-                     f"late. Yet {near['name']} ran the same step at {near['fraction_of_ceiling']:.0%} of the ceiling "
+                     + charged + f", and the ceiling's {ceiling_ms:.1f} ms a step were mostly "
+                     + ("the host launching it late" if modelled else
+                        "something other than the step (a busy host launching it late, or the device's drift)")
+                     + f". Yet {near['name']} ran the same step at {near['fraction_of_ceiling']:.0%} of the ceiling "
                      f"({step_ms(near):.1f} ms a step): the ceiling was not one slow measurement, the host was late for "
                      f"it and {near['name']} alike and less so for {top['name']}, each measured once at another "
                      f"moment. This run cannot say how much of {top['name']}'s lead is its own and how much the load's: "

@@ -1145,6 +1145,16 @@ def clearly_below(rounds: list[tuple[float, float]]) -> bool:
             and median_upper_bound([r[0] for r in rounds])[0] < GPU_BAR)
 
 
+def rounds_done(kind: str, rounds: list[tuple[float, float]], busy: bool) -> tuple[bool, bool]:
+    """(passed, done) after the rounds so far: `speed_verdict`'s, except on a busy machine for a pipeline that has not
+    passed (a pass stands, the reference ran in the same rounds): done once `clearly_below`, else at MAX_ROUNDS,
+    where the check leaves it not graded."""
+    passed, sure = speed_verdict(kind, rounds)
+    if busy and not passed:
+        sure = clearly_below(rounds) or len(rounds) >= MAX_ROUNDS
+    return passed, sure
+
+
 def below_words(shares: list[float]) -> str:
     """What `clearly_below` saw, in words: the rounds above the bound, and the bound."""
     bound, above = median_upper_bound(shares)
@@ -1253,12 +1263,8 @@ def _check_speed(make_pipeline, rng, seed: int, device: str | None, smoke: bool,
             rounds.append((runs["yours"].samples_per_s / ceiling,
                            runs["yours"].samples_per_s / runs["reference"].samples_per_s, runs, others.others_cores))
             if len(rounds) >= MIN_ROUNDS:
-                passed, sure = speed_verdict(ctx.kind, [r[:2] for r in rounds])
                 busy = statistics.median(r[3] for r in rounds) >= busy_limit(usable_cores())
-                # a busy machine: a pass stands (the reference ran in the same rounds); a miss is graded once the
-                # rounds put it below the bar beyond their noise, else measured to MAX_ROUNDS and left not graded
-                if busy and not passed:
-                    sure = clearly_below([r[:2] for r in rounds]) or len(rounds) >= MAX_ROUNDS
+                passed, sure = rounds_done(ctx.kind, [r[:2] for r in rounds], busy)
                 if sure:
                     break
         label, kind = ctx.label, ctx.kind

@@ -2326,14 +2326,13 @@ W7_BF16 = [[0.90, 0.79, 0.82, 0.81, 0.88], [0.77, 0.71, 0.75, 0.89, 0.76], [0.86
 def _busy_rounds_until_graded(shares):
     """The speed stage's stopping rule on a busy machine for a pipeline that has not passed (as `_check_speed`
     applies it): rounds from MIN_ROUNDS on, until `clearly_below` or MAX_ROUNDS. Returns (rounds, clearly below)."""
-    from course_utils.checks.lesson08 import MAX_ROUNDS, MIN_ROUNDS, clearly_below
+    from course_utils.checks.lesson08 import MAX_ROUNDS, MIN_ROUNDS, clearly_below, rounds_done
     for n in range(MIN_ROUNDS, MAX_ROUNDS + 1):
         rounds = [(s * 0.96, s) for s in shares[:n]]        # the device-resident pipeline at 96% of the ceiling
-        if speed_verdict("sim", rounds)[0]:
-            return n, False
-        if clearly_below(rounds):
-            return n, True
-    return MAX_ROUNDS, False
+        passed, done = rounds_done("sim", rounds, busy=True)
+        if done:
+            return n, not passed and clearly_below(rounds)
+    raise AssertionError("not done at MAX_ROUNDS")
 
 
 def test_w7_81_a_cpu_bound_pipeline_fails_on_a_busy_machine_on_every_seed():
