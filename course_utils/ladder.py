@@ -795,11 +795,12 @@ def above_ceiling_words(rows, ceiling: dict, sim=None, batch_size: int = 128) ->
     # walk w7-08: "DALI (288%) ... so the ceiling's measurement was slow" beside device-resident, the same step, at 89%:
     # where another rung ran that step under the ceiling, the ceiling was not simply slow; the sentence says what the
     # step times show (the fastest rung bounds the step's own cost; the others were late by more than that)
+    # the other rungs of that step whose pace the step set, not their input (an input-bound rung says nothing of it)
+    top = max(same, key=lambda r: r.get("samples_per_s") or 0) if same else None
     under = [r for r in rows if not r.get("skipped") and not r.get("step") and r.get("samples_per_s")
-             and r.get("name") != "baseline" and (r.get("fraction_of_ceiling") or 0) <= 1.0]
-    if same and under:
+             and r is not top and limited_by(r) != "input-bound"]
+    if same and under and top.get("samples_per_s"):
         step_ms = lambda r: 1e3 * batch_size / r["samples_per_s"]  # noqa: E731
-        top = max(same, key=lambda r: r["samples_per_s"])
         near = max(under, key=lambda r: r["samples_per_s"])
         charged = f" (the simulated device charges {eager_ms:.1f} ms)" if modelled else ""
         parts.append("above it although they run its own fp32 eager step: "
@@ -953,10 +954,13 @@ def data_on_device_words(rows) -> str:
         return ""
     said = ", ".join(f"{r['name']} {limited_by(r)} (waits {r.get('stall_fraction', 0):.0%})" for r in rungs)
     waited = [r for r in rungs if limited_by(r) == "input-bound"]
+    resident = [r["name"] for r in waited if r["name"] != "DALI"]
+    why = ([f"{', '.join(resident)} for the host launching the augmentation's kernels"] if resident else []) + (
+        ["DALI for its own threads preparing the batch"] if any(r["name"] == "DALI" for r in waited) else [])
     tail = ("; the data on the device takes the per-image work off the CPU, not the host's launches: "
-            + ", ".join(r["name"] for r in waited) + " still waited for the next batch, the host launching its "
-            "augmentation's kernels" + (" (a CUDA graph removes the step's launches, not the augmentation's)"
-                                        if any(r.get("step", {}).get("graph") for r in waited) else "")
+            + ", ".join(r["name"] for r in waited) + " still waited for the next batch (" + "; ".join(why) + ")"
+            + ("; a CUDA graph removes the step's launches, not the augmentation's"
+               if any((r.get("step") or {}).get("graph") for r in waited) else "")
             if waited else "; none of them waited for data: the host's launches of the step set their pace")
     return "with the data on the device here: " + said + tail
 

@@ -254,6 +254,14 @@ def test_w7_a_rung_above_the_ceiling_beside_the_same_step_under_it_is_said_from_
     assert "Yet device-resident ran the same step at 78% of the ceiling (36.5 ms a step)" in words, words
     assert "the ceiling was not one slow measurement" in words and "not a speed-up to read" in words, words
     assert "so the ceiling's measurement was slow" not in words, words
+    # this run's second smoke run: device-resident at 101% too, the prefetcher (input-bound) at 33%: the comparison is
+    # with device-resident, not with a rung its input held back
+    rows = _w7_rows()
+    rows[3].update(samples_per_s=4051.0, fraction_of_ceiling=1.01)
+    rows[2].update(fraction_of_ceiling=0.33)
+    words = above_ceiling_words(rows, {"samples_per_s": 4000.0}, sim, 128)
+    assert "fp32 eager step: device-resident (101%, 31.6 ms a step), DALI (200%, 14.2 ms a step)" in words, words
+    assert "Yet device-resident ran the same step at 101%" in words and "prefetcher ran" not in words, words
 
 
 def test_w7_the_rungs_with_the_data_on_the_device_say_what_limited_them():
@@ -264,6 +272,9 @@ def test_w7_the_rungs_with_the_data_on_the_device_say_what_limited_them():
     assert "device-resident launch-bound (waits 9%)" in words, words
     assert "takes the per-image work off the CPU, not the host's launches" in words, words
     assert "a CUDA graph removes the step's launches, not the augmentation's" in words, words
+    assert "(device-resident + bf16 + CUDA graph for the host launching the augmentation's kernels)" in words, words
+    dali = [dict(r, stall_fraction=0.23) if r["name"] == "DALI" else r for r in _w7_rows()]
+    assert "DALI for its own threads preparing the batch" in data_on_device_words(dali)
     quiet = [dict(r, stall_fraction=0.01) for r in _w7_rows()]
     assert "none of them waited for data" in data_on_device_words(quiet)
 
