@@ -949,16 +949,14 @@ def data_on_device_words(rows) -> str:
     step, was input-bound with the loop waiting 37%). With the step's launches gone, the augmentation's, which the
     host still makes for every batch, are what the loop waits for."""
     rungs = [r for r in rows if not r.get("skipped") and r.get("samples_per_s")
-             and (r["name"].startswith("device-resident") or r["name"] == "DALI")]
+             and r["name"].startswith("device-resident")]           # DALI reads records: not the data on the device
     if not rungs:
         return ""
     said = ", ".join(f"{r['name']} {limited_by(r)} (waits {r.get('stall_fraction', 0):.0%})" for r in rungs)
     waited = [r for r in rungs if limited_by(r) == "input-bound"]
-    resident = [r["name"] for r in waited if r["name"] != "DALI"]
-    why = ([f"{', '.join(resident)} for the host launching the augmentation's kernels"] if resident else []) + (
-        ["DALI for its own threads preparing the batch"] if any(r["name"] == "DALI" for r in waited) else [])
     tail = ("; the data on the device takes the per-image work off the CPU, not the host's launches: "
-            + ", ".join(r["name"] for r in waited) + " still waited for the next batch (" + "; ".join(why) + ")"
+            + ", ".join(r["name"] for r in waited) + " still waited for the next batch (the host launching the "
+            "augmentation's kernels)"
             + ("; a CUDA graph removes the step's launches, not the augmentation's"
                if any((r.get("step") or {}).get("graph") for r in waited) else "")
             if waited else "; none of them waited for data: the host's launches of the step set their pace")
