@@ -1037,29 +1037,74 @@ def _verify_course_code(when: str) -> None:
                           "write a class or function of your own (restart the kernel if an earlier cell replaced one)")
 
 
+# torch's global settings that change the speed of every model in the process, as (name, read, write). The
+# fp32_precision names are the TF32 API PyTorch documents since 2.9 (x2-08 N2): once code has set one of them, reading
+# the legacy allow_tf32 raises ("a mix of the legacy and new APIs"), so every read and write is tried on its own, and
+# the new API is written last (parents before children), so that it, not the legacy flags, sets what it covers
+def _attr(path: str):
+    def read():
+        obj = torch
+        for part in path.split("."):
+            obj = getattr(obj, part)
+        return obj
+
+    def write(value):
+        obj = torch
+        *parents, last = path.split(".")
+        for part in parents:
+            obj = getattr(obj, part)
+        setattr(obj, last, value)
+    return "torch." + path, read, write
+
+
+_FLAGS = [_attr("backends.cudnn.enabled"),
+          _attr("backends.cudnn.allow_tf32"),
+          _attr("backends.cuda.matmul.allow_tf32"),
+          _attr("backends.cuda.matmul.allow_bf16_reduced_precision_reduction"),
+          _attr("backends.cuda.matmul.allow_fp16_reduced_precision_reduction"),
+          _attr("backends.cudnn.benchmark"),
+          _attr("backends.cudnn.deterministic"),
+          ("float32_matmul_precision", torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
+          _attr("backends.fp32_precision"),
+          _attr("backends.cuda.matmul.fp32_precision"),
+          _attr("backends.cudnn.fp32_precision"),
+          _attr("backends.cudnn.conv.fp32_precision"),
+          _attr("backends.cudnn.rnn.fp32_precision")]
+_UNREADABLE = "(unreadable)"
+
+
 def _backend_flags() -> dict:
-    """torch's global settings that change the speed of every model in the process (TF32, cuDNN autotuning)."""
+    """torch's global settings that change the speed of every model in the process (TF32 in both of torch's APIs,
+    cuDNN on/off and autotuning, reduced-precision reductions). A setting this torch lacks is left out; one that
+    raises when read (the legacy allow_tf32 once the new fp32_precision API was used) reads as `_UNREADABLE`:
+    the check's own read never raises."""
     import warnings
+    flags = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return {"torch.backends.cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
-                "torch.backends.cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
-                "torch.backends.cudnn.benchmark": torch.backends.cudnn.benchmark,
-                "torch.backends.cudnn.deterministic": torch.backends.cudnn.deterministic,
-                "float32_matmul_precision": torch.get_float32_matmul_precision()}
+        for name, read, _ in _FLAGS:
+            try:
+                flags[name] = read()
+            except AttributeError:
+                continue
+            except Exception:       # noqa: BLE001 -- torch's own refusal to read a mixed-API flag
+                flags[name] = _UNREADABLE
+    return flags
 
 
 def _restore_backend_flags(flags: dict) -> list[str]:
-    """Put torch's global settings back to `flags`; the names of those that had changed."""
+    """Put torch's global settings back to `flags`; the names of those that had changed. Never raises."""
     import warnings
-    changed = [k for k, v in _backend_flags().items() if flags[k] != v]
+    now = _backend_flags()
+    changed = [k for k, v in now.items() if flags.get(k, v) != v]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.backends.cudnn.allow_tf32 = flags["torch.backends.cudnn.allow_tf32"]
-        torch.backends.cuda.matmul.allow_tf32 = flags["torch.backends.cuda.matmul.allow_tf32"]
-        torch.backends.cudnn.benchmark = flags["torch.backends.cudnn.benchmark"]
-        torch.backends.cudnn.deterministic = flags["torch.backends.cudnn.deterministic"]
-        torch.set_float32_matmul_precision(flags["float32_matmul_precision"])
+        for name, _, write in _FLAGS:
+            if flags.get(name, _UNREADABLE) != _UNREADABLE:
+                try:
+                    write(flags[name])
+                except Exception:   # noqa: BLE001 -- a value torch will not take back: the others still are
+                    pass
     return changed
 
 

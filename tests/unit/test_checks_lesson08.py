@@ -978,6 +978,27 @@ def test_torchs_global_settings_are_put_back():
     assert _backend_flags() == flags
 
 
+def test_x2_08_n2_the_new_tf32_api_and_cudnn_off_are_read_and_put_back_without_raising():
+    # x2-08 N2: torch.backends.cudnn.conv.fp32_precision = "ieee" (the TF32 API torch documents since 2.9) made
+    # the check's own read of the legacy allow_tf32 raise, and 8.1 said "your code raised RuntimeError"
+    from course_utils.checks.lesson08 import _backend_flags, _restore_backend_flags
+    flags = _backend_flags()
+    assert "torch.backends.cudnn.enabled" in flags
+    try:
+        torch.backends.cudnn.enabled = False
+        if hasattr(torch.backends.cudnn, "conv"):
+            torch.backends.cudnn.conv.fp32_precision = "ieee"
+        changed = _backend_flags()          # never raises, whatever the learner set
+        restored = _restore_backend_flags(flags)
+        assert "torch.backends.cudnn.enabled" in restored
+        if hasattr(torch.backends.cudnn, "conv"):
+            assert changed["torch.backends.cudnn.conv.fp32_precision"] == "ieee"
+            assert "torch.backends.cudnn.conv.fp32_precision" in restored
+        assert _backend_flags() == flags
+    finally:
+        torch.backends.cudnn.enabled = True
+
+
 def test_pipeline_type_and_stub():
     assert run_check("8.1", stub_81).status == "not_implemented"
     result = run_check("8.1", returns_a_loader)
