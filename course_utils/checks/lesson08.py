@@ -1114,7 +1114,11 @@ class _Capture:
     """Stands in for the pipeline's batch_transform during a timed run: calls it (or passes the
     batch through) and keeps what the model got, to be verified after the clock has stopped.
     Beside the simulator it is computed for every batch (the simulator otherwise computes a
-    transform once per shape and charges the rest), so that every batch is kept."""
+    transform once per shape and charges the rest), so that every batch is kept.
+    It keeps a copy made when the batch is handed out, not a reference (x2-08 N1): a transform that
+    refills one buffer every batch (the static-input pattern of CUDA graphs, right where the step
+    reads each batch before the next is made) is kept batch by batch. Both pipelines of a round pay
+    the same copy (two copy kernels a batch, about 1.5 MB on the device)."""
 
     compute_every_batch = True
 
@@ -1123,7 +1127,10 @@ class _Capture:
 
     def __call__(self, images, labels):
         out = self.transform(images, labels) if self.transform is not None else (images, labels)
-        self.kept.append(out)
+        if isinstance(out, (tuple, list)):
+            self.kept.append(tuple(t.detach().clone() if isinstance(t, torch.Tensor) else t for t in out))
+        else:
+            self.kept.append(out)
         return out
 
 

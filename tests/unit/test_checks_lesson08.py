@@ -2456,3 +2456,40 @@ def test_w7_81_a_topped_up_last_batch_is_named_for_itself():
     finally:
         os.environ.pop("COURSE_CHECK_SEED", None)
     assert "do not top it up" in result.message and "kept from an earlier call" not in result.message, result.message
+
+
+class _StaticOut:
+    """x2-08 N1's static_out: AugmentBatch, its result copied into one preallocated buffer per batch shape (the
+    static-input pattern of CUDA graphs): right where each batch is read before the next is made."""
+    def __init__(self):
+        from course_utils.device_data import AugmentBatch
+        self.aug, self.bufs = AugmentBatch(), {}
+
+    def __call__(self, images, labels):
+        x, y = self.aug(images, labels)
+        if tuple(x.shape) not in self.bufs:
+            self.bufs[tuple(x.shape)] = (torch.empty_like(x), torch.empty_like(y))
+        bx, by = self.bufs[tuple(x.shape)]
+        bx.copy_(x)
+        by.copy_(y)
+        return bx, by
+
+
+def test_x2_08_n1_a_static_output_buffer_is_kept_batch_by_batch_in_the_timed_rounds():
+    # x2-08 N1: _Capture kept references, so every kept batch of a static buffer was the last one, and the timed
+    # stage failed "every sample exactly once ... no repeated or cached batches" after 292 s
+    from course_utils.checks.lesson08 import _Capture, _verify_timed, identifiable_images
+    from course_utils.ladder import TrainingSet
+    rng = np.random.default_rng(0)
+    n, bs = 512, 128
+    images, labels = identifiable_images(n, rng)
+    workload = TrainingSet(images, labels, "test")
+    kept = []
+    capture = _Capture(_StaticOut(), kept)
+    x = torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()
+    y = torch.from_numpy(labels)
+    order = torch.randperm(n)
+    for i in range(0, n, bs):
+        capture(x[order[i:i + bs]], y[order[i:i + bs]])
+    assert len({int(t.untyped_storage().data_ptr()) for t, _ in kept}) == len(kept)
+    _verify_timed(kept, workload, n, bs, rng.choice(n, 64, replace=False), "test")   # raises on a repeat
