@@ -1242,6 +1242,35 @@ def epochs_possible(index: np.ndarray, n: int) -> bool:
     return int(np.cumsum(counts)[:n].max()) == int(close.sum())
 
 
+def step_words(yours, reference) -> str:
+    """How yours' training step differs from the reference's (precision, layout, CUDA graph), in words ("" when it
+    is the same step): a slower step, not the pipeline, can be what puts yours under the bar (x2-08 N12)."""
+    parts = []
+    if (yours.amp or None) != (reference.amp or None):
+        parts.append(yours.amp or "fp32")
+    if bool(yours.channels_last) != bool(reference.channels_last):
+        parts.append("channels_last" if yours.channels_last else "channels_first")
+    if bool(yours.cuda_graph) != bool(reference.cuda_graph):
+        parts.append("CUDA graph" if yours.cuda_graph else "eager")
+    if not parts:
+        return ""
+    if not yours.cuda_graph and "CUDA graph" not in parts:
+        parts.append("eager")
+    return " + ".join(parts)
+
+
+def slow_hint(step: str) -> str:
+    """8.1's hint when yours is too slow: the step when yours runs another step than the reference, else the feed."""
+    if step:
+        return (f"your pipeline runs another training step ({step}) than the course's device-resident pipeline "
+                "(fp32 eager) it is timed against, and that step, not only the feeding, sets how fast yours goes: "
+                "beside the simulator a bf16 or fp16 eager step costs more host time per batch than the fp32 one "
+                "(launch-bound at batch 128, lesson 05); run the reference's step (amp=None, channels_last=False) "
+                "or a CUDA graph, or, if your data already stays on the device, look at the step before the feed")
+    return ("diagnose it as lesson 01 did (stall fraction): keep the data where the model is and "
+            "augment whole batches there (lesson 03), or let DALI do it (lesson 04)")
+
+
 def _verify_timed(kept, workload, n: int, batch_size: int, probe: np.ndarray, what: str):
     """The batches of one timed run: valid samples, labels intact, no sample twice within an
     epoch's worth of samples; crops verified on the samples in `probe`. Returns {index: params}."""
@@ -1320,6 +1349,7 @@ def _check_speed(make_pipeline, rng, seed: int, device: str | None, smoke: bool,
                 if sure:
                     break
         label, kind = ctx.label, ctx.kind
+    step = step_words(yours, reference)
     del yours, reference
     gc.collect()
     twice = [p for p in seen_params.values() if len(p) > 1]
@@ -1336,7 +1366,7 @@ def _check_speed(make_pipeline, rng, seed: int, device: str | None, smoke: bool,
     others = statistics.median(r[3] for r in rounds)
     shares = [r[1] for r in rounds]
     return (passed, fraction, share, capacity, shares, label, kind, median_round, others, sorted(flags_changed),
-            [r[:2] for r in rounds])
+            [r[:2] for r in rounds], step)
 
 
 # -- (c) parity, traced ----------------------------------------------------------------------------
@@ -1556,8 +1586,8 @@ def check_pipeline(make_pipeline):
     _verify_course_code("after make_pipeline(ctx) ran in the correctness stage")
     # (a) speed against the ceiling; with COURSE_DEVICE=cpu, beside the simulated device
     speed_device = "sim" if kind == "cpu" else device
-    passed, fraction, share, capacity, shares, label, speed_kind, runs, others, flags_changed, rounds_measured = (
-        _check_speed(make_pipeline, rng, seed, speed_device, smoke, flips))
+    (passed, fraction, share, capacity, shares, label, speed_kind, runs, others, flags_changed, rounds_measured,
+     step) = _check_speed(make_pipeline, rng, seed, speed_device, smoke, flips)
     measured = measured_words(fraction, share, capacity, shares)
     bar = (f"at least {SIM_SHARE:.0%} of the device-resident pipeline's throughput asked (what this machine can "
            f"feed), or {GPU_BAR:.0%} of the ceiling")
@@ -1578,8 +1608,7 @@ def check_pipeline(make_pipeline):
         raise CheckFailed(SPEED_PROPERTY,
                           f"{loaded.strip()} " * bool(loaded) + f"yours reached {measured}; {bar}; on {label} (in the median round yours "
                           f"{runs['yours'].samples_per_s:,.0f} samples/s, the ceiling {runs['ceiling'].samples_per_s:,.0f})",
-                          "diagnose it as lesson 01 did (stall fraction): keep the data where the model is and "
-                          "augment whole batches there (lesson 03), or let DALI do it (lesson 04)")
+                          slow_hint(step))
     # (c) accuracy parity. A first difference just outside the tolerance (at most twice it) is measured again from
     # another seed and the mean of the two is judged: a correct pipeline's unlucky run is rare, two in a row rarer
     # still; a difference of more than twice the tolerance is many standard deviations out, and final.

@@ -2382,7 +2382,7 @@ def test_w7_81_bf16_inside_the_rounds_scatter_stays_not_graded_on_a_busy_machine
     assert speed_verdict("sim", [(s * 0.96, s) for s in flat[:11]]) == (False, True)       # quiet: a fail
 
 
-def _speed_stage_scripted(monkeypatch, shares, others):
+def _speed_stage_scripted(monkeypatch, shares, others, step=""):
     """check 8.1 with its correctness stages skipped and its speed stage replaced by rounds measured elsewhere (the
     walk's): what check_pipeline decides from them, in a second."""
     from types import SimpleNamespace
@@ -2393,7 +2393,7 @@ def _speed_stage_scripted(monkeypatch, shares, others):
     monkeypatch.setattr(lesson08, "_check_correctness", lambda *a, **k: "")
     monkeypatch.setattr(lesson08, "_check_speed", lambda *a, **k: (
         passed, float(np.median([r[0] for r in rounds])), float(np.median(shares)), 0.96, list(shares),
-        "simulated H100", "sim", run, others, [], rounds))
+        "simulated H100", "sim", run, others, [], rounds, step))
     return run_check("8.1", right)
 
 
@@ -2493,3 +2493,20 @@ def test_x2_08_n1_a_static_output_buffer_is_kept_batch_by_batch_in_the_timed_rou
         capture(x[order[i:i + bs]], y[order[i:i + bs]])
     assert len({int(t.untyped_storage().data_ptr()) for t, _ in kept}) == len(kept)
     _verify_timed(kept, workload, n, bs, rng.choice(n, 64, replace=False), "test")   # raises on a repeat
+
+
+def test_x2_08_n12_a_slower_step_is_named_as_the_cause_not_the_feed(monkeypatch):
+    # x2-08 N12: the reference answer with amp="bf16", channels_last=True failed at 82% with the hint "keep the data
+    # where the model is ... or let DALI do it", which it already does: the step, not the feed, is slower there
+    from course_utils.checks.lesson08 import step_words
+    from course_utils.ladder import Pipeline
+    ref = Pipeline([], name="device-resident")
+    assert step_words(Pipeline([], amp="bf16", channels_last=True), ref) == "bf16 + channels_last + eager"
+    assert step_words(Pipeline([], cuda_graph=True), ref) == "CUDA graph"
+    assert step_words(Pipeline([], prefetch=True), ref) == ""
+    result = _speed_stage_scripted(monkeypatch, [0.82] * 11, 0.0, step="bf16 + channels_last + eager")
+    assert result.status == "fail" and f"property '{SPEED_PROPERTY}'" in result.message, result.message
+    assert "another training step (bf16 + channels_last + eager)" in result.message, result.message
+    assert "keep the data where the model is" not in result.message, result.message
+    result = _speed_stage_scripted(monkeypatch, [0.6] * 11, 0.0)
+    assert "keep the data where the model is" in result.message, result.message
