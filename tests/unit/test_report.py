@@ -95,7 +95,9 @@ def test_report_dir_is_the_notebooks_course_folder_or_course_build(tmp_path, mon
 def test_the_headline_names_rungs_faster_than_the_final_one():
     """w1-08: "yours runs at 92% ..." above a table in which three rungs ran faster."""
     climb = _climb()
-    climb.rungs.insert(1, {"name": "CUDA graph", "short": "graph", "samples_per_s": 30000.0,
+    climb.rungs.insert(1, {"name": "CUDA graph", "short": "graph",
+                           "step": {"amp": "bf16", "channels_last": True, "graph": True},
+                           "samples_per_s": 30000.0,
                            "fraction_of_ceiling": 1.875, "stall_fraction": 0.0, "speedup_over_baseline": 12.5})
     card = report.ReportCard.from_climb(climb, final="yours")
     assert card.headline().endswith("; faster in the same run: CUDA graph (188%); slower in the same run: baseline (15%)")
@@ -110,7 +112,9 @@ def test_the_same_code_within_the_measured_spread_is_not_ranked():
     climb = _climb()
     climb.rungs.insert(1, {"name": "device-resident", "short": "resident", "samples_per_s": 15200.0 * 88 / 69,
                            "fraction_of_ceiling": 1.21, "stall_fraction": 0.0, "speedup_over_baseline": 8.1})
-    climb.rungs.insert(2, {"name": "CUDA graph", "short": "graph", "samples_per_s": 60000.0,
+    climb.rungs.insert(2, {"name": "CUDA graph", "short": "graph",
+                           "step": {"amp": "bf16", "channels_last": True, "graph": True},
+                           "samples_per_s": 60000.0,
                            "fraction_of_ceiling": 3.75, "stall_fraction": 0.0, "speedup_over_baseline": 25.0})
     spread = {"rung": "device-resident", "first": 17100.0, "again": 14900.0}
     card = report.ReportCard.from_climb(climb, final="yours", spread=spread)
@@ -329,3 +333,15 @@ def test_w7_the_ladders_bars_are_drawn_one_way_and_no_label_meets_the_ceiling_li
             assert box.y1 < ax.transData.transform((0, bar.get_y() + bar.get_height()))[1]   # inside its bar
         import matplotlib.pyplot as plt
         plt.close(fig)
+
+
+def test_x2_08_n8_a_rung_measured_once_far_above_the_ceiling_of_its_own_step_is_not_ordered():
+    """x2-08 N8: "faster in the same run: DALI (280%)", measured once with the ceiling's own fp32 eager step, while the
+    climb's own line called that lead unreadable (re-measured: about 1.1x)."""
+    climb = _climb()
+    climb.rungs.insert(1, {"name": "DALI", "short": "dali", "samples_per_s": 16000.0 * 2.8,
+                           "fraction_of_ceiling": 2.8, "stall_fraction": 0.0, "speedup_over_baseline": 18.7})
+    words = report.ReportCard.from_climb(climb, final="yours").headline()
+    assert "faster in the same run: DALI" not in words, words
+    assert ("not ordered by this run: DALI (280%), measured once above the ceiling of the fp32 eager step it runs by "
+            "more than 20%") in words, words
