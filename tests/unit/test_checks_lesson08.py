@@ -2510,3 +2510,34 @@ def test_x2_08_n12_a_slower_step_is_named_as_the_cause_not_the_feed(monkeypatch)
     assert "keep the data where the model is" not in result.message, result.message
     result = _speed_stage_scripted(monkeypatch, [0.6] * 11, 0.0)
     assert "keep the data where the model is" in result.message, result.message
+
+
+def test_x2_08_n11_the_time_limit_in_the_timed_rounds_reports_the_rounds_measured(monkeypatch):
+    # x2-08 N11: a slow pipeline on a loaded machine ran into 8.1's time limit and was asked "does your code loop
+    # forever or wait on something that never comes?"; the rounds measured so far are the verdict's material
+    from course_utils.checks import lesson08
+    from course_utils.checks._busy import busy_limit
+    from course_utils.env import usable_cores
+    busy = busy_limit(usable_cores()) + 0.5
+
+    def scripted(shares, others):
+        def timed_rounds(*args):
+            rounds = args[11]
+            rounds.extend((s * 0.9, s, {}, others) for s in shares)
+            raise TimeoutError("the check did not finish within its time limit of 580 s")
+        monkeypatch.setattr(lesson08, "_check_correctness", lambda *a, **k: "")
+        monkeypatch.setattr(lesson08, "_timed_rounds", timed_rounds)
+        return run_check("8.1", right)
+
+    result = scripted([0.62, 0.70], busy)
+    assert result.status == "busy", result.message
+    assert "the check's time limit came after 2 rounds of the timed runs (5 at least are needed): yours reached 66%" \
+        in result.message and "loop forever" not in result.message, result.message
+    result = scripted([0.62, 0.70], 0.0)
+    assert result.status == "error" and "your code was not stuck" in result.message, result.message
+    assert "loop forever" not in result.message, result.message
+    result = scripted([0.2, 0.25, 0.22, 0.21, 0.3], busy)
+    assert result.status == "fail" and f"property '{SPEED_PROPERTY}'" in result.message, result.message
+    assert "time limit came after 5 rounds" in result.message, result.message
+    result = scripted([], 0.0)
+    assert result.status == "error" and "not one round of the timed runs" in result.message, result.message
