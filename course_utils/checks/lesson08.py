@@ -881,6 +881,19 @@ def _check_correctness(make_pipeline, rng, seed: int, device: str | None, *, vir
                                   "take every image from the ctx you are given, each time make_pipeline is called "
                                   "(ctx.on_device(), ctx.dataset(...)): the check calls it with workloads of its "
                                   "own, so nothing kept from an earlier ctx (a module-level cache) is this one's")
+            if virtual:
+                # x2-08 N6: a non_blocking copy to the host read before it landed (the order drawn on the device,
+                # read with .numpy()) gave garbage order on the GPU's code path only, and was told to shuffle or
+                # to mind the /255: the same code had just given every sample once on this machine's device
+                raise CheckFailed("every sample exactly once per epoch",
+                                  f"{where}: {missing} samples never came out, {twice} came out more than once; the "
+                                  "same code gave every sample exactly once on this machine's device just before, so "
+                                  "what differs is a GPU's timing",
+                                  "a copy to the host with non_blocking=True (.to('cpu', non_blocking=True)) is "
+                                  "read on the host (.numpy(), indexing, a loop) before it has landed: numbers not "
+                                  "delivered yet; keep the order on the device and index with device tensors, or "
+                                  "wait for the copy (torch.cuda.synchronize(), or an event recorded after it) "
+                                  "before reading it")
             raise CheckFailed("every sample exactly once per epoch",
                               f"{where}: {missing} samples never came out, {twice} came out more than once",
                               "shuffle a permutation of every sample each epoch (no replacement, no repeated or "

@@ -2541,3 +2541,37 @@ def test_x2_08_n11_the_time_limit_in_the_timed_rounds_reports_the_rounds_measure
     assert "time limit came after 5 rounds" in result.message, result.message
     result = scripted([], 0.0)
     assert result.status == "error" and "not one round of the timed runs" in result.message, result.message
+
+
+class _D2HRace:
+    """x2-08 N6's d2h_race: each epoch a permutation drawn on the device, brought to the host with non_blocking=True
+    and read there at once (.numpy()): on a GPU the host reads it before the copy lands."""
+    def __init__(self, images, labels, bs):
+        self.images, self.labels, self.bs = images, labels, bs
+
+    def __len__(self):
+        return -(-len(self.labels) // self.bs)
+
+    def __iter__(self):
+        n, dev = len(self.labels), self.images.device
+        host = torch.randperm(n, device=dev).to("cpu", non_blocking=True)
+        order = torch.from_numpy(host.numpy().copy()).to(dev)
+        for i in range(len(self)):
+            idx = order[i * self.bs:(i + 1) * self.bs]
+            yield self.images.index_select(0, idx), self.labels.index_select(0, idx)
+
+
+def test_x2_08_n6_a_host_read_of_an_unlanded_copy_is_named_before_shuffling():
+    from course_utils.checks._core import CheckFailed
+    from course_utils.checks.lesson08 import _check_correctness
+    from course_utils.device_data import AugmentBatch
+    from course_utils.ladder import Pipeline
+
+    def make(ctx):
+        images, labels = ctx.on_device()
+        return Pipeline(_D2HRace(images, labels, ctx.batch_size), batch_transform=AugmentBatch(), name="yours")
+    with pytest.raises(CheckFailed) as failed:
+        _check_correctness(make, np.random.default_rng(1), 1, None, virtual=True)
+    words = failed.value.sentence()
+    assert "every sample exactly once per epoch" in words and "what differs is a GPU's timing" in words, words
+    assert "non_blocking=True" in words and "/255" not in words, words
