@@ -29,12 +29,21 @@ def stamp(fig, device: str) -> None:
 
 
 def bar_chart(labels, values, *, ylabel: str, title: str, device: str, ceiling: float | None = None,
-              ceiling_label: str = "ceiling", fmt: str = "{:,.0f}", ax=None):
+              ceiling_label: str = "ceiling", fmt: str = "{:,.0f}", ax=None, scale: str = "linear"):
     """Bars of `values` named by `labels`, each annotated; a dashed line at `ceiling` if given.
     The ceiling's label sits beyond the right end of its line, outside the bars, where no bar's label
     can be drawn over it (w2-08: "ceiling 8,9551,654" over the first bar). One bar far above all the
     others (more than 3x the next, a CUDA graph's 950% beside rungs under 100%) would flatten them:
-    the axis then stops at twice the next one, and that bar is drawn cut, its label inside it."""
+    the axis then stops at twice the next one, and that bar is drawn cut, its label inside it.
+
+    `scale="log"` (lesson 08's ladder and report card): a log axis, never cut, whatever the values (walk w7-08: the
+    same chart drawn cut in one run and whole in the next, as a CUDA graph's bar crossed 3x the next one or not), each
+    bar's label inside its bar at the foot of the axis, below every bar's top and below the ceiling line, which
+    therefore never crosses a label (the red line ran through the small bars' labels)."""
+    values = list(values)
+    if scale == "log" and values and min(values) > 0:
+        return _log_bar_chart(labels, values, ylabel=ylabel, title=title, device=device, ceiling=ceiling,
+                              ceiling_label=ceiling_label, fmt=fmt, ax=ax)
     if ax is None:
         fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(labels) + 2), 3.6))
     fig = ax.figure
@@ -64,6 +73,42 @@ def bar_chart(labels, values, *, ylabel: str, title: str, device: str, ceiling: 
     ax.set_title(title)
     ax.set_xlim(-0.6, len(values) - 0.4)
     ax.set_ylim(0, top)
+    fig.tight_layout()
+    stamp(fig, device)
+    return fig
+
+
+def _log_bar_chart(labels, values, *, ylabel, title, device, ceiling, ceiling_label, fmt, ax):
+    import math
+
+    from matplotlib.transforms import blended_transform_factory
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(labels) + 2), 3.6))
+    fig = ax.figure
+    every = values + ([ceiling] if ceiling else [])
+    high, low = math.log10(max(every) * 1.6), math.log10(min(every))
+    # the foot of the axis low enough that every bar's top and the ceiling stand above its lowest 30%, where the
+    # labels go: bottom <= (low - 0.3 * high) / 0.7, and at least a factor 2 under the lowest
+    bottom = min(low - math.log10(2), (low - 0.3 * high) / 0.7)
+    ax.set_yscale("log")
+    ax.set_ylim(10 ** bottom, 10 ** high)
+    bars = ax.bar(range(len(values)), [v - 10 ** bottom for v in values], bottom=10 ** bottom, color="tab:blue")
+    foot = blended_transform_factory(ax.transData, ax.transAxes)
+    for bar, value in zip(bars, values):
+        text = fmt.format(value)
+        if ceiling:
+            text += f"\n{value / ceiling:.0%}"
+        ax.text(bar.get_x() + bar.get_width() / 2, 0.02, text, transform=foot, ha="center", va="bottom", fontsize=8,
+                color="white", fontweight="bold")
+    if ceiling:
+        ax.axhline(ceiling, color="tab:red", ls="--", lw=1)
+        ax.text(1.01, ceiling, f"{ceiling_label}\n{fmt.format(ceiling)}", transform=ax.get_yaxis_transform(),
+                ha="left", va="center", color="tab:red", fontsize=8, clip_on=False)
+    ax.set_xticks(range(len(labels)), labels, rotation=15 if len(labels) > 4 else 0,
+                  ha="right" if len(labels) > 4 else "center")
+    ax.set_ylabel(f"{ylabel} (log scale)")
+    ax.set_title(title)
+    ax.set_xlim(-0.6, len(values) - 0.4)
     fig.tight_layout()
     stamp(fig, device)
     return fig

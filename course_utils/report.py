@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .ladder import SAME_RUN_FLOOR, ceiling_share_words, limited_by
+from .ladder import RATIO_NOISE, SAME_RUN_FLOOR, ceiling_share_words, limited_by
 
 __all__ = ["ReportCard", "machine_facts", "host_slug", "timeline_record", "plot_timelines", "compare", "main",
            "report_dir", "SAME_RUN_FLOOR"]
@@ -207,9 +207,17 @@ class ReportCard:
         mine = value(self.final, row["samples_per_s"])
         others = [r for r in self.rungs if r["name"] != self.final and not r.get("skipped")
                   and r.get("samples_per_s") is not None]
-        groups = {"faster": [], "same": [], "slower": []}
+        groups = {"faster": [], "same": [], "slower": [], "unread": []}
+        # x2-08 N8: "faster in the same run: DALI (280%)", measured once, running the ceiling's own fp32 eager step:
+        # no rung beats the step it runs, so a measurement that far above the ceiling is the load's, not an order
+        # (the climb's own line says so); such a rung is named as not ordered by this run
+        above = 1 + max(noise, SAME_RUN_FLOOR)
         for r in others:
             theirs = value(r["name"], r["samples_per_s"])
+            if (r["name"] not in repeats and not r.get("step") and r.get("fraction_of_ceiling") is not None
+                    and r["fraction_of_ceiling"] > above):
+                groups["unread"].append(f"{r['name']} ({r['fraction_of_ceiling']:.0%})")
+                continue
             group = "faster" if theirs > mine * (1 + noise) else "slower" if theirs < mine / (1 + noise) else "same"
             groups[group].append(f"{r['name']} ({r['fraction_of_ceiling']:.0%})")
         if repeats:
@@ -219,11 +227,18 @@ class ReportCard:
         else:
             told = f"{noise:.0%}, no pipeline was measured twice here"
         beaten = f"; faster in the same run: {', '.join(groups['faster'])}" if groups["faster"] else ""
-        tied = (f"; the same within the noise of one measurement ({told}): {', '.join(groups['same'])}"
-                if groups["same"] else "")
+        # walk w7-08: a noise of 165% made 78% and 200% "the same" as yours: within the noise, this run does not order
+        # them, which is all it can say; a band wider than the climb's own (44%) is said to be too wide to rank
+        wide = (f"; a band that wide, {1 / (1 + noise):.2f}x to {1 + noise:.2f}x yours, means this run cannot rank "
+                "them, not that they are the same" if noise > RATIO_NOISE else "")
+        tied = (f"; not told apart from yours by this run, within the noise of one measurement ({told}{wide}): "
+                f"{', '.join(groups['same'])}" if groups["same"] else "")
         slower = f"; slower in the same run: {', '.join(groups['slower'])}" if groups["slower"] else ""
+        unread = (f"; not ordered by this run: {', '.join(groups['unread'])}, measured once above the ceiling of the "
+                  f"fp32 eager step it runs by more than {above - 1:.0%} (no rung beats the step it runs: the load "
+                  "moved that measurement, not the pipeline)" if groups["unread"] else "")
         return (f"{self.final} runs at {ceiling_share_words(row, 'the model-only ceiling', rows=self.rungs)}{against}, "
-                f"on {kind}; measured in one run on {self.machine['host']}{beaten}{tied}{slower}")
+                f"on {kind}; measured in one run on {self.machine['host']}{beaten}{tied}{slower}{unread}")
 
     def noise(self) -> float:
         """The relative spread of one measurement in this run: twice the widest of the pipelines measured more than
@@ -303,7 +318,7 @@ class ReportCard:
         from .plotting import bar_chart
         measured = [r for r in self.rungs if not r.get("skipped")]
         fig = bar_chart([r.get("short", r["name"]) for r in measured], [r["samples_per_s"] for r in measured],
-                        ylabel="samples/s", device=self.device, ceiling=self.ceiling["samples_per_s"],
+                        ylabel="samples/s", device=self.device, ceiling=self.ceiling["samples_per_s"], scale="log",
                         title=f"Every rung tried on {self.machine['host']}"
                               + (" (simulated device)" if self.simulated else ""))
         ax = fig.axes[0]

@@ -328,7 +328,9 @@ def run_check(exercise_id: str, obj, **kwargs) -> CheckResult:
             status = "error"
             message = f"your code raised MachineBusy, which only a check may raise{_learner_line(exc)}"
     except TimeoutError as exc:
-        status, message = "error", f"{exc}: does your code loop forever or wait on something that never comes?"
+        # a check that knows the code made progress (timed rounds finished) says so on the exception (`progressed`)
+        status, message = "error", (f"{exc}" if getattr(exc, "progressed", False) else
+                                    f"{exc}: does your code loop forever or wait on something that never comes?")
     except Exception as exc:  # the learner's code broke
         status = "error"
         message = (f"your code raised {type(exc).__name__}: {_exception_text(exc)}{_learner_line(exc)}"

@@ -95,7 +95,9 @@ def test_report_dir_is_the_notebooks_course_folder_or_course_build(tmp_path, mon
 def test_the_headline_names_rungs_faster_than_the_final_one():
     """w1-08: "yours runs at 92% ..." above a table in which three rungs ran faster."""
     climb = _climb()
-    climb.rungs.insert(1, {"name": "CUDA graph", "short": "graph", "samples_per_s": 30000.0,
+    climb.rungs.insert(1, {"name": "CUDA graph", "short": "graph",
+                           "step": {"amp": "bf16", "channels_last": True, "graph": True},
+                           "samples_per_s": 30000.0,
                            "fraction_of_ceiling": 1.875, "stall_fraction": 0.0, "speedup_over_baseline": 12.5})
     card = report.ReportCard.from_climb(climb, final="yours")
     assert card.headline().endswith("; faster in the same run: CUDA graph (188%); slower in the same run: baseline (15%)")
@@ -110,15 +112,18 @@ def test_the_same_code_within_the_measured_spread_is_not_ranked():
     climb = _climb()
     climb.rungs.insert(1, {"name": "device-resident", "short": "resident", "samples_per_s": 15200.0 * 88 / 69,
                            "fraction_of_ceiling": 1.21, "stall_fraction": 0.0, "speedup_over_baseline": 8.1})
-    climb.rungs.insert(2, {"name": "CUDA graph", "short": "graph", "samples_per_s": 60000.0,
+    climb.rungs.insert(2, {"name": "CUDA graph", "short": "graph",
+                           "step": {"amp": "bf16", "channels_last": True, "graph": True},
+                           "samples_per_s": 60000.0,
                            "fraction_of_ceiling": 3.75, "stall_fraction": 0.0, "speedup_over_baseline": 25.0})
     spread = {"rung": "device-resident", "first": 17100.0, "again": 14900.0}
     card = report.ReportCard.from_climb(climb, final="yours", spread=spread)
     words = card.headline()
     assert "faster in the same run: CUDA graph (375%)" in words and "faster in the same run: device" not in words
-    assert ("the same within the noise of one measurement (at least 20%, or twice the widest spread of a pipeline "
-            "measured more than once here (device-resident 17,100, 14,900 samples/s; each such pipeline compared by its "
-            "median): 30%): device-resident (121%)") in words
+    assert ("not told apart from yours by this run, within the noise of one measurement (at least 20%, or twice the "
+            "widest spread of a pipeline measured more than once here (device-resident 17,100, 14,900 samples/s; each "
+            "such pipeline compared by its median): 30%): device-resident (121%)") in words
+    assert "cannot rank" not in words                              # 30%: narrower than the climb's 44%
     # a pair closer than 10% apart: the floor, 20% (w2-08's second smoke run: the same code 11% apart, called faster)
     climb.rungs[1].update(samples_per_s=15200.0 * 97 / 87, fraction_of_ceiling=0.97 * 1.1)
     close = report.ReportCard.from_climb(climb, final="yours", spread=dict(spread, again=16500.0))
@@ -181,7 +186,8 @@ def test_the_same_code_measured_in_turns_is_never_ranked_by_one_lucky_measuremen
     spread = {"rung": "device-resident", "first": 9717.0, "again": [8873.0, 9100.0], "final_again": [9500.0]}
     words = report.ReportCard.from_climb(_w3_climb(), final="yours", spread=spread).headline()
     assert "(device-resident 9,717, 8,873, 9,100; yours 12,628, 9,500 samples/s; each such pipeline compared by its " \
-           "median): 66%): prefetcher (112%), device-resident (102%)" in words
+           "median): 66%; a band that wide, 0.60x to 1.66x yours, means this run cannot rank them, not that they are the " \
+        "same): prefetcher (112%), device-resident (102%)" in words
     assert "faster in the same run: device-resident + bf16 + CUDA graph (908%)" in words
     # every measured rung is named in one of the three groups
     for name in ("baseline", "prefetcher", "device-resident", "device-resident + bf16 + CUDA graph"):
@@ -223,3 +229,119 @@ def test_a_share_of_a_ceiling_the_climb_measured_slow_says_so_and_bounds_it():
     assert "in the same minutes: 95% (medians of 2 and 3 runs" in same and "keeps up" in same, same
     below = against_resident_words("yours", [3000.0, 3100.0], [7805.0, 6595.0, 7028.0])
     assert "43%" in below and "the gap is your pipeline's" in below, below
+
+
+# -- walk w7-08: the run's numbers (run 2 of the walk; smoke, simulated H100 on a busy 2-core machine) ---------------
+
+def _w7_rows():
+    def row(name, sps, frac, stall, util, step=None):
+        return {"name": name, "short": name, "samples_per_s": sps, "fraction_of_ceiling": frac, "stall_fraction": stall,
+                "device_util": util, "steps_in_flight_fraction": 0.85, "step": step or {}}
+    graph = {"amp": "bf16", "channels_last": True, "graph": True}
+    return [row("baseline", 781.0, 0.17, 0.75, 0.02), row("best workers", 694.0, 0.15, 0.59, 0.02),
+            row("prefetcher", 1797.0, 0.40, 0.32, 0.05), row("device-resident", 3511.0, 0.78, 0.09, 0.10),
+            row("DALI", 9013.0, 2.00, 0.14, 0.27), row("device-resident + bf16", 3316.0, 0.74, 0.06, 0.04,
+                                                        {"amp": "bf16", "channels_last": True}),
+            row("device-resident + bf16 + CUDA graph", 45701.0, 10.14, 0.37, 0.61, graph)]
+
+
+def test_w7_a_rung_above_the_ceiling_beside_the_same_step_under_it_is_said_from_the_step_times():
+    """Walk w7-08: "DALI (288%); no rung beats the step it runs, so the ceiling's measurement was slow" beside
+    device-resident, the same fp32 eager step, at 89%: the ceiling was not simply slow. The sentence now derives what
+    the step times show."""
+    from course_utils.ladder import above_ceiling_words
+    from course_utils.sim import H100, SimulatedAccelerator
+    sim = SimulatedAccelerator(profile=H100, scale=0.50)
+    words = above_ceiling_words(_w7_rows(), {"samples_per_s": 4505.0}, sim, 128)
+    assert "above it although they run its own fp32 eager step: DALI (200%, 14.2 ms a step)" in words, words
+    assert "so that step costs at most 14.2 ms here" in words, words
+    assert "Yet device-resident ran the same step at 78% of the ceiling (36.5 ms a step)" in words, words
+    assert "the ceiling was not one slow measurement" in words and "not a speed-up to read" in words, words
+    assert "so the ceiling's measurement was slow" not in words, words
+    # this run's second smoke run: device-resident at 101% too, the prefetcher (input-bound) at 33%: the comparison is
+    # with device-resident, not with a rung its input held back
+    rows = _w7_rows()
+    rows[3].update(samples_per_s=4051.0, fraction_of_ceiling=1.01)
+    rows[2].update(fraction_of_ceiling=0.33)
+    words = above_ceiling_words(rows, {"samples_per_s": 4000.0}, sim, 128)
+    assert "fp32 eager step: device-resident (101%, 31.6 ms a step), DALI (200%, 14.2 ms a step)" in words, words
+    assert "Yet device-resident ran the same step at 101%" in words and "prefetcher ran" not in words, words
+
+
+def test_w7_the_rungs_with_the_data_on_the_device_say_what_limited_them():
+    """Walk w7-08: the summary's "removes the CPU from the loop" beside the CUDA-graph rung input-bound (waits 37%)."""
+    from course_utils.ladder import data_on_device_words
+    words = data_on_device_words(_w7_rows())
+    assert "device-resident + bf16 + CUDA graph input-bound (waits 37%)" in words, words
+    assert "device-resident launch-bound (waits 9%)" in words, words
+    assert "takes the per-image work off the CPU, not the host's launches" in words, words
+    assert "a CUDA graph removes the step's launches, not the augmentation's" in words, words
+    assert "still waited for the next batch (the host launching the augmentation's kernels)" in words, words
+    assert "DALI" not in words                          # it reads records: not a rung with the data on the device
+    quiet = [dict(r, stall_fraction=0.01) for r in _w7_rows()]
+    assert "none of them waited for data" in data_on_device_words(quiet)
+
+
+def test_w7_a_noise_band_too_wide_to_rank_is_said_so_not_the_same():
+    """Walk w7-08 run 2: a noise of 165% (yours 6,386 and 3,498) made 78% and 200% "the same" as yours at 142%."""
+    rows = _w7_rows() + [{"name": "yours", "short": "yours", "samples_per_s": 6386.0, "fraction_of_ceiling": 1.42,
+                          "stall_fraction": 0.10, "device_util": 0.19, "step": {}}]
+    base = rows[0]["samples_per_s"]
+    for r in rows:
+        r["speedup_over_baseline"] = r["samples_per_s"] / base
+    climb = LadderResult(device="simulated H100", simulated=True, config={"batch_size": 128, "steps": 20,
+                         "num_workers": 2}, ceiling={"samples_per_s": 4505.0, "fraction_of_ceiling": 1.0}, rungs=rows)
+    spread = {"rung": "device-resident", "first": 3511.0, "again": [3611.0, 4917.0], "final_again": [3498.0]}
+    words = report.ReportCard.from_climb(climb, final="yours", spread=spread).headline()
+    assert ": 165%; a band that wide, 0.38x to 2.65x yours, means this run cannot rank them, not that they are the " \
+           "same): device-resident (78%), DALI (200%)" in words, words
+    assert "the same within the noise" not in words, words
+
+
+def test_w7_yours_within_the_runs_spread_above_100_is_not_a_speed_up():
+    """Walk w7-08 run 2: "137%" for the device-resident pipeline with drop_last=False, its runs 6,387 and 3,498."""
+    from course_utils.ladder import against_resident_words
+    words = against_resident_words("yours", [6387.0, 3498.0], [3511.0, 3611.0, 4917.0])
+    assert words.startswith("yours against the course's device-resident pipeline in the same minutes: not told "
+                            "apart, the same within this run's noise (one pipeline's runs spread by up to 83% here, so "
+                            "a ratio between 55% and 183% is what two equal pipelines can give; the medians of 2 and 3 "
+                            "runs gave 137%, not a speed-up)"), words
+    run1 = against_resident_words("yours", [5923.0, 6530.0], [4539.0, 6327.0, 6377.0])      # 98%: as before
+    assert ": 98% (medians of 2 and 3 runs" in run1 and "keeps up" in run1, run1
+
+
+def test_w7_the_ladders_bars_are_drawn_one_way_and_no_label_meets_the_ceiling_line():
+    """Walk w7-08: the chart cut a 1014% bar in one run and not a 785% one in the other; the ceiling line crossed
+    the small bars' labels. A log axis, never cut; the labels at the foot of the axis, under every line."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from course_utils.plotting import bar_chart
+    for values, ceiling in (([1047, 1213, 3530, 4539, 14766, 3809, 40182, 5923], 5120.0),
+                            ([781, 694, 1797, 3511, 9013, 3316, 45701, 6386], 4505.0),
+                            ([3000, 3100, 3200], 3050.0)):
+        fig = bar_chart([str(v) for v in values], values, ylabel="samples/s", title="t", device="d", ceiling=ceiling,
+                        scale="log")
+        ax = fig.axes[0]
+        fig.canvas.draw()
+        assert ax.get_yscale() == "log" and all("bar cut" not in t.get_text() for t in ax.texts)
+        line_y = ax.transData.transform((0, ceiling))[1]
+        labels = [t for t in ax.texts if "%" in t.get_text() and "ceiling" not in t.get_text()]
+        assert len(labels) == len(values)
+        for text, bar in zip(labels, ax.patches):
+            box = text.get_window_extent()
+            assert box.y1 < line_y, (values, text.get_text())                      # under the ceiling line
+            assert box.y1 < ax.transData.transform((0, bar.get_y() + bar.get_height()))[1]   # inside its bar
+        import matplotlib.pyplot as plt
+        plt.close(fig)
+
+
+def test_x2_08_n8_a_rung_measured_once_far_above_the_ceiling_of_its_own_step_is_not_ordered():
+    """x2-08 N8: "faster in the same run: DALI (280%)", measured once with the ceiling's own fp32 eager step, while the
+    climb's own line called that lead unreadable (re-measured: about 1.1x)."""
+    climb = _climb()
+    climb.rungs.insert(1, {"name": "DALI", "short": "dali", "samples_per_s": 16000.0 * 2.8,
+                           "fraction_of_ceiling": 2.8, "stall_fraction": 0.0, "speedup_over_baseline": 18.7})
+    words = report.ReportCard.from_climb(climb, final="yours").headline()
+    assert "faster in the same run: DALI" not in words, words
+    assert ("not ordered by this run: DALI (280%), measured once above the ceiling of the fp32 eager step it runs by "
+            "more than 20%") in words, words
