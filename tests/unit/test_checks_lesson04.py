@@ -588,9 +588,19 @@ def make_cifar_epochs(*, ceil_bounds=False, take_rows=False,
                 return np.random.default_rng((seed, epoch, 1)).permutation(mine) if epoch else mine
             return (rng.permutation(n) if shuffle else np.arange(n))[start:stop]
 
-        held = np.array(records) if copy_once else records     # the whole file read into memory once per call
+        # the whole file read into memory once per call (w9-04 w42_27); "asarray": np.asarray(records), a
+        # view of the memory map, no copy (right); "lazy": copied at the source's first call, kept after
+        held = np.array(records) if copy_once is True else np.asarray(records) if copy_once == "asarray" else records
+        lazy = []
 
         def rows_of(idx):
+            if copy_once == "lazy":
+                if not lazy:
+                    lazy.append(np.array(records))
+                return rows_from(lazy[0], idx)
+            return rows_from(held, idx)
+
+        def rows_from(held, idx):
             # the whole file copied into memory on every batch (w1-04 4.2 #27), then indexed
             rows = np.array(records)[idx] if whole_copy else held[idx]
             if take_rows:                      # np.take of the batch's own rows: one call, right (the near
@@ -820,6 +830,11 @@ def test_4_2_the_file_copied_once_per_call_is_rejected():
     rejected("4.2", Mutant("the whole file copied once per call", make_cifar_epochs(copy_once=True),
                            "reads only the batch's records", words="records = np.array(records) once at the start"),
              [3])
+    # near misses on both sides: the copy made at the source's first call and kept (wrong), and
+    # np.asarray(records) at the top, a view of the memory map that copies nothing (right)
+    rejected("4.2", Mutant("the whole file copied at the source's first call", make_cifar_epochs(copy_once="lazy"),
+                           "reads only the batch's records", words="copied into"), [4, 5])
+    passes("4.2", make_cifar_epochs(copy_once="asarray"), [4])
 
 
 def test_4_2_a_counter_that_restarts_is_rejected():
