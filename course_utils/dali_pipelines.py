@@ -37,6 +37,7 @@ from . import data
 from .env import has_dali, usable_cores
 
 __all__ = [
+    "same_graph",
     "IMAGENET_MEAN", "IMAGENET_STD", "require_dali", "dali_device", "dali_threads", "shard_range",
     "RecordStore", "CifarRecordBatches", "cifar_train_pipeline", "DaliLoader", "cifar_loader",
     "jpeg_train_pipeline", "jpeg_loader", "decode_pipeline", "feeding_verdict",
@@ -292,6 +293,35 @@ def cifar_train_pipeline(source, *, batch_size: int, device="cpu", num_threads: 
         return out, labels, indices
 
     return graph()
+
+
+def same_graph(a, b) -> bool | None:
+    """Whether two pipelines (built or not) have the same graph: the same operators, in the same
+    order, with the same arguments and inputs, and the same pipeline settings (batch size,
+    threads, prefetching, executor, seed, device). None where this DALI keeps its graph elsewhere.
+    Lesson 04 (w9-04): a learner's pipeline that builds exactly the course's graph was judged
+    "slower in every turn" by a throughput comparison; the same graph is the same work, so the
+    lesson says so instead of ranking the two on this machine's noise."""
+    try:
+        return _graph_signature(a) == _graph_signature(b)
+    except AttributeError:
+        return None
+
+
+def _graph_signature(pipe):
+    if not getattr(pipe, "_py_graph_built", False):
+        pipe._build_graph()
+    rename = sorted(((op._name, f"op{k}") for k, op in enumerate(pipe._ops)), key=lambda kv: -len(kv[0]))
+    ops = []
+    for op in pipe._ops:
+        text = "\n".join(sorted(line.strip() for line in str(op._spec).splitlines()    # keyword order aside
+                                if not line.strip().startswith(("_origin_stack", "_module"))))
+        for name, new in rename:           # operator names carry ids: the position in the graph instead
+            text = text.replace(name, new)
+        ops.append(text)
+    settings = tuple(getattr(pipe, name, None) for name in ("max_batch_size", "num_threads", "device_id", "seed",
+                                                            "prefetch_queue_depth", "exec_async", "exec_pipelined"))
+    return settings, tuple(ops)
 
 
 class DaliLoader:

@@ -29,12 +29,14 @@ def stamp(fig, device: str) -> None:
 
 
 def bar_chart(labels, values, *, ylabel: str, title: str, device: str, ceiling: float | None = None,
-              ceiling_label: str = "ceiling", fmt: str = "{:,.0f}", ax=None, scale: str = "linear"):
+              ceiling_label: str = "ceiling", fmt: str = "{:,.0f}", ax=None, scale: str = "linear",
+              allow_cut: bool = True):
     """Bars of `values` named by `labels`, each annotated; a dashed line at `ceiling` if given.
     The ceiling's label sits beyond the right end of its line, outside the bars, where no bar's label
     can be drawn over it (w2-08: "ceiling 8,9551,654" over the first bar). One bar far above all the
     others (more than 3x the next, a CUDA graph's 950% beside rungs under 100%) would flatten them:
-    the axis then stops at twice the next one, and that bar is drawn cut, its label inside it.
+    the axis then stops at twice the next one, and that bar is drawn cut, its label inside it, unless
+    `allow_cut=False` (lesson 04, w9-04: a cut bar beside one of the same kind read 2:1 for 3.4:1).
 
     `scale="log"` (lesson 08's ladder and report card): a log axis, never cut, whatever the values (walk w7-08: the
     same chart drawn cut in one run and whole in the next, as a CUDA graph's bar crossed 3x the next one or not), each
@@ -51,7 +53,7 @@ def bar_chart(labels, values, *, ylabel: str, title: str, device: str, ceiling: 
     top = max(values + [ceiling or 0]) * 1.25
     ordered = sorted(values, reverse=True)
     cut = None
-    if len(ordered) > 2 and ordered[1] > 0 and ordered[0] > 3 * max(ordered[1], ceiling or 0):
+    if allow_cut and len(ordered) > 2 and ordered[1] > 0 and ordered[0] > 3 * max(ordered[1], ceiling or 0):
         cut = 2 * max(ordered[1], ceiling or 0)
         top = cut * 1.1
     bars = ax.bar(range(len(values)), [min(v, cut) if cut else v for v in values], color="tab:blue")

@@ -443,6 +443,26 @@ def _calling_cpu(what: str, device: str, seed: int):
 _NO_BATCH_INFO = "the check's source wants a BatchInfo"
 
 
+def _expect_whole_batches(pipe, exc: BaseException | None, what: str, seed: int) -> None:
+    """The source gives a whole batch per call (w9-04 w41_33: batch=False took the source's
+    (B, 3, 32, 32) array as one sample, and DALI's "The layout 'CHW' cannot describe 4-dimensional
+    data" sent the learner to layout=). Read from the graph before running (`exc` None), or from
+    DALI's error where the graph cannot be read."""
+    said = "" if exc is None else str(exc)
+    if exc is not None and not ("cannot describe" in said and "-dimensional data" in said):
+        return
+    modes = [getattr(op.node, "_batch", None) for op in _graph(pipe) or [] if op.kind == "ExternalSource"]
+    if exc is None and not any(m is False for m in modes):
+        return
+    dali = f' (DALI: "{said.splitlines()[0]}")' if said else ""
+    raise CheckFailed("the source gives whole batches",
+                      f"{what}: your external_source is per-sample (batch=False): DALI takes each array the "
+                      f"source returns as one sample, so the source's whole (B, 3, 32, 32) batch became one "
+                      f"4-dimensional image{dali} (seed {seed})",
+                      "fn.external_source(source=source, num_outputs=3, batch=True, batch_info=True, ...): the "
+                      "source returns a batch per call, and with batch_info=True learns the epoch") from None
+
+
 def _expect_batch_info(exc: BaseException, what: str, seed: int) -> None:
     """Turn the check's source refusing a plain iteration number (external_source without
     batch_info=True) into the property it breaks; any other error goes on as it was."""
@@ -537,11 +557,13 @@ def _run_cifar(cifar_pipeline, records, batch_size, batches, device, rng, seed):
         _expect_placement(pipe, "cpu", what, seed)
     _expect_settings(pipe, _threads(), what, seed)
     _num_outputs(pipe, 3, "images, labels, indices")
+    _expect_whole_batches(pipe, None, what, seed)
     outs = []
     for k in range(batches):
         try:
             o = pipe.run()
         except Exception as exc:
+            _expect_whole_batches(pipe, exc, what, seed)
             _expect_batch_info(exc, what, seed)
             _expect_crop_anchor(exc, what, seed)
             raise
@@ -1306,10 +1328,12 @@ def _expect_batch_reads(cifar_epochs, batch_size, tmp: Path, rng, seed):
     copies the whole file, 150 MB for CIFAR's training set, per batch, and passed). A sparse file of
     zeros large beside a batch: what Python allocates while the iterator reads a few batches, beyond
     what it held after its creation, is measured with tracemalloc (numpy reports its buffers to it,
-    from DALI's callback thread too). Reading the whole file once per call is allowed (w1-04). np.take on the
-    memory map is counted as an index is (w7-04: it escaped the count); a whole-shard copy through a
-    plain view, np.asarray(records)[...], once an epoch is not seen: tracemalloc cannot tell it from
-    the once-per-call copy, which is allowed."""
+    from DALI's callback thread too). np.take on the memory map is counted as an index is (w7-04: it
+    escaped the count). What the call itself leaves allocated is measured too (w9-04 w42_27:
+    records = np.array(records) once at the top of cifar_epochs copies the whole file into every
+    process, 150 MB for CIFAR, 8x on an 8-GPU node, and passed; the spec says a batch reads only its
+    own rows of the memory map): that also catches a whole-shard copy through a plain view,
+    np.asarray(records)[...], made for the first epoch while DALI prefetches."""
     import tracemalloc
 
     big = 16_384                                   # 50 MB of records; a batch is < 250 kB
@@ -1320,6 +1344,7 @@ def _expect_batch_reads(cifar_epochs, batch_size, tmp: Path, rng, seed):
     records._reads = reads = [0, 0]
     tracemalloc.start()
     try:
+        before, _ = tracemalloc.get_traced_memory()
         with calling(f"cifar_epochs(records of {big:,}, {batch_size}, seed=..., shuffle=True)"):
             it = cifar_epochs(records, batch_size, seed=int(rng.integers(0, 2**31 - 1)), num_threads=_threads())
         held, _ = tracemalloc.get_traced_memory()
@@ -1347,6 +1372,18 @@ def _expect_batch_reads(cifar_epochs, batch_size, tmp: Path, rng, seed):
                           f"CIFAR's training set, every epoch (seed {seed})",
                           "a batch reads only its own rows of the memory map: rows = records[idx], with idx the "
                           "batch's slice of the epoch's order; keep the order (indices), not the rows")
+    kept = held - before      # what the call left allocated (DALI has prefetched a few batches by now)
+    if kept > big * data.RECORD_BYTES // 2:
+        raise CheckFailed("reads only the batch's records",
+                          f"when cifar_epochs(records of {big:,}, {batch_size}) returned, your code held "
+                          f"{kept / 1e6:.0f} MB more than before the call, for a memory-mapped file of "
+                          f"{big * data.RECORD_BYTES / 1e6:.0f} MB: the whole file copied into this process "
+                          "(records = np.array(records) once at the start? or the epoch's rows, "
+                          "np.asarray(records)[order]?), 150 MB per process for CIFAR's training set, 8x that on "
+                          f"an 8-GPU node, read before the first batch (seed {seed})",
+                          "keep `records` the memory map it is: the operating system pages in what a batch touches. "
+                          "A batch reads only its own rows, rows = records[idx], with idx the batch's slice of the "
+                          "epoch's order; keep the order (indices), not the rows")
     extra = peak - held
     if extra > big * data.RECORD_BYTES // 2:
         raise CheckFailed("reads only the batch's records",

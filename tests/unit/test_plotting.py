@@ -44,3 +44,14 @@ def test_the_stamp_keeps_a_number_with_its_unit():   # w7-03: "... + 1500" / "GB
     text = fig.texts[-1].get_text()
     plt.close(fig)
     assert "1500 GB/s" in text and "\u00a0" not in text
+
+
+def test_bar_chart_allow_cut_false_draws_every_bar_whole():
+    """Lesson 04 (w9-04): DALI's 1-thread bar at 62,881 was cut beside its 2-thread bar at 18,245, and the
+    two read 2:1 for 3.4:1; with allow_cut=False every bar is drawn to its value."""
+    values = [2_000.0, 18_245.0, 62_881.0]
+    cut = bar_chart(["a", "b", "c"], values, ylabel="samples/s", title="t", device="cpu")
+    whole = bar_chart(["a", "b", "c"], values, ylabel="samples/s", title="t", device="cpu", allow_cut=False)
+    assert cut.axes[0].patches[2].get_height() < values[2]
+    assert [p.get_height() for p in whole.axes[0].patches] == values
+    assert not any("bar cut" in t.get_text() for t in whole.axes[0].texts)
