@@ -98,6 +98,10 @@ _EDGE_CASES = [
     ({0: 990.0, 1: 1000.0, 2: 995.0}, 0.05, "0 workers within the tolerance of the best"),
     ({0: 999.7, 1: 1000.0}, 0.05, "a point 0.3 samples/s below the best"),
     ({0: 999.98, 1: 1000.0}, 0.05, "a point 0.02 samples/s below the best"),
+    ({0: 996.0, 1: 1000.0}, 0.05, "a point 4 samples/s (0.4%) below the best"),
+    # fractional percentages (w4-02 w21_23: int(100 * tolerance) cuts 2.5% to 2%, 29% to 28%)
+    ({0: 976.0, 1: 1000.0}, 0.025, "a tolerance of 2.5% (0.025), a point 2.4% below the best"),
+    ({0: 715.0, 1: 1000.0, 2: 990.0}, 0.29, "a tolerance of 29% (0.29), a point 28.5% below the best"),
 ]
 
 
@@ -176,6 +180,10 @@ _SLIPS = [
     ("threshold rounded", lambda s, t, p: _smallest(s, lambda v: v >= round((1 - t) * max(s.values()))),
      lambda s, t: (f"the threshold here is {(1 - t) * max(s.values()):,.2f}: compare with it as it is, not rounded "
                    "to a whole number")),
+    ("tolerance cut to whole percent",
+     lambda s, t, p: _smallest(s, lambda v: 100 * v / max(s.values()) >= 100 - int(100 * t)),
+     lambda s, t: (f"use the tolerance as given: {t:g} is {100 * t:g}%, not {int(100 * t)}% (int(100 * tolerance) "
+                   "drops the fraction of a percent): compare with (1 - tolerance) x best")),
     ("tolerance ignored", lambda s, t, p: _smallest(s, lambda v: v >= 0.95 * max(s.values())),
      lambda s, t: (f"yours picks what a tolerance of 0.05 picks, but the tolerance passed was {t:g}: use the "
                    "tolerance argument")),
@@ -187,9 +195,14 @@ _SLIPS = [
     ("absolute tolerance", lambda s, t, p: _smallest(s, lambda v: v >= max(s.values()) - t),
      lambda s, t: ("the tolerance is a share of the best, (1 - tolerance) x best, not a number of samples/s "
                    "subtracted from it")),
+    ("tolerance x 100 as samples/s", lambda s, t, p: _smallest(s, lambda v: max(s.values()) - v <= t * 100),
+     lambda s, t: (f"the tolerance is a share of the best, (1 - tolerance) x best, not a number of samples/s: yours "
+                   f"lets a count be {100 * t:g} samples/s below the best (tolerance x 100), where the rule allows "
+                   f"{t * max(s.values()):,.2f} (tolerance x the best, {_number(max(s.values()))})")),
     ("tolerance in percent", lambda s, t, p: _smallest(s, lambda v: v >= (1 - t / 100) * max(s.values())),
      lambda s, t: "the tolerance is a fraction (0.05 means 5%), not a percentage: do not divide it by 100"),
-    ("zero skipped", lambda s, t, p: _smallest({w: v for w, v in s.items() if w > 0}, lambda v: v >= (1 - t) * max(s.values())),
+    ("zero skipped", lambda s, t, p: _smallest({w: v for w, v in s.items() if w > 0},
+                                               lambda v: v >= (1 - t) * max(s.values())) or min(s),
      lambda s, t: "0 workers is a count like the others: when it comes within the tolerance of the best, it is the answer"),
     ("the largest count within", lambda s, t, p: max((w for w, v in s.items() if v >= (1 - t) * max(s.values())), default=None),
      lambda s, t: "take the smallest count within the tolerance, not the largest"),
@@ -279,7 +292,7 @@ def check_choose_workers(choose_num_workers):
     rng, seed = fresh_rng()
     cases = []
     for kind in ("rise-and-fall", "noisy", "flat", "non-monotone", "best-last"):
-        for tolerance in (0.05, float(rng.choice([0.0, 0.02, 0.1, 0.2]))):
+        for tolerance in (0.05, float(rng.choice([0.0, 0.02, 0.025, 0.1, 0.125, 0.2]))):
             sweep = _away_from_edge(_sweep_of(kind, rng), tolerance)
             cases.append((sweep, tolerance, f"a {kind} sweep over {len(sweep)} worker counts, tolerance {tolerance:g}"))
     cases.append(({0: 812.0, 2: 1650.0, 1: 1590.0}, 0.05, "a three-point sweep given out of order"))

@@ -345,6 +345,28 @@ def epsilon_slack(sweep, tolerance=0.05):              # RIGHT (w3-02 w21_12): a
     return int(min(w for w, s in sweep.items() if s >= (1 - tolerance) * best * (1 - 1e-4)))
 
 
+def percent_cut_to_int(sweep, tolerance=0.05):         # w4-02 w21_23: int(100 * tolerance) drops 0.5 of 2.5%
+    if not sweep:
+        raise ValueError("empty sweep")
+    best = max(sweep.values())
+    return int(min(w for w, speed in sweep.items() if 100 * speed / best >= 100 - int(100 * tolerance)))
+
+
+def tolerance_times_100_samples(sweep, tolerance=0.05):   # w4-02 w21_06: "5 percent" read as 5 samples/s
+    if not sweep:
+        raise ValueError("empty sweep")
+    best = max(sweep.values())
+    return int(min(w for w, speed in sweep.items() if best - speed <= tolerance * 100))
+
+
+def skips_zero_falls_back_to_zero(sweep, tolerance=0.05):   # w4-02 w21_16: 0 workers is "no loader"
+    if not sweep:
+        raise ValueError("empty sweep")
+    best = max(sweep.values())
+    ok = [w for w, speed in sweep.items() if speed >= (1 - tolerance) * best and w > 0]
+    return int(min(ok)) if ok else 0
+
+
 PICKS = "picks the smallest count within the tolerance of the best"
 MUTANTS_21 = [
     Mutant("argmax", argmax, PICKS, words="single best point"),
@@ -384,6 +406,12 @@ MUTANTS_21 = [
     Mutant("0.25 samples/s of slack (w3-02 w21_19)", quarter_sample_slack, PICKS,
            words="0.10 samples/s below the threshold (950): compare with (1 - tolerance) x best exactly, with no slack"),
     Mutant("a knee rule (w3-02 w21_03)", knee, PICKS, words="(a knee rule)"),
+    Mutant("tolerance cut to whole percent (w4-02 w21_23)", percent_cut_to_int, PICKS,
+           words="0.025 is 2.5%, not 2% (int(100 * tolerance) drops the fraction"),
+    Mutant("tolerance x 100 as samples/s (w4-02 w21_06)", tolerance_times_100_samples, PICKS,
+           words="samples/s below the best (tolerance x 100)"),
+    Mutant("skips 0 workers, 0 as the fallback (w4-02 w21_16)", skips_zero_falls_back_to_zero, PICKS,
+           words="0 workers is a count like the others"),
     Mutant("no empty guard", no_empty_guard, "raises ValueError on an empty sweep"),
     Mutant("IndexError when empty", empty_raises_index_error, "raises ValueError on an empty sweep"),
     Mutant("sorts the sweep in place", sorts_in_place, "leaves the sweep unchanged"),
