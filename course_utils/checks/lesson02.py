@@ -710,7 +710,31 @@ def _cores_limited_to(n: int):
             os.sched_setaffinity(0, mask)
 
 
-def _follows_the_cores(make_fast_loader, dataset, batch_size, cores, started, what):
+def _pinned_without_a_gpu(what) -> CheckFailed:
+    return CheckFailed("pins memory only when batches go to a GPU",
+                       f"{what}: yours sets pin_memory=True on a machine without a GPU, where torch warns and "
+                       "ignores it (\"no accelerator is found\")",
+                       "pinned memory is for copies to a GPU: pin_memory=torch.cuda.is_available() follows the "
+                       "machine the loader runs on")
+
+
+def _settings_fail_fast(found, what) -> None:
+    """The settings a DataLoader's attributes show, judged before its workers start and the check
+    times anything: an answer that fails on a setting is told in seconds, not a minute."""
+    if found is not None and getattr(found, "pin_memory", False) and not _accelerator_present():
+        raise _pinned_without_a_gpu(what)
+
+
+def _weak(obj):
+    """A weak reference to `obj` (None where it cannot have one)."""
+    import weakref
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return None
+
+
+def _follows_the_cores(make_fast_loader, dataset, batch_size, cores, started, what, made=None):
     """With this process limited to one core, the loader must not start more than one worker: a
     count typed in (or taken from os.cpu_count(), or computed once outside the function) is right
     on one machine only."""
@@ -724,6 +748,7 @@ def _follows_the_cores(make_fast_loader, dataset, batch_size, cores, started, wh
         loader = make_fast_loader(dataset, batch_size)
         try:
             found = _find_dataloader(loader)
+            cached = found is not None and made is not None and made() is found
             if found is not None:
                 count = int(found.num_workers)
             else:                       # count the processes it starts for its first batch
@@ -748,7 +773,13 @@ def _follows_the_cores(make_fast_loader, dataset, batch_size, cores, started, wh
                 "(usable_cores()): a number typed in, or computed once at the top of the notebook, is right on one "
                 "machine only")
         detail = f"yours started {count} workers ({started} with the {cores} cores it has)"
-        if count >= told:
+        if cached:      # w4-02 w22_12: the count was computed inside, once, and the loader kept
+            detail = (f"yours returned the same DataLoader as on its first call, kept between calls, with the "
+                      f"{count} workers it started then ({started} with the {cores} cores it had)")
+            hint = ("make a new DataLoader on every call: a loader kept between calls (a cache in a global dict, "
+                    "a default argument) keeps the worker count of the call that made it, whatever the cores "
+                    "this process may use now")
+        elif count >= told:
             detail = (f"yours asked for as many workers as os.cpu_count() says the machine has ({started} here), "
                       "whatever the cores it may use")
             hint = ("os.cpu_count() counts every core of the machine, not the ones this process may use (a "
@@ -931,11 +962,13 @@ def _check_fast_loader(make_fast_loader):
         torch.manual_seed(seeds[0])
         loader = make_fast_loader(small, small_bs)
         try:
+            _settings_fail_fast(_find_dataloader(loader), what)   # before any worker starts (w4-02: 66 s)
             first, images1, batches1 = _one_epoch(loader, decode, small_bs, small_n, f"epoch 1 ({what})", workers1)
             second, images2, _ = _one_epoch(loader, decode, small_bs, small_n,
                                             f"epoch 2 of the same loader ({what})", workers2)
             found = _find_dataloader(loader)
             pinned = bool(getattr(found, "pin_memory", False)) if found is not None else None
+            made = _weak(found)         # the DataLoader of the first call: a cache returns it again
         finally:
             main_loads = small.main_process_loads
             del loader
@@ -985,12 +1018,8 @@ def _check_fast_loader(make_fast_loader):
                           "(a sweep on a shared machine can rank a larger count first by noise: look at the spread "
                           "of its rounds)")
     if not _accelerator_present() and (pinned or any("pin_memory" in str(w.message) for w in warned)):
-        raise CheckFailed("pins memory only when batches go to a GPU",
-                          f"{what}: yours sets pin_memory=True on a machine without a GPU, where torch warns and "
-                          "ignores it (\"no accelerator is found\")",
-                          "pinned memory is for copies to a GPU: pin_memory=torch.cuda.is_available() follows the "
-                          "machine the loader runs on")
-    _follows_the_cores(make_fast_loader, small, small_bs, cores, len(workers1), what)
+        raise _pinned_without_a_gpu(what)
+    _follows_the_cores(make_fast_loader, small, small_bs, cores, len(workers1), what, made)
     # a second run after another torch seed: its augmentations must follow the seed too
     torch.manual_seed(seeds[1])
     loader = make_fast_loader(small, small_bs)
@@ -1308,8 +1337,9 @@ def _main_process_seeding(dataset_class, images, labels, padding, torch_seed):
         raise CheckFailed("reproducible under torch.manual_seed in the main process",
                           f"{what}, twice: {1 - _fraction_equal(first, again):.0%} of the draws differ", hint)
     # seeds far apart too: a seed folded to 8 or 16 bits (seed % 256) gives s and s + 256 the same
-    # augmentations (w3-02, w23_11); a fold to 32 bits (% 2**32, for np.random.seed) is fine
-    for step in (1, 256, 2**16):
+    # augmentations (w3-02, w23_11); a fold to 32 bits (% 2**32, a habit from np.random.seed) gives
+    # s and s + 2**32 the same ones: the contract says "use the whole seed" (w4-02, w23_08)
+    for step in (1, 256, 2**16, 2**32):
         other = _main_process_draws(dataset_class, images, labels, padding, torch_seed + step, what)
         if _fraction_equal(first, other) > 0.5:
             raise CheckFailed("follows the torch seed in the main process",
@@ -1318,6 +1348,10 @@ def _main_process_seeding(dataset_class, images, labels, padding, torch_seed):
                               "dataset",
                               "in the main process, seed from torch.initial_seed(), which torch.manual_seed sets" if
                               step == 1 else
+                              "seeds 2**32 apart drew alike: yours keeps only the low 32 bits of the seed (a seed % "
+                              "2**32, a habit from np.random.seed, which takes 32 bits), but torch seeds have 64: "
+                              "pass the whole seed to np.random.default_rng (it takes any non-negative int)" if
+                              step == 2**32 else
                               f"seeds {step} apart drew alike: yours keeps only the low bits of the seed (a seed % "
                               f"{step}), so only {step} runs can differ. Pass the whole seed to np.random.default_rng "
                               "(it takes any non-negative int)")
