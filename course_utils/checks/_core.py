@@ -305,12 +305,41 @@ def _calling_sentence(exc: BaseException) -> str:
     return f"; {notes[0]}" if notes else ""
 
 
+class _LoadWatch:
+    """What other programs took of this process's cores since it was made (`_busy.OthersCpu`): a
+    check that runs past its time limit while they took half the usable cores or more is not
+    blamed on the learner's code ("does your code loop forever ...") but reported busy."""
+
+    def __init__(self):
+        try:
+            from ._busy import OthersCpu
+            self._cpu = OthersCpu().__enter__()
+        except Exception:          # no psutil, no /proc: the time-out keeps its usual sentence
+            self._cpu = None
+
+    def busy_sentence(self) -> str:
+        if self._cpu is None:
+            return ""
+        try:
+            self._cpu.__exit__(None, None, None)
+        except Exception:
+            return ""
+        cpu = self._cpu
+        if cpu.others_cores < max(0.5 * cpu.usable, 0.2):
+            return ""
+        return (f"while the machine was busy ({cpu.others_cores:.1f} of its {cpu.usable} usable cores taken by other "
+                "programs during the check), which slows the check itself: your answer was neither passed nor "
+                "failed. The grader runs this check again when the machine is quieter; in a notebook, run this "
+                "cell again once the other programs are done (`top` shows them)")
+
+
 def run_check(exercise_id: str, obj, **kwargs) -> CheckResult:
     """Run a check and return its result (records it, but prints nothing)."""
     spec = _lookup(exercise_id)
     t0 = time.perf_counter()
     replaced = _replaced_compared()          # before the check: what the learner's cells replaced
     seen = _GUARD.begin()
+    load = _LoadWatch()           # what other programs took meanwhile, for a time-out's sentence
     try:
         with _time_limit(spec.time_limit_s, limit_sentence(spec)):
             message = spec.fn(obj, **kwargs) or "all properties hold."
@@ -329,8 +358,13 @@ def run_check(exercise_id: str, obj, **kwargs) -> CheckResult:
             message = f"your code raised MachineBusy, which only a check may raise{_learner_line(exc)}"
     except TimeoutError as exc:
         # a check that knows the code made progress (timed rounds finished) says so on the exception (`progressed`)
-        status, message = "error", (f"{exc}" if getattr(exc, "progressed", False) else
-                                    f"{exc}: does your code loop forever or wait on something that never comes?")
+        busy = None if getattr(exc, "progressed", False) else load.busy_sentence()
+        if getattr(exc, "progressed", False):
+            status, message = "error", f"{exc}"
+        elif busy:      # the machine, not the code, may be why it ran long (w4-02: 2.3 at a load of 20)
+            status, message = "busy", f"not graded: {exc}, {busy}"
+        else:
+            status, message = "error", f"{exc}: does your code loop forever or wait on something that never comes?"
     except Exception as exc:  # the learner's code broke
         status = "error"
         message = (f"your code raised {type(exc).__name__}: {_exception_text(exc)}{_learner_line(exc)}"

@@ -98,6 +98,10 @@ _EDGE_CASES = [
     ({0: 990.0, 1: 1000.0, 2: 995.0}, 0.05, "0 workers within the tolerance of the best"),
     ({0: 999.7, 1: 1000.0}, 0.05, "a point 0.3 samples/s below the best"),
     ({0: 999.98, 1: 1000.0}, 0.05, "a point 0.02 samples/s below the best"),
+    ({0: 996.0, 1: 1000.0}, 0.05, "a point 4 samples/s (0.4%) below the best"),
+    # fractional percentages (w4-02 w21_23: int(100 * tolerance) cuts 2.5% to 2%, 29% to 28%)
+    ({0: 976.0, 1: 1000.0}, 0.025, "a tolerance of 2.5% (0.025), a point 2.4% below the best"),
+    ({0: 715.0, 1: 1000.0, 2: 990.0}, 0.29, "a tolerance of 29% (0.29), a point 28.5% below the best"),
 ]
 
 
@@ -176,6 +180,10 @@ _SLIPS = [
     ("threshold rounded", lambda s, t, p: _smallest(s, lambda v: v >= round((1 - t) * max(s.values()))),
      lambda s, t: (f"the threshold here is {(1 - t) * max(s.values()):,.2f}: compare with it as it is, not rounded "
                    "to a whole number")),
+    ("tolerance cut to whole percent",
+     lambda s, t, p: _smallest(s, lambda v: 100 * v / max(s.values()) >= 100 - int(100 * t)),
+     lambda s, t: (f"use the tolerance as given: {t:g} is {100 * t:g}%, not {int(100 * t)}% (int(100 * tolerance) "
+                   "drops the fraction of a percent): compare with (1 - tolerance) x best")),
     ("tolerance ignored", lambda s, t, p: _smallest(s, lambda v: v >= 0.95 * max(s.values())),
      lambda s, t: (f"yours picks what a tolerance of 0.05 picks, but the tolerance passed was {t:g}: use the "
                    "tolerance argument")),
@@ -187,9 +195,14 @@ _SLIPS = [
     ("absolute tolerance", lambda s, t, p: _smallest(s, lambda v: v >= max(s.values()) - t),
      lambda s, t: ("the tolerance is a share of the best, (1 - tolerance) x best, not a number of samples/s "
                    "subtracted from it")),
+    ("tolerance x 100 as samples/s", lambda s, t, p: _smallest(s, lambda v: max(s.values()) - v <= t * 100),
+     lambda s, t: (f"the tolerance is a share of the best, (1 - tolerance) x best, not a number of samples/s: yours "
+                   f"lets a count be {100 * t:g} samples/s below the best (tolerance x 100), where the rule allows "
+                   f"{t * max(s.values()):,.2f} (tolerance x the best, {_number(max(s.values()))})")),
     ("tolerance in percent", lambda s, t, p: _smallest(s, lambda v: v >= (1 - t / 100) * max(s.values())),
      lambda s, t: "the tolerance is a fraction (0.05 means 5%), not a percentage: do not divide it by 100"),
-    ("zero skipped", lambda s, t, p: _smallest({w: v for w, v in s.items() if w > 0}, lambda v: v >= (1 - t) * max(s.values())),
+    ("zero skipped", lambda s, t, p: _smallest({w: v for w, v in s.items() if w > 0},
+                                               lambda v: v >= (1 - t) * max(s.values())) or min(s),
      lambda s, t: "0 workers is a count like the others: when it comes within the tolerance of the best, it is the answer"),
     ("the largest count within", lambda s, t, p: max((w for w, v in s.items() if v >= (1 - t) * max(s.values())), default=None),
      lambda s, t: "take the smallest count within the tolerance, not the largest"),
@@ -279,7 +292,7 @@ def check_choose_workers(choose_num_workers):
     rng, seed = fresh_rng()
     cases = []
     for kind in ("rise-and-fall", "noisy", "flat", "non-monotone", "best-last"):
-        for tolerance in (0.05, float(rng.choice([0.0, 0.02, 0.1, 0.2]))):
+        for tolerance in (0.05, float(rng.choice([0.0, 0.02, 0.025, 0.1, 0.125, 0.2]))):
             sweep = _away_from_edge(_sweep_of(kind, rng), tolerance)
             cases.append((sweep, tolerance, f"a {kind} sweep over {len(sweep)} worker counts, tolerance {tolerance:g}"))
     cases.append(({0: 812.0, 2: 1650.0, 1: 1590.0}, 0.05, "a three-point sweep given out of order"))
@@ -697,7 +710,31 @@ def _cores_limited_to(n: int):
             os.sched_setaffinity(0, mask)
 
 
-def _follows_the_cores(make_fast_loader, dataset, batch_size, cores, started, what):
+def _pinned_without_a_gpu(what) -> CheckFailed:
+    return CheckFailed("pins memory only when batches go to a GPU",
+                       f"{what}: yours sets pin_memory=True on a machine without a GPU, where torch warns and "
+                       "ignores it (\"no accelerator is found\")",
+                       "pinned memory is for copies to a GPU: pin_memory=torch.cuda.is_available() follows the "
+                       "machine the loader runs on")
+
+
+def _settings_fail_fast(found, what) -> None:
+    """The settings a DataLoader's attributes show, judged before its workers start and the check
+    times anything: an answer that fails on a setting is told in seconds, not a minute."""
+    if found is not None and getattr(found, "pin_memory", False) and not _accelerator_present():
+        raise _pinned_without_a_gpu(what)
+
+
+def _weak(obj):
+    """A weak reference to `obj` (None where it cannot have one)."""
+    import weakref
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return None
+
+
+def _follows_the_cores(make_fast_loader, dataset, batch_size, cores, started, what, made=None):
     """With this process limited to one core, the loader must not start more than one worker: a
     count typed in (or taken from os.cpu_count(), or computed once outside the function) is right
     on one machine only."""
@@ -711,6 +748,7 @@ def _follows_the_cores(make_fast_loader, dataset, batch_size, cores, started, wh
         loader = make_fast_loader(dataset, batch_size)
         try:
             found = _find_dataloader(loader)
+            cached = found is not None and made is not None and made() is found
             if found is not None:
                 count = int(found.num_workers)
             else:                       # count the processes it starts for its first batch
@@ -735,7 +773,13 @@ def _follows_the_cores(make_fast_loader, dataset, batch_size, cores, started, wh
                 "(usable_cores()): a number typed in, or computed once at the top of the notebook, is right on one "
                 "machine only")
         detail = f"yours started {count} workers ({started} with the {cores} cores it has)"
-        if count >= told:
+        if cached:      # w4-02 w22_12: the count was computed inside, once, and the loader kept
+            detail = (f"yours returned the same DataLoader as on its first call, kept between calls, with the "
+                      f"{count} workers it started then ({started} with the {cores} cores it had)")
+            hint = ("make a new DataLoader on every call: a loader kept between calls (a cache in a global dict, "
+                    "a default argument) keeps the worker count of the call that made it, whatever the cores "
+                    "this process may use now")
+        elif count >= told:
             detail = (f"yours asked for as many workers as os.cpu_count() says the machine has ({started} here), "
                       "whatever the cores it may use")
             hint = ("os.cpu_count() counts every core of the machine, not the ones this process may use (a "
@@ -918,11 +962,13 @@ def _check_fast_loader(make_fast_loader):
         torch.manual_seed(seeds[0])
         loader = make_fast_loader(small, small_bs)
         try:
+            _settings_fail_fast(_find_dataloader(loader), what)   # before any worker starts (w4-02: 66 s)
             first, images1, batches1 = _one_epoch(loader, decode, small_bs, small_n, f"epoch 1 ({what})", workers1)
             second, images2, _ = _one_epoch(loader, decode, small_bs, small_n,
                                             f"epoch 2 of the same loader ({what})", workers2)
             found = _find_dataloader(loader)
             pinned = bool(getattr(found, "pin_memory", False)) if found is not None else None
+            made = _weak(found)         # the DataLoader of the first call: a cache returns it again
         finally:
             main_loads = small.main_process_loads
             del loader
@@ -972,12 +1018,8 @@ def _check_fast_loader(make_fast_loader):
                           "(a sweep on a shared machine can rank a larger count first by noise: look at the spread "
                           "of its rounds)")
     if not _accelerator_present() and (pinned or any("pin_memory" in str(w.message) for w in warned)):
-        raise CheckFailed("pins memory only when batches go to a GPU",
-                          f"{what}: yours sets pin_memory=True on a machine without a GPU, where torch warns and "
-                          "ignores it (\"no accelerator is found\")",
-                          "pinned memory is for copies to a GPU: pin_memory=torch.cuda.is_available() follows the "
-                          "machine the loader runs on")
-    _follows_the_cores(make_fast_loader, small, small_bs, cores, len(workers1), what)
+        raise _pinned_without_a_gpu(what)
+    _follows_the_cores(make_fast_loader, small, small_bs, cores, len(workers1), what, made)
     # a second run after another torch seed: its augmentations must follow the seed too
     torch.manual_seed(seeds[1])
     loader = make_fast_loader(small, small_bs)
@@ -1295,9 +1337,28 @@ def _main_process_seeding(dataset_class, images, labels, padding, torch_seed):
         raise CheckFailed("reproducible under torch.manual_seed in the main process",
                           f"{what}, twice: {1 - _fraction_equal(first, again):.0%} of the draws differ", hint)
     # seeds far apart too: a seed folded to 8 or 16 bits (seed % 256) gives s and s + 256 the same
-    # augmentations (w3-02, w23_11); a fold to 32 bits (% 2**32, for np.random.seed) is fine
-    for step in (1, 256, 2**16):
-        other = _main_process_draws(dataset_class, images, labels, padding, torch_seed + step, what)
+    # augmentations (w3-02, w23_11); a fold to 32 bits (% 2**32, a habit from np.random.seed) gives
+    # s and s + 2**32 the same ones: the contract says "use the whole seed" (w4-02, w23_08)
+    # torch's own CPU generator keeps 32 bits of its seed: an answer drawing from torch (torch.randint,
+    # or a generator seeded from its stream) draws alike 2**32 apart as torch itself does, so that step
+    # judges only an answer that made a NumPy generator from a seed cut below 2**32
+    for step in (1, 256, 2**16, 2**32):
+        made = [0]
+        original = np.random.default_rng
+
+        def counted(*args, **kwargs):
+            seed_given = args[0] if args else kwargs.get("seed")
+            if isinstance(seed_given, (int, np.integer)) and 0 <= int(seed_given) < 2**32:
+                made[0] += 1
+            return original(*args, **kwargs)
+
+        np.random.default_rng = counted
+        try:
+            other = _main_process_draws(dataset_class, images, labels, padding, torch_seed + step, what)
+        finally:
+            np.random.default_rng = original
+        if step == 2**32 and not made[0]:
+            continue
         if _fraction_equal(first, other) > 0.5:
             raise CheckFailed("follows the torch seed in the main process",
                               f"torch.manual_seed({torch_seed}) and torch.manual_seed({torch_seed + step}) gave the "
@@ -1305,6 +1366,10 @@ def _main_process_seeding(dataset_class, images, labels, padding, torch_seed):
                               "dataset",
                               "in the main process, seed from torch.initial_seed(), which torch.manual_seed sets" if
                               step == 1 else
+                              "seeds 2**32 apart drew alike: yours keeps only the low 32 bits of the seed (a seed % "
+                              "2**32, a habit from np.random.seed, which takes 32 bits), but torch seeds have 64: "
+                              "pass the whole seed to np.random.default_rng (it takes any non-negative int)" if
+                              step == 2**32 else
                               f"seeds {step} apart drew alike: yours keeps only the low bits of the seed (a seed % "
                               f"{step}), so only {step} runs can differ. Pass the whole seed to np.random.default_rng "
                               "(it takes any non-negative int)")

@@ -345,6 +345,28 @@ def epsilon_slack(sweep, tolerance=0.05):              # RIGHT (w3-02 w21_12): a
     return int(min(w for w, s in sweep.items() if s >= (1 - tolerance) * best * (1 - 1e-4)))
 
 
+def percent_cut_to_int(sweep, tolerance=0.05):         # w4-02 w21_23: int(100 * tolerance) drops 0.5 of 2.5%
+    if not sweep:
+        raise ValueError("empty sweep")
+    best = max(sweep.values())
+    return int(min(w for w, speed in sweep.items() if 100 * speed / best >= 100 - int(100 * tolerance)))
+
+
+def tolerance_times_100_samples(sweep, tolerance=0.05):   # w4-02 w21_06: "5 percent" read as 5 samples/s
+    if not sweep:
+        raise ValueError("empty sweep")
+    best = max(sweep.values())
+    return int(min(w for w, speed in sweep.items() if best - speed <= tolerance * 100))
+
+
+def skips_zero_falls_back_to_zero(sweep, tolerance=0.05):   # w4-02 w21_16: 0 workers is "no loader"
+    if not sweep:
+        raise ValueError("empty sweep")
+    best = max(sweep.values())
+    ok = [w for w, speed in sweep.items() if speed >= (1 - tolerance) * best and w > 0]
+    return int(min(ok)) if ok else 0
+
+
 PICKS = "picks the smallest count within the tolerance of the best"
 MUTANTS_21 = [
     Mutant("argmax", argmax, PICKS, words="single best point"),
@@ -384,6 +406,12 @@ MUTANTS_21 = [
     Mutant("0.25 samples/s of slack (w3-02 w21_19)", quarter_sample_slack, PICKS,
            words="0.10 samples/s below the threshold (950): compare with (1 - tolerance) x best exactly, with no slack"),
     Mutant("a knee rule (w3-02 w21_03)", knee, PICKS, words="(a knee rule)"),
+    Mutant("tolerance cut to whole percent (w4-02 w21_23)", percent_cut_to_int, PICKS,
+           words="0.025 is 2.5%, not 2% (int(100 * tolerance) drops the fraction"),
+    Mutant("tolerance x 100 as samples/s (w4-02 w21_06)", tolerance_times_100_samples, PICKS,
+           words="samples/s below the best (tolerance x 100)"),
+    Mutant("skips 0 workers, 0 as the fallback (w4-02 w21_16)", skips_zero_falls_back_to_zero, PICKS,
+           words="0 workers is a count like the others"),
     Mutant("no empty guard", no_empty_guard, "raises ValueError on an empty sweep"),
     Mutant("IndexError when empty", empty_raises_index_error, "raises ValueError on an empty sweep"),
     Mutant("sorts the sweep in place", sorts_in_place, "leaves the sweep unchanged"),
@@ -721,7 +749,21 @@ def cores_minus_one(dataset, batch_size):              # w3-02 w22_11: "leave a 
                       persistent_workers=workers > 0, pin_memory=torch.cuda.is_available())
 
 
+_kept_loaders = {}
+
+
+def cached_loader(dataset, batch_size):                # w4-02 w22_12: the count inside, the loader kept
+    key = (id(dataset), batch_size)
+    if key not in _kept_loaders:
+        _kept_loaders[key] = DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=usable_cores(),
+                                        persistent_workers=True, pin_memory=torch.cuda.is_available())
+    return _kept_loaders[key]
+
+
 if usable_cores() >= 2:
+    MUTANTS_22_CORRECTNESS.append(Mutant("a loader kept between calls (w4-02 w22_12)", cached_loader,
+                                         "num_workers follows the cores this process may use",
+                                         words="the same DataLoader as on its first call, kept between calls"))
     MUTANTS_22_CORRECTNESS.append(Mutant("usable_cores() - 1: none on one core (w3-02 w22_11)", cores_minus_one,
                                          "loads in worker processes", words="limited to 1 core"))
     MUTANTS_22_CORRECTNESS.append(Mutant("a count fixed when the notebook started", count_fixed_at_import,
@@ -1267,7 +1309,8 @@ class InitialSeedEverywhere(CropFlipBase):
 
 
 class SeedCutTo32Bits(WorkerSafe):
-    """Right: the seed cut to 32 bits still differs by worker, by epoch and with torch's seed."""
+    """The walk w4-02 (w23_08): the seed % 2**32 (a habit from np.random.seed); it differs by worker, by
+    epoch and with torch's seed, but torch seeds s and s + 2**32 draw alike: not the whole seed."""
 
     def rng(self):
         info = get_worker_info()
@@ -1398,6 +1441,8 @@ MUTANTS_23_LATE = [
     Mutant("a new generator per item, seeded from torch", GeneratorPerItemFromTorch, "keeps one generator per process"),
     Mutant("the seed folded to 8 bits (w3-02 w23_11)", SeedFoldedTo8Bits, "follows the torch seed in the main process",
            words="a seed % 256"),
+    Mutant("the seed cut to 32 bits (w4-02 w23_08)", SeedCutTo32Bits, "follows the torch seed in the main process",
+           words="seeds 2**32 apart drew alike"),
     Mutant("a generator kept on the class (w3-02 w23_19)", GeneratorOnTheClass,
            "reproducible under torch.manual_seed in the main process", words="on the class (GeneratorOnTheClass._rng)"),
 ]
@@ -1411,7 +1456,7 @@ def test_worker_seeding_right_ones_pass(cls):
 # Right variants of WorkerSafe that differ from it only in the seed they use, which does not depend
 # on the check's draws (those are proven on two seeds above): one seed each. SeedPlusIdTwice and
 # TorchGeneratorBehindTheInterface: harmless variants the walk w3-02 tried (w23_17, w23_15).
-@pytest.mark.parametrize("cls", [InitialSeedEverywhere, SeedCutTo32Bits, SeedPlusIdTwice,
+@pytest.mark.parametrize("cls", [InitialSeedEverywhere, SeedPlusIdTwice,
                                  TorchGeneratorBehindTheInterface], ids=lambda c: c.__name__)
 def test_worker_seeding_right_variants_pass(cls):
     passes("2.3", cls, range(1))
@@ -1497,3 +1542,34 @@ def test_fast_loader_on_a_gpu_trains_the_model_on_class_labels(monkeypatch):
     result = run_check("2.2", fast_loader)
     assert result.status == "pass", result.message
     assert "CUDA" in result.message or "cuda" in result.message
+
+
+def _times_out_at_once(monkeypatch, others_cores):
+    """run_check's time limit fires at once, and OthersCpu reports `others_cores` of 2 cores taken."""
+    import contextlib
+
+    from course_utils.checks import _busy, _core
+
+    @contextlib.contextmanager
+    def limit(seconds, sentence=None):
+        raise TimeoutError(sentence)
+        yield
+
+    def exit_(self, *exc):
+        self.others_cores, self.usable, self.wall_s = others_cores, 2, 120.0
+    monkeypatch.setattr(_core, "_time_limit", limit)
+    monkeypatch.setattr(_busy.OthersCpu, "__exit__", exit_)
+
+
+def test_a_time_out_on_a_busy_machine_is_busy_not_blamed_on_the_code(monkeypatch):
+    """The walk w4-02: 2.3's time-out at a load of 20 asked "does your code loop forever ...?" of code
+    with no loop; on a busy machine it is BUSY (not graded), on a quiet one an ERROR as before."""
+    _times_out_at_once(monkeypatch, 1.9)
+    result = run_check("2.3", WorkerSafe)
+    assert result.status == "busy", result.message
+    assert result.message.startswith("not graded: the check did not finish within its time limit of 120 s")
+    assert "while the machine was busy (1.9 of its 2 usable cores taken by other programs" in result.message
+    assert "loop forever" not in result.message
+    _times_out_at_once(monkeypatch, 0.3)
+    result = run_check("2.3", WorkerSafe)
+    assert result.status == "error" and "loop forever" in result.message, result.message
