@@ -2515,18 +2515,21 @@ def test_x2_08_n12_a_slower_step_is_named_as_the_cause_not_the_feed(monkeypatch)
 def test_x2_08_n11_the_time_limit_in_the_timed_rounds_reports_the_rounds_measured(monkeypatch):
     # x2-08 N11: a slow pipeline on a loaded machine ran into 8.1's time limit and was asked "does your code loop
     # forever or wait on something that never comes?"; the rounds measured so far are the verdict's material
-    from course_utils.checks import lesson08
+    from course_utils.checks import _core, lesson08
     from course_utils.checks._busy import busy_limit
     from course_utils.env import usable_cores
     busy = busy_limit(usable_cores()) + 0.5
 
-    def scripted(shares, others):
+    def scripted(shares, others, machine=""):
         def timed_rounds(*args):
             rounds = args[11]
             rounds.extend((s * 0.9, s, {}, others) for s in shares)
             raise TimeoutError("the check did not finish within its time limit of 580 s")
         monkeypatch.setattr(lesson08, "_check_correctness", lambda *a, **k: "")
         monkeypatch.setattr(lesson08, "_timed_rounds", timed_rounds)
+        # run_check's load watch over the whole check, as scripted: the real one sees this machine's load (a busy CI
+        # host made the no-round case below "busy", run_check's rule for a time-out without progress on a busy machine)
+        monkeypatch.setattr(_core._LoadWatch, "busy_sentence", lambda self: machine)
         return run_check("8.1", right)
 
     result = scripted([0.62, 0.70], busy)
@@ -2541,6 +2544,9 @@ def test_x2_08_n11_the_time_limit_in_the_timed_rounds_reports_the_rounds_measure
     assert "time limit came after 5 rounds" in result.message, result.message
     result = scripted([], 0.0)
     assert result.status == "error" and "not one round of the timed runs" in result.message, result.message
+    result = scripted([], 0.0, machine="while the machine was busy (scripted)")      # no round, a busy machine
+    assert result.status == "busy" and "not one round of the timed runs" in result.message, result.message
+    assert "loop forever" not in result.message, result.message
 
 
 class _D2HRace:
