@@ -1916,6 +1916,12 @@ def _contract_cases() -> list[tuple[dict, float, bool]]:
           "ceiling": 2048.0,
           "rungs": {"baseline": rung(512, parallel=False), "best workers": rung(128, parallel=True),
                     "device-resident": rung(cost=0.0), "DALI": rung(4096, 0.0, True)}}, 0.0, True),
+        # walk w8-08 (w82_22): `tolerance = tolerance or 0.05` turns a tolerance of 0 into 0.05; a rung at 0.97 x the
+        # fastest, listed first, is in at 0.05 and out at 0
+        ({"machine": "a rung at 0.97 x the fastest, tolerance 0: 4 cores, 1 GPU", "cores": 4, "gpus": 1,
+          "ceiling": 10000.0,
+          "rungs": {"baseline": rung(1000, parallel=False), "best workers": rung(2425, parallel=True),
+                    "device-resident": rung(cost=0.0)}}, 0.0, True),
         ({"machine": "rungs that leave 'parallel' out (true by default): 8 cores, 1 GPU", "cores": 8, "gpus": 1,
           "ceiling": 5000.0,
           "rungs": {"baseline": rung(1000, parallel=False), "best workers": rung(900),

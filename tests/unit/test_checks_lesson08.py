@@ -1903,10 +1903,10 @@ def test_the_82_pass_message_counts_the_machines_the_spec_counts():
     import json
     from pathlib import Path
     result = run_check("8.2", choose)
-    assert result.status == "pass" and "the right rung on 40 machines" in result.message, result.message
+    assert result.status == "pass" and "the right rung on 41 machines" in result.message, result.message
     spec = "".join("".join(c["source"]) for c in json.loads(
         (Path(__file__).resolve().parents[2] / "solutions" / "08-capstone-feed-the-gpu.ipynb").read_text())["cells"])
-    assert "every run: 40 machines" in spec
+    assert "every run: 41 machines" in spec
 
 
 def test_the_notebooks_two_noise_bars_are_explained_and_the_bf16_line_judged_by_the_wider():
@@ -2311,6 +2311,39 @@ def _w7_ratio_missing_key_only(report, tolerance=0.05):
 
 def test_w7_82_right_answers_pass():
     passes("8.2", _w7_ratio_missing_key_only, [3])
+
+
+def _w8_tolerance_or_default(report, tolerance=0.05):
+    """w8-08 w82_22 (passed 23 of 30 seeds): `tolerance = tolerance or 0.05`, a tolerance of 0 read as the default."""
+    return _w7_speeds()(report, tolerance or 0.05)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_w8_82_a_tolerance_of_0_read_as_the_default_fails_on_every_seed(seed):
+    rejected("8.2", Mutant("w82_22_tolerance_or_default", _w8_tolerance_or_default, _PICKS,
+                           words="Hint: use the tolerance you are given (0 here), not 0.05"), [seed])
+
+
+def test_w8_82_the_walks_equivalent_threshold_forms_pass():
+    """w8-08's right answers (the ratio, shortfall and gap forms of 'within the tolerance') pass."""
+    for name in ("ratio", "shortfall", "gap"):
+        threshold = {"ratio": lambda s, b, t: s / b >= 1 - t, "shortfall": lambda s, b, t: (b - s) / b <= t,
+                     "gap": lambda s, b, t: b - s <= t * b}[name]
+
+        def choose_rung(report, tolerance=0.05, threshold=threshold):
+            rungs = report.get("rungs")
+            if not rungs:
+                raise ValueError("the report has no rungs")
+            share = report["cores"] / report["gpus"]
+            speeds = {}
+            for rung_name, rung in rungs.items():
+                s = report["ceiling"] * (1 - rung.get("device_cost", 0.0))
+                if "cpu_per_core" in rung:
+                    s = min(s, rung["cpu_per_core"] * (share if rung.get("parallel", True) else min(1.0, share)))
+                speeds[rung_name] = s
+            best = max(speeds.values())
+            return next(n for n, v in speeds.items() if threshold(v, best, tolerance))
+        passes("8.2", choose_rung, [4])
 
 
 def keeps_the_last_8_batches(ctx):
