@@ -1036,8 +1036,15 @@ def check_scatter_gather(functions):
             count_prop = "shares non-tensors by reference"
         if isinstance(inputs, torch.Tensor) and isinstance(yours, (list, tuple)):
             _not_from_elsewhere(yours, inputs, expected, where)
+        count_hint = _DIM_HINT if prop is not None else _count_hint(inputs)
+        if (isinstance(inputs, torch.Tensor) and dim != 0 and isinstance(yours, (list, tuple))
+                and len(yours) != len(expected) and len(yours) == len(inputs.chunk(n, 0))):
+            # w6-06 w62_40: dim ignored, told only about the count
+            count_hint = (f"yours has the pieces of a split along dim 0 (size {inputs.shape[0]} there: "
+                          f"{len(yours)} pieces), not along dim={dim} as asked (size {inputs.shape[dim]} there: "
+                          f"{len(expected)} pieces): tensor.chunk(n, dim) splits along the dim it is given")
         _same(yours, expected, f"dp_scatter of {where}", top=True, count_prop=count_prop, prop=prop,
-              count_hint=(_DIM_HINT if prop is not None else _count_hint(inputs)))
+              count_hint=count_hint)
         if isinstance(inputs, torch.Tensor):
             for i, piece in enumerate(yours):
                 if _storage(piece) != _storage(inputs):
@@ -1403,6 +1410,27 @@ def _device0_hint(yours, n, batch, sizes, on_device0, terms):
                         f"devices the two give the same number; {why}")
             return (f"yours counts device 0's own piece's outputs and their gradient (2 x {c0} x output_bytes): "
                     f"{why}")
+    y, a, base0 = sizes["output_bytes"], sizes["activation_bytes"], 2 * p + sizes["optimizer_bytes"]
+    input0 = (batch if on_device0 else c0) * sizes["input_bytes"]
+    pieces = len(scaling.dp_chunk_sizes(batch, n))
+
+    def near(value):
+        return (not trusted.isclose(value, expected, rel_tol=1e-9, abs_tol=0.5)
+                and trusted.isclose(yours, value, rel_tol=1e-9, abs_tol=0.5))
+    if n == 1 and near(base0 + input0 + max(batch * a + 2 * batch * y, p)):
+        return ("yours runs one device through the multi-device formula (the larger of the activations and outputs "
+                "and the reduce's sum): with one device DataParallel calls the model directly, no replicate and no "
+                "reduce, so there is no reduce's sum; one device holds its activations, its outputs and their "
+                "gradient and the gradients all at once (their sum)")
+    if n > 1 and near(base0 + input0 + max(c0 * a + 2 * (batch - c0) * y, p)):
+        return (f"yours counts the gathered outputs of the other devices' pieces only ({batch - c0} samples): gather "
+                f"brings every piece's outputs to device 0, its own piece's included, the whole batch's {batch}, and "
+                "the loss's backward makes their gradient there (2 x batch x output_bytes)")
+    for k in sorted({pieces - 1, pieces, n - 1, n} - {1}):
+        if k > 1 and near(base0 + input0 + max(working, k * p)):
+            return (f"yours gives the reduce's moment {k} x param_bytes: device 0 holds its own gradients (counted "
+                    "outside the max) and the reduce allocates one sum, another param_bytes; the other replicas' "
+                    "gradients stay on their own devices, which the reduce reads from there")
     named = _named_memory_miss(yours, expected, terms)
     rule = ("one device: the parameters + the optimizer state + the batch's input + its activations + its outputs "
             "and their gradient + the gradients" if n == 1 else
