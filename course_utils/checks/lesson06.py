@@ -270,6 +270,12 @@ def _named_speed_miss(yours: float, c, n, batch, loader, expected: float) -> str
                             "beside times in ms, which give the same number here: the loader prepares the whole "
                             "batch ({batch} samples) every step, before scatter splits it, so it needs 1000 x batch "
                             "/ loader_samples_per_s ms per step")
+            if rule == dict(device0="host") and matches(_times(c, n, batch, loader, device0="never")[0]):
+                sentence = ("yours leaves device0_ms out of device 0's time: left out, or charged to the host (the "
+                            "two give the same number here, where the host's time stays below the devices'): it is "
+                            "device 0's own work on the GPU (the loss on the gathered outputs, the optimizer step), "
+                            "on top of its piece, every step")
+                own_prop = []
             median = _times(c, n, batch, loader, devices_stat=statistics.median)[0]
             found.append(sentence.format(or_median=" (here also the median)" if trusted.isclose(median, value)
                                          else "", **numbers_here))

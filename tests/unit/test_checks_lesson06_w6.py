@@ -30,7 +30,8 @@ MUTANTS = [
     ("6.1", "w61_34", STALE_61, "a cache keyed on some of the arguments"),
     ("6.3", "w63_29", "computes every call from its own sizes", "keep nothing between calls"),
     # messages that named another term, or only restated the formula
-    ("6.1", "w61_28", "device 0's own work every step", "yours charges device0_ms to the host"),
+    # (seed 1's first case has no host time: left out and charged to the host give one number, both named)
+    ("6.1", "w61_28", "one device: batch / (compute + device-0 work)", "or charged to the host"),
     ("6.1", "w61_27", "pays the serial stages once per step", "yours leaves out reduce_ms"),
     ("6.1", "w61_29", "scatters and gathers the samples that leave device 0", "yours gathers all"),
     ("6.3", "w63_13", "device 0 holds the state, its input and its peak",
@@ -51,6 +52,11 @@ def test_w6_06_caches_fail_on_every_seed_also_when_a_kernel_runs_the_check_again
     for stem in ("w61_30", "w61_32", "w61_33"):
         rejected("6.1", Mutant(stem, _load(stem), STALE_61), ["2", "3", "4"])
     rejected("6.3", Mutant("w63_29", _load("w63_29"), "computes every call from its own sizes"), ["2", "3"])
+
+
+def test_w6_06_device0_on_the_host_named_where_only_it_gives_the_number():
+    rejected("6.1", Mutant("w61_28", _load("w61_28"), "device 0's own work every step",
+                           words="yours charges device0_ms to the host"), ["3"])
 
 
 def test_w6_06_dim_ignored_is_named_where_the_count_differs():
