@@ -719,9 +719,13 @@ def plot_schedule(intervals, *, steps: int = 3, ax=None, title: str | None = Non
         fig, ax = plt.subplots(figsize=(11, 1.1 + 0.45 * len(rows)))
     fig = ax.figure
     seen = set()
+    axis_px = ax.get_position().width * fig.get_figwidth() * fig.dpi     # the bars' scale: pixels per span
     for i in shown:
         thin = longest[i.stage] < 0.004 * span_ms
-        name = f"{i.stage}: {longest[i.stage]:.3f} ms, too short to see" if thin else i.stage
+        # w6-06: a 0.45 ms replicate was 'too short to see' and drawn 3 pixels wide: say so from its width
+        px = longest[i.stage] / span_ms * axis_px if span_ms > 0 else 0.0
+        name = (f"{i.stage}: {longest[i.stage]:.3f} ms, " + ("too short to see" if px < 1 else
+                f"a sliver (about {px:.0f} px) at this scale")) if thin else i.stage
         ax.barh(rows.index(i.device), (i.end_s - i.start_s) * 1e3, left=(i.start_s - t0) * 1e3,
                 color=colours.get(i.stage, "tab:grey"), label=None if i.stage in seen else name, edgecolor="white",
                 linewidth=0.3)

@@ -270,9 +270,17 @@ def speedup_range_verdict(speedup: float, low: float, high: float, n_devices: in
     if _speedup_class(low) == _speedup_class(high):
         return speedup_verdict(speedup, n_devices, what)
     who = f"{what}: " if what else ""
-    edge = next(e for e in (0.9, 1.1, 2.0) if low < e <= high or (e == 1.1 and low <= e < high))
+    # every line the halves cross, and every class between them (w6-06: 0.84x to 1.11x crosses 0.9x and 1.1x,
+    # 'slower than one device / no faster than one / under 2x', not one line and two classes)
+    edges = [e for e in (0.9, 1.1, 2.0) if _speedup_class(low) != _speedup_class(high)
+             and (low < e <= high if e != 1.1 else low <= e < high)]
+    classes = []
+    for value in [low] + [e + (1e-9 if e == 1.1 else 0.0) for e in edges] + [high]:
+        if _speedup_class(value) not in classes:
+            classes.append(_speedup_class(value))
+    lines = " and ".join(f"{e:g}x" for e in edges)
     return (f"{who}{n_devices} devices ran at {speedup:.2f}x one device; the runs' halves give {low:.2f}x to "
-            f"{high:.2f}x, on both sides of {edge:g}x ({_speedup_class(low)} / {_speedup_class(high)}): the halves "
+            f"{high:.2f}x, on both sides of {lines} ({' / '.join(classes)}): the halves "
             "disagree, so this run cannot say which")
 
 

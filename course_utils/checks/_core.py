@@ -136,15 +136,21 @@ class _Exercise:
     fn: object
     time_limit_s: float
     reference_s: float | None = None   # what the course's own answer took (when the limit was fitted to it)
+    warmup: object = None              # run once per process before the first time limit starts (its imports)
+    warmed: bool = False
 
 
-def exercise(exercise_id: str, title: str, *, points: int = 1, time_limit_s: float | None = None):
+def exercise(exercise_id: str, title: str, *, points: int = 1, time_limit_s: float | None = None,
+             warmup=None):
     """Register a check function for exercise `exercise_id` ("N.M"). Its time limit is
-    `time_limit_s` when given, else the measured one in `TIME_LIMITS_S`, else 300 s."""
+    `time_limit_s` when given, else the measured one in `TIME_LIMITS_S`, else 300 s. `warmup`
+    (no arguments, the course's own code only) runs once per process before the first time limit
+    starts: the first imports a check's torch paths make (w6-06: 6.2's first call spent 3-15 s
+    importing sympy) are not charged to its limit."""
     def register(fn):
         limit, reference = (time_limit_s, None) if time_limit_s is not None else \
             TIME_LIMITS_S.get(exercise_id, (DEFAULT_TIME_LIMIT_S, None))
-        _REGISTRY[exercise_id] = _Exercise(exercise_id, title, points, fn, float(limit), reference)
+        _REGISTRY[exercise_id] = _Exercise(exercise_id, title, points, fn, float(limit), reference, warmup)
         return fn
     return register
 
@@ -154,7 +160,8 @@ def limit_sentence(spec: "_Exercise") -> str:
     text = f"the check did not finish within its time limit of {spec.time_limit_s:g} s"
     if spec.reference_s is not None:
         took = "well under a second" if spec.reference_s < 1 else f"about {spec.reference_s:.0f} s"
-        text += f" (the course's own answer takes {took} here)"
+        # measured once the libraries are loaded (a first call in a fresh process also imports them)
+        text += f" (the course's own answer takes {took} here once its libraries are loaded)"
     return text
 
 
@@ -333,10 +340,51 @@ class _LoadWatch:
                 "cell again once the other programs are done (`top` shows them)")
 
 
+def _finish_cut_imports(before: set) -> list[str]:
+    """After an import a time limit cut half-way: Python drops the module whose code raised and each
+    package above it, but keeps their submodules that had finished; a fresh import of the package
+    then finds those in sys.modules and never names them on it again (w6-06: `module 'sympy' has no
+    attribute 'logic'` on every later check until the kernel restarted). Import each dropped package
+    again now, outside the limit (its finished submodules are not run twice: running torch's again
+    would register its operators twice), then name every module first imported since `before` (a
+    snapshot of sys.modules' keys) on its package where the name is missing. Returns the packages
+    imported again."""
+    new = [name for name in list(sys.modules) if name not in before]
+    dropped = sorted({".".join(name.split(".")[:i]) for name in new for i in range(1, name.count(".") + 1)}
+                     - set(sys.modules), key=lambda n: n.count("."))
+    for name in dropped:
+        if name not in sys.modules:
+            try:
+                importlib.import_module(name)
+            except Exception:
+                pass
+    for name in [n for n in list(sys.modules) if n not in before]:
+        module, (parent, _, child) = sys.modules.get(name), name.rpartition(".")
+        if module is not None and parent in sys.modules and not hasattr(sys.modules[parent], child):
+            try:
+                setattr(sys.modules[parent], child, module)
+            except (AttributeError, TypeError):
+                pass
+    return dropped
+
+
+def _warm(spec: "_Exercise") -> None:
+    """The exercise's warm-up, once per process, outside its time limit (a failure is left to the check)."""
+    if spec.warmup is None or spec.warmed:
+        return
+    spec.warmed = True
+    try:
+        spec.warmup()
+    except Exception:
+        pass
+
+
 def run_check(exercise_id: str, obj, **kwargs) -> CheckResult:
     """Run a check and return its result (records it, but prints nothing)."""
     spec = _lookup(exercise_id)
     t0 = time.perf_counter()
+    _warm(spec)
+    modules_before = set(sys.modules)
     replaced = _replaced_compared()          # before the check: what the learner's cells replaced
     seen = _GUARD.begin()
     load = _LoadWatch()           # what other programs took meanwhile, for a time-out's sentence
@@ -357,6 +405,7 @@ def run_check(exercise_id: str, obj, **kwargs) -> CheckResult:
             status = "error"
             message = f"your code raised MachineBusy, which only a check may raise{_learner_line(exc)}"
     except TimeoutError as exc:
+        _finish_cut_imports(modules_before)   # an import it cut half-way must not break the next call
         # a check that knows the code made progress (timed rounds finished) says so on the exception (`progressed`)
         busy = None if getattr(exc, "progressed", False) else load.busy_sentence()
         if getattr(exc, "progressed", False):
@@ -365,6 +414,9 @@ def run_check(exercise_id: str, obj, **kwargs) -> CheckResult:
             status, message = "busy", f"not graded: {exc}, {busy}"
         else:
             status, message = "error", f"{exc}: does your code loop forever or wait on something that never comes?"
+    except KeyboardInterrupt:
+        _finish_cut_imports(modules_before)
+        raise
     except Exception as exc:  # the learner's code broke
         status = "error"
         message = (f"your code raised {type(exc).__name__}: {_exception_text(exc)}{_learner_line(exc)}"

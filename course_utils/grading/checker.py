@@ -290,6 +290,11 @@ def run_task(task: dict, baseline: dict | None = None) -> dict:
             return {"status": "grader_error", "seconds": 0.0,
                     "message": f"the course's own file {changed} changed while grading (did a submission "
                                "rewrite it?); run the grader on untrusted code as INSTRUCTORS.md says"}
+    try:        # the check's warm-up (its first imports: the course's code only) here, once, not in every fork
+        from course_utils.checks import _core
+        _core._warm(_core._lookup(task["exercise"]))
+    except Exception:
+        pass
     r, w = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -251,3 +251,19 @@ def test_the_course_loop_charges_a_host_batch_its_copy_and_runs_batch_transforms
     assert all(i.device == 0 and (i.end_s - i.start_s) * 1e3 == pytest.approx(
         dp.kernel_us / 1e3 + (8 * 3 * 16 * 16 * 4 + 8 * 8) / 1e3, rel=1e-6) for i in copies)
     assert result.stats.samples_per_s > 0
+
+
+def test_plot_schedule_names_a_thin_stage_by_its_width_in_pixels():
+    """w6-06: a 0.451 ms replicate in a 113 ms span was 'too short to see' while drawn about 3 px wide."""
+    import types
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    bar = lambda stage, device, a, b: types.SimpleNamespace(stage=stage, device=device, step=0, start_s=a, end_s=b)
+    trace = [bar("forward", 0, 0.0, 0.113), bar("replicate", 1, 0.0, 0.000451), bar("reduce", 1, 0.05, 0.05000005)]
+    fig = plot_schedule(trace, steps=1)
+    labels = fig.axes[0].get_legend_handles_labels()[1]
+    assert any(t.startswith("replicate: 0.451 ms, a sliver (about ") for t in labels), labels
+    assert "reduce: 0.000 ms, too short to see" in labels, labels
+    plt.close(fig)

@@ -459,3 +459,16 @@ def test_two_graders_never_write_one_results_file_and_a_foreign_file_is_not_over
     (tmp_path / "notes.json").write_text('{"my": "notes"}')
     with pytest.raises(ResultsError, match="not a results file this grader wrote"):
         ResultsFile(tmp_path / "notes.json").load()
+
+
+def test_the_checker_warms_a_check_once_before_it_forks(tmp_path, monkeypatch):
+    """w6-06: a check's first imports (6.2: sympy, 3-15 s on a busy machine) run in the checker, once, outside
+    the check's limit and the fork's, not again in every forked check."""
+    from course_utils.checks import _core
+    calls = []
+    monkeypatch.setitem(_core._REGISTRY, "99.73", _core._Exercise("99.73", "warm", 1, lambda obj: None, 5,
+                                                                  None, lambda: calls.append(1)))
+    for _ in range(2):
+        checker.run_task({"exercise": "99.73", "payload": str(tmp_path / "none.pkl"), "cwd": str(tmp_path),
+                          "env": {}, "seed": 1, "limit_s": 5, "log": str(tmp_path / "l")})
+    assert calls == [1]

@@ -161,6 +161,9 @@ def test_speedup_range_verdict_says_when_the_halves_disagree():
     assert "not even 2x" not in both
     naive = speedup_range_verdict(0.91, 0.67, 1.0, 4)
     assert "on both sides of 0.9x (slower than one device / no faster than one)" in naive
+    # w6-06: 0.84x to 1.11x crosses two lines: both named, with the class between them
+    two = speedup_range_verdict(0.96, 0.84, 1.11, 4)
+    assert "on both sides of 0.9x and 1.1x (slower than one device / no faster than one / under 2x)" in two
 
 
 def test_agreement_range_names_halves_on_both_sides_of_the_tolerance():
