@@ -331,7 +331,7 @@ def check_prefetcher(Prefetcher):
         return ("same batches, same order; on the CPU and the meta device passed through, moved; the CPU also "
                 "while CUDA is present; on a virtual CUDA device (the second of two) copied ahead from the loader's "
                 "pinned memory on a side stream the consumer's stream waits for on the device (for that batch's copy only, the stream current at each hand-out, also when the loop changed streams mid-pass), memory kept for "
-                "the consumer's stream, the host never blocked (nor polled with query()), no pinned source rewritten in flight; unpinned batches copied the same way (non_blocking, on the side stream, no host wait) and nothing pinned; no batch kept "
+                "the consumer's stream, the host never blocked (nor polled with query()), no pinned source rewritten in flight; unpinned batches copied the same way (non_blocking, on the side stream, no host wait) and nothing pinned (no pin_memory(), no pinned buffer of its own); no batch kept "
                 "once the loop is done with it (nor after the pass, nor after a `break`), nothing launched on the "
                 "loop's stream; ends and restarts cleanly, also after a pass stopped early, and two passes at once "
                 "are each a pass of their own (each batch waited for on the stream that copied it). (On this GPU the side stream was held busy, so a missing "
@@ -339,7 +339,7 @@ def check_prefetcher(Prefetcher):
     return ("same batches, same order; on the CPU and the meta device passed through, moved; the CPU also "
             "while CUDA is present; on a virtual CUDA device (the second of two) copied ahead from the loader's "
             "pinned memory on a side stream the consumer's stream waits for on the device (for that batch's copy only, the stream current at each hand-out, also when the loop changed streams mid-pass), memory kept for "
-            "the consumer's stream, the host never blocked (nor polled with query()), no pinned source rewritten in flight; unpinned batches copied the same way (non_blocking, on the side stream, no host wait) and nothing pinned; no batch kept "
+            "the consumer's stream, the host never blocked (nor polled with query()), no pinned source rewritten in flight; unpinned batches copied the same way (non_blocking, on the side stream, no host wait) and nothing pinned (no pin_memory(), no pinned buffer of its own); no batch kept "
             "once the loop is done with it (nor after the pass, nor after a `break`), nothing launched on the "
             "loop's stream; ends and restarts cleanly, also after a pass stopped early, and two passes at once "
             "are each a pass of their own (each batch waited for on the stream that copied it). (No GPU here: on one, the check also runs it on the real "
@@ -383,6 +383,28 @@ def _unpinned_pass(Prefetcher, loader_seed, n, seed):
         except RuntimeError as exc:
             raise _learner_error(exc, what) or exc
         _judge_pageable(vc, what)
+        host = [r for r in vc.races if r.kind == "host_write"]
+        if host:                          # w11-03 w31_pinned_staging_buffer: one pinned buffer per shape, refilled
+            raise CheckFailed("leaves pinned memory alone while a copy from it is queued",
+                              f"{what}: {host[0].what} (at {host[0].where}): yours stages unpinned batches through "
+                              "a pinned buffer kept between batches (a staging buffer) and refilled it for the next "
+                              "batch while the non-blocking copy of the one before was still queued: on a GPU the "
+                              "copy reads the buffer when the side stream gets to it, not when .to() returns, so a "
+                              "batch can arrive with the next one's pixels"
+                              + (f"; and it pinned memory in the loop ({vc.pinned_made[0]})" if vc.pinned_made
+                                 else ""),
+                              "leave pinning to the loader (DataLoader(pin_memory=True)): copy an unpinned batch "
+                              "as it is, .to(device, non_blocking=True) (the driver stages pageable memory itself, "
+                              "safely); a staging buffer may be refilled only after an event recorded after its "
+                              "copy has completed")
+        if vc.pinned_made:
+            raise CheckFailed("pins nothing in the training loop",
+                              f"{what}: yours allocated pinned memory {len(vc.pinned_made)} times in the loop "
+                              f"({vc.pinned_made[0]}): a prefetcher pins nothing; page-locked memory is slow to "
+                              "allocate and scarce, and it belongs to the loader",
+                              "leave pinning to the loader (DataLoader(pin_memory=True) pins in its own thread): copy "
+                              "each batch as you get it, .to(device, non_blocking=True); from pageable memory that "
+                              "copy is staged by the host, but it is still right")
         if vc.pins:
             raise CheckFailed("pins nothing in the training loop",
                               f"{what}: yours called pin_memory() {len(vc.pins)} times for {n} batches (first at "
@@ -783,6 +805,11 @@ def _judge_prefetch(vc, got, log, what, *, full=True, pf=None):
             how = (": the loop's stream waited for your side stream before every later batch, but not before the "
                    "first batch of the pass: batch 0 was read with no wait at all (however long the start-up, on a "
                    "GPU nothing orders the read after the copy but the wait)")
+        elif elsewhere := [s for s in vc._by_id.values() if s.index != vc.device.index and race.writer in s.waited]:
+            how = (f": yours made a stream of {elsewhere[0].device} wait, not the loop's stream on {vc.device}: "   # w11-03
+                   "torch.cuda.current_stream() without a device is the current device's stream (cuda:0 here), "
+                   "not the stream of the device the batches are on, so the stream that read them never waited; "
+                   "pass the device: torch.cuda.current_stream(self.device)")
         elif reader is not None and race.writer in reader.waited:
             how = (": the loop's stream did wait for your side stream, but for a point before this batch's copy "
                    "was queued (an event recorded on the side stream before the copy, or a wait made before it): "
@@ -1350,7 +1377,9 @@ def _crop_statistics(fn, to_device, generator, rng, on, seed, vc):
                               f"{_chi2_limit(kk * kk - 1):.0f}): a pattern by position, not a draw",
                               "draw all N values at once at random (torch.randint(..., (n,)), torch.rand(n) < 0.5)")
     # a second call draws anew, sample by sample (a pattern by position is the same in every call)
+    made = getattr(vc, "generators_made", 0)
     again = _values(_call_crop(fn, images, p, None, what + ", called again", vc, defaults=True))
+    fresh = getattr(vc, "generators_made", 0) > made        # w11-03 w32_fresh_generator_default
     dy2, dx2, flipped2 = _offsets_of(again, size, p)
     if dy2 is not None:
         for first, second, name, rate in ((dy, dy2, "vertical offset", 1 / k), (dx, dx2, "horizontal offset", 1 / k),
@@ -1361,12 +1390,17 @@ def _crop_statistics(fn, to_device, generator, rng, on, seed, vc):
                     raise CheckFailed("draws new crops on every call",
                                       f"{what}: two calls in a row gave {agree:.0%} of the samples the same {name}, "
                                       "yet two generators seeded differently and passed in give different crops: "
-                                      "with generator=None yours draws from a generator seeded alike on every "
-                                      "call (torch.Generator().manual_seed(...), or torch.manual_seed, inside the "
-                                      "function), so every batch is augmented alike",
+                                      + ("with generator=None yours makes a new torch.Generator in every call: "
+                                         "a new generator is not random, it starts from the same seed each time "
+                                         "it is made (its default seed, or the one manual_seed gives it), "
+                                         "so yours draws from a generator seeded alike on every call and every "
+                                         "batch is augmented alike" if fresh else
+                                         "with generator=None yours draws from a generator seeded alike on every "
+                                         "call (torch.Generator().manual_seed(...), or torch.manual_seed, inside "
+                                         "the function), so every batch is augmented alike"),
                                       "when generator is None, pass None on to torch.randint and torch.rand (they "
-                                      "then draw from torch's global generator, which advances); never seed inside "
-                                      "the function")
+                                      "then draw from torch's global generator, which advances); never make or seed "
+                                      "a generator inside the function")
                 raise CheckFailed("draws new crops on every call",
                                   f"{what}: two calls in a row gave {agree:.0%} of the samples the same {name} "
                                   f"(independent calls agree for about {rate:.0%}): a pattern fixed by the sample's "
@@ -1602,7 +1636,7 @@ def check_normalize(normalize_on_device):
                 _compare_normalized(_values(out), hwc, host, what)
                 if vc is not None:
                     del vc._dispatch                      # the device's own method again
-                    _judge_normalize_traffic(vc, call, what)
+                    _judge_normalize_traffic(vc, call, what, again=lambda: normalize_on_device(images, labels))
                     if wide:
                         raise CheckFailed("computes in float32",
                                           f"{what}: yours computed in float64 on the device ({len(wide)} operations, "
@@ -1790,6 +1824,12 @@ def _compare_normalized(out, hwc, host, what):
             hint = "Normalize is missing: subtract the mean and divide by the std of each channel"
         elif (mistake := _formula_mistake(out, host)) is not None:     # w10-03: an operator, not a constant
             hint = mistake
+        elif (dtype := _rounded_constants(out, host)) is not None:     # w11-03 w33_scale_float16_consts
+            hint = (f"the formula is right but its constants were stored as {dtype}: yours matches the right "
+                    f"formula with mean and std (or the folded scale and shift) rounded to {dtype}, a 16-bit float "
+                    "that keeps only 2-3 significant digits, so every value is off by a fixed factor and offset "
+                    "per channel; keep the constants in float32 (torch.tensor's default for Python floats), no "
+                    ".half() or .bfloat16()")
         elif (affine := _affine_fit(out, expected)) is not None:
             c, a, b = affine
             batch_stats = all(abs(float(out[:, k].mean())) < 1e-3 and abs(float(out[:, k].std()) - 1) < 1e-2
@@ -1834,6 +1874,23 @@ def _formula_mistake(out, host):
     return None
 
 
+def _rounded_constants(out, host):
+    """The 16-bit dtype whose rounding of the constants (mean and std, or the folded scale and
+    shift) explains `out` with float32 arithmetic, else None."""
+    if tuple(host.shape) != tuple(out.shape):
+        return None
+    x = host.float()
+    m = torch.tensor(CIFAR10_MEAN, dtype=torch.float64).view(1, 3, 1, 1)
+    sd = torch.tensor(CIFAR10_STD, dtype=torch.float64).view(1, 3, 1, 1)
+    for dtype in (torch.float16, torch.bfloat16):
+        def r(t):
+            return t.to(dtype).float()
+        for candidate in ((x / 255 - r(m)) / r(sd), x * r(1 / (255 * sd)) + r(-m / sd)):
+            if float((out.float() - candidate).abs().max()) < 1e-4:
+                return str(dtype).replace("torch.", "")
+    return None
+
+
 def _affine_fit(out, expected):
     """(channel, scale, shift) where `out` is, channel by channel, an exact affine function of the
     expected values (a constant off: /256, std + eps, other constants, the batch's statistics) with
@@ -1852,9 +1909,26 @@ def _affine_fit(out, expected):
     return worst
 
 
-def _judge_normalize_traffic(vc, call, what):
+def _judge_normalize_traffic(vc, call, what, again=None):
     h2d = vc.h2d()
     if h2d and (call > 0 or sum(c.nbytes for c in h2d) > 1024):
+        if call > 0 and again is not None:       # w11-03 w33_expanded_per_shape: the same batch again copies nothing?
+            vc.reset_log()
+            try:
+                again()
+                per_shape = not vc.h2d()
+            except Exception:
+                per_shape = False
+            if per_shape:
+                raise CheckFailed("makes no copy from the host after the first batch",
+                                  f"{what}: {len(h2d)} copies from the host during this call ({h2d[0].what} at "
+                                  f"{h2d[0].where}), the first batch of this shape, and none when the same batch "
+                                  "came again: yours keeps its constants per (device, shape), so every new batch "
+                                  "shape makes them again, with a copy from the host (a loader's last batch is "
+                                  "smaller; variable image sizes make every batch a new shape)",
+                                  "key the constants by the device alone (str(images.device)) and shape them "
+                                  "(1, 3, 1, 1): broadcasting fits them to every batch, with nothing expanded to "
+                                  "the batch's shape")
         raise CheckFailed("makes no copy from the host after the first batch",
                           f"{what}: {len(h2d)} copies from the host during this call ({h2d[0].what} at {h2d[0].where})",
                           "create mean and std on the device once (per device) and keep them: "

@@ -398,6 +398,7 @@ def _generator_class(vc: "VirtualCuda"):
     generator of the virtual device; any other device, an ordinary one."""
     class Generator(torch._C.Generator, metaclass=_AnyGenerator):
         def __new__(cls, device="cpu"):
+            vc.generators_made += 1                 # a check can tell a generator made inside the answer
             if _is_cuda(device):
                 vc._check_index(device, "torch.Generator")
                 return vc.generator(torch._C.Generator().initial_seed())   # a new generator's default seed
@@ -566,6 +567,7 @@ class _Mode(TorchFunctionMode):
             out = func(*args, **dict(kwargs, pin_memory=False))
             if isinstance(out, torch.Tensor):
                 vc._mark_pinned(out)
+                vc.pinned_made.append(f"torch.{name}(..., pin_memory=True) at {_where()}")
             return out
         leaves = pytree.tree_leaves((args, kwargs)) if leaves is None else leaves
         generators = [a for a in leaves if isinstance(a, _VirtualCudaGenerator)]
@@ -629,6 +631,8 @@ class VirtualCuda:
         self.set_streams: list[str] = []             # where torch.cuda.set_stream was called
         self._polled: set = set()                    # work query() has answered False about once
         self.pins: list[str] = []                    # where memory was pinned by a copy (pin_memory() of pageable memory)
+        self.generators_made = 0                     # torch.Generator(...) calls inside the block
+        self.pinned_made: list[str] = []             # where pinned memory was allocated (torch.empty(..., pin_memory=True))
         self._completed: dict[int, int] = {}
         self._cross: dict[int, _Alloc] = {}          # allocations used on a stream they were not made on
         self._pinned: dict[int, torch.UntypedStorage] = {}
@@ -695,6 +699,7 @@ class VirtualCuda:
         self.syncs.clear()
         self.races.clear()
         self.pins.clear()
+        self.pinned_made.clear()
         self._hazards.clear()
         self.allocated_bytes = self.peak_bytes = self._live_bytes = 0
         self._epoch += 1

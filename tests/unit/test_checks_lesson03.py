@@ -2438,3 +2438,138 @@ def test_3_2_w10_the_distribution_stage_varies_with_the_seed():
         assert "(counts [" in message, message
         counts.add(message.split("(counts [")[1].split("]")[0])
     assert len(counts) == 2, counts
+
+
+# -- walk w11-03 ----------------------------------------------------------------------------------
+
+class PinnedStagingBuffer(GoodPrefetcher):      # w11-03 w31_pinned_staging_buffer: passed on seeds 1-8
+    """Unpinned batches staged through one pinned buffer per shape, made once and refilled with
+    copy_ for every batch: pins memory in the loop, and refills the buffer while the previous
+    batch's non-blocking copy from it may still be queued."""
+    def copy(self, batch):
+        if not hasattr(self, "staging"):
+            self.staging = {}
+        out = []
+        with torch.cuda.stream(self.stream):
+            for t in batch:
+                if not t.is_pinned():
+                    key = (t.shape, t.dtype)
+                    if key not in self.staging:
+                        self.staging[key] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                    t = self.staging[key].copy_(t)
+                out.append(t.to(self.device, non_blocking=True))
+        return tuple(out)
+
+
+class PinnedBufferPerBatch(GoodPrefetcher):     # near miss: a new pinned buffer per batch (no race, but pins in the loop)
+    def copy(self, batch):
+        with torch.cuda.stream(self.stream):
+            return tuple(torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t).to(self.device, non_blocking=True)
+                         if not t.is_pinned() else t.to(self.device, non_blocking=True) for t in batch)
+
+
+class CurrentStreamNoDevice(GoodPrefetcher):    # w11-03 w31_no_device_arg: cuda:0's stream waits, cuda:1's reads
+    def hand_out(self, batch):
+        consumer = torch.cuda.current_stream()
+        consumer.wait_stream(self.stream)
+        for t in batch:
+            t.record_stream(consumer)
+        return batch
+
+
+def crop_flip_fresh_generator(images, padding=4, generator=None):   # w11-03 w32_fresh_generator_default
+    generator = generator if generator is not None else torch.Generator(device=images.device)
+    return crop_flip(images, padding, generator)
+
+
+def normalize_per_device_and_shape(images, labels):   # w11-03 w33_expanded_per_shape
+    key = (str(images.device), tuple(images.shape))
+    if key not in _PER_SHAPE:
+        mean, std = (torch.tensor(v, device=images.device).view(1, 3, 1, 1).expand(images.shape).contiguous()
+                     for v in (CIFAR10_MEAN, CIFAR10_STD))
+        _PER_SHAPE[key] = mean, std
+    mean, std = _PER_SHAPE[key]
+    return (images.float() / 255 - mean) / std, labels
+
+
+_PER_SHAPE = {}
+
+
+def normalize_float16_constants(images, labels):      # w11-03 w33_scale_float16_consts
+    mean, std = _consts(images.device)
+    scale, shift = (1 / (255 * std)).half(), (-mean / std).half()
+    return torch.addcmul(shift.float(), images.float(), scale.float()), labels
+
+
+MUTANTS_W11 = [
+    ("3.1", Mutant("w11-03 w31_pinned_staging_buffer", PinnedStagingBuffer,
+                   "leaves pinned memory alone while a copy from it is queued",
+                   words="a pinned buffer kept between batches (a staging buffer)")),
+    ("3.1", Mutant("near miss: a new pinned buffer per unpinned batch", PinnedBufferPerBatch,
+                   "pins nothing in the training loop", words="allocated pinned memory")),
+    ("3.1", Mutant("w11-03 w31_no_device_arg", CurrentStreamNoDevice, "the consumer waits for the copy",
+                   words="torch.cuda.current_stream() without a device is the current device's stream")),
+    ("3.2", Mutant("w11-03 w32_fresh_generator_default", crop_flip_fresh_generator, "draws new crops on every call",
+                   words="yours makes a new torch.Generator in every call")),
+    ("3.3", Mutant("w11-03 w33_expanded_per_shape", normalize_per_device_and_shape,
+                   "makes no copy from the host after the first batch", words="per (device, shape)")),
+    ("3.3", Mutant("w11-03 w33_scale_float16_consts", normalize_float16_constants, "equals ToTensor + Normalize",
+                   words="its constants were stored as float16")),
+]
+
+
+@pytest.mark.parametrize("exercise,mutant", MUTANTS_W11, ids=lambda m: repr(m) if isinstance(m, Mutant) else m)
+def test_w11_mutants_named(exercise, mutant):
+    rejected(exercise, mutant, SEEDS[:1])
+
+
+def test_3_1_w11_staging_buffer_fails_on_every_seed():
+    # the race is in every seed's draw: batches 0 and 1 of each pass share a shape
+    rejected("3.1", MUTANTS_W11[0][1], SEEDS[1:4])
+
+
+class DotCudaStreamPerPass(GoodPrefetcher):     # w11-03 w31_dot_cuda + w31_stream_per_pass_on_self (right)
+    def __iter__(self):
+        if self.stream is None:
+            yield from super().__iter__()
+            return
+        self.stream = torch.cuda.Stream(self.device)     # a fresh stream per pass, kept on self
+        stream = self.stream                             # ... but the pass uses its own local copy
+        batches = iter(self.loader)
+
+        def copy(batch):                                 # .cuda(): the stream's device is current in the block
+            with torch.cuda.stream(stream):
+                return tuple(t.cuda(non_blocking=True) for t in batch) if batch is not None else None
+
+        upcoming = copy(next(batches, None))
+        while upcoming is not None:
+            consumer = torch.cuda.current_stream(self.device)
+            consumer.wait_stream(stream)
+            for t in upcoming:
+                t.record_stream(consumer)
+            batch, upcoming = upcoming, copy(next(batches, None))
+            yield batch
+
+
+def crop_flip_unfold_rand_le(images, padding=4, generator=None):   # w11-03 w32_unfold_windows + w32_flip_rand_le
+    n, c, h, w = images.shape
+    dev = images.device
+    dy = torch.randint(0, 2 * padding + 1, (n,), device=dev, generator=generator)
+    dx = torch.randint(0, 2 * padding + 1, (n,), device=dev, generator=generator)
+    flip = torch.rand(n, device=dev, generator=generator) <= 0.5
+    win = F.pad(images, (padding,) * 4).unfold(2, h, 1).unfold(3, w, 1)     # a view: (N, C, k, k, H, W)
+    out = win[torch.arange(n, device=dev), :, dy, dx].contiguous()
+    return torch.where(flip.view(n, 1, 1, 1), out.flip(-1), out)
+
+
+def normalize_labels_moved_and_long(images, labels):   # w11-03 w33_labels_to_device + w33_labels_long
+    return good_normalize(images, labels)[0], labels.to(images.device).long()
+
+
+def test_w11_right_answers_of_the_report_pass():
+    # right by the contract: .cuda() inside `with torch.cuda.stream(stream)` goes to the stream's
+    # device; a stream per pass used through a local name; `<= 0.5` has the same distribution;
+    # an unfold view picks one window per sample; labels already int64 on the device are unchanged
+    passes("3.1", DotCudaStreamPerPass, SEEDS[:1])
+    passes("3.2", crop_flip_unfold_rand_le, SEEDS[:1])
+    passes("3.3", normalize_labels_moved_and_long, SEEDS[:1])

@@ -433,3 +433,15 @@ def test_a_gpu_of_its_own_per_local_rank():
         assert torch.tensor([1.0], device="cuda").device == vc.device
         with pytest.raises(RuntimeError, match=OTHER_DEVICE):
             torch.tensor([1.0], device="cuda:5")
+
+
+def test_pinned_allocations_and_generators_made_are_counted():   # w11-03: what lesson 03's checks name
+    with VirtualCuda() as vc:
+        buffer = torch.empty(4, 3, pin_memory=True)
+        assert vc.is_pinned(buffer) and len(vc.pinned_made) == 1 and "pin_memory=True" in vc.pinned_made[0]
+        assert not vc.pins                       # an allocation, not a pin_memory() copy
+        made = vc.generators_made
+        torch.Generator(device="cuda"), torch.Generator()
+        assert vc.generators_made == made + 2
+        vc.reset_log()
+        assert not vc.pinned_made
