@@ -169,3 +169,22 @@ def test_clipping_each_sample_to_the_cap_is_rejected():
     rejected("1.4", Mutant("each sample clipped to the cap (w6-01)", clip_per_sample,
                            "averages run.loader_cores as recorded",
                            words="as if it cut each sample of run.loader_cores"), range(4))
+
+
+def one_sync_at_the_end(fn, device, warmup=3, repeats=10):   # w6-01 1.1-25: lap times between launches
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    marks = []
+    for _ in range(repeats):
+        marks.append(time.perf_counter())
+        fn()
+    synchronize(device)
+    marks.append(time.perf_counter())
+    return statistics.median((b - a) * 1e3 for a, b in zip(marks, marks[1:]))
+
+
+def test_one_sync_at_the_end_is_told_each_call_needs_its_own():
+    rejected("1.1", Mutant("one sync after the loop (w6-01)", one_sync_at_the_end,
+                           "waits for the device before reading the clock",
+                           words="each timed call needs its own synchronize(device)"), range(1))
