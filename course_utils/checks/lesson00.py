@@ -97,7 +97,8 @@ def check_to_image(to_image):
             where = np.unravel_index(diff.argmax(), out.shape)
             raise CheckFailed("recovers the original pixels exactly",
                               f"{what}: {int((diff > 0).sum())} values differ, e.g. pixel "
-                              f"{tuple(int(i) for i in where)}: yours {out[where]}, expected {original[where]}",
+                              f"{tuple(int(i) for i in where)} (row, column, channel of the output): yours {out[where]}, "
+                              f"expected {original[where]}",
                               _pixel_hint(out, original))
         for earlier, returned, copy in kept:
             if not trusted.array_equal(returned, copy):

@@ -25,7 +25,9 @@ class _VirtualClock:
     overshot by tens of ms and failed right answers, and no seed could reproduce it). Wall clocks:
     time.perf_counter, monotonic, time (and their _ns forms), timeit.default_timer; CPU clocks:
     time.process_time, thread_time. A name bound to one of them in time_it's module (from time
-    import perf_counter) is replaced too. Every wall reading moves it by 0.1 microseconds."""
+    import perf_counter) is replaced too. Every wall reading moves it by 0.1 microseconds.
+    datetime.datetime.now/today/utcnow read it too (w6-01: a datetime.now() timer, a wall clock of
+    microseconds, is a right answer: its readings carry the check's clock to the microsecond)."""
 
     _WALL, _CPU = ("perf_counter", "monotonic", "time"), ("process_time", "thread_time")
 
@@ -47,14 +49,36 @@ class _VirtualClock:
             fakes[name + "_ns"] = (lambda f=fakes[name]: int(round(f() * 1e9)))
         return fakes
 
+    def _datetime(self, wall):
+        import datetime as _dt
+
+        class datetime(_dt.datetime):      # noqa: N801 - the name a learner's code prints
+            @classmethod
+            def now(cls, tz=None):
+                return _dt.datetime.fromtimestamp(wall(), tz)
+
+            @classmethod
+            def today(cls):
+                return _dt.datetime.fromtimestamp(wall())
+
+            @classmethod
+            def utcnow(cls):
+                return _dt.datetime.fromtimestamp(wall(), _dt.timezone.utc).replace(tzinfo=None)
+        return datetime
+
     @contextmanager
     def installed(self, time_it):
+        import datetime as datetime_module
         import timeit
         fakes = self._fakes()
         originals = {name: getattr(time, name) for name in fakes}
         by_id = {id(f): fakes[name] for name, f in originals.items()}
+        real_datetime = datetime_module.datetime
+        fake_datetime = self._datetime(fakes["time"])
+        by_id[id(real_datetime)] = fake_datetime
         g = getattr(time_it, "__globals__", None)
-        bound = {k: v for k, v in g.items() if any(v is f for f in originals.values())} if isinstance(g, dict) else {}
+        bound = {k: v for k, v in g.items() if any(v is f for f in originals.values()) or v is real_datetime} \
+            if isinstance(g, dict) else {}
         default_timer = timeit.default_timer
         # timeit.timeit, timeit.repeat and Timer() bound default_timer as a default argument at import
         # (w4-01: timeit.repeat(...) of a right answer read the real clock): their defaults too
@@ -65,6 +89,7 @@ class _VirtualClock:
             for name, f in fakes.items():
                 setattr(time, name, f)
             timeit.default_timer = fakes["perf_counter"]
+            datetime_module.datetime = fake_datetime
             for f in with_defaults:
                 f.__defaults__ = tuple(by_id.get(id(d), d) if any(d is o for o in originals.values()) else d
                                        for d in f.__defaults__)
@@ -75,25 +100,36 @@ class _VirtualClock:
             for name, f in originals.items():
                 setattr(time, name, f)
             timeit.default_timer = default_timer
+            datetime_module.datetime = real_datetime
             for f, d in defaults.items():
                 f.__defaults__ = d
             for k, v in bound.items():
                 g[k] = v
 
 
+class _Output:
+    """What a scripted call returns (a training step returns its loss, a forward pass its
+    activations): the check counts how many of them a timer still holds when fn is called."""
+
+
 class _CountingFn:
     """A workload whose cost per call is scripted: host time (waiting, plus a little CPU work) and
     device time (asynchronous). With a clock, the host time only moves that clock (no real
-    sleep): the check's verdict then never depends on the machine's load."""
+    sleep): the check's verdict then never depends on the machine's load. Each call returns an
+    _Output; `most_held` is the most earlier outputs still alive when a call began."""
 
     def __init__(self, host_ms, device=None, device_ms=0.0, cpu_ms=0.0, clock=None):
+        import weakref
         self._host_ms, self._device, self._device_ms, self._cpu_ms = host_ms, device, device_ms, cpu_ms
         self._clock = clock
         self.calls = 0
+        self._outputs = weakref.WeakSet()
+        self.most_held = 0
 
     def __call__(self):
         ms = self._host_ms(self.calls) if callable(self._host_ms) else self._host_ms
         self.calls += 1
+        self.most_held = max(self.most_held, len(self._outputs))
         if self._clock is not None:
             self._clock.advance(ms + self._cpu_ms, self._cpu_ms)
         else:
@@ -105,6 +141,9 @@ class _CountingFn:
                 time.sleep(ms / 1e3)
         if self._device is not None and self._device_ms:
             self._device.launch(self._device_ms)
+        out = _Output()
+        self._outputs.add(out)
+        return out
 
 
 def _time(time_it, fn, device, what, clock=None, **kwargs):
@@ -257,13 +296,28 @@ def check_timer(time_it):
                           f"the check's clock moved by 6 ms for each call, and yours saw {saw}",
                           "time the wall clock with time.perf_counter() (or timeit.default_timer): "
                           "time.process_time() counts only the CPU time of this process, not the time spent "
-                          "waiting; the check scripts time.perf_counter, monotonic, time and timeit's timer, and "
-                          "no other clock")
+                          "waiting; the check scripts time.perf_counter, monotonic, time, timeit's timer and "
+                          "datetime.datetime.now(), and no other clock")
     if fn.calls != 7:
         raise CheckFailed("calls fn warmup + repeats times", f"warmup=2, repeats=5: yours called fn {fn.calls} times, expected 7")
+    if fn.most_held > 2:       # w6-01: every output kept in a list until time_it returned
+        raise CheckFailed("keeps no output of fn",
+                          f"warmup=2, repeats=5: when fn was called for the {fn.most_held + 1}th time, yours still "
+                          f"held the {fn.most_held} values the earlier calls returned",
+                          "call fn() and drop what it returns (or keep only the latest): a timer that holds every "
+                          "output keeps, on a GPU, each call's tensors (and any autograd graph they carry) in device "
+                          "memory while the later calls run, so those calls run with less memory than the code you "
+                          "are timing would have, and a long timing can run out of it")
     # (b) asynchronous device work: must synchronise before reading the clock (the simulated device
     # runs in real time; its bounds leave a loaded machine room: 0.6x to 2.5x)
     device = SimulatedAccelerator(step_ms=0, max_queued=1000)  # a deep launch queue, as on CUDA
+    syncs = [0]
+    device_sync = device.synchronize
+
+    def counted_sync():        # w6-01: a timer that synchronised only a device of type 'cuda'
+        syncs[0] += 1
+        device_sync()
+    device.synchronize = counted_sync
     try:
         fn = _CountingFn(0.0, device, device_ms=20.0)
         ms = _time(time_it, fn, device, "asynchronous device work", warmup=1, repeats=5)
@@ -272,11 +326,21 @@ def check_timer(time_it):
                 break
             fn = _CountingFn(0.0, device, device_ms=20.0)
             ms = min(ms, _time(time_it, fn, device, "asynchronous device work", warmup=1, repeats=5))
+        if ms < 0.6 * 20 and syncs[0] == 0:
+            raise CheckFailed("waits for the device before reading the clock",
+                              f"each call queues 20 ms of device work on the course's simulated device (its type is "
+                              f"'{device.type}', not 'cuda'); yours measured {ms:.2f} ms and never synchronised it",
+                              "yours skipped this device's synchronisation (a sync only when device.type == 'cuda', "
+                              "or torch.cuda.synchronize(), waits for no other device): call course_utils.timing's "
+                              "synchronize(device) for every device, it waits for whichever kind it is handed "
+                              "(and returns at once for the CPU)")
         if ms < 0.6 * 20:
             raise CheckFailed("waits for the device before reading the clock",
-                              f"each call queues 20 ms of device work; yours measured {ms:.2f} ms",
-                              "device work is asynchronous: call synchronize(device) before you start "
-                              "the clock and again before you stop it")
+                              f"each call queues 20 ms of device work; yours measured {ms:.2f} ms, synchronising "
+                              f"the device {syncs[0]} times in all for {fn.calls} calls",
+                              "device work is asynchronous: each timed call needs its own synchronize(device) "
+                              "before you start the clock and another before you stop it (a sync once, after the "
+                              "loop, leaves every call's clock stopped before its work ran)")
         if ms > 2.5 * 20:      # (a busy host delays the simulated device by some ms: room for it)
             raise CheckFailed("times one call at a time", f"each call queues 20 ms of device work; yours measured {ms:.2f} ms")
         if fn.calls != 6:
@@ -318,6 +382,16 @@ def check_timer(time_it):
     if fn.calls != 3:
         raise CheckFailed("calls fn warmup + repeats times",
                           f"warmup=2, repeats=1: yours called fn {fn.calls} times, expected 3")
+    # (d0) no warm-up at all (w6-01: a loop of warmup - 1 warm-up calls and repeats + 1 timed ones,
+    # the first dropped, and one that always warms up once, both called fn 4 times for warmup=0, repeats=3)
+    fn, no_warmup_ms = timed(lambda i: (30.3, 4.3, 12.3, 50.3)[min(i, 3)], "no warm-up, then 3 calls", warmup=0,
+                             repeats=3)
+    if fn.calls != 3:
+        raise CheckFailed("calls fn warmup + repeats times",
+                          f"warmup=0, repeats=3: yours called fn {fn.calls} times, expected 3",
+                          "warmup=0 means no warm-up call: time every one of the `repeats` calls, the first "
+                          "included (for _ in range(warmup) runs no call when warmup is 0; no extra call, no "
+                          "timed call dropped)")
     # (d'') the defaults, as the spec states them: warmup=3, repeats=10
     fn, ms = timed(lambda i: 40.0 if i < 3 else 2.0, "its defaults")
     if fn.calls != 13:
@@ -347,6 +421,11 @@ def check_timer(time_it):
         raise CheckFailed("reports the median of the repeats",
                           f"warmup=1, then {what}: the median is {statistics.median(timed_ms):g} ms; yours reported "
                           f"{ms:.2f} ms", _statistic_hint(results))
+    # (d0') with no warm-up, the median of the 3 calls (after the cases that name a statistic)
+    if not _close(no_warmup_ms, 12.3):
+        raise CheckFailed("reports the median of the repeats",
+                          f"warmup=0, then 3 timed calls of 30.3, 4.3 and 12.3 ms: the median is 12.3 ms; yours "
+                          f"reported {no_warmup_ms:.2f} ms", "with warmup=0 every call is timed, the first one too")
     # (a') the CPU function once more: one call takes 6 ms
     if cpu_ms > 20.0:
         raise CheckFailed("measures one call of a CPU function",
@@ -543,11 +622,20 @@ def check_stall_fraction(stall_fraction):
                     except Exception:
                         continue
                     if not trusted.isclose(other, float(yours), rel_tol=1e-9, abs_tol=1e-12):
+                        try:           # w6-01: a global running total answers anew on the same list
+                            twice = float(stall_fraction(c) if default else stall_fraction(c, skip_first=skip))
+                        except Exception:
+                            twice = other
+                        kept = ("a value kept between calls in a global (a running total over every log, say), "
+                                f"not from the steps the list holds: on that same copy, asked again, yours returned "
+                                f"{twice:.6f}"
+                                if not trusted.isclose(twice, other, rel_tol=1e-9, abs_tol=1e-12) else
+                                "something kept from an earlier call per list (such as id(step_log)), not from the "
+                                "steps the list holds")
                         raise CheckFailed("keeps nothing from an earlier call",
                                           f"{what}: {_both(float(yours), expected)}; on an equal copy of this log "
-                                          f"yours returned {other:.6f} (seed {seed}): yours answers from something "
-                                          f"kept from an earlier call per list (such as id(step_log)), not from the "
-                                          f"steps the list holds", _KEEPS_NOTHING)
+                                          f"yours returned {other:.6f} (seed {seed}): yours answers from {kept}",
+                                          _KEEPS_NOTHING)
             if before:           # w3-01: a module-level cache returned the first log's value for every later log
                 raise CheckFailed("keeps nothing from an earlier call",
                                   f"{what}: {_both(float(yours), expected)}, the value yours returned for {before[0]} "
@@ -1209,6 +1297,24 @@ def _run_cases(rng):
                    "average run.loader_cores over all its samples, the first and the last included: not its peak, "
                    "median, a trimmed mean, the middle of the run, one sample, nor a part of it (x[1:], x[:-1] or "
                    "x[::2] leave samples out)", cases))
+    # w6-01: samples above the cap (one process with helper threads showed 1.2-1.5 cores in this
+    # lesson's runs): the mean is taken as recorded; clipping each sample to the cap first lowers it
+    # below 80% in every one of these runs, whose mean is at or above it
+    cases = []
+    for processes, c, high, low in ((1, int(rng.choice([2, 4, 16])), 1.5, 0.2), (3, 2, 2.6, 1.0),
+                                    (2, int(rng.choice([4, 8])), 2.9, 0.5)):
+        possible = min(processes, c)
+        made = run(stall=rng.uniform(0.3, 0.9), loader_use=0.85, loader_processes=processes, cores=c, disk_mb_s=100,
+                   util=40, jitter=0.0)
+        made.loader_cores = np.tile([high, low], len(made.loader_cores) // 2).astype(float)
+        mean, clipped = (high + low) / 2, (min(high, possible) + low) / 2
+        cases.append((made, f"{processes} loading process{'es' if processes > 1 else ''} on {c} cores at {high:g} and "
+                            f"{low:g} cores in turn (a mean of {mean:g} cores, {mean / possible:.0%} of the {possible} "
+                            f"they could use; {clipped / possible:.0%} if each sample is first cut to {possible})"))
+    groups.append(("averages run.loader_cores as recorded",
+                   "average run.loader_cores as they are, without cutting any sample to the cap: a process with "
+                   "helper threads can show more than one core in a sample, and that demand counts; the cap, "
+                   "min(run.loader_processes, run.usable_cores), is only what the mean is compared with", cases))
     cases = [(synthetic_run(kind, rng, name=f"run {int(rng.integers(1000))}"), f"a typical {kind} run")
              for kind in RUN_KINDS for _ in range(3)]
     groups.append(("classifies typical runs", "", cases))
@@ -1297,6 +1403,11 @@ def _run_slips():
              (rule(could=lambda r: min(r.loader_processes - 1, r.usable_cores) or 1),
               "yours answers as if only the workers loaded: run.loader_processes already counts every loading "
               "process, the main one and its num_workers workers (1 + num_workers): use it as it is")]
+    slips.append((rule(used=lambda r: np.mean(np.minimum(r.loader_cores, min(r.loader_processes, r.usable_cores)))),
+                  "yours answers as if it cut each sample of run.loader_cores to min(run.loader_processes, "
+                  "run.usable_cores) before averaging: average the samples as recorded (a process with helper "
+                  "threads can show more than one core, and that demand counts); the cap is only what the mean is "
+                  "compared with", "averages run.loader_cores as recorded"))     # w6-01
     for what, part in _SUBSETS:
         slips.append((rule(used=lambda r, part=part: np.mean(part(r.loader_cores))),
                       f"yours answers as if it averaged run.loader_cores{what}: every sample counts, the first and "

@@ -216,7 +216,9 @@ def could_use_this_machines_cores(run):
     return "cpu-bound" if np.mean(run.loader_cores) >= 0.8 * min(run.loader_processes, os.cpu_count()) else "io-bound"
 
 
-def clipped_to_what_they_could_use(run):             # right (w2-01, the spec's parenthesis read so): passes
+def clipped_to_what_they_could_use(run):
+    """Passed after w2-01; wrong since w6-01: the spec now says the samples are averaged as recorded,
+    without clipping (one process alternating 1.5 and 0.2 cores is CPU-bound by hint 3's mean)."""
     could = min(run.loader_processes, run.usable_cores)
     if run.stall_fraction < 0.10:
         return "device-bound"
@@ -335,7 +337,7 @@ def _run(monkeypatch, fn, seed):
 
 def test_reference_passes_on_every_seed(monkeypatch):
     for seed in SEEDS:
-        for answer in (classify_run, classify_as_shares, clipped_to_what_they_could_use, float32_figures):
+        for answer in (classify_run, classify_as_shares, float32_figures):
             result = _run(monkeypatch, answer, seed)
             assert result.status == "pass", (seed, answer.__name__, result.message)
 
@@ -388,3 +390,11 @@ def test_the_made_up_runs_have_the_means_they_were_asked_for():
     for kind in RUN_KINDS:
         for _ in range(10):
             assert classify_run(synthetic_run(kind, rng)) == kind
+
+
+def test_clipping_to_what_they_could_use_fails_on_every_seed(monkeypatch):
+    """w6-01: the spec says the samples are averaged as recorded; the check's runs with samples above
+    the cap tell the clip apart on every seed (tests/unit/test_checks_lesson01_w6.py names its hint)."""
+    for seed in SEEDS[:3]:
+        result = _run(monkeypatch, clipped_to_what_they_could_use, seed)
+        assert result.status == "fail" and "averages run.loader_cores as recorded" in result.message, result.message
