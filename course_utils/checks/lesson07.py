@@ -182,6 +182,18 @@ def _shard_cases(rng):
                         epoch=int(rng.integers(0, 9)), drop_last=False),
                    dict(n=n, num_replicas=R, shuffle=True, seed=int(rng.integers(1, 10_000)),
                         epoch=int(rng.integers(0, 9)), drop_last=True)]))
+    # every seed, last (so every other mistake is named by its own case first): the same n, seed and epoch
+    # from every rank with num_replicas = n + 1, then 2n + 1, then n + 1 again, as a program calls it again and
+    # again (w10-07 w71_15: a cached permutation padded in place, `indices += ...`, passed 16 of 20 seeds: the
+    # first call left n + 1 indices in the cache, not a whole number of copies, so the second read a wrong pad).
+    # A seed no earlier call (nor an earlier run of the check) used, so the first of these calls starts clean
+    n = int(rng.integers(3, 9))
+    again = dict(shuffle=True, seed=10_000 + secrets.randbelow(1_000_000), epoch=int(rng.integers(0, 9)),
+                 drop_last=False)
+    cases.append(("computes each call from its own arguments (nothing kept between calls)",
+                  "the same call must give the same answer whatever was called before it",
+                  [dict(n=n, num_replicas=n + 1, **again), dict(n=n, num_replicas=2 * n + 1, **again),
+                   dict(n=n, num_replicas=n + 1, **again)]))
     return cases
 
 
@@ -250,6 +262,12 @@ def check_7_1(shard_indices):
                         n2 = n + R * (1 + max(key[0] for key in earlier) // R + secrets.randbelow(100_000))
                         fresh = _as_index_list(shard_indices(n2, R, rank, **args), what) == \
                             _reference_shard(n2, R, rank, **args)
+                    else:
+                        # without shuffling the seed and epoch change nothing: the same call with a seed never
+                        # used is a fresh one for a cache keyed on them (w10-07 w71_15, on seeds 1, 5, 14, 16,
+                        # was told to repeat the whole list, which it did: the quoted call was right alone)
+                        fresh = _as_index_list(shard_indices(
+                            n, R, rank, **{**args, "seed": 10_000 + secrets.randbelow(1_000_000)}), what) == expected
                     again = None
                     if not fresh and args["shuffle"]:      # w5-07 w71_13: a generator kept (and advanced) between calls
                         again = _as_index_list(shard_indices(n, R, rank, **args), what)
@@ -264,10 +282,13 @@ def check_7_1(shard_indices):
                         prop = "computes each call from its own arguments (nothing kept between calls)"
                         hint = ((f"yours is what an earlier call returned ({', '.join(f'{k}={v}' for k, v in kept.items())}): "
                                  "your function kept something from that call" if kept is not None else
-                                 "yours is wrong here, yet right on a size never asked for before: your function kept "
-                                 "something from an earlier call (of this run of the check or an earlier one)")
-                                + " (a cache whose key leaves out the epoch or the seed?). Compute the permutation "
-                                "from seed + epoch every time")
+                                 "your answer depends on earlier calls: the quoted call gives the right answer alone "
+                                 "(in a fresh program, or with arguments never used before), and the wrong one after "
+                                 "the calls this check made before it (of this run of the check or an earlier one)")
+                                + " (a cache whose key leaves out the epoch or the seed? a cached list padded in place, "
+                                "`indices += ...` or .extend(), so that the next call with the same n, seed and epoch, "
+                                "from another rank or with another num_replicas, starts from a longer list?). Compute "
+                                "the permutation from seed + epoch every time, or pad a copy of what you cache")
                     elif prop == "the seed changes the order" and \
                             yours != _reference_shard(n, R, rank, **{**args, "seed": 0}):   # w3-07 w71_15
                         prop = "seeds the generator with exactly seed + epoch"

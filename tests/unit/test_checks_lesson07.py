@@ -289,6 +289,63 @@ def special_case_fewer_than_ranks(*, empty_on_drop_last):
     return answer
 
 
+def cached_and_padded_in_place():
+    """w10-07 w71_15: the permutation cached per (n, seed, epoch, shuffle) and padded in place
+    (`indices += ...` on the cached list): the next call with the same key starts from a longer list.
+    Passed 16 of 20 seeds; on the other 4 it was told to repeat the whole list, which it did."""
+    perms = {}
+    def wrong(n, num_replicas, rank, *, shuffle=True, seed=0, epoch=0, drop_last=False):
+        key = (n, seed, epoch, shuffle)
+        if key not in perms:
+            g = torch.Generator()
+            g.manual_seed(seed + epoch)
+            perms[key] = torch.randperm(n, generator=g).tolist() if shuffle else list(range(n))
+        indices = perms[key]
+        total = num_replicas * (n // num_replicas if drop_last else math.ceil(n / num_replicas))
+        if drop_last:
+            indices = indices[:total]
+        elif total > n:
+            pad = total - n
+            indices += (indices * math.ceil(pad / n))[:pad]
+        return indices[rank:total:num_replicas]
+    return wrong
+
+
+def test_7_1_a_cache_padded_in_place_fails_on_every_seed_as_state_between_calls(monkeypatch):
+    """Its fate depended on the draw: every seed of the walk (1-20), each with a fresh cache as a learner's
+    first run has, then the same answer run again on two seeds (a cache filled by the earlier runs)."""
+    prop = "computes each call from its own arguments (nothing kept between calls)"
+    words = "the quoted call gives the right answer alone"
+    for seed in range(1, 21):
+        monkeypatch.setenv("COURSE_CHECK_SEED", str(seed))
+        result = run_check("7.1", cached_and_padded_in_place())
+        fails_on(result, prop)
+        assert words in result.message and "padded in place" in result.message, result.message
+    kept = cached_and_padded_in_place()
+    for seed in (1, 2):
+        monkeypatch.setenv("COURSE_CHECK_SEED", str(seed))
+        result = run_check("7.1", kept)
+        fails_on(result, prop)
+        assert words in result.message, result.message
+
+
+def test_7_1_a_cache_copied_before_padding_passes(monkeypatch):
+    """w10-07 w71_16: a cache of the permutation, copied before padding: nothing it holds changes, right."""
+    perms = {}
+    def right(n, num_replicas, rank, *, shuffle=True, seed=0, epoch=0, drop_last=False):
+        key = (n, seed, epoch, shuffle)
+        if key not in perms:
+            perms[key] = tuple(shard_indices(n, 1, 0, shuffle=shuffle, seed=seed, epoch=epoch))
+        indices = list(perms[key])
+        total = num_replicas * (n // num_replicas if drop_last else math.ceil(n / num_replicas))
+        indices = (indices * math.ceil(total / n))[:total]
+        return torch.tensor(indices[rank:total:num_replicas])
+    for seed in (1, 5):
+        monkeypatch.setenv("COURSE_CHECK_SEED", str(seed))
+        result = run_check("7.1", right)
+        assert result.status == "pass", result.message
+
+
 def test_7_1_a_crash_on_fewer_records_than_ranks_names_the_call(monkeypatch):
     for seed in (1, 2):
         monkeypatch.setenv("COURSE_CHECK_SEED", str(seed))
