@@ -710,7 +710,9 @@ def judge_7_2(obs: list[dict], seed: int, file) -> str:
     if any(s["rank"] != 0 for s in saves):
         raise CheckFailed("only rank 0 writes the checkpoint",
                           f"ranks {sorted({s['rank'] for s in saves})} called torch.save",
-                          "if dist.get_rank() == 0: torch.save(...); N processes writing one file race each other")
+                          "if dist.get_rank() == 0: torch.save(...); N processes writing one file race each other "
+                          "(LOCAL_RANK == 0 picks one writer per node, not one in all: LOCAL_RANK is 0 on every node; "
+                          "this check runs 2 nodes of 1 process, so both ranks had LOCAL_RANK 0)")
     mine = [s for s in saves if Path(s["path"]) == Path(ckpt)]
     if not mine:
         raise CheckFailed("rank 0 writes the checkpoint", f"nothing was saved to the path given ({ckpt})")
@@ -755,7 +757,8 @@ def judge_7_2(obs: list[dict], seed: int, file) -> str:
                               f"rank {o['rank']}'s returned weights are not the checkpoint's")
     return (f"identical weights on {world} ranks, equal to one process on the concatenated batches; "
             "disjoint shards reshuffled every epoch; rank 0 wrote the checkpoint, every rank read it; the model "
-            "moved to the `device` given before DDP wrapped it (as on 2 nodes of 1 GPU, cuda:0 on both, and as on one "
+            "moved to the rank's own device (the `device` given, or the current device the launcher set to it, the same "
+            "one) before DDP wrapped it (as on 2 nodes of 1 GPU, cuda:0 on both, and as on one "
             "node of 2 GPUs, cuda:0 and cuda:1), with no other GPU in device_ids.")
 
 
@@ -790,7 +793,8 @@ def check_7_3(path, *, seed=None):
 _CASE_73 = ["equal sample counts", "ranks with different sample counts", "a rank with no samples",
             "counts beyond 2**24", "no samples on any rank"]       # the order of cases_73()
 _EXACT = ("is exact for large counts",
-          "float32 holds integers exactly only up to 2**24 = 16,777,216: reduce in float64")
+          "float32 holds integers exactly only up to 2**24 = 16,777,216: reduce in float64 (torch.float64, also "
+          "called torch.double; torch.float is float32, not Python's float, which is a double)")
 
 
 def _f32(x):
@@ -971,12 +975,15 @@ def judge_7_3(obs: list[dict], seed: int, file) -> str:
         for entry in o["results"]:
             if entry["collectives"] != 1:
                 names = f" ({', '.join(entry['collective_names'])})" if entry["collective_names"] else ""
+                made = entry["collective_names"] or []
+                why = ("all_gather_object makes two, and pickles" if "all_gather_object" in made else
+                       f"your {len(made)} calls ({', '.join(made)}) are {len(made)} round trips" if made else
+                       f"{entry['collectives']} here")
                 raise CheckFailed("makes exactly one collective call",
                                   f"rank {o['rank']}'s process group ran {entry['collectives']} collectives{names} "
                                   "for one result",
-                                  "every collective is a round trip between all ranks (all_gather_object makes "
-                                  "two, and pickles): put the three numbers in one float64 tensor and all_reduce "
-                                  "it once")
+                                  f"every collective is a round trip between all ranks ({why}): put the three "
+                                  "numbers in one float64 tensor and all_reduce it once")
     unwaited = _async_unwaited(file)
     if unwaited:               # right here by luck (the all-reduce finished before the read): never waited for
         raise CheckFailed("waits for the all-reduce before reading its result",
@@ -1120,6 +1127,15 @@ def judge_7_4(obs: list[dict], seed: int, file) -> str:
                                   "DDP decides in forward whether the coming backward all-reduces (forward prepares "
                                   "the reducer); no_sync around backward alone comes too late. Run the forward pass "
                                   "of every micro-batch but the last inside the block too")
+            late = _forward_inside_backward_outside(res.get("synced", []))
+            if res["all_reduces"] == 0 and late is not None and not res["own_collectives"]:    # w10-07 w74_15
+                raise CheckFailed("all-reduces exactly once per call",
+                                  f"k={k}: DDP all-reduced the gradients 0 time(s): micro-batch {late + 1}'s forward "
+                                  "pass ran inside no_sync and its backward outside it",
+                                  "DDP decides in forward whether the coming backward all-reduces (forward prepares "
+                                  "the reducer): a backward outside no_sync whose forward ran inside it does not "
+                                  "all-reduce. Run the last micro-batch's forward outside the block too, with its "
+                                  "backward")
             if res["all_reduces"] != 1 or res["own_collectives"]:
                 extra = f" and {res['own_collectives']} collective(s) of your own" if res["own_collectives"] else ""
                 hint = ("run backward inside `with ddp_model.no_sync():` for all but the last micro-batch, "
@@ -1237,6 +1253,18 @@ def judge_7_4(obs: list[dict], seed: int, file) -> str:
                                   "only accumulate gradients; the training loop steps the optimizer")
     return ("one all-reduce per call, and DDP's average of the ranks' gradients on every rank (the big batch's when "
             "the ranks hold equal counts), for every k; the loss read from the tensors once per call.")
+
+
+def _forward_inside_backward_outside(synced) -> int | None:
+    """The last micro-batch whose forward ran inside no_sync and whose backward ran with DDP's sync on
+    (w10-07 w74_15: the last forward inside the block, its backward after it), or None."""
+    forwards = [on for kind, on in synced if kind == "F"]
+    backwards = [on for kind, on in synced if kind == "B"]
+    found = None
+    for i, (f, b) in enumerate(zip(forwards, backwards)):
+        if b and not f:
+            found = i
+    return found
 
 
 def _forward_outside_backward_inside(synced) -> int | None:

@@ -1127,6 +1127,59 @@ RIGHT_74["forward through .module, not no_sync"] = HEADER_74 + textwrap.indent(t
         running = running + loss.detach()
     return float(running)
 """), "    ")
+# w10-07 w72_11: the model moved to cuda:current_device(), not to `device`: the same device wherever the
+# launcher called torch.cuda.set_device(LOCAL_RANK), as the course's does and as `device` is derived (7.3's
+# collective_device() relies on the same); the pass message now says "the rank's own device", true for both
+RIGHT_72["model on cuda:current_device() on a GPU"] = body_72(
+    make="make_model().to(torch.device('cuda', torch.cuda.current_device()) if device.type == 'cuda' else device)",
+    ddp="DDP(model, device_ids=[torch.cuda.current_device()] if device.type == 'cuda' else None)")
+# w10-07 w72_12: the writer chosen by LOCAL_RANK == 0: the message says LOCAL_RANK is 0 on every node
+MESSAGES_72[20] = "LOCAL_RANK is 0 on every node"
+# w10-07 w73_10: one all_reduce, then three .item() reads of its tensor: right. The contract asks for one
+# collective, not one read; on a GPU the first .item() waits for the all-reduce and the next two copy 8 bytes
+# each from an idle stream (microseconds), once per evaluation, not per step as 7.4's loss read is
+RIGHT_73[".item() per value"] = file_73("""\
+    t = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=collective_device())
+    dist.all_reduce(t)
+    n = t[2].item()
+    if n == 0:
+        return math.nan, math.nan
+    return t[0].item() / n, t[1].item() / n
+""")
+# w10-07 w73_03: two all_reduces (the loss in float64, the counts in int64): the hint names the two calls,
+# not all_gather_object; w10-07 w73_11: dtype=torch.float read as Python's float: the hint says it is float32
+MUTANTS_73.append((file_73("""\
+    loss = torch.tensor([loss_sum], dtype=torch.float64, device=collective_device())
+    counts = torch.tensor([correct, count], dtype=torch.int64, device=collective_device())
+    dist.all_reduce(loss)
+    dist.all_reduce(counts)
+    c, n = counts.tolist()
+    return finish(loss.item(), c, n)
+"""), "makes exactly one collective call"))
+MESSAGES_73[len(MUTANTS_73) - 1] = "your 2 calls (all_reduce, all_reduce) are 2 round trips"
+MUTANTS_73.append((file_73("""\
+    totals = torch.tensor([loss_sum, correct, count], dtype=torch.float, device=collective_device())
+    dist.all_reduce(totals)
+    return finish(*totals.tolist())
+"""), "is exact for large counts"))
+MESSAGES_73[len(MUTANTS_73) - 1] = "torch.float is float32, not Python's float"
+# w10-07 w74_15: the last forward inside no_sync, its backward outside: no all-reduce, named as the forward
+MUTANTS_74.append((HEADER_74 + textwrap.indent(textwrap.dedent("""\
+    ddp_model.zero_grad(set_to_none=True)
+    total = sum(len(x) for x, _ in micro_batches)
+    run = 0.0
+    with ddp_model.no_sync():
+        for x, y in micro_batches[:-1]:
+            loss = loss_fn(ddp_model(x), y) * (len(x) / total)
+            loss.backward()
+            run = run + loss.detach()
+        x, y = micro_batches[-1]
+        last = loss_fn(ddp_model(x), y) * (len(x) / total)
+    last.backward()
+    run = run + last.detach()
+    return float(run)
+"""), "    "), "all-reduces exactly once per call"))
+MESSAGES_74[len(MUTANTS_74) - 1] = "forward pass ran inside no_sync and its backward outside it"
 
 EXERCISES = {
     "7.2": ("train_ddp", RIGHT_72, MUTANTS_72, lesson07.judge_7_2),
