@@ -311,6 +311,24 @@ def cached_and_padded_in_place():
     return wrong
 
 
+def first_padding_cached():
+    """The near-miss rule, beside w10-07 w71_15: the list padded for the first num_replicas cached per (n, seed,
+    epoch), not in place, and dealt for every later num_replicas (too short for a larger one)."""
+    cache = {}
+    def wrong(n, num_replicas, rank, *, shuffle=True, seed=0, epoch=0, drop_last=False):
+        total = num_replicas * (n // num_replicas if drop_last else math.ceil(n / num_replicas))
+        key = (n, seed, epoch, shuffle, drop_last)
+        if key not in cache:
+            idx = shard_indices(n, 1, 0, shuffle=shuffle, seed=seed, epoch=epoch)
+            cache[key] = idx[:total] if drop_last else (idx * math.ceil(total / n))[:total]
+        return cache[key][rank:total:num_replicas]
+    return wrong
+
+
+MUTANTS_71.append((first_padding_cached(), "computes each call from its own arguments (nothing kept between calls)"))
+MESSAGES_71[len(MUTANTS_71) - 1] = "your answer depends on earlier calls"
+
+
 def test_7_1_a_cache_padded_in_place_fails_on_every_seed_as_state_between_calls(monkeypatch):
     """Its fate depended on the draw: every seed of the walk (1-20), each with a fresh cache as a learner's
     first run has, then the same answer run again on two seeds (a cache filled by the earlier runs)."""
