@@ -182,6 +182,18 @@ def _shard_cases(rng):
                         epoch=int(rng.integers(0, 9)), drop_last=False),
                    dict(n=n, num_replicas=R, shuffle=True, seed=int(rng.integers(1, 10_000)),
                         epoch=int(rng.integers(0, 9)), drop_last=True)]))
+    # every seed, last (so every other mistake is named by its own case first): the same n, seed and epoch
+    # from every rank with num_replicas = n + 1, then 2n + 1, then n + 1 again, as a program calls it again and
+    # again (w10-07 w71_15: a cached permutation padded in place, `indices += ...`, passed 16 of 20 seeds: the
+    # first call left n + 1 indices in the cache, not a whole number of copies, so the second read a wrong pad).
+    # A seed no earlier call (nor an earlier run of the check) used, so the first of these calls starts clean
+    n = int(rng.integers(3, 9))
+    again = dict(shuffle=True, seed=10_000 + secrets.randbelow(1_000_000), epoch=int(rng.integers(0, 9)),
+                 drop_last=False)
+    cases.append(("computes each call from its own arguments (nothing kept between calls)",
+                  "the same call must give the same answer whatever was called before it",
+                  [dict(n=n, num_replicas=n + 1, **again), dict(n=n, num_replicas=2 * n + 1, **again),
+                   dict(n=n, num_replicas=n + 1, **again)]))
     return cases
 
 
@@ -236,7 +248,10 @@ def check_7_1(shard_indices):
                                       "numbers of everything else in the program (augmentation, dropout) each epoch")
                 yours = _as_index_list(yours, what)
                 before = earlier.setdefault((n, R, rank), [])
-                kept = next((a for a, y in before if y == yours and a != args and y != expected), None)
+                # three indices or more: a share of one or two matches an earlier call's by chance (w10-07 w71_15's
+                # single wrong index equalled another call's on some draws, and was named as that call's answer)
+                kept = next((a for a, y in before if y == yours and a != args and y != expected and len(y) >= 3),
+                            None)
                 before.append((args, yours))
                 if yours != expected:
                     fresh = None
@@ -250,6 +265,12 @@ def check_7_1(shard_indices):
                         n2 = n + R * (1 + max(key[0] for key in earlier) // R + secrets.randbelow(100_000))
                         fresh = _as_index_list(shard_indices(n2, R, rank, **args), what) == \
                             _reference_shard(n2, R, rank, **args)
+                    else:
+                        # without shuffling the seed and epoch change nothing: the same call with a seed never
+                        # used is a fresh one for a cache keyed on them (w10-07 w71_15, on seeds 1, 5, 14, 16,
+                        # was told to repeat the whole list, which it did: the quoted call was right alone)
+                        fresh = _as_index_list(shard_indices(
+                            n, R, rank, **{**args, "seed": 10_000 + secrets.randbelow(1_000_000)}), what) == expected
                     again = None
                     if not fresh and args["shuffle"]:      # w5-07 w71_13: a generator kept (and advanced) between calls
                         again = _as_index_list(shard_indices(n, R, rank, **args), what)
@@ -264,10 +285,13 @@ def check_7_1(shard_indices):
                         prop = "computes each call from its own arguments (nothing kept between calls)"
                         hint = ((f"yours is what an earlier call returned ({', '.join(f'{k}={v}' for k, v in kept.items())}): "
                                  "your function kept something from that call" if kept is not None else
-                                 "yours is wrong here, yet right on a size never asked for before: your function kept "
-                                 "something from an earlier call (of this run of the check or an earlier one)")
-                                + " (a cache whose key leaves out the epoch or the seed?). Compute the permutation "
-                                "from seed + epoch every time")
+                                 "your answer depends on earlier calls: the quoted call gives the right answer alone "
+                                 "(in a fresh program, or with arguments never used before), and the wrong one after "
+                                 "the calls this check made before it (of this run of the check or an earlier one)")
+                                + " (a cache whose key leaves out the epoch or the seed? a cached list padded in place, "
+                                "`indices += ...` or .extend(), so that the next call with the same n, seed and epoch, "
+                                "from another rank or with another num_replicas, starts from a longer list?). Compute "
+                                "the permutation from seed + epoch every time, or pad a copy of what you cache")
                     elif prop == "the seed changes the order" and \
                             yours != _reference_shard(n, R, rank, **{**args, "seed": 0}):   # w3-07 w71_15
                         prop = "seeds the generator with exactly seed + epoch"
@@ -689,7 +713,9 @@ def judge_7_2(obs: list[dict], seed: int, file) -> str:
     if any(s["rank"] != 0 for s in saves):
         raise CheckFailed("only rank 0 writes the checkpoint",
                           f"ranks {sorted({s['rank'] for s in saves})} called torch.save",
-                          "if dist.get_rank() == 0: torch.save(...); N processes writing one file race each other")
+                          "if dist.get_rank() == 0: torch.save(...); N processes writing one file race each other "
+                          "(LOCAL_RANK == 0 picks one writer per node, not one in all: LOCAL_RANK is 0 on every node; "
+                          "this check runs 2 nodes of 1 process, so both ranks had LOCAL_RANK 0)")
     mine = [s for s in saves if Path(s["path"]) == Path(ckpt)]
     if not mine:
         raise CheckFailed("rank 0 writes the checkpoint", f"nothing was saved to the path given ({ckpt})")
@@ -734,7 +760,8 @@ def judge_7_2(obs: list[dict], seed: int, file) -> str:
                               f"rank {o['rank']}'s returned weights are not the checkpoint's")
     return (f"identical weights on {world} ranks, equal to one process on the concatenated batches; "
             "disjoint shards reshuffled every epoch; rank 0 wrote the checkpoint, every rank read it; the model "
-            "moved to the `device` given before DDP wrapped it (as on 2 nodes of 1 GPU, cuda:0 on both, and as on one "
+            "moved to the rank's own device (the `device` given, or the current device the launcher set to it, the same "
+            "one) before DDP wrapped it (as on 2 nodes of 1 GPU, cuda:0 on both, and as on one "
             "node of 2 GPUs, cuda:0 and cuda:1), with no other GPU in device_ids.")
 
 
@@ -769,7 +796,8 @@ def check_7_3(path, *, seed=None):
 _CASE_73 = ["equal sample counts", "ranks with different sample counts", "a rank with no samples",
             "counts beyond 2**24", "no samples on any rank"]       # the order of cases_73()
 _EXACT = ("is exact for large counts",
-          "float32 holds integers exactly only up to 2**24 = 16,777,216: reduce in float64")
+          "float32 holds integers exactly only up to 2**24 = 16,777,216: reduce in float64 (torch.float64, also "
+          "called torch.double; torch.float is float32, not Python's float, which is a double)")
 
 
 def _f32(x):
@@ -950,12 +978,15 @@ def judge_7_3(obs: list[dict], seed: int, file) -> str:
         for entry in o["results"]:
             if entry["collectives"] != 1:
                 names = f" ({', '.join(entry['collective_names'])})" if entry["collective_names"] else ""
+                made = entry["collective_names"] or []
+                why = ("all_gather_object makes two, and pickles" if "all_gather_object" in made else
+                       f"your {len(made)} calls ({', '.join(made)}) are {len(made)} round trips" if made else
+                       f"{entry['collectives']} here")
                 raise CheckFailed("makes exactly one collective call",
                                   f"rank {o['rank']}'s process group ran {entry['collectives']} collectives{names} "
                                   "for one result",
-                                  "every collective is a round trip between all ranks (all_gather_object makes "
-                                  "two, and pickles): put the three numbers in one float64 tensor and all_reduce "
-                                  "it once")
+                                  f"every collective is a round trip between all ranks ({why}): put the three "
+                                  "numbers in one float64 tensor and all_reduce it once")
     unwaited = _async_unwaited(file)
     if unwaited:               # right here by luck (the all-reduce finished before the read): never waited for
         raise CheckFailed("waits for the all-reduce before reading its result",
@@ -1099,6 +1130,15 @@ def judge_7_4(obs: list[dict], seed: int, file) -> str:
                                   "DDP decides in forward whether the coming backward all-reduces (forward prepares "
                                   "the reducer); no_sync around backward alone comes too late. Run the forward pass "
                                   "of every micro-batch but the last inside the block too")
+            late = _forward_inside_backward_outside(res.get("synced", []))
+            if res["all_reduces"] == 0 and late is not None and not res["own_collectives"]:    # w10-07 w74_15
+                raise CheckFailed("all-reduces exactly once per call",
+                                  f"k={k}: DDP all-reduced the gradients 0 time(s): micro-batch {late + 1}'s forward "
+                                  "pass ran inside no_sync and its backward outside it",
+                                  "DDP decides in forward whether the coming backward all-reduces (forward prepares "
+                                  "the reducer): a backward outside no_sync whose forward ran inside it does not "
+                                  "all-reduce. Run the last micro-batch's forward outside the block too, with its "
+                                  "backward")
             if res["all_reduces"] != 1 or res["own_collectives"]:
                 extra = f" and {res['own_collectives']} collective(s) of your own" if res["own_collectives"] else ""
                 hint = ("run backward inside `with ddp_model.no_sync():` for all but the last micro-batch, "
@@ -1216,6 +1256,18 @@ def judge_7_4(obs: list[dict], seed: int, file) -> str:
                                   "only accumulate gradients; the training loop steps the optimizer")
     return ("one all-reduce per call, and DDP's average of the ranks' gradients on every rank (the big batch's when "
             "the ranks hold equal counts), for every k; the loss read from the tensors once per call.")
+
+
+def _forward_inside_backward_outside(synced) -> int | None:
+    """The last micro-batch whose forward ran inside no_sync and whose backward ran with DDP's sync on
+    (w10-07 w74_15: the last forward inside the block, its backward after it), or None."""
+    forwards = [on for kind, on in synced if kind == "F"]
+    backwards = [on for kind, on in synced if kind == "B"]
+    found = None
+    for i, (f, b) in enumerate(zip(forwards, backwards)):
+        if b and not f:
+            found = i
+    return found
 
 
 def _forward_outside_backward_inside(synced) -> int | None:

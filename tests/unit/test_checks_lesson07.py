@@ -289,6 +289,82 @@ def special_case_fewer_than_ranks(*, empty_on_drop_last):
     return answer
 
 
+def cached_and_padded_in_place():
+    """w10-07 w71_15: the permutation cached per (n, seed, epoch, shuffle) and padded in place
+    (`indices += ...` on the cached list): the next call with the same key starts from a longer list.
+    Passed 16 of 20 seeds; on the other 4 it was told to repeat the whole list, which it did."""
+    perms = {}
+    def wrong(n, num_replicas, rank, *, shuffle=True, seed=0, epoch=0, drop_last=False):
+        key = (n, seed, epoch, shuffle)
+        if key not in perms:
+            g = torch.Generator()
+            g.manual_seed(seed + epoch)
+            perms[key] = torch.randperm(n, generator=g).tolist() if shuffle else list(range(n))
+        indices = perms[key]
+        total = num_replicas * (n // num_replicas if drop_last else math.ceil(n / num_replicas))
+        if drop_last:
+            indices = indices[:total]
+        elif total > n:
+            pad = total - n
+            indices += (indices * math.ceil(pad / n))[:pad]
+        return indices[rank:total:num_replicas]
+    return wrong
+
+
+def first_padding_cached():
+    """The near-miss rule, beside w10-07 w71_15: the list padded for the first num_replicas cached per (n, seed,
+    epoch), not in place, and dealt for every later num_replicas (too short for a larger one)."""
+    cache = {}
+    def wrong(n, num_replicas, rank, *, shuffle=True, seed=0, epoch=0, drop_last=False):
+        total = num_replicas * (n // num_replicas if drop_last else math.ceil(n / num_replicas))
+        key = (n, seed, epoch, shuffle, drop_last)
+        if key not in cache:
+            idx = shard_indices(n, 1, 0, shuffle=shuffle, seed=seed, epoch=epoch)
+            cache[key] = idx[:total] if drop_last else (idx * math.ceil(total / n))[:total]
+        return cache[key][rank:total:num_replicas]
+    return wrong
+
+
+MUTANTS_71.append((first_padding_cached(), "computes each call from its own arguments (nothing kept between calls)"))
+MESSAGES_71[len(MUTANTS_71) - 1] = "your answer depends on earlier calls"
+
+
+def test_7_1_a_cache_padded_in_place_fails_on_every_seed_as_state_between_calls(monkeypatch):
+    """Its fate depended on the draw: the walk's four failing seeds (told to repeat the whole list, which it
+    did) and two of its sixteen passing ones, each with a fresh cache as a learner's first run has, then the
+    same answer run again (a cache filled by the earlier runs). 600 runs of seeds 1-20 were all rejected so."""
+    prop = "computes each call from its own arguments (nothing kept between calls)"
+    words = "the quoted call gives the right answer alone"
+    for seed in (1, 5, 14, 16, 2, 3):
+        monkeypatch.setenv("COURSE_CHECK_SEED", str(seed))
+        result = run_check("7.1", cached_and_padded_in_place())
+        fails_on(result, prop)
+        assert words in result.message and "padded in place" in result.message, result.message
+    kept = cached_and_padded_in_place()
+    for seed in (7, 8):
+        monkeypatch.setenv("COURSE_CHECK_SEED", str(seed))
+        result = run_check("7.1", kept)
+        fails_on(result, prop)
+        assert words in result.message, result.message
+
+
+def test_7_1_a_cache_copied_before_padding_passes(monkeypatch):
+    """w10-07 w71_16: a cache of the permutation, copied before padding: nothing it holds changes, right."""
+    perms = {}
+    def right(n, num_replicas, rank, *, shuffle=True, seed=0, epoch=0, drop_last=False):
+        key = (n, seed, epoch, shuffle)
+        if key not in perms:
+            perms[key] = tuple(shard_indices(n, 1, 0, shuffle=shuffle, seed=seed, epoch=epoch))
+        indices = list(perms[key])
+        total = num_replicas * (n // num_replicas if drop_last else math.ceil(n / num_replicas))
+        indices = (indices * math.ceil(total / n))[:total]
+        return torch.tensor(indices[rank:total:num_replicas])
+    for seed in (1, 5):
+        monkeypatch.setenv("COURSE_CHECK_SEED", str(seed))
+        result = run_check("7.1", right)
+        assert result.status == "pass", result.message
+
+
 def test_7_1_a_crash_on_fewer_records_than_ranks_names_the_call(monkeypatch):
     for seed in (1, 2):
         monkeypatch.setenv("COURSE_CHECK_SEED", str(seed))
@@ -1070,6 +1146,59 @@ RIGHT_74["forward through .module, not no_sync"] = HEADER_74 + textwrap.indent(t
         running = running + loss.detach()
     return float(running)
 """), "    ")
+# w10-07 w72_11: the model moved to cuda:current_device(), not to `device`: the same device wherever the
+# launcher called torch.cuda.set_device(LOCAL_RANK), as the course's does and as `device` is derived (7.3's
+# collective_device() relies on the same); the pass message now says "the rank's own device", true for both
+RIGHT_72["model on cuda:current_device() on a GPU"] = body_72(
+    make="make_model().to(torch.device('cuda', torch.cuda.current_device()) if device.type == 'cuda' else device)",
+    ddp="DDP(model, device_ids=[torch.cuda.current_device()] if device.type == 'cuda' else None)")
+# w10-07 w72_12: the writer chosen by LOCAL_RANK == 0: the message says LOCAL_RANK is 0 on every node
+MESSAGES_72[20] = "LOCAL_RANK is 0 on every node"
+# w10-07 w73_10: one all_reduce, then three .item() reads of its tensor: right. The contract asks for one
+# collective, not one read; on a GPU the first .item() waits for the all-reduce and the next two copy 8 bytes
+# each from an idle stream (microseconds), once per evaluation, not per step as 7.4's loss read is
+RIGHT_73[".item() per value"] = file_73("""\
+    t = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=collective_device())
+    dist.all_reduce(t)
+    n = t[2].item()
+    if n == 0:
+        return math.nan, math.nan
+    return t[0].item() / n, t[1].item() / n
+""")
+# w10-07 w73_03: two all_reduces (the loss in float64, the counts in int64): the hint names the two calls,
+# not all_gather_object; w10-07 w73_11: dtype=torch.float read as Python's float: the hint says it is float32
+MUTANTS_73.append((file_73("""\
+    loss = torch.tensor([loss_sum], dtype=torch.float64, device=collective_device())
+    counts = torch.tensor([correct, count], dtype=torch.int64, device=collective_device())
+    dist.all_reduce(loss)
+    dist.all_reduce(counts)
+    c, n = counts.tolist()
+    return finish(loss.item(), c, n)
+"""), "makes exactly one collective call"))
+MESSAGES_73[len(MUTANTS_73) - 1] = "your 2 calls (all_reduce, all_reduce) are 2 round trips"
+MUTANTS_73.append((file_73("""\
+    totals = torch.tensor([loss_sum, correct, count], dtype=torch.float, device=collective_device())
+    dist.all_reduce(totals)
+    return finish(*totals.tolist())
+"""), "is exact for large counts"))
+MESSAGES_73[len(MUTANTS_73) - 1] = "torch.float is float32, not Python's float"
+# w10-07 w74_15: the last forward inside no_sync, its backward outside: no all-reduce, named as the forward
+MUTANTS_74.append((HEADER_74 + textwrap.indent(textwrap.dedent("""\
+    ddp_model.zero_grad(set_to_none=True)
+    total = sum(len(x) for x, _ in micro_batches)
+    run = 0.0
+    with ddp_model.no_sync():
+        for x, y in micro_batches[:-1]:
+            loss = loss_fn(ddp_model(x), y) * (len(x) / total)
+            loss.backward()
+            run = run + loss.detach()
+        x, y = micro_batches[-1]
+        last = loss_fn(ddp_model(x), y) * (len(x) / total)
+    last.backward()
+    run = run + last.detach()
+    return float(run)
+"""), "    "), "all-reduces exactly once per call"))
+MESSAGES_74[len(MUTANTS_74) - 1] = "forward pass ran inside no_sync and its backward outside it"
 
 EXERCISES = {
     "7.2": ("train_ddp", RIGHT_72, MUTANTS_72, lesson07.judge_7_2),
