@@ -244,6 +244,29 @@ def _integer_type(dtype) -> str | None:
     return name if re.fullmatch(r"U?INT(8|16|32|64)", name) else None
 
 
+_AFFINE = re.compile(r"^(add|sub|mul|fdiv)\((\S+) (\S+)\)$")
+
+
+def _affine_step(op: _Op):
+    """(sign, constant, the map) of an arithmetic operator on one tensor and one constant that maps a
+    range onto a range (x + c, x - c, c - x, x * c, c * x, x / c); None for any other."""
+    m = _AFFINE.match(str(op.args.get("expression_desc", "")))
+    consts = list(op.args.get("real_constants", []) or []) + list(op.args.get("integer_constants", []) or [])
+    if not m or len(consts) != 1:
+        return None
+    c, (name, a, _) = float(consts[0]), m.groups()
+    first = a.startswith("&")
+    if name == "add":
+        return "+", c, lambda x: x + c
+    if name == "mul":
+        return "*", c, lambda x: x * c
+    if name == "sub":
+        return ("-", c, lambda x: x - c) if first else ("subtracted from", c, lambda x: c - x)
+    if name == "fdiv" and first and c != 0:
+        return "/", c, lambda x: x / c
+    return None
+
+
 def _rounded_uniform(op: _Op, by_name: dict) -> tuple[str, list[float]] | None:
     """An integer rounded from a continuous fn.random.uniform(range=[lo, hi)), as DALI draws it: a
     Cast to an integer type of a Uniform, or a Uniform given an integer dtype. DALI rounds to the
@@ -252,12 +275,21 @@ def _rounded_uniform(op: _Op, by_name: dict) -> tuple[str, list[float]] | None:
     (w10-04 w41_23: cast(uniform(range=[-0.4, 8.4])) gives 0 and 8 at 10.2% each, not 11.1%, and passed
     on 5 of 8 seeds, where only the measured rates could tell)."""
     name = _integer_type(op.args.get("dtype"))
+    steps = []          # affine steps between the draw and the cast (the near miss: cast(u * 8) of a range short by 0.05)
     if op.kind == "Cast":
         inputs = list(op.node.inputs)
         src = by_name.get(inputs[0].source.name) if len(inputs) == 1 and inputs[0].source is not None else None
+        while src is not None and src.kind == "_ArithmeticGenericOp" and len(steps) < 4:
+            step = _affine_step(src)
+            inputs = list(src.node.inputs)
+            if step is None or len(inputs) != 1 or inputs[0].source is None:
+                return None
+            steps.insert(0, step)
+            src = by_name.get(inputs[0].source.name)
         if src is None or src.kind != "Uniform" or "values" in src.args or src.args.get("dtype") is not None:
             return None
-        uniform, how = src, "fn.cast(fn.random.uniform(range=[{lo:g}, {hi:g}]), dtype={name})"
+        shown = "fn.random.uniform(range=[{lo:g}, {hi:g}])" + "".join(f" {sign} {c:g}" for sign, c, _ in steps)
+        uniform, how = src, "fn.cast(" + shown + ", dtype={name})"
     elif op.kind == "Uniform" and "values" not in op.args:
         uniform, how = op, "fn.random.uniform(range=[{lo:g}, {hi:g}], dtype={name})"
     else:
@@ -266,6 +298,9 @@ def _rounded_uniform(op: _Op, by_name: dict) -> tuple[str, list[float]] | None:
         lo, hi = (float(v) for v in uniform.args.get("range", (-1.0, 1.0)))
     except (TypeError, ValueError):
         return None
+    drawn = how.format(lo=lo, hi=hi, name=name)
+    for _, _, f in steps:
+        lo, hi = sorted((f(lo), f(hi)))
     if not hi > lo:
         return None
     ks = range(math.floor(lo + 0.5), math.ceil(hi + 0.5))
@@ -275,7 +310,7 @@ def _rounded_uniform(op: _Op, by_name: dict) -> tuple[str, list[float]] | None:
     mass = {k: m for k, m in sorted(mass.items()) if m > 0}
     first, last = min(mass), max(mass)
     chances = ", ".join(f"{m:.2%}" for m in mass.values())
-    return (how.format(lo=lo, hi=hi, name=name) + f", which DALI rounds to the nearest integer: {first}..{last} "
+    return (drawn + f", which DALI rounds to the nearest integer: {first}..{last} "
             f"with chances {chances}", list(mass.values()))
 
 

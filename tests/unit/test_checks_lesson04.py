@@ -1386,3 +1386,17 @@ def test_4_3_thread_floor_and_attempts():
     rejected("4.3", Mutant("num_attempts=1", make_jpeg_pipeline(attempts=1),
                            "crops a random window of each image", words="num_attempts=1"), [2])
     passes("4.3", make_jpeg_pipeline(attempts=20), [2])
+
+
+def test_rounded_uniform_read_through_a_scale_and_a_shift():
+    """The near miss of w41_23: the same rounded range written cast(uniform(range=[-0.05, 1.05]) * 8) is
+    read through the arithmetic; uniform([0, 1]) * 9 - 0.5, rounded, is fair and reads so."""
+    def draws(expr):
+        @pipeline_def(batch_size=4, num_threads=1, device_id=None, seed=1)
+        def graph():
+            u = fn.random.uniform(range=[-0.05, 1.05] if expr == "short" else [0.0, 1.0])
+            return fn.cast(u * 8 if expr == "short" else u * 9 - 0.5, dtype=types.INT32)
+        return [d for d in lesson04._random_draws(graph()) if d[0] == "choice"]
+    (_, how, weights), = draws("short")
+    assert np.allclose(weights, [0.9 / 8.8] + [1 / 8.8] * 7 + [0.9 / 8.8]) and "range=[-0.05, 1.05]) * 8" in how
+    assert draws("fair") == []
