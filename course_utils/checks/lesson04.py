@@ -777,8 +777,8 @@ def _check_seed(cifar_pipeline, records, batch_size, rng, seed):
         raise CheckFailed("reproducible under a seed",
                           f"two pipelines built with seed={s}, one with num_threads={_threads()} and one with "
                           f"num_threads=1, augmented the same records differently: DALI draws each sample's values "
-                          f"from the pipeline's seed, whatever the thread count, so yours mixes the thread count into "
-                          f"the seed; a run on another machine, or the lesson's one-thread timing, would augment "
+                          f"from the pipeline's seed, whatever the thread count, so the thread count reached your "
+                          f"seed (seed + num_threads?); a run on another machine, or the lesson's one-thread timing, would augment "
                           f"otherwise (seed {seed})",
                           "pass `seed` on to @pipeline_def(..., seed=seed) as it is (or seed + a constant), "
                           "nothing from num_threads")
