@@ -445,7 +445,8 @@ def _expect_thread_counts(build, what: str, seed: int) -> None:
     """`build(k)` constructs (never builds) a pipeline asked for k threads: it must run k, for every k
     of `_other_thread_counts()`."""
     for k in _other_thread_counts():
-        pipe = build(k)
+        with _calling_cpu(what.format(k=k), "cpu", seed):
+            pipe = build(k)
         got = getattr(pipe, "num_threads", k)
         if got != k:
             raise CheckFailed("uses the threads it is given",
@@ -2164,9 +2165,6 @@ def check_jpeg_pipeline(jpeg_pipeline):
         # at all, after the outputs' own messages (a resize, a centre crop) have had their say
         # (w7-04: named "with device='gpu'", the probe's device, on a machine without one, for mistakes of any device)
         _expect_crop_ranges(probe_pipe, "jpeg_pipeline(...), before any run", seed, required=False)
-        _expect_thread_counts(lambda k: _expect_pipeline(jpeg_pipeline(str(probe), 8, crop=32, device="cpu",
-                                                                       num_threads=k, seed=1), "jpeg_pipeline(...)"),
-                              "jpeg_pipeline(file_root, 8, crop=32, device='cpu', num_threads={k}, seed=1)", seed)
         batch_size = int(rng.integers(16, 33))
         (Path(tmp) / "files").mkdir()
         folder = _jpeg_folder(rng, Path(tmp) / "files", batch_size)
@@ -2223,12 +2221,16 @@ def check_jpeg_pipeline(jpeg_pipeline):
             pipes.append(shard_pipe)
             shards.append([next(shard_run) for _ in range(2 - s)])
         _check_shards(shards, pipes, folder, batch_size, [_key(x) for x in first], seed, whole=first)
+        _expect_thread_counts(lambda k: _expect_pipeline(jpeg_pipeline(str(probe), 8, crop=32, device="cpu",
+                                                                       num_threads=k, seed=1), "jpeg_pipeline(...)"),
+                              "jpeg_pipeline(file_root, 8, crop=32, device='cpu', num_threads={k}, seed=1)", seed)
     where = " and on the GPU" if "gpu" in devices else ""
     return (f"{n} JPEGs in {len(folder.label_of)} class folders, two epochs on the CPU{where}: decoded sizes, labels "
             f"(sorted folders), random {crop}x{crop} crops (8-100% of the area, aspect 3/4-4/3), normalised values, "
             f"{share:.0%} mirrored ({_coin_words(read)}), a new order of all files each epoch, following the "
             "seed; two shards given the same seed split an epoch into the same number of full batches (DALI's FILL "
-            "policy), draw their own augmentation, and move on; with device='gpu', read from its graph without "
+            f"policy), draw their own augmentation, and move on; num_threads={_threads()}, 1 and "
+            f"{_other_thread_counts()[1]} as given; with device='gpu', read from its graph without "
             f"building it: GPU {_LOCAL_RANK} in a process whose LOCAL_RANK is {_LOCAL_RANK} (its current device "
             f"still 0), decoding (mixed) and "
             "augmenting on that GPU.")
