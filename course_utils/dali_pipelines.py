@@ -525,11 +525,13 @@ def feeding_verdict(fed: dict, turns: dict | None = None) -> list[str]:
             return (" (above the ceiling: the ceiling is the model alone, measured in turns of its own at another "
                     "moment of this machine's load, so a share above 100% is that load's difference, not a feed)")
         if fraction > 1 - stall + 0.05:
-            return (f" (more than the {1 - stall:.0%} of the time it was not waiting: the device's queue kept "
-                    "working while the loop waited, or the ceiling's own turns ran slower)")
+            # w10-04: "waiting for data 29% of the time (more than the 71% ...)" read as 29 > 71: the clause
+            # belongs to the share of the ceiling, and now follows it
+            return (f" (a share above the {1 - stall:.0%} of the time the loop was not waiting for data: the "
+                    "device's queue kept working while the loop waited, or the ceiling's own turns ran slower)")
         return ""
-    lines = [f"{name}: {fraction:.0%} of the ceiling, the loop waiting for data {stall:.0%} of the time"
-             + note(fraction, stall) for name, (fraction, stall) in fed.items()]
+    lines = [f"{name}: {fraction:.0%} of the ceiling" + note(fraction, stall)
+             + f", the loop waiting for data {stall:.0%} of the time" for name, (fraction, stall) in fed.items()]
     if len(fed) >= 2:
         ranked = sorted(fed, key=lambda k: fed[k][0], reverse=True)
         best, worst = ranked[0], ranked[-1]

@@ -237,6 +237,83 @@ def _choice_values(op: _Op) -> list[float] | None:
     return None
 
 
+def _integer_type(dtype) -> str | None:
+    """The name of an integer DALI type (INT32, UINT8, ...), None for any other (BOOL, FLOAT)."""
+    name = getattr(dtype, "name", None) or (str(dtype) if dtype is not None else "")
+    name = name.rsplit(".", 1)[-1]
+    return name if re.fullmatch(r"U?INT(8|16|32|64)", name) else None
+
+
+_AFFINE = re.compile(r"^(add|sub|mul|fdiv)\((\S+) (\S+)\)$")
+
+
+def _affine_step(op: _Op):
+    """(sign, constant, the map) of an arithmetic operator on one tensor and one constant that maps a
+    range onto a range (x + c, x - c, c - x, x * c, c * x, x / c); None for any other."""
+    m = _AFFINE.match(str(op.args.get("expression_desc", "")))
+    consts = list(op.args.get("real_constants", []) or []) + list(op.args.get("integer_constants", []) or [])
+    if not m or len(consts) != 1:
+        return None
+    c, (name, a, _) = float(consts[0]), m.groups()
+    first = a.startswith("&")
+    if name == "add":
+        return "+", c, lambda x: x + c
+    if name == "mul":
+        return "*", c, lambda x: x * c
+    if name == "sub":
+        return ("-", c, lambda x: x - c) if first else ("subtracted from", c, lambda x: c - x)
+    if name == "fdiv" and first and c != 0:
+        return "/", c, lambda x: x / c
+    return None
+
+
+def _rounded_uniform(op: _Op, by_name: dict) -> tuple[str, list[float]] | None:
+    """An integer rounded from a continuous fn.random.uniform(range=[lo, hi)), as DALI draws it: a
+    Cast to an integer type of a Uniform, or a Uniform given an integer dtype. DALI rounds to the
+    nearest integer, so k comes with the share of [lo, hi) within [k - 1/2, k + 1/2) (an unsigned type
+    saturates below 0 to 0): (how it is drawn, the chances of its integers), None for any other op
+    (w10-04 w41_23: cast(uniform(range=[-0.4, 8.4])) gives 0 and 8 at 10.2% each, not 11.1%, and passed
+    on 5 of 8 seeds, where only the measured rates could tell)."""
+    name = _integer_type(op.args.get("dtype"))
+    steps = []          # affine steps between the draw and the cast (the near miss: cast(u * 8) of a range short by 0.05)
+    if op.kind == "Cast":
+        inputs = list(op.node.inputs)
+        src = by_name.get(inputs[0].source.name) if len(inputs) == 1 and inputs[0].source is not None else None
+        while src is not None and src.kind == "_ArithmeticGenericOp" and len(steps) < 4:
+            step = _affine_step(src)
+            inputs = list(src.node.inputs)
+            if step is None or len(inputs) != 1 or inputs[0].source is None:
+                return None
+            steps.insert(0, step)
+            src = by_name.get(inputs[0].source.name)
+        if src is None or src.kind != "Uniform" or "values" in src.args or src.args.get("dtype") is not None:
+            return None
+        shown = "fn.random.uniform(range=[{lo:g}, {hi:g}])" + "".join(f" {sign} {c:g}" for sign, c, _ in steps)
+        uniform, how = src, "fn.cast(" + shown + ", dtype={name})"
+    elif op.kind == "Uniform" and "values" not in op.args:
+        uniform, how = op, "fn.random.uniform(range=[{lo:g}, {hi:g}], dtype={name})"
+    else:
+        return None
+    try:
+        lo, hi = (float(v) for v in uniform.args.get("range", (-1.0, 1.0)))
+    except (TypeError, ValueError):
+        return None
+    drawn = how.format(lo=lo, hi=hi, name=name)
+    for _, _, f in steps:
+        lo, hi = sorted((f(lo), f(hi)))
+    if not hi > lo:
+        return None
+    ks = range(math.floor(lo + 0.5), math.ceil(hi + 0.5))
+    mass = {k: max(0.0, min(hi, k + 0.5) - max(lo, k - 0.5)) / (hi - lo) for k in ks}
+    if name.startswith("U"):
+        mass = {k: m for k, m in mass.items() if k > 0} | {0: sum(m for k, m in mass.items() if k <= 0)}
+    mass = {k: m for k, m in sorted(mass.items()) if m > 0}
+    first, last = min(mass), max(mass)
+    chances = ", ".join(f"{m:.2%}" for m in mass.values())
+    return (drawn + f", which DALI rounds to the nearest integer: {first}..{last} "
+            f"with chances {chances}", list(mass.values()))
+
+
 def _random_draws(pipe, output: int = 0) -> list[tuple[str, str, object]]:
     """The random draws output `output` depends on, read from the graph: ("flip", how, p) for a coin
     (fn.random.coin_flip, fn.random.uniform(range=...) compared with a constant, fn.random.choice of two
@@ -268,6 +345,12 @@ def _random_draws(pipe, output: int = 0) -> list[tuple[str, str, object]]:
                 found.append(("flip", f"fn.random.choice of 2 values with p=[{shown}]", p))
             elif max(weights) - min(weights) > 1e-9:
                 found.append(("choice", f"fn.random.choice of {len(values)} values with p=[{shown}]", weights))
+        elif op.kind in ("Cast", "Uniform") and _integer_type(op.args.get("dtype")):
+            rounded = _rounded_uniform(op, by_name)
+            if rounded is not None:
+                how, weights = rounded
+                if max(weights) - min(weights) > 1e-9 * max(weights):
+                    found.append(("choice", how, weights))
         elif op.kind == "_ArithmeticGenericOp":
             m = _COMPARISON.match(str(op.args.get("expression_desc", "")))
             inputs = list(op.node.inputs)
@@ -312,7 +395,8 @@ def _expect_uniform_choice(pipe, what: str, seed: int) -> None:
                               f"{what}: your crop position is drawn by {how} (read from the pipeline's graph): not "
                               f"every offset equally likely (seed {seed})",
                               "every offset 0..8 equally likely: fn.random.uniform(values=[k / 8 for k in range(9)]), "
-                              "or fn.random.choice without p")
+                              "or fn.random.choice without p" + ("; a rounded continuous range gives its end integers "
+                              "less than their share unless it spans exactly [-0.5, 8.5)" if "rounds" in how else ""))
 
 
 def _coin_words(read: bool) -> str:
@@ -343,6 +427,33 @@ def _expect_settings(pipe, num_threads: int, what: str, seed: int) -> None:
                           f"({'; '.join(said[w.split('=')[0]] for w in wrong)}) (seed {seed})",
                           "leave DALI's defaults (asynchronous, pipelined, a queue of 2): with them the next batches "
                           "are prepared while the training step runs; without, every next() waits for a whole batch")
+
+
+def _other_thread_counts() -> list[int]:
+    """Thread counts asked for beside `_threads()`, on pipelines constructed but never built (cheap):
+    1, and more than this machine's cores (w10-04 w41_31, w43_32: num_threads=max(num_threads, 2)
+    passed, the checks asking only for 3; min(num_threads, cores) would pass where cores >= 3)."""
+    return [1, max(_threads(), usable_cores(), os.cpu_count() or 1) + 3]
+
+
+def _no_batches(info):
+    """A source for pipelines that are constructed and never run."""
+    raise StopIteration
+
+
+def _expect_thread_counts(build, what: str, seed: int) -> None:
+    """`build(k)` constructs (never builds) a pipeline asked for k threads: it must run k, for every k
+    of `_other_thread_counts()`."""
+    for k in _other_thread_counts():
+        with _calling_cpu(what.format(k=k), "cpu", seed):
+            pipe = build(k)
+        got = getattr(pipe, "num_threads", k)
+        if got != k:
+            raise CheckFailed("uses the threads it is given",
+                              f"{what.format(k=k)}: asked for num_threads={k}, your pipeline runs {got} (seed {seed})",
+                              "pass num_threads on to @pipeline_def as it is, with no floor or cap (no max(...) or "
+                              "min(...)): the caller knows how many cores this process may use (under DDP, its share "
+                              "of the node's), and the lesson's one-thread timings need exactly one")
 
 
 _returned: list = []      # the pipelines the learner's function returned during the current check
@@ -641,9 +752,9 @@ def _check_seed(cifar_pipeline, records, batch_size, rng, seed):
             raise StopIteration
         return images, labels, indices
 
-    def first_batch(pipe_seed, elsewhere=False):
+    def first_batch(pipe_seed, elsewhere=False, threads=None):
         with _another_process_later() if elsewhere else contextlib.nullcontext():
-            made = cifar_pipeline(source, n, device="cpu", num_threads=_threads(), seed=pipe_seed)
+            made = cifar_pipeline(source, n, device="cpu", num_threads=threads or _threads(), seed=pipe_seed)
         pipe = _expect_pipeline(made, "cifar_pipeline(...)")
         _expect_new_pipeline(pipe, f"cifar_pipeline(source, {n}, seed={pipe_seed})", seed, source)
         return _read_offsets(_to_numpy(pipe.run()[0]))
@@ -662,6 +773,16 @@ def _check_seed(cifar_pipeline, records, batch_size, rng, seed):
             raise CheckFailed("reproducible under a seed", f"two pipelines built with seed={pipe_seed} augmented the "
                               f"same records differently (seed {seed})",
                               "pass `seed` on to @pipeline_def(..., seed=seed) as it is, whatever its value." + zero)
+    one = first_batch(s, threads=1)     # w10-04 w41_16: seed=seed + num_threads passed (the pair had 3 threads each)
+    if not same(first[s], one):
+        raise CheckFailed("reproducible under a seed",
+                          f"two pipelines built with seed={s}, one with num_threads={_threads()} and one with "
+                          f"num_threads=1, augmented the same records differently: DALI draws each sample's values "
+                          f"from the pipeline's seed, whatever the thread count, so the thread count reached your "
+                          f"seed (seed + num_threads?); a run on another machine, or the lesson's one-thread timing, would augment "
+                          f"otherwise (seed {seed})",
+                          "pass `seed` on to @pipeline_def(..., seed=seed) as it is (or seed + a constant), "
+                          "nothing from num_threads")
     a, c = first_batch(s, elsewhere=True), first_batch(s + 1)
     if not same(first[s], a):
         raise CheckFailed("reproducible under a seed",
@@ -988,6 +1109,9 @@ def check_cifar_pipeline(cifar_pipeline):
                               _diagnose_crops(x_all[~found.exact][:64], src[~found.exact][:64])[0])
         stats, stats_pipe = _run_statistics(cifar_pipeline, device, rng, seed)
         rate, read = _check_randomness(stats, on, seed, stats_pipe)
+    _expect_thread_counts(lambda k: _expect_pipeline(cifar_pipeline(_no_batches, batch_size, device="cpu",
+                                                                     num_threads=k, seed=1), "cifar_pipeline(...)"),
+                          "cifar_pipeline(source, " + str(batch_size) + ", device='cpu', num_threads={k}, seed=1)", seed)
     _check_seed(cifar_pipeline, records, batch_size, rng, seed)
     _expect_local_gpu(lambda: cifar_pipeline(_BatchSource(records, batch_size, 1, rng), batch_size, device="gpu",
                                              num_threads=_threads(), seed=1),
@@ -997,8 +1121,8 @@ def check_cifar_pipeline(cifar_pipeline):
     return (f"{len(x_all)} samples on the CPU{where}: CHW float32, each an exact crop of its padded record, normalised; "
             f"labels and indices intact (int64); over {n:,} more, offsets 0..8 uniform and independent on each axis, "
             f"{rate:.1%} flipped ({_coin_words(read)}); the seed reproduces it (seed=0 too, and as if in another process 37 days later), the next seed changes the "
-            f"crops and the flips; num_threads={_threads()} as "
-            f"given, and DALI's prefetching; with device='gpu', read from its graph without building it: GPU {_LOCAL_RANK} in a process whose "
+            f"crops and the flips, and 1 thread augments as {_threads()} do; num_threads={_threads()}, 1 and "
+            f"{_other_thread_counts()[1]} as given, and DALI's prefetching; with device='gpu', read from its graph without building it: GPU {_LOCAL_RANK} in a process whose "
             f"LOCAL_RANK is {_LOCAL_RANK} (its current device still 0), and the crop and normalisation on that GPU.")
 
 
@@ -1693,6 +1817,18 @@ def check_epochs(cifar_epochs):
             _expect_exact_epoch(batches, records, everyone, batch_size, False, "device='gpu', epoch 1", seed)
             gpu = " and on the GPU"
     probe = np.zeros((2 * batch_size, data.RECORD_BYTES), np.uint8)
+    for k in _other_thread_counts()[:1]:      # w10-04: a floor of 2 (max(num_threads, 2)) passed 4.1 and 4.3
+        call = f"cifar_epochs(records, {batch_size}, seed=1, num_threads={k})"
+        with calling(call):
+            it = cifar_epochs(probe, batch_size, seed=1, num_threads=k)
+        threads = [getattr(p, "num_threads", None) for p in getattr(it, "_pipes", None) or []]
+        del it
+        if any(t is not None and t != k for t in threads):
+            raise CheckFailed("uses the threads it is given", f"{call}: your pipeline runs "
+                              f"{next(t for t in threads if t != k)} (seed {seed})",
+                              "pass num_threads on to cifar_pipeline(..., num_threads=num_threads) as it is, with no "
+                              "floor or cap: the caller knows how many cores this process may use, and the lesson's "
+                              "one-thread timings need exactly one")
     _expect_local_gpu(lambda: cifar_epochs(probe, batch_size, seed=1, device="gpu", num_threads=_threads()),
                       "cifar_epochs(records, batch_size, device='gpu', ...)", seed, iterator=True)
     return (f"{n} records in batches of {batch_size}: each once per epoch for two epochs, last batch "
@@ -1700,8 +1836,8 @@ def check_epochs(cifar_epochs):
             f"records, each its slice of every epoch's order, its own augmentation, and with drop_last {expected} "
             f"full batch{'es' if expected != 1 else ''} each; a shard of {hi2 - lo2} beside one of {lo2}: every record, "
             f"and another seed, another augmentation; beside it the shorter shard, every record and no empty batch; the "
-            f"source, called out of order, gave the batch each BatchInfo named, and read each batch's rows in one "
-            f"call{gpu}; with device='gpu', read without building it: GPU {_LOCAL_RANK} in a process "
+            f"source, called out of order, gave the batch each BatchInfo named, and read each batch's rows by indexing the memory map with the "
+            f"batch's indices (not row by row), copying none of the file; num_threads={_threads()} and 1 as given{gpu}; with device='gpu', read without building it: GPU {_LOCAL_RANK} in a process "
             f"whose LOCAL_RANK is {_LOCAL_RANK} (its current device still 0), and the augmentation on that GPU.")
 
 
@@ -1893,6 +2029,7 @@ def _expect_jpeg_outputs(images, labels, shapes, crop, what) -> np.ndarray:
     return shapes.reshape(len(labels), per_image)
 
 
+_ATTEMPTS = 10               # random_resized_crop's default num_attempts, and torchvision's
 _RANGE_TOLERANCE = 0.005    # each end of a range, relative: 1.33 for 4/3 passes (0.25% off), 0.081 for 0.08 fails (1.25%)
 
 
@@ -1913,6 +2050,16 @@ def _expect_crop_ranges(pipe, what: str, seed: int, *, required: bool = True) ->
                           "fn.random_resized_crop(images, size=(crop, crop)) draws both per image (its defaults "
                           "are the contract's ranges), or fn.decoders.image_random_crop then fn.resize")
     for op in croppers:
+        attempts = op.args.get("num_attempts", _ATTEMPTS)
+        if isinstance(attempts, (int, float)) and attempts < _ATTEMPTS:    # w10-04 w43_26: num_attempts=1 passed
+            raise CheckFailed("crops a random window of each image",
+                              f"{what}: your {op.kind} gives up after num_attempts={attempts:g} (read from the "
+                              f"pipeline's graph): a drawn window that does not fit the image falls back to the whole "
+                              f"image, the more often the fewer the attempts: with 1, about one crop in seven (14.9% of "
+                              f"2,000 crops of a 250x250 image, against 0.1% with the default {_ATTEMPTS}) (seed {seed})",
+                              f"leave num_attempts at its default ({_ATTEMPTS}, torchvision's RandomResizedCrop "
+                              "too): each retry costs a few random numbers, not a decode; fewer make the whole, "
+                              "uncropped image a common training sample")
         for arg, (lo, hi) in wanted.items():
             value = op.args.get(arg, (lo, hi))
             if isinstance(value, (int, float)):
@@ -2074,12 +2221,16 @@ def check_jpeg_pipeline(jpeg_pipeline):
             pipes.append(shard_pipe)
             shards.append([next(shard_run) for _ in range(2 - s)])
         _check_shards(shards, pipes, folder, batch_size, [_key(x) for x in first], seed, whole=first)
+        _expect_thread_counts(lambda k: _expect_pipeline(jpeg_pipeline(str(probe), 8, crop=32, device="cpu",
+                                                                       num_threads=k, seed=1), "jpeg_pipeline(...)"),
+                              "jpeg_pipeline(file_root, 8, crop=32, device='cpu', num_threads={k}, seed=1)", seed)
     where = " and on the GPU" if "gpu" in devices else ""
     return (f"{n} JPEGs in {len(folder.label_of)} class folders, two epochs on the CPU{where}: decoded sizes, labels "
             f"(sorted folders), random {crop}x{crop} crops (8-100% of the area, aspect 3/4-4/3), normalised values, "
             f"{share:.0%} mirrored ({_coin_words(read)}), a new order of all files each epoch, following the "
             "seed; two shards given the same seed split an epoch into the same number of full batches (DALI's FILL "
-            "policy), draw their own augmentation, and move on; with device='gpu', read from its graph without "
+            f"policy), draw their own augmentation, and move on; num_threads={_threads()}, 1 and "
+            f"{_other_thread_counts()[1]} as given; with device='gpu', read from its graph without "
             f"building it: GPU {_LOCAL_RANK} in a process whose LOCAL_RANK is {_LOCAL_RANK} (its current device "
             f"still 0), decoding (mixed) and "
             "augmenting on that GPU.")

@@ -70,20 +70,27 @@ def make_cifar_pipeline(*, mean=CIFAR_MEAN255, std=CIFAR_STD255, positions="nine
                         shared_offset=False, label_dtype=None, device_id=None, vertical_flip=False, move="before",
                         threads=None, pipe_kw=None, prebuilt=False, flip_from_x=False, seed_offset=0,
                         mirror_kind="coin", flip_after=False, positions_range9=False, fill=0, batch_info=True,
-                        crop_op_seed=None, zero_seed_random=False, flip_op_seed=None, per_sample=False):
+                        crop_op_seed=None, zero_seed_random=False, flip_op_seed=None, per_sample=False,
+                        rounded_range=None, seed_plus_threads=False):
     """A CIFAR pipeline builder with one knob per typical mistake (the defaults are right).
     `move`: where a device="gpu" pipeline moves the images to the GPU: "before" the crop (right),
     "after" the augmentation, or "never". `device_id="none"`: None whatever the device; "current":
     torch.cuda.current_device() (w6-04 w41_22). `pad="end36"`: fn.pad to 36x36, 4 pixels at the bottom
     and right only (w6-04 w41_21). `crop_op_seed`: the crop positions' operators seeded with it
-    (w6-04 w41_31); `zero_seed_random`: `seed if seed else None` (w6-04 w41_26)."""
+    (w6-04 w41_31); `zero_seed_random`: `seed if seed else None` (w6-04 w41_26). `threads="floor2"`:
+    max(num_threads, 2) (w10-04 w41_31); `rounded_range=(lo, hi)`: each offset cast (rounded) to an
+    integer from uniform(range=[lo, hi]) (w10-04 w41_22, w41_23); `seed_plus_threads`: seed +
+    num_threads (w10-04 w41_16)."""
     def cifar_pipeline(source, batch_size, device="cpu", num_threads=2, seed=0):
         import torch
-        pipe_seed = (seed if fixed_seed is None else fixed_seed) + seed_offset
+        pipe_seed = (seed if fixed_seed is None else fixed_seed) + seed_offset + (num_threads if seed_plus_threads else 0)
+        if threads == "floor2":
+            num_threads = max(num_threads, 2)
         if zero_seed_random:
             pipe_seed = seed if seed else None
 
-        @pipeline_def(batch_size=batch_size, num_threads=(os.cpu_count() if threads == "cores" else threads) or num_threads,
+        @pipeline_def(batch_size=batch_size, num_threads=(os.cpu_count() if threads == "cores" else None
+                                                          if threads == "floor2" else threads) or num_threads,
                       device_id=None if device_id == "none" else local_cuda_index() if device_id == "always"
                       else (torch.cuda.current_device() if device == "gpu" else None) if device_id == "current"
                       else this_gpu(device, device_id),
@@ -122,6 +129,9 @@ def make_cifar_pipeline(*, mean=CIFAR_MEAN255, std=CIFAR_STD255, positions="nine
                 pos_y, pos_x = fn.random.uniform(values=NINE), 0.5
             else:
                 pos_y, pos_x = fn.random.uniform(range=[0.0, 1.0]), fn.random.uniform(range=[0.0, 1.0])
+            if rounded_range is not None:    # w10-04: cast(cast(uniform(range), INT32), FLOAT) / 8
+                pos_y, pos_x = (fn.cast(fn.cast(fn.random.uniform(range=list(rounded_range)), dtype=types.INT32),
+                                        dtype=types.FLOAT) / 8.0 for _ in range(2))
             if positions_range9:             # integers 0..9 from range=[0, 9], / 8: an anchor past 1 (w2-04 w41_28)
                 pos_y, pos_x = (fn.random.uniform(range=[0, 9], dtype=types.INT32) / 8.0,
                                 fn.random.uniform(range=[0, 9], dtype=types.INT32) / 8.0)
@@ -531,7 +541,7 @@ def make_cifar_epochs(*, ceil_bounds=False, take_rows=False,
                       epoch_positions=False, largest_drop_last=False, pad_last=False, undeclared_int32=False,
                       strided_uint8_labels=False, average_count=False, row_loop=False, sort_batch=False,
                       int32_indices=False, aug_times_shard=False, epoch_copy=False, one_more=False,
-                      threads=None, hwc=False):
+                      threads=None, hwc=False, two_reads=False):
     """A cifar_epochs builder with one knob per typical mistake (the defaults are right)."""
     cached = {}
     def cifar_epochs(records, batch_size, *, shuffle=True, seed=0, shard_id=0, num_shards=1, drop_last=False,
@@ -619,6 +629,9 @@ def make_cifar_epochs(*, ceil_bounds=False, take_rows=False,
                 return images, rows[:, 0].astype(np.int64), idx.astype(np.int32)
             if strided_uint8_labels:           # w3-04: rows[:, 0] left uint8, a strided view
                 return images, rows[:, 0], idx
+            if two_reads:                      # w10-04 w42_31: the images and the labels gathered apart
+                return (records[idx, 1:].reshape(-1, 3, 32, 32), records[idx, 0].astype(np.int64),
+                        idx.astype(np.int64))
             return images, rows[:, 0].astype(label_dtype), idx
 
         if per_sample:
@@ -680,7 +693,8 @@ def make_cifar_epochs(*, ceil_bounds=False, take_rows=False,
                 it = DALIGenericIterator(pipe, ["images", "labels", "indices"], auto_reset=True)
                 return it
             pipe = dali_pipelines.cifar_train_pipeline(source, batch_size=batch_size, device=device,
-                                                       num_threads=threads or num_threads,
+                                                       num_threads=max(num_threads, 2) if threads == "floor2"
+                                                       else threads or num_threads,
                                                        seed=shard_id if aug_shard_only else
                                                        seed * (shard_id + 1) if aug_times_shard else
                                                        seed if same_augmentation else seed + shard_id)
@@ -929,7 +943,7 @@ def make_jpeg_pipeline(*, output_type="RGB", mean=NET_MEAN255, std=NET_STD255, s
                        shuffle="after_epoch", mirror=True, pad_last_batch=True, crop_kind="random_resized",
                        stick_to_shard=False, flip_probability=0.5, device_id=None, shuffle_seed="seed",
                        aug_seed="per_shard", decoder_device=None, area=None, aspect=None, outputs="ILS",
-                       split_by_hand=False, fill=None, threads=None, prefetch=None, mirror_lt=None):
+                       split_by_hand=False, fill=None, threads=None, prefetch=None, mirror_lt=None, attempts=None):
     """A jpeg_pipeline builder with one knob per typical mistake (the defaults are right)."""
     def jpeg_pipeline(file_root, batch_size, *, crop=224, device="cpu", shard_id=0, num_shards=1, num_threads=2, seed=0):
         kw = dict(shard_id=shard_id, num_shards=num_shards) if shard else {}
@@ -954,7 +968,8 @@ def make_jpeg_pipeline(*, output_type="RGB", mean=NET_MEAN255, std=NET_STD255, s
             kw = dict(files=files[shard_id::num_shards], labels=labels_[shard_id::num_shards], shuffle_after_epoch=True)
         pipe_kw = dict(prefetch_queue_depth=prefetch) if prefetch else {}
 
-        @pipeline_def(batch_size=batch_size, num_threads=threads or num_threads,
+        @pipeline_def(batch_size=batch_size, num_threads=max(num_threads, 2) if threads == "floor2" else
+                      threads or num_threads,
                       device_id=None if device_id == "none" else this_gpu(device, device_id),
                       seed={"per_shard": seed + shard_id, "seed": seed, "fixed": 0, "shard": shard_id,
                             "times1000": seed * 1000 + shard_id,
@@ -983,6 +998,8 @@ def make_jpeg_pipeline(*, output_type="RGB", mean=NET_MEAN255, std=NET_STD255, s
                     ranges["random_area"] = list(area)
                 if aspect is not None:
                     ranges["random_aspect_ratio"] = list(aspect)
+                if attempts is not None:     # w10-04 w43_26: num_attempts=1
+                    ranges["num_attempts"] = attempts
                 images = fn.random_resized_crop(images, size=(size, size), **ranges)
             if shape_after_crop:
                 shapes = images.shape()
@@ -1304,3 +1321,82 @@ def test_identical_pipelines_are_not_called_different():
     for other in (make_cifar_pipeline(flip_probability=0.47)(source, 64, device="cpu", num_threads=2, seed=0),
                   make_cifar_pipeline()(source, 64, device="cpu", num_threads=3, seed=0)):
         assert dali_pipelines.same_graph(other, course) is False
+
+
+# -- w10-04's false passes -------------------------------------------------------------------------
+
+def test_4_1_rounded_uniform_offsets_read_from_the_graph():
+    """w10-04 w41_23: offsets cast (rounded) from uniform(range=[-0.4, 8.4]) give 0 and 8 at 10.2%
+    each, not 11.1%, and passed on 5 of 8 seeds, on the measured rates alone. The graph now gives the
+    chances of a rounded range, so any range but [-0.5, 8.5) fails before any statistics, on every
+    seed (w41_22, [-0.49, 8.49], 0.8% short at the ends, with it: decided wrong, the contract says
+    every offset equally likely); [-0.5, 8.5] itself passes. Its verdict comes from the graph: one
+    seed for each."""
+    rejected("4.1", Mutant("offsets rounded from [-0.4, 8.4]", make_cifar_pipeline(rounded_range=(-0.4, 8.4)),
+                           "crop offsets are uniform over 0..8", words="0..8 with chances 10.23%, 11.36%"), [4])
+    rejected("4.1", Mutant("offsets rounded from [-0.49, 8.49]", make_cifar_pipeline(rounded_range=(-0.49, 8.49)),
+                           "crop offsets are uniform over 0..8", words="exactly [-0.5, 8.5)"), [1])
+    passes("4.1", make_cifar_pipeline(rounded_range=(-0.5, 8.5)), [4])
+
+
+def test_rounded_uniform_chances():
+    """The chances the graph reading gives a rounded range: DALI rounds to the nearest integer."""
+    pipe = make_cifar_pipeline(rounded_range=(-0.4, 8.4))(lesson04._no_batches, 8, num_threads=3, seed=1)
+    weights = [w for kind, _, w in lesson04._random_draws(pipe) if kind == "choice"][0]
+    assert np.allclose(weights, [0.9 / 8.8] + [1 / 8.8] * 7 + [0.9 / 8.8])
+    pipe = make_cifar_pipeline(positions="int_range")(lesson04._no_batches, 8, num_threads=3, seed=1)
+    weights = [w for kind, _, w in lesson04._random_draws(pipe) if kind == "choice"][0]
+    assert np.allclose(weights, [1 / 16] + [1 / 8] * 7 + [1 / 16])
+    for fair in (make_cifar_pipeline(rounded_range=(-0.5, 8.5)), make_cifar_pipeline(mirror_kind="uniform01")):
+        assert not [d for d in lesson04._random_draws(fair(lesson04._no_batches, 8, num_threads=3, seed=1))
+                    if d[0] == "choice"]
+
+
+def test_4_1_thread_counts_and_the_seed():
+    """w10-04 w41_31: max(num_threads, 2) passed (the check asked for 3 threads only); w41_16:
+    seed + num_threads passed (the same-seed pairs had 3 threads each). 1 and more threads than the
+    cores are asked for now, and 1 thread must augment as 3 do. Both fates are fixed: one seed."""
+    rejected("4.1", Mutant("at least 2 threads", make_cifar_pipeline(threads="floor2"),
+                           "uses the threads it is given", words="asked for num_threads=1, your pipeline runs 2"), [2])
+    rejected("4.1", Mutant("seed + num_threads", make_cifar_pipeline(seed_plus_threads=True),
+                           "reproducible under a seed", words="num_threads=1"), [2])
+
+
+def test_4_2_thread_floor_and_two_reads():
+    """The near-miss rule on 4.2: max(num_threads, 2) fails as in 4.1 and 4.3. w10-04 w42_31: the images
+    and the labels gathered by two whole-batch reads of the memory map passes: the second re-reads
+    rows whose pages the first brought in (no per-row Python, no copy of the file), what the contract's
+    reading rule is for; the pass line no longer says 'in one call'."""
+    rejected("4.2", Mutant("at least 2 threads", make_cifar_epochs(threads="floor2"),
+                           "uses the threads it is given", words="num_threads=1): your pipeline runs 2"), [3])
+    os.environ["COURSE_CHECK_SEED"] = "5"
+    try:
+        result = run_check("4.2", make_cifar_epochs(two_reads=True))
+        assert result.status == "pass", result.message
+        assert "in one call" not in result.message and "not row by row" in result.message
+    finally:
+        os.environ["COURSE_CHECK_SEED"] = "2404"
+
+
+def test_4_3_thread_floor_and_attempts():
+    """w10-04 w43_32: max(2, num_threads) passed; w43_26: num_attempts=1 (one crop in seven the whole
+    image) passed. Both read before any run: one seed."""
+    rejected("4.3", Mutant("at least 2 threads", make_jpeg_pipeline(threads="floor2"),
+                           "uses the threads it is given", words="asked for num_threads=1, your pipeline runs 2"), [2])
+    rejected("4.3", Mutant("num_attempts=1", make_jpeg_pipeline(attempts=1),
+                           "crops a random window of each image", words="num_attempts=1"), [2])
+    passes("4.3", make_jpeg_pipeline(attempts=20), [2])
+
+
+def test_rounded_uniform_read_through_a_scale_and_a_shift():
+    """The near miss of w41_23: the same rounded range written cast(uniform(range=[-0.05, 1.05]) * 8) is
+    read through the arithmetic; uniform([0, 1]) * 9 - 0.5, rounded, is fair and reads so."""
+    def draws(expr):
+        @pipeline_def(batch_size=4, num_threads=1, device_id=None, seed=1)
+        def graph():
+            u = fn.random.uniform(range=[-0.05, 1.05] if expr == "short" else [0.0, 1.0])
+            return fn.cast(u * 8 if expr == "short" else u * 9 - 0.5, dtype=types.INT32)
+        return [d for d in lesson04._random_draws(graph()) if d[0] == "choice"]
+    (_, how, weights), = draws("short")
+    assert np.allclose(weights, [0.9 / 8.8] + [1 / 8.8] * 7 + [0.9 / 8.8]) and "range=[-0.05, 1.05]) * 8" in how
+    assert draws("fair") == []

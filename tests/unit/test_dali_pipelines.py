@@ -163,8 +163,10 @@ def test_require_dali_explains(monkeypatch):
 
 def test_feeding_verdict_names_the_two_figures_and_follows_the_table():
     lines = dp.feeding_verdict({"torchvision 2 workers": (0.57, 0.75), "DALI CPU": (0.96, 0.22)})
-    assert lines[0].startswith("torchvision 2 workers: 57% of the ceiling, the loop waiting for data 75% of the time "
-                               "(more than the 25% of the time it was not waiting")
+    # w10-04: the clause follows the share it compares, not the waiting time
+    assert lines[0].startswith("torchvision 2 workers: 57% of the ceiling (a share above the 25% of the time the loop "
+                               "was not waiting for data: ")
+    assert lines[0].endswith(", the loop waiting for data 75% of the time")
     assert "DALI CPU fed the device 1.7x as well as torchvision 2 workers" in lines[-1]
     lines = dp.feeding_verdict({"torchvision 2 workers": (0.90, 0.10), "DALI CPU": (0.45, 0.60)})
     assert "torchvision 2 workers fed the device 2.0x as well as DALI CPU" in lines[-1]
@@ -307,7 +309,7 @@ def test_feeding_verdict_says_why_a_share_passes_the_ceiling():
     stood unexplained."""
     lines = dp.feeding_verdict({"DALI CPU": (1.44, 0.26), "b": (0.85, 0.30), "c": (0.5, 0.3)})
     assert "above the ceiling: the ceiling is the model alone, measured in turns of its own" in lines[0]
-    assert "more than the 70% of the time it was not waiting" in lines[1]
+    assert lines[1].startswith("b: 85% of the ceiling (a share above the 70% of the time the loop was not waiting")
     assert lines[2] == "c: 50% of the ceiling, the loop waiting for data 30% of the time"
     assert "better in every turn, but some by less than 10%" in dp.feeding_verdict(
         {"a": (0.9, 0.1), "b": (0.7, 0.1)}, {"a": [900, 750], "b": [700, 700]})[-1]

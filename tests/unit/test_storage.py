@@ -160,3 +160,17 @@ def test_read_verdicts_need_rounds_within_2x():
     assert _rounds_say([3, 5, 2], [100, 100, 100]).startswith("faster in every round, 0.02x to 0.05x the time")
     assert _rounds_say([150, 50, 120], [100, 100, 100]) == "the rounds disagree: 1.50x, 0.50x, 1.20x"
     assert _rounds_say([105, 150], [100, 100]) == "undecided: some rounds within 10%, the others slower: 1.05x, 1.50x"
+
+
+def test_read_verdicts_give_the_cold_rounds_range_where_the_load_moved_it():
+    """w10-04: "decoding is 1.3x a cold one", then "a cold read costs 1.0x the decoding" the next run:
+    cold rounds on both sides of the decode time (or more than 2x apart) give their range, no ratio."""
+    from course_utils.storage import FormatResult, read_verdicts
+    files = FormatResult("jpeg-files", "JPEG files", 100, 100, 100_000, 570.0, 5.5, 570.0, 5.5, 691.0,
+                         read_cold_rounds=[400.0, 570.0, 900.0])
+    text = read_verdicts([files])[0]
+    assert "the disk's rounds give 0.8x to 1.7x the decoding: this machine's load moved" in text
+    assert "a cold one" not in text
+    steady = FormatResult("jpeg-files", "JPEG files", 100, 100, 100_000, 98.0, 4.9, 98.0, 4.9, 361.0,
+                          read_cold_rounds=[90.0, 98.0, 110.0])
+    assert "and 3.7x a cold one" in read_verdicts([steady])[0]
