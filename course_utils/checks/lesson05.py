@@ -93,12 +93,54 @@ class _LossWatch(torch.overrides.TorchFunctionMode):
 
     def __init__(self, kind):
         super().__init__()
-        self.kind, self.autocast = kind, []
+        self.kind, self.autocast, self.retained = kind, [], []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if getattr(func, "__name__", "") in ("cross_entropy", "nll_loss"):
+        name = getattr(func, "__name__", "")
+        if name in ("cross_entropy", "nll_loss"):
             self.autocast.append(torch.is_autocast_enabled(self.kind))
+        if name == "backward":      # Tensor.backward(gradient, retain_graph, create_graph): walk w8-05
+            kw = kwargs or {}
+            retain = kw.get("retain_graph", args[2] if len(args) > 2 else None)
+            create = kw.get("create_graph", args[3] if len(args) > 3 else False)
+            self.retained.append(bool(retain) or (retain is None and bool(create)))
         return func(*args, **(kwargs or {}))
+
+
+def _kept_tensors(fn) -> tuple[int, str]:
+    """How many tensors the containers that outlive a call of `fn` hold (a module-level list, a closure's
+    deque, an attribute on the function), and the name of the fullest: a log of every step's loss or
+    gradient norm grows by one device tensor per step (walk w8-05)."""
+    fn = getattr(fn, "__wrapped__", fn)
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return 0, ""
+    names, stack = set(), [code]
+    while stack:
+        c = stack.pop()
+        names.update(c.co_names)
+        stack.extend(k for k in c.co_consts if inspect.iscode(k))
+    g = getattr(fn, "__globals__", {})
+    places = [(n, g[n]) for n in names if n in g]
+    for n, cell in zip(code.co_freevars, getattr(fn, "__closure__", None) or ()):
+        try:
+            places.append((n, cell.cell_contents))
+        except ValueError:
+            pass
+    places += [(f"{getattr(fn, '__name__', 'fn')}.{k}", v) for k, v in getattr(fn, "__dict__", {}).items()]
+
+    def count(value, depth=0):
+        if isinstance(value, torch.Tensor):
+            return 1
+        if depth > 2:
+            return 0
+        if isinstance(value, (list, tuple, collections.deque, set)):
+            return sum(count(v, depth + 1) for v in value)
+        if isinstance(value, dict):
+            return sum(count(v, depth + 1) for v in value.values())
+        return 0
+    counted = [(count(v), n) for n, v in places if isinstance(v, (list, tuple, collections.deque, set, dict))]
+    return max(counted, default=(0, ""))
 
 
 def _uses_its_scaler(watched: _ScalerCalls, returned, label, *, scaled: bool) -> None:
@@ -318,6 +360,12 @@ def _amp_case(amp_step, rng, seed, device, dtype, *, use_scaler):
                                   "with autocast off: on the low-precision logits, in low precision",
                                   "put the loss inside the same `with torch.autocast(...)` block as the forward "
                                   "pass: autocast runs the loss in float32 from low-precision logits")
+            if any(losses_seen.retained):
+                raise CheckFailed("frees the step's saved activations in backward",
+                                  f"{label}: yours called backward with retain_graph=True: the activations the "
+                                  "forward pass saved stay in memory through the clipping and the optimizer step",
+                                  "backward() frees the activations it used unless retain_graph=True asks it to "
+                                  "keep them; one backward per step needs none: drop retain_graph")
             if any(model.backward_autocast):
                 raise CheckFailed("runs backward outside autocast",
                                   f"{label}: autocast was still on during the backward pass",
@@ -449,7 +497,10 @@ def _amp_case(amp_step, rng, seed, device, dtype, *, use_scaler):
     scaler = torch.amp.GradScaler(kind, growth_interval=5, enabled=use_scaler)
     fresh = _ScalerCalls(scaler)
     scales, losses = [], []
+    kept_before = None
     for _ in range(40):
+        if len(losses) == 5:
+            kept_before = _kept_tensors(amp_step)[0]
         xb, yb, _ = _blobs(rng, 32, d_in, n_classes, device, centers)
         fresh.calls.clear()
         losses.append(_call_amp(amp_step, label, model, opt, scaler, xb, yb, dtype=dtype, max_norm=5.0))
@@ -470,6 +521,14 @@ def _amp_case(amp_step, rng, seed, device, dtype, *, use_scaler):
                               "something the step keeps (a list, a global, an attribute) holds the loss itself, and "
                               "with it the step's whole graph: keep loss.detach() (or nothing) there, as the "
                               "returned loss is, the habit exercise 5.4 fixes")
+    kept, where = _kept_tensors(amp_step)
+    if kept_before is not None and kept - kept_before >= 30:
+        raise CheckFailed("keeps no tensor per step",
+                          f"{label}: after 40 calls {where}, which outlives the call, held {kept} tensors, "
+                          f"{kept - kept_before} more than after 5 calls: one more every step (seed {seed})",
+                          "on a GPU each is device memory kept for the whole run, a log of every step's loss or "
+                          "gradient norm (exercise 5.5 rejects the same): return loss.detach() and let the caller "
+                          "keep what it logs, once per interval")
     with fresh.reads.paused():
         losses = [_as_float(v, f"amp_step ({label})") for v in losses]
     first, last = float(np.mean(losses[:5])), float(np.mean(losses[-5:]))
@@ -480,6 +539,36 @@ def _amp_case(amp_step, rng, seed, device, dtype, *, use_scaler):
         raise CheckFailed("lets the scale grow after good steps",
                           f"{label}: with growth_interval=5 the scale never grew in 40 steps",
                           "call scaler.update() at the end of every step")
+
+
+class _LossOnTheHost(torch.overrides.TorchFunctionMode):
+    """The probe model's work stays on the host: a loss function given labels on the virtual device reads
+    them there (the labels live where the images do, as on a GPU)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in ("cross_entropy", "nll_loss"):
+            unwrap = lambda t: t._inner if isinstance(t, DeviceTensor) else t     # noqa: E731
+            args = tuple(unwrap(a) for a in args)
+            kwargs = {k: unwrap(v) for k, v in (kwargs or {}).items()}
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def _parameters_say(model, device):
+    """While the block runs, the model's parameters answer `.device` with `device` (their work stays on the
+    host): a step that reads the device from the model sees the one the images are on."""
+    params = list(model.parameters())
+    classes = {}
+    for p in params:
+        cls = type(p)
+        if cls not in classes:
+            classes[cls] = type(cls.__name__, (cls,), {"device": property(lambda self, _d=device: _d)})
+        p.__class__ = classes[cls]
+    try:
+        yield
+    finally:
+        for p in params:
+            p.__class__ = type(p).__mro__[1]
 
 
 def _autocast_follows_the_images(amp_step, rng, seed):
@@ -493,9 +582,11 @@ def _autocast_follows_the_images(amp_step, rng, seed):
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 12, growth_interval=10**6)
     label = "float16, images on a (virtual) GPU"
-    with VirtualCuda() as vc:
-        images = vc.to_device(x)
-        _call_amp(amp_step, label, model, opt, scaler, images, y, dtype=torch.float16, max_norm=1e9)
+    with VirtualCuda() as vc, _parameters_say(model, torch.device("cuda", 0)), _LossOnTheHost():
+        # the model says it lives where the images do, as on a GPU (walk w8-05: a device type taken from
+        # next(model.parameters()).device was failed here, though right on real hardware)
+        images, labels = vc.to_device(x), vc.to_device(y)     # the labels live where the images do, as on a GPU
+        _call_amp(amp_step, label, model, opt, scaler, images, labels, dtype=torch.float16, max_norm=1e9)
         waits = [s for s in vc.reads()]
     if waits:
         raise CheckFailed("reads nothing on the host besides the scaler's own check",
@@ -508,8 +599,8 @@ def _autocast_follows_the_images(amp_step, rng, seed):
         state = "off" if not model.seen or not model.seen[0][0] else f"on, to {model.seen[0][1]}"
         raise CheckFailed("autocasts on the images' device type",
                           f"{label}: during the forward pass CUDA autocast was {state} (seed {seed})",
-                          "torch.autocast(device_type=images.device.type, dtype=dtype): a device type written "
-                          "into the code is right on one machine only")
+                          "torch.autocast(device_type=images.device.type, dtype=dtype): take the device type "
+                          "from the images (a device type written into the code is right on one machine only)")
 
 
 def _defaults_case(amp_step, rng, seed):
@@ -940,6 +1031,28 @@ class _SmallConvNet(nn.Module):
         return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
 
 
+def _names_the_host(args, kwargs) -> bool:
+    """A Tensor.to(...) that copies a would-be device tensor to the host: its target is written as the host
+    ("cpu", torch.device("cpu")). Here the learner's tensors stand for a GPU's, so .to(images.device),
+    .to(loss.device) or .to(other_tensor) names the device the tensor is already on: a no-op there, no copy
+    and no wait (walk w8-05: the course's own train._step does labels.to(images.device)); SyncCounter on a
+    GPU does not count it either."""
+    if not _to_host(args, kwargs):
+        return False
+    targets = [c for c in list(args[1:]) + [kwargs.get("device")] if isinstance(c, (str, torch.device))]
+    if any(isinstance(c, str) for c in targets):
+        return True
+    # a torch.device: the host written in the caller's line (torch.device("cpu")), not a tensor's .device
+    frame = sys._getframe(2)
+    while frame is not None and "/torch/" in frame.f_code.co_filename.replace("\\", "/"):
+        frame = frame.f_back
+    if frame is None:
+        return True
+    import linecache
+    line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+    return "cpu" in line or not line
+
+
 class _MovesCountMode(_CountingMode):
     """SyncCounter's mode, plus: with host_reads, a copy of a tensor to the host (.cpu(),
     .to("cpu")) counts as the synchronisation it would be on a GPU, and what it returns is on
@@ -951,7 +1064,7 @@ class _MovesCountMode(_CountingMode):
         first = args[0] if args else None
         counter = self.counter
         if (counter.host_reads and isinstance(first, torch.Tensor) and first.device.type == "cpu"
-                and (name == "cpu" or (name == "to" and _to_host(args, kwargs)))
+                and (name == "cpu" or (name == "to" and _names_the_host(args, kwargs)))
                 and not counter._is_on_host(first) and not counter._paused
                 and "/torch/" not in sys._getframe(1).f_code.co_filename.replace("\\", "/")):
             # (torch's own moves of host tensors, a GradScaler's scale put beside a CPU loss, are not the learner's)
