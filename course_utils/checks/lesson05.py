@@ -208,6 +208,18 @@ def _passes_keyword(fn, keyword: str) -> bool:
     return False
 
 
+def _uses_name(fn, name: str) -> bool:
+    """Whether `fn`'s code (or a function nested in it) names `name` (an attribute or a global)."""
+    code = getattr(getattr(fn, "__wrapped__", fn), "__code__", None)
+    stack = [code] if code is not None else []
+    while stack:
+        code = stack.pop()
+        if name in code.co_names:
+            return True
+        stack.extend(c for c in code.co_consts if inspect.iscode(c))
+    return False
+
+
 def _returned_loss(returned, label):
     """The loss a step returned: a detached tensor of one value (a float is a read of the device)."""
     if isinstance(returned, torch.Tensor):
@@ -289,6 +301,13 @@ def _call_amp(amp_step, label, *args, **kwargs):
                               "an update()",
                               "end every step with scaler.update(): it resets the scaler for the next step "
                               "and adjusts the scale") from None
+        if "prior to update" in text and _uses_name(amp_step, "get_scale"):    # walk w8-05, 51b_manual_unscale_divide
+            raise CheckFailed("unscales and steps with the scaler",
+                              f"{label}: yours read scaler.get_scale() and then called scaler.update() with no "
+                              "scaler.step() before it (the scaler said: " + text.strip().rstrip('.') + ")",
+                              "unscale with scaler.unscale_(optimizer) and step with scaler.step(optimizer): dividing "
+                              ".grad by get_scale() by hand reads the scale on the host every step, and "
+                              "optimizer.step() then steps even after an overflow, which scaler.step skips") from None
         if "prior to update" in text:
             raise CheckFailed("calls scaler.update() after scaler.step()", f"{label}: the scaler said: {text.strip().rstrip('.')}",
                               "scaler.step(optimizer) first (it skips the step after an overflow), then "
@@ -829,9 +848,19 @@ def check_accumulation(accumulate_gradients):
                               f"{what}: yours returned a tensor{' that still holds the graph' if result.requires_grad else ''}",
                               "sum the detached weighted losses on the device, then one .item() at the end")
         loss = _as_float(result, f"accumulate_gradients ({what})")
+        if (math.isclose(loss, full_loss, rel_tol=1e-5, abs_tol=1e-9)
+                and not math.isclose(loss, full_loss, rel_tol=1e-11, abs_tol=1e-14)):
+            # the model is float64: a float32 running total keeps 7 of its digits (walk w8-05, 52_float32_total)
+            raise CheckFailed("returns the full batch's loss in the model's precision",
+                              f"{what}, a float64 model: yours {loss!r}, expected {full_loss!r} (off by "
+                              f"{abs(loss - full_loss) / abs(full_loss):.1e} of it: float32's rounding)",
+                              "make the running total in the loss's dtype (torch.zeros((), dtype=loss.dtype, "
+                              "device=...), or start from the first loss.detach()): a float32 total rounds a float64 "
+                              "model's loss to 7 digits")
         if not math.isclose(loss, full_loss, rel_tol=1e-6, abs_tol=1e-9):
             raise CheckFailed("returns the full batch's loss", f"{what}: yours {loss:.6f}, expected {full_loss:.6f}",
-                              "add up the weighted micro-batch losses (as floats or detached tensors)")
+                              "add up the weighted micro-batch losses as detached tensors on the device (total += loss.detach()) "
+                              "and read the total once at the end")
         if syncs.count > 1:
             raise CheckFailed("reads the loss from the device once", f"{what}: yours made {syncs.count} synchronising "
                               f"calls ({', '.join(f'{n} x{c}' for n, c in syncs.by_name().items())}); one is enough",
