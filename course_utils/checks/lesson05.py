@@ -1310,7 +1310,9 @@ def _loop_case(train_fixed, rng, seed, device):
                      "between calls, which starts a call with the losses the last one left over")
         elif i == 0 and not seen and _shared_lists(train_fixed):
             name = _shared_lists(train_fixed)[0]
-            state = (f". Your loop uses {name}, {_shared_kind(train_fixed, name)} that outlives the call: a window kept "
+            state = (f". Your loop uses {name}, a step count kept outside the call: " + _COUNT_HINT
+                     if _shared_count(train_fixed, name) else
+                     f". Your loop uses {name}, {_shared_kind(train_fixed, name)} that outlives the call: a window kept "
                      "between calls starts a call with the losses the last one left over")
         raise CheckFailed("logs the mean loss of each interval", f"{label}: interval {i + 1} (steps {lo + 1} to "
                           f"{hi}): yours {yours[i]:.5f}, expected their mean {expected[i]:.5f}"
@@ -1425,6 +1427,36 @@ def _shared_lists(fn) -> list[str]:
     return found
 
 
+def _shared_value(fn, name: str):
+    value = getattr(fn, "__globals__", {}).get(name)
+    code = getattr(fn, "__code__", None)
+    if code is not None and name in code.co_freevars:
+        try:
+            value = (fn.__closure__ or ())[code.co_freevars.index(name)].cell_contents
+        except (ValueError, IndexError):
+            pass
+    return value
+
+
+def _shared_count(fn, name: str) -> bool:
+    """Whether the container `fn` uses from outside holds only whole numbers (a step count, STEP = [0]; walk
+    w8-05), not losses or means."""
+    value = getattr(fn, "__globals__", {}).get(name)
+    code = getattr(fn, "__code__", None)
+    if code is not None and name in code.co_freevars:
+        try:
+            value = (fn.__closure__ or ())[code.co_freevars.index(name)].cell_contents
+        except (ValueError, IndexError):
+            pass
+    values = list(value.values()) if isinstance(value, dict) else list(value or [])
+    return bool(values) and all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+
+
+_COUNT_HINT = ("count the steps in the body (for step, (images, labels) in enumerate(batches, 1)): a count kept "
+               "outside the function goes on from the earlier calls' steps, so this call's intervals end at the "
+               "wrong steps")
+
+
 def _shared_kind(fn, name: str) -> str:
     """'a list', 'a dict' or 'a deque': what the name `fn` uses from outside holds (w7-05 w54_10, a dict)."""
     value = getattr(fn, "__globals__", {}).get(name)
@@ -1455,6 +1487,11 @@ def _no_shared_list(train_fixed, result, n_logs, label, seed):
     """More means than intervals, from a function that uses a list made outside it (a module-level MEANS = [],
     walk w6-05 w54_06): name that list, not the interval or the default argument."""
     shared = _shared_lists(train_fixed)
+    if shared and len(result) > n_logs and _shared_count(train_fixed, shared[0]):
+        raise CheckFailed("keeps nothing between calls", f"{label}: yours returned {len(result)} values, expected the "
+                          f"means of {n_logs} intervals: your function uses {shared[0]}, a count kept between calls "
+                          f"(it holds {list(_shared_value(train_fixed, shared[0]))[:3]}), which goes on from the "
+                          f"earlier calls' steps (seed {seed})", _COUNT_HINT)
     if shared and len(result) > n_logs:
         raise CheckFailed("keeps nothing between calls", f"{label}: yours returned {len(result)} values, expected the "
                           f"means of {n_logs} intervals: your function uses {shared[0]}, {_shared_kind(train_fixed, shared[0])} made outside it, which "
@@ -1501,8 +1538,11 @@ def _default_interval(train_fixed, rng, seed):
                           f"{label}, after an earlier call that ended with a partial interval: interval {i + 1} "
                           f"(steps {10 * i + 1} to {10 * i + 10}): yours {yours[i]:.5f}, expected {expected[i]:.5f} "
                           f"(seed {seed})" + (f"; your loop uses {_shared_lists(train_fixed)[0]}, "
-                                              f"{_shared_kind(train_fixed, _shared_lists(train_fixed)[0])} that "
-                                              "outlives the call" if _shared_lists(train_fixed) else ""),
+                                              + ("a step count kept outside the call"
+                                                 if _shared_count(train_fixed, _shared_lists(train_fixed)[0]) else
+                                                 f"{_shared_kind(train_fixed, _shared_lists(train_fixed)[0])} that "
+                                                 "outlives the call") if _shared_lists(train_fixed) else ""),
+                          _COUNT_HINT if _shared_lists(train_fixed) and _shared_count(train_fixed, _shared_lists(train_fixed)[0]) else
                           "the mean of the 10 losses of that interval, and only those: a window kept between calls "
                           "(a default argument such as window=[], a global) starts this call with the losses the "
                           "last call left over")
