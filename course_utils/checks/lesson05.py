@@ -1194,7 +1194,20 @@ def _loop_case(train_fixed, rng, seed, device):
         readings = StepReadings(batches, lambda: (watch.alive, meter.live_bytes))
         with (_pretend_a_gpu() if device.type == "cpu" else contextlib.nullcontext()), syncs, \
                 contextlib.redirect_stdout(printed):
-            result = train_fixed(model, opt, readings, loss_fn, log_every=log_every)
+            try:
+                result = train_fixed(model, opt, readings, loss_fn, log_every=log_every)
+            except (RuntimeError, AssertionError) as exc:
+                if device.type != "cpu" or not ("NVIDIA driver" in str(exc) or "compiled with CUDA" in str(exc)):
+                    raise
+                line = _line_naming_cuda(train_fixed)
+                raise CheckFailed("makes its tensors on the device of the inputs given",
+                                  f"{label}: yours made a tensor on 'cuda'{line}: this CPU run answers "
+                                  "torch.cuda.is_available() True (so that a GPU-only branch runs and its waits are "
+                                  "counted), while the model and the batches are on the CPU; torch then said: "
+                                  f"{str(exc).strip().splitlines()[0][:120]}",
+                                  "take the device from what you are given (loss.detach() starts a total where the "
+                                  "loss is; or device=loss.device, images.device): a device chosen by "
+                                  "torch.cuda.is_available() is wrong whenever the inputs are elsewhere") from None
         if watch.alive:
             gc.collect()                   # a reference cycle that garbage collection frees is not a keep
         alive_after = watch.alive
@@ -1276,8 +1289,10 @@ def _loop_case(train_fixed, rng, seed, device):
         else:
             hint = (("torch.tensor(window) of device tensors copies each one to the host, a wait per step's "
                      "loss: torch.stack(window) keeps them on the device, and " if listed else "")
+                    + ("loss.cpu() or .to('cpu') copies the loss to the host, a wait per step: " if
+                       any(k in by_name for k in ("cpu", "to")) else "")
                     + "collect loss.detach() of each step on the device and read the interval's mean with one "
-                    ".item(); no print(loss), float(loss), .item() or torch.cuda.empty_cache() per step")
+                    ".item(); no print(loss), float(loss), .item(), .cpu() or torch.cuda.empty_cache() per step")
         raise CheckFailed("synchronises at most once per logging interval",
                           f"{label}: yours made {syncs.count} synchronising calls ({names}); at most {allowed} allowed",
                           hint)
@@ -1427,6 +1442,18 @@ def _shared_lists(fn) -> list[str]:
     return found
 
 
+def _line_naming_cuda(fn) -> str:
+    """' (at line N: `...`)': the first line of `fn` that writes the string 'cuda' (walk w8-05)."""
+    try:
+        lines, start = inspect.getsourcelines(fn)
+    except (OSError, TypeError):
+        return ""
+    for i, text in enumerate(lines):
+        if re.search(r"""["']cuda(:\d+)?["']""", text):
+            return f" (at line {start + i}: `{text.strip()}`)"
+    return ""
+
+
 def _shared_value(fn, name: str):
     value = getattr(fn, "__globals__", {}).get(name)
     code = getattr(fn, "__code__", None)
@@ -1548,6 +1575,47 @@ def _default_interval(train_fixed, rng, seed):
                           "last call left over")
 
 
+def _loop_on_a_device(train_fixed, rng, seed):
+    """A short run with the model and the batches on the virtual CUDA device for training steps (as 5.2's):
+    what lives in host memory is there as on a GPU, so a host buffer written with each step's loss is the copy
+    to the host it is on a GPU (walk w8-05: window = torch.zeros(log_every); window[i] = loss.detach())."""
+    from .virtual_cuda_training import VirtualCudaTraining
+    log_every, n_logs = 3, 2
+    torch.manual_seed(int(rng.integers(0, 2**31)))
+    model = _SmallConvNet(classes=3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    gen = torch.Generator().manual_seed(int(rng.integers(0, 2**31)))
+    batches = [(torch.randn(4, 3, 8, 8, generator=gen), torch.randint(0, 3, (4,), generator=gen))
+               for _ in range(log_every * n_logs)]
+    label = f"{len(batches)} steps, log_every={log_every}, on a (virtual) CUDA device (seed {seed})"
+    with VirtualCudaTraining() as vc:
+        vc.put_module(model)
+        for images, labels in batches:
+            vc.put(images), vc.put(labels)
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                train_fixed(model, opt, batches, lambda out, target: F.cross_entropy(out, target), log_every=log_every)
+        except RuntimeError as exc:
+            if "same device" not in str(exc):
+                raise
+            raise CheckFailed("keeps its window on the device", f"{label}: yours raised: {str(exc)[:200]}",
+                              "collect loss.detach() where the loss is (a list of them, torch.stack at the logging, "
+                              "or a total started from the first loss.detach()): a tensor made without device= is in "
+                              "host memory, and a GPU's loss cannot be added into it") from None
+        syncs = list(vc.syncs)
+    if len(syncs) > n_logs:
+        where = "; ".join(dict.fromkeys(f"{s.what} at line {s.where.rpartition(chr(58))[2]}" for s in syncs))
+        host_write = any("written from the device" in s.what for s in syncs)
+        raise CheckFailed("synchronises at most once per logging interval",
+                          f"{label}: yours waited for the device {len(syncs)} times for {n_logs} intervals ({where})",
+                          ("a buffer made without device= (torch.zeros(log_every)) is in host memory: writing each "
+                           "step's loss into it is a copy to the host that waits for the device, every step; keep "
+                           "the window on the device (device=loss.device, or a list of loss.detach())"
+                           if host_write else
+                           "collect loss.detach() of each step on the device and read the interval's mean with one "
+                           ".item(): any other read or copy to the host per step waits for the device"))
+
+
 @exercise("5.4", "Fix a loop that keeps graphs and syncs every step", points=2)
 @forbids("course_utils.train:train", "course_utils.train:_step")
 @single_threaded
@@ -1558,6 +1626,9 @@ def check_fixed_loop(train_fixed):
     for device in _devices():
         used, allowed = _loop_case(train_fixed, rng, seed, device)
         notes.append(f"{used} syncs (at most {allowed} allowed) on {device.type}")
+    if not torch.cuda.is_available():
+        _loop_on_a_device(train_fixed, rng, seed)
+        notes.append("at most one per interval on a (virtual) CUDA device")
     _default_interval(train_fixed, rng, seed)
     return ("no graph kept, activations freed by each backward, gradients freed, each interval's mean printed and "
             "returned (log_every=10 by default); " + "; ".join(notes) + ".")
