@@ -1079,7 +1079,11 @@ def _names_the_host(args, kwargs) -> bool:
         return True
     import linecache
     line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
-    return "cpu" in line or not line
+    devices = [c for c in targets if isinstance(c, torch.device)]
+    # HOST = torch.device("cpu") at module level; not the notebook's own `device` (the GPU's, where there is one)
+    named_outside = any(v is d and any(w in k.lower() for w in ("cpu", "host"))
+                        for d in devices for k, v in list(frame.f_globals.items()))
+    return "cpu" in line or not line or named_outside
 
 
 class _MovesCountMode(_CountingMode):

@@ -226,3 +226,16 @@ def test_fixed_loop_a_step_count_kept_outside_is_named():
         assert result.status == "fail", result.message
         assert "count" in result.message and "enumerate(batches, 1)" in result.message, result.message
         assert "earlier calls' means" not in result.message, result.message
+
+
+HOST = torch.device("cpu")
+
+
+def amp_to_a_host_device_named_outside(model, optimizer, scaler, images, labels, dtype=torch.float16, max_norm=1.0):
+    return _amp(model, optimizer, scaler, images, labels, dtype, max_norm).to(HOST)
+
+
+def test_amp_step_a_copy_to_a_host_device_named_outside_counts():
+    """The near miss of the no-op rule: a torch.device('cpu') kept in a module-level name is a copy to the host."""
+    rejected("5.1", Mutant(".to(HOST)", amp_to_a_host_device_named_outside,
+                           "reads nothing on the host besides the scaler's own check", words=".to('cpu')"), range(1))
