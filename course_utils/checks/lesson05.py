@@ -1630,10 +1630,10 @@ def check_fixed_loop(train_fixed):
     for device in _devices():
         used, allowed = _loop_case(train_fixed, rng, seed, device)
         notes.append(f"{used} syncs (at most {allowed} allowed) on {device.type}")
-    if not torch.cuda.is_available():
-        _loop_on_a_device(train_fixed, rng, seed)
-        notes.append("at most one per interval on a (virtual) CUDA device")
     _default_interval(train_fixed, rng, seed)
+    if not torch.cuda.is_available():      # last, with draws of its own: the cases above keep theirs
+        _loop_on_a_device(train_fixed, np.random.default_rng([seed, 54]), seed)
+        notes.append("at most one per interval on a (virtual) CUDA device")
     return ("no graph kept, activations freed by each backward, gradients freed, each interval's mean printed and "
             "returned (log_every=10 by default); " + "; ".join(notes) + ".")
 
