@@ -1607,6 +1607,10 @@ def _loop_on_a_device(train_fixed, rng, seed):
                               "or a total started from the first loss.detach()): a tensor made without device= is in "
                               "host memory, and a GPU's loss cannot be added into it") from None
         syncs = list(vc.syncs)
+    # one blocking copy of a host-made tensor to the device, once (total = total.to(loss.device) on the first
+    # step, walk w8-05) is set-up, not a wait per step: count such copies from the second on
+    to_device = [s for s in syncs if "copy to the device" in s.what]
+    syncs = [s for s in syncs if "copy to the device" not in s.what] + to_device[1:]
     if len(syncs) > n_logs:
         where = "; ".join(dict.fromkeys(f"{s.what} at line {s.where.rpartition(chr(58))[2]}" for s in syncs))
         host_write = any("written from the device" in s.what for s in syncs)

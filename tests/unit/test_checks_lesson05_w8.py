@@ -239,3 +239,25 @@ def test_amp_step_a_copy_to_a_host_device_named_outside_counts():
     """The near miss of the no-op rule: a torch.device('cpu') kept in a module-level name is a copy to the host."""
     rejected("5.1", Mutant(".to(HOST)", amp_to_a_host_device_named_outside,
                            "reads nothing on the host besides the scaler's own check", words=".to('cpu')"), range(1))
+
+
+def loop_total_moved_once(model, optimizer, batches, loss_fn, log_every=10):
+    """A host-made total moved to the loss's device on the first step, a no-op after (walk w8-05): one copy in
+    all, not one per step."""
+    means, total = [], torch.zeros(())
+    for step, (images, labels) in enumerate(batches, 1):
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        total = total.to(loss.device) + loss.detach()
+        if step % log_every == 0:
+            m = (total / log_every).item()
+            print(f"step {step}: mean loss {m:.4f}")
+            means.append(m)
+            total = total * 0
+    return means
+
+
+def test_fixed_loop_a_total_moved_once_passes():
+    passes("5.4", loop_total_moved_once, range(1))
