@@ -1327,6 +1327,8 @@ def _loop_case(train_fixed, rng, seed, device):
         if kept:
             state = (f". Your default argument {kept[0]}=[] is made once, when `def` runs: it is a window kept "
                      "between calls, which starts a call with the losses the last one left over")
+        elif _shared_lists(train_fixed) and _shared_count(train_fixed, _shared_lists(train_fixed)[0]):
+            state = f". Your loop uses {_shared_lists(train_fixed)[0]}, a step count kept outside the call: " + _COUNT_HINT
         elif i == 0 and not seen and _shared_lists(train_fixed):
             name = _shared_lists(train_fixed)[0]
             state = (f". Your loop uses {name}, a step count kept outside the call: " + _COUNT_HINT
@@ -1584,7 +1586,9 @@ def _loop_on_a_device(train_fixed, rng, seed):
     what lives in host memory is there as on a GPU, so a host buffer written with each step's loss is the copy
     to the host it is on a GPU (walk w8-05: window = torch.zeros(log_every); window[i] = loss.detach())."""
     from .virtual_cuda_training import VirtualCudaTraining
-    log_every, n_logs = 3, 2
+    # log_every 10, as the default case just before, whose step count (21 to 29) is no multiple of 10: a step
+    # count kept outside the function (STEP = [0]) logs at the wrong steps in one of the two, whatever it held
+    log_every, n_logs = 10, 2
     torch.manual_seed(int(rng.integers(0, 2**31)))
     model = _SmallConvNet(classes=3)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -1592,13 +1596,20 @@ def _loop_on_a_device(train_fixed, rng, seed):
     batches = [(torch.randn(4, 3, 8, 8, generator=gen), torch.randint(0, 3, (4,), generator=gen))
                for _ in range(log_every * n_logs)]
     label = f"{len(batches)} steps, log_every={log_every}, on a (virtual) CUDA device (seed {seed})"
+    recorded = []
+
+    def loss_fn(out, target):
+        loss = F.cross_entropy(out, target)
+        recorded.append(loss.detach().clone())
+        return loss
+
     with VirtualCudaTraining() as vc:
         vc.put_module(model)
         for images, labels in batches:
             vc.put(images), vc.put(labels)
         try:
             with contextlib.redirect_stdout(io.StringIO()):
-                train_fixed(model, opt, batches, lambda out, target: F.cross_entropy(out, target), log_every=log_every)
+                result = train_fixed(model, opt, batches, loss_fn, log_every=log_every)
         except RuntimeError as exc:
             if "same device" not in str(exc):
                 raise
@@ -1607,6 +1618,18 @@ def _loop_on_a_device(train_fixed, rng, seed):
                               "or a total started from the first loss.detach()): a tensor made without device= is in "
                               "host memory, and a GPU's loss cannot be added into it") from None
         syncs = list(vc.syncs)
+        with vc.quiet():
+            expected = [float(torch.stack(recorded[i * log_every:(i + 1) * log_every]).mean()) for i in range(n_logs)]
+            yours = [float(v) for v in result] if isinstance(result, (list, tuple)) else None
+    if yours is None or len(yours) != n_logs or not np.allclose(yours, expected, rtol=1e-4, atol=1e-6):
+        shared = _shared_lists(train_fixed)
+        counted = bool(shared) and _shared_count(train_fixed, shared[0])
+        raise CheckFailed("logs the mean loss of each interval",
+                          f"{label}: yours returned {yours if yours is None else [round(v, 5) for v in yours]}, "
+                          f"expected {[round(v, 5) for v in expected]}"
+                          + (f"; your loop uses {shared[0]}, a step count kept outside the call" if counted else ""),
+                          _COUNT_HINT if counted else
+                          "every log_every steps, the mean of those steps' losses, and nothing kept from an earlier call")
     # one blocking copy of a host-made tensor to the device, once (total = total.to(loss.device) on the first
     # step, walk w8-05) is set-up, not a wait per step: count such copies from the second on
     to_device = [s for s in syncs if "copy to the device" in s.what]
