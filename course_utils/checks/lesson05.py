@@ -93,12 +93,54 @@ class _LossWatch(torch.overrides.TorchFunctionMode):
 
     def __init__(self, kind):
         super().__init__()
-        self.kind, self.autocast = kind, []
+        self.kind, self.autocast, self.retained = kind, [], []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if getattr(func, "__name__", "") in ("cross_entropy", "nll_loss"):
+        name = getattr(func, "__name__", "")
+        if name in ("cross_entropy", "nll_loss"):
             self.autocast.append(torch.is_autocast_enabled(self.kind))
+        if name == "backward":      # Tensor.backward(gradient, retain_graph, create_graph): walk w8-05
+            kw = kwargs or {}
+            retain = kw.get("retain_graph", args[2] if len(args) > 2 else None)
+            create = kw.get("create_graph", args[3] if len(args) > 3 else False)
+            self.retained.append(bool(retain) or (retain is None and bool(create)))
         return func(*args, **(kwargs or {}))
+
+
+def _kept_tensors(fn) -> tuple[int, str]:
+    """How many tensors the containers that outlive a call of `fn` hold (a module-level list, a closure's
+    deque, an attribute on the function), and the name of the fullest: a log of every step's loss or
+    gradient norm grows by one device tensor per step (walk w8-05)."""
+    fn = getattr(fn, "__wrapped__", fn)
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return 0, ""
+    names, stack = set(), [code]
+    while stack:
+        c = stack.pop()
+        names.update(c.co_names)
+        stack.extend(k for k in c.co_consts if inspect.iscode(k))
+    g = getattr(fn, "__globals__", {})
+    places = [(n, g[n]) for n in names if n in g]
+    for n, cell in zip(code.co_freevars, getattr(fn, "__closure__", None) or ()):
+        try:
+            places.append((n, cell.cell_contents))
+        except ValueError:
+            pass
+    places += [(f"{getattr(fn, '__name__', 'fn')}.{k}", v) for k, v in getattr(fn, "__dict__", {}).items()]
+
+    def count(value, depth=0):
+        if isinstance(value, torch.Tensor):
+            return 1
+        if depth > 2:
+            return 0
+        if isinstance(value, (list, tuple, collections.deque, set)):
+            return sum(count(v, depth + 1) for v in value)
+        if isinstance(value, dict):
+            return sum(count(v, depth + 1) for v in value.values())
+        return 0
+    counted = [(count(v), n) for n, v in places if isinstance(v, (list, tuple, collections.deque, set, dict))]
+    return max(counted, default=(0, ""))
 
 
 def _uses_its_scaler(watched: _ScalerCalls, returned, label, *, scaled: bool) -> None:
@@ -163,6 +205,18 @@ def _passes_keyword(fn, keyword: str) -> bool:
                 return True
             if inspect.iscode(const):
                 stack.append(const)
+    return False
+
+
+def _uses_name(fn, name: str) -> bool:
+    """Whether `fn`'s code (or a function nested in it) names `name` (an attribute or a global)."""
+    code = getattr(getattr(fn, "__wrapped__", fn), "__code__", None)
+    stack = [code] if code is not None else []
+    while stack:
+        code = stack.pop()
+        if name in code.co_names:
+            return True
+        stack.extend(c for c in code.co_consts if inspect.iscode(c))
     return False
 
 
@@ -247,6 +301,13 @@ def _call_amp(amp_step, label, *args, **kwargs):
                               "an update()",
                               "end every step with scaler.update(): it resets the scaler for the next step "
                               "and adjusts the scale") from None
+        if "prior to update" in text and _uses_name(amp_step, "get_scale"):    # walk w8-05, 51b_manual_unscale_divide
+            raise CheckFailed("unscales and steps with the scaler",
+                              f"{label}: yours read scaler.get_scale() and then called scaler.update() with no "
+                              "scaler.step() before it (the scaler said: " + text.strip().rstrip('.') + ")",
+                              "unscale with scaler.unscale_(optimizer) and step with scaler.step(optimizer): dividing "
+                              ".grad by get_scale() by hand reads the scale on the host every step, and "
+                              "optimizer.step() then steps even after an overflow, which scaler.step skips") from None
         if "prior to update" in text:
             raise CheckFailed("calls scaler.update() after scaler.step()", f"{label}: the scaler said: {text.strip().rstrip('.')}",
                               "scaler.step(optimizer) first (it skips the step after an overflow), then "
@@ -318,6 +379,12 @@ def _amp_case(amp_step, rng, seed, device, dtype, *, use_scaler):
                                   "with autocast off: on the low-precision logits, in low precision",
                                   "put the loss inside the same `with torch.autocast(...)` block as the forward "
                                   "pass: autocast runs the loss in float32 from low-precision logits")
+            if any(losses_seen.retained):
+                raise CheckFailed("frees the step's saved activations in backward",
+                                  f"{label}: yours called backward with retain_graph=True: the activations the "
+                                  "forward pass saved stay in memory through the clipping and the optimizer step",
+                                  "backward() frees the activations it used unless retain_graph=True asks it to "
+                                  "keep them; one backward per step needs none: drop retain_graph")
             if any(model.backward_autocast):
                 raise CheckFailed("runs backward outside autocast",
                                   f"{label}: autocast was still on during the backward pass",
@@ -449,7 +516,10 @@ def _amp_case(amp_step, rng, seed, device, dtype, *, use_scaler):
     scaler = torch.amp.GradScaler(kind, growth_interval=5, enabled=use_scaler)
     fresh = _ScalerCalls(scaler)
     scales, losses = [], []
+    kept_before = None
     for _ in range(40):
+        if len(losses) == 5:
+            kept_before = _kept_tensors(amp_step)[0]
         xb, yb, _ = _blobs(rng, 32, d_in, n_classes, device, centers)
         fresh.calls.clear()
         losses.append(_call_amp(amp_step, label, model, opt, scaler, xb, yb, dtype=dtype, max_norm=5.0))
@@ -470,6 +540,14 @@ def _amp_case(amp_step, rng, seed, device, dtype, *, use_scaler):
                               "something the step keeps (a list, a global, an attribute) holds the loss itself, and "
                               "with it the step's whole graph: keep loss.detach() (or nothing) there, as the "
                               "returned loss is, the habit exercise 5.4 fixes")
+    kept, where = _kept_tensors(amp_step)
+    if kept_before is not None and kept - kept_before >= 30:
+        raise CheckFailed("keeps no tensor per step",
+                          f"{label}: after 40 calls {where}, which outlives the call, held {kept} tensors, "
+                          f"{kept - kept_before} more than after 5 calls: one more every step (seed {seed})",
+                          "on a GPU each is device memory kept for the whole run, a log of every step's loss or "
+                          "gradient norm (exercise 5.5 rejects the same): return loss.detach() and let the caller "
+                          "keep what it logs, once per interval")
     with fresh.reads.paused():
         losses = [_as_float(v, f"amp_step ({label})") for v in losses]
     first, last = float(np.mean(losses[:5])), float(np.mean(losses[-5:]))
@@ -480,6 +558,36 @@ def _amp_case(amp_step, rng, seed, device, dtype, *, use_scaler):
         raise CheckFailed("lets the scale grow after good steps",
                           f"{label}: with growth_interval=5 the scale never grew in 40 steps",
                           "call scaler.update() at the end of every step")
+
+
+class _LossOnTheHost(torch.overrides.TorchFunctionMode):
+    """The probe model's work stays on the host: a loss function given labels on the virtual device reads
+    them there (the labels live where the images do, as on a GPU)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in ("cross_entropy", "nll_loss"):
+            unwrap = lambda t: t._inner if isinstance(t, DeviceTensor) else t     # noqa: E731
+            args = tuple(unwrap(a) for a in args)
+            kwargs = {k: unwrap(v) for k, v in (kwargs or {}).items()}
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def _parameters_say(model, device):
+    """While the block runs, the model's parameters answer `.device` with `device` (their work stays on the
+    host): a step that reads the device from the model sees the one the images are on."""
+    params = list(model.parameters())
+    classes = {}
+    for p in params:
+        cls = type(p)
+        if cls not in classes:
+            classes[cls] = type(cls.__name__, (cls,), {"device": property(lambda self, _d=device: _d)})
+        p.__class__ = classes[cls]
+    try:
+        yield
+    finally:
+        for p in params:
+            p.__class__ = type(p).__mro__[1]
 
 
 def _autocast_follows_the_images(amp_step, rng, seed):
@@ -493,9 +601,11 @@ def _autocast_follows_the_images(amp_step, rng, seed):
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 12, growth_interval=10**6)
     label = "float16, images on a (virtual) GPU"
-    with VirtualCuda() as vc:
-        images = vc.to_device(x)
-        _call_amp(amp_step, label, model, opt, scaler, images, y, dtype=torch.float16, max_norm=1e9)
+    with VirtualCuda() as vc, _parameters_say(model, torch.device("cuda", 0)), _LossOnTheHost():
+        # the model says it lives where the images do, as on a GPU (walk w8-05: a device type taken from
+        # next(model.parameters()).device was failed here, though right on real hardware)
+        images, labels = vc.to_device(x), vc.to_device(y)     # the labels live where the images do, as on a GPU
+        _call_amp(amp_step, label, model, opt, scaler, images, labels, dtype=torch.float16, max_norm=1e9)
         waits = [s for s in vc.reads()]
     if waits:
         raise CheckFailed("reads nothing on the host besides the scaler's own check",
@@ -508,8 +618,8 @@ def _autocast_follows_the_images(amp_step, rng, seed):
         state = "off" if not model.seen or not model.seen[0][0] else f"on, to {model.seen[0][1]}"
         raise CheckFailed("autocasts on the images' device type",
                           f"{label}: during the forward pass CUDA autocast was {state} (seed {seed})",
-                          "torch.autocast(device_type=images.device.type, dtype=dtype): a device type written "
-                          "into the code is right on one machine only")
+                          "torch.autocast(device_type=images.device.type, dtype=dtype): take the device type "
+                          "from the images (a device type written into the code is right on one machine only)")
 
 
 def _defaults_case(amp_step, rng, seed):
@@ -738,9 +848,19 @@ def check_accumulation(accumulate_gradients):
                               f"{what}: yours returned a tensor{' that still holds the graph' if result.requires_grad else ''}",
                               "sum the detached weighted losses on the device, then one .item() at the end")
         loss = _as_float(result, f"accumulate_gradients ({what})")
+        if (math.isclose(loss, full_loss, rel_tol=1e-5, abs_tol=1e-9)
+                and not math.isclose(loss, full_loss, rel_tol=1e-11, abs_tol=1e-14)):
+            # the model is float64: a float32 running total keeps 7 of its digits (walk w8-05, 52_float32_total)
+            raise CheckFailed("returns the full batch's loss in the model's precision",
+                              f"{what}, a float64 model: yours {loss!r}, expected {full_loss!r} (off by "
+                              f"{abs(loss - full_loss) / abs(full_loss):.1e} of it: float32's rounding)",
+                              "make the running total in the loss's dtype (torch.zeros((), dtype=loss.dtype, "
+                              "device=...), or start from the first loss.detach()): a float32 total rounds a float64 "
+                              "model's loss to 7 digits")
         if not math.isclose(loss, full_loss, rel_tol=1e-6, abs_tol=1e-9):
             raise CheckFailed("returns the full batch's loss", f"{what}: yours {loss:.6f}, expected {full_loss:.6f}",
-                              "add up the weighted micro-batch losses (as floats or detached tensors)")
+                              "add up the weighted micro-batch losses as detached tensors on the device (total += loss.detach()) "
+                              "and read the total once at the end")
         if syncs.count > 1:
             raise CheckFailed("reads the loss from the device once", f"{what}: yours made {syncs.count} synchronising "
                               f"calls ({', '.join(f'{n} x{c}' for n, c in syncs.by_name().items())}); one is enough",
@@ -940,6 +1060,32 @@ class _SmallConvNet(nn.Module):
         return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
 
 
+def _names_the_host(args, kwargs) -> bool:
+    """A Tensor.to(...) that copies a would-be device tensor to the host: its target is written as the host
+    ("cpu", torch.device("cpu")). Here the learner's tensors stand for a GPU's, so .to(images.device),
+    .to(loss.device) or .to(other_tensor) names the device the tensor is already on: a no-op there, no copy
+    and no wait (walk w8-05: the course's own train._step does labels.to(images.device)); SyncCounter on a
+    GPU does not count it either."""
+    if not _to_host(args, kwargs):
+        return False
+    targets = [c for c in list(args[1:]) + [kwargs.get("device")] if isinstance(c, (str, torch.device))]
+    if any(isinstance(c, str) for c in targets):
+        return True
+    # a torch.device: the host written in the caller's line (torch.device("cpu")), not a tensor's .device
+    frame = sys._getframe(2)
+    while frame is not None and "/torch/" in frame.f_code.co_filename.replace("\\", "/"):
+        frame = frame.f_back
+    if frame is None:
+        return True
+    import linecache
+    line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+    devices = [c for c in targets if isinstance(c, torch.device)]
+    # HOST = torch.device("cpu") at module level; not the notebook's own `device` (the GPU's, where there is one)
+    named_outside = any(v is d and any(w in k.lower() for w in ("cpu", "host"))
+                        for d in devices for k, v in list(frame.f_globals.items()))
+    return "cpu" in line or not line or named_outside
+
+
 class _MovesCountMode(_CountingMode):
     """SyncCounter's mode, plus: with host_reads, a copy of a tensor to the host (.cpu(),
     .to("cpu")) counts as the synchronisation it would be on a GPU, and what it returns is on
@@ -951,7 +1097,7 @@ class _MovesCountMode(_CountingMode):
         first = args[0] if args else None
         counter = self.counter
         if (counter.host_reads and isinstance(first, torch.Tensor) and first.device.type == "cpu"
-                and (name == "cpu" or (name == "to" and _to_host(args, kwargs)))
+                and (name == "cpu" or (name == "to" and _names_the_host(args, kwargs)))
                 and not counter._is_on_host(first) and not counter._paused
                 and "/torch/" not in sys._getframe(1).f_code.co_filename.replace("\\", "/")):
             # (torch's own moves of host tensors, a GradScaler's scale put beside a CPU loss, are not the learner's)
@@ -1052,7 +1198,20 @@ def _loop_case(train_fixed, rng, seed, device):
         readings = StepReadings(batches, lambda: (watch.alive, meter.live_bytes))
         with (_pretend_a_gpu() if device.type == "cpu" else contextlib.nullcontext()), syncs, \
                 contextlib.redirect_stdout(printed):
-            result = train_fixed(model, opt, readings, loss_fn, log_every=log_every)
+            try:
+                result = train_fixed(model, opt, readings, loss_fn, log_every=log_every)
+            except (RuntimeError, AssertionError) as exc:
+                if device.type != "cpu" or not ("NVIDIA driver" in str(exc) or "compiled with CUDA" in str(exc)):
+                    raise
+                line = _line_naming_cuda(train_fixed)
+                raise CheckFailed("makes its tensors on the device of the inputs given",
+                                  f"{label}: yours made a tensor on 'cuda'{line}: this CPU run answers "
+                                  "torch.cuda.is_available() True (so that a GPU-only branch runs and its waits are "
+                                  "counted), while the model and the batches are on the CPU; torch then said: "
+                                  f"{str(exc).strip().splitlines()[0][:120]}",
+                                  "take the device from what you are given (loss.detach() starts a total where the "
+                                  "loss is; or device=loss.device, images.device): a device chosen by "
+                                  "torch.cuda.is_available() is wrong whenever the inputs are elsewhere") from None
         if watch.alive:
             gc.collect()                   # a reference cycle that garbage collection frees is not a keep
         alive_after = watch.alive
@@ -1134,8 +1293,10 @@ def _loop_case(train_fixed, rng, seed, device):
         else:
             hint = (("torch.tensor(window) of device tensors copies each one to the host, a wait per step's "
                      "loss: torch.stack(window) keeps them on the device, and " if listed else "")
+                    + ("loss.cpu() or .to('cpu') copies the loss to the host, a wait per step: " if
+                       any(k in by_name for k in ("cpu", "to")) else "")
                     + "collect loss.detach() of each step on the device and read the interval's mean with one "
-                    ".item(); no print(loss), float(loss), .item() or torch.cuda.empty_cache() per step")
+                    ".item(); no print(loss), float(loss), .item(), .cpu() or torch.cuda.empty_cache() per step")
         raise CheckFailed("synchronises at most once per logging interval",
                           f"{label}: yours made {syncs.count} synchronising calls ({names}); at most {allowed} allowed",
                           hint)
@@ -1166,9 +1327,13 @@ def _loop_case(train_fixed, rng, seed, device):
         if kept:
             state = (f". Your default argument {kept[0]}=[] is made once, when `def` runs: it is a window kept "
                      "between calls, which starts a call with the losses the last one left over")
+        elif _shared_lists(train_fixed) and _shared_count(train_fixed, _shared_lists(train_fixed)[0]):
+            state = f". Your loop uses {_shared_lists(train_fixed)[0]}, a step count kept outside the call: " + _COUNT_HINT
         elif i == 0 and not seen and _shared_lists(train_fixed):
             name = _shared_lists(train_fixed)[0]
-            state = (f". Your loop uses {name}, {_shared_kind(train_fixed, name)} that outlives the call: a window kept "
+            state = (f". Your loop uses {name}, a step count kept outside the call: " + _COUNT_HINT
+                     if _shared_count(train_fixed, name) else
+                     f". Your loop uses {name}, {_shared_kind(train_fixed, name)} that outlives the call: a window kept "
                      "between calls starts a call with the losses the last one left over")
         raise CheckFailed("logs the mean loss of each interval", f"{label}: interval {i + 1} (steps {lo + 1} to "
                           f"{hi}): yours {yours[i]:.5f}, expected their mean {expected[i]:.5f}"
@@ -1283,6 +1448,48 @@ def _shared_lists(fn) -> list[str]:
     return found
 
 
+def _line_naming_cuda(fn) -> str:
+    """' (at line N: `...`)': the first line of `fn` that writes the string 'cuda' (walk w8-05)."""
+    try:
+        lines, start = inspect.getsourcelines(fn)
+    except (OSError, TypeError):
+        return ""
+    for i, text in enumerate(lines):
+        if re.search(r"""["']cuda(:\d+)?["']""", text):
+            return f" (at line {start + i}: `{text.strip()}`)"
+    return ""
+
+
+def _shared_value(fn, name: str):
+    value = getattr(fn, "__globals__", {}).get(name)
+    code = getattr(fn, "__code__", None)
+    if code is not None and name in code.co_freevars:
+        try:
+            value = (fn.__closure__ or ())[code.co_freevars.index(name)].cell_contents
+        except (ValueError, IndexError):
+            pass
+    return value
+
+
+def _shared_count(fn, name: str) -> bool:
+    """Whether the container `fn` uses from outside holds only whole numbers (a step count, STEP = [0]; walk
+    w8-05), not losses or means."""
+    value = getattr(fn, "__globals__", {}).get(name)
+    code = getattr(fn, "__code__", None)
+    if code is not None and name in code.co_freevars:
+        try:
+            value = (fn.__closure__ or ())[code.co_freevars.index(name)].cell_contents
+        except (ValueError, IndexError):
+            pass
+    values = list(value.values()) if isinstance(value, dict) else list(value or [])
+    return bool(values) and all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+
+
+_COUNT_HINT = ("count the steps in the body (for step, (images, labels) in enumerate(batches, 1)): a count kept "
+               "outside the function goes on from the earlier calls' steps, so this call's intervals end at the "
+               "wrong steps")
+
+
 def _shared_kind(fn, name: str) -> str:
     """'a list', 'a dict' or 'a deque': what the name `fn` uses from outside holds (w7-05 w54_10, a dict)."""
     value = getattr(fn, "__globals__", {}).get(name)
@@ -1313,6 +1520,11 @@ def _no_shared_list(train_fixed, result, n_logs, label, seed):
     """More means than intervals, from a function that uses a list made outside it (a module-level MEANS = [],
     walk w6-05 w54_06): name that list, not the interval or the default argument."""
     shared = _shared_lists(train_fixed)
+    if shared and len(result) > n_logs and _shared_count(train_fixed, shared[0]):
+        raise CheckFailed("keeps nothing between calls", f"{label}: yours returned {len(result)} values, expected the "
+                          f"means of {n_logs} intervals: your function uses {shared[0]}, a count kept between calls "
+                          f"(it holds {list(_shared_value(train_fixed, shared[0]))[:3]}), which goes on from the "
+                          f"earlier calls' steps (seed {seed})", _COUNT_HINT)
     if shared and len(result) > n_logs:
         raise CheckFailed("keeps nothing between calls", f"{label}: yours returned {len(result)} values, expected the "
                           f"means of {n_logs} intervals: your function uses {shared[0]}, {_shared_kind(train_fixed, shared[0])} made outside it, which "
@@ -1359,11 +1571,80 @@ def _default_interval(train_fixed, rng, seed):
                           f"{label}, after an earlier call that ended with a partial interval: interval {i + 1} "
                           f"(steps {10 * i + 1} to {10 * i + 10}): yours {yours[i]:.5f}, expected {expected[i]:.5f} "
                           f"(seed {seed})" + (f"; your loop uses {_shared_lists(train_fixed)[0]}, "
-                                              f"{_shared_kind(train_fixed, _shared_lists(train_fixed)[0])} that "
-                                              "outlives the call" if _shared_lists(train_fixed) else ""),
+                                              + ("a step count kept outside the call"
+                                                 if _shared_count(train_fixed, _shared_lists(train_fixed)[0]) else
+                                                 f"{_shared_kind(train_fixed, _shared_lists(train_fixed)[0])} that "
+                                                 "outlives the call") if _shared_lists(train_fixed) else ""),
+                          _COUNT_HINT if _shared_lists(train_fixed) and _shared_count(train_fixed, _shared_lists(train_fixed)[0]) else
                           "the mean of the 10 losses of that interval, and only those: a window kept between calls "
                           "(a default argument such as window=[], a global) starts this call with the losses the "
                           "last call left over")
+
+
+def _loop_on_a_device(train_fixed, rng, seed):
+    """A short run with the model and the batches on the virtual CUDA device for training steps (as 5.2's):
+    what lives in host memory is there as on a GPU, so a host buffer written with each step's loss is the copy
+    to the host it is on a GPU (walk w8-05: window = torch.zeros(log_every); window[i] = loss.detach())."""
+    from .virtual_cuda_training import VirtualCudaTraining
+    # log_every 10, as the default case just before, whose step count (21 to 29) is no multiple of 10: a step
+    # count kept outside the function (STEP = [0]) logs at the wrong steps in one of the two, whatever it held
+    log_every, n_logs = 10, 2
+    torch.manual_seed(int(rng.integers(0, 2**31)))
+    model = _SmallConvNet(classes=3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    gen = torch.Generator().manual_seed(int(rng.integers(0, 2**31)))
+    batches = [(torch.randn(4, 3, 8, 8, generator=gen), torch.randint(0, 3, (4,), generator=gen))
+               for _ in range(log_every * n_logs)]
+    label = f"{len(batches)} steps, log_every={log_every}, on a (virtual) CUDA device (seed {seed})"
+    recorded = []
+
+    def loss_fn(out, target):
+        loss = F.cross_entropy(out, target)
+        recorded.append(loss.detach().clone())
+        return loss
+
+    with VirtualCudaTraining() as vc:
+        vc.put_module(model)
+        for images, labels in batches:
+            vc.put(images), vc.put(labels)
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                result = train_fixed(model, opt, batches, loss_fn, log_every=log_every)
+        except RuntimeError as exc:
+            if "same device" not in str(exc):
+                raise
+            raise CheckFailed("keeps its window on the device", f"{label}: yours raised: {str(exc)[:200]}",
+                              "collect loss.detach() where the loss is (a list of them, torch.stack at the logging, "
+                              "or a total started from the first loss.detach()): a tensor made without device= is in "
+                              "host memory, and a GPU's loss cannot be added into it") from None
+        syncs = list(vc.syncs)
+        with vc.quiet():
+            expected = [float(torch.stack(recorded[i * log_every:(i + 1) * log_every]).mean()) for i in range(n_logs)]
+            yours = [float(v) for v in result] if isinstance(result, (list, tuple)) else None
+    if yours is None or len(yours) != n_logs or not np.allclose(yours, expected, rtol=1e-4, atol=1e-6):
+        shared = _shared_lists(train_fixed)
+        counted = bool(shared) and _shared_count(train_fixed, shared[0])
+        raise CheckFailed("logs the mean loss of each interval",
+                          f"{label}: yours returned {yours if yours is None else [round(v, 5) for v in yours]}, "
+                          f"expected {[round(v, 5) for v in expected]}"
+                          + (f"; your loop uses {shared[0]}, a step count kept outside the call" if counted else ""),
+                          _COUNT_HINT if counted else
+                          "every log_every steps, the mean of those steps' losses, and nothing kept from an earlier call")
+    # one blocking copy of a host-made tensor to the device, once (total = total.to(loss.device) on the first
+    # step, walk w8-05) is set-up, not a wait per step: count such copies from the second on
+    to_device = [s for s in syncs if "copy to the device" in s.what]
+    syncs = [s for s in syncs if "copy to the device" not in s.what] + to_device[1:]
+    if len(syncs) > n_logs:
+        where = "; ".join(dict.fromkeys(f"{s.what} at line {s.where.rpartition(chr(58))[2]}" for s in syncs))
+        host_write = any("written from the device" in s.what for s in syncs)
+        raise CheckFailed("synchronises at most once per logging interval",
+                          f"{label}: yours waited for the device {len(syncs)} times for {n_logs} intervals ({where})",
+                          ("a buffer made without device= (torch.zeros(log_every)) is in host memory: writing each "
+                           "step's loss into it is a copy to the host that waits for the device, every step; keep "
+                           "the window on the device (device=loss.device, or a list of loss.detach())"
+                           if host_write else
+                           "collect loss.detach() of each step on the device and read the interval's mean with one "
+                           ".item(): any other read or copy to the host per step waits for the device"))
 
 
 @exercise("5.4", "Fix a loop that keeps graphs and syncs every step", points=2)
@@ -1377,6 +1658,9 @@ def check_fixed_loop(train_fixed):
         used, allowed = _loop_case(train_fixed, rng, seed, device)
         notes.append(f"{used} syncs (at most {allowed} allowed) on {device.type}")
     _default_interval(train_fixed, rng, seed)
+    if not torch.cuda.is_available():      # last, with draws of its own: the cases above keep theirs
+        _loop_on_a_device(train_fixed, np.random.default_rng([seed, 54]), seed)
+        notes.append("at most one per interval on a (virtual) CUDA device")
     return ("no graph kept, activations freed by each backward, gradients freed, each interval's mean printed and "
             "returned (log_every=10 by default); " + "; ".join(notes) + ".")
 

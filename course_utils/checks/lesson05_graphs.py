@@ -247,7 +247,10 @@ def _scenario(make_graphed_step, rng, device, *, optimizer: str, use_default_war
                # as many values as the graph's batch, in another shape: a numel() comparison lets it through (w3-05)
                (f"a batch of {batch} images laid out channels last, ({batch}, {side}, {side}, 3): as many values as "
                 f"the graph's ({batch}, 3, {side}, {side}), another shape", (full[0].permute(0, 2, 3, 1).contiguous(),
-                                                                             full[1]))]
+                                                                             full[1])),
+               # the labels too (walk w8-05: labels compared by numel() and reshaped with view_as passed)
+               (f"{batch} labels laid out as a column, ({batch}, 1): as many values as the graph's ({batch},), "
+                "another shape", (full[0], full[1].reshape(batch, 1)))]
     optimizer_name = {"sgd": "SGD (Nesterov momentum, weight decay)", "adam": "Adam(capturable=True)",
                       "adam-not-capturable": "Adam (not capturable)"}[optimizer]
     what = (f"a small CNN with batch norm, batch {batch} of {side}x{side} images, {optimizer_name}, "
@@ -573,6 +576,10 @@ def _refuses_other_shapes(s: _Run, emulate, vc):
                               "into every row without a word, and the graph then trains on copies of it: compare the "
                               "whole shape of the images and of the labels with the captured ones yourself, before "
                               "copying, and raise ValueError" if broadcast else
+                              "compare the whole shapes (images.shape != static_images.shape, labels.shape != "
+                              "static_labels.shape), not the number of values: view_as or reshape turns another layout "
+                              "into the captured one without a word, and the graph trains on values in the wrong "
+                              "places; raise ValueError" if "laid out" in told else
                               "a replay reads the captured buffers whole: a short batch would train on stale "
                               "samples; raise ValueError (drop_last=True avoids it)")
         if not _same(_state(yours, opt), before, 0.0) or (

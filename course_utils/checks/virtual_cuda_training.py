@@ -224,6 +224,13 @@ class _Where(TorchFunctionMode):
                                              "host memory)")
         if name == "is_pinned" and isinstance(first, torch.Tensor):
             return vc.is_pinned(first)
+        if (name in ("__setitem__", "copy_", "index_put_") and isinstance(first, torch.Tensor) and _tag(first) == _HOST
+                and any(_tag(t) != _HOST for t in tensors_in(args[1:]))
+                and not (name == "copy_" and kwargs.get("non_blocking") and vc.is_pinned(first))
+                and not _from_torch_internals()):
+            # a host tensor written from the device (host_buffer[i] = loss.detach()): a copy to the host that
+            # waits for the device, as .cpu() does (walk w8-05, check 5.4)
+            vc._host_read(f"Tensor.{name} (a host tensor written from the device: a copy to the host)")
         device = kwargs.get("device")
         tensors = tensors_in((args, kwargs))
         if "device" in kwargs and _is_cuda(device):

@@ -461,3 +461,38 @@ def test_a_refused_batch_changes_nothing(mutant):
     """Both refused cases that copy_ would take on one side (same-shape labels, same-shape images) are in every
     seed's draw, so either order of a copy made before the comparison fails (w7-05 w55_17)."""
     rejected("5.5", mutant, range(1))
+
+
+def labels_compared_by_their_number(model, optimizer, example_images, example_labels, warmup=3):
+    """Labels compared by numel() and reshaped with view_as (walk w8-05, 55_labels_numel_only): a column of
+    labels, (N, 1), is taken without a word, though the contract says another layout raises ValueError."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            optimizer.zero_grad(set_to_none=True)
+            F.cross_entropy(model(example_images), example_labels).backward()
+            optimizer.step()
+    torch.cuda.current_stream().wait_stream(side)
+    static_images, static_labels = example_images.clone(), example_labels.clone()
+    graph = torch.cuda.CUDAGraph()
+    optimizer.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph, stream=side):
+        static_loss = F.cross_entropy(model(static_images), static_labels)
+        static_loss.backward()
+        optimizer.step()
+
+    def step(images, labels):
+        if images.shape != static_images.shape or labels.numel() != static_labels.numel():
+            raise ValueError("a graph replays the shapes it captured")
+        static_images.copy_(images)
+        static_labels.copy_(labels.view_as(static_labels))
+        graph.replay()
+        return static_loss.detach().clone()
+    return step
+
+
+def test_labels_in_another_layout_are_refused():
+    """The column of labels is in every seed's draw (the refused cases take no draw of their own)."""
+    rejected("5.5", Mutant("labels compared by numel(), reshaped with view_as", labels_compared_by_their_number,
+                           "a batch of another shape raises ValueError", words="labels laid out as a column"), range(1))
