@@ -386,9 +386,10 @@ def fit_verdict(fit: "ScalingFit", counts, measured_ms, held_out=(), tolerance: 
              + (f"; within the rounds' spread ({spread:.0%}) of it: " + ", ".join(f"{devices(n)} {ms[n]:.2f} ms"
                                                                              for n in near) if near else "")]
     slower = [n for n in counts if n > best and n not in near]
-    if slower:
-        lines.append("more devices than that made the step slower: "
-                     + ", ".join(f"{n} devices {ms[n]:.2f} ms" for n in slower))
+    if slower:        # named against the fastest count, with the margin: a count inside the spread is not 'slower'
+        lines.append(f"more devices than {best}, slower than its step"
+                     + (f" by more than the rounds' spread ({spread:.0%})" if spread > 0 else "") + ": "
+                     + ", ".join(f"{n} devices {ms[n]:.2f} ms ({ms[n] / ms[best] - 1:+.0%})" for n in slower))
     misses = []
     allowed = max(tolerance, spread)
     for n in held_out:
@@ -403,18 +404,22 @@ def fit_verdict(fit: "ScalingFit", counts, measured_ms, held_out=(), tolerance: 
     if misses:
         lines.append("the fit does not extrapolate to the held-out counts (" + "; ".join(misses) + ")")
     if fit.per_device_ms > 0 and fit.best_n_devices() < 1:
-        lines.append(f"the fit's best count, sqrt(parallel / per-device) = {fit.best_n_devices():.1f}, is below one "
-                     f"device, not a count: the fit finds little that splits across devices ({fit.parallel_ms:.2f} ms "
-                     f"/ n) and {fit.per_device_ms:.2f} ms for every extra one, so it cannot place an optimum beyond "
-                     f"one device; the measured best was {best}"
+        lines.append(f"the fit is degenerate: its best count, sqrt(parallel / per-device) = "
+                     f"{fit.best_n_devices():.1f}, is below one device, not a count: it finds "
+                     + ("nothing" if fit.parallel_ms == 0 else "little")
+                     + f" that splits across devices ({fit.parallel_ms:.2f} ms / n) and {fit.per_device_ms:.2f} ms "
+                     f"for every extra one, so it names no optimum; the measured best was {best}"
                      + (f"; with rounds {spread:.0%} apart another run can fit other parts" if spread > tolerance
                         else ""))
+    elif fit.per_device_ms > 0 and spread > tolerance:
+        # the parts move with the noise (w7-06: 0.00 ms / n in one run, 29.86 in the next): no optimum from them
+        lines.append(f"the fit names no best device count: with rounds {spread:.0%} apart (more than "
+                     f"{tolerance:.0%}) its three parts are as uncertain as the rounds, and the count they imply "
+                     f"(here {fit.best_n_devices():.1f}) moves from run to run; the measured best was {best}")
     elif fit.per_device_ms > 0:
         where = fit.best_n_devices()
         lines.append(f"the fit puts the best device count near {where:.1f} (where parallel / n^2 = per-device)"
-                     + ("" if not misses and abs(where - best) <= 1.5 else f"; the measured best was {best}")
-                     + (f"; with rounds {spread:.0%} apart that number is as uncertain as they are: another run "
-                        "will put it elsewhere" if spread > tolerance else ""))
+                     + ("" if not misses and abs(where - best) <= 1.5 else f"; the measured best was {best}"))
     elif slower or misses:
         lines.append("the fit finds no per-device cost, yet the measurements above show one: trust them, not "
                      "the fit, beyond the counts it was fitted on")

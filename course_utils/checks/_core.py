@@ -383,6 +383,17 @@ def run_check(exercise_id: str, obj, **kwargs) -> CheckResult:
     """Run a check and return its result (records it, but prints nothing)."""
     spec = _lookup(exercise_id)
     t0 = time.perf_counter()
+    try:                # an argument the check does not take is the call's mistake, not the learner's code's
+        inspect.signature(spec.fn).bind(obj, **kwargs)
+    except TypeError as exc:
+        takes = [p.name for p in list(inspect.signature(spec.fn).parameters.values())[1:]]
+        result = CheckResult(exercise_id, "error", 0, spec.points,
+                             f"check(\"{exercise_id}\", ...) was called with an argument it does not take ({exc}); "
+                             + (f"it takes {', '.join(f'{t}=' for t in takes)} besides your answer"
+                                if takes else "it takes your answer alone"),
+                             os.environ.get("COURSE_NOTEBOOK"), 0.0)
+        _record(result)
+        return result
     _warm(spec)
     modules_before = set(sys.modules)
     replaced = _replaced_compared()          # before the check: what the learner's cells replaced

@@ -12,10 +12,12 @@ import numpy as np
 from ._core import CheckFailed
 
 
-def fresh_rng() -> tuple[np.random.Generator, int]:
+def fresh_rng(seed: int | None = None) -> tuple[np.random.Generator, int]:
     """A generator with a new seed on every run (inputs the learner has not seen), and the
-    seed, so that a failure can be reproduced (set env COURSE_CHECK_SEED to fix it)."""
-    seed = int(os.environ.get("COURSE_CHECK_SEED") or int.from_bytes(os.urandom(4), "little"))
+    seed, so that a failure can be reproduced (set env COURSE_CHECK_SEED to fix it, or pass
+    `seed`, where a check takes `check(..., seed=N)`)."""
+    if seed is None:
+        seed = int(os.environ.get("COURSE_CHECK_SEED") or int.from_bytes(os.urandom(4), "little"))
     return np.random.default_rng(seed), seed
 
 

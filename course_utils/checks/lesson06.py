@@ -30,6 +30,17 @@ from torch.overrides import TorchFunctionMode
 __all__ = ["reference_scatter", "reference_gather"]
 
 
+def _seeded(seed) -> tuple:
+    """`fresh_rng()`, or the generator of the seed a learner passes (`check("6.1", estimate_dp, seed=N)` reruns
+    the inputs of a line that printed '(seed N)')."""
+    if seed is None:
+        return fresh_rng()
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2 ** 64:
+        raise WrongType("takes a seed", f"the check's seed= takes a whole number from 0 on, as a line prints it "
+                        f"('(seed 1234)': seed=1234), not {seed!r}; leave it out for fresh inputs")
+    return fresh_rng(int(seed))
+
+
 # -- calls the learner's code must not make --------------------------------------------------------
 
 _Tripwire = Tripwire      # the checks' tamper-proof watch (`_core.Tripwire`): switching it off fails the check
@@ -362,18 +373,33 @@ def _baseline(costs, n, batch, loader) -> float:
     return scaling.predict_dp(costs, 1, scaling.dp_chunk_sizes(batch, n)[0], loader).samples_per_s
 
 
-def _rounded(yours: float, expected: float) -> int | None:
-    """The digits after the point that `yours` keeps if it is `expected` rounded (None if it is not)."""
+def _rounded(yours: float, expected: float) -> str | None:
+    """How `yours` is `expected` cut short: 'rounded to 2 decimals', 'truncated to a whole number (int() ...)',
+    'rounded up ...' (None if it is neither). Truncation (float(int(x)), math.floor) is off by up to a whole
+    unit, so it is told by the digits, not by the distance (w7-06: it read as a wrong one-device formula)."""
+    if trusted.isclose(yours, expected, rel_tol=1e-6) or not math.isfinite(expected):
+        return None
     for digits in range(0, 5):
-        if (abs(yours - expected) <= 0.5 * 10 ** -digits + 1e-12 and trusted.isclose(yours, round(yours, digits))
-                and not trusted.isclose(yours, expected, rel_tol=1e-6)):
-            return digits
+        scale = 10 ** digits
+        places = "a whole number" if digits == 0 else f"{digits} decimal{'' if digits == 1 else 's'}"
+        if abs(yours - expected) <= 0.5 * 10 ** -digits + 1e-12 and trusted.isclose(yours, round(yours, digits)):
+            cut = math.trunc(expected * scale) / scale
+            if trusted.isclose(yours, cut, rel_tol=1e-12):
+                return f"rounded or truncated to {places} (the two give the same number here)"
+            return f"rounded to {places}"
+        if not 10 <= abs(expected * scale) < 2 ** 52:     # a cut that keeps two digits or more: 1.0 for 0.13
+            continue                                      # is another mistake, not math.ceil
+        for how, cut in (("truncated", math.trunc), ("rounded up", math.ceil)):
+            if trusted.isclose(yours, cut(expected * scale) / scale, rel_tol=1e-12, abs_tol=1e-12):
+                tool = (" (int() and math.floor cut the fraction off)" if how == "truncated" and digits == 0
+                        else " (math.ceil)" if digits == 0 else "")
+                return f"{how} to {places}{tool}"
     return None
 
 
 _ROUNDING = ("returns the numbers unrounded",
              "the check compares samples_per_s and efficiency with the model's to 1 part in a million: return "
-             "them as computed and round only where you print them")
+             "them as computed (no round(), int(), math.floor or math.ceil) and round only where you print them")
 
 
 def _compare_estimate(estimate, costs, n, batch, loader, tripwire, props, earlier=None, history=()):
@@ -396,11 +422,10 @@ def _compare_estimate(estimate, costs, n, batch, loader, tripwire, props, earlie
             stale = (isinstance(again, collections.abc.Mapping) and again.get("samples_per_s") == value["samples_per_s"]
                      and not trusted.isclose(_expected_dp(other, n, batch, loader)["samples_per_s"],
                                              expected["samples_per_s"], rel_tol=1e-6))
-        digits = _rounded(yours["samples_per_s"], expected["samples_per_s"])
-        if digits is not None and not stale:
+        cut = _rounded(yours["samples_per_s"], expected["samples_per_s"])
+        if cut is not None and not stale:
             raise CheckFailed(_ROUNDING[0], f"{where}: yours {yours['samples_per_s']!r} samples/s, expected "
-                              f"{expected['samples_per_s']!r}: yours is the model's number rounded to {digits} "
-                              f"decimal{'' if digits == 1 else 's'}", _ROUNDING[1])
+                              f"{expected['samples_per_s']!r}: yours is the model's number {cut}", _ROUNDING[1])
         if stale:
             raise CheckFailed("computes every call from its own arguments",
                               f"{where}: yours {yours['samples_per_s']:,.2f} samples/s (expected "
@@ -411,11 +436,10 @@ def _compare_estimate(estimate, costs, n, batch, loader, tripwire, props, earlie
         raise CheckFailed(own_prop or speed_prop, f"{where}: yours {yours['samples_per_s']:,.2f} samples/s, "
                           f"expected {expected['samples_per_s']:,.2f}", named or _speed_hint(speed_prop))
     if not trusted.isclose(yours["efficiency"], expected["efficiency"], rel_tol=1e-6):
-        digits = _rounded(yours["efficiency"], expected["efficiency"])
-        if digits is not None:
+        cut = _rounded(yours["efficiency"], expected["efficiency"])
+        if cut is not None:
             raise CheckFailed(_ROUNDING[0], f"{where}: efficiency: yours {yours['efficiency']!r}, expected "
-                              f"{expected['efficiency']!r}: yours is the model's number rounded to {digits} "
-                              f"decimal{'' if digits == 1 else 's'}", _ROUNDING[1])
+                              f"{expected['efficiency']!r}: yours is the model's number {cut}", _ROUNDING[1])
         alone = _baseline(costs, n, batch, loader)
         if any(not trusted.isclose(b, alone, rel_tol=1e-6) and trusted.isclose(
                 yours["efficiency"], expected["samples_per_s"] / (n * b), rel_tol=1e-6) for b in history):
@@ -465,9 +489,9 @@ def _speed_hint(prop: str) -> str:
 
 
 @exercise("6.1", "A scaling estimator: samples/s and efficiency of DataParallel on N devices", points=2)
-def check_scaling_estimator(estimate_dp):
+def check_scaling_estimator(estimate_dp, *, seed=None):
     expect_callable(estimate_dp, "a function estimate_dp(costs, n_devices, batch_size, loader_samples_per_s)")
-    rng, seed = fresh_rng()
+    rng, seed = _seeded(seed)
     trip = _course_tripwire(scaling.predict_dp, scaling._device_ms, scaling.host_ms)
     inf = math.inf
     count = 0
@@ -993,9 +1017,9 @@ def _warm_scatter_gather() -> None:
 
 
 @exercise("6.2", "Scatter and gather exactly as DataParallel does", points=2, warmup=_warm_scatter_gather)
-def check_scatter_gather(functions):
+def check_scatter_gather(functions, *, seed=None):
     dp_scatter, dp_gather = _two_functions(functions)
-    rng, seed = fresh_rng()
+    rng, seed = _seeded(seed)
     trip = _torch_parallel_tripwire()
     count = 0
 
@@ -1466,10 +1490,10 @@ def _sizes(rng, regime=None, **fixed):
 
 
 @exercise("6.3", "The memory each device holds in a DataParallel step", points=1)
-def check_dp_memory(dp_memory):
+def check_dp_memory(dp_memory, *, seed=None):
     expect_callable(dp_memory, "a function dp_memory(n_devices, batch_size, *, param_bytes, optimizer_bytes, "
                     "input_bytes, activation_bytes, output_bytes, batch_on_device0=True)")
-    rng, seed = fresh_rng()
+    rng, seed = _seeded(seed)
     trip = _course_tripwire(scaling.dp_memory)
     count = 0
     answers, objects = {}, []

@@ -859,13 +859,13 @@ MUTANTS_6_1_W3 = [
            "splits the batch like DataParallel", words="also the pieces' lower median"),
     Mutant("w3-06 w61_rounded_outputs", lambda c, n, b, loader: {
         **estimate_dp(c, n, b, loader), "samples_per_s": round(estimate_dp(c, n, b, loader)["samples_per_s"])},
-        "returns the numbers unrounded", words="rounded to 0 decimals"),
+        "returns the numbers unrounded", words="to a whole number"),
     Mutant("w3-06 w61_rounded_sps_one_decimal", lambda c, n, b, loader: {
         **estimate_dp(c, n, b, loader), "samples_per_s": round(estimate_dp(c, n, b, loader)["samples_per_s"], 1)},
         "returns the numbers unrounded", words="1 part in a million"),
     Mutant("w3-06 efficiency rounded to 2 decimals", lambda c, n, b, loader: {
         **estimate_dp(c, n, b, loader), "efficiency": round(estimate_dp(c, n, b, loader)["efficiency"], 2)},
-        "returns the numbers unrounded", words="rounded to 2 decimals"),
+        "returns the numbers unrounded", words="to 2 decimals"),
     Mutant("w3-06 w61_efficiency_alone_compute_only", efficiency_alone_compute_only, "efficiency of one device is 1",
            words="by its compute alone"),
     Mutant("w3-06 w61_loader_in_seconds", _with(loader_fn=lambda batch, rate, m: batch / rate),

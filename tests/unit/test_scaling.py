@@ -129,7 +129,8 @@ def test_fit_verdict_reads_the_rounds_spread():
     fit = fit_scaling([1, 2, 3, 4], ms[:4], batch_size=512)
     quiet = fit_verdict(fit, [1, 2, 3, 4, 6], ms, held_out=[6], spread=0.0)
     assert quiet[0].startswith("measured: the fastest step came with 3 devices (21.00 ms)")
-    assert any("more devices than that made the step slower: 4 devices 23.00 ms, 6 devices 30.00 ms" in l for l in quiet)
+    assert any("more devices than 3, slower than its step: 4 devices 23.00 ms (+10%), 6 devices 30.00 ms (+43%)" in l
+               for l in quiet)
     noisy = fit_verdict(fit, [1, 2, 3, 4, 6], ms, held_out=[6], spread=0.12)
     assert "within the rounds' spread (12%) of it: 2 devices 22.00 ms, 4 devices 23.00 ms" in noisy[0]
     assert not any("4 devices 23.00 ms" in l for l in noisy[1:] if l.startswith("more devices"))
@@ -184,9 +185,26 @@ def test_fit_verdict_qualifies_what_the_spread_leaves_open():
     ms = [40.0, 22.0, 21.0, 23.0, 30.0]
     fit = fit_scaling([1, 2, 3, 4], ms[:4], batch_size=512)
     noisy = fit_verdict(fit, [1, 2, 3, 4, 6], ms, held_out=[6], spread=0.4)
-    assert any("as uncertain as they are" in line for line in noisy)
+    assert any("names no best device count" in line and "as uncertain as the rounds" in line for line in noisy)
+    assert not any("near" in line for line in noisy)      # w7-06: no optimum named from parts within the noise
     quiet = fit_verdict(fit, [1, 2, 3, 4, 6], ms, held_out=[6], spread=0.0)
-    assert not any("uncertain" in line for line in quiet)
+    assert not any("uncertain" in line for line in quiet) and any("best device count near" in l for l in quiet)
+
+
+def test_fit_verdict_after_w7_06():
+    """w7-06: 'more devices than that made the step slower: 3 devices ...' beside 4 devices inside the spread;
+    a fit with 0.00 ms / n and one near 1.1 from rounds 31% and 23% apart."""
+    from course_utils.scaling import ScalingFit, fit_verdict
+    counts, ms = [1, 2, 3, 4, 6], [145.20, 179.48, 192.37, 188.73, 234.92]
+    fit = ScalingFit(154.92, 0.0, 14.35, 2048, counts[:4], ms[:4])
+    text = fit_verdict(fit, counts, ms, held_out=[6], spread=0.31)
+    slower = next(l for l in text if l.startswith("more devices than 1"))
+    assert "by more than the rounds' spread (31%): 3 devices 192.37 ms (+32%), 6 devices 234.92 ms (+62%)" in slower
+    assert "4 devices" not in slower
+    assert any(l.startswith("the fit is degenerate") and "names no optimum" in l for l in text)
+    fit2 = ScalingFit(124.51, 29.86, 24.79, 2048, counts[:4], [153.68, 168.37, 177.82, 209.10])
+    text2 = " ".join(fit_verdict(fit2, counts, [153.68, 168.37, 177.82, 209.10, 262.56], held_out=[6], spread=0.23))
+    assert "names no best device count" in text2 and "near 1.1" not in text2
 
 
 def test_fit_verdict_and_why_off_after_w4_06():
