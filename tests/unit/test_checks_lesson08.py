@@ -896,7 +896,26 @@ def test_the_flip_probe_tells_049_and_051_from_a_fair_coin_on_every_seed(seed):
         with pytest.raises(CheckFailed) as failed:
             _flip_probe(_coin(rate), first, 64, "probe")
         words = failed.value.sentence()
-        assert "flips half of the samples" in words and "% of them (50% asked; 0.5% either way" in words, words
+        assert "flips half of the samples" in words and "% of them (50% asked; " in words, words
+        assert "either way is 4.5 standard deviations" in words or "either way is 6 standard deviations" in words
+
+
+def test_w9_81_a_flip_probability_of_055_is_told_after_a_few_calls_not_all_fifty():
+    """Walk w9-08: flips at 0.55 waited for the probe's 204,800 draws (minutes under load); after 2 of the 50 calls
+    the share is already 6 standard deviations out."""
+    from course_utils.checks import CheckFailed
+    from course_utils.checks.lesson08 import FLIP_PROBE_DRAWS, FLIP_PROBE_CHUNK, _flip_probe
+    calls = []
+
+    def counted(images, labels):
+        calls.append(len(images))
+        return _coin(0.55)(images, labels)
+    torch.manual_seed(3)
+    with pytest.raises(CheckFailed) as failed:
+        _flip_probe(counted, (torch.uint8, torch.device("cpu"), 0.0, 255.0), 64, "probe")
+    words = failed.value.sentence()
+    assert len(calls) <= 3 < FLIP_PROBE_DRAWS // FLIP_PROBE_CHUNK, (len(calls), words)
+    assert "flipped 5" in words and "6 standard deviations of a fair coin" in words, words
 
 
 class SyncsEveryTwentieth(AugmentBatch):
@@ -2679,3 +2698,24 @@ def test_w9_82_a_right_model_is_not_named_for_a_device_cost_or_a_floor():
     assert _device_cost_mistake(choose) == "" and _serial_floor_mistake(choose) == ""
     assert _device_cost_mistake(ignores_device_cost) == ""          # named by its own words ("left out")
     assert _serial_floor_mistake(serial_gets_a_whole_core) == ""    # named by its own words ("a whole core")
+
+
+def float64_images(ctx):
+    """Walk w9-08 B13: the batch cast to float64 (its hint spoke of uint8 and autocast)."""
+    images, labels = ctx.on_device()
+    return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False),
+                    batch_transform=lambda x, y: (AugmentBatch()(x, y)[0].double(), y))
+
+
+W9_81_MUTANTS = [
+    Mutant("float64_images", float64_images, "feeds the model float32 images (B, 3, 32, 32)",
+           words="torch.float64 images: the model's weights are float32, the dtype it is fed in; cast the batch to "
+                 "float32"),
+    Mutant("half_precision", half_precision, "feeds the model float32 images (B, 3, 32, 32)",
+           words="torch.float16 images: the model's weights are float32, so cast the batch to float32"),
+]
+
+
+@pytest.mark.parametrize("mutant", W9_81_MUTANTS, ids=repr)
+def test_w9_81_a_batch_of_another_float_dtype_is_told_to_cast_to_float32(mutant):
+    rejected("8.1", mutant, seeds_for(mutant.name)[:1])
