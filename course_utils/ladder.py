@@ -653,7 +653,7 @@ class LadderResult:
         fig = bar_chart([r["short"] for r in measured], [r["samples_per_s"] for r in measured],
                         ylabel="samples/s", title=f"The ladder: each rung against the model-only ceiling ({kind})",
                         device=self.device, ceiling=self.ceiling["samples_per_s"], ceiling_label="ceiling",
-                        scale="log")
+                        scale="log", fractions=[r["fraction_of_ceiling"] for r in measured])
         if path is not None:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             fig.savefig(path, dpi=120)

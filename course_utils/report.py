@@ -319,6 +319,7 @@ class ReportCard:
         measured = [r for r in self.rungs if not r.get("skipped")]
         fig = bar_chart([r.get("short", r["name"]) for r in measured], [r["samples_per_s"] for r in measured],
                         ylabel="samples/s", device=self.device, ceiling=self.ceiling["samples_per_s"], scale="log",
+                        fractions=[r["fraction_of_ceiling"] for r in measured],
                         title=f"Every rung tried on {self.machine['host']}"
                               + (" (simulated device)" if self.simulated else ""))
         ax = fig.axes[0]

@@ -2719,3 +2719,17 @@ W9_81_MUTANTS = [
 @pytest.mark.parametrize("mutant", W9_81_MUTANTS, ids=repr)
 def test_w9_81_a_batch_of_another_float_dtype_is_told_to_cast_to_float32(mutant):
     rejected("8.1", mutant, seeds_for(mutant.name)[:1])
+
+
+def test_w9_08_the_charts_percent_is_the_tables_fraction_formatted_once():
+    """Walk w9-08: the table said 1510% and both charts 1511% for one bar (19,389 / 1,284 from rounded figures);
+    the charts now label the table's own fraction."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from course_utils.plotting import bar_chart
+    fig = bar_chart(["ceiling-bound", "graph"], [1200.0, 19389.0], ylabel="samples/s", title="t", device="d",
+                    ceiling=1283.6, scale="log", fractions=[0.9349, 15.1004])
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    plt.close(fig)
+    assert any(t.endswith("\n1510%") for t in texts) and not any("1511%" in t for t in texts), texts
