@@ -2733,3 +2733,14 @@ def test_w9_08_the_charts_percent_is_the_tables_fraction_formatted_once():
     texts = [t.get_text() for t in fig.axes[0].texts]
     plt.close(fig)
     assert any(t.endswith("\n1510%") for t in texts) and not any("1511%" in t for t in texts), texts
+
+
+def test_w9_08_a_rung_far_below_a_launch_bound_ceiling_with_its_step_is_labelled_host_shared():
+    """Walk w9-08: the prefetcher 'launch-bound' at 28-31% of a launch-bound ceiling, waits 0-1%."""
+    from course_utils.ladder import SHARED_LABEL, limited_by
+    row = {"name": "workers + uint8 + prefetcher", "stall_fraction": 0.01, "device_util": 0.20,
+           "steps_in_flight_fraction": 0.99, "fraction_of_ceiling": 0.31, "step": {}}
+    assert limited_by(row) == SHARED_LABEL
+    assert limited_by(dict(row, fraction_of_ceiling=0.94)) == "launch-bound"           # device-resident near the ceiling
+    assert limited_by(dict(row, step={"amp": "bf16"}, fraction_of_ceiling=0.31)) == "launch-bound"  # another step
+    assert limited_by(dict(row, stall_fraction=0.5)) == "input-bound"
