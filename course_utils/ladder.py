@@ -643,6 +643,11 @@ class LadderResult:
                        "batch; the last two overlap (the loop may wait for data while queued steps still run). "
                        "Limited by: course_utils.bottleneck.diagnose, except that a device busy "
                        f"{COMPUTE_UTIL:.0%} of the time or more is the limit whatever the waits (compute-bound).")
+        if any(limited_by(r) == SHARED_LABEL for r in self.rungs if not r.get("skipped")):
+            lines.append(f"{SHARED_LABEL}: the ceiling's own step, hardly a wait for data, yet under "
+                         f"{1 / (1 + RATIO_NOISE):.0%} of the ceiling (beyond one measurement's noise): the host "
+                         "launched the same kernels slower than when the ceiling was measured, its cores shared with "
+                         "the rung's own loading work (workers, a prefetching thread) or with other programs")
         return "\n".join(lines)
 
     def plot(self, path=None):
@@ -653,7 +658,7 @@ class LadderResult:
         fig = bar_chart([r["short"] for r in measured], [r["samples_per_s"] for r in measured],
                         ylabel="samples/s", title=f"The ladder: each rung against the model-only ceiling ({kind})",
                         device=self.device, ceiling=self.ceiling["samples_per_s"], ceiling_label="ceiling",
-                        scale="log")
+                        scale="log", fractions=[r["fraction_of_ceiling"] for r in measured])
         if path is not None:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             fig.savefig(path, dpi=120)
@@ -761,7 +766,23 @@ def limited_by(row) -> str:
     util = row.get("device_util") if isinstance(row, dict) else getattr(row, "device_util", None)
     if util is not None and util >= COMPUTE_UTIL:
         return "compute-bound"
-    return diagnose(row).kind
+    kind = diagnose(row).kind
+    if kind == "launch-bound" and host_shared(row):
+        return SHARED_LABEL
+    return kind
+
+
+SHARED_LABEL = "launch-bound, host shared"
+
+
+def host_shared(row) -> bool:
+    """Walk w9-08: the prefetcher "launch-bound" at 28-31% of a ceiling that is launch-bound itself. A rung that runs
+    the ceiling's own step (fp32, eager), did not wait for data, and yet ran under 1 / (1 + RATIO_NOISE) of the
+    ceiling, beyond what one measurement of each moves, launched the same kernels slower than the ceiling did: the
+    host's CPU was shared, with the rung's own loading work (workers, a prefetching thread) or other programs."""
+    if not isinstance(row, dict) or row.get("step") or row.get("fraction_of_ceiling") is None:
+        return False
+    return row["fraction_of_ceiling"] < 1 / (1 + RATIO_NOISE)
 
 
 def above_ceiling_words(rows, ceiling: dict, sim=None, batch_size: int = 128) -> str:

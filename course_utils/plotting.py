@@ -30,8 +30,11 @@ def stamp(fig, device: str) -> None:
 
 def bar_chart(labels, values, *, ylabel: str, title: str, device: str, ceiling: float | None = None,
               ceiling_label: str = "ceiling", fmt: str = "{:,.0f}", ax=None, scale: str = "linear",
-              allow_cut: bool = True):
+              allow_cut: bool = True, fractions=None):
     """Bars of `values` named by `labels`, each annotated; a dashed line at `ceiling` if given.
+    `fractions`, when given, are the bars' shares of the ceiling as the caller's table prints them: each label
+    formats that very number (walk w9-08: a table's 1510% beside a chart's 1511%, the one divided from rounded
+    figures, the other not), not value / ceiling computed again here.
     The ceiling's label sits beyond the right end of its line, outside the bars, where no bar's label
     can be drawn over it (w2-08: "ceiling 8,9551,654" over the first bar). One bar far above all the
     others (more than 3x the next, a CUDA graph's 950% beside rungs under 100%) would flatten them:
@@ -45,7 +48,7 @@ def bar_chart(labels, values, *, ylabel: str, title: str, device: str, ceiling: 
     values = list(values)
     if scale == "log" and values and min(values) > 0:
         return _log_bar_chart(labels, values, ylabel=ylabel, title=title, device=device, ceiling=ceiling,
-                              ceiling_label=ceiling_label, fmt=fmt, ax=ax)
+                              ceiling_label=ceiling_label, fmt=fmt, ax=ax, fractions=fractions)
     if ax is None:
         fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(labels) + 2), 3.6))
     fig = ax.figure
@@ -57,10 +60,10 @@ def bar_chart(labels, values, *, ylabel: str, title: str, device: str, ceiling: 
         cut = 2 * max(ordered[1], ceiling or 0)
         top = cut * 1.1
     bars = ax.bar(range(len(values)), [min(v, cut) if cut else v for v in values], color="tab:blue")
-    for bar, value in zip(bars, values):
+    for i, (bar, value) in enumerate(zip(bars, values)):
         text = fmt.format(value)
         if ceiling:
-            text += f"\n{value / ceiling:.0%}"
+            text += _share_of(value, ceiling, fractions, i)
         if cut and value > cut:
             ax.annotate(text + "\n(bar cut)", (bar.get_x() + bar.get_width() / 2, cut * 0.97), ha="center", va="top",
                         fontsize=8, color="white")
@@ -80,7 +83,12 @@ def bar_chart(labels, values, *, ylabel: str, title: str, device: str, ceiling: 
     return fig
 
 
-def _log_bar_chart(labels, values, *, ylabel, title, device, ceiling, ceiling_label, fmt, ax):
+def _share_of(value, ceiling, fractions, i) -> str:
+    """A bar's share of the ceiling as a label: the caller's own fraction where given (the table's number)."""
+    return "\n" + f"{(fractions[i] if fractions is not None else value / ceiling):.0%}"
+
+
+def _log_bar_chart(labels, values, *, ylabel, title, device, ceiling, ceiling_label, fmt, ax, fractions=None):
     import math
 
     from matplotlib.transforms import blended_transform_factory
@@ -96,10 +104,10 @@ def _log_bar_chart(labels, values, *, ylabel, title, device, ceiling, ceiling_la
     ax.set_ylim(10 ** bottom, 10 ** high)
     bars = ax.bar(range(len(values)), [v - 10 ** bottom for v in values], bottom=10 ** bottom, color="tab:blue")
     foot = blended_transform_factory(ax.transData, ax.transAxes)
-    for bar, value in zip(bars, values):
+    for i, (bar, value) in enumerate(zip(bars, values)):
         text = fmt.format(value)
         if ceiling:
-            text += f"\n{value / ceiling:.0%}"
+            text += _share_of(value, ceiling, fractions, i)
         ax.text(bar.get_x() + bar.get_width() / 2, 0.02, text, transform=foot, ha="center", va="bottom", fontsize=8,
                 color="white", fontweight="bold")
     if ceiling:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .ladder import RATIO_NOISE, SAME_RUN_FLOOR, ceiling_share_words, limited_by
+from .ladder import RATIO_NOISE, SAME_RUN_FLOOR, SHARED_LABEL, ceiling_share_words, limited_by
 
 __all__ = ["ReportCard", "machine_facts", "host_slug", "timeline_record", "plot_timelines", "compare", "main",
            "report_dir", "SAME_RUN_FLOOR"]
@@ -277,6 +277,11 @@ class ReportCard:
             lines.append(f"| {name} | {r['samples_per_s']:,.0f} | {r['fraction_of_ceiling']:.0%} | "
                          f"{_share(r.get('device_util'))} | {_share(_in_flight(r))} | {r['stall_fraction']:.0%} | "
                          f"{speedup} | {limited_by(r)} |")
+        if any(limited_by(r) == SHARED_LABEL for r in self.rungs if not r.get("skipped")):
+            lines += ["", f"{SHARED_LABEL}: the ceiling's own step, hardly a wait for data, yet under "
+                          f"{1 / (1 + RATIO_NOISE):.0%} of the ceiling: the host launched the same kernels slower than "
+                          "when the ceiling was measured, its cores shared with the rung's own loading work (workers, "
+                          "a prefetching thread) or with other programs."]
         lines += ["", "## Accuracy parity", ""]
         if self.parity:
             p = self.parity
@@ -319,6 +324,7 @@ class ReportCard:
         measured = [r for r in self.rungs if not r.get("skipped")]
         fig = bar_chart([r.get("short", r["name"]) for r in measured], [r["samples_per_s"] for r in measured],
                         ylabel="samples/s", device=self.device, ceiling=self.ceiling["samples_per_s"], scale="log",
+                        fractions=[r["fraction_of_ceiling"] for r in measured],
                         title=f"Every rung tried on {self.machine['host']}"
                               + (" (simulated device)" if self.simulated else ""))
         ax = fig.axes[0]

@@ -269,10 +269,22 @@ def _batch_arrays(batch, ctx, what: str, model_reads=None):
                           "the loader (and the batch_transform) give `images, labels`")
     images, labels = batch
     if images.dtype != torch.float32 or images.dim() != 4 or tuple(images.shape[1:]) != (3, 32, 32):
+        # walk w9-08: float64 images were told about uint8 and autocast; the hint names the dtype the batch has
+        if images.dtype == torch.float32:
+            hint = "the images' shape: (batch, 3 channels, 32, 32), channels first, one batch dimension"
+        elif images.dtype.is_floating_point and images.dtype in (torch.float16, torch.bfloat16):
+            hint = (f"{images.dtype} images: the model's weights are float32, so cast the batch to float32 "
+                    "(images.float()); autocast, not the pipeline, lowers the precision inside the model")
+        elif images.dtype.is_floating_point:
+            hint = (f"{images.dtype} images: the model's weights are float32, the dtype it is fed in; cast the batch "
+                    "to float32 (images.float(), or make your constants and buffers float32: a float64 mean or std "
+                    "turns float32 images into float64)")
+        else:
+            hint = (f"{images.dtype} images: the model takes float32, normalised; {images.dtype} batches need "
+                    "converting and normalising on the device (batch_transform: x.float() / 255, then the mean and "
+                    "std)")
         raise CheckFailed("feeds the model float32 images (B, 3, 32, 32)",
-                          f"{what}: the model would get {images.dtype} {tuple(images.shape)}",
-                          "uint8 batches need normalising on the device (batch_transform); autocast, not the "
-                          "pipeline, lowers the precision inside the model")
+                          f"{what}: the model would get {images.dtype} {tuple(images.shape)}", hint)
     if labels.dtype != torch.int64 or labels.shape != (images.shape[0],):
         raise CheckFailed("one int64 label per image", f"{what}: labels {labels.dtype} {tuple(labels.shape)} for "
                           f"{images.shape[0]} images")
@@ -730,6 +742,12 @@ FLIP_PROBE_DRAWS = 204_800
 # 50 calls of 4,096 (walk w6-08: the check took 79 s; 200 calls of 1,024 took a third of it, and AugmentBatch costs
 # a third less per image in calls of 4,096: the same draws, the same statistic, fewer calls)
 FLIP_PROBE_CHUNK = 4096
+# walk w9-08: a flip probability of 0.55 waited for all 50 calls (284 s on a loaded 2-core machine) to be told what a
+# few calls show. After every call the count so far is looked at, and a share beyond FLIP_PROBE_EARLY standard
+# deviations of a fair coin stops the probe then: at 6 a right answer is stopped about once in 10^9 looks (50 looks a
+# run), and 0.55 (or 0.45) is out after 2 calls (8,192 images: 6 standard deviations are 3.3%). The full draws decide
+# only what the early looks cannot (0.49, 0.51)
+FLIP_PROBE_EARLY = 6.0
 
 
 def _flip_probe(transform, first, batch_size: int, what: str) -> None:
@@ -772,12 +790,15 @@ def _flip_probe(transform, first, batch_size: int, what: str) -> None:
             return                              # neither flips nor crops: the loader augments (the stages saw it)
         flipped += now
         total += chunk
-    share, band = flipped / total, 4.5 * 0.5 / math.sqrt(total)
+        if abs(flipped / total - 0.5) > FLIP_PROBE_EARLY * 0.5 / math.sqrt(total):
+            break                               # already far out: no need for the remaining draws
+    deviations = FLIP_PROBE_EARLY if total < FLIP_PROBE_DRAWS else 4.5
+    share, band = flipped / total, deviations * 0.5 / math.sqrt(total)
     if abs(share - 0.5) > band:
         raise CheckFailed("flips half of the samples",
                           f"{what}: your batch_transform, given {total:,} more images (a left-to-right ramp, which "
                           f"shows at a glance which way an image faces), flipped {share:.2%} of them (50% asked; "
-                          f"{band:.1%} either way is 4.5 standard deviations of a fair coin)",
+                          f"{band:.1%} either way is {deviations:g} standard deviations of a fair coin)",
                           "flip each sample with probability exactly 1/2 (torch.rand(n) < 0.5, "
                           "RandomHorizontalFlip(), AugmentBatch)")
 
@@ -1727,16 +1748,18 @@ def predicted_throughput(report: dict) -> dict:
 
 def _speeds(report: dict, cores_per_gpu, combine=min, *, cost: str = "device",
             is_parallel=lambda rung: rung.get("parallel", True), parallel_cores=lambda per_gpu: per_gpu,
-            serial_cores=lambda per_gpu: min(1.0, per_gpu)) -> dict:
+            serial_cores=lambda per_gpu: min(1.0, per_gpu), device_share=lambda cost: 1 - cost) -> dict:
     """Per rung, the speed under a variant of the spec's model (the usual mistakes in it: `_MODEL_MISTAKES`):
     `cost` says where device_cost is charged ("device": the spec's; "both": to the smaller of the two limits;
-    "none": left out); `parallel_cores` and `serial_cores` give a rung its cores from the cores per GPU."""
+    "none": left out; `device_share(device_cost)` the share of the ceiling the GPU serves under "device");
+    `parallel_cores` and `serial_cores` give a rung its cores from the cores per GPU."""
     per_gpu = cores_per_gpu(report["cores"], report["gpus"])
     out = {}
     for name, rung in report["rungs"].items():
         share = 1 - rung.get("device_cost", 0.0)
         device = (report["ceiling"] - rung.get("device_cost", 0.0) if cost == "subtract"
-                  else report["ceiling"] * (share if cost == "device" else 1.0))
+                  else report["ceiling"] * (device_share(rung.get("device_cost", 0.0)) if cost == "device"
+                                            else 1.0))
         if "cpu_per_core" in rung:
             cores = parallel_cores(per_gpu) if is_parallel(rung) else serial_cores(per_gpu)
             cpu = rung["cpu_per_core"] * cores
@@ -2004,6 +2027,131 @@ def _contract_cases() -> list[tuple[dict, float, bool]]:
     ]
 
 
+# walk w9-08: wrong device-cost terms and floors on a serial rung's share that no case told from the spec's model.
+# Each drawn case (fresh every run) gives the right answer a rung that every one of its mistakes misses.
+_DEVICE_OVER = [lambda c: 1 / (1 + c)] + [lambda c, w=w: 1 - w * c for w in (0.5, 0.75, 0.9)]
+_DEVICE_UNDER = [lambda c: (1 - c) ** 2] + [lambda c, w=w: 1 - w * c for w in (1.1, 1.2, 1.5)]
+_SERIAL_FLOORS = (0.2, 0.3, 0.4, 0.5, 0.75)
+
+
+def _separates(report: dict, tolerance: float, mistakes) -> bool:
+    want = reference_choice(report, tolerance)
+    return _away_from_edges(report, tolerance) and all(_choice(speeds(report), tolerance) != want
+                                                       for speeds in mistakes)
+
+
+def _device_and_share_cases(rng) -> list[tuple[dict, float, bool]]:
+    """Three fresh machines every run: a device cost of 0.4-0.8 where the spec's ceiling x (1 - c) makes the
+    baseline the answer and a lighter charge (1 / (1 + c), c weighted 0.5-0.9) the device-resident rung; one
+    of 0.6-0.8 where the spec's makes it the device-resident rung and a heavier charge ((1 - c)^2, c weighted
+    1.1-1.5) the baseline; and a serial rung with an eighth of a core per GPU or less (1 core for 8 GPUs, 1 or 2
+    for 16), which wins only on a floor under its share (0.2-0.75 of a core)."""
+    over = [lambda r, f=f: _speeds(r, lambda c, g: c / g, device_share=f) for f in _DEVICE_OVER]
+    under = [lambda r, f=f: _speeds(r, lambda c, g: c / g, device_share=f) for f in _DEVICE_UNDER]
+    floors = [lambda r, f=f: _speeds(r, lambda c, g: c / g, serial_cores=lambda per_gpu, f=f: max(f, min(1.0, per_gpu)))
+              for f in _SERIAL_FLOORS]
+
+    def draw(make, mistakes):
+        for _ in range(1000):
+            report = make()
+            if _separates(report, 0.05, mistakes):
+                return (report, 0.05, bool(rng.random() < 0.5))
+        raise RuntimeError("lesson 08's check drew no machine that separates its mistakes")    # a bug of the check
+
+    def machine(kind, cores, gpus, ceiling, baseline, cost, workers):
+        return {"machine": f"{kind}: {cores} cores, {gpus} GPU{'s' if gpus > 1 else ''}", "cores": cores,
+                "gpus": gpus, "ceiling": ceiling,
+                "rungs": {"baseline": {"cpu_per_core": baseline, "parallel": False},
+                          "best workers": {"cpu_per_core": workers, "parallel": True},
+                          "device-resident": {"device_cost": cost}}}
+
+    def heavy(low, high, share):
+        cost, ceiling, cores = float(rng.uniform(low, high)), float(rng.uniform(2000, 30000)), int(rng.choice([2, 4, 8]))
+        device = ceiling * (1 - cost)
+        return machine(f"an augmentation that takes {cost:.0%} of the GPU's time", cores, 1, ceiling,
+                       device * float(rng.uniform(*share)), cost, device * float(rng.uniform(0.1, 0.5)) / cores)
+
+    def thin():
+        cores, gpus = [(1, 8), (1, 16), (2, 16)][int(rng.integers(3))]
+        ceiling, cost = float(rng.uniform(500, 5000)), float(rng.uniform(0.0, 0.05))
+        device = ceiling * (1 - cost)
+        return machine("a serial rung on an eighth of a core or less", cores, gpus, ceiling,
+                       device * float(rng.uniform(0.8, 0.9)) * gpus / cores, cost,
+                       device * float(rng.uniform(0.2, 0.6)) * gpus / cores)
+
+    return [draw(lambda: heavy(0.4, 0.8, (0.965, 1.0)), over), draw(lambda: heavy(0.6, 0.8, (0.85, 0.92)), under),
+            draw(thin, floors)]
+
+
+def _threshold(call, cores: int, gpus: int, cost: float) -> float | None:
+    """The baseline's cpu_per_core (one serial rung) at which the answer turns from the device-resident rung (cost
+    `cost`, ceiling 1,000,000) to the baseline, at tolerance 0: where the two rungs' speeds meet by the answer's
+    own model. None where the answer does not turn once between 1e-3 and 1e3 x the ceiling."""
+    import copy
+
+    def asks(cpu):
+        report = {"machine": "a probe", "cores": cores, "gpus": gpus, "ceiling": 1e6,
+                  "rungs": {"baseline": {"cpu_per_core": cpu, "parallel": False},
+                            "device-resident": {"device_cost": cost}}}
+        return call(copy.deepcopy(report), tolerance=0.0)
+    lo, hi = 1e3, 1e9
+    try:
+        if asks(lo) != "device-resident" or asks(hi) != "baseline":
+            return None
+        for _ in range(48):
+            mid = math.sqrt(lo * hi)
+            if asks(mid) == "baseline":
+                hi = mid
+            else:
+                lo = mid
+    except Exception:
+        return None
+    return hi
+
+
+def _device_cost_mistake(call) -> str:
+    """Words for the device-cost term an answer uses where it is not the spec's ceiling x (1 - device_cost): the GPU's
+    limit the answer serves at device costs 0.2 and 0.4, as a share of what it serves at 0 (measured from where its
+    choice turns, so that the CPU's side of its model cancels)."""
+    free = _threshold(call, 1, 1, 0.0)
+    served = {c: _threshold(call, 1, 1, c) for c in (0.2, 0.4)}
+    if free is None or any(v is None for v in served.values()):
+        return ""
+    share = {c: v / free for c, v in served.items()}
+    if all(abs(share[c] - (1 - c)) < 1e-3 for c in share):
+        return ""
+    said = (f"yours serves {share[0.2]:.3g} x the ceiling at device_cost 0.2 and {share[0.4]:.3g} x at 0.4, the "
+            "spec's 0.8 and 0.6")
+    why = ("device_cost is the share of the GPU's time the rung's own work takes, so training gets the rest, all of "
+           "it counted: ceiling x (1 - device_cost)")
+    if all(abs(share[c] - 1 / (1 + c)) < 1e-3 for c in share):
+        return f"the device-cost term: ceiling / (1 + device_cost) for the GPU's limit ({said}); {why}"
+    if all(abs(share[c] - (1 - c) ** 2) < 1e-3 for c in share):
+        return f"the device-cost term: ceiling x (1 - device_cost)^2, the cost charged twice ({said}); {why}"
+    weight = {c: (1 - share[c]) / c for c in share}
+    if abs(weight[0.2] - weight[0.4]) < 1e-3 and 0.05 <= weight[0.2] <= 5:
+        return (f"the device-cost term: device_cost weighted by {weight[0.2]:.3g}, ceiling x (1 - {weight[0.2]:.3g} "
+                f"x device_cost), for the GPU's limit ({said}); {why}")
+    return ""
+
+
+def _serial_floor_mistake(call) -> str:
+    """Words for a floor under a serial rung's share of a core where the GPUs outnumber the cores: the share the
+    answer gives it at 1 core for 8 and for 16 GPUs, against what it gives on 1 core for 1 GPU."""
+    whole = _threshold(call, 1, 1, 0.0)
+    given = {g: _threshold(call, 1, g, 0.0) for g in (8, 16)}
+    if whole is None or any(v is None for v in given.values()):
+        return ""
+    share = {g: whole / v for g, v in given.items()}
+    floor = share[8]
+    if abs(share[16] - floor) < 1e-3 and 1 / 8 + 0.01 < floor < 0.98:
+        return (f"the share of a core a rung that is not parallel gets where the GPUs outnumber the cores: yours gives "
+                f"it {floor:.3g} of a core per GPU both on 1 core for 8 GPUs and on 1 core for 16 (a floor, max("
+                f"{floor:.3g}, ...)); it gets one GPU's share, min(1, cores / gpus), 1/8 and 1/16 of a core there: "
+                "the GPUs' processes share that one core, and none gets more than its share")
+    return ""
+
+
 def _changed(given, report, where="the report") -> str:
     """What differs between the report after the call and a copy taken before it, key order included (walk w7-08
     w82_24: report.pop('rungs') put back at the end is equal as a dict, but its keys come back in another order)."""
@@ -2066,6 +2214,7 @@ def check_choose_rung(choose_rung):
         report = _random_report(rng)
         if _away_from_edges(report, tolerance):
             drawn.append((report, tolerance, tolerance != 0.05 or len(drawn) % 2 == 0))
+    drawn += _device_and_share_cases(rng)
     cases = contract + [(curated + drawn)[k] for k in rng.permutation(len(curated) + len(drawn))]
     # the answers and what the usual mistakes would give, before the learner's code runs: the check's own model is
     # off limits while it does
@@ -2311,6 +2460,8 @@ class _Case:
                 "rung that is not parallel); then the simplest rung within the tolerance of the best")
         if yours not in report["rungs"]:
             hint = "return one of report['rungs']'s keys"
+        elif call is not None and (named := _device_cost_mistake(call) or _serial_floor_mistake(call)):
+            hint = named        # walk w9-08: the term the answer's model got wrong, measured from its own choices
         elif speed[yours] < (1 - tolerance) * best and round(speed[yours] / best, 2) >= 1 - tolerance:
             hint = (f"{yours!r} runs at {speed[yours] / best:.4g} x the fastest, below 1 - tolerance = "
                     f"{1 - tolerance:g}: compare the figures as they are, not rounded")

@@ -896,7 +896,26 @@ def test_the_flip_probe_tells_049_and_051_from_a_fair_coin_on_every_seed(seed):
         with pytest.raises(CheckFailed) as failed:
             _flip_probe(_coin(rate), first, 64, "probe")
         words = failed.value.sentence()
-        assert "flips half of the samples" in words and "% of them (50% asked; 0.5% either way" in words, words
+        assert "flips half of the samples" in words and "% of them (50% asked; " in words, words
+        assert "either way is 4.5 standard deviations" in words or "either way is 6 standard deviations" in words
+
+
+def test_w9_81_a_flip_probability_of_055_is_told_after_a_few_calls_not_all_fifty():
+    """Walk w9-08: flips at 0.55 waited for the probe's 204,800 draws (minutes under load); after 2 of the 50 calls
+    the share is already 6 standard deviations out."""
+    from course_utils.checks import CheckFailed
+    from course_utils.checks.lesson08 import FLIP_PROBE_DRAWS, FLIP_PROBE_CHUNK, _flip_probe
+    calls = []
+
+    def counted(images, labels):
+        calls.append(len(images))
+        return _coin(0.55)(images, labels)
+    torch.manual_seed(3)
+    with pytest.raises(CheckFailed) as failed:
+        _flip_probe(counted, (torch.uint8, torch.device("cpu"), 0.0, 255.0), 64, "probe")
+    words = failed.value.sentence()
+    assert len(calls) <= 3 < FLIP_PROBE_DRAWS // FLIP_PROBE_CHUNK, (len(calls), words)
+    assert "flipped 5" in words and "6 standard deviations of a fair coin" in words, words
 
 
 class SyncsEveryTwentieth(AugmentBatch):
@@ -1903,10 +1922,10 @@ def test_the_82_pass_message_counts_the_machines_the_spec_counts():
     import json
     from pathlib import Path
     result = run_check("8.2", choose)
-    assert result.status == "pass" and "the right rung on 41 machines" in result.message, result.message
+    assert result.status == "pass" and "the right rung on 44 machines" in result.message, result.message
     spec = "".join("".join(c["source"]) for c in json.loads(
         (Path(__file__).resolve().parents[2] / "solutions" / "08-capstone-feed-the-gpu.ipynb").read_text())["cells"])
-    assert "every run: 41 machines" in spec
+    assert "every run: 44 machines" in spec
 
 
 def test_the_notebooks_two_noise_bars_are_explained_and_the_bf16_line_judged_by_the_wider():
@@ -2614,3 +2633,114 @@ def test_x2_08_n6_a_host_read_of_an_unlanded_copy_is_named_before_shuffling():
     words = failed.value.sentence()
     assert "every sample exactly once per epoch" in words and "what differs is a GPU's timing" in words, words
     assert "non_blocking=True" in words and "/255" not in words, words
+
+
+# -- walk w9-08: 8.2's device-cost term and a serial rung's share below half a core ----------------------------
+
+def _w9_model(device=lambda cost: 1 - cost, serial=lambda per_gpu: min(1.0, per_gpu)):
+    def choose_rung(report, tolerance=0.05):
+        if not report.get("rungs"):
+            raise ValueError("no rungs")
+        per_gpu = report["cores"] / report["gpus"]
+        speed = {}
+        for name, rung in report["rungs"].items():
+            value = report["ceiling"] * device(rung.get("device_cost", 0.0))
+            if "cpu_per_core" in rung:
+                cores = per_gpu if rung.get("parallel", True) else serial(per_gpu)
+                value = min(value, rung["cpu_per_core"] * cores)
+            speed[name] = value
+        return _first_within(speed, tolerance)
+    return choose_rung
+
+
+_W9_DEVICE = "the device-cost term"
+_W9_SHARE = "the share of a core a rung that is not parallel gets"
+W9_82_MUTANTS = [
+    Mutant("device_over_one_plus_cost", _w9_model(lambda c: 1 / (1 + c)),
+           "picks the simplest rung within the tolerance of the fastest", words=f"{_W9_DEVICE}: ceiling / (1 + device_cost)"),
+    Mutant("device_cost_halved", _w9_model(lambda c: 1 - c / 2),
+           "picks the simplest rung within the tolerance of the fastest", words=f"{_W9_DEVICE}: device_cost weighted by 0.5"),
+    Mutant("device_cost_three_quarters", _w9_model(lambda c: 1 - 0.75 * c),
+           "picks the simplest rung within the tolerance of the fastest", words=f"{_W9_DEVICE}: device_cost weighted by 0.75"),
+    Mutant("device_cost_x1_1", _w9_model(lambda c: 1 - 1.1 * c),
+           "picks the simplest rung within the tolerance of the fastest", words=f"{_W9_DEVICE}: device_cost weighted by 1.1"),
+    Mutant("device_cost_x1_2", _w9_model(lambda c: 1 - 1.2 * c),
+           "picks the simplest rung within the tolerance of the fastest", words=f"{_W9_DEVICE}: device_cost weighted by 1.2"),
+    Mutant("device_share_squared", _w9_model(lambda c: (1 - c) ** 2),
+           "picks the simplest rung within the tolerance of the fastest", words=f"{_W9_DEVICE}: ceiling x (1 - device_cost)^2"),
+] + [Mutant(f"serial_share_floored_at_{f:g}", _w9_model(serial=lambda per_gpu, f=f: max(f, min(1.0, per_gpu))),
+            "picks the simplest rung within the tolerance of the fastest", words=f"{_W9_SHARE} where the GPUs outnumber "
+            f"the cores: yours gives it {f:g} of a core per GPU") for f in (0.5, 0.4, 0.3, 0.2)]
+
+
+@pytest.mark.parametrize("mutant", W9_82_MUTANTS, ids=repr)
+def test_w9_82_device_cost_and_serial_floor_mutants_fail_on_every_seed_named_for_their_term(mutant):
+    rejected("8.2", mutant, [zlib.crc32(mutant.name.encode()) % 1000 + k for k in range(5 * EXTRA_SEEDS)])
+
+
+def test_w9_82_the_drawn_cases_alone_separate_each_mistake_on_every_seed():
+    """Each run's three drawn machines give the right answer a rung every mutant above misses, whatever the seed
+    (not only the first failing case of the whole check)."""
+    from course_utils.checks.lesson08 import _device_and_share_cases
+    for seed in range(40):
+        cases = _device_and_share_cases(np.random.default_rng(seed))
+        for mutant in W9_82_MUTANTS:
+            assert any(mutant.answer(report, tolerance) != reference_choice(report, tolerance)
+                       for report, tolerance, _ in cases), (seed, mutant.name)
+        assert all(choose(report, tolerance) == reference_choice(report, tolerance) for report, tolerance, _ in cases)
+        thin = cases[2][0]
+        assert thin["cores"] / thin["gpus"] <= 1 / 8
+        assert all(0.4 <= r["rungs"]["device-resident"]["device_cost"] <= 0.8 for r, _, _ in cases[:2])
+
+
+def test_w9_82_a_right_model_is_not_named_for_a_device_cost_or_a_floor():
+    from course_utils.checks.lesson08 import _device_cost_mistake, _serial_floor_mistake
+    assert _device_cost_mistake(choose) == "" and _serial_floor_mistake(choose) == ""
+    assert _device_cost_mistake(ignores_device_cost) == ""          # named by its own words ("left out")
+    assert _serial_floor_mistake(serial_gets_a_whole_core) == ""    # named by its own words ("a whole core")
+
+
+def float64_images(ctx):
+    """Walk w9-08 B13: the batch cast to float64 (its hint spoke of uint8 and autocast)."""
+    images, labels = ctx.on_device()
+    return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False),
+                    batch_transform=lambda x, y: (AugmentBatch()(x, y)[0].double(), y))
+
+
+W9_81_MUTANTS = [
+    Mutant("float64_images", float64_images, "feeds the model float32 images (B, 3, 32, 32)",
+           words="torch.float64 images: the model's weights are float32, the dtype it is fed in; cast the batch to "
+                 "float32"),
+    Mutant("half_precision", half_precision, "feeds the model float32 images (B, 3, 32, 32)",
+           words="torch.float16 images: the model's weights are float32, so cast the batch to float32"),
+]
+
+
+@pytest.mark.parametrize("mutant", W9_81_MUTANTS, ids=repr)
+def test_w9_81_a_batch_of_another_float_dtype_is_told_to_cast_to_float32(mutant):
+    rejected("8.1", mutant, seeds_for(mutant.name)[:1])
+
+
+def test_w9_08_the_charts_percent_is_the_tables_fraction_formatted_once():
+    """Walk w9-08: the table said 1510% and both charts 1511% for one bar (19,389 / 1,284 from rounded figures);
+    the charts now label the table's own fraction."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from course_utils.plotting import bar_chart
+    fig = bar_chart(["ceiling-bound", "graph"], [1200.0, 19389.0], ylabel="samples/s", title="t", device="d",
+                    ceiling=1283.6, scale="log", fractions=[0.9349, 15.1004])
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    plt.close(fig)
+    assert any(t.endswith("\n1510%") for t in texts) and not any("1511%" in t for t in texts), texts
+
+
+def test_w9_08_a_rung_far_below_a_launch_bound_ceiling_with_its_step_is_labelled_host_shared():
+    """Walk w9-08: the prefetcher 'launch-bound' at 28-31% of a launch-bound ceiling, waits 0-1%."""
+    from course_utils.ladder import SHARED_LABEL, limited_by
+    row = {"name": "workers + uint8 + prefetcher", "stall_fraction": 0.01, "device_util": 0.20,
+           "steps_in_flight_fraction": 0.99, "fraction_of_ceiling": 0.31, "step": {}}
+    assert limited_by(row) == SHARED_LABEL
+    assert limited_by(dict(row, fraction_of_ceiling=0.94)) == "launch-bound"           # device-resident near the ceiling
+    assert limited_by(dict(row, step={"amp": "bf16"}, fraction_of_ceiling=0.31)) == "launch-bound"  # another step
+    assert limited_by(dict(row, stall_fraction=0.5)) == "input-bound"
