@@ -1200,6 +1200,35 @@ MUTANTS_74.append((HEADER_74 + textwrap.indent(textwrap.dedent("""\
 """), "    "), "all-reduces exactly once per call"))
 MESSAGES_74[len(MUTANTS_74) - 1] = "forward pass ran inside no_sync and its backward outside it"
 
+# w11-07 w73_19: nan when the global count is not above 1 ('> 1' for '> 0'): passed while no case had a
+# total of exactly one sample; the case "one sample in all" fails it on every seed, and names the count
+MUTANTS_73.append((file_73("""\
+    t = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=collective_device())
+    dist.all_reduce(t)
+    l, c, n = t.tolist()
+    return (l / n if n else math.nan, c / n if n > 1 else math.nan)
+"""), "returns the means of a job with one sample in all"))
+MESSAGES_73[len(MUTANTS_73) - 1] = "your accuracy came back nan with a global count of exactly 1 sample"
+BOTH_SEEDS.add(("7.3", len(MUTANTS_73) - 1))
+# w11-07 w73_14: reduced and divided in float64, then the result cast to float32: was told "reduce in float64"
+MUTANTS_73.append((file_73("""\
+    t = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=collective_device())
+    dist.all_reduce(t)
+    if t[2].item() == 0:
+        return math.nan, math.nan
+    r = (t[:2] / t[2]).float().tolist()
+    return r[0], r[1]
+"""), "is exact for large counts"))
+MESSAGES_73[len(MUTANTS_73) - 1] = "the result was cast to float32 afterwards"
+BOTH_SEEDS.add(("7.3", len(MUTANTS_73) - 1))
+
+# w11-07 w74_13: the old .grad halved (mul_(0.5)) instead of cleared: was told to weight each micro-batch's loss
+MUTANTS_74.append((body_74().replace(
+    "ddp_model.zero_grad(set_to_none=True)",
+    "for p in ddp_model.parameters():\n        if p.grad is not None:\n            p.grad.mul_(0.5)"),
+    "starts from cleared gradients"))
+MESSAGES_74[len(MUTANTS_74) - 1] = "0.5 of that leftover gradient is still in .grad (scaled, not cleared)"
+
 EXERCISES = {
     "7.2": ("train_ddp", RIGHT_72, MUTANTS_72, lesson07.judge_7_2),
     "7.3": ("global_metrics", RIGHT_73, MUTANTS_73, lesson07.judge_7_3),
