@@ -1168,8 +1168,9 @@ def judge_7_4(obs: list[dict], seed: int, file) -> str:
                                   "backward")
             if res["all_reduces"] != 1 or res["own_collectives"]:
                 extra = f" and {res['own_collectives']} collective(s) of your own" if res["own_collectives"] else ""
-                hint = ("run backward inside `with ddp_model.no_sync():` for all but the last micro-batch, "
-                        "and let the last backward (outside it) all-reduce the sum once")
+                hint = ("run every micro-batch but the last inside `with ddp_model.no_sync():` (its forward "
+                        "decides: DDP prepares the all-reduce there), and the last micro-batch's forward and "
+                        "backward outside it, so that the last backward all-reduces the sum once")
                 if res["all_reduces"] == 1:
                     hint = ("DDP's one all-reduce is all it takes: it averages the gradients over the ranks itself, so "
                             "no rank needs another's numbers (each collective is a round trip between all ranks)")
