@@ -523,6 +523,39 @@ def test_7_3_local_nan_is_named_as_joined_or_not(joined, words):
         assert ("without joining" in message) != joined, message
 
 
+def _obs_73(seed, answer, world=2):
+    """What the ranks report for 7.3 when every rank returns answer(l, c, n) of the global sums (no launch)."""
+    from course_utils.checks.lesson07_ranks import cases_73
+    obs = [{"rank": r, "results": []} for r in range(world)]
+    for case in cases_73(seed, world):
+        l, c, n = (sum(x[j] for x in case) for j in range(3))
+        value = ["nan" if isinstance(v, float) and math.isnan(v) else v for v in answer(l, c, n)]
+        for o in obs:
+            o["results"].append({"collectives": 1, "collective_names": ["all_reduce"], "collective_devices": ["cpu"],
+                                 "types": ["float", "float"], "value": value})
+    return obs
+
+
+@pytest.mark.parametrize("answer, prop, words", [
+    # w11-07 w73_19: nan unless the global count is above 1
+    (lambda l, c, n: (l / n if n else math.nan, c / n if n > 1 else math.nan),
+     "returns the means of a job with one sample in all", "your accuracy came back nan with a global count of exactly 1"),
+    # w11-07 w73_14: exact sums and division, then the result cast to float32
+    (lambda l, c, n: (float(torch.tensor(l / n).float()), float(torch.tensor(c / n).float())) if n else
+     (math.nan, math.nan), "is exact for large counts", "the result was cast to float32 afterwards"),
+    # the division in float32 keeps its own message (the draw keeps the two apart on every seed)
+    (lambda l, c, n: tuple(float(torch.tensor(v, dtype=torch.float32) / torch.tensor(n, dtype=torch.float32))
+                           for v in (l, c)) if n else (math.nan, math.nan),
+     "is exact for large counts", "the division ran in float32")])
+def test_7_3_one_sample_and_float32_casts_are_named_on_many_seeds(answer, prop, words):
+    """Judged on made-up observations (no launch), on 40 seeds."""
+    for seed in range(40):
+        with pytest.raises(lesson07.CheckFailed) as info:
+            lesson07.judge_7_3(_obs_73(seed, answer), seed, "answer.py")
+        message = info.value.sentence()
+        assert f"'{prop}'" in message and words in message, f"seed {seed}: {message}"
+
+
 def test_7_1_stub_and_wrong_type():
     def stub(*args, **kwargs):
         raise NotImplementedError("Exercise 7.1")

@@ -220,6 +220,19 @@ MUTANTS += [
 ]
 KEPT_PER_EPOCH = len(MUTANTS) - 1
 
+# w11-07 w75_14: a pad that does not pad (k = ceil(n / (W x B)) batches, the offset drawn up to n - k x W x B,
+# which is negative): rng.integers raised ValueError in a DataLoader worker, and the ERROR showed the start of
+# the worker's traceback, cut inside the grading code, without the exception's text or the learner's line
+ERROR_IN_WORKER = answer().replace("k = n // (world * self.batch_size)", "k = math.ceil(n / (world * self.batch_size))")
+ERROR_LINE = next(j + 1 for j, line in enumerate(ERROR_IN_WORKER.splitlines()) if "offset = int(rng.integers" in line)
+
+
+def test_an_exception_in_a_worker_shows_its_text_and_the_learners_line(verdicts):
+    status, message = verdicts[("error in a worker", SEEDS[len("error in a worker") % 2])]
+    assert status == "error", message
+    assert "ValueError: high <= 0" in message and f"at line {ERROR_LINE} of " in message, message
+    assert "lesson07_ranks.py" not in message and "Original Traceback" not in message, message
+
 
 def test_a_generator_kept_per_epoch_fails_on_more_seeds_in_process():
     """w11-07 w75_10, simulated with a copy of the object per worker, as forked workers get one (iterating
@@ -235,7 +248,8 @@ def test_a_generator_kept_per_epoch_fails_on_more_seeds_in_process():
 def verdicts(tmp_path_factory):
     folder = tmp_path_factory.mktemp("lesson07-shards")
     jobs, keys = [], []
-    for name, source in list(RIGHT.items()) + [(f"mutant{i}", src) for i, (src, *_) in enumerate(MUTANTS)]:
+    for name, source in list(RIGHT.items()) + [(f"mutant{i}", src) for i, (src, *_) in enumerate(MUTANTS)] + \
+            [("error in a worker", ERROR_IN_WORKER)]:
         path = folder / f"7_5_{name.replace(' ', '_')}.py"
         path.write_text(source)
         for seed in seeds_for(name):
