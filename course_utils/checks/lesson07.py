@@ -794,7 +794,8 @@ def check_7_3(path, *, seed=None):
 
 
 _CASE_73 = ["equal sample counts", "ranks with different sample counts", "a rank with no samples",
-            "counts beyond 2**24", "no samples on any rank"]       # the order of cases_73()
+            "counts beyond 2**24", "no samples on any rank",
+            "one sample in all the ranks together"]               # the order of cases_73()
 _EXACT = ("is exact for large counts",
           "float32 holds integers exactly only up to 2**24 = 16,777,216: reduce in float64 (torch.float64, also "
           "called torch.double; torch.float is float32, not Python's float, which is a double)")
@@ -831,6 +832,14 @@ def _same(got, want, rtol) -> bool:
 def _hint_73(i, case, got, expected, default_hint):
     """The message for a wrong value: what the answer did, where the numbers say so."""
     if i == 3:
+        cast = [float(_f32(x)) for x in expected]          # w11-07 w73_14: exact, then .float() on the result
+        if all(isinstance(g, float) and g == c != x for g, c, x in zip(got, cast, expected)) and \
+                not all(isinstance(g, float) and math.isclose(g, c, rel_tol=1e-13)
+                        for g, c in zip(got, _float32_division(case))):
+            return ("your sums and division look exact, but the result was cast to float32 afterwards: both values "
+                    "are the exact means rounded to float32's 24 bits (about 7 digits), as .float(), "
+                    ".to(torch.float32) or dtype=torch.float give. Keep the result in float64 to the end: read it "
+                    "out of the float64 tensor with .tolist() (Python floats are doubles)")
         for name, cand in (("division", _float32_division(case)), ("sums", _float32_sums(case))):
             if any(isinstance(g, float) and g != x and math.isclose(g, c, rel_tol=1e-13)
                    for g, c, x in zip(got, cand, expected)):     # the same float32 roundings, to the bit
@@ -840,6 +849,11 @@ def _hint_73(i, case, got, expected, default_hint):
                         "in its default dtype, float32 (about 7 digits). Divide Python numbers (after .tolist()) "
                         "or float64 tensors")
     world, total = len(case), sum(c[2] for c in case)
+    if total == 1 and "nan" in got:                     # w11-07 w73_19: `c / n if n > 1 else nan`
+        which = " and ".join(name for name, g in zip(("loss", "accuracy"), got) if g == "nan")
+        return (f"your {which} came back nan with a global count of exactly 1 sample: nan is for a global count of "
+                "0 only (the mean of one sample is that sample's loss, its accuracy 0.0 or 1.0); test the "
+                "all-reduced count against 0 (n == 0, or n > 0), not against 1 (n > 1)")
     numbers = all(isinstance(g, float) and math.isfinite(g) for g in got) and total > 0
     if numbers and any(x and math.isclose(g, x / world, rel_tol=1e-9) for g, x in zip(got, expected)):
         return (f"{'your loss is' if math.isclose(got[0], expected[0] / world, rel_tol=1e-9) else 'a value is'} the "
@@ -884,7 +898,10 @@ def judge_7_3(obs: list[dict], seed: int, file) -> str:
              3: (*_EXACT, 1e-12),
              4: ("returns (nan, nan) when no rank has a sample",
                  "the mean of no samples is undefined: return float('nan') twice, the same on every rank; a rank "
-                 "that raises while others carry on leaves them waiting at their next collective", 0.0)}
+                 "that raises while others carry on leaves them waiting at their next collective", 0.0),
+             5: ("returns the means of a job with one sample in all",       # w11-07 w73_19
+                 "the mean of one sample is that sample's loss, and an accuracy of 0.0 or 1.0: only a global count "
+                 "of 0 gives nan", 1e-6)}
     for i in range(len(cases)):   # the plainest mistakes fail on the first case already
         prop, hint, rtol = props[i]
         entries = [o["results"][i] if i < len(o["results"]) else None for o in obs]
@@ -903,7 +920,7 @@ def judge_7_3(obs: list[dict], seed: int, file) -> str:
                 raise CheckFailed("puts the tensor it reduces on collective_device()",
                                   f"under gloo, on CPU ranks, your function raised {e['type']}: {e['message'][:160]}",
                                   "create the tensor on collective_device(): the GPU with nccl, the CPU with gloo")
-            if i in (2, 4):
+            if i in (2, 4, 5):
                 raise CheckFailed(prop, f"with {_CASE_73[i]} your function raised {e['type']}: {e['message'][:100]}",
                                   hint)
             raise RankError(_error_sentence({"rank": o["rank"], "error": e}, file))
@@ -1122,6 +1139,16 @@ def judge_7_4(obs: list[dict], seed: int, file) -> str:
                 raise CheckFailed("starts from cleared gradients",
                                   f"k={k}: .grad still holds the previous step's gradients plus the new ones",
                                   "ddp_model.zero_grad(set_to_none=True) first: backward adds to .grad")
+            shift = float(np.asarray(diff[0]).flat[0]) if diff and np.asarray(diff[0]).size else 0.0
+            if abs(shift) > 1e-6 and all(np.allclose(d, shift, rtol=0, atol=1e-6) for d in diff):   # w11-07 w74_13
+                raise CheckFailed("starts from cleared gradients",
+                                  f"k={k}: every entry of .grad is off by the same {shift:.6g}, where .grad held "
+                                  f"{case['stale']:.6g} (the previous step's gradient) before your function ran: "
+                                  f"{shift / case['stale']:.3g} of that leftover gradient is still in .grad (scaled, "
+                                  "not cleared), under the new gradients",
+                                  "clear .grad before the first backward: ddp_model.zero_grad(set_to_none=True) "
+                                  "(or p.grad = None); scaling it (mul_) keeps part of the last step, and backward "
+                                  "adds to whatever is left")
             split = _forward_outside_backward_inside(res.get("synced", []))
             if res["all_reduces"] != 1 and split is not None:
                 raise CheckFailed("all-reduces exactly once per call",
@@ -1141,8 +1168,9 @@ def judge_7_4(obs: list[dict], seed: int, file) -> str:
                                   "backward")
             if res["all_reduces"] != 1 or res["own_collectives"]:
                 extra = f" and {res['own_collectives']} collective(s) of your own" if res["own_collectives"] else ""
-                hint = ("run backward inside `with ddp_model.no_sync():` for all but the last micro-batch, "
-                        "and let the last backward (outside it) all-reduce the sum once")
+                hint = ("run every micro-batch but the last inside `with ddp_model.no_sync():` (its forward "
+                        "decides: DDP prepares the all-reduce there), and the last micro-batch's forward and "
+                        "backward outside it, so that the last backward all-reduces the sum once")
                 if res["all_reduces"] == 1:
                     hint = ("DDP's one all-reduce is all it takes: it averages the gradients over the ranks itself, so "
                             "no rank needs another's numbers (each collective is a round trip between all ranks)")
@@ -1373,6 +1401,52 @@ def _past_the_end_75(per_rank, case, world, rank, short) -> tuple[str, str] | No
             (f"{n} samples make K = {n} // ({world} x {b}) = {k} full batches per rank and leave a remainder of "
              f"{remainder}: the cut's offset runs from 0 to the remainder, both included "
              f"(rng.integers(0, remainder + 1)); any further and the last rank's part runs past the stream's end"))
+
+
+def _seed_and_repeat_75(o, case) -> None:
+    """Case 0's reads in this process (w11-07): the last epoch iterated twice in a row on one object,
+    and the first epoch with the next seed (see lesson07_ranks._seed_and_repeat_75)."""
+    result = o["results"][0]
+    again = result.get("in_process_again")
+    if again is not None:
+        epoch, batches = again
+        first = result.get("in_process", {}).get(str(epoch))
+        if first is not None and [p for _, p in batches] != [p for _, p in first]:
+            raise CheckFailed("a different split every epoch, drawn from (seed, epoch) alone",
+                              f"with {_describe_75(case)}: the same object, iterated twice in a row without "
+                              f"workers after set_epoch({epoch}), gave rank {o['rank']} other batches the second "
+                              "time: your __iter__ draws from state kept between iterations (a generator made "
+                              "once and kept on the object, even one made anew only when the epoch changes, "
+                              "moves on as it draws)",
+                              "make the generator inside __iter__, from (seed, epoch) alone, on every call, e.g. "
+                              "np.random.default_rng([self.seed, self.epoch]): without workers, or with "
+                              "persistent_workers=True, the same object is iterated again, and a DataLoader that "
+                              "is iterated twice in one epoch must read the same plan")
+    nxt = result.get("next_seed")
+    if nxt is None:
+        return
+    other_seed, epoch, batches = nxt
+    mine = [p for _, p in batches]
+    seed = case["seed"]
+    for e, words in ((epoch, "the seed is ignored"), (epoch + 1, "the seed and the epoch are mixed into one number")):
+        same = result.get("in_process", {}).get(str(e))
+        if same is None or [p for _, p in same] != mine:
+            continue
+        if e == epoch:
+            raise CheckFailed("a different split every epoch, drawn from (seed, epoch) alone",
+                              f"with {_describe_75(case)}: seed={other_seed} gave rank {o['rank']} the same "
+                              f"batches in epoch {epoch} as seed={seed}: {words}, so two jobs started with "
+                              "different seeds train on the same splits, epoch after epoch",
+                              "draw the epoch's plan from the seed and the epoch together, e.g. "
+                              "np.random.default_rng([self.seed, self.epoch])")
+        raise CheckFailed("a different split every epoch, drawn from (seed, epoch) alone",
+                          f"with {_describe_75(case)}: seed={other_seed}, epoch {epoch} gave rank {o['rank']} the "
+                          f"same batches as seed={seed}, epoch {e}: {words} (seed + epoch?), so (seed, epoch + 1) "
+                          "and (seed + 1, epoch) draw the same plan, and a job started with the next seed replays "
+                          "this one's epochs, shifted by one",
+                          "seed the generator with the two as a sequence, np.random.default_rng([self.seed, "
+                          "self.epoch]): another mix into one number (seed + epoch, seed * 1000 + epoch) makes "
+                          "other pairs collide")
 
 
 def judge_7_5(obs: list[dict], seed: int, file) -> str:
@@ -1688,6 +1762,8 @@ def judge_7_5(obs: list[dict], seed: int, file) -> str:
                                   f"{len(want)}: the start of the resumed epoch was kept",
                                   "set_epoch(epoch) with no start begins the epoch at its first batch (start=0): "
                                   "only the resumed epoch skips its first k")
+    for o in obs:      # last: a fixed shard order with a small remainder repeats a plan between seeds by chance
+        _seed_and_repeat_75(o, cases[0])
     return ("full batches, the same number on every rank, the remainder dropped or padded (fewer than world_size x "
             "batch_size), every worker busy reading its own stretch of its rank's part of the shards, the rank read in "
             "the main process, a new split every epoch, and a resumed epoch that continues where it stopped.")

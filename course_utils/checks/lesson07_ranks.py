@@ -29,6 +29,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import weakref
 import sys
 import time
@@ -76,7 +77,8 @@ def case_72(seed: int, world: int) -> dict:
 def cases_73(seed: int, world: int) -> list[list[tuple[float, int, int]]]:
     """Exercise 7.3's inputs: per case, per rank, (loss_sum, correct, count). Always, in this
     order: equal counts, unequal counts, a rank with no samples, counts too large for float32,
-    no samples on any rank."""
+    no samples on any rank, one sample in all (one rank holds it, the others none: w11-07 w73_19,
+    `c / n if n > 1 else nan`, passed while no case had a total of exactly 1)."""
     rng = np.random.default_rng([73, seed])
 
     def rank_values(count):
@@ -92,14 +94,31 @@ def cases_73(seed: int, world: int) -> list[list[tuple[float, int, int]]]:
     cases.append([rank_values(c) for c in counts])                            # unequal counts
     empty = int(rng.integers(0, world))
     cases.append([rank_values(0 if r == empty else int(rng.integers(50, 500))) for r in range(world)])
-    big = []
-    for r in range(world):                                                    # beyond float32's integers
-        count = 2 ** 25 + 2 * int(rng.integers(1, 2 ** 20)) + 1        # odd, so float32 cannot hold it
-        correct = count - 2 * int(rng.integers(1, 2 ** 18))              # odd too
-        big.append((float(count * rng.uniform(0.3, 1.9)) + 0.123456789, correct, count))
+    while True:
+        big = []
+        for r in range(world):                                                # beyond float32's integers
+            count = 2 ** 25 + 2 * int(rng.integers(1, 2 ** 20)) + 1    # odd, so float32 cannot hold it
+            correct = count - 2 * int(rng.integers(1, 2 ** 18))          # odd too
+            big.append((float(count * rng.uniform(0.3, 1.9)) + 0.123456789, correct, count))
+        if _float32_paths_differ(big):
+            break
     cases.append(big)
     cases.append([(0.0, 0, 0) for _ in range(world)])                         # nobody has a sample
+    one = int(rng.integers(0, world))                                         # one sample in all
+    hit = int(rng.integers(0, 2))
+    cases.append([(float(rng.uniform(0.2, 2.5)), hit, 1) if r == one else (0.0, 0, 0) for r in range(world)])
     return cases
+
+
+def _float32_paths_differ(case) -> bool:
+    """Whether the two ways of losing precision after exact sums tell apart in this case's results (w11-07
+    w73_14): dividing in float32 (float32 sums of the numbers divided) and casting the exact means to
+    float32. They give the same bits in about a quarter of the draws; those are drawn again."""
+    f32 = np.float32
+    loss, correct, count = (sum(c[i] for c in case) for i in range(3))
+    division = (f32(f32(loss) / f32(count)), f32(f32(correct) / f32(count)))
+    cast = (f32(loss / count), f32(correct / count))
+    return any(d != c for d, c in zip(division, cast))
 
 
 NCCL_CASE_73 = 1          # the case (unequal counts) run a second time as under nccl
@@ -298,14 +317,40 @@ def watch_ddp(wrapped: list, moved: list | None = None):
         DistributedDataParallel.__init__ = real_init
 
 
+WORKER_TRACEBACK = "Original Traceback (most recent call last):"
+_FRAME = re.compile(r'\s*File "(?P<file>.*)", line (?P<line>\d+), in ')
+
+
+def _from_worker(message: str, learner_file: str | None) -> tuple[str, dict | None]:
+    """An exception a DataLoader worker raised, as the main process re-raises it: its message is
+    "Caught X in DataLoader worker process N." followed by the worker's whole traceback as text,
+    whose last line is the learner's exception and whose frames name the learner's file (w11-07
+    w75_14: cut at 600 characters, inside the grading code's frames, before either). Returns the
+    head with the worker's last line, and the learner's innermost frame there."""
+    head, text = message.split(WORKER_TRACEBACK, 1)
+    lines = [line for line in text.splitlines() if line.strip()]
+    where = None
+    for j, line in enumerate(lines):
+        m = _FRAME.match(line)
+        if m and learner_file and os.path.abspath(m["file"]) == os.path.abspath(learner_file):
+            code = lines[j + 1].strip() if j + 1 < len(lines) and not _FRAME.match(lines[j + 1]) else ""
+            where = {"line": int(m["line"]), "code": code}       # the innermost one wins
+    last = lines[-1].strip() if lines else ""
+    return f"{head.strip().rstrip('.')}: {last}", where
+
+
 def describe_error(exc: BaseException, learner_file: str | None) -> dict:
-    """Type, message and the learner's line where it came from."""
+    """Type, message and the learner's line where it came from (in a DataLoader worker too)."""
     where = None
     for frame in reversed(traceback.extract_tb(exc.__traceback__)):
         if learner_file and os.path.abspath(frame.filename) == os.path.abspath(learner_file):
             where = {"line": frame.lineno, "code": (frame.line or "").strip()}
             break
-    return {"type": type(exc).__name__, "message": str(exc)[:600], "where": where,
+    message = str(exc)
+    if WORKER_TRACEBACK in message:
+        message, in_worker = _from_worker(message, learner_file)
+        where = in_worker or where
+    return {"type": type(exc).__name__, "message": message[:600], "where": where,
             "not_implemented": isinstance(exc, NotImplementedError)}
 
 
@@ -865,6 +910,7 @@ def run_75(cls, job, rank, world, workdir, obs) -> None:
                 for epoch in case["epochs"]:
                     stream.set_epoch(epoch)
                     entry["in_process"][str(epoch)] = _read_stream(stream, 0, timeout)
+                _seed_and_repeat_75(cls, stream, case, entry, lambda st: _read_stream(st, 0, timeout))
             if case["resume"]:
                 epoch, start = case["resume"]
                 again = cls(list(case["sizes"]), case["batch_size"], seed=case["seed"])   # as a restarted job
@@ -880,6 +926,21 @@ def run_75(cls, job, rank, world, workdir, obs) -> None:
             entry["error"] = describe_error(exc, sys.modules[cls.__module__].__file__)
             entry["error"]["no_group_in_worker"] = "Default process group has not been initialized" in str(exc) \
                 and case["workers"] > 0
+
+
+def _seed_and_repeat_75(cls, stream, case, entry, read) -> None:
+    """Case 0's reads in this process that a split drawn from (seed, epoch) alone, anew on every call,
+    answers predictably (w11-07): the last epoch iterated once more on the same object, right after
+    itself (a generator kept on the object between iterations, even one rebuilt when the epoch
+    changes, gives other batches: w75_10); and the first epoch with the next seed on a fresh object:
+    not the seed's own first epoch (the seed ignored: w75_15), nor the seed's second one (seed and
+    epoch mixed into one number, default_rng(seed + epoch): w75_08)."""
+    last = case["epochs"][-1]
+    stream.set_epoch(last)
+    entry["in_process_again"] = [last, read(stream)]
+    other = cls(list(case["sizes"]), case["batch_size"], seed=case["seed"] + 1)
+    other.set_epoch(case["epochs"][0])
+    entry["next_seed"] = [case["seed"] + 1, case["epochs"][0], read(other)]
 
 
 HARNESSES = {"7.2": run_72, "7.3": run_73, "7.4": run_74, "7.5": run_75}

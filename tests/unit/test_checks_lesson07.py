@@ -523,6 +523,39 @@ def test_7_3_local_nan_is_named_as_joined_or_not(joined, words):
         assert ("without joining" in message) != joined, message
 
 
+def _obs_73(seed, answer, world=2):
+    """What the ranks report for 7.3 when every rank returns answer(l, c, n) of the global sums (no launch)."""
+    from course_utils.checks.lesson07_ranks import cases_73
+    obs = [{"rank": r, "results": []} for r in range(world)]
+    for case in cases_73(seed, world):
+        l, c, n = (sum(x[j] for x in case) for j in range(3))
+        value = ["nan" if isinstance(v, float) and math.isnan(v) else v for v in answer(l, c, n)]
+        for o in obs:
+            o["results"].append({"collectives": 1, "collective_names": ["all_reduce"], "collective_devices": ["cpu"],
+                                 "types": ["float", "float"], "value": value})
+    return obs
+
+
+@pytest.mark.parametrize("answer, prop, words", [
+    # w11-07 w73_19: nan unless the global count is above 1
+    (lambda l, c, n: (l / n if n else math.nan, c / n if n > 1 else math.nan),
+     "returns the means of a job with one sample in all", "your accuracy came back nan with a global count of exactly 1"),
+    # w11-07 w73_14: exact sums and division, then the result cast to float32
+    (lambda l, c, n: (float(torch.tensor(l / n).float()), float(torch.tensor(c / n).float())) if n else
+     (math.nan, math.nan), "is exact for large counts", "the result was cast to float32 afterwards"),
+    # the division in float32 keeps its own message (the draw keeps the two apart on every seed)
+    (lambda l, c, n: tuple(float(torch.tensor(v, dtype=torch.float32) / torch.tensor(n, dtype=torch.float32))
+                           for v in (l, c)) if n else (math.nan, math.nan),
+     "is exact for large counts", "the division ran in float32")])
+def test_7_3_one_sample_and_float32_casts_are_named_on_many_seeds(answer, prop, words):
+    """Judged on made-up observations (no launch), on 40 seeds."""
+    for seed in range(40):
+        with pytest.raises(lesson07.CheckFailed) as info:
+            lesson07.judge_7_3(_obs_73(seed, answer), seed, "answer.py")
+        message = info.value.sentence()
+        assert f"'{prop}'" in message and words in message, f"seed {seed}: {message}"
+
+
 def test_7_1_stub_and_wrong_type():
     def stub(*args, **kwargs):
         raise NotImplementedError("Exercise 7.1")
@@ -1199,6 +1232,35 @@ MUTANTS_74.append((HEADER_74 + textwrap.indent(textwrap.dedent("""\
     return float(run)
 """), "    "), "all-reduces exactly once per call"))
 MESSAGES_74[len(MUTANTS_74) - 1] = "forward pass ran inside no_sync and its backward outside it"
+
+# w11-07 w73_19: nan when the global count is not above 1 ('> 1' for '> 0'): passed while no case had a
+# total of exactly one sample; the case "one sample in all" fails it on every seed, and names the count
+MUTANTS_73.append((file_73("""\
+    t = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=collective_device())
+    dist.all_reduce(t)
+    l, c, n = t.tolist()
+    return (l / n if n else math.nan, c / n if n > 1 else math.nan)
+"""), "returns the means of a job with one sample in all"))
+MESSAGES_73[len(MUTANTS_73) - 1] = "your accuracy came back nan with a global count of exactly 1 sample"
+BOTH_SEEDS.add(("7.3", len(MUTANTS_73) - 1))
+# w11-07 w73_14: reduced and divided in float64, then the result cast to float32: was told "reduce in float64"
+MUTANTS_73.append((file_73("""\
+    t = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=collective_device())
+    dist.all_reduce(t)
+    if t[2].item() == 0:
+        return math.nan, math.nan
+    r = (t[:2] / t[2]).float().tolist()
+    return r[0], r[1]
+"""), "is exact for large counts"))
+MESSAGES_73[len(MUTANTS_73) - 1] = "the result was cast to float32 afterwards"
+BOTH_SEEDS.add(("7.3", len(MUTANTS_73) - 1))
+
+# w11-07 w74_13: the old .grad halved (mul_(0.5)) instead of cleared: was told to weight each micro-batch's loss
+MUTANTS_74.append((body_74().replace(
+    "ddp_model.zero_grad(set_to_none=True)",
+    "for p in ddp_model.parameters():\n        if p.grad is not None:\n            p.grad.mul_(0.5)"),
+    "starts from cleared gradients"))
+MESSAGES_74[len(MUTANTS_74) - 1] = "0.5 of that leftover gradient is still in .grad (scaled, not cleared)"
 
 EXERCISES = {
     "7.2": ("train_ddp", RIGHT_72, MUTANTS_72, lesson07.judge_7_2),

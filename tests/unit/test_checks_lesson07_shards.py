@@ -105,10 +105,8 @@ def answer(*, order="seeded", rank_part="contiguous", last="drop", workers="runs
 
 RIGHT = {"solution": answer(),
          "padding": answer(last="pad"),
-         # w4-07's right answers: a generator seeded with seed + epoch (not [seed, epoch]); the epoch
-         # advanced inside __iter__ (every use calls set_epoch first, which overwrites it)
-         "seed plus epoch": answer().replace("np.random.default_rng([self.seed, self.epoch])",
-                                             "np.random.default_rng(self.seed + self.epoch)"),
+         # w4-07's right answer: the epoch advanced inside __iter__ (every use calls set_epoch first, which
+         # overwrites it). (Its other one, a generator seeded with seed + epoch, is a mutant since w11-07)
          "epoch advanced in __iter__": answer() + "        self.epoch += 1\n",
          "tensor batches": answer().replace("yield from batches[lo + done:lo + counts[role]]",
                                             "for x in batches[lo + done:lo + counts[role]]:\n"
@@ -200,11 +198,58 @@ RIGHT["Python random offset"] = answer().replace(         # w5-07 w75_14: anothe
                      "0, n - k * world * self.batch_size)")
 
 
+# w11-07: three answers that passed. The seed ignored (w75_15); seed and epoch mixed into one number (w75_08,
+# w4-07's "right" answer until then: (seed, epoch + 1) and (seed + 1, epoch) draw the same plan, what 7.1 says
+# of another mix); the generator kept on the object, made anew only when the epoch changes (w75_10: the same
+# epoch iterated twice gave other batches). Case 0 reads, in the rank's process, the last epoch twice in a
+# row and the first epoch with the next seed
+SOLUTION_RNG = "rng = np.random.default_rng([self.seed, self.epoch])"
+MUTANTS += [
+    (answer().replace(SOLUTION_RNG, "rng = np.random.default_rng(self.epoch)"),
+     "a different split every epoch, drawn from (seed, epoch) alone", "the seed is ignored"),
+    (answer().replace(SOLUTION_RNG, "rng = np.random.default_rng(self.seed + self.epoch)"),
+     "a different split every epoch, drawn from (seed, epoch) alone",
+     "the seed and the epoch are mixed into one number (seed + epoch?), so (seed, epoch + 1) and (seed + 1, epoch) "
+     "draw the same plan"),
+    (answer().replace(SOLUTION_RNG,
+                      "if getattr(self, '_gen', None) is None or self._gen_epoch != self.epoch:\n"
+                      "            self._gen, self._gen_epoch = np.random.default_rng([self.seed, self.epoch]), "
+                      "self.epoch\n"
+                      "        rng = self._gen"),
+     "a different split every epoch, drawn from (seed, epoch) alone", "state kept between iterations"),
+]
+KEPT_PER_EPOCH = len(MUTANTS) - 1
+
+# w11-07 w75_14: a pad that does not pad (k = ceil(n / (W x B)) batches, the offset drawn up to n - k x W x B,
+# which is negative): rng.integers raised ValueError in a DataLoader worker, and the ERROR showed the start of
+# the worker's traceback, cut inside the grading code, without the exception's text or the learner's line
+ERROR_IN_WORKER = answer().replace("k = n // (world * self.batch_size)", "k = math.ceil(n / (world * self.batch_size))")
+ERROR_LINE = next(j + 1 for j, line in enumerate(ERROR_IN_WORKER.splitlines()) if "offset = int(rng.integers" in line)
+
+
+def test_an_exception_in_a_worker_shows_its_text_and_the_learners_line(verdicts):
+    status, message = verdicts[("error in a worker", SEEDS[len("error in a worker") % 2])]
+    assert status == "error", message
+    assert "ValueError: high <= 0" in message and f"at line {ERROR_LINE} of " in message, message
+    assert "lesson07_ranks.py" not in message and "Original Traceback" not in message, message
+
+
+def test_a_generator_kept_per_epoch_fails_on_more_seeds_in_process():
+    """w11-07 w75_10, simulated with a copy of the object per worker, as forked workers get one (iterating
+    one object per worker, as the other simulated mutants are, its workers would disagree instead)."""
+    source, prop, words = MUTANTS[KEPT_PER_EPOCH]
+    for seed in SEEDS + MORE_SEEDS:
+        status, message = _verdict(_observe(source, seed, fork=True), seed)
+        assert status == "fail" and f"'{prop}'" in message and words in message, f"seed {seed}: {message}"
+    assert _verdict(_observe(RIGHT["solution"], SEEDS[0], fork=True), SEEDS[0])[0] == "pass"
+
+
 @pytest.fixture(scope="module")
 def verdicts(tmp_path_factory):
     folder = tmp_path_factory.mktemp("lesson07-shards")
     jobs, keys = [], []
-    for name, source in list(RIGHT.items()) + [(f"mutant{i}", src) for i, (src, *_) in enumerate(MUTANTS)]:
+    for name, source in list(RIGHT.items()) + [(f"mutant{i}", src) for i, (src, *_) in enumerate(MUTANTS)] + \
+            [("error in a worker", ERROR_IN_WORKER)]:
         path = folder / f"7_5_{name.replace(' ', '_')}.py"
         path.write_text(source)
         for seed in seeds_for(name):
@@ -278,12 +323,13 @@ def test_check_itself_passes_the_solution(tmp_path, monkeypatch):
 
 # -- near misses, judged in this process on observations made without torchrun ----------------------------
 
-def _observe(source, seed, world=2, edit=None):
+def _observe(source, seed, world=2, edit=None, fork=False):
     """What the rank harness records for `source`, computed in this process: each rank's stream
     with its rank set, each worker's batches (get_worker_info patched), delivered in the
     DataLoader's turns. `edit(case_index, rank, epoch, batches)` may change a rank's record."""
+    import copy
     import types
-    from course_utils.checks.lesson07_ranks import cases_75
+    from course_utils.checks.lesson07_ranks import _seed_and_repeat_75, cases_75
     module = types.ModuleType("answer75")
     exec(compile(source, "answer75.py", "exec"), module.__dict__)
 
@@ -292,7 +338,8 @@ def _observe(source, seed, world=2, edit=None):
         for w in range(max(1, workers)):
             module.get_worker_info = (lambda w=w: types.SimpleNamespace(id=w, num_workers=workers)) if workers \
                 else (lambda: None)
-            outs.append([[list(p) for p in b] for b in stream])
+            mine = copy.deepcopy(stream) if fork and workers else stream      # a forked worker's own copy
+            outs.append([[list(p) for p in b] for b in mine])
         delivered, j = [], 0
         while any(j < len(o) for o in outs):
             delivered += [[w, o[j]] for w, o in enumerate(outs) if j < len(o)]
@@ -320,6 +367,12 @@ def _observe(source, seed, world=2, edit=None):
                 for epoch in case["epochs"]:
                     stream.set_epoch(epoch)
                     entry["in_process"][str(epoch)] = read(stream, 0)
+
+                def make(sizes, batch_size, *, seed, rank=rank):
+                    made = module.ShardStream(sizes, batch_size, seed=seed)
+                    made.rank, made.world_size = rank, world
+                    return made
+                _seed_and_repeat_75(make, stream, case, entry, lambda st: read(st, 0))
             results.append(entry)
         obs.append({"rank": rank, "world": world, "results": results})
     return obs
@@ -343,7 +396,7 @@ def test_in_process_observations_agree_with_the_launch(verdicts, seed):
 
 # the mutants whose record the simulator reproduces (not those that read the rank in the workers,
 # keep state in the object the simulator iterates once per worker, or draw from the global generator)
-SIMULATED = [i for i, m in enumerate(MUTANTS) if i not in (1, 2, 8, 16, 20, 23, 24)]
+SIMULATED = [i for i, m in enumerate(MUTANTS) if i not in (1, 2, 8, 16, 20, 23, 24, KEPT_PER_EPOCH)]
 
 
 @pytest.mark.parametrize("i", SIMULATED, ids=[f"mutant{i}" for i in SIMULATED])
@@ -360,8 +413,8 @@ def test_right_answers_pass_on_100_seeds_in_process():
     - 1, so 10 or 12 places for the cut) fails a cut drawn from (seed, epoch) only if it repeats a
     2-cycle four times (1 in 10,000 at most), and case 0's split only if three epochs read the same
     samples (two epochs did at seeds 126 and 235, which failed right answers there). 300 seeds were
-    tried once; 100 here, for time: the drop answers seeded both ways w4-07 wrote, and padding."""
-    for name in ("solution", "seed plus epoch", "padding"):
+    tried once; 100 here, for time: the solution, an offset that walks with the epoch, and padding."""
+    for name in ("solution", "offset walks with the epoch", "padding"):
         for seed in range(100):
             assert _verdict(_observe(RIGHT[name], seed), seed)[0] == "pass", (name, seed)
 
