@@ -1279,7 +1279,16 @@ def _loop_case(train_fixed, rng, seed, device):
         names = ", ".join(f"{k} x{v}" for k, v in syncs.by_name().items()) or f"{syncs.cuda_warnings} flagged by CUDA"
         listed = any(c.startswith("torch.tensor(") for c in syncs.calls)
         by_name = syncs.by_name()
-        if not listed and by_name and syncs.count < steps and syncs.count <= 3 * max(n_logs, 1):
+        emptied = next((v for k, v in by_name.items() if "empty_cache" in k), 0)
+        # walk w9-05 (w54_13): empty_cache once per interval is no read, and a hint about reads pointed elsewhere
+        emptied_note = (f"torch.cuda.empty_cache() is {emptied} of these waits: it is no read, but it waits for "
+                        "the device to hand its cached memory back, and the next steps then allocate that memory "
+                        "again. Drop it: the loop's memory stays flat without it (clearing the window frees the "
+                        "losses for reuse)" if emptied else "")
+        if emptied and emptied == syncs.count - min(by_name.get("item", 0), n_logs) and emptied <= n_logs \
+                and syncs.count - emptied <= allowed:
+            hint = emptied_note + "; the one .item() per interval that reads the mean is all the loop needs"
+        elif not listed and by_name and syncs.count < steps and syncs.count <= 3 * max(n_logs, 1):
             # a few reads at each logging, not one per step (w5-05: a guard on the mean tensor, a synchronize)
             extra = []
             if any(k in by_name for k in ("__bool__", "is_nonzero")):
@@ -1287,6 +1296,8 @@ def _loop_case(train_fixed, rng, seed, device):
                              "float you read (if not mean < 100: raise ...)")
             if any("synchronize" in k for k in by_name):
                 extra.append("a synchronize before .item() is a wait .item() makes anyway")
+            if emptied:
+                extra.append(emptied_note)
             hint = (f"yours reads at the logging, not per step, but {syncs.count} times for {n_logs} intervals: read "
                     "each interval's mean once, mean = torch.stack(window).mean().item(), and do everything else "
                     "(the print, a divergence guard, the list) with that float" + "".join("; " + e for e in extra))
@@ -1296,7 +1307,9 @@ def _loop_case(train_fixed, rng, seed, device):
                     + ("loss.cpu() or .to('cpu') copies the loss to the host, a wait per step: " if
                        any(k in by_name for k in ("cpu", "to")) else "")
                     + "collect loss.detach() of each step on the device and read the interval's mean with one "
-                    ".item(); no print(loss), float(loss), .item(), .cpu() or torch.cuda.empty_cache() per step")
+                    ".item(); no print(loss), float(loss), .item(), .cpu() or torch.cuda.empty_cache() per step"
+                    + (f" (yours called torch.cuda.empty_cache() {emptied} times: drop it, it waits for the device "
+                       "and hands back memory the next steps allocate again)" if emptied else ""))
         raise CheckFailed("synchronises at most once per logging interval",
                           f"{label}: yours made {syncs.count} synchronising calls ({names}); at most {allowed} allowed",
                           hint)

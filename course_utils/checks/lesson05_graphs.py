@@ -217,7 +217,8 @@ def _shape(rng) -> tuple[int, int]:
     return int(rng.integers(9, 30)), int(rng.choice([12, 16]))
 
 
-def _scenario(make_graphed_step, rng, device, *, optimizer: str, use_default_warmup: bool, shape=None):
+def _scenario(make_graphed_step, rng, device, *, optimizer: str, use_default_warmup: bool, shape=None,
+              call_again: bool = True):
     emulate = device.type != "cuda"
     dtype = torch.float32                         # the GPU's and the emulation's: float32 batches and weights
     batch, side = shape or _shape(rng)
@@ -361,7 +362,60 @@ def _scenario(make_graphed_step, rng, device, *, optimizer: str, use_default_war
         losses = None       # the run holds them: _after_steps drops them to see what the step itself keeps
         with quiet():
             _after_steps(run, emulate, vc)
+        # a second call with the very model and optimizer, a new example batch of the same shape: a step kept
+        # from the first call (a cache keyed by id(model), id(optimizer) or the shape) returns without a capture
+        if not call_again:
             return steps, warmup
+        again = (draw(batch), draw(batch))
+        if emulate:
+            for t in (*again[0], *again[1]):
+                vc.put(t)
+        else:
+            again = tuple(tuple(t.to(device) for t in b) for b in again)
+        _second_call(run, make_graphed_step, reference, ref_opt, *again, emulate, quiet)
+        return steps, warmup
+
+
+def _second_call(s: _Run, make_graphed_step, reference, ref_opt, example, batch, emulate, quiet):
+    """make_graphed_step called again with the same model and optimizer (trained by the first call's steps),
+    a new example batch of the same shape, then one step: it warms up and captures anew, and trains as ordinary
+    steps do (walk w9-05: a step cached by (id(model), id(optimizer)) passed every scenario)."""
+    warmup = 2
+    what = (f"{s.what}; then a second call of make_graphed_step with the same model and optimizer, a new example "
+            f"batch of the same shape and warmup={warmup}, and one step")
+    with quiet():
+        for _ in range(warmup):
+            _eager(reference, ref_opt, *example)
+        ref_loss = float(_eager(reference, ref_opt, *batch))
+        ref_state = _state(reference, ref_opt)
+    yours, watch = s.yours, s.watch
+    calls, captures = yours.calls, len(watch.captures)
+    with watch.spying(), (contextlib.nullcontext() if emulate else _RealCapture(watch)):
+        step = make_graphed_step(yours, s.opt, *(t.clone() for t in example), warmup=warmup)
+    kept = ("returned the very step function the first call returned" if step is s.step else
+            f"captured no graph (the model ran {yours.calls - calls} times)" if len(watch.captures) == captures
+            else "")
+    if kept:
+        raise CheckFailed("captures a graph of the model it is given, in every call",
+                          f"{what}: the second call {kept}: state kept between calls (a cache or a global keyed "
+                          "by the model, the optimizer or the shape) hands back the graph of the earlier call, "
+                          "which skips the warm-up steps on the new example batch and replays the first call's "
+                          "inputs",
+                          "keep nothing from one call to the next (no module-level dict, no attribute on the "
+                          "model): each call warms up `warmup` steps on the example it is handed, captures, and "
+                          "returns a new step")
+    loss = step(*(t.clone() for t in batch))
+    with quiet():
+        value = float(loss.detach().double().cpu()) if isinstance(loss, torch.Tensor) else float("nan")
+        if not (math.isclose(value, ref_loss, rel_tol=s.tol, abs_tol=s.tol) and _same(_state(yours, s.opt),
+                                                                                       ref_state, s.tol)):
+            raise CheckFailed("captures a graph of the model it is given, in every call",
+                              f"{what}: the second call's step trained otherwise than ordinary steps (loss "
+                              f"{value:.5f} vs {ref_loss:.5f}, then the weights, optimizer state or batch-norm "
+                              "statistics compared), while the first call's steps trained as they do: state kept "
+                              "between calls (from the earlier call) changed what the second call captured",
+                              "keep nothing from one call to the next: each call warms up `warmup` steps on the "
+                              "example it is handed, captures on inputs of its own, and returns a new step")
 
 
 def _cudnn_settings() -> dict:
@@ -778,7 +832,8 @@ def check_graphed_step(make_graphed_step):
     for device in devices:
         for optimizer, default in (("sgd", False), ("adam", True)):
             steps, warmup = _scenario(make_graphed_step, rng, device, optimizer=optimizer,
-                                      use_default_warmup=default, shape=shape)
+                                      use_default_warmup=default, shape=shape,
+                                      call_again=not default)     # once per device: the check's time
             if not default:
                 warmups.append(warmup)
         told.append(device.type if device.type == "cuda" else
@@ -789,5 +844,6 @@ def check_graphed_step(make_graphed_step):
             "losses, weights, optimizer state and batch-norm statistics as ordinary steps (SGD and capturable "
             "Adam), no race between streams, a fresh loss tensor per step, the example batch left alone, and "
             "ValueError for a batch of another shape, before anything is copied in (1 sample, 1 label, and as many values "
-            "in another layout included); on "
+            "in another layout included), and a second call with the same model and optimizer that captures anew; "
+            "on "
             f"{' and '.join(told)} (seed {seed}).")

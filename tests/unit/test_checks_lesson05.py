@@ -1705,6 +1705,13 @@ def loop_guards_the_mean_tensor(model, optimizer, batches, loss_fn, log_every=10
     return means
 
 
+def _read_then_empty_cache(window, log_every):
+    mean = torch.stack(window).mean().item()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return mean
+
+
 def _synchronize_then_read(window, log_every):
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -1735,6 +1742,9 @@ def loop_global_window(model, optimizer, batches, loss_fn, log_every=10):
            words="guard on the float you read"),
     Mutant("a synchronize at each logging", _loop(read=_synchronize_then_read),
            "synchronises at most once per logging interval", words="reads at the logging, not per step"),
+    Mutant("torch.cuda.empty_cache() at each logging (w9-05 w54_13)", _loop(read=_read_then_empty_cache),
+           "synchronises at most once per logging interval",
+           words="of these waits: it is no read, but it waits for the device"),
     Mutant("a trimmed mean", _loop(read=lambda window, log_every: torch.stack(window).sort().values[1:-1].mean().item()),
            "logs the mean loss of each interval", words="a trimmed mean"),
 ], ids=repr)

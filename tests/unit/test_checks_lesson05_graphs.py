@@ -13,7 +13,7 @@ from course_utils.checks.lesson05_graphs import grade_scenario
 from course_utils.checks.virtual_cuda_training import VirtualCudaTraining
 from course_utils.graph_capture import CAPTURE_ERROR, RULES, EmulatedGraphs
 
-from graph_step_cases import CASES, right
+from graph_step_cases import _BY_ID, CASES, caches_by_model_and_optimizer_id, right
 from mutants import Mutant, passes, rejected
 
 SEEDS = range(2)
@@ -36,6 +36,20 @@ def test_other_optimizers_as_on_a_gpu(case):
         verdict = grade_scenario(case.answer, "cpu", seed=seed, optimizer=case.optimizer)
         assert verdict.status == case.expected, verdict
         assert case.words in verdict.message, verdict
+
+
+def test_a_step_cached_by_model_and_optimizer_id_is_caught_on_the_second_call():
+    """Walk w9-05 (w55_24): a step kept per (id(model), id(optimizer)) passed every scenario; the check calls
+    make_graphed_step again with the same model and optimizer. The cache is emptied first: a freed model's id
+    can come back, and then the first call already hands back a stale graph (another message)."""
+    mutant = Mutant("a step cached per (id(model), id(optimizer))", caches_by_model_and_optimizer_id,
+                    "captures a graph of the model it is given, in every call",
+                    words="the second call returned the very step function the first call returned: state kept "
+                          "between calls")
+    for seed in SEEDS:
+        _BY_ID.clear()
+        rejected("5.5", mutant, [seed])
+    _BY_ID.clear()
 
 
 def test_the_right_answer_passes_twice_in_one_process():
