@@ -102,6 +102,12 @@ _EDGE_CASES = [
     # fractional percentages (w4-02 w21_23: int(100 * tolerance) cuts 2.5% to 2%, 29% to 28%)
     ({0: 976.0, 1: 1000.0}, 0.025, "a tolerance of 2.5% (0.025), a point 2.4% below the best"),
     ({0: 715.0, 1: 1000.0, 2: 990.0}, 0.29, "a tolerance of 29% (0.29), a point 28.5% below the best"),
+    # the best over a part of the sweep (q02 w21_14: the best of the upper half of the counts passed): here
+    # the best is in the lower half, and the upper half's best (950) lets 0 workers (930) in
+    ({0: 930.0, 1: 1000.0, 2: 990.0, 3: 950.0, 4: 940.0, 5: 600.0}, 0.05,
+     "the best (1,000 at 1 worker) in the lower half of the counts"),
+    ({0: 930.0, 1: 1000.0, 2: 950.0, 3: 600.0}, 0.05,
+     "the best (1,000 at 1 worker) in the first half of the sweep, in order and as given"),
 ]
 
 
@@ -148,6 +154,26 @@ def _knee(sweep, tolerance):
         if sweep[b] < (1 + tolerance) * sweep[a]:
             return a
     return counts[-1]
+
+
+def _best_of_part(sweep, tolerance, part):
+    """The answer with the best taken over only a part of the sweep's counts, in increasing order."""
+    counts = sorted(sweep)
+    half = len(counts) // 2
+    kept = {"upper half": counts[half:], "lower half": counts[:len(counts) - half],
+            "first half in dict order": list(sweep)[:len(counts) - half],
+            "second half in dict order": list(sweep)[half:]}[part]
+    best = max(sweep[w] for w in kept)
+    return _smallest(sweep, lambda v: v >= (1 - tolerance) * best)
+
+
+def _part_hint(part):
+    def hint(s, t):
+        best_w = max(s, key=s.get)
+        return (f"the best is the largest throughput of the whole sweep, every count ({_number(s[best_w])} at "
+                f"{best_w} worker{'' if best_w == 1 else 's'} here): yours took it over only part of the sweep (the {part}), so its threshold "
+                "was lower than (1 - tolerance) x the best")
+    return hint
 
 
 def _first_in_order(sweep, tolerance):
@@ -222,6 +248,8 @@ _SLIPS = [
     ("scans down from the best", lambda s, t, p: _scan_down(s, t),
      lambda s, t: ("look at every count: a dip between a near-best point and the best does not disqualify the "
                    "near-best one")),
+    *((f"the best of the {part}", lambda s, t, p, part=part: _best_of_part(s, t, part), _part_hint(part))
+      for part in ("upper half", "lower half", "first half in dict order", "second half in dict order")),
     ("the median as the reference", lambda s, t, p: _smallest(s, lambda v: v >= (1 - t) * _median(s.values())),
      lambda s, t: "the threshold comes from the best throughput (the maximum), not the median"),
     ("the mean as the reference", lambda s, t, p: _smallest(s, lambda v: v >= (1 - t) * sum(s.values()) / len(s)),
@@ -286,6 +314,29 @@ def _number(v: float) -> str:
     return f"{v:,.0f}" if float(v).is_integer() else f"{v:,.2f}"
 
 
+def _type_hint(yours, sweep) -> str:
+    """What a returned value that is no int says about the mistake (q02 w21_18: a float worker count,
+    or None, was told to return the key, not its throughput)."""
+    if yours is None:
+        return "yours returned None: the function ends without a return statement on this sweep"
+    if isinstance(yours, bool):
+        return "yours returned a bool (a comparison's result): return the worker count itself, a key of the sweep"
+    if isinstance(yours, (tuple, list)):
+        return "return the worker count alone, not a pair or a list: one key of the sweep, as an int"
+    if isinstance(yours, str):
+        return "return the worker count as an int, not as text"
+    try:
+        value = float(yours)
+    except (TypeError, ValueError):
+        return "return one of the sweep's keys, a Python int"
+    if any(value == float(v) for v in sweep.values()) and not any(value == float(k) for k in sweep):
+        return "that is a throughput from the sweep: return its key (num_workers), not its value"
+    if value.is_integer() and int(value) in sweep:
+        return (f"the count is right in kind but a {type(yours).__name__}: return a Python int, int(...) "
+                "(a float such as 2.0 is no worker count)")
+    return "return one of the sweep's keys, a Python int"
+
+
 @exercise("2.1", "Choose num_workers from a recorded sweep")
 def check_choose_workers(choose_num_workers):
     expect_callable(choose_num_workers, "a function choose_num_workers(sweep, tolerance=0.05) -> int")
@@ -326,15 +377,19 @@ def check_choose_workers(choose_num_workers):
                               "between calls (a global, or a default argument such as _cache={}, lives as long as "
                               "the function)") from None
         if given != original or list(given) != list(original):
-            raise CheckFailed("leaves the sweep unchanged", f"{what}: the dict passed in was modified")
+            changed = ("its keys were reordered" if given == original else
+                       f"{len(original) - len(given)} of its counts were removed" if set(given) < set(original)
+                       else "its contents were changed")
+            raise CheckFailed("leaves the sweep unchanged", f"{what}: the dict passed in was modified ({changed})",
+                              "read the sweep without changing it: sorted(sweep), sweep.items(), or work on a copy "
+                              "(dict(sweep)); never pop, sort into or assign to the dict passed in")
         if isinstance(yours, np.integer):
             raise CheckFailed("returns a worker count (an int)",
                               f"{what}: yours returned a NumPy integer, {type(yours).__name__}: {yours!r}",
                               "the contract asks for a Python int: wrap the NumPy result in int(...)")
         if isinstance(yours, bool) or not isinstance(yours, int):
             raise CheckFailed("returns a worker count (an int)",
-                              f"{what}: yours returned {type(yours).__name__}: {yours!r}",
-                              "return the key (num_workers), not its throughput")
+                              f"{what}: yours returned {type(yours).__name__}: {yours!r}", _type_hint(yours, given))
         expected = _reference_choice(sweep, tolerance)
         previous = history[-1] if history else None
         history.append((original, tolerance, passed, int(yours)))
@@ -382,14 +437,14 @@ def check_choose_workers(choose_num_workers):
                               f"{what} ({table}, {called}): yours {int(yours)}, expected {expected} (seed {seed})",
                               hint)
     try:
-        choose_num_workers({})
+        empty_answer = choose_num_workers({})
     except ValueError:
         pass
     except Exception as exc:
         raise CheckFailed("raises ValueError on an empty sweep", f"an empty dict raised {type(exc).__name__}: {exc}",
                           "check for an empty sweep first: raise ValueError('empty sweep')") from None
     else:
-        raise CheckFailed("raises ValueError on an empty sweep", "an empty dict did not raise",
+        raise CheckFailed("raises ValueError on an empty sweep", f"an empty dict did not raise (yours returned {empty_answer!r})",
                           "there is nothing to choose from: raise ValueError('empty sweep')")
     return f"the right choice on {len(cases)} sweeps (varied, noisy, flat, non-monotone, unordered, knife edges)."
 

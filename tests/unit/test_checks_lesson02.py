@@ -367,8 +367,65 @@ def skips_zero_falls_back_to_zero(sweep, tolerance=0.05):   # w4-02 w21_16: 0 wo
     return int(min(ok)) if ok else 0
 
 
+def upper_half_best(sweep, tolerance=0.05):           # q02 w21_14: the best over the upper half of the counts
+    if not sweep:
+        raise ValueError("empty sweep")
+    counts = sorted(sweep)
+    best = max(sweep[w] for w in counts[len(counts) // 2:])
+    return min(w for w, v in sweep.items() if v >= (1 - tolerance) * best)
+
+
+def later_half_best(sweep, tolerance=0.05):           # the same slip, over the later half of the dict's items
+    if not sweep:
+        raise ValueError("empty sweep")
+    values = list(sweep.values())
+    best = max(values[len(values) // 2:])
+    return min(w for w, v in sweep.items() if v >= (1 - tolerance) * best)
+
+
+def returns_a_float_count(sweep, tolerance=0.05):      # q02 w21_18: was told "not its throughput"
+    if not sweep:
+        raise ValueError("empty sweep")
+    best = max(sweep.values())
+    return float(min(w for w, v in sweep.items() if v >= (1 - tolerance) * best))
+
+
+def forgets_to_return(sweep, tolerance=0.05):          # a return missing on one branch
+    if not sweep:
+        raise ValueError("empty sweep")
+    best = max(sweep.values())
+    ok = [w for w, v in sweep.items() if v >= (1 - tolerance) * best]
+    if len(ok) > 1:
+        return min(ok)
+
+
+def copies_then_scans(sweep, tolerance=0.05):          # RIGHT: a sorted copy, an early return
+    items = sorted(dict(sweep).items())
+    if not items:
+        raise ValueError("empty sweep")
+    best = max(v for _, v in items)
+    for w, v in items:
+        if v >= best * (1 - tolerance):
+            return int(w)
+
+
+def numpy_masked(sweep, tolerance=0.05):               # RIGHT: NumPy, the result wrapped in int()
+    if len(sweep) == 0:
+        raise ValueError("empty sweep")
+    keys, values = np.array(list(sweep.keys())), np.array(list(sweep.values()), dtype=float)
+    return int(keys[values >= (1 - tolerance) * values.max()].min())
+
+
 PICKS = "picks the smallest count within the tolerance of the best"
 MUTANTS_21 = [
+    Mutant("the best of the upper half of the counts (q02 w21_14)", upper_half_best, PICKS,
+           words="yours took it over only part of the sweep (the upper half)"),
+    Mutant("the best of the later half of the dict (q02 w21_14)", later_half_best, PICKS,
+           words="yours took it over only part of the sweep"),
+    Mutant("a float count (q02 w21_18)", returns_a_float_count, "returns a worker count (an int)",
+           words="return a Python int, int(...)"),
+    Mutant("None on one branch", forgets_to_return, "returns a worker count (an int)",
+           words="without a return statement"),
     Mutant("argmax", argmax, PICKS, words="single best point"),
     Mutant("first in dict order", first_in_dict_order, PICKS, words="any order"),
     Mutant("stops at the first drop", stop_at_first_drop, PICKS, words="a drop does not end the search"),
@@ -419,7 +476,8 @@ MUTANTS_21 = [
 
 
 @pytest.mark.parametrize("answer", [choose, gap_over_the_best, ratio_to_the_best, best_minus_a_share, sorted_scan,
-                                    max_of_empty_raises_value_error, epsilon_slack], ids=lambda f: f.__name__)
+                                    max_of_empty_raises_value_error, epsilon_slack, copies_then_scans,
+                                    numpy_masked], ids=lambda f: f.__name__)
 def test_choose_workers_passes(answer):
     passes("2.1", answer, range(30))
 
