@@ -102,6 +102,12 @@ _EDGE_CASES = [
     # fractional percentages (w4-02 w21_23: int(100 * tolerance) cuts 2.5% to 2%, 29% to 28%)
     ({0: 976.0, 1: 1000.0}, 0.025, "a tolerance of 2.5% (0.025), a point 2.4% below the best"),
     ({0: 715.0, 1: 1000.0, 2: 990.0}, 0.29, "a tolerance of 29% (0.29), a point 28.5% below the best"),
+    # the best over a part of the sweep (q02 w21_14: the best of the upper half of the counts passed): here
+    # the best is in the lower half, and the upper half's best (950) lets 0 workers (930) in
+    ({0: 930.0, 1: 1000.0, 2: 990.0, 3: 950.0, 4: 940.0, 5: 600.0}, 0.05,
+     "the best (1,000 at 1 worker) in the lower half of the counts"),
+    ({0: 930.0, 1: 1000.0, 2: 950.0, 3: 600.0}, 0.05,
+     "the best (1,000 at 1 worker) in the first half of the sweep, in order and as given"),
 ]
 
 
@@ -148,6 +154,26 @@ def _knee(sweep, tolerance):
         if sweep[b] < (1 + tolerance) * sweep[a]:
             return a
     return counts[-1]
+
+
+def _best_of_part(sweep, tolerance, part):
+    """The answer with the best taken over only a part of the sweep's counts, in increasing order."""
+    counts = sorted(sweep)
+    half = len(counts) // 2
+    kept = {"upper half": counts[half:], "lower half": counts[:len(counts) - half],
+            "first half in dict order": list(sweep)[:len(counts) - half],
+            "second half in dict order": list(sweep)[half:]}[part]
+    best = max(sweep[w] for w in kept)
+    return _smallest(sweep, lambda v: v >= (1 - tolerance) * best)
+
+
+def _part_hint(part):
+    def hint(s, t):
+        best_w = max(s, key=s.get)
+        return (f"the best is the largest throughput of the whole sweep, every count ({_number(s[best_w])} at "
+                f"{best_w} worker{'' if best_w == 1 else 's'} here): yours took it over only part of the sweep (the {part}), so its threshold "
+                "was lower than (1 - tolerance) x the best")
+    return hint
 
 
 def _first_in_order(sweep, tolerance):
@@ -222,6 +248,8 @@ _SLIPS = [
     ("scans down from the best", lambda s, t, p: _scan_down(s, t),
      lambda s, t: ("look at every count: a dip between a near-best point and the best does not disqualify the "
                    "near-best one")),
+    *((f"the best of the {part}", lambda s, t, p, part=part: _best_of_part(s, t, part), _part_hint(part))
+      for part in ("upper half", "lower half", "first half in dict order", "second half in dict order")),
     ("the median as the reference", lambda s, t, p: _smallest(s, lambda v: v >= (1 - t) * _median(s.values())),
      lambda s, t: "the threshold comes from the best throughput (the maximum), not the median"),
     ("the mean as the reference", lambda s, t, p: _smallest(s, lambda v: v >= (1 - t) * sum(s.values()) / len(s)),
@@ -286,6 +314,29 @@ def _number(v: float) -> str:
     return f"{v:,.0f}" if float(v).is_integer() else f"{v:,.2f}"
 
 
+def _type_hint(yours, sweep) -> str:
+    """What a returned value that is no int says about the mistake (q02 w21_18: a float worker count,
+    or None, was told to return the key, not its throughput)."""
+    if yours is None:
+        return "yours returned None: the function ends without a return statement on this sweep"
+    if isinstance(yours, bool):
+        return "yours returned a bool (a comparison's result): return the worker count itself, a key of the sweep"
+    if isinstance(yours, (tuple, list)):
+        return "return the worker count alone, not a pair or a list: one key of the sweep, as an int"
+    if isinstance(yours, str):
+        return "return the worker count as an int, not as text"
+    try:
+        value = float(yours)
+    except (TypeError, ValueError):
+        return "return one of the sweep's keys, a Python int"
+    if any(value == float(v) for v in sweep.values()) and not any(value == float(k) for k in sweep):
+        return "that is a throughput from the sweep: return its key (num_workers), not its value"
+    if value.is_integer() and int(value) in sweep:
+        return (f"the count is right in kind but a {type(yours).__name__}: return a Python int, int(...) "
+                "(a float such as 2.0 is no worker count)")
+    return "return one of the sweep's keys, a Python int"
+
+
 @exercise("2.1", "Choose num_workers from a recorded sweep")
 def check_choose_workers(choose_num_workers):
     expect_callable(choose_num_workers, "a function choose_num_workers(sweep, tolerance=0.05) -> int")
@@ -326,15 +377,19 @@ def check_choose_workers(choose_num_workers):
                               "between calls (a global, or a default argument such as _cache={}, lives as long as "
                               "the function)") from None
         if given != original or list(given) != list(original):
-            raise CheckFailed("leaves the sweep unchanged", f"{what}: the dict passed in was modified")
+            changed = ("its keys were reordered" if given == original else
+                       f"{len(original) - len(given)} of its counts were removed" if set(given) < set(original)
+                       else "its contents were changed")
+            raise CheckFailed("leaves the sweep unchanged", f"{what}: the dict passed in was modified ({changed})",
+                              "read the sweep without changing it: sorted(sweep), sweep.items(), or work on a copy "
+                              "(dict(sweep)); never pop, sort into or assign to the dict passed in")
         if isinstance(yours, np.integer):
             raise CheckFailed("returns a worker count (an int)",
                               f"{what}: yours returned a NumPy integer, {type(yours).__name__}: {yours!r}",
                               "the contract asks for a Python int: wrap the NumPy result in int(...)")
         if isinstance(yours, bool) or not isinstance(yours, int):
             raise CheckFailed("returns a worker count (an int)",
-                              f"{what}: yours returned {type(yours).__name__}: {yours!r}",
-                              "return the key (num_workers), not its throughput")
+                              f"{what}: yours returned {type(yours).__name__}: {yours!r}", _type_hint(yours, given))
         expected = _reference_choice(sweep, tolerance)
         previous = history[-1] if history else None
         history.append((original, tolerance, passed, int(yours)))
@@ -382,14 +437,14 @@ def check_choose_workers(choose_num_workers):
                               f"{what} ({table}, {called}): yours {int(yours)}, expected {expected} (seed {seed})",
                               hint)
     try:
-        choose_num_workers({})
+        empty_answer = choose_num_workers({})
     except ValueError:
         pass
     except Exception as exc:
         raise CheckFailed("raises ValueError on an empty sweep", f"an empty dict raised {type(exc).__name__}: {exc}",
                           "check for an empty sweep first: raise ValueError('empty sweep')") from None
     else:
-        raise CheckFailed("raises ValueError on an empty sweep", "an empty dict did not raise",
+        raise CheckFailed("raises ValueError on an empty sweep", f"an empty dict did not raise (yours returned {empty_answer!r})",
                           "there is nothing to choose from: raise ValueError('empty sweep')")
     return f"the right choice on {len(cases)} sweeps (varied, noisy, flat, non-monotone, unordered, knife edges)."
 
@@ -532,6 +587,36 @@ def _batch_draws(dataset, images_of, batches):
     return out
 
 
+def _as_the_dataset_makes_them(dataset, images_of, batches, what):
+    """Each sample comes out as dataset[i] makes it (a crop and flip of its picture, normalised by the
+    dataset's fixed statistics), whatever other samples share its batch (q02 w22_16: a batch
+    standardised by its own mean and std passed). A sample's values that depend on its batch
+    change with the shuffle: the model sees another input for the same picture every epoch, and
+    at inference, one image at a time, other values again."""
+    indices = list(range(len(images_of)))
+    draws = _draws_of(dataset, images_of, indices)
+    off = [i for i, d in zip(indices, draws) if d is None]
+    if len(off) <= len(indices) // 4:
+        return
+    stats = []
+    for b in batches:
+        if len(b) < 2:
+            continue
+        x = torch.stack([images_of[i] for i in b]).detach().to("cpu", torch.float64)
+        stats.append((x.mean((0, 2, 3)).abs().max().item(), (x.std((0, 2, 3)) - 1).abs().max().item()))
+    per_batch = bool(stats) and all(m < 1e-3 and d < 1e-2 for m, d in stats)
+    raise CheckFailed("each sample as the dataset makes it, whatever else is in its batch",
+                      f"{what}: {len(off)} of {len(indices)} samples came out as no crop and flip of their picture "
+                      "under the dataset's transform" + (
+                          f"; every batch has mean 0 and standard deviation 1 per channel (the largest "
+                          f"|mean| {max(m for m, _ in stats):.1e}): each batch was standardised by its own statistics, "
+                          "so a sample's values depend on which other samples share its batch" if per_batch else ""),
+                      "normalise with the dataset's fixed mean and std (its transform already does), never with "
+                      "a batch's own: the same picture must give the same input whatever else is in its batch, in "
+                      "every epoch and one image at a time at inference. Leave the samples as dataset[i] returns "
+                      "them (no collate_fn or wrapper that changes their values)")
+
+
 def _workers_draw_alike(per_batch, what):
     """Fails when two batches of an epoch drew the same crops and flips, position by position:
     what workers seeded alike do (each worker builds whole batches, and the k-th batch of every
@@ -590,6 +675,33 @@ def _draws_follow_the_seed(first, second, seeds, what):
                               "a worker_init_fn that seeds from the worker id (or any fixed number) gives every run "
                               "the same augmentations. Drop it: the DataLoader seeds each worker from torch's seed "
                               "(base_seed + worker id), or derive yours from torch.initial_seed() in the worker")
+
+
+def _same_seed_replays(first, replay, seed, what):
+    """Fails when a new loader made after the same torch.manual_seed as the first run does not hand
+    out the first run's batches with the first run's crops and flips: its order or its workers'
+    seeds come from something other than torch's seed (fresh entropy, the clock, the pid). The
+    first batches each worker builds are handed to it before any comes back, in order or not
+    (in_order=False), so they repeat exactly."""
+    earlier = dict(first)
+    matched = [(batch, seq) for batch, seq in replay if batch in earlier]
+    if not matched:
+        raise CheckFailed("reproducible under torch.manual_seed",
+                          f"{what}: after torch.manual_seed({seed}) twice, the second run's first batches held other "
+                          "samples than any batch of the first run: the order did not follow the seed",
+                          "shuffle=True with no sampler or generator of your own: the DataLoader then draws its order "
+                          "from torch's seed")
+    for batch, seq in matched:
+        if seq is not None and earlier[batch] is not None and seq != earlier[batch]:
+            same = sum(a == b for a, b in zip(seq, earlier[batch]))
+            raise CheckFailed("reproducible under torch.manual_seed",
+                              f"{what}: after torch.manual_seed({seed}) twice, a batch of the same {len(batch)} samples "
+                              f"in the same order drew the same crop and flip for only {same} of them: the workers' "
+                              "random numbers do not follow torch's seed",
+                              "a worker_init_fn that seeds from fresh entropy (torch.seed(), np.random.seed() without "
+                              "an argument), the clock or the pid gives other augmentations in every run: drop it "
+                              "(the DataLoader seeds each worker from torch's seed, base_seed + worker id), or seed "
+                              "from torch.initial_seed() alone in the worker")
 
 
 def _fraction_equal(a, b) -> float:
@@ -922,9 +1034,67 @@ def _timing_target():
 _ROUNDS_BUDGET_S = 100      # what the timed rounds of yours may take, of 2.2's 240 s limit
 
 
+_WORKER_DIED = ("its worker processes stay alive")
+
+
+def _dead_workers(before: set) -> list[str]:
+    """'pid N (how it ended)' for each worker process this process started (not in `before`) that
+    ended abnormally: killed by a signal, or exited with a non-zero code, joined or not yet."""
+    import multiprocessing
+    import multiprocessing.process as mp_process
+
+    import psutil
+    out = []
+    for p in list(getattr(mp_process, "_children", ())):
+        if p.pid in before:
+            continue
+        code = p.exitcode                       # polls without blocking
+        if code is not None and code != 0:
+            out.append(f"pid {p.pid} ({'killed by signal ' + str(-code) if code < 0 else 'exit code ' + str(code)})")
+    try:
+        for child in psutil.Process().children(recursive=True):
+            if child.pid not in before and child.status() == psutil.STATUS_ZOMBIE and \
+                    not any(s.startswith(f"pid {child.pid} ") for s in out):
+                out.append(f"pid {child.pid} (ended, not yet collected)")
+    except psutil.Error:
+        pass
+    multiprocessing.active_children()
+    return out
+
+
+@contextlib.contextmanager
+def _workers_that_die():
+    """A worker that dies (killed for memory by the system, a crash in native code, os._exit or
+    sys.exit in the dataset) ends the loader's epoch: the check says the workers died, the
+    property that failed, never "not graded: the machine was busy" nor a time-out (q02: dead
+    workers were reported as a busy machine)."""
+    import re
+
+    import psutil
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    hint = ("a worker process that dies takes the batches it was building with it: look for what ends it in "
+            "the worker (os._exit or sys.exit in the dataset, memory the system reclaims from a worker holding too "
+            "much: the OOM killer, a crash in native code) and run the dataset in the main process "
+            "(num_workers=0) to see its own error")
+    try:
+        yield
+    except RuntimeError as exc:
+        if not re.search(r"DataLoader worker \(pid", str(exc)):
+            raise
+        raise CheckFailed(_WORKER_DIED, f"a worker process of your loader died while it loaded: {exc}",
+                          hint) from None
+    except TimeoutError as exc:
+        dead = _dead_workers(before)
+        if not dead:
+            raise
+        raise CheckFailed(_WORKER_DIED, f"{exc}: the loader waited for batches from worker processes that had died "
+                          f"({', '.join(dead[:4])}{' and more' if len(dead) > 4 else ''}), not for a busy "
+                          "machine", hint) from None
+
+
 @exercise("2.2", "The fastest loader for this machine", points=3, time_limit_s=240)
 def check_fast_loader(make_fast_loader):
-    with _ends_what_it_starts(), _torch_rng_kept():
+    with _ends_what_it_starts(), _torch_rng_kept(), _workers_that_die():
         return _check_fast_loader(make_fast_loader)
 
 
@@ -986,6 +1156,7 @@ def _check_fast_loader(make_fast_loader):
                           f"{what}: {1 - fresh:.0%} of the samples came out identical in both epochs",
                           "load through the dataset each epoch: caching augmented images repeats the same "
                           "augmentation forever")
+    _as_the_dataset_makes_them(small, images1, batches1, f"epoch 1 ({what})")
     draws1 = _batch_draws(small, images1, batches1)
     _workers_draw_alike(draws1, f"epoch 1 ({what})")
     workers1 -= before
@@ -1040,6 +1211,26 @@ def _check_fast_loader(make_fast_loader):
     _order_follows_the_seed(batches1, [b for b in again if len(b) == small_bs], seeds, what)
     _draws_follow_the_seed(draws1, _batch_draws(small, images_again, [b for b in again if len(b) == small_bs]),
                            seeds, what)
+    # and the first seed again: the same order and the same augmentations (q02 w22_06: workers seeded
+    # from fresh entropy, torch.seed() in a worker_init_fn, differ by worker and by run, and passed)
+    torch.manual_seed(seeds[0])
+    loader = make_fast_loader(small, small_bs)
+    try:
+        replay, images_replay = [], {}
+        for batch in loader:
+            images, labels = _labels_of(batch, what)
+            indices = [decode.get(c) for c in labels]
+            if None in indices:
+                continue
+            replay.append(indices)
+            images_replay.update(zip(indices, images))
+            if sum(len(b) == small_bs for b in replay) >= 2:
+                break
+    finally:
+        del loader
+        gc.collect()
+    _same_seed_replays(draws1, _batch_draws(small, images_replay, [b for b in replay if len(b) == small_bs]),
+                       seeds[0], what)
 
     # throughput: yours against the num_workers=0 baseline, in the same run, through train(),
     # in alternating rounds (a load spike from another process hits both sides alike); every
@@ -1199,19 +1390,40 @@ def _in_flight(loader) -> int:
 def _check_item(item, labels, index, shape, what):
     """The type, label and shape of one item; returns its image as a uint8 (C, H, W) array."""
     if not isinstance(item, (tuple, list)) or len(item) != 2:
-        raise CheckFailed("returns (image, label)", f"{what}: item {index} is {type(item).__name__}")
+        size = f" of {len(item)}" if isinstance(item, (tuple, list)) else ""
+        raise CheckFailed("returns (image, label)", f"{what}: item {index} is a {type(item).__name__}{size}",
+                          "return a pair: (crop_flip(self.images[index], self.padding, rng), self.labels[index])")
     image, label = item
-    if isinstance(label, torch.Tensor):
+    if isinstance(label, torch.Tensor) and label.numel() == 1:
         label = label.item()
-    if label != labels[index]:
-        raise CheckFailed("returns the item's label", f"{what}: item {index} has label {label!r}, expected {labels[index]}")
+    if isinstance(label, (torch.Tensor, np.ndarray)) or label != labels[index]:
+        where = [j for j, x in enumerate(labels) if isinstance(label, (int, np.integer)) and x == label]
+        raise CheckFailed("returns the item's label", f"{what}: item {index} has label {label!r}, expected "
+                          f"{labels[index]}" + (f" (the label of item {where[0]})" if where else ""),
+                          "return self.labels[index], the label of the index asked for, as it was given"
+                          if where or not isinstance(item[0], (int, np.integer)) else
+                          "the pair is (image, label), in that order")
     h, w, c = shape
     if not isinstance(image, torch.Tensor):
-        raise CheckFailed("returns a torch tensor image", f"{what}: item {index} is a {type(image).__name__}",
-                          "torch.from_numpy(crop).permute(2, 0, 1)")
+        hint = ("a NumPy array: turn it into a tensor, torch.from_numpy(crop).permute(2, 0, 1) (crop_flip already "
+                "returns one)" if isinstance(image, np.ndarray) else
+                "the pair is (image, label), in that order" if isinstance(image, (int, np.integer)) else
+                "return crop_flip's tensor, (C, H, W) uint8")
+        raise CheckFailed("returns a torch tensor image", f"{what}: item {index} is a {type(image).__name__}", hint)
     if image.dtype != torch.uint8 or tuple(image.shape) != (c, h, w):
+        if tuple(image.shape) == (h, w, c):
+            hint = "the channels go first: (C, H, W), crop.permute(2, 0, 1) of an (H, W, C) crop"
+        elif image.dtype != torch.uint8 and tuple(image.shape) == (c, h, w):
+            hint = ("keep the image's uint8 values: no .float(), no / 255 (the training normalises later, on the "
+                    "device)")
+        elif image.dim() == 3 and tuple(image.shape[:1]) == (c,):
+            hint = (f"a crop is as large as the image ({h}x{w}): pad by padding on every side, then take an {h}x{w} "
+                    "window")
+        else:
+            hint = "return crop_flip's result: a uint8 (C, H, W) crop as large as the image"
         raise CheckFailed("returns a uint8 (C, H, W) crop the size of the image",
-                          f"{what}: item {index} is {image.dtype} {tuple(image.shape)}, expected torch.uint8 {(c, h, w)}")
+                          f"{what}: item {index} is {image.dtype} {tuple(image.shape)}, expected torch.uint8 {(c, h, w)}",
+                          hint)
     return image.numpy()
 
 
@@ -1291,7 +1503,9 @@ def _worker_run(cls_ds, images, labels, padding, seed, what, *, epochs=1, order=
     for epoch in range(epochs):
         items = list(loader)
         if len(items) != len(order):
-            raise CheckFailed("works in DataLoader workers", f"{what}: {len(items)} items came out of {len(order)}")
+            raise CheckFailed("works in DataLoader workers", f"{what}: {len(items)} items came out of {len(order)}",
+                              "len(dataset) is the number of images, and dataset[i] returns one item for every i "
+                              "the sampler asks for")
         runs.append(_params_of(items, images, labels, order, padding, what))
     del loader
     return runs
@@ -1396,6 +1610,44 @@ def _later_seed_followed(dataset_class, images, labels, padding, seeds):
                           "read the seed whenever you draw (torch.initial_seed() in the main process) and make a new "
                           "generator when it differs from the seed the current one was made with: a training run "
                           "that calls torch.manual_seed(s) must get the same augmentations every time")
+
+
+def _torch_rng_left_alone(dataset_class, images, labels, padding, torch_seed, what):
+    """Making a dataset and drawing every item twice in the main process leaves torch's global
+    generator as it was (q02 w23_12, w23_15): reading torch.initial_seed() draws nothing, but
+    torch.rand / torch.randint without a generator, or a torch.manual_seed inside, change the
+    stream the training draws from (the model's initialisation, dropout, a num_workers=0 loader's
+    order), and differently whenever a sample is looked at."""
+    torch.manual_seed(torch_seed)
+    torch.rand(7)                      # part of the stream used, as in training: a reseed to its start shows
+    before = torch.random.get_rng_state()
+    ds = dataset_class(images, labels, padding=padding)
+    for i in list(range(len(labels))) * 2:
+        ds[i]
+    after = torch.random.get_rng_state()
+    if trusted.torch_equal(before, after):
+        return
+    seed_now = torch.initial_seed()
+    restarted = torch.Generator().manual_seed(seed_now).get_state()
+    if seed_now != torch_seed:
+        did = f"yours set torch's seed: torch.initial_seed() was {torch_seed} before, {seed_now} after"
+        hint = ("never call torch.manual_seed inside the dataset: it reseeds the training's own generator. Make a "
+                "NumPy generator of your own, np.random.default_rng(seed)")
+    elif trusted.torch_equal(after, restarted):
+        did = ("yours called torch.manual_seed(torch.initial_seed()) (or the like): the generator went back to the "
+               "start of its stream")
+        hint = ("never call torch.manual_seed inside the dataset: it restarts the training's own generator. Reading "
+                "the seed (torch.initial_seed(), get_worker_info().seed) is all the dataset needs; seed a NumPy "
+                "generator of your own with it")
+    else:
+        did = "yours drew from torch's global generator (torch.rand, torch.randint or the like without generator=)"
+        hint = ("draw from a NumPy generator of your own, np.random.default_rng(seed) seeded from "
+                "torch.initial_seed() in the main process and get_worker_info().seed in a worker: torch's global "
+                "generator belongs to the training, and a dataset that draws from it changes the model's "
+                "initialisation, dropout and the loader's order whenever a sample is looked at")
+    raise CheckFailed("leaves torch's global generator alone",
+                      f"{what}: torch's global random state changed while a fresh dataset was made and every item "
+                      f"drawn twice; {did}", hint)
 
 
 def _generators_made(dataset_class, images, labels, padding, what):
@@ -1533,7 +1785,11 @@ def _check_worker_seeding(dataset_class):
             params = _params_of([ds[i] for i in indices], images, labels, indices, pad, what)
             _draw_statistics(params, pad, what, n)
         except CheckFailed as failed:
-            if ds is dataset or pad != 4:
+            # only what the padding decides is blamed on the default (q02 w23_02: every failure of the default
+            # dataset was said to be its default padding)
+            if ds is dataset or pad != 4 or failed.prop not in (
+                    "returns a crop of the zero-padded image, flipped or not", "offsets cover 0..2*padding",
+                    "offsets are uniform over 0..2*padding"):
                 raise
             raise CheckFailed("pads by 4 by default", failed.detail,
                               "def __init__(self, images, labels, padding=4)") from None
@@ -1597,8 +1853,8 @@ def _check_worker_seeding(dataset_class):
         raise CheckFailed("follows the torch seed",
                           f"torch.manual_seed({torch_seed}) and torch.manual_seed({torch_seed + 1}) gave the same "
                           f"augmentations for {_fraction_equal(run_a, run_c):.0%} of the items",
-                          "a seed made from the worker id alone is the same in every run: use "
-                          "get_worker_info().seed, which torch derives from its own seed")
+                          "a seed made from the worker id, a fixed number or both (1234 + id) is the same in every "
+                          "run: use get_worker_info().seed, which torch derives from its own seed")
     if _fraction_equal(run_a, run_a_epoch2) > 0.5:
         raise CheckFailed("new augmentations every epoch",
                           f"{what}: epoch 2 repeated {_fraction_equal(run_a, run_a_epoch2):.0%} of epoch 1's "
@@ -1611,6 +1867,9 @@ def _check_worker_seeding(dataset_class):
                          (int(rng.integers(0, 2**30)), int(rng.integers(2**30, 2**31 - 1))))
     _generators_made(dataset_class, images, labels, padding,
                      f"{n} images of {h}x{w}, padding={padding}, a fresh dataset drawing each twice in the main process")
+    _torch_rng_left_alone(dataset_class, images, labels, padding, int(rng.integers(0, 2**31)),
+                          f"{n} images of {h}x{w}, padding={padding}, in the main process after "
+                          "torch.manual_seed(s) and a few draws of the training's own")
     return ("valid crops, offsets uniform over 0..2*padding and half flipped (two paddings and the default); each "
             "item drawn anew, workers differ, epochs differ, and a torch seed reproduces them, in workers and in "
-            "the main process.")
+            "the main process; torch's global generator left alone.")

@@ -367,8 +367,65 @@ def skips_zero_falls_back_to_zero(sweep, tolerance=0.05):   # w4-02 w21_16: 0 wo
     return int(min(ok)) if ok else 0
 
 
+def upper_half_best(sweep, tolerance=0.05):           # q02 w21_14: the best over the upper half of the counts
+    if not sweep:
+        raise ValueError("empty sweep")
+    counts = sorted(sweep)
+    best = max(sweep[w] for w in counts[len(counts) // 2:])
+    return min(w for w, v in sweep.items() if v >= (1 - tolerance) * best)
+
+
+def later_half_best(sweep, tolerance=0.05):           # the same slip, over the later half of the dict's items
+    if not sweep:
+        raise ValueError("empty sweep")
+    values = list(sweep.values())
+    best = max(values[len(values) // 2:])
+    return min(w for w, v in sweep.items() if v >= (1 - tolerance) * best)
+
+
+def returns_a_float_count(sweep, tolerance=0.05):      # q02 w21_18: was told "not its throughput"
+    if not sweep:
+        raise ValueError("empty sweep")
+    best = max(sweep.values())
+    return float(min(w for w, v in sweep.items() if v >= (1 - tolerance) * best))
+
+
+def forgets_to_return(sweep, tolerance=0.05):          # a return missing on one branch
+    if not sweep:
+        raise ValueError("empty sweep")
+    best = max(sweep.values())
+    ok = [w for w, v in sweep.items() if v >= (1 - tolerance) * best]
+    if len(ok) > 1:
+        return min(ok)
+
+
+def copies_then_scans(sweep, tolerance=0.05):          # RIGHT: a sorted copy, an early return
+    items = sorted(dict(sweep).items())
+    if not items:
+        raise ValueError("empty sweep")
+    best = max(v for _, v in items)
+    for w, v in items:
+        if v >= best * (1 - tolerance):
+            return int(w)
+
+
+def numpy_masked(sweep, tolerance=0.05):               # RIGHT: NumPy, the result wrapped in int()
+    if len(sweep) == 0:
+        raise ValueError("empty sweep")
+    keys, values = np.array(list(sweep.keys())), np.array(list(sweep.values()), dtype=float)
+    return int(keys[values >= (1 - tolerance) * values.max()].min())
+
+
 PICKS = "picks the smallest count within the tolerance of the best"
 MUTANTS_21 = [
+    Mutant("the best of the upper half of the counts (q02 w21_14)", upper_half_best, PICKS,
+           words="yours took it over only part of the sweep (the upper half)"),
+    Mutant("the best of the later half of the dict (q02 w21_14)", later_half_best, PICKS,
+           words="yours took it over only part of the sweep"),
+    Mutant("a float count (q02 w21_18)", returns_a_float_count, "returns a worker count (an int)",
+           words="return a Python int, int(...)"),
+    Mutant("None on one branch", forgets_to_return, "returns a worker count (an int)",
+           words="without a return statement"),
     Mutant("argmax", argmax, PICKS, words="single best point"),
     Mutant("first in dict order", first_in_dict_order, PICKS, words="any order"),
     Mutant("stops at the first drop", stop_at_first_drop, PICKS, words="a drop does not end the search"),
@@ -419,7 +476,8 @@ MUTANTS_21 = [
 
 
 @pytest.mark.parametrize("answer", [choose, gap_over_the_best, ratio_to_the_best, best_minus_a_share, sorted_scan,
-                                    max_of_empty_raises_value_error, epsilon_slack], ids=lambda f: f.__name__)
+                                    max_of_empty_raises_value_error, epsilon_slack, copies_then_scans,
+                                    numpy_masked], ids=lambda f: f.__name__)
 def test_choose_workers_passes(answer):
     passes("2.1", answer, range(30))
 
@@ -613,6 +671,72 @@ def workers_seeded_alike(dataset, batch_size):       # "reproducible": every wor
                       worker_init_fn=_seed_every_worker_with_zero)
 
 
+def _fresh_entropy(worker_id):
+    torch.seed()                                   # reseeds torch from the OS: another stream every run
+
+
+def entropy_seeded_workers(dataset, batch_size):    # q02 w22_06: differ by worker, but no run repeats
+    return DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=usable_cores(), persistent_workers=True,
+                      worker_init_fn=_fresh_entropy)
+
+
+def _base_seed_in_every_worker(worker_id):
+    torch.manual_seed(torch.initial_seed() - worker_id)     # the loader's base seed: the same in every worker
+
+
+def base_seeded_workers(dataset, batch_size):       # q02 w22_06: workers seeded alike from torch.initial_seed()
+    return DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=2, persistent_workers=True,
+                      worker_init_fn=_base_seed_in_every_worker)
+
+
+def _classic_seeding(worker_id):
+    import random
+    np.random.seed(torch.initial_seed() % 2**32)
+    random.seed(torch.initial_seed())
+
+
+def classic_worker_init(dataset, batch_size):       # RIGHT: the usual recipe, harmless here
+    return DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=usable_cores(), persistent_workers=True,
+                      worker_init_fn=_classic_seeding, pin_memory=torch.cuda.is_available())
+
+
+def _standardise_each_batch(samples):
+    from torch.utils.data import default_collate
+    images, labels = default_collate(samples)
+    mean, std = images.mean((0, 2, 3), keepdim=True), images.std((0, 2, 3), keepdim=True)
+    return (images - mean) / std, labels
+
+
+def batch_standardised(dataset, batch_size):        # q02 w22_16: the batch's own mean and std
+    return DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=usable_cores(), persistent_workers=True,
+                      collate_fn=_standardise_each_batch)
+
+
+class _DiesInWorkers(Dataset):
+    """Wraps the check's dataset; a worker that loads an item (of a dataset bigger than `above`) dies."""
+
+    def __init__(self, dataset, above=0):
+        self.dataset, self.above = dataset, above
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, i):
+        if get_worker_info() is not None and len(self.dataset) > self.above:
+            os._exit(3)
+        return self.dataset[i]
+
+
+def workers_die(dataset, batch_size):               # q02: dead workers were said to be a busy machine
+    return DataLoader(_DiesInWorkers(dataset), batch_size=batch_size, shuffle=True, num_workers=usable_cores(),
+                      persistent_workers=True)
+
+
+def workers_die_when_big(dataset, batch_size):      # the same, only in the timed rounds
+    return DataLoader(_DiesInWorkers(dataset, above=10_000), batch_size=batch_size, shuffle=True,
+                      num_workers=usable_cores(), persistent_workers=True)
+
+
 # The walk of issue 37 (w1-02): answers that passed, or were refused with the wrong words
 def out_of_order(dataset, batch_size):                 # RIGHT (the lesson recommends it): was refused on batch sizes
     return DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=usable_cores(), persistent_workers=True,
@@ -776,6 +900,17 @@ if usable_cores() >= 2:
 if not (torch.cuda.is_available() or getattr(getattr(torch, "accelerator", None), "is_available", lambda: False)()):
     MUTANTS_22_CORRECTNESS.append(Mutant("pin_memory=True without a GPU", pins_without_a_gpu,
                                          "pins memory only when batches go to a GPU", words="pin_memory=torch.cuda"))
+MUTANTS_22_CORRECTNESS += [
+    Mutant("workers reseeded from fresh entropy (q02 w22_06)", entropy_seeded_workers,
+           "reproducible under torch.manual_seed", words="the workers' random numbers do not follow torch's seed"),
+    Mutant("workers seeded with the base seed (q02 w22_06)", base_seeded_workers,
+           "different augmentations in different workers"),
+    Mutant("each batch standardised by its own statistics (q02 w22_16)", batch_standardised,
+           "each sample as the dataset makes it, whatever else is in its batch",
+           words="each batch was standardised by its own statistics"),
+    Mutant("workers that die (q02)", workers_die, "its worker processes stay alive",
+           words="a worker process of your loader died while it loaded"),
+]
 # These fail in the timed rounds. What they do there does not depend on the seed (a batch size,
 # a cache, the baseline's speed), so one seed each proves them.
 MUTANTS_22_TIMED = [
@@ -839,6 +974,42 @@ def speed_not_graded(monkeypatch):
                          ids=lambda f: f.__name__)
 def test_fast_loader_right_answers_hold_every_property(answer, speed_not_graded):
     passes("2.2", answer, range(2))       # in_order=False: its short batch came early on the walk's seeds 2 and 3
+
+
+def test_fast_loader_harmless_worker_init_passes(speed_not_graded):
+    """q02: NumPy's and Python's generators seeded from torch.initial_seed() in each worker (the usual
+    recipe) and pin_memory=torch.cuda.is_available() change nothing the contract asks about."""
+    passes("2.2", classic_worker_init, range(1))
+
+
+def test_fast_loader_the_same_seed_twice_is_a_property_on_every_seed(speed_not_graded):
+    """q02 w22_16 and w22_06 fail on their property whatever the check draws (a second seed)."""
+    for mutant in MUTANTS_22_CORRECTNESS:
+        if "q02 w22" in mutant.name:
+            rejected("2.2", mutant, range(1, 2))
+
+
+def test_fast_loader_workers_that_die_in_the_timed_rounds_are_named(speed_not_graded):
+    result = run_check("2.2", workers_die_when_big)
+    assert result.status == "fail", result.message
+    assert "property 'its worker processes stay alive'" in result.message and "busy" not in result.message
+
+
+def test_dead_workers_are_found_after_a_time_out():
+    """A time-out with workers that died says so, not 'busy' (the check's _workers_that_die)."""
+    import multiprocessing
+
+    import psutil
+    from course_utils.checks.lesson02 import _dead_workers
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    worker = multiprocessing.get_context("fork").Process(target=os._exit, args=(3,))
+    worker.start()
+    import time
+    deadline = time.monotonic() + 10           # dead, not yet collected (join() would forget it, as a hang leaves it)
+    while psutil.Process(worker.pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert any("exit code 3" in d for d in _dead_workers(before))
+    worker.join(10)
 
 
 class BusyMachine(QuietMachine):
@@ -1035,7 +1206,9 @@ class BaseSeedShared(WorkerSafe):
 
 
 class TorchGlobal(CropFlipBase):
-    """Also right: torch's own generator, which DataLoader seeds in each worker."""
+    """WRONG (q02 w23_12): torch's global generator, which DataLoader seeds in each worker, so the
+    workers are right; but in the main process every draw moves the training's own stream (the
+    model's initialisation, dropout, a num_workers=0 loader's order). It passed every check."""
 
     def __getitem__(self, i):
         p = self.padding
@@ -1046,6 +1219,30 @@ class TorchGlobal(CropFlipBase):
         if torch.rand(()) < 0.5:
             crop = crop[:, ::-1]
         return torch.from_numpy(np.ascontiguousarray(crop)).permute(2, 0, 1), self.labels[i]
+
+
+class ReseedsTorch(WorkerSafe):
+    """WRONG (q02 w23_15): torch.manual_seed(seed) "to be safe" whenever the seed changes: in the main
+    process it restarts the training's generator. It passed every check."""
+
+    def rng(self):
+        info = get_worker_info()
+        seed = info.seed if info is not None else torch.initial_seed()
+        if self._rng is None or seed != self._seed:
+            torch.manual_seed(seed)
+            self._rng, self._seed = np.random.default_rng(seed), seed
+        return self._rng
+
+
+class SeedDrawnFromTorch(WorkerSafe):
+    """WRONG: the NumPy generator's seed drawn from torch's global stream whenever torch's seed changes."""
+
+    def rng(self):
+        info = get_worker_info()
+        key = info.seed if info is not None else torch.initial_seed()
+        if self._rng is None or key != self._seed:
+            self._rng, self._seed = np.random.default_rng(int(torch.randint(0, 2**62, ()))), key
+        return self._rng
 
 
 class SeededInInit(CropFlipBase):
@@ -1437,6 +1634,12 @@ MUTANTS_23_FLIPS = [
     Mutant("flips with probability 0.48", _variant(flip_p=0.48), "flips half the items"),
 ]
 MUTANTS_23_LATE = [
+    Mutant("torch's global generator (q02 w23_12)", TorchGlobal, "leaves torch's global generator alone",
+           words="yours drew from torch's global generator"),
+    Mutant("torch.manual_seed inside (q02 w23_15)", ReseedsTorch, "leaves torch's global generator alone",
+           words="yours called torch.manual_seed(torch.initial_seed())"),
+    Mutant("the seed drawn from torch's stream", SeedDrawnFromTorch, "leaves torch's global generator alone",
+           words="yours drew from torch's global generator"),
     Mutant("the main process's seed read in __init__", MainSeedAtInit,
            "follows a torch.manual_seed set after the dataset was made", words="read the seed whenever you draw"),
     Mutant("generators by worker id, made once", GeneratorPerWorkerId,
@@ -1451,7 +1654,7 @@ MUTANTS_23_LATE = [
 ]
 
 
-@pytest.mark.parametrize("cls", [WorkerSafe, TorchGlobal], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("cls", [WorkerSafe], ids=lambda c: c.__name__)
 def test_worker_seeding_right_ones_pass(cls):
     passes("2.3", cls, range(2))
 
