@@ -2650,16 +2650,16 @@ def _flips_negated_halves(n, padding, device, generator):       # near miss: the
 BIASED = "a biased flip rate"
 NOT_INDEPENDENT = "the samples' crops/flips are not independent"
 MUTANTS_32_W12 = [
-    Mutant("w12-03 w32_flip_p049", _crop_flip_drawn(_flip_rate_of(0.49)), "flips each sample with probability 1/2",
+    Mutant("w12-03 w32_flip_p049", _crop_flip_drawn(_flip_rate_of(0.49)), "flips half the samples",
            words=BIASED),
-    Mutant("w12-03 w32_flip_p0485", _crop_flip_drawn(_flip_rate_of(0.485)), "flips each sample with probability 1/2",
+    Mutant("w12-03 w32_flip_p0485", _crop_flip_drawn(_flip_rate_of(0.485)), "flips half the samples",
            words=BIASED),
-    Mutant("w12-03 w32_flip_p048", _crop_flip_drawn(_flip_rate_of(0.48)), "flips each sample with probability 1/2",
+    Mutant("w12-03 w32_flip_p048", _crop_flip_drawn(_flip_rate_of(0.48)), "flips half the samples",
            words=BIASED),
-    Mutant("near miss: flip rate 0.52", _crop_flip_drawn(_flip_rate_of(0.52)), "flips each sample with probability 1/2",
+    Mutant("near miss: flip rate 0.52", _crop_flip_drawn(_flip_rate_of(0.52)), "flips half the samples",
            words=BIASED),
     Mutant("w12-03 w32b 'rarely skip the flip' (0.485)", _crop_flip_drawn(_rarely_skip),
-           "flips each sample with probability 1/2", words=BIASED),
+           "flips half the samples", words=BIASED),
     Mutant("w12-03 w32c_half_batch_offsets_repeated", _crop_flip_drawn(_half_reused(("dy", "dx", "flip"))),
            "draws each sample independently of the others", words="offset of sample i + 10,000 equals that of sample i"),
     Mutant("w12-03 w32d_flips_repeated_halves", _crop_flip_drawn(_half_reused(("flip",))),
