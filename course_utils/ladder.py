@@ -344,7 +344,12 @@ class LadderContext:
         # (served without waiting, they would flatter the rung), as measure_loader does
         warmup = 1 + in_flight_batches(batches)
         if warmup > 1:          # w9-03: why the rungs' warm-ups differ, on the progress bar that shows them
-            desc = f"{desc} (1 step + {warmup - 1} loaded ahead)"
+            own = in_flight_batches(batches) - in_flight_batches(getattr(batches, "loader", None))
+            # w12-03: exercise 3.1's prefetcher holds one; the rest are the workers' and thread's queues
+            who = ("a background thread's queue, the prefetcher beside the simulator" if self.simulated else
+                   "the prefetcher's one, as in exercise 3.1")
+            desc = (f"{desc} (1 step + {warmup - 1} loaded ahead: {own} in {who}, the rest queued by the loader's "
+                    "workers)" if prefetch else f"{desc} (1 step + {warmup - 1} loaded ahead)")
         timer = StepTimer(self.run_on, skip_first=warmup)
         steps = self.config.resolved_steps() + warmup
         if self.simulated:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
+import re
 import threading
 import time
 import traceback
@@ -76,6 +78,17 @@ def _learner_error(exc: RuntimeError, what: str, *, mixed_hint: str | None = Non
                            f"{what}: CUDA says: {text}",
                            "torch.randint(..., device=images.device, generator=generator): numbers drawn on the "
                            "host must be copied to the device for every batch")
+    if "record_stream is only valid for CUDA tensors" in text:       # w12-03 w31_images_only_moved
+        which = text[text.find("(a host tensor"):] if "(a host tensor" in text else ""
+        labels = which.endswith("int64)") and bool(re.search(r"shape \(\d+,\)", which))    # 1-D int64
+        return CheckFailed("copies every batch to the device",
+                           f"{what}: your code called record_stream{_learner_line(exc)} on a tensor still on the "
+                           f"host {which}: "
+                           + ("the labels were never copied to the device" if labels else
+                              "a tensor of the batch was never copied to the device")
+                           + " (record_stream marks device memory; a host tensor has none)",
+                           "copy the images and the labels, each with .to(self.device, non_blocking=True) inside "
+                           "the side stream; the training step needs both on the device")
     frames = [f.name for f in traceback.extract_tb(exc.__traceback__)]
     if "_index_parts" in frames:
         return CheckFailed("never waits for the device",
@@ -810,6 +823,12 @@ def _judge_prefetch(vc, got, log, what, *, full=True, pf=None):
                    "torch.cuda.current_stream() without a device is the current device's stream (cuda:0 here), "
                    "not the stream of the device the batches are on, so the stream that read them never waited; "
                    "pass the device: torch.cuda.current_stream(self.device)")
+        elif (reader is not None and race.writer in reader.waited and not any(w[1] is None for w in vc.wait_calls)
+              and (n_waits := sum(w == (reader.id, race.writer) for w in vc.wait_calls)) < len(got)):
+            how = (f": yours made the loop's stream wait for your side stream {n_waits} time(s) in all, for "   # w12-03
+                   f"{len(got)} batches in this pass: a wait covers only the copies queued before it, so a wait "
+                   "made once (before the first batch, say) leaves every later batch's copy unwaited for; wait at "
+                   "every hand-out, for the batch handed out")
         elif reader is not None and race.writer in reader.waited:
             how = (": the loop's stream did wait for your side stream, but for a point before this batch's copy "
                    "was queued (an event recorded on the side stream before the copy, or a wait made before it): "
@@ -1166,6 +1185,13 @@ def _exact_crops(out, host, p, what):
 @forbids("course_utils.device_data:random_crop_flip")
 @single_threaded
 def check_crop_flip(random_crop_flip):
+    """Exercise 3.2: exact crops and flips, their statistics, reproducibility, and on a virtual GPU
+    no copy, no read-back, memory in proportion. Statistical resolution (w12-03): the flip rate is
+    read from 200,000 samples, and 0.5 +- 0.006 passes (a right answer fails with probability
+    about 8e-8); a rate 0.5 +- 0.0113 or further (0.488, 0.485, 0.48) fails with probability over
+    1 - 1e-6, while rates between about 0.489 and 0.511 cannot be told from 1/2 at this size. The
+    samples' independence: the agreement of sample i and i + k at every lag k up to n/2 (20,000
+    samples, z 7.5) and of every pair of positions over 48 calls of 16 (tail 1e-10 each)."""
     expect_callable(random_crop_flip, "a function random_crop_flip(images, padding=4, generator=None) -> tensor")
     rng, seed = fresh_rng()
     places = ["virtual", "cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -1314,8 +1340,18 @@ def _crop_statistics(fn, to_device, generator, rng, on, seed, vc):
         raise CheckFailed("every output is a crop of the padded input, mirrored or not",
                           f"{what}: some outputs are not crops at an offset within 0..{2 * p}")
     _untouched_tail(dy, dx, flipped, p, what)
+    # a draw reused by another sample first (w12-03: a repeated half doubles every count's variance,
+    # which the uniformity and pair tests below would otherwise name as something else)
+    for values, name in ((dy, "vertical offset"), (dx, "horizontal offset")):
+        _lag_agreement(values, k, name, what)
     _uniform(dy, k, "vertical offsets", what)
     _uniform(dx, k, "horizontal offsets", what)
+    _judge_flip_parts(flipped, what)       # a pattern by position (w32c: the first half only), named as one
+    share = float(flipped.float().mean())
+    if not 0.4 <= share <= 0.6:      # 28 standard deviations of a fair coin over 20,000 samples
+        raise CheckFailed("flips half the samples", f"{what}: yours flipped {share:.1%}",
+                          "draw one flip per sample with probability 1/2, e.g. torch.rand(n) < 0.5")
+    _lag_agreement(flipped.long(), 2, "flip", what)
     # the padding passed in sets the range: uniform over 0..2*padding at another padding too
     p2, n2 = 2, 8_000       # 1,600 expected per offset: the 15% band is over 6 standard deviations wide
     what2 = (f"one call random_crop_flip(images, padding={p2}, generator=...) on {n2:,} one-channel images "
@@ -1328,20 +1364,7 @@ def _crop_statistics(fn, to_device, generator, rng, on, seed, vc):
     _uniform(dy2, 2 * p2 + 1, "vertical offsets", what2)
     _uniform(dx2, 2 * p2 + 1, "horizontal offsets", what2)
     del out2
-    share = float(flipped.float().mean())
-    if not 0.485 <= share <= 0.515:      # 4.2 standard deviations of a fair coin over 20,000 samples
-        raise CheckFailed("flips half the samples", f"{what}: yours flipped {share:.1%}",
-                          "draw one flip per sample with probability 1/2, e.g. torch.rand(n) < 0.5")
-    # each sample independently: half of every part of the batch too, not half of the whole by
-    # position (every other sample, the first half) (issue 35: a subset gives another answer)
-    half = n // 2
-    for part, name in ((flipped[0::2], "the even positions"), (flipped[1::2], "the odd positions"),
-                       (flipped[:half], "the first half"), (flipped[half:], "the second half")):
-        part_share = float(part.float().mean())
-        if not 0.479 <= part_share <= 0.521:     # 4.2 standard deviations over 10,000 samples
-            raise CheckFailed("flips each sample independently, with probability 1/2",
-                              f"{what}: yours flipped {share:.1%} of the batch, but {part_share:.1%} of {name}",
-                              "a flip drawn at random for each sample (torch.rand(n) < 0.5), not by its position")
+    _flip_rate(fn, to_device, generator, rng, on, seed, vc)
     same = float((dy == dx).float().mean())
     if not 0.09 <= same <= 0.135:        # independent offsets agree 1/9 of the time
         raise CheckFailed("draws the two offsets independently", f"{what}: dy == dx for {same:.1%} of samples "
@@ -1409,6 +1432,103 @@ def _crop_statistics(fn, to_device, generator, rng, on, seed, vc):
     _per_position(fn, images, generator, rng, on, seed, vc, size, p)
 
 
+LAG_Z = 7.5     # z of one lag's agreement count; 3 draws x 10,000 lags: a false alarm about 1e-9 in all
+
+
+def _lag_agreement(values, kk, name, what):
+    """Samples drawn independently of each other: for every lag k (1..n/2), sample i and sample
+    i + k agree (equal values) as often as two independent draws do, sum of p_v**2 over the values
+    (neither more, a copy, nor less, a negation). One FFT of the values' indicators gives the
+    agreements at every lag at once. A batch whose second half reuses the first half's draws
+    (.repeat(2)) agrees at lag n/2 for every pair (w12-03 w32c/w32d), a neighbour's copy at lag 1."""
+    n = len(values)
+    onehot = torch.nn.functional.one_hot(values.long().cpu(), kk).double().T        # (kk, n)
+    share = onehot.mean(1)
+    q = float((share ** 2).sum())
+    if q > 0.99:               # (nearly) one value for all: the uniformity checks name that
+        return
+    size = 1 << (2 * n - 1).bit_length()
+    f = torch.fft.rfft(onehot, n=size)
+    agree = torch.fft.irfft(f * f.conj(), n=size)[:, :n].sum(0).round()            # agreements at lag 0..n-1
+    lags = torch.arange(1, n // 2 + 1)
+    pairs = (n - lags).double()
+    z = (agree[lags] - pairs * q) / (pairs * q * (1 - q)).sqrt()
+    worst = int(z.abs().argmax())
+    if float(z[worst].abs()) > LAG_Z:
+        lag, m, a = int(lags[worst]), int(pairs[worst]), int(agree[lags[worst]])
+        how = ("reuses the draw of sample i" if a > m * q else
+               "is made from the draw of sample i (it almost never equals it)")
+        raise CheckFailed("draws each sample independently of the others",
+                          f"{what}: the samples' crops/flips are not independent: the {name} of sample i + {lag:,} "
+                          f"equals that of sample i in {a:,} of the {m:,} pairs ({a / m:.0%}; independent draws agree "
+                          f"in about {q:.0%}, {m * q:,.0f} pairs): the {name} of sample i + {lag:,} {how}"
+                          + (" (the second half of the batch repeats the first half's draws)"
+                             if abs(lag - n // 2) <= 1 else ""),
+                          "draw all N values at once, one per sample (torch.randint(..., (n,)), torch.rand(n) < 0.5), "
+                          "and use each for its own sample: no draw for half the batch repeated, no sample's draw "
+                          "copied to another")
+
+
+FLIP_N, FLIP_BAND = 200_000, 0.006     # the flip rate's sample and band around 1/2 (see _flip_rate)
+
+
+def _flip_rate(fn, to_device, generator, rng, on, seed, vc):
+    """The flip rate is 1/2, read from {FLIP_N} tiny images (5x5, padding 1: the offsets and the
+    flip can be read from the centre pixel and its right neighbour).
+
+    Statistical resolution: one standard deviation of a fair coin's share over 200,000 samples is
+    0.11 points; the band 0.5 +- 0.006 is 5.4 of them, so a right answer fails with probability
+    about 8e-8. A rate of 0.5 +- 0.0113 or further (0.488, 0.485, 0.48, 0.52) is outside the band by
+    4.75 standard deviations or more and fails with probability over 1 - 1e-6; rates between about
+    0.489 and 0.511 cannot be told from 1/2 at this size (0.49 fails on nearly every seed, not all).
+    Then, each part of the batch (even and odd positions, first and second half) flips as often as
+    the rest of it (a pattern by position), compared with each other, so that a biased but random
+    rate is named as a rate, never as a pattern by position (_judge_flip_parts)."""
+    n, size, p = FLIP_N, 5, 1
+    what = (f"one call random_crop_flip(images, padding={p}, generator=...) on {n:,} one-channel images "
+            f"{size}x{size}, on {on} (seed {seed})")
+    grid = (torch.arange(size * size, dtype=torch.float32) + 1).view(1, 1, size, size).expand(n, 1, size, size)
+    out = _values(_call_crop(fn, to_device(grid.contiguous()), p, generator(rng.integers(1 << 31)), what, vc))
+    dy, dx, flipped = _offsets_of(out, size, p)
+    del out
+    if dy is None:
+        raise CheckFailed("every output is a crop of the padded input, mirrored or not",
+                          f"{what}: some outputs are not crops at an offset within 0..{2 * p}")
+    _judge_flip_rate(flipped, what)
+
+
+def _judge_flip_rate(flipped, what):
+    """_flip_rate's verdict on the flips read (a bool tensor, one per sample, in batch order)."""
+    n = len(flipped)
+    share = float(flipped.double().mean())
+    if abs(share - 0.5) > FLIP_BAND:
+        raise CheckFailed("flips half the samples",
+                          f"{what}: yours flipped {share:.2%} of the samples: a biased flip rate (a fair coin "
+                          f"stays within 50% +- {FLIP_BAND:.1%} at this size; this check tells 1/2 apart from rates "
+                          "about 1.1 points away or more)",
+                          "one draw per sample, torch.rand(n, ...) < 0.5 (exactly 0.5: not 0.49, not "
+                          "randint(0, 100) < 49, no second draw that sometimes skips the flip)")
+    _judge_flip_parts(flipped, what)
+
+
+def _judge_flip_parts(flipped, what):
+    """Each part of the batch (even and odd positions, first and second half) flips as often as the
+    rest of it, compared with each other (about 1e-7 each for independent flips, at any rate), so
+    that a biased but random rate is named as a rate, and a pattern by position as one."""
+    n = len(flipped)
+    share = float(flipped.double().mean())
+    half = n // 2
+    for part, rest, name in ((flipped[0::2], flipped[1::2], "the even positions"),
+                             (flipped[:half], flipped[half:], "the first half")):
+        a, b = float(part.double().mean()), float(rest.double().mean())
+        if abs(a - b) > 5.3 * (0.25 * (1 / len(part) + 1 / len(rest))) ** 0.5:
+            raise CheckFailed("flips each sample independently, with probability 1/2",
+                              f"{what}: yours flipped {share:.1%} of the batch, but {a:.1%} of {name} against "
+                              f"{b:.1%} of the rest",
+                              "a flip drawn at random for each sample (torch.rand(n) < 0.5), not chosen by its "
+                              "position in the batch")
+
+
 def _reseeds(fn, images, p, generator, rng, vc, what):
     """Two generators seeded differently, passed in, give different crops: the function honours a
     generator passed in (so its sameness with generator=None comes from a seed of its own)."""
@@ -1465,6 +1585,28 @@ def _per_position(fn, images, generator, rng, on, seed, vc, size, p):
                               "not augmented as the others are",
                               "draw the offsets and flips for every sample, index 0 included, and use them all: "
                               "no sample left as is")
+    # any fixed pairing within a batch: position j copies (or negates) position i's draw in every
+    # call (w12-03: the second half reusing the first half's flips or offsets, .repeat(2)); over
+    # 48 calls two independent positions agree as Binomial(48, q) does, q = sum of p_v**2
+    for values, kk, name in ((dy, k, "vertical offset"), (dx, k, "horizontal offset"), (fl, 2, "flip")):
+        q = float((torch.bincount(values.flatten(), minlength=kk).double() / values.numel()).pow(2).sum())
+        if q > 0.99:
+            continue
+        high, low = _binomial_limits(ROUNDS, q)
+        agree = (values[:, :, None] == values[:, None, :]).sum(0)        # (BATCH, BATCH)
+        for i in range(BATCH):
+            for j in range(i + 1, BATCH):
+                a = int(agree[i, j])
+                if a >= high or a <= low:
+                    raise CheckFailed("draws each sample independently of the others",
+                                      f"{what}: the samples' crops/flips are not independent: the {name} of sample "
+                                      f"{j} of the batch equalled that of sample {i} in {a} of the {ROUNDS} calls "
+                                      f"(independent draws agree in about {ROUNDS * q:.0f}): sample {j} "
+                                      + ("reuses the draw of sample " if a >= high else "is made from the draw of "
+                                         "sample ") + f"{i} (lag {j - i})",
+                                      "draw all N values at once, one per sample (torch.randint(..., (n,)), "
+                                      "torch.rand(n) < 0.5), and use each for its own sample: no draw for half the "
+                                      "batch repeated, no sample's draw copied to another")
     counts = fl.sum(1).double()                       # flips per batch
     var = float(counts.var())
     binomial = BATCH / 4
@@ -1477,6 +1619,21 @@ def _per_position(fn, images, generator, rng, on, seed, vc, size, p):
                           "exactly half flipped (a permutation, say) is not a flip per sample",
                           "one draw per sample, torch.rand(n, generator=generator, device=...) < 0.5: the number "
                           "flipped varies from batch to batch")
+
+
+def _binomial_limits(m: int, q: float, tail: float = 1e-10) -> tuple[int, int]:
+    """(high, low): Binomial(m, q) reaches high or more, or low or less, each with probability
+    under `tail` (360 pairs and draws in _per_position: a false alarm about 1e-7 in all)."""
+    pmf = [math.comb(m, a) * q ** a * (1 - q) ** (m - a) for a in range(m + 1)]
+    high, up = m + 1, 0.0
+    while high > 0 and up + pmf[high - 1] < tail:
+        high -= 1
+        up += pmf[high]
+    low, down = -1, 0.0
+    while low < m and down + pmf[low + 1] < tail:
+        low += 1
+        down += pmf[low]
+    return high, low
 
 
 def _chi2_limit_low(df: int, z: float = 5.2) -> float:
@@ -1715,7 +1872,8 @@ def check_normalize(normalize_on_device):
                                   "memory until a later call replaces it (or for good, in a list)",
                                   "keep only the constants (mean and std) between calls: no reference to the images "
                                   "(nor a view of them) in a global, a dict or a closure")
-    return ("float32 on the device, equal to ToTensor + Normalize within 1e-4, labels passed through, a new tensor "
+    return ("float32 on the device, equal to ToTensor + Normalize within 4e-6 (float32 rounding, no epsilon), "
+            "labels passed through, a new tensor "
             "every batch and nothing kept; on a (virtual) GPU, two devices in turn, no copy from the host after the "
             "first batch, nothing read back, no host wait, the constants made once per device, no needless copy of the "
             "batch, and at most "
@@ -1799,6 +1957,31 @@ def _count_made(vc) -> list[str]:
     return made
 
 
+# 3.3's tolerance: a right answer differs from ToTensor + Normalize by float32 rounding only, at most
+# 4.8e-7 (2 ulps at |value| 2) in every form measured (the solution's, scale and shift folded into
+# constants in float32 or float64, addcmul, multiply by 1/255); 4e-6 leaves a margin of 8x. An epsilon
+# of 1e-5 added to the std changes a value v by |v| * 3.8e-5 or more, over 4e-6 for every |v| > 0.11, which
+# every batch of random pixels has in every channel (1e-6: 8.8e-6 at the ends, caught too).
+NORMALIZE_TOL = 4e-6
+
+
+def _epsilon_added(out, expected):
+    """The epsilon yours added to the std, where `out` is the right values times std / (std + eps)
+    in every channel with one positive eps (1e-8..1e-2) alike in all three; else None."""
+    eps = []
+    for c in range(3):
+        x, y = expected[:, c].flatten().double(), out[:, c].flatten().double()
+        if float(x.abs().max()) < 0.1:
+            return None
+        a = float((x * y).sum() / (x * x).sum())
+        if float((a * x - y).abs().max()) > 2e-6 or not 0 < a < 1:
+            return None
+        eps.append(CIFAR10_STD[c] * (1 / a - 1))
+    if min(eps) < 1e-8 or max(eps) > 1e-2 or max(eps) > 1.03 * min(eps):     # std * 1.001: eps ~ std, 7% apart
+        return None
+    return sum(eps) / 3
+
+
 def _compare_normalized(out, hwc, host, what):
     expected = _reference_normalize(hwc)
     finite = torch.isfinite(out)
@@ -1812,7 +1995,7 @@ def _compare_normalized(out, hwc, host, what):
                           "integer dtype (dtype=images.dtype, uint8) CIFAR10_STD's 0.247, 0.243 and 0.261 all "
                           "become 0, and the means 0 too")
     err = (out - expected).abs()
-    if not bool(torch.isfinite(out).all()) or float(err.max()) > 1e-4:
+    if not bool(torch.isfinite(out).all()) or float(err.max()) > NORMALIZE_TOL:
         i = np.unravel_index(int(torch.nan_to_num(err, nan=1e9).argmax()), tuple(err.shape))
         yours, want = float(out[i]), float(expected[i])
         hint = ("x / 255, then subtract the mean and divide by the std, per channel: constants shaped (1, 3, 1, 1) "
@@ -1824,6 +2007,9 @@ def _compare_normalized(out, hwc, host, what):
             hint = "Normalize is missing: subtract the mean and divide by the std of each channel"
         elif (mistake := _formula_mistake(out, host)) is not None:     # w10-03: an operator, not a constant
             hint = mistake
+        elif (eps := _epsilon_added(out, expected)) is not None:       # w12-03 w33b_eps_1e-5
+            hint = (f"yours divides by std + {eps:.0e} (or folds that into its constants): no epsilon: the contract "
+                    "has none (the dataset's std is never 0); divide by data.CIFAR10_STD exactly as given")
         elif (dtype := _rounded_constants(out, host)) is not None:     # w11-03 w33_scale_float16_consts
             hint = (f"the formula is right but its constants were stored as {dtype}: yours matches the right "
                     f"formula with mean and std (or the folded scale and shift) rounded to {dtype}, a 16-bit float "

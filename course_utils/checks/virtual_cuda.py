@@ -305,9 +305,11 @@ class VirtualStream:
 
     def wait_stream(self, stream: "VirtualStream") -> None:
         """Later work on this stream waits for everything queued on `stream` so far."""
+        self.vc.wait_calls.append((self.id, stream.id))
         self._absorb(stream._horizon())
 
     def wait_event(self, event: "VirtualEvent") -> None:
+        self.vc.wait_calls.append((self.id, None))        # None: an event
         self._absorb(event._horizon)
 
     def record_event(self, event: "VirtualEvent | None" = None) -> "VirtualEvent":
@@ -628,6 +630,7 @@ class VirtualCuda:
         self.copies: list[Copy] = []
         self.syncs: list[Sync] = []
         self.races: list[Race] = []
+        self.wait_calls: list[tuple[int, int | None]] = []   # (waiting stream, stream waited for; None: an event)
         self.set_streams: list[str] = []             # where torch.cuda.set_stream was called
         self._polled: set = set()                    # work query() has answered False about once
         self.pins: list[str] = []                    # where memory was pinned by a copy (pin_memory() of pageable memory)
@@ -1104,7 +1107,9 @@ class VirtualCuda:
 
     def _record_stream(self, t: torch.Tensor, stream) -> None:
         if not isinstance(t, DeviceTensor):
-            raise RuntimeError("record_stream is only valid for CUDA tensors")   # what CUDA says, near enough
+            # what CUDA says, near enough, and which tensor (w12-03: labels left on the host)
+            raise RuntimeError(f"record_stream is only valid for CUDA tensors (a host tensor of shape "
+                               f"{tuple(t.shape)}, {str(t.dtype).replace('torch.', '')})")
         if not isinstance(stream, VirtualStream):
             raise TypeError(f"record_stream() expects a torch.cuda.Stream, got {type(stream).__name__}")
         t._alloc.recorded.add(stream.id)

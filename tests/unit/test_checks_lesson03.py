@@ -2573,3 +2573,232 @@ def test_w11_right_answers_of_the_report_pass():
     passes("3.1", DotCudaStreamPerPass, SEEDS[:1])
     passes("3.2", crop_flip_unfold_rand_le, SEEDS[:1])
     passes("3.3", normalize_labels_moved_and_long, SEEDS[:1])
+
+
+# -- walk w12-03 ----------------------------------------------------------------------------------
+
+class WaitsOncePerPass(GoodPrefetcher):         # w12-03 w31_wait_first_only: no event, one wait per pass
+    def __iter__(self):
+        self.first = True
+        yield from super().__iter__()
+
+    def hand_out(self, batch):
+        consumer = torch.cuda.current_stream(self.device)
+        if self.first:
+            consumer.wait_stream(self.stream)
+            self.first = False
+        for t in batch:
+            t.record_stream(consumer)
+        return batch
+
+
+class LabelsLeftOnHost(GoodPrefetcher):         # w12-03 w31_images_only_moved: record_stream on host labels
+    def copy(self, batch):
+        images, labels = batch
+        with torch.cuda.stream(self.stream):
+            return images.to(self.device, non_blocking=True), labels
+
+
+def _crop_flip_drawn(draw):
+    """A crop and flip whose draws come from `draw(n, padding, device, generator)`."""
+    def random_crop_flip(images, padding=4, generator=None):
+        dy, dx, flip = draw(len(images), padding, images.device, generator)
+        return _crop_with(images, padding, dy, dx, flip)
+    return random_crop_flip
+
+
+def _flip_rate_of(p):
+    def draw(n, padding, device, generator):
+        dy, dx, _ = _draws(n, padding, device, generator)
+        return dy, dx, torch.rand(n, device=device, generator=generator) < p
+    return draw
+
+
+def _rarely_skip(n, padding, device, generator):       # w12-03 w32b: 0.5 * 0.97 = 0.485
+    dy, dx, flip = _draws(n, padding, device, generator)
+    return dy, dx, flip & (torch.rand(n, device=device, generator=generator) < 0.97)
+
+
+def _half_reused(which):
+    """w12-03 w32c/w32d: draws for half the batch, repeated for the second half (.repeat(2))."""
+    def draw(n, padding, device, generator):
+        dy, dx, flip = _draws(n, padding, device, generator)
+        m = (n + 1) // 2
+        half = dict(zip("dy dx flip".split(), _draws(m, padding, device, generator)))
+        if "dy" in which:
+            dy = half["dy"].repeat(2)[:n]
+        if "dx" in which:
+            dx = half["dx"].repeat(2)[:n]
+        if "flip" in which:
+            flip = half["flip"].repeat(2)[:n]
+        return dy, dx, flip
+    return draw
+
+
+def _flips_mirrored_halves(n, padding, device, generator):   # near miss: sample n-1-i copies sample i's flip
+    dy, dx, flip = _draws(n, padding, device, generator)
+    m = (n + 1) // 2
+    return dy, dx, torch.cat([flip[:m], flip[:n - m].flip(0)])
+
+
+def _flips_negated_halves(n, padding, device, generator):       # near miss: the second half's flips negate the first's
+    dy, dx, flip = _draws(n, padding, device, generator)
+    m = n // 2
+    return dy, dx, torch.cat([flip[:m], ~flip[:m], flip[2 * m:]])
+
+
+BIASED = "a biased flip rate"
+NOT_INDEPENDENT = "the samples' crops/flips are not independent"
+MUTANTS_32_W12 = [
+    Mutant("w12-03 w32_flip_p049", _crop_flip_drawn(_flip_rate_of(0.49)), "flips half the samples",
+           words=BIASED),
+    Mutant("w12-03 w32_flip_p0485", _crop_flip_drawn(_flip_rate_of(0.485)), "flips half the samples",
+           words=BIASED),
+    Mutant("w12-03 w32_flip_p048", _crop_flip_drawn(_flip_rate_of(0.48)), "flips half the samples",
+           words=BIASED),
+    Mutant("near miss: flip rate 0.52", _crop_flip_drawn(_flip_rate_of(0.52)), "flips half the samples",
+           words=BIASED),
+    Mutant("w12-03 w32b 'rarely skip the flip' (0.485)", _crop_flip_drawn(_rarely_skip),
+           "flips half the samples", words=BIASED),
+    Mutant("w12-03 w32c_half_batch_offsets_repeated", _crop_flip_drawn(_half_reused(("dy", "dx", "flip"))),
+           "draws each sample independently of the others", words="offset of sample i + 10,000 equals that of sample i"),
+    Mutant("w12-03 w32d_flips_repeated_halves", _crop_flip_drawn(_half_reused(("flip",))),
+           "draws each sample independently of the others",
+           words="the flip of sample i + 10,000 equals that of sample i in 10,000 of the 10,000 pairs"),
+    Mutant("w12-03 w32d_dx_repeated_halves", _crop_flip_drawn(_half_reused(("dx",))),
+           "draws each sample independently of the others",
+           words="the horizontal offset of sample i + 10,000 equals"),
+    Mutant("near miss: the second half's flips negate the first half's", _crop_flip_drawn(_flips_negated_halves),
+           "draws each sample independently of the others", words="is made from the draw of sample i"),
+    Mutant("near miss: the flips of the second half mirror the first half's", _crop_flip_drawn(_flips_mirrored_halves),
+           "draws each sample independently of the others", words=NOT_INDEPENDENT),
+]
+
+
+@pytest.mark.parametrize("mutant", MUTANTS_32_W12, ids=repr)
+def test_3_2_w12_mutants_rejected(mutant):
+    rejected("3.2", mutant, SEEDS[:1])
+
+
+def _judged(draw, seed, *, lags=True):
+    """The check's verdicts on a mutant's draws for a batch of the check's sizes (the stages that
+    read them from the crops are the full check's, run once per mutant above): the flip rate over
+    FLIP_N samples, the agreement at every lag over 20,000."""
+    from course_utils.checks import lesson03 as L
+    g = torch.Generator().manual_seed(seed)
+    L._judge_flip_rate(draw(L.FLIP_N, 1, "cpu", g)[2], f"seed {seed}")
+    if not lags:
+        return
+    dy, dx, flip = draw(20_000, 4, "cpu", g)
+    for values, kk, name in ((dy, 9, "vertical offset"), (dx, 9, "horizontal offset"), (flip.long(), 2, "flip")):
+        L._lag_agreement(values, kk, name, f"seed {seed}")
+
+
+STAT_SEEDS = range(40)     # the flip rate's verdict (cheap); the lags' on the first 8 (each ~0.1 s a draw)
+
+
+@pytest.mark.parametrize("draw,words", [
+    (_flip_rate_of(0.485), BIASED), (_flip_rate_of(0.48), BIASED), (_flip_rate_of(0.515), BIASED),
+    (_rarely_skip, BIASED),
+    (_half_reused(("dy", "dx", "flip")), NOT_INDEPENDENT), (_half_reused(("flip",)), NOT_INDEPENDENT),
+    (_half_reused(("dx",)), NOT_INDEPENDENT),
+], ids=["p0485", "p048", "p0515", "rarely_skip", "half_all", "half_flips", "half_dx"])
+def test_3_2_w12_statistics_reject_on_every_seed(draw, words):
+    # w12-03: 0.485, 0.48 and the half-batch reuses passed or failed by the seed; now each is
+    # rejected on each of 40 seeds (biased rates by 8 standard deviations or more; reuse, z over 100, on 8)
+    from course_utils.checks._core import CheckFailed
+    seeds = STAT_SEEDS if words == BIASED else STAT_SEEDS[:8]
+    for seed in seeds:
+        with pytest.raises(CheckFailed) as failed:
+            _judged(draw, seed)
+        assert words in failed.value.sentence(), (seed, failed.value.sentence())
+
+
+def test_3_2_w12_statistics_pass_the_right_answer_on_every_seed():
+    # false rejection: about 1e-7 per stage (band 5.4 standard deviations, lags at 7.5)
+    for seed in STAT_SEEDS:
+        _judged(_draws, seed, lags=seed < 8)
+
+
+def test_3_2_w12_any_fixed_pairing_in_a_batch_is_caught_per_position():
+    # the mirrored halves pair sample i with sample 15 - i: no lag, but the same pair in every call
+    import numpy as np
+    from course_utils.checks import lesson03 as L
+    from course_utils.checks._core import CheckFailed
+    images = (torch.arange(144, dtype=torch.float32) + 1).view(1, 1, 12, 12).expand(16, 1, 12, 12).contiguous()
+
+    def generator(s):
+        return torch.Generator().manual_seed(int(s))
+    for seed in range(3):
+        L._per_position(crop_flip, images, generator, np.random.default_rng(seed), "cpu", seed, None, 12, 4)
+        with pytest.raises(CheckFailed) as failed:
+            L._per_position(_crop_flip_drawn(_flips_mirrored_halves), images, generator, np.random.default_rng(seed),
+                            "cpu", seed, None, 12, 4)
+        assert NOT_INDEPENDENT in failed.value.sentence(), failed.value.sentence()
+
+
+def test_3_2_w12_flip_rate_band_is_the_documented_resolution():
+    from course_utils.checks import lesson03 as L
+    sd = 0.5 / L.FLIP_N ** 0.5
+    assert L.FLIP_BAND / sd > 5.3                          # a fair coin: outside with probability < 1e-7
+    assert (0.5 - 0.488 - L.FLIP_BAND) / sd > 4.75         # 0.488 (and further) fails with probability > 1 - 1e-6
+    assert L.FLIP_BAND <= 0.015
+
+
+def normalize_eps(eps, folded=False):
+    def normalize_on_device(images, labels):
+        mean, std = _consts(images.device)
+        if folded:
+            return torch.addcmul(-mean / (std + eps), images.float(), 1 / (255 * (std + eps))), labels
+        return (images.float() / 255 - mean) / (std + eps), labels
+    normalize_on_device.__name__ = f"normalize_eps_{eps:g}{'_folded' if folded else ''}"
+    return normalize_on_device
+
+
+_FOLDED = {}
+
+
+def normalize_folded(images, labels):            # the folded form, constants in float32 made once: within 4e-6
+    key = str(images.device)
+    if key not in _FOLDED:
+        mean, std = _consts(images.device)
+        _FOLDED[key] = (1 / (255 * std), -mean / std)
+    scale, shift = _FOLDED[key]
+    return torch.addcmul(shift, images, scale), labels
+
+
+MUTANTS_W12_OTHER = [
+    ("3.1", Mutant("w12-03 w31_wait_first_only", WaitsOncePerPass, "the consumer waits for the copy",
+                   words="wait for your side stream 1 time(s) in all")),
+    ("3.1", Mutant("w12-03 w31_images_only_moved", LabelsLeftOnHost, "copies every batch to the device",
+                   words="the labels were never copied to the device")),
+    ("3.3", Mutant("w12-03 w33b_eps_1e-5", normalize_eps(1e-5), "equals ToTensor + Normalize",
+                   words="yours divides by std + 1e-05")),
+    ("3.3", Mutant("w12-03 w33b_eps_in_place_const", normalize_eps(1e-5, folded=True), "equals ToTensor + Normalize",
+                   words="yours divides by std + 1e-05")),
+]
+
+
+@pytest.mark.parametrize("exercise,mutant", MUTANTS_W12_OTHER, ids=lambda m: repr(m) if isinstance(m, Mutant) else m)
+def test_w12_mutants_rejected(exercise, mutant):
+    rejected(exercise, mutant, SEEDS[:2])
+
+
+def test_3_3_w12_folded_constants_pass():
+    passes("3.3", normalize_folded, SEEDS[:2])
+
+
+def test_3_3_w12_tolerance_fits_float32_rounding_not_an_epsilon():
+    # every pixel value, every channel: a right answer's float32 forms within 4.8e-7, an epsilon of
+    # 1e-5 off by 8.7e-5 (and by more than the tolerance wherever |value| > 0.11)
+    import numpy as np
+    from course_utils.checks import lesson03 as L
+    v = np.arange(256, dtype=np.uint8)
+    hwc = np.stack([v, v, v], -1)[None, :, None, :]
+    expected = L._reference_normalize(hwc)
+    images = torch.from_numpy(hwc).permute(0, 3, 1, 2).contiguous()
+    labels = torch.zeros(1, dtype=torch.int64)
+    for right in (good_normalize, normalize_folded):
+        assert float((right(images, labels)[0] - expected).abs().max()) < L.NORMALIZE_TOL / 4
+    wrong = (normalize_eps(1e-5)(images, labels)[0] - expected).abs()
+    assert bool((wrong[expected.abs() > 0.15] > L.NORMALIZE_TOL).all())
