@@ -300,7 +300,8 @@ def _rounded_uniform(op: _Op, by_name: dict) -> tuple[str, list[float]] | None:
     """An integer rounded from a continuous fn.random.uniform(range=[lo, hi)), as DALI draws it: a
     Cast to an integer type of a Uniform, or a Uniform given an integer dtype. DALI rounds to the
     nearest integer, so k comes with the share of [lo, hi) within [k - 1/2, k + 1/2) (an unsigned type
-    saturates below 0 to 0): (how it is drawn, the chances of its integers), None for any other op
+    saturates below 0 to 0; a Uniform given an integer dtype first cuts [lo, hi) to integers, towards
+    zero): (how it is drawn, the chances of its integers), None for any other op
     (w10-04 w41_23: cast(uniform(range=[-0.4, 8.4])) gives 0 and 8 at 10.2% each, not 11.1%, and passed
     on 5 of 8 seeds, where only the measured rates could tell)."""
     name = _integer_type(op.args.get("dtype"))
