@@ -267,31 +267,60 @@ def _affine_step(op: _Op):
     return None
 
 
+def _affine_chain(op: _Op, by_name: dict):
+    """(the continuous fn.random.uniform(range=...), the affine steps from it to `op`'s one input,
+    first step first) where `op`'s input is such a draw with at most 4 steps of arithmetic with one
+    constant in between (u + c, c + u, u - c, c - u, u * c, c * u, u / c); None for any other input
+    (w11-04 y01: `uniform(range=[0, 1]) + 0.01 > 0.5`, a coin of 0.51, was not read and passed)."""
+    inputs = list(op.node.inputs)
+    src = by_name.get(inputs[0].source.name) if len(inputs) == 1 and inputs[0].source is not None else None
+    steps = []
+    while src is not None and src.kind == "_ArithmeticGenericOp" and len(steps) < 4:
+        step = _affine_step(src)
+        inputs = list(src.node.inputs)
+        if step is None or len(inputs) != 1 or inputs[0].source is None:
+            return None
+        steps.insert(0, step)
+        src = by_name.get(inputs[0].source.name)
+    if src is None or src.kind != "Uniform" or "values" in src.args or src.args.get("dtype") is not None:
+        return None
+    return src, steps
+
+
+def _shown(steps) -> str:
+    """The draw and its arithmetic as the learner wrote it, with {lo} and {hi} for the range."""
+    shown = "fn.random.uniform(range=[{lo:g}, {hi:g}])"
+    for i, (sign, c, _) in enumerate(steps):
+        inner = f"({shown})" if i else shown
+        shown = f"{c:g} - {inner}" if sign == "subtracted from" else f"{inner} {sign} {c:g}"
+    return shown
+
+
 def _rounded_uniform(op: _Op, by_name: dict) -> tuple[str, list[float]] | None:
     """An integer rounded from a continuous fn.random.uniform(range=[lo, hi)), as DALI draws it: a
     Cast to an integer type of a Uniform, or a Uniform given an integer dtype. DALI rounds to the
     nearest integer, so k comes with the share of [lo, hi) within [k - 1/2, k + 1/2) (an unsigned type
-    saturates below 0 to 0): (how it is drawn, the chances of its integers), None for any other op
+    saturates below 0 to 0; a Uniform given an integer dtype first cuts [lo, hi) to integers, towards
+    zero): (how it is drawn, the chances of its integers), None for any other op
     (w10-04 w41_23: cast(uniform(range=[-0.4, 8.4])) gives 0 and 8 at 10.2% each, not 11.1%, and passed
     on 5 of 8 seeds, where only the measured rates could tell)."""
     name = _integer_type(op.args.get("dtype"))
     steps = []          # affine steps between the draw and the cast (the near miss: cast(u * 8) of a range short by 0.05)
     if op.kind == "Cast":
-        inputs = list(op.node.inputs)
-        src = by_name.get(inputs[0].source.name) if len(inputs) == 1 and inputs[0].source is not None else None
-        while src is not None and src.kind == "_ArithmeticGenericOp" and len(steps) < 4:
-            step = _affine_step(src)
-            inputs = list(src.node.inputs)
-            if step is None or len(inputs) != 1 or inputs[0].source is None:
-                return None
-            steps.insert(0, step)
-            src = by_name.get(inputs[0].source.name)
-        if src is None or src.kind != "Uniform" or "values" in src.args or src.args.get("dtype") is not None:
+        chain = _affine_chain(op, by_name)
+        if chain is None:
             return None
-        shown = "fn.random.uniform(range=[{lo:g}, {hi:g}])" + "".join(f" {sign} {c:g}" for sign, c, _ in steps)
-        uniform, how = src, "fn.cast(" + shown + ", dtype={name})"
+        uniform, steps = chain
+        how = "fn.cast(" + _shown(steps) + ", dtype={name})"
+        rounds = "which DALI's cast rounds to the nearest integer"
     elif op.kind == "Uniform" and "values" not in op.args:
         uniform, how = op, "fn.random.uniform(range=[{lo:g}, {hi:g}], dtype={name})"
+        # DALI 2.4's uniform with an integer dtype cuts the range's ends to integers (towards zero) and
+        # rounds a continuous draw between them to the nearest integer (measured: range=[-0.5, 8.5] and
+        # [0, 8] both give 0 and 8 at 6.25%, the others at 12.5%; [0, 1] gives 0 and 1 at 50%): no range
+        # gives its integers equal chances (w11-04 x07: the hint said it rounds from a continuous draw,
+        # which made [-0.5, 8.5) look uniform)
+        rounds = "which DALI draws as a continuous value in [{ilo:g}, {ihi:g}) (the range's ends cut to integers) rounded to the nearest integer"
     else:
         return None
     try:
@@ -299,6 +328,11 @@ def _rounded_uniform(op: _Op, by_name: dict) -> tuple[str, list[float]] | None:
     except (TypeError, ValueError):
         return None
     drawn = how.format(lo=lo, hi=hi, name=name)
+    if op.kind == "Uniform":
+        lo, hi = float(math.trunc(lo)), float(math.trunc(hi))
+        if name.startswith("U"):
+            lo, hi = max(lo, 0.0), max(hi, 0.0)
+        rounds = rounds.format(ilo=lo, ihi=hi)
     for _, _, f in steps:
         lo, hi = sorted((f(lo), f(hi)))
     if not hi > lo:
@@ -310,8 +344,7 @@ def _rounded_uniform(op: _Op, by_name: dict) -> tuple[str, list[float]] | None:
     mass = {k: m for k, m in sorted(mass.items()) if m > 0}
     first, last = min(mass), max(mass)
     chances = ", ".join(f"{m:.2%}" for m in mass.values())
-    return (drawn + f", which DALI rounds to the nearest integer: {first}..{last} "
-            f"with chances {chances}", list(mass.values()))
+    return (drawn + f", {rounds}: {first}..{last} with chances {chances}", list(mass.values()))
 
 
 def _random_draws(pipe, output: int = 0) -> list[tuple[str, str, object]]:
@@ -352,15 +385,22 @@ def _random_draws(pipe, output: int = 0) -> list[tuple[str, str, object]]:
                 if max(weights) - min(weights) > 1e-9 * max(weights):
                     found.append(("choice", how, weights))
         elif op.kind == "_ArithmeticGenericOp":
+            # a uniform draw, through arithmetic with constants (u + c, c * u, ...), compared with a constant
             m = _COMPARISON.match(str(op.args.get("expression_desc", "")))
-            inputs = list(op.node.inputs)
             consts = list(op.args.get("real_constants", []) or []) + list(op.args.get("integer_constants", []) or [])
-            if not m or len(inputs) != 1 or inputs[0].source is None or len(consts) != 1:
+            chain = _affine_chain(op, by_name) if m and len(consts) == 1 else None
+            if chain is None:
                 continue
-            src = by_name.get(inputs[0].source.name)
-            if src is None or src.kind != "Uniform" or "values" in src.args:
+            src, steps = chain
+            try:
+                lo, hi = (float(v) for v in src.args.get("range", (-1.0, 1.0)))
+            except (TypeError, ValueError):
                 continue
-            lo, hi = (float(v) for v in src.args.get("range", (-1.0, 1.0)))
+            shown = _shown(steps).format(lo=lo, hi=hi)
+            for _, _, f in steps:           # an affine map of a uniform draw is uniform over the mapped range
+                lo, hi = sorted((f(lo), f(hi)))
+            if not hi > lo:
+                continue
             c = float(consts[0])
             below = min(max((c - lo) / (hi - lo), 0.0), 1.0)
             name, a, b = m.groups()
@@ -368,8 +408,10 @@ def _random_draws(pipe, output: int = 0) -> list[tuple[str, str, object]]:
             if a.startswith("$"):           # the constant first: c < u is u > c
                 less = not less
             p = below if less else 1 - below
-            sign = "<" if less else ">"
-            found.append(("flip", f"fn.random.uniform(range=[{lo:g}, {hi:g}]) {sign} {c:g}", p))
+            sign = {"lt": "<", "leq": "<=", "gt": ">", "geq": ">="}[name]
+            if a.startswith("$"):
+                sign = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}[sign]
+            found.append(("flip", f"{shown} {sign} {c:g}", p))
     return found
 
 
@@ -395,8 +437,20 @@ def _expect_uniform_choice(pipe, what: str, seed: int) -> None:
                               f"{what}: your crop position is drawn by {how} (read from the pipeline's graph): not "
                               f"every offset equally likely (seed {seed})",
                               "every offset 0..8 equally likely: fn.random.uniform(values=[k / 8 for k in range(9)]), "
-                              "or fn.random.choice without p" + ("; a rounded continuous range gives its end integers "
-                              "less than their share unless it spans exactly [-0.5, 8.5)" if "rounds" in how else ""))
+                              "or fn.random.choice without p" + _rounding_words(how))
+
+
+def _rounding_words(how: str) -> str:
+    """Why a rounded range is uneven, for the form the learner wrote (w11-04 x07: the dtype form was told
+    it rounds from a continuous draw, which made [-0.5, 8.5) look right)."""
+    if "cut to integers" in how:
+        return ("; fn.random.uniform(range=..., dtype=INT32) cuts the range's ends to integers before it draws, so "
+                "its two end integers come half as often as the others whatever the range (range=[-0.5, 8.5] "
+                "draws in [0, 8)): an integer dtype there never gives 0..8 equal chances")
+    if "rounds" in how:
+        return ("; fn.cast(..., dtype=INT32) rounds to the nearest integer, so a continuous range gives its end "
+                "integers less than their share unless it spans exactly [-0.5, 8.5)")
+    return ""
 
 
 def _coin_words(read: bool) -> str:
@@ -603,6 +657,45 @@ def _expect_crop_anchor(exc: BaseException, what: str, seed: int) -> None:
                           "uniform(range=[0, 9)) can reach 9, and 9/8 is out of range") from None
 
 
+def _normalisation_read(out, src) -> str | None:
+    """The mean and std the outputs were normalised with, read from each channel's lowest and highest
+    value (the padding is 0 and random-noise records reach 255: (0 - M) / S and (255 - M) / S), where
+    the crops are exact under them; None where they are not. w11-04 w19: the mean alone in BGR order
+    was told "64 of 64 samples match no 32x32 window", which sent the learner to the crop."""
+    out = np.asarray(out, np.float64)
+    if out.ndim != 4 or out.shape[1] != 3:
+        return None
+    lo, hi = out.min(axis=(0, 2, 3)), out.max(axis=(0, 2, 3))
+    if not np.all(hi > lo):
+        return None
+    scale = 255 / (hi - lo)                  # S, in the units of the uint8 input
+    centre = -lo * scale                     # M
+    if match_crops(out, src, tuple(centre / 255), tuple(scale / 255), atol=2e-2).exact_fraction <= 0.9:
+        return None
+    want_m = np.array([255 * m for m in data.CIFAR10_MEAN])
+    want_s = np.array([255 * v for v in data.CIFAR10_STD])
+
+    def near(a, b):
+        return bool(np.allclose(a, b, rtol=5e-3, atol=0.05))
+
+    def words(got, want, what):
+        if near(got, want):
+            return None
+        if near(got, want[::-1]):
+            return f"the {what} is in BGR order (blue first); the images are RGB"
+        if near(np.sort(got), np.sort(want)):
+            return f"the {what}'s channels are in another order than red, green, blue"
+        return f"the {what} is not CIFAR-10's"
+    said = [w for w in (words(centre, want_m, "mean"), words(scale, want_s, "std")) if w]
+    if not said:
+        return None
+    shown = (f"mean=[{', '.join(f'{v:.1f}' for v in centre)}], std=[{', '.join(f'{v:.1f}' for v in scale)}]")
+    return (f"the crop windows are right, but the values are normalised with {shown} (read from each channel's "
+            f"lowest and highest output value): {' and '.join(said)}. Use mean=[255*m for m in CIFAR10_MEAN] = "
+            f"[{', '.join(f'{v:.1f}' for v in want_m)}] and std=[255*s for s in CIFAR10_STD] = "
+            f"[{', '.join(f'{v:.1f}' for v in want_s)}], in that order")
+
+
 def _diagnose_crops(out, src) -> tuple[str, bool]:
     """A hint for outputs that are not exact crops of the padded, normalised sources, and whether
     the hint names the mistake (the outputs are exact crops under another normalisation)."""
@@ -641,6 +734,9 @@ def _diagnose_crops(out, src) -> tuple[str, bool]:
         fill = m.pop("fill", 0.0)
         if match_crops(out, src, m["mean"], m["std"], fill=fill, atol=2e-2).exact_fraction > 0.9:
             return hint, True
+    named = _normalisation_read(out, src)
+    if named:
+        return named, True
     wide = match_crops(out, src, mean, std, pad=8, atol=2e-2)
     if wide.exact_fraction > 0.9:       # windows of a wider or one-sided padding (fn.pad pads after the image)
         ends = np.mean((wide.dy >= 8) & (wide.dx >= 8)) > 0.9
@@ -1011,8 +1107,9 @@ def _check_randomness(batches, on, seed, pipe=None):
         raise CheckFailed("crop offsets are uniform over 0..8", f"{on}: offsets 0 and 8 make up {ends:.1%} of "
                           f"{2 * n} draws; uniform over nine values gives 22.2% (seed {seed})",
                           "a continuous crop_pos in [0, 1] rounds to 0 and 8 half as often as to the other offsets, "
-                          "and so does an integer drawn with fn.random.uniform(range=[0, 8], dtype=INT32), which DALI "
-                          "rounds from a continuous draw: draw from the nine values k/8 "
+                          "and so does an integer drawn with fn.random.uniform(range=..., dtype=INT32), which DALI "
+                          "draws by cutting the range's ends to integers (range=[-0.5, 8.5] gives [0, 8)) and "
+                          "rounding a continuous draw between them: draw from the nine values k/8 "
                           "(fn.random.uniform(values=[k / 8 for k in range(9)]))")
     for axis, values in (("vertical", dy), ("horizontal", dx)):
         counts = np.bincount(values, minlength=9)
@@ -1085,9 +1182,15 @@ def check_cifar_pipeline(cifar_pipeline):
                 if values.dtype != np.int64:
                     raise CheckFailed("labels and indices stay int64",
                                       f"{on}: the {name} come out as {values.dtype}, the source gave int64 (seed {seed})",
-                                      "declare them types.INT64 in external_source and do not cast them: "
-                                      "F.cross_entropy wants int64 class indices (with int32 torch raises \"expected "
-                                      "target dtype to be Long\"; older versions \"expected scalar type Long\")")
+                                      "declare them types.INT64 in external_source and do not cast them: " + (
+                                          "F.cross_entropy wants int64 class indices (with int32 torch raises "
+                                          "\"expected target dtype to be Long\"; older versions \"expected scalar "
+                                          "type Long\")" if name == "labels" else
+                                          # w11-04 x11: indices cast to uint32 were told about class labels
+                                          f"the indices (the third output) name the record each sample came from; "
+                                          f"they come out as {values.dtype} because of a cast or a declared type "
+                                          f"other than types.INT64; the contract keeps them int64, as the "
+                                          f"source gave them, so that they index records and tensors as they are"))
         x_all = np.concatenate([o[0] for o in outs])
         idx_all = np.concatenate([o[4] for o in outs])
         src = _sources(records, idx_all)

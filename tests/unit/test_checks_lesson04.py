@@ -71,7 +71,7 @@ def make_cifar_pipeline(*, mean=CIFAR_MEAN255, std=CIFAR_STD255, positions="nine
                         threads=None, pipe_kw=None, prebuilt=False, flip_from_x=False, seed_offset=0,
                         mirror_kind="coin", flip_after=False, positions_range9=False, fill=0, batch_info=True,
                         crop_op_seed=None, zero_seed_random=False, flip_op_seed=None, per_sample=False,
-                        rounded_range=None, seed_plus_threads=False):
+                        rounded_range=None, seed_plus_threads=False, index_dtype=None):
     """A CIFAR pipeline builder with one knob per typical mistake (the defaults are right).
     `move`: where a device="gpu" pipeline moves the images to the GPU: "before" the crop (right),
     "after" the augmentation, or "never". `device_id="none"`: None whatever the device; "current":
@@ -140,10 +140,12 @@ def make_cifar_pipeline(*, mean=CIFAR_MEAN255, std=CIFAR_STD255, positions="nine
             flip = fn.random.coin_flip(probability=flip_probability) if mirror and not vertical_flip else 0
             if flip_op_seed is not None:     # the near-miss rule: the flips' operator seeded, the crops not
                 flip = fn.random.coin_flip(probability=flip_probability, seed=flip_op_seed)
-            if isinstance(mirror_kind, tuple):   # w3-04: uniform() compared with a constant, not a coin_flip
+            if isinstance(mirror_kind, tuple) and mirror_kind[0] != "shift":   # w3-04: uniform() vs a constant
                 side, c = mirror_kind
                 u = fn.random.uniform(range=[0.0, 1.0])
                 flip = fn.cast(u < c if side == "lt" else c > u, dtype=types.INT32)
+            if isinstance(mirror_kind, tuple) and mirror_kind[0] == "shift":   # w11-04 y01: u + c > 0.5
+                flip = fn.cast(fn.random.uniform(range=[0, 1]) + mirror_kind[1] > 0.5, dtype=types.INT32)
             if mirror_kind == "uniform01":   # 0 or 1 with probability 1/2 each, not a coin (w2-04 w41_16: right)
                 flip = fn.cast(fn.random.uniform(values=[0.0, 1.0]), dtype=types.INT32)
             if flip_after:                   # no mirror in CMN, fn.flip after it (w2-04 w41_29: right)
@@ -160,6 +162,8 @@ def make_cifar_pipeline(*, mean=CIFAR_MEAN255, std=CIFAR_STD255, positions="nine
                 out = fn.flip(out, horizontal=fn.random.coin_flip(probability=0.5), vertical=0)
             if label_dtype is not None:
                 labels = fn.cast(labels, dtype=getattr(types, label_dtype))
+            if index_dtype is not None:      # w11-04 x11: the indices cast to UINT32
+                indices = fn.cast(indices, dtype=getattr(types, index_dtype))
             if device == "gpu" and move == "after":
                 out = out.gpu()
             if swap_outputs:
@@ -943,7 +947,8 @@ def make_jpeg_pipeline(*, output_type="RGB", mean=NET_MEAN255, std=NET_STD255, s
                        shuffle="after_epoch", mirror=True, pad_last_batch=True, crop_kind="random_resized",
                        stick_to_shard=False, flip_probability=0.5, device_id=None, shuffle_seed="seed",
                        aug_seed="per_shard", decoder_device=None, area=None, aspect=None, outputs="ILS",
-                       split_by_hand=False, fill=None, threads=None, prefetch=None, mirror_lt=None, attempts=None):
+                       split_by_hand=False, fill=None, threads=None, prefetch=None, mirror_lt=None, attempts=None,
+                       mirror_shift=None):
     """A jpeg_pipeline builder with one knob per typical mistake (the defaults are right)."""
     def jpeg_pipeline(file_root, batch_size, *, crop=224, device="cpu", shard_id=0, num_shards=1, num_threads=2, seed=0):
         kw = dict(shard_id=shard_id, num_shards=num_shards) if shard else {}
@@ -1006,6 +1011,8 @@ def make_jpeg_pipeline(*, output_type="RGB", mean=NET_MEAN255, std=NET_STD255, s
             flip = fn.random.coin_flip(probability=flip_probability) if mirror else 0
             if mirror_lt is not None:        # w3-04: uniform() < c, not a coin_flip
                 flip = fn.cast(fn.random.uniform(range=[0.0, 1.0]) < mirror_lt, dtype=types.INT32)
+            if mirror_shift is not None:     # w11-04 y01: uniform() + c > 0.5, a coin of 0.5 + c
+                flip = fn.cast(fn.random.uniform(range=[0, 1]) + mirror_shift > 0.5, dtype=types.INT32)
             images = fn.crop_mirror_normalize(images, mirror=flip, mean=mean, std=std, dtype=types.FLOAT,
                                               output_layout=layout)
             if device == "gpu" and decoder_device == "cpu":
@@ -1400,3 +1407,109 @@ def test_rounded_uniform_read_through_a_scale_and_a_shift():
     (_, how, weights), = draws("short")
     assert np.allclose(weights, [0.9 / 8.8] + [1 / 8.8] * 7 + [0.9 / 8.8]) and "range=[-0.05, 1.05]) * 8" in how
     assert draws("fair") == []
+
+
+# -- w11-04 ------------------------------------------------------------------------------------------
+
+def _flip_read(expr):
+    """The flips the graph reading finds for `mirror=fn.cast(<expr>, INT32)`; graph only, nothing runs."""
+    @pipeline_def(batch_size=4, num_threads=1, device_id=None, seed=1)
+    def graph():
+        u = fn.random.uniform(range=[0, 1])
+        return fn.cast(expr(u), dtype=types.INT32)
+    return [(how, p) for kind, how, p in lesson04._random_draws(graph()) if kind == "flip"]
+
+
+def test_flip_read_through_arithmetic_before_the_comparison():
+    """w11-04 y01: uniform(range=[0, 1]) + 0.01 > 0.5 (a coin of 0.51) was not read from the graph and
+    passed on the measured band. Arithmetic with constants between the draw and the comparison is
+    followed now, on either side, with every comparison."""
+    cases = [
+        (lambda u: u + 0.01 > 0.5, 0.51, "fn.random.uniform(range=[0, 1]) + 0.01 > 0.5"),
+        (lambda u: 0.02 + u > 0.5, 0.52, "+ 0.02 > 0.5"),
+        (lambda u: u - 0.01 > 0.5, 0.49, "- 0.01 > 0.5"),
+        (lambda u: u * 0.98 < 0.5, 0.5 / 0.98, "* 0.98 < 0.5"),
+        (lambda u: 2 * u >= 1.02, 0.49, "* 2 >= 1.02"),
+        (lambda u: u / 2 <= 0.26, 0.52, "/ 2 <= 0.26"),
+        (lambda u: 0.5 < u + 0.01, 0.51, "+ 0.01 > 0.5"),
+        (lambda u: 0.5 >= u - 0.02, 0.52, "- 0.02 <= 0.5"),
+        (lambda u: 1 - u < 0.49, 0.49, "1 - fn.random.uniform(range=[0, 1]) < 0.49"),
+        (lambda u: (u * 2 - 0.5) / 1.0 > 0.5, 0.5, "((fn.random.uniform(range=[0, 1]) * 2) - 0.5) / 1 > 0.5"),
+        (lambda u: u + 0.0 <= 0.5, 0.5, "+ 0 <= 0.5"),
+    ]
+    for expr, p, shown in cases:
+        (how, got), = _flip_read(expr)
+        assert abs(got - p) < 1e-9 and shown in how, (how, got, p)
+
+
+W11_SHIFTED_COINS = [
+    ("4.1", Mutant("mirror = uniform() + 0.01 > 0.5", make_cifar_pipeline(mirror_kind=("shift", 0.01)),
+                   "flips half of the samples", words="fn.random.uniform(range=[0, 1]) + 0.01 > 0.5, a probability of 0.51")),
+    ("4.1", Mutant("mirror = uniform() + 0.02 > 0.5", make_cifar_pipeline(mirror_kind=("shift", 0.02)),
+                   "flips half of the samples", words="a probability of 0.52")),
+    ("4.3", Mutant("mirror = uniform() + 0.01 > 0.5", make_jpeg_pipeline(mirror_shift=0.01),
+                   "mirrors half of the images", words="fn.random.uniform(range=[0, 1]) + 0.01 > 0.5, a probability of 0.51")),
+    ("4.3", Mutant("mirror = uniform() + 0.02 > 0.5", make_jpeg_pipeline(mirror_shift=0.02),
+                   "mirrors half of the images", words="a probability of 0.52")),
+]
+
+
+@pytest.mark.parametrize("exercise_id, mutant", W11_SHIFTED_COINS, ids=repr)
+def test_shifted_uniform_coins_rejected_from_the_graph(exercise_id, mutant):
+    """w11-04 y01 (4.1 and 4.3): the probability is read from the graph, so the verdict does not depend
+    on the draws: one seed each (the graph reading itself is tested on every form above)."""
+    rejected(exercise_id, mutant, [3])
+
+
+def test_integer_uniform_reads_as_dali_draws_it():
+    """w11-04 x07: uniform(range=[-0.5, 8.5], dtype=INT32) was read as nine equal chances (the check
+    then rejected it on the measured 12.3%, with a hint saying it rounds from a continuous draw). DALI
+    2.4 cuts the ends to integers ([0, 8)) and rounds a continuous draw: 0 and 8 at 1/16 (measured
+    here on 20,000 draws too); the graph says so and the hint names the integer dtype."""
+    @pipeline_def(batch_size=4096, num_threads=1, device_id=None, seed=1)
+    def graph():
+        return (fn.random.uniform(range=[-0.5, 8.5], dtype=types.INT32),
+                fn.random.uniform(range=[-1.5, 2.5], dtype=types.INT32))
+    pipe = graph()
+    (_, how, weights), = [d for d in lesson04._random_draws(pipe, 0) if d[0] == "choice"]
+    assert np.allclose(weights, [1 / 16] + [1 / 8] * 7 + [1 / 16]) and "[0, 8)" in how, how
+    (_, how, weights2), = [d for d in lesson04._random_draws(pipe, 1) if d[0] == "choice"]
+    assert np.allclose(weights2, [1 / 6, 1 / 3, 1 / 3, 1 / 6]), weights2
+    pipe.build()
+    drawn = [np.array(t.as_tensor()).ravel() for t in pipe.run()]
+    for values, w in zip(drawn, (weights, weights2)):
+        share = np.bincount(values - values.min()) / len(values)
+        assert np.allclose(share, w, atol=0.02), (share, w)
+
+    def int_dtype_offsets(source, batch_size, device="cpu", num_threads=2, seed=0):
+        @pipeline_def(batch_size=batch_size, num_threads=num_threads, device_id=this_gpu(device), seed=seed)
+        def cifar():
+            images, labels, indices = fn.external_source(source=source, num_outputs=3, batch=True, batch_info=True,
+                                                         layout=["CHW", "", ""],
+                                                         dtype=[types.UINT8, types.INT64, types.INT64])
+            if device == "gpu":
+                images = images.gpu()
+            padded = fn.crop(images, crop=(40, 40), out_of_bounds_policy="pad", fill_values=0)
+            py, px = (fn.random.uniform(range=[-0.5, 8.5], dtype=types.INT32) / 8.0 for _ in range(2))
+            out = fn.crop_mirror_normalize(padded, crop=(32, 32), crop_pos_y=py, crop_pos_x=px,
+                                           mirror=fn.random.coin_flip(probability=0.5), mean=CIFAR_MEAN255,
+                                           std=CIFAR_STD255, dtype=types.FLOAT, output_layout="CHW")
+            return out, labels, indices
+        return cifar()
+    rejected("4.1", Mutant("integer offsets from range=[-0.5, 8.5], dtype=INT32", int_dtype_offsets,
+                                  "crop offsets are uniform over 0..8", words="cuts the range's ends to integers"), [3])
+
+
+def test_index_dtype_and_bgr_mean_named():
+    """w11-04 x11: indices cast to uint32 were told about F.cross_entropy and class labels; w19: the
+    mean alone in BGR order was told "64 of 64 samples match no 32x32 window"."""
+    said = run_check("4.1", make_cifar_pipeline(index_dtype="UINT32"))
+    assert said.status == "fail" and "labels and indices stay int64" in said.message, said.message
+    assert "the indices (the third output)" in said.message and "cross_entropy" not in said.message, said.message
+    for mean, std, words in ((CIFAR_MEAN255[::-1], CIFAR_STD255, "the mean is in BGR order"),
+                             (CIFAR_MEAN255, CIFAR_STD255[::-1], "the std is in BGR order"),
+                             ([120.0, 120.0, 120.0], CIFAR_STD255, "the mean is not CIFAR-10's")):
+        said = run_check("4.1", make_cifar_pipeline(mean=mean, std=std))
+        assert said.status == "fail" and "exact crop of its padded record, normalised" in said.message, said.message
+        assert words in said.message and "not normalised as asked" in said.message, said.message
+        assert "match no" not in said.message, said.message
