@@ -191,13 +191,18 @@ def test_computing_device_work_here_is_taken_off_the_next_launch():
     device = SimulatedAccelerator(profile=H100, scale=1.0)
     x = torch.zeros(64, 3, 32, 32)
     slow = lambda t: (time.sleep(0), [t.add(1) for _ in range(3)])[1][0]      # 3 kernels
-    cpu0 = time.thread_time()
-    device.run(slow, x)
+    device.run(slow, x)                # warm-up: torch's first kernels and the simulator's lazy set-up
     device.step(64)
-    spent = time.thread_time() - cpu0
-    expected = 3 * H100.kernel_launch_us / 1e6 + H100.eager_host_ms["fp32"] / 1e3
-    assert spent == pytest.approx(expected, rel=0.15)
     device.synchronize()
+    rounds = []
+    for _ in range(3):                 # the fastest of three: one round was 22% slow in a clean-clone CI run
+        cpu0 = time.thread_time()
+        device.run(slow, x)
+        device.step(64)
+        rounds.append(time.thread_time() - cpu0)
+        device.synchronize()
+    expected = 3 * H100.kernel_launch_us / 1e6 + H100.eager_host_ms["fp32"] / 1e3
+    assert min(rounds) == pytest.approx(expected, rel=0.15), rounds
 
 
 def test_run_timed_computes_each_shape_once_and_charges_the_rest():
