@@ -875,13 +875,14 @@ def _read_stream(stream, workers: int, timeout_s: float, spawn: bool = False) ->
     return [[worker, pairs] for worker, pairs in loader]
 
 
-def load_importable(path: str, function: str, tag: str):
+def load_importable(path: str, function: str, tag: str, workdir):
     """The learner's class from a copy of its file that a spawned worker can import by name (a
-    module loaded from a path under another name cannot be unpickled there)."""
+    module loaded from a path under another name cannot be unpickled there). The copy lives in the
+    launch's own folder, removed with it."""
     import importlib
     import shutil
-    import tempfile
-    folder = Path(tempfile.mkdtemp(prefix="learner75-"))
+    folder = Path(workdir) / f"importable-{tag}-{os.getpid()}"
+    folder.mkdir(parents=True, exist_ok=True)
     name = f"learner_75_{tag}_{os.getpid()}"
     shutil.copyfile(path, folder / f"{name}.py")
     sys.path.insert(0, str(folder))
@@ -893,7 +894,7 @@ def load_importable(path: str, function: str, tag: str):
 
 
 def run_75(cls, job, rank, world, workdir, obs) -> None:
-    cls = load_importable(job["file"], job["function"], str(job["index"]))
+    cls = load_importable(job["file"], job["function"], str(job["index"]), workdir)
     results = obs.setdefault("results", [])
     timeout = job.get("timeout_s", 20)
     for i, case in enumerate(cases_75(job["seed"], world)):
