@@ -8,7 +8,7 @@ PORT   ?= 8888
 NB     ?= notebooks/*.ipynb
 GRADE_FLAGS ?= --smoke
 
-.PHONY: lab test unit browser browser-deps notebooks grade ladder course gpu-check student venv clean \
+.PHONY: lab test unit unit-all browser browser-deps notebooks grade ladder course gpu-check student venv clean \
         hub hub-deps hub-clean collect
 
 venv: $(STAMP)
@@ -39,6 +39,11 @@ test: $(STAMP) browser-deps hub-deps
 
 unit: $(STAMP)
 	COURSE_SMOKE=1 $(PY) -m pytest tests/unit -q
+
+## unit-all: the unit tests with every answer of a mutant suite on every seed its test names (the extended
+## run, before a release; `make test` runs each on two of them: tests/unit/mutants.py says which)
+unit-all: $(STAMP)
+	COURSE_SMOKE=1 COURSE_MUTANT_SEEDS=all $(PY) -m pytest tests/unit -q
 
 browser: $(STAMP) browser-deps
 	COURSE_SMOKE=1 COURSE_CHROMIUM=$(CHROMIUM) $(PY) -m pytest tests/browser -q
