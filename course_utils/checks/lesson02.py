@@ -704,6 +704,65 @@ def _same_seed_replays(first, replay, seed, what):
                               "from torch.initial_seed() alone in the worker")
 
 
+def _first_full_batches(make_fast_loader, dataset, batch_size, decode, what):
+    """A new loader's first two full batches (lists of indices) and their samples' images: what
+    it hands out first, before any batch comes back, in order or not."""
+    loader = make_fast_loader(dataset, batch_size)
+    try:
+        batches, images_of = [], {}
+        for batch in loader:
+            images, labels = _labels_of(batch, what)
+            indices = [decode.get(c) for c in labels]
+            if None in indices:
+                continue
+            batches.append(indices)
+            images_of.update(zip(indices, images))
+            if sum(len(b) == batch_size for b in batches) >= 2:
+                break
+    finally:
+        del loader
+        gc.collect()
+    return [b for b in batches if len(b) == batch_size], images_of
+
+
+SECOND_LOADER = "a second loader in the same run draws another order and other augmentations"
+
+
+def _next_loader_differs(first, following, seed, what):
+    """Fails when a loader made right after another, with no torch.manual_seed between them, hands
+    out a full batch of exactly the samples of one of the first's (about 40 or more alike by chance:
+    never), or the same crops and flips in a batch of other samples: its order, or its workers'
+    seeds, restart from torch's seed (torch.initial_seed()) instead of drawing from torch's generator,
+    which moves on from loader to loader (w6-02: generator=torch.Generator().manual_seed(
+    torch.initial_seed()) replays the same order and augmentations in every loader of a run: a second
+    training pass, a restart, a second loader over the same data)."""
+    earlier = {tuple(sorted(batch)): seq for batch, seq in first}
+    earlier_draws = {seq: batch for batch, seq in first if seq is not None}
+    context = (f"after torch.manual_seed({seed}), a loader and then a second one made right after it (no "
+               "torch.manual_seed between the two)")
+    for batch, seq in following:
+        if tuple(sorted(batch)) in earlier:
+            raise CheckFailed(SECOND_LOADER,
+                              f"{what}: {context} handed out the same {len(batch)} samples in a batch of each: the "
+                              "second replayed the first's order",
+                              "a generator of the loader's own, even one seeded from torch's seed "
+                              "(generator=torch.Generator().manual_seed(torch.initial_seed())), restarts from the "
+                              "same seed in every loader of a run, so each one repeats the same order and the same "
+                              "augmentations. Leave generator out: the DataLoader then draws its order and its "
+                              "workers' seeds from torch's generator, which moves on from one loader to the next and "
+                              "still replays everything after the same torch.manual_seed")
+        if seq is not None and seq in earlier_draws and earlier_draws[seq] != batch:
+            raise CheckFailed(SECOND_LOADER,
+                              f"{what}: {context} shuffled differently, but a batch of the second drew the same crop "
+                              f"and flip at every one of its {len(seq)} positions as a batch of the first: its workers "
+                              "were seeded the same way in both",
+                              "workers seeded from torch.initial_seed() as it was when the loader was made (a "
+                              "worker_init_fn that reads a seed kept from then) repeat their random numbers in every "
+                              "loader of a run: drop the worker_init_fn (the DataLoader seeds each worker from "
+                              "torch's generator, base_seed + worker id), or seed from torch.initial_seed() read "
+                              "inside the worker, which is that worker's own seed")
+
+
 def _fraction_equal(a, b) -> float:
     return sum(x == y for x, y in zip(a, b)) / max(min(len(a), len(b)), 1)
 
@@ -1193,44 +1252,21 @@ def _check_fast_loader(make_fast_loader):
     _follows_the_cores(make_fast_loader, small, small_bs, cores, len(workers1), what, made)
     # a second run after another torch seed: its augmentations must follow the seed too
     torch.manual_seed(seeds[1])
-    loader = make_fast_loader(small, small_bs)
-    try:
-        again, images_again = [], {}
-        for batch in loader:
-            images, labels = _labels_of(batch, what)
-            indices = [decode.get(c) for c in labels]
-            if None in indices:
-                continue
-            again.append(indices)
-            images_again.update(zip(indices, images))
-            if sum(len(b) == small_bs for b in again) >= 2:
-                break
-    finally:
-        del loader
-        gc.collect()
-    _order_follows_the_seed(batches1, [b for b in again if len(b) == small_bs], seeds, what)
-    _draws_follow_the_seed(draws1, _batch_draws(small, images_again, [b for b in again if len(b) == small_bs]),
-                           seeds, what)
+    again, images_again = _first_full_batches(make_fast_loader, small, small_bs, decode, what)
+    _order_follows_the_seed(batches1, again, seeds, what)
+    _draws_follow_the_seed(draws1, _batch_draws(small, images_again, again), seeds, what)
     # and the first seed again: the same order and the same augmentations (q02 w22_06: workers seeded
     # from fresh entropy, torch.seed() in a worker_init_fn, differ by worker and by run, and passed)
     torch.manual_seed(seeds[0])
-    loader = make_fast_loader(small, small_bs)
-    try:
-        replay, images_replay = [], {}
-        for batch in loader:
-            images, labels = _labels_of(batch, what)
-            indices = [decode.get(c) for c in labels]
-            if None in indices:
-                continue
-            replay.append(indices)
-            images_replay.update(zip(indices, images))
-            if sum(len(b) == small_bs for b in replay) >= 2:
-                break
-    finally:
-        del loader
-        gc.collect()
-    _same_seed_replays(draws1, _batch_draws(small, images_replay, [b for b in replay if len(b) == small_bs]),
-                       seeds[0], what)
+    replay, images_replay = _first_full_batches(make_fast_loader, small, small_bs, decode, what)
+    replay_draws = _batch_draws(small, images_replay, replay)
+    _same_seed_replays(draws1, replay_draws, seeds[0], what)
+    # then a second loader in the same run, with no torch.manual_seed between the two: torch's
+    # generator has moved on, so another order and other augmentations (w6-02: a generator of the
+    # loader's own seeded from torch.initial_seed() passed the two runs above, and replays the
+    # seed's order and augmentations in every loader made in one run)
+    following, images_following = _first_full_batches(make_fast_loader, small, small_bs, decode, what)
+    _next_loader_differs(replay_draws, _batch_draws(small, images_following, following), seeds[0], what)
 
     # throughput: yours against the num_workers=0 baseline, in the same run, through train(),
     # in alternating rounds (a load spike from another process hits both sides alike); every

@@ -748,6 +748,13 @@ def own_generator(dataset, batch_size):                # WRONG (w2-02, w22_09): 
                       generator=torch.Generator().manual_seed(0))
 
 
+def generator_from_the_torch_seed(dataset, batch_size):   # WRONG (w6-02): a generator of its own, seeded from
+    workers = usable_cores()                                # torch's seed: passed 3/3, and every loader of a run
+    return DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=workers,   # replays the same order
+                      persistent_workers=workers > 0, pin_memory=torch.cuda.is_available(),
+                      generator=torch.Generator().manual_seed(torch.initial_seed()))
+
+
 def no_prefetch_setting(dataset, batch_size):         # RIGHT: the walker's first answer
     return DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=usable_cores(), persistent_workers=True)
 
@@ -910,6 +917,11 @@ MUTANTS_22_CORRECTNESS += [
            words="each batch was standardised by its own statistics"),
     Mutant("workers that die (q02)", workers_die, "its worker processes stay alive",
            words="a worker process of your loader died while it loaded"),
+    # w6-02: replays after the same torch seed and differs after another, so only a second loader made in
+    # the same run shows it; what it does does not depend on the check's draws (one seed, as the others)
+    Mutant("a generator of its own seeded from torch.initial_seed() (w6-02)", generator_from_the_torch_seed,
+           "a second loader in the same run draws another order and other augmentations",
+           words="the second replayed the first's order"),
 ]
 # These fail in the timed rounds. What they do there does not depend on the seed (a batch size,
 # a cache, the baseline's speed), so one seed each proves them.
