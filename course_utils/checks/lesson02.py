@@ -2089,7 +2089,7 @@ def _flip_share(flipped: list[bool], more, what: str) -> None:
             return
 
 
-@exercise("2.3", "Augmentations that differ across workers and epochs, reproducibly", points=2, time_limit_s=120)
+@exercise("2.3", "Augmentations that differ across workers and epochs, reproducibly", points=2, time_limit_s=150)
 def check_worker_seeding(dataset_class):
     with _ends_what_it_starts(), _torch_rng_kept():
         return _check_worker_seeding(dataset_class)
