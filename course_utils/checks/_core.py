@@ -125,7 +125,11 @@ class CheckResult:
 
     def line(self) -> str:
         icon = {"pass": "PASS", "fail": "FAIL", "not_implemented": "TODO", "error": "ERROR", "busy": "BUSY"}[self.status]
-        return f"[{icon}] Exercise {self.exercise} ({self.points}/{self.max_points} points): {self.message}"
+        # not graded: no score to print, only what the exercise is worth (w6-02: "(0/3 points)" beside
+        # "neither passed nor failed" read as a fail)
+        score = (f"{self.max_points} point{'' if self.max_points == 1 else 's'} when graded" if self.status == "busy"
+                 else f"{self.points}/{self.max_points} points")
+        return f"[{icon}] Exercise {self.exercise} ({score}): {self.message}"
 
 
 @dataclass

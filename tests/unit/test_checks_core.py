@@ -39,6 +39,14 @@ def test_the_four_outcomes():
     assert err.status == "error" and "KeyError" in err.message and "return {}[x]" in err.message
 
 
+def test_a_busy_line_prints_no_score():
+    """w6-02: "[BUSY] Exercise 2.2 (0/3 points): not graded ... neither passed nor failed" read as a fail."""
+    from course_utils.checks._core import CheckResult
+    busy = CheckResult("2.2", "busy", 0, 3, "not graded: the machine was busy").line()
+    assert busy.startswith("[BUSY] Exercise 2.2 (3 points when graded): not graded") and "0/3" not in busy
+    assert CheckResult("2.1", "fail", 0, 1, "no").line().startswith("[FAIL] Exercise 2.1 (0/1 points): ")
+
+
 def test_a_wrong_type_gets_a_sentence():
     result = run_check("99.1", 42)
     assert result.status == "fail"
