@@ -2584,7 +2584,7 @@ class _Case:
                    "the slowest rung within the tolerance (the rungs walked in order of speed, slowest first: "
                    "sorted(..., key=speed))")
 
-    def _rule_followed(self, yours, call) -> str:
+    def _rule_followed(self, yours, call, sorted_only: bool = False) -> str:
         """The choice rule's mistake (`rule_at`: the fastest, the last within, the slowest within) whose answers the
         answer gives at every probe tolerance, where the spec's differ somewhere; "" when none (walk w10-08
         w82b_sorted_order: the rungs walked in ascending speed were told "the default [of parallel] is true")."""
@@ -2592,7 +2592,12 @@ class _Case:
             answers = {t: call(self.report, tolerance=t) for t in self.probes}
         except Exception:
             return ""
-        # on a report where two rules agree at every tolerance, both are named: its answers cannot tell them apart
+        # on a report where two rules agree at every tolerance, both are named: its answers cannot tell them apart.
+        # `sorted_only`: only when the slowest within (a walk in sorted order) is among them; the other rules have
+        # hints of their own further on
+        slowest = self.rule_at[2]
+        if sorted_only and not (slowest[self.tolerance] == yours and all(slowest[t] == answers[t] for t in self.probes)):
+            return ""
         return ", or ".join(words for words, at in zip(self._RULE_WORDS, self.rule_at)
                             if at[self.tolerance] == yours and all(at[t] == answers[t] for t in self.probes)
                             and any(at[t] != self.at[t] for t in self.probes))
@@ -2665,11 +2670,6 @@ class _Case:
                     + (". Compare your predicted speeds with the predicted fractions above"
                        if any(words in self.speed_model_words for words in named) else
                        ". That mistake is in the choice, not in the speeds: yours can agree with the predicted fractions above"))
-        elif call is not None and (rule := self._rule_followed(yours, call)):
-            hint = (f"{yours!r}, and your answers at every tolerance tried here "
-                    f"({', '.join(f'{t:g}' for t in self.probes)}), are {rule}: the answer is the first rung of "
-                    "report['rungs'], in the report's own order, whose speed is at least (1 - tolerance) x the "
-                    "fastest rung's; walk the rungs as the report lists them, not sorted")
         elif (not self.keyword and yours in (self.at[0.0], self.at[0.1]) and call is not None
               and call(report, tolerance=0.05) == want):
             hint = "called without a tolerance, choose_rung uses 0.05 (the spec's default)"
@@ -2681,6 +2681,11 @@ class _Case:
         elif yours in self.of_ceiling and want not in self.of_ceiling:
             hint = ("the tolerance is a share of the fastest rung's predicted speed, not of the ceiling: at least "
                     "(1 - tolerance) x the fastest, however far below the ceiling the fastest is")
+        elif call is not None and (rule := self._rule_followed(yours, call, sorted_only=True)):
+            hint = (f"{yours!r}, and your answers at every tolerance tried here "
+                    f"({', '.join(f'{t:g}' for t in self.probes)}), are {rule}: the answer is the first rung of "
+                    "report['rungs'], in the report's own order, whose speed is at least (1 - tolerance) x the "
+                    "fastest rung's; walk the rungs as the report lists them, not sorted")
         elif yours == self.serial_shared and report["cores"] >= report["gpus"] > 1:
             hint = ("a rung that is not parallel gets one core for each GPU (every GPU's process has its own main "
                     "process), not one core shared by all the machine's GPUs: min(1, cores / gpus)")
