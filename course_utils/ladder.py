@@ -806,7 +806,7 @@ def above_ceiling_words(rows, ceiling: dict, sim=None, batch_size: int = 128) ->
     changed = [r for r in above if r.get("step")]
     same = [r for r in above if not r.get("step")]
     if changed:
-        said = []
+        said, slower = [], []
         for r in changed:
             text = f"{r['name']} ({r['fraction_of_ceiling']:.0%})"
             if modelled:
@@ -816,8 +816,18 @@ def above_ceiling_words(rows, ceiling: dict, sim=None, batch_size: int = 128) ->
                                                        graph=bool(step.get("graph")))
                 text += f", where the H100's figures give its step alone {alone:.0%} of the ceiling's speed"
                 wider = wider or r["fraction_of_ceiling"] > 1.25 * alone
+                if alone <= 1.0:
+                    # walk w10-08: bf16 at 153% listed among "the rungs that change the step itself", its step alone
+                    # 81% of the ceiling's speed: a step no faster than the ceiling's is above it for the ceiling's slow
+                    # measurement, not for its step
+                    slower.append(text)
+                    continue
             said.append(text)
-        parts.append("above the fp32 ceiling, as rungs that change the step itself can: " + "; ".join(said))
+        if said:
+            parts.append("above the fp32 ceiling, as rungs that change the step itself can: " + "; ".join(said))
+        if slower:
+            parts.append("above it with a step no faster than the ceiling's by the H100's figures, so not for their "
+                         "step: " + "; ".join(slower) + ": the ceiling's own measurement was slow")
     # walk w7-08: "DALI (288%) ... so the ceiling's measurement was slow" beside device-resident, the same step, at 89%:
     # where another rung ran that step under the ceiling, the ceiling was not simply slow; the sentence says what the
     # step times show (the fastest rung bounds the step's own cost; the others were late by more than that)
@@ -985,8 +995,24 @@ def data_on_device_words(rows) -> str:
             "augmentation's kernels)"
             + ("; a CUDA graph removes the step's launches, not the augmentation's"
                if any((r.get("step") or {}).get("graph") for r in waited) else "")
-            if waited else "; none of them waited for data: the host's launches of the step set their pace")
+            if waited else "; none of them was input-bound" + _pace_words(rungs))
     return "with the data on the device here: " + said + tail
+
+
+def _pace_words(rungs) -> str:
+    """What set the pace of each rung that was not input-bound, from its own label (walk w10-08: "none of them
+    waited for data: the host's launches of the step set their pace" beside a CUDA-graph rung compute-bound, device
+    98% busy, that waited 21%)."""
+    launch = [r["name"] for r in rungs if limited_by(r).startswith("launch-bound")]
+    compute = [r["name"] for r in rungs if limited_by(r) == "compute-bound"]
+    parts = []
+    if launch:
+        parts.append("the host's launches set the pace of " + ", ".join(launch))
+    if compute:
+        parts.append("the device's own work set the pace of " + ", ".join(compute)
+                     + " (the device kept busy, whatever the loop waited)")
+    return (": " + "; ".join(parts)) if parts else ""
+
 
 
 def slow_ceiling_words(row: dict, rows) -> str:
