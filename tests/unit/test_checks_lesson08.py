@@ -1939,6 +1939,8 @@ def test_the_notebooks_two_noise_bars_are_explained_and_the_bf16_line_judged_by_
     assert "at the edge" not in ladder.precision_words([rows[0], dict(rows[1], samples_per_s=4000.0)])
     words = ladder.noise_bars_words(0.88, rows)
     assert "the card uses 88%" in words and "read both by the card's 88%" in words, words
+    # walk w10-08: "two noise bars" under a third (the line on yours against the device-resident pipeline)
+    assert words.startswith("three noise bars in this notebook") and "yours against the device-resident" in words
     assert words.endswith("bf16 against fp32 (69%) is not ordered by this run"), words
     narrow = ladder.noise_bars_words(0.20, rows)
     assert "a rung measured once still needs 44%" in narrow and "is slower beyond it; 69% lies at the edge" in narrow
