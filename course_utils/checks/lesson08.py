@@ -849,9 +849,7 @@ def _transform_on_virtual(transform, first, shapes, what: str) -> str:
     batches the loader gave it on this machine (what DALI's GPU stages give too, there on the device): after the
     first batch (constants made once), no host wait and no copy from the host. Walk w10-08 #27: `int(y.max())` in the
     batch_transform of a DALI pipeline passed 4/4 on a machine without a GPU, the same line rejected with the
-    device-resident loader. Returns what was checked, for the note."""
-    from .lesson03 import _learner_error
-
+    device-resident loader. Returns what was checked, for the note ("" when the transform could not run there)."""
     image_shape, image_dtype, label_shape, label_dtype = shapes
     _, _, lo, hi = first
     gen = torch.Generator().manual_seed(0)
@@ -867,11 +865,11 @@ def _transform_on_virtual(transform, first, shapes, what: str) -> str:
                 if i == 1:
                     vc.reset_log()
                 transform(x, y)
-        except (RuntimeError, ValueError) as exc:
-            failure = _learner_error(exc, f"{what}, your batch_transform alone on {VIRTUAL}")
-            if failure is not None:
-                raise failure from None
-            return ""                   # what this machine's pass judged; nothing more to see here
+        except Exception:
+            # the transform was made by make_pipeline for this machine's ctx (constants on its device, the CPU here):
+            # what it raises beside batches on another device is not a mistake it would make on a GPU, where
+            # make_pipeline gets that GPU's ctx. Nothing judged here; this machine's pass judged the rest
+            return ""
         later = TRANSFORM_ALONE_BATCHES - 1
         waits = vc.reads() + [c for c in vc.h2d() if c.blocks_host]
         if len(waits) > MAX_WAITS_LATER_EPOCH:

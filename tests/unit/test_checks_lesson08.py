@@ -2885,3 +2885,11 @@ def w10_82_cpu_limit_dropped_with_a_device_cost(report, tolerance=0.05):
 ], ids=repr)
 def test_w10_08_82_messages_name_the_order_and_the_dropped_cpu_limit(mutant):
     rejected("8.2", mutant, [zlib.crc32(mutant.name.encode()) % 1000 + k for k in range(5 * EXTRA_SEEDS)])
+
+
+def test_w10_08_a_transform_whose_constants_sit_on_this_machines_device_is_not_failed_alone_on_the_virtual_device():
+    # its make_pipeline made them for this machine's ctx (the CPU); on a GPU it would get that GPU's ctx
+    from course_utils.checks.lesson08 import _transform_on_virtual
+    mean = torch.tensor(CIFAR10_MEAN).view(1, 3, 1, 1)
+    shapes = ((32, 3, 32, 32), torch.float32, (32,), torch.int64)
+    assert _transform_on_virtual(lambda x, y: (x - mean, y), (torch.float32, None, -2.0, 2.0), shapes, "t") == ""
