@@ -59,6 +59,7 @@ import math
 import statistics
 import sys
 import traceback
+import time
 import weakref
 from pathlib import Path
 
@@ -149,6 +150,24 @@ def _pixels(images: np.ndarray, mean, std) -> np.ndarray:
     m = np.asarray(mean, np.float32).reshape(1, 3, 1, 1)
     s = np.asarray(std, np.float32).reshape(1, 3, 1, 1)
     return (images * s + m) * 255
+
+
+def _divisor_shown(images: np.ndarray, n: int) -> float | None:
+    """The divisor other than 255 the images read as scaled by (x / 256, say), when they give every sample exactly
+    once read with it and not with 255; None otherwise. The brightest pixel of a workload (255) tells the divisor."""
+    if not len(images) or len(images) != n:
+        return None
+    pixels = _pixels(images, data.CIFAR10_MEAN, data.CIFAR10_STD)
+    top = float(pixels.max())
+    if not 200 < top < 300:
+        return None
+    divisor = round(255 * 255 / top)
+    if divisor == 255:
+        return None
+    found = decode(pixels * (divisor / 255), n)
+    if (found >= 0).all() and (np.bincount(found, minlength=n) == 1).all():
+        return float(divisor)
+    return None
 
 
 def _identify(images: np.ndarray, n: int, what: str) -> np.ndarray:
@@ -723,11 +742,13 @@ class _Inputs:
     smallest and largest value of the first batch), for `_kept_alive` and `_flip_probe`."""
 
     def __init__(self, transform):
-        self.transform, self.refs, self.first = transform, [], None
+        self.transform, self.refs, self.first, self.shapes = transform, [], None, None
 
     def __call__(self, images, labels):
         if self.first is None and isinstance(images, torch.Tensor) and images.dim() == 4 and images.numel():
             self.first = (images.dtype, images.device, float(images.min()), float(images.max()))
+            if isinstance(labels, torch.Tensor):
+                self.shapes = (tuple(images.shape), images.dtype, tuple(labels.shape), labels.dtype)
         try:
             self.refs.append(weakref.ref(images))
         except TypeError:
@@ -748,6 +769,13 @@ FLIP_PROBE_CHUNK = 4096
 # run), and 0.55 (or 0.45) is out after 2 calls (8,192 images: 6 standard deviations are 3.3%). The full draws decide
 # only what the early looks cannot (0.49, 0.51)
 FLIP_PROBE_EARLY = 6.0
+# walk w10-08 #28: a per-sample Python loop in batch_transform (right, but ~30 small ops per image) spent the probe's
+# 204,800 images with nothing printed: no verdict in 480 s, killed. The probe stops once it has run this long, says so
+# on the spot (the check goes on: the timed rounds then measure how slow the transform is), and judges the images done
+# at 4.5 standard deviations, as the full probe does. 45 s: the course's AugmentBatch takes the whole probe in 3-10 s
+# on a loaded 2-core machine (a budget it reached would let a flip rate of 0.49 through), the per-sample loop 45 s of
+# the 290 s it would need
+FLIP_PROBE_BUDGET_S = 45.0
 
 
 def _flip_probe(transform, first, batch_size: int, what: str) -> None:
@@ -766,7 +794,15 @@ def _flip_probe(transform, first, batch_size: int, what: str) -> None:
     flipped = total = 0
     chunk = FLIP_PROBE_CHUNK
     made = None
+    started = time.perf_counter()
     while total < FLIP_PROBE_DRAWS:
+        spent = time.perf_counter() - started
+        if total and spent > FLIP_PROBE_BUDGET_S:
+            print(f"8.1: your batch_transform took {spent:.0f} s for {total:,} images of the flip probe "
+                  f"({total / spent:,.0f} images/s; the course's AugmentBatch does the probe's {FLIP_PROBE_DRAWS:,} in "
+                  f"a few seconds): the probe stops at its {FLIP_PROBE_BUDGET_S:g} s budget, judged on those images, "
+                  "and the check goes on to time your pipeline", flush=True)
+            break
         if made is None or made[0].shape[0] != chunk:       # the same input every call: made once per chunk size
             made = (ramp.view(1, 1, 1, 32).expand(chunk, 3, 32, 32).contiguous(),
                     torch.zeros(chunk, dtype=torch.int64, device=device))
@@ -792,7 +828,8 @@ def _flip_probe(transform, first, batch_size: int, what: str) -> None:
         total += chunk
         if abs(flipped / total - 0.5) > FLIP_PROBE_EARLY * 0.5 / math.sqrt(total):
             break                               # already far out: no need for the remaining draws
-    deviations = FLIP_PROBE_EARLY if total < FLIP_PROBE_DRAWS else 4.5
+    far = abs(flipped / total - 0.5) > FLIP_PROBE_EARLY * 0.5 / math.sqrt(total)
+    deviations = FLIP_PROBE_EARLY if far and total < FLIP_PROBE_DRAWS else 4.5
     share, band = flipped / total, deviations * 0.5 / math.sqrt(total)
     if abs(share - 0.5) > band:
         raise CheckFailed("flips half of the samples",
@@ -801,6 +838,63 @@ def _flip_probe(transform, first, batch_size: int, what: str) -> None:
                           f"{band:.1%} either way is {deviations:g} standard deviations of a fair coin)",
                           "flip each sample with probability exactly 1/2 (torch.rand(n) < 0.5, "
                           "RandomHorizontalFlip(), AugmentBatch)")
+
+
+# batches the learner's batch_transform gets on the virtual device when the pass there was skipped for DALI's GPU
+# stages (`_transform_on_virtual`): the first makes its constants, the others must not wait or copy
+TRANSFORM_ALONE_BATCHES = 6
+
+
+def _transform_on_virtual(transform, first, shapes, what: str) -> str:
+    """When the pass on the virtual device was skipped (DALI's GPU stages need a real GPU), the learner's
+    batch_transform alone on that device, given TRANSFORM_ALONE_BATCHES batches shaped, typed and ranged as the
+    batches the loader gave it on this machine (what DALI's GPU stages give too, there on the device): after the
+    first batch (constants made once), no host wait and no copy from the host. Walk w10-08 #27: `int(y.max())` in the
+    batch_transform of a DALI pipeline passed 4/4 on a machine without a GPU, the same line rejected with the
+    device-resident loader. Returns what was checked, for the note ("" when the transform could not run there)."""
+    image_shape, image_dtype, label_shape, label_dtype = shapes
+    _, _, lo, hi = first
+    gen = torch.Generator().manual_seed(0)
+    with VirtualCuda() as vc:
+        try:
+            made = []
+            for _ in range(TRANSFORM_ALONE_BATCHES):
+                x = torch.rand(image_shape, generator=gen) * (hi - lo) + lo
+                x = x.round().to(image_dtype) if not image_dtype.is_floating_point else x.to(image_dtype)
+                y = torch.randint(0, 10, label_shape, generator=gen).to(label_dtype)
+                made.append((vc.to_device(x), vc.to_device(y)))
+            for i, (x, y) in enumerate(made):
+                if i == 1:
+                    vc.reset_log()
+                transform(x, y)
+        except Exception:
+            # the transform was made by make_pipeline for this machine's ctx (constants on its device, the CPU here):
+            # what it raises beside batches on another device is not a mistake it would make on a GPU, where
+            # make_pipeline gets that GPU's ctx. Nothing judged here; this machine's pass judged the rest
+            return ""
+        later = TRANSFORM_ALONE_BATCHES - 1
+        waits = vc.reads() + [c for c in vc.h2d() if c.blocks_host]
+        if len(waits) > MAX_WAITS_LATER_EPOCH:
+            first_wait = waits[0]
+            kind = f"a blocking copy, {first_wait.what}" if hasattr(first_wait, "nbytes") else first_wait.what
+            raise CheckFailed("never makes the host wait for the device",
+                              f"{what}: the pass on {VIRTUAL} was skipped for DALI's GPU stages, so your batch_transform "
+                              f"ran there alone, on {later} batches shaped as the ones DALI gives on a GPU after a first "
+                              f"one: the host waited for the device {len(waits)} times (first: {kind} at "
+                              f"{first_wait.where})",
+                              "no .item(), .tolist(), .cpu(), int(t), float(t) or Python loop over values on the "
+                              "device in the batch_transform: on a GPU every such read stalls it once per step, "
+                              "whichever loader feeds it")
+        extra = vc.h2d()
+        if len(extra) > MAX_COPIES_LATER_EPOCH:
+            raise CheckFailed("copies nothing from the host batch after batch but the batch itself",
+                              f"{what}: the pass on {VIRTUAL} was skipped for DALI's GPU stages, so your batch_transform "
+                              f"ran there alone, on {later} batches after a first one: {len(extra)} copies from the host "
+                              f"(first: {extra[0].nbytes} bytes, {extra[0].what} at {extra[0].where})",
+                              "numbers drawn on the host or constants made for every batch are copied to the device "
+                              "every step: make them on the device, and constants once")
+    return (f"but your batch_transform was run there alone, on {TRANSFORM_ALONE_BATCHES} batches shaped as DALI gives "
+            "them on a GPU, and made the host wait for nothing and copied nothing batch after batch")
 
 
 def _on_the_device_given(make_pipeline, config, rng, seed: int) -> None:
@@ -830,7 +924,8 @@ def _on_the_device_given(make_pipeline, config, rng, seed: int) -> None:
 
 
 def _check_correctness(make_pipeline, rng, seed: int, device: str | None, *, virtual: bool = False,
-                       flips: list | None = None, observed: dict | None = None) -> str:
+                       flips: list | None = None, observed: dict | None = None,
+                       transforms: list | None = None) -> str:
     """Two epochs through the pipeline, as the model sees them, on a fresh self-identifying workload:
     on `device` (None: the machine's own), or with `virtual` on the virtual CUDA device. Returns a
     note for the check's message ("" when there is nothing to say)."""
@@ -873,6 +968,8 @@ def _check_correctness(make_pipeline, rng, seed: int, device: str | None, *, vir
                 # mistake to name is the replay (below), where the epochs show one
                 kept_failure = exc
             probe = None if inputs is None or inputs.first is None else (pipeline.batch_transform, inputs.first)
+            if transforms is not None and inputs is not None and inputs.shapes is not None:
+                transforms.append((pipeline.batch_transform, inputs.first, inputs.shapes))
             del watched, inputs
         del pipeline
     gc.collect()
@@ -902,6 +999,15 @@ def _check_correctness(make_pipeline, rng, seed: int, device: str | None, *, vir
                                   "take every image from the ctx you are given, each time make_pipeline is called "
                                   "(ctx.on_device(), ctx.dataset(...)): the check calls it with workloads of its "
                                   "own, so nothing kept from an earlier ctx (a module-level cache) is this one's")
+            divisor = _divisor_shown(x, n)
+            if divisor is not None:
+                # walk w10-08 #12: /256 failed first as "every sample exactly once per epoch", a shuffle hint first
+                raise CheckFailed("normalised as the baseline: (x/255 - CIFAR10_MEAN) / CIFAR10_STD",
+                                  f"{where}: the images read as divided by {divisor:g}, not by 255: read as divided by "
+                                  f"255 they give {missing} samples that never came out and {twice} that came out more "
+                                  f"than once, and read as divided by {divisor:g} every sample exactly once",
+                                  "scale the pixels with x.float() / 255 (not 256, nor another number) before "
+                                  "subtracting CIFAR10_MEAN and dividing by CIFAR10_STD")
             if virtual:
                 # x2-08 N6: a non_blocking copy to the host read before it landed (the order drawn on the device,
                 # read with .numpy()) gave garbage order on the GPU's code path only, and was told to shuffle or
@@ -1244,9 +1350,11 @@ def rounds_done(kind: str, rounds: list[tuple[float, float]], busy: bool) -> tup
 def below_words(shares: list[float]) -> str:
     """What `clearly_below` saw, in words: the rounds above the bound, and the bound."""
     bound, above = median_upper_bound(shares)
+    # walk w10-08: a round of 84.7% was printed "at or below 85% ... below the 85% asked": digits enough to tell
+    said = beside_the_bar(bound, SIM_SHARE)
     if above == 0:
-        return f"every one of the {len(shares)} rounds was at or below {bound:.0%} of the device-resident pipeline"
-    return (f"all but the {above} highest of the {len(shares)} rounds were at or below {bound:.0%} of the "
+        return f"every one of the {len(shares)} rounds was at or below {said} of the device-resident pipeline"
+    return (f"all but the {above} highest of the {len(shares)} rounds were at or below {said} of the "
             "device-resident pipeline")
 
 
@@ -1294,15 +1402,42 @@ def step_words(yours, reference) -> str:
 
 
 def slow_hint(step: str) -> str:
-    """8.1's hint when yours is too slow: the step when yours runs another step than the reference, else the feed."""
-    if step:
-        return (f"your pipeline runs another training step ({step}) than the course's device-resident pipeline "
-                "(fp32 eager) it is timed against, and that step, not only the feeding, sets how fast yours goes: "
-                "beside the simulator a bf16 or fp16 eager step costs more host time per batch than the fp32 one "
-                "(launch-bound at batch 128, lesson 05); run the reference's step (amp=None, channels_last=False) "
-                "or a CUDA graph, or, if your data already stays on the device, look at the step before the feed")
-    return ("diagnose it as lesson 01 did (stall fraction): keep the data where the model is and "
-            "augment whole batches there (lesson 03), or let DALI do it (lesson 04)")
+    """8.1's hint when yours is too slow: the feed, always. The course's device-resident pipeline and the ceiling are
+    timed with yours' own step (`with_step`), so what is left between them and yours is the feed (walk w10-08 #25,
+    #26: a CPU-worker feed behind a CUDA-graph step was told to try "a CUDA graph", and the bf16 step was blamed)."""
+    ran = (f" (the device-resident pipeline and the ceiling ran your step, {step}, next to yours: the gap is the "
+           "feed's, not the step's)") if step else ""
+    return ("your feed cannot keep up with the step" + ran + ": diagnose it as lesson 01 did (stall fraction): keep "
+            "the data where the model is and augment whole batches there (lesson 03), or let DALI do it (lesson 04)")
+
+
+def with_step(pipeline, like):
+    """`pipeline` running `like`'s training step (precision, memory format, CUDA graph): the course's device-resident
+    pipeline is timed with the learner's own step, so that a slow feed cannot hide behind a faster step, nor a right
+    feed fail for a slower one (walk w10-08 #26: CPU workers behind a bf16 + CUDA-graph step passed at 146% of the fp32
+    eager reference once the host probe read a slow host; #23: the device-resident pipeline with amp="bf16" sat at
+    78-83%, under the bar, for its step alone)."""
+    return dataclasses.replace(pipeline, amp=like.amp, channels_last=bool(like.channels_last),
+                               cuda_graph=bool(like.cuda_graph))
+
+
+def _ceiling_with_step(ctx, like):
+    """The model alone (`ladder.measure_ceiling`: one batch on the device, fed again and again) with `like`'s step."""
+    import itertools
+    from ..ladder import measure_ceiling
+    if not (like.amp or like.channels_last or like.cuda_graph):
+        return measure_ceiling(ctx)
+    bs = ctx.config.batch_size
+    images, labels = torch.randn(bs, 3, 32, 32), torch.randint(0, 10, (bs,))
+    if not ctx.simulated:
+        images, labels = images.to(ctx.device), labels.to(ctx.device)
+    kwargs = {"amp": like.amp, "channels_last": bool(like.channels_last)}
+    if like.cuda_graph:
+        kwargs["cuda_graph"] = True
+    if like.channels_last and not ctx.simulated:
+        import copy
+        kwargs["model"] = copy.deepcopy(ctx.model)
+    return ctx.train(itertools.repeat((images, labels)), desc="ceiling", batches_on_device=True, **kwargs)
 
 
 def _verify_timed(kept, workload, n: int, batch_size: int, probe: np.ndarray, what: str):
@@ -1332,7 +1467,6 @@ def _timed_rounds(ctx, yours, reference, workload, n, batch_size, probe, seed, r
                   seen_params) -> bool:
     """8.1's timed rounds, appended to `rounds` as they finish (so that a time limit finds the ones done): yours, the
     course's device-resident pipeline and the ceiling, until `rounds_done` is sure. Returns whether yours passed."""
-    from ..ladder import measure_ceiling
     while True:
         # both pipelines keep what the model got (the same instrument, the same cost); yours is verified.
         # The ceiling runs first or last, yours and the reference next to each other in either order.
@@ -1346,7 +1480,8 @@ def _timed_rounds(ctx, yours, reference, workload, n, batch_size, probe, seed, r
         plan = [("ceiling", None)] + pair if rng.random() < 0.5 else pair + [("ceiling", None)]
         with OthersCpu() as others:     # what other programs took from this process's cores meanwhile
             for name, pipeline in plan:
-                runs[name] = measure_ceiling(ctx).stats if pipeline is None else ctx.run(pipeline, desc=name).stats
+                runs[name] = (_ceiling_with_step(ctx, yours).stats if pipeline is None
+                              else ctx.run(pipeline, desc=name).stats)
                 if name == "yours":
                     _verify_course_code(f"after your pipeline's timed run in round {len(rounds) + 1}")
                     flags_changed.update(_restore_backend_flags(flags))
@@ -1390,7 +1525,7 @@ def _out_of_time(exc: TimeoutError, rounds: list, steps: int) -> BaseException:
 
 
 def _check_speed(make_pipeline, rng, seed: int, device: str | None, smoke: bool, flips: list | None = None):
-    from ..ladder import LadderConfig, TrainingSet, device_resident_pipeline, ladder_context
+    from ..ladder import LadderConfig, Pipeline, TrainingSet, device_resident_pipeline, ladder_context
 
     batch_size = 128
     steps = 30 if smoke else 100
@@ -1410,6 +1545,7 @@ def _check_speed(make_pipeline, rng, seed: int, device: str | None, smoke: bool,
         flags = _backend_flags()
         reference = device_resident_pipeline(ctx)
         yours = _expect_pipeline(make_pipeline(ctx), "make_pipeline(ctx)")
+        reference = with_step(reference, yours)     # the same step as yours: what is compared is the feed
         _verify_course_code("after make_pipeline(ctx) in the timed stage")
         flags_changed.update(_restore_backend_flags(flags))
         seen_params: dict[int, list] = {}
@@ -1422,7 +1558,7 @@ def _check_speed(make_pipeline, rng, seed: int, device: str | None, smoke: bool,
         label, kind = ctx.label, ctx.kind
     if timed_out is not None:
         raise _out_of_time(timed_out, rounds, steps)
-    step = step_words(yours, reference)
+    step = step_words(yours, Pipeline(None))        # yours' step, when it is not fp32 eager (both ran it)
     del yours, reference
     gc.collect()
     twice = [p for p in seen_params.values() if len(p) > 1]
@@ -1564,15 +1700,15 @@ def measured_words(fraction: float, share: float, capacity: float, shares: list[
     ratio (yours to the device-resident pipeline that ran next to it, yours to the ceiling, the device-resident
     pipeline's to the ceiling). Medians of ratios from different rounds: the first is not the second divided by the
     third (w2-08 contradiction 5 read "X% of the ceiling and Y% of the device-resident, which was Z%" as one sum)."""
-    spread = ", ".join(f"{s:.0%}" for s in shares)
+    spread = ", ".join(beside_the_bar(s, SIM_SHARE) for s in shares)
     return (f"{beside_the_bar(share, SIM_SHARE)} of what the course's device-resident pipeline reached next to it (the "
             f"median of {len(shares)} rounds, each yours over the device-resident pipeline timed beside it: {spread}); "
             f"{beside_the_bar(fraction, GPU_BAR)} of the ceiling, and the device-resident pipeline {capacity:.0%} of it "
             "(each the median "
             "of the same rounds' own ratios: medians of ratios need not divide into the first figure)"
-            + ("; above 100% of the ceiling: the ceiling is the fp32 eager step alone, timed in the same rounds, "
-               "which a step of another kind (bf16, a CUDA graph) can beat, and an fp32 eager pipeline only where a "
-               "busy moment slowed the ceiling's own timing more than yours" if fraction > 1 else ""))
+            + ("; above 100% of the ceiling: the ceiling is the model alone, with your step, timed in the same "
+               "rounds, which a pipeline beats only where a busy moment slowed the ceiling's own timing more than "
+               "yours" if fraction > 1 else ""))
 
 
 def per_epoch_words(seen: list[tuple[int, int]]) -> str:
@@ -1653,9 +1789,15 @@ def check_pipeline(make_pipeline):
     # recorded for the model's stream). It runs beside a real GPU too: there the same mistakes cost as much, and a
     # real GPU's timings do not show them all
     flips: list = []                      # every traced sample's flip, over all stages (`_flips_over_the_check`)
-    _check_correctness(make_pipeline, rng, seed, device, flips=flips)
+    transforms: list = []                 # the learner's batch_transform and its batches' format, from that pass
+    _check_correctness(make_pipeline, rng, seed, device, flips=flips, transforms=transforms)
     observed: dict = {}                  # host waits and extra copies per epoch on the virtual device, as tolerated
     virtual_note = _check_correctness(make_pipeline, rng, seed, None, virtual=True, flips=flips, observed=observed)
+    if virtual_note and transforms:
+        alone = _transform_on_virtual(*transforms[0], "the batches of your pipeline")
+        if alone:
+            virtual_note += f"; {alone}"
+    del transforms
     _verify_course_code("after make_pipeline(ctx) ran in the correctness stage")
     # (a) speed against the ceiling; with COURSE_DEVICE=cpu, beside the simulated device
     speed_device = "sim" if kind == "cpu" else device
@@ -1664,6 +1806,9 @@ def check_pipeline(make_pipeline):
     measured = measured_words(fraction, share, capacity, shares)
     bar = (f"at least {SIM_SHARE:.0%} of the device-resident pipeline's throughput asked (what this machine can "
            f"feed), or {GPU_BAR:.0%} of the ceiling")
+    if step:
+        bar += f" (both timed with your step, {step}, as yours)"
+
     far_below = clearly_below(rounds_measured)
     if not passed and others >= busy_limit(usable_cores()) and not far_below:
         # other programs took the cores the pipelines needed: not a fair grade of speed either way (yours and
@@ -1773,6 +1918,13 @@ def _speeds(report: dict, cores_per_gpu, combine=min, *, cost: str = "device",
 # mistakes in the speed model (walk w2-08 c12-c14), each with the words that name it: an answer that one of them
 # explains (and the spec's model does not) gets the speed-model hint, not the tolerance's
 _MODEL_MISTAKES = [
+    # walk w10-08 w82_cpu_only_if_no_cost: told "the two limits combined as 1 / (1/device + 1/cpu)"
+    ("the CPU's limit left out for a rung that has a device_cost: a rung with both a device_cost and a "
+     "cpu_per_core is bound by both, and its speed is the smaller: min(ceiling x (1 - device_cost), "
+     "cpu_per_core x its cores)",
+     lambda report: _speeds(dict(report, rungs={
+         name: ({k: v for k, v in rung.items() if k != "cpu_per_core"} if "device_cost" in rung else rung)
+         for name, rung in report["rungs"].items()}), lambda c, g: c / g)),
     ("the two limits combined as 1 / (1/device + 1/cpu), as if the GPU and the CPU took turns; the spec's model "
      "takes the smaller of the two: min(device, cpu)",
      lambda report: _speeds(report, lambda c, g: c / g, lambda a, b: 1 / (1 / a + 1 / b) if a > 0 else 0.0)),
@@ -2428,6 +2580,28 @@ class _Case:
             return []
         return [words for words, at in candidates if all(at[t] == answers[t] for t in self.probes)]
 
+    _RULE_WORDS = ("the fastest rung itself", "the last rung within the tolerance in the report's order",
+                   "the slowest rung within the tolerance (the rungs walked in order of speed, slowest first: "
+                   "sorted(..., key=speed))")
+
+    def _rule_followed(self, yours, call, sorted_only: bool = False) -> str:
+        """The choice rule's mistake (`rule_at`: the fastest, the last within, the slowest within) whose answers the
+        answer gives at every probe tolerance, where the spec's differ somewhere; "" when none (walk w10-08
+        w82b_sorted_order: the rungs walked in ascending speed were told "the default [of parallel] is true")."""
+        try:
+            answers = {t: call(self.report, tolerance=t) for t in self.probes}
+        except Exception:
+            return ""
+        # on a report where two rules agree at every tolerance, both are named: its answers cannot tell them apart.
+        # `sorted_only`: only when the slowest within (a walk in sorted order) is among them; the other rules have
+        # hints of their own further on
+        slowest = self.rule_at[2]
+        if sorted_only and not (slowest[self.tolerance] == yours and all(slowest[t] == answers[t] for t in self.probes)):
+            return ""
+        return ", or ".join(words for words, at in zip(self._RULE_WORDS, self.rule_at)
+                            if at[self.tolerance] == yours and all(at[t] == answers[t] for t in self.probes)
+                            and any(at[t] != self.at[t] for t in self.probes))
+
     def judge(self, yours, given, earlier=(), call=None) -> None:
         report, tolerance, want, speed = self.report, self.tolerance, self.want, self.speed
         called = f"choose_rung(report, tolerance={tolerance:g})" if self.keyword else "choose_rung(report)"
@@ -2507,6 +2681,11 @@ class _Case:
         elif yours in self.of_ceiling and want not in self.of_ceiling:
             hint = ("the tolerance is a share of the fastest rung's predicted speed, not of the ceiling: at least "
                     "(1 - tolerance) x the fastest, however far below the ceiling the fastest is")
+        elif call is not None and (rule := self._rule_followed(yours, call, sorted_only=True)):
+            hint = (f"{yours!r}, and your answers at every tolerance tried here "
+                    f"({', '.join(f'{t:g}' for t in self.probes)}), are {rule}: the answer is the first rung of "
+                    "report['rungs'], in the report's own order, whose speed is at least (1 - tolerance) x the "
+                    "fastest rung's; walk the rungs as the report lists them, not sorted")
         elif yours == self.serial_shared and report["cores"] >= report["gpus"] > 1:
             hint = ("a rung that is not parallel gets one core for each GPU (every GPU's process has its own main "
                     "process), not one core shared by all the machine's GPUs: min(1, cores / gpus)")

@@ -868,7 +868,9 @@ W3_81_MUTANTS = [
     Mutant("pipeline_kept_from_the_first_call", pipeline_kept_from_the_first_call, "",
            words="kept from an earlier call"),
     Mutant("padding_three", padding_three, "crop offsets uniform over 0..8", words="as a padding of 3 would"),
-    Mutant("scaled_by_256", scaled_by_256, "", words="a scale other than /255"),
+    # walk w10-08 #12: named for its scale first (it failed as "every sample exactly once", the scale second)
+    Mutant("scaled_by_256", scaled_by_256, "normalised as the baseline: (x/255 - CIFAR10_MEAN) / CIFAR10_STD",
+           words="the images read as divided by 256, not by 255"),
 ]
 
 
@@ -1939,6 +1941,8 @@ def test_the_notebooks_two_noise_bars_are_explained_and_the_bf16_line_judged_by_
     assert "at the edge" not in ladder.precision_words([rows[0], dict(rows[1], samples_per_s=4000.0)])
     words = ladder.noise_bars_words(0.88, rows)
     assert "the card uses 88%" in words and "read both by the card's 88%" in words, words
+    # walk w10-08: "two noise bars" under a third (the line on yours against the device-resident pipeline)
+    assert words.startswith("three noise bars in this notebook") and "yours against the device-resident" in words
     assert words.endswith("bf16 against fp32 (69%) is not ordered by this run"), words
     narrow = ladder.noise_bars_words(0.20, rows)
     assert "a rung measured once still needs 44%" in narrow and "is slower beyond it; 69% lies at the edge" in narrow
@@ -2050,7 +2054,7 @@ def test_a_figure_beside_its_bar_is_printed_on_its_own_side_of_it():
     assert measured_words(0.896, 0.8451, 0.99, [0.87, 0.82]).startswith("84.5% of what")
     assert "89.6% of the ceiling" in measured_words(0.896, 0.8451, 0.99, [0.87, 0.82])
     # w5-08: DALI (fp32, eager) at "233% of the ceiling" with no word on how
-    assert "above 100% of the ceiling: the ceiling is the fp32 eager step alone" in measured_words(2.33, 1.5, 1.0, [1.5])
+    assert "above 100% of the ceiling: the ceiling is the model alone, with your step" in measured_words(2.33, 1.5, 1.0, [1.5])
     assert "above 100%" not in measured_words(0.99, 1.0, 1.0, [1.0])
 
 
@@ -2547,9 +2551,11 @@ def test_x2_08_n1_a_static_output_buffer_is_kept_batch_by_batch_in_the_timed_rou
     _verify_timed(kept, workload, n, bs, rng.choice(n, 64, replace=False), "test")   # raises on a repeat
 
 
-def test_x2_08_n12_a_slower_step_is_named_as_the_cause_not_the_feed(monkeypatch):
-    # x2-08 N12: the reference answer with amp="bf16", channels_last=True failed at 82% with the hint "keep the data
-    # where the model is ... or let DALI do it", which it already does: the step, not the feed, is slower there
+def test_x2_08_n12_the_step_is_said_to_have_run_on_both_sides_so_the_hint_is_the_feeds(monkeypatch):
+    # x2-08 N12: the reference answer with amp="bf16", channels_last=True failed at 82% against the fp32 eager
+    # reference, its step slower. Walk w10-08: the reference now runs yours' step (`with_step`), so what is left
+    # between them is the feed, and the hint says both ran that step (it named the step and "a CUDA graph" for a
+    # CUDA-graph pipeline whose feed was slow)
     from course_utils.checks.lesson08 import step_words
     from course_utils.ladder import Pipeline
     ref = Pipeline([], name="device-resident")
@@ -2558,8 +2564,9 @@ def test_x2_08_n12_a_slower_step_is_named_as_the_cause_not_the_feed(monkeypatch)
     assert step_words(Pipeline([], prefetch=True), ref) == ""
     result = _speed_stage_scripted(monkeypatch, [0.82] * 11, 0.0, step="bf16 + channels_last + eager")
     assert result.status == "fail" and f"property '{SPEED_PROPERTY}'" in result.message, result.message
-    assert "another training step (bf16 + channels_last + eager)" in result.message, result.message
-    assert "keep the data where the model is" not in result.message, result.message
+    assert "ran your step, bf16 + channels_last + eager" in result.message, result.message
+    assert "(both timed with your step, bf16 + channels_last + eager, as yours)" in result.message, result.message
+    assert "another training step" not in result.message, result.message
     result = _speed_stage_scripted(monkeypatch, [0.6] * 11, 0.0)
     assert "keep the data where the model is" in result.message, result.message
 
@@ -2744,3 +2751,129 @@ def test_w9_08_a_rung_far_below_a_launch_bound_ceiling_with_its_step_is_labelled
     assert limited_by(dict(row, fraction_of_ceiling=0.94)) == "launch-bound"           # device-resident near the ceiling
     assert limited_by(dict(row, step={"amp": "bf16"}, fraction_of_ceiling=0.31)) == "launch-bound"  # another step
     assert limited_by(dict(row, stall_fraction=0.5)) == "input-bound"
+
+
+# -- walk w10-08 -------------------------------------------------------------------------------------
+
+def test_w10_08_a_slow_batch_transform_stops_the_flip_probe_at_its_budget_and_says_so(monkeypatch, capsys):
+    # walk w10-08 #28: a per-sample Python loop in batch_transform spent the probe's 204,800 images with nothing
+    # printed (no verdict in 480 s); the probe now stops at its budget, prints why, and the check goes on
+    import time
+    from course_utils.checks import lesson08
+    monkeypatch.setattr(lesson08, "FLIP_PROBE_BUDGET_S", 0.3)
+
+    def slow(images, labels):
+        time.sleep(0.2)
+        return AugmentBatch()(images, labels)
+    started = time.perf_counter()
+    lesson08._flip_probe(slow, (torch.uint8, torch.device("cpu"), 0.0, 255.0), 64, "probe")
+    assert time.perf_counter() - started < 5
+    said = capsys.readouterr().out
+    assert "the probe stops at its 0.3 s budget" in said and "images/s" in said, said
+
+
+def w10_dali_host_sync_per_batch(ctx):
+    """walk w10-08 #27: DALI with a host read of every batch in its batch_transform passed 4/4 (the pass on the
+    virtual device skipped for DALI's GPU stages)."""
+    from course_utils.dali_pipelines import cifar_loader
+
+    def tf(x, y):
+        assert int(y.max()) < 10
+        return x, y
+    return Pipeline(cifar_loader(ctx.records(), batch_size=ctx.batch_size, device="gpu" if ctx.cuda else "cpu",
+                                 drop_last=False, num_threads=1), batch_transform=tf)
+
+
+@pytest.mark.dali
+def test_w10_08_dali_with_a_host_sync_in_its_batch_transform_fails_where_the_virtual_pass_is_skipped():
+    pytest.importorskip("nvidia.dali")
+    rejected("8.1", Mutant("w10_dali_host_sync_per_batch", w10_dali_host_sync_per_batch,
+                           "never makes the host wait for the device", words="your batch_transform ran there alone"),
+             seeds_for("w10_dali_host_sync_per_batch"))
+
+
+def test_w10_08_a_batch_transform_run_alone_on_the_virtual_device_passes_when_it_waits_for_nothing():
+    from course_utils.checks.lesson08 import _transform_on_virtual
+    shapes = ((32, 3, 32, 32), torch.float32, (32,), torch.int64)
+    note = _transform_on_virtual(lambda x, y: (x.contiguous(), y), (torch.float32, None, -2.0, 2.0), shapes, "t")
+    assert "made the host wait for nothing" in note
+    shapes = ((32, 3, 32, 32), torch.uint8, (32,), torch.int64)
+    assert "made the host wait for nothing" in _transform_on_virtual(AugmentBatch(), (torch.uint8, None, 1.0, 255.0),
+                                                                     shapes, "t")
+
+
+def test_w10_08_a_round_shown_at_the_bar_is_not_called_below_it():
+    from course_utils.checks.lesson08 import below_words, measured_words
+    words = below_words([0.80, 0.82, 0.847, 0.83, 0.83])
+    assert "at or below 84.7%" in words and "85%" not in words, words
+    assert "84.7%" in measured_words(0.8, 0.83, 0.96, [0.80, 0.82, 0.847, 0.83, 0.83])
+
+
+def test_w10_08_the_reference_and_the_ceiling_run_the_learners_step(monkeypatch):
+    # walk w10-08 #26: CPU workers behind a bf16 + channels_last + CUDA-graph step passed at 146% of the fp32 eager
+    # device-resident pipeline; the reference now runs yours' step, and a slow answer is told about its feed
+    from course_utils.checks import lesson08
+    seen = {}
+
+    def timed_rounds(ctx, yours, reference, *args):
+        seen["reference"] = reference
+        seen["ceiling"] = lesson08._ceiling_with_step(ctx, yours)
+        raise TimeoutError("scripted")
+    monkeypatch.setattr(lesson08, "_check_correctness", lambda *a, **k: "")
+    monkeypatch.setattr(lesson08, "_timed_rounds", timed_rounds)
+
+    def graphed(ctx):
+        images, labels = ctx.on_device()
+        return Pipeline(DeviceLoader(images, labels, ctx.batch_size, drop_last=False), batch_transform=AugmentBatch(),
+                        amp="bf16", channels_last=True, cuda_graph=True)
+    run_check("8.1", graphed)
+    reference = seen["reference"]
+    assert (reference.amp, reference.channels_last, reference.cuda_graph) == ("bf16", True, True)
+    assert reference.name == "device-resident" and seen["ceiling"].stats.samples_per_s > 0
+    from course_utils.checks.lesson08 import slow_hint
+    hint = slow_hint("bf16 + channels_last + CUDA graph")
+    assert "your feed cannot keep up" in hint and "ran your step, bf16 + channels_last + CUDA graph" in hint
+    assert "or a CUDA graph" not in hint
+
+
+def w10_82_sorted_order(report, tolerance=0.05):
+    per_gpu = report["cores"] / report["gpus"]
+    speeds = {}
+    for name, r in report["rungs"].items():
+        s = report["ceiling"] * (1 - r.get("device_cost", 0.0))
+        if "cpu_per_core" in r:
+            s = min(s, r["cpu_per_core"] * (per_gpu if r.get("parallel", True) else min(1.0, per_gpu)))
+        speeds[name] = s
+    best = max(speeds.values())
+    return next(name for name, s in sorted(speeds.items(), key=lambda kv: kv[1]) if s >= (1 - tolerance) * best)
+
+
+def w10_82_cpu_limit_dropped_with_a_device_cost(report, tolerance=0.05):
+    per_gpu = report["cores"] / report["gpus"]
+    speeds = {}
+    for name, r in report["rungs"].items():
+        s = report["ceiling"] * (1 - r.get("device_cost", 0.0))
+        if "cpu_per_core" in r and "device_cost" not in r:
+            s = min(s, r["cpu_per_core"] * (per_gpu if r.get("parallel", True) else min(1.0, per_gpu)))
+        speeds[name] = s
+    best = max(speeds.values())
+    return next(name for name, s in speeds.items() if s >= (1 - tolerance) * best)
+
+
+@pytest.mark.parametrize("mutant", [
+    Mutant("w10_82_sorted_order", w10_82_sorted_order, "picks the simplest rung within the tolerance of the fastest",
+           words="walk the rungs as the report lists them, not sorted"),
+    Mutant("w10_82_cpu_limit_dropped_with_a_device_cost", w10_82_cpu_limit_dropped_with_a_device_cost,
+           "picks the simplest rung within the tolerance of the fastest",
+           words="the CPU's limit left out for a rung that has a device_cost"),
+], ids=repr)
+def test_w10_08_82_messages_name_the_order_and_the_dropped_cpu_limit(mutant):
+    rejected("8.2", mutant, [zlib.crc32(mutant.name.encode()) % 1000 + k for k in range(5 * EXTRA_SEEDS)])
+
+
+def test_w10_08_a_transform_whose_constants_sit_on_this_machines_device_is_not_failed_alone_on_the_virtual_device():
+    # its make_pipeline made them for this machine's ctx (the CPU); on a GPU it would get that GPU's ctx
+    from course_utils.checks.lesson08 import _transform_on_virtual
+    mean = torch.tensor(CIFAR10_MEAN).view(1, 3, 1, 1)
+    shapes = ((32, 3, 32, 32), torch.float32, (32,), torch.int64)
+    assert _transform_on_virtual(lambda x, y: (x - mean, y), (torch.float32, None, -2.0, 2.0), shapes, "t") == ""
