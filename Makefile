@@ -8,7 +8,7 @@ PORT   ?= 8888
 NB     ?= notebooks/*.ipynb
 GRADE_FLAGS ?= --smoke
 
-.PHONY: lab test unit unit-all browser browser-deps notebooks grade ladder course gpu-check student venv clean \
+.PHONY: lab test test-all unit unit-all browser browser-deps notebooks grade ladder course gpu-check student venv clean \
         hub hub-deps hub-clean collect
 
 venv: $(STAMP)
@@ -36,6 +36,12 @@ test: $(STAMP) browser-deps hub-deps
 	COURSE_SMOKE=1 $(PY) -m pytest tests/unit -q --durations=15
 	COURSE_SMOKE=1 COURSE_CHROMIUM=$(CHROMIUM) $(PY) -m pytest tests/browser tests/hub -q --durations=5
 	COURSE_SMOKE=1 $(PY) -m pytest tests/notebooks -q --durations=20
+
+## test-all: the extended run, before a release (about twice `make test`): every mutant suite's answer on
+## every seed, and the runs marked `extended` (tests/conftest.py: lessons 00/01/04 on the CPU device,
+## lesson 04 at 16 faked cores, the GPU check's dry run)
+test-all:
+	COURSE_EXTENDED=1 COURSE_MUTANT_SEEDS=all $(MAKE) --no-print-directory test
 
 unit: $(STAMP)
 	COURSE_SMOKE=1 $(PY) -m pytest tests/unit -q

@@ -27,7 +27,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 LESSON_04 = next((ROOT / "solutions").glob("04-*.ipynb"))
 
-pytestmark = pytest.mark.notebook
+pytestmark = [pytest.mark.notebook, pytest.mark.extended]   # `make test-all`
 
 
 def test_lesson_04_runs_as_a_16_core_machine_sizes_it(tmp_path, record_duration):

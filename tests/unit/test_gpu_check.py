@@ -22,6 +22,7 @@ from course_utils import gpu_check
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.extended          # 75-130 s on 2 cores: `make test-all`
 def test_the_dry_run_proves_the_command(tmp_path):
     out = tmp_path / "gpu-check"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
