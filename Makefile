@@ -38,8 +38,8 @@ test: $(STAMP) browser-deps hub-deps
 	COURSE_SMOKE=1 $(PY) -m pytest tests/notebooks -q --durations=20
 
 ## test-all: the extended run, before a release (about twice `make test`): every mutant suite's answer on
-## every seed, and the runs marked `extended` (tests/conftest.py: lessons 00/01/04 on the CPU device,
-## lesson 04 at 16 faked cores, the GPU check's dry run)
+## every seed, and the runs marked `extended` (tests/conftest.py: lessons 00/01/02/04 on the CPU device,
+## lesson 04 at 16 faked cores, the GPU check's dry run, the timed busy-machine tests of 2.2 and 8.1)
 test-all:
 	COURSE_EXTENDED=1 COURSE_MUTANT_SEEDS=all $(MAKE) --no-print-directory test
 

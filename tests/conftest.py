@@ -1,6 +1,7 @@
 """The extended run: tests marked `extended` repeat what `make test` proves another way, at a cost CI
-cannot pay on 2 cores (lessons already run in the simulator run again on the CPU device, lesson 04
-at a faked 16 cores, the GPU check's dry run). `make test-all` (COURSE_EXTENDED=1) runs them; run it
+cannot pay on 2 cores (lessons 00, 01, 02 and 04, already run in the simulator, again on the CPU
+device; lesson 04 at a faked 16 cores; the GPU check's dry run; check 2.2 timed beside a busy core and
+on a quiet machine; 8.1's far-below pipeline on a busy machine). `make test-all` (COURSE_EXTENDED=1) runs them; run it
 before a release and after changing what they cover."""
 import os
 

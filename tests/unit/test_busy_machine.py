@@ -128,6 +128,7 @@ class baseline_loader:      # wrong, no faster than the baseline: workers hand o
             yield self.torch.stack([x for x, _ in items]), self.torch.tensor([y for _, y in items])
 
 
+@pytest.mark.extended          # about a minute of timed loaders: `make test-all`
 @pytest.mark.skipif(usable_cores() < 2, reason="needs 2 usable cores, one of them kept busy")
 def test_check_22_with_a_core_kept_busy_grades_the_settings_never_fail():
     """One of two cores taken by another program: the right loader measured 0.79x its baseline
@@ -145,6 +146,7 @@ def test_check_22_with_a_core_kept_busy_grades_the_settings_never_fail():
         assert "so the speed was not judged" in result.message
 
 
+@pytest.mark.extended          # about a minute of timed loaders: `make test-all`
 def test_check_22_fails_a_wrong_loader_on_a_quiet_machine():
     """Without other programs the unchanged baseline FAILs. This machine may be shared (other jobs'
     load is real load): a run that finds it busy must say so, never PASS; the quiet verdict is judged

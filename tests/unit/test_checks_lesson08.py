@@ -1140,6 +1140,7 @@ def test_pipeline_mutants_fail_on_speed(mutant, monkeypatch):
     rejected("8.1", mutant, seeds_for(mutant.name))
 
 
+@pytest.mark.extended          # 70-90 s of timed rounds: `make test-all`
 def test_a_pipeline_far_below_the_bar_in_every_round_fails_on_a_busy_machine_too(monkeypatch):
     """Walk w3-08: a pipeline at 22-45% of the device-resident pipeline timed beside it, in every round, was "not
     graded: the machine was busy"; the reference ran in the same rounds, so a gap that wide is the pipeline's."""
